@@ -1,0 +1,94 @@
+"""The fake's rule checker, held against real recorded traffic so it cannot drift from the API."""
+
+import json
+
+import pytest
+
+from api_rules import check_request
+from fakes import RECORDED
+
+ACCEPTED_LOOPS = sorted(p.name for p in RECORDED.glob("*.jsonl")
+                        if p.name not in ("stop_sequence_prefill_stream_loop.jsonl",
+                                          "error_bodies_from_issue_threads.jsonl"))
+
+
+@pytest.mark.parametrize("name", ACCEPTED_LOOPS)
+def test_recorded_accepted_requests_pass(name):
+    for line in (RECORDED / name).read_text().splitlines():
+        exchange = json.loads(line)
+        if exchange["response"]["status"] == 200:
+            assert check_request(exchange["request"]["body"]) is None
+
+
+def test_prefill_is_rejected_although_haiku_4_5_once_accepted_it():
+    # Newer models reject prefill (R8); the harness must never rely on it.
+    first = json.loads((RECORDED / "stop_sequence_prefill_stream_loop.jsonl").read_text()
+                       .splitlines()[0])
+    assert "prefill" in check_request(first["request"]["body"])
+
+
+@pytest.mark.parametrize("name", ["error_tool_use_without_tool_result_400.json",
+                                  "error_unexpected_tool_use_id_400.json"])
+def test_recorded_rejections_get_the_apis_own_message(name):
+    exchange = json.loads((RECORDED / name).read_text())
+    expected = exchange["response"]["body"]["error"]["message"]
+    assert check_request(exchange["request"]["body"]) == expected
+
+
+def base(messages, **extra):
+    return {"model": "claude-haiku-5-5", "max_tokens": 100, "messages": messages,
+            "tools": [{"name": "read_file", "input_schema": {"type": "object"}}], **extra}
+
+
+USE = {"type": "tool_use", "id": "t1", "name": "read_file", "input": {"path": "a"}}
+RESULT = {"type": "tool_result", "tool_use_id": "t1", "content": "x"}
+Q = {"role": "user", "content": [{"type": "text", "text": "q"}]}
+
+
+@pytest.mark.parametrize("messages, fragment", [
+    ([Q, {"role": "assistant", "content": [USE]}], "without `tool_result`"),
+    ([Q, {"role": "assistant", "content": [USE]},
+      {"role": "user", "content": [{"type": "text", "text": "hi"}, RESULT]}], "at the beginning"),
+    ([Q, {"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
+      {"role": "user", "content": [RESULT]}], "unexpected `tool_use_id`"),
+    ([{"role": "user", "content": [{"type": "text", "text": ""}]}], "must be non-empty"),
+    ([{"role": "user", "content": [{"type": "text", "text": "  "}]}], "non-whitespace"),
+    ([Q, {"role": "assistant", "content": [{"type": "text", "text": "prefill"}]}], "prefill"),
+    ([Q, {"role": "assistant", "content": []}, Q], "non-empty content"),
+])
+def test_checker_rejects_what_the_api_rejects(messages, fragment):
+    assert fragment in check_request(base(messages))
+
+
+def test_separate_result_messages_are_merged_and_accepted():
+    r2 = dict(RESULT, tool_use_id="t2")
+    two = {"role": "assistant", "content": [USE, dict(USE, id="t2")]}
+    assert check_request(base([Q, two, {"role": "user", "content": [RESULT]},
+                               {"role": "user", "content": [r2]}])) is None
+
+
+def test_checker_rejects_bad_parameters():
+    assert "4 blocks" in check_request(base([{"role": "user", "content": [
+        {"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}] * 4}],
+        cache_control={"type": "ephemeral"}))
+    assert "pattern" in check_request(dict(base([Q]), tools=[{"name": "read.file",
+                                                               "input_schema": {}}]))
+    assert "effort" in check_request(base([Q], output_config={"effort": "extreme"}))
+    assert "Extra inputs" in check_request(base([Q], temperature_x=1))
+    assert "maximum allowed" in check_request(dict(base([Q]), max_tokens=200_000))
+    assert "must define tools" in check_request(
+        {"model": "m", "max_tokens": 5, "messages": [Q, {"role": "assistant", "content": [USE]},
+                                                     {"role": "user", "content": [RESULT]}]})
+
+
+def test_modified_thinking_is_rejected():
+    thinking = {"type": "thinking", "thinking": "hmm", "signature": "sig"}
+    issued = {"thinking": {json.dumps(thinking, sort_keys=True)}}
+    ok = base([Q, {"role": "assistant", "content": [thinking, USE]},
+               {"role": "user", "content": [RESULT]}])
+    assert check_request(ok, issued) is None
+    bad = json.loads(json.dumps(ok))
+    bad["messages"][1]["content"][0]["thinking"] = "hmm "
+    assert "cannot be modified" in check_request(bad, issued)
+    bad["messages"][1]["content"].reverse()
+    assert "first block must be `thinking`" in check_request(bad, issued)
