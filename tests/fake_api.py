@@ -1,0 +1,156 @@
+"""A local Messages API on 127.0.0.1 for the real anthropic SDK (ANTHROPIC_BASE_URL).
+
+It answers POST /v1/messages from a script, as SSE streams like the real API, and
+rejects with a 400 (the API's own error shape and message) every request that
+api_rules.check_request says the real API would reject. Script items:
+
+  {"content": [...], "stop_reason": ...}   a message, streamed as SSE events
+  {"sse": "file.sse"} or {"sse_text": ...}  a recorded stream, sent byte for byte
+  {"status": 529, "body": {...}, "headers": {...}}   an HTTP error
+  callable(request_body) -> one of the above
+"""
+
+import itertools
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from api_rules import check_request, remember
+from fakes import RECORDED
+
+
+def sse(event, data):
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n"
+
+
+def stream_of(message, complete=True):
+    """The SSE events the API would send for `message` (text split in two deltas)."""
+    usage = message.get("usage", {})
+    start = {k: v for k, v in message.items() if not k.startswith("_")}
+    start.update(content=[], stop_reason=None, usage=dict(usage, output_tokens=1))
+    out = [sse("message_start", {"type": "message_start", "message": start})]
+    for i, block in enumerate(message["content"]):
+        kind = block["type"]
+        first = {"text": {"type": "text", "text": ""},
+                 "tool_use": {**block, "input": {}},
+                 "thinking": {"type": "thinking", "thinking": "", "signature": ""}}.get(kind, block)
+        out.append(sse("content_block_start", {"type": "content_block_start", "index": i,
+                                               "content_block": first}))
+        deltas = []
+        if kind == "text":
+            half = len(block["text"]) // 2
+            deltas = [{"type": "text_delta", "text": t}
+                      for t in (block["text"][:half], block["text"][half:]) if t]
+        elif kind == "tool_use":
+            deltas = [{"type": "input_json_delta", "partial_json": ""},
+                      {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}]
+        elif kind == "thinking":
+            deltas = [{"type": "thinking_delta", "thinking": block["thinking"]},
+                      {"type": "signature_delta", "signature": block["signature"]}]
+        for delta in deltas:
+            out.append(sse("content_block_delta", {"type": "content_block_delta", "index": i,
+                                                   "delta": delta}))
+        out.append(sse("content_block_stop", {"type": "content_block_stop", "index": i}))
+    out.append(sse("message_delta", {"type": "message_delta",
+                                     "delta": {"stop_reason": message["stop_reason"],
+                                               "stop_sequence": None}, "usage": usage}))
+    if complete:
+        out.append(sse("message_stop", {"type": "message_stop"}))
+    return "".join(out)
+
+
+def message_of(sse_text):
+    """Accumulate a recorded stream back into the message it carries (for remember())."""
+    message, buffers = None, {}
+    for chunk in sse_text.split("\n\n"):
+        data = [l[5:].strip() for l in chunk.splitlines() if l.startswith("data:")]
+        if not data:
+            continue
+        event = json.loads(data[0])
+        if event["type"] == "message_start":
+            message = event["message"]
+        elif event["type"] == "content_block_start":
+            message["content"].append(event["content_block"])
+        elif event["type"] == "content_block_delta":
+            block, delta = message["content"][event["index"]], event["delta"]
+            if delta["type"] == "text_delta":
+                block["text"] += delta["text"]
+            elif delta["type"] == "thinking_delta":
+                block["thinking"] += delta["thinking"]
+            elif delta["type"] == "signature_delta":
+                block["signature"] = delta["signature"]
+            elif delta["type"] == "input_json_delta":
+                buffers[event["index"]] = buffers.get(event["index"], "") + delta["partial_json"]
+        elif event["type"] == "message_delta":
+            message["stop_reason"] = event["delta"].get("stop_reason")
+    for index, raw in buffers.items():
+        try:
+            message["content"][index]["input"] = json.loads(raw) if raw else {}
+        except json.JSONDecodeError:
+            pass
+    return message or {"content": []}
+
+
+class FakeAPI:
+    """Serve a script on 127.0.0.1; record every request; reject what the API would."""
+
+    def __init__(self, script=()):
+        self.script, self.requests, self.rejected, self.issued = list(script), [], [], {}
+        self.ids = itertools.count(1)
+        self.lock = threading.Lock()
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                api.respond(self, body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self):
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def send(self, handler, status, payload, content_type="application/json", headers=None):
+        data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
+        handler.send_response(status)
+        handler.send_header("content-type", content_type)
+        handler.send_header("content-length", str(len(data)))
+        handler.send_header("request-id", f"req_local_{next(self.ids)}")
+        for key, value in (headers or {}).items():
+            handler.send_header(key, value)
+        handler.end_headers()
+        handler.wfile.write(data)
+
+    def respond(self, handler, body):
+        with self.lock:
+            self.requests.append(body)
+            error = check_request(body, self.issued)
+            item = self.script.pop(0) if self.script and not error else None
+        if error:
+            self.rejected.append(error)
+            return self.send(handler, 400, {"type": "error", "error": {
+                "type": "invalid_request_error", "message": error}}, headers={"x-should-retry": "false"})
+        if item is None:
+            return self.send(handler, 500, {"type": "error", "error": {
+                "type": "api_error", "message": "fake_api: script exhausted"}},
+                headers={"x-should-retry": "false"})
+        if callable(item):
+            item = item(body)
+        if "status" in item:
+            return self.send(handler, item["status"], item["body"], headers=item.get("headers"))
+        if "sse" in item or "sse_text" in item:
+            text = item.get("sse_text") or (RECORDED / item["sse"]).read_text()
+            text = text.rstrip("\n") + "\n\n"  # some recordings lost the final blank line
+            remember(self.issued, message_of(text))
+            return self.send(handler, 200, text, "text/event-stream")
+        remember(self.issued, item)
+        self.send(handler, 200, stream_of(item, complete=not item.get("_cut")), "text/event-stream")

@@ -1,0 +1,190 @@
+"""The real anthropic SDK against a local Messages API (fake_api.py): streams, retries, CLI."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import agent
+from fake_api import FakeAPI
+from fakes import RECORDED, recorded_loop, reply, text, tool_use
+
+AGENT = Path(agent.__file__).resolve()
+
+
+@pytest.fixture(autouse=True)
+def no_rejections(request):
+    yield
+    for api in getattr(request.node, "apis", []):
+        assert not api.rejected, f"the API would reject a request: {api.rejected}"
+
+
+def serve(request, *script):
+    api = FakeAPI(script).__enter__()
+    request.node.apis = getattr(request.node, "apis", []) + [api]
+    request.addfinalizer(lambda: api.__exit__(None, None, None))
+    return api
+
+
+def sdk_client(api):
+    return agent.make_client({"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": api.url,
+                              "ANTHROPIC_MODEL": None})
+
+
+def run(capsys, api, argv, stdin=""):
+    import io
+    code = agent.main(argv, client=sdk_client(api), stdin=io.StringIO(stdin))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def overloaded():
+    return {"status": 529, "body": {"type": "error", "error": {"type": "overloaded_error",
+                                                               "message": "Overloaded"}}}
+
+
+def test_a_recorded_thinking_stream_goes_back_exactly_as_the_api_accepted_it(
+        request, capsys, workdir):
+    accepted = recorded_loop("thinking_tool_use_stream_loop.jsonl")[1]["request"]["body"]
+    api = serve(request, {"sse": "thinking_tool_use_stream.sse"}, reply(text("done")))
+    code, _, _ = run(capsys, api, ["q", "--workdir", str(workdir)])
+    assert code == 0
+    sent, recorded = api.requests[1]["messages"][1]["content"], accepted["messages"][1]["content"]
+    assert sent[0] == recorded[0]  # thinking text and signature exactly as streamed
+    assert sent[1].pop("caller") == {"type": "direct"}  # in the stream; that client dropped it
+    assert sent[1] == recorded[1]
+
+
+def test_a_recorded_parallel_stream_gets_both_results_in_one_message(request, capsys, workdir):
+    api = serve(request, {"sse": "parallel_tool_use_stream.sse"}, reply(text("done")))
+    code, _, _ = run(capsys, api, ["q", "--workdir", str(workdir)])
+    uses = [b["id"] for b in api.requests[1]["messages"][1]["content"] if b["type"] == "tool_use"]
+    results = api.requests[1]["messages"][2]["content"]
+    assert code == 0 and len(uses) == 2 and [r["tool_use_id"] for r in results] == uses
+
+
+def test_overloaded_is_retried_and_the_sdk_adds_no_retries_of_its_own(request, capsys, workdir):
+    api = serve(request, overloaded(), reply(text("ok")))
+    code, out, err = run(capsys, api, ["q", "--workdir", str(workdir)])
+    assert (code, out, len(api.requests)) == (0, "ok\n", 2) and "retrying" in err
+
+
+def test_five_requests_per_turn_at_most(request, capsys, workdir):
+    limited = [dict(overloaded(), headers={"retry-after": "0"}) for _ in range(6)]
+    api = serve(request, *limited)
+    code, _, err = run(capsys, api, ["q", "--workdir", str(workdir)])
+    assert (code, len(api.requests)) == (1, 5) and "Overloaded" in err
+
+
+def test_an_error_event_mid_stream_is_retried(request, capsys, workdir):
+    api = serve(request, {"sse": "error_overloaded_midstream.sse"}, reply(text("ok")))
+    code, out, _ = run(capsys, api, ["q", "--workdir", str(workdir)])
+    assert (code, out, len(api.requests)) == (0, "ok\n", 2)
+
+
+def test_a_stream_without_message_stop_is_retried(request, capsys, workdir):
+    api = serve(request, dict(reply(text("half")), _cut=True), reply(text("ok")))
+    code, out, _ = run(capsys, api, ["q", "--workdir", str(workdir)])
+    assert (code, out, len(api.requests)) == (0, "ok\n", 2)
+
+
+def test_a_recorded_cut_tool_call_is_retried_with_more_max_tokens(request, capsys, workdir):
+    api = serve(request, {"sse": "max_tokens_truncated_tool_use.sse"}, reply(text("ok")))
+    code, out, _ = run(capsys, api, ["q", "--workdir", str(workdir)])
+    assert (code, out) == (0, "ok\n")
+    assert [r["max_tokens"] for r in api.requests] == [16000, 32000]
+    assert api.requests[0]["messages"] == api.requests[1]["messages"]
+
+
+def test_a_recorded_401_stops_with_the_apis_message(request, capsys, workdir):
+    recorded = json.loads((RECORDED / "error_authentication_401.json").read_text())
+    api = serve(request, {"status": recorded["status"], "body": recorded["body"]})
+    code, _, err = run(capsys, api, ["q", "--workdir", str(workdir)])
+    assert code == 1 and "invalid x-api-key" in err and "ANTHROPIC_API_KEY" in err
+    assert len(api.requests) == 1
+
+
+# --- as a user runs it: a subprocess ---
+
+def agent_env(api, **extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC")}
+    env.update(ANTHROPIC_API_KEY="test-key", ANTHROPIC_BASE_URL=api.url, **extra)
+    return env
+
+
+def test_subprocess_end_to_end(request, workdir, tmp_path):
+    api = serve(request, reply(tool_use("read_file", {"path": "scores.csv"})),
+                reply(tool_use("run_python", {"code": "print(sum([88, 72, 95]) / 3)"})),
+                reply(text("平均分是 85。")))
+    transcript = tmp_path / "run.json"
+    done = subprocess.run([sys.executable, str(AGENT), "scores.csv 里平均分是多少？", "--workdir",
+                           str(workdir), "--yes", "--transcript", str(transcript)],
+                          env=agent_env(api), cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "平均分是 85。\n"
+    assert "sandbox:" in done.stderr and "Traceback" not in done.stderr
+    saved = json.loads(transcript.read_text())
+    assert saved["stop"]["reason"] == "end_turn" and len(saved["turns"]) == 3
+    assert all(t["request_id"].startswith("req_local_") for t in saved["turns"])
+    assert "85.0" in saved["messages"][4]["content"][0]["content"]
+
+
+def test_subprocess_ctrl_c_kills_the_tool_and_keeps_the_transcript(request, workdir, tmp_path):
+    code = ("import os, subprocess, time\n"
+            "child = subprocess.Popen(['sleep', '60'])\n"
+            "open('pids', 'w').write(f'{os.getpid()} {child.pid}')\n"
+            "time.sleep(60)\n")
+    api = serve(request, reply(tool_use("run_python", {"code": code})))
+    transcript = tmp_path / "run.json"
+    proc = subprocess.Popen([sys.executable, str(AGENT), "q", "--workdir", str(workdir), "--yes",
+                             "--transcript", str(transcript)], env=agent_env(api), cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids = workdir / "pids"
+    deadline = time.monotonic() + 30
+    while not (pids.exists() and pids.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    started = time.monotonic()
+    out, err = proc.communicate(timeout=15)
+    assert proc.returncode == 130 and time.monotonic() - started < 5, err
+    assert "Traceback" not in err
+    assert json.loads(transcript.read_text())["stop"]["reason"] == "interrupted"
+    time.sleep(0.2)
+    assert not [pid for pid in map(int, pids.read_text().split()) if alive(pid)]
+
+
+def alive(pid):
+    """True unless the process is gone or a zombie (PID 1 here may never reap orphans)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_subprocess_without_a_key_is_one_clear_line(tmp_path, workdir):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC")}
+    done = subprocess.run([sys.executable, str(AGENT), "hi", "--workdir", str(workdir)],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "ANTHROPIC_API_KEY" in done.stderr and ".env.example" in done.stderr
+
+
+def test_help_and_usage_errors_do_not_import_the_sdk(tmp_path):
+    probe = ("import sys, agent\n"
+             "code = agent.main(['--max-turns', '0', 'q'])\n"
+             "print(code, 'anthropic' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=AGENT.parent, capture_output=True,
+                          text=True, timeout=30)
+    assert done.stdout.split() == ["2", "False"]
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(AGENT), "--help"], capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0 and "exit codes" in done.stdout
+    assert time.monotonic() - started < 2
