@@ -25,6 +25,7 @@ import platform
 import re
 import resource
 import selectors
+import shutil
 import signal
 import stat
 import struct
@@ -173,7 +174,7 @@ class ToolContext:
     workdir: Path
     limits: Limits
     sandbox: "Sandbox"
-    approve: callable  # code -> bool
+    approve: object  # callable: code -> True to run it
     decline_message: str = DECLINE_MESSAGE
     cancel: threading.Event | None = None
 
@@ -1090,7 +1091,7 @@ class Reporter:
 
     def __init__(self, quiet=False, prefix="", stream=None):
         self.quiet, self.prefix, self.stream = quiet, prefix, stream or sys.stderr
-        self.partial = ""
+        self.pending = ""  # streamed text not yet ended by a newline
 
     def write(self, text, always=False):
         if self.quiet and not always:
@@ -1104,18 +1105,21 @@ class Reporter:
         self.write(f"{self.prefix}{text}\n", always)
 
     def text(self, delta):
-        if not self.prefix:  # one session: show text as it is written
-            self.partial = "x" if delta else self.partial
-            return self.write(delta)
-        self.partial += delta  # concurrent trials: only whole lines, each with its prefix
-        *lines, self.partial = self.partial.split("\n")
+        """Model text as it streams; with a prefix (concurrent trials) only whole lines."""
+        self.pending += delta
+        if not self.prefix:
+            self.write(delta)
+            self.pending = self.pending.rpartition("\n")[2]
+            return
+        *lines, self.pending = self.pending.split("\n")
         for line in lines:
             self.write(f"{self.prefix}{line}\n")
 
     def flush_text(self):
-        if self.partial:
-            self.write("\n" if not self.prefix else f"{self.prefix}{self.partial}\n")
-            self.partial = ""
+        """End a half-written line of streamed text before anything else is printed."""
+        if self.pending:
+            self.write(f"{self.prefix}{self.pending}\n" if self.prefix else "\n")
+            self.pending = ""
 
     def note(self, text):
         self.line(text)
@@ -1353,8 +1357,13 @@ def main(argv=None, client=None, stdin=None):
     except OSError as e:  # e.g. the transcript path cannot be written
         report.error(f"agent.py: {e}")
         return EXIT_CODES["error"]
+    except KeyboardInterrupt:
+        report.error("agent.py: interrupted")
+        return EXIT_CODES["interrupted"]
+    except Exception as e:  # a bug: say it in one line rather than a traceback
+        report.error(f"agent.py: internal error: {type(e).__name__}: {e}")
+        return EXIT_CODES["error"]
     finally:
-        import shutil
         shutil.rmtree(sandbox.tmpdir, ignore_errors=True)
         if sandbox.ruleset_fd >= 0:
             os.close(sandbox.ruleset_fd)

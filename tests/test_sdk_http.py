@@ -120,6 +120,7 @@ def agent_env(api, **extra):
 def test_subprocess_end_to_end(request, workdir, tmp_path):
     api = serve(request, reply(tool_use("read_file", {"path": "scores.csv"})),
                 reply(tool_use("run_python", {"code": "print(sum([88, 72, 95]) / 3)"})),
+                reply(tool_use("run_python", {"code": "print(open('../secret.txt').read())"})),
                 reply(text("平均分是 85。")))
     transcript = tmp_path / "run.json"
     done = subprocess.run([sys.executable, str(AGENT), "scores.csv 里平均分是多少？", "--workdir",
@@ -130,9 +131,13 @@ def test_subprocess_end_to_end(request, workdir, tmp_path):
     assert done.stdout == "平均分是 85。\n"
     assert "sandbox:" in done.stderr and "Traceback" not in done.stderr
     saved = json.loads(transcript.read_text())
-    assert saved["stop"]["reason"] == "end_turn" and len(saved["turns"]) == 3
+    assert saved["stop"]["reason"] == "end_turn" and len(saved["turns"]) == 4
     assert all(t["request_id"].startswith("req_local_") for t in saved["turns"])
     assert "85.0" in saved["messages"][4]["content"][0]["content"]
+    if "landlock" in done.stderr:  # the sandbox, seen from outside under --yes
+        refused = saved["messages"][6]["content"][0]
+        assert refused["is_error"] and "PermissionError" in refused["content"]
+        assert "top secret" not in refused["content"]
 
 
 def test_subprocess_ctrl_c_kills_the_tool_and_keeps_the_transcript(request, workdir, tmp_path):
