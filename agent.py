@@ -1160,38 +1160,43 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see --help)")
 
 
-EPILOG = """exit codes: 0 answered (end_turn, stop_sequence) · 1 api_error or error ·
-2 usage error · 3 max_turns (interim answer) · 4 token_budget or cost_budget ·
-5 max_tokens, refusal or model_context_window_exceeded (partial text) ·
-6 some trials failed · 130 interrupted"""
+EPILOG = """exit codes:
+  0    answered: end_turn, stop_sequence
+  1    api_error, error
+  2    usage error (nothing sent)
+  3    max_turns: the last turn ran with tools off; stdout has the interim answer
+  4    token_budget, cost_budget: stopped before running the pending tool calls
+  5    max_tokens, refusal, model_context_window_exceeded: stdout has the partial text
+  6    --trials: some trials failed
+  130  interrupted (Ctrl-C)"""
 
 
 def parse_args(argv):
-    p = Parser(prog="agent.py", epilog=EPILOG,
+    p = Parser(prog="agent.py", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
                description="Answer a question about the files in a directory with Claude.")
     p.add_argument("question", nargs="?", help="the question (with --resume: a follow-up)")
-    p.add_argument("--workdir", help="directory the tools work in (default: current directory)")
-    p.add_argument("--model", help=f"model id (default: $ANTHROPIC_MODEL, else {DEFAULT_MODEL})")
-    p.add_argument("--max-turns", type=int, default=Limits.max_turns, help="requests per run")
-    p.add_argument("--token-budget", type=int, default=Limits.token_budget,
+    p.add_argument("--workdir", metavar="DIR", help="directory the tools work in (default: current directory)")
+    p.add_argument("--model", metavar="ID", help=f"model id (default: $ANTHROPIC_MODEL, else {DEFAULT_MODEL})")
+    p.add_argument("--max-turns", type=int, metavar="N", default=Limits.max_turns, help="requests per run")
+    p.add_argument("--token-budget", type=int, metavar="N", default=Limits.token_budget,
                    help="tokens per run: input + cache writes + cache reads + output")
-    p.add_argument("--budget-usd", type=float, help="dollars per run, priced like the bill")
-    p.add_argument("--max-tokens", type=int, default=Limits.max_tokens,
+    p.add_argument("--budget-usd", type=float, metavar="X", help="dollars per run, priced like the bill")
+    p.add_argument("--max-tokens", type=int, metavar="N", default=Limits.max_tokens,
                    help="output tokens per response")
     p.add_argument("--effort", choices=EFFORTS, help="sent as output_config.effort")
     p.add_argument("--yes", action="store_true", help="run run_python without asking")
     p.add_argument("--no-sandbox", action="store_true", help="run run_python unconfined")
-    p.add_argument("--transcript", help="write the transcript JSON here ('-' for stdout)")
+    p.add_argument("--transcript", metavar="PATH", help="write the transcript JSON here ('-' for stdout)")
     p.add_argument("--resume", metavar="PATH", help="continue a saved transcript")
-    p.add_argument("--tool-timeout", type=float, default=Limits.tool_timeout,
+    p.add_argument("--tool-timeout", type=float, metavar="SECONDS", default=Limits.tool_timeout,
                    help="seconds per run_python call")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    p.add_argument("--trials", type=int, help="run the question K times; report pass@k, pass^k")
-    p.add_argument("--jobs", type=int, default=1, help="trials run at once")
-    p.add_argument("--expect", help="a trial passes if this regex is in the answer")
-    p.add_argument("--expect-tool", choices=list(TOOL_FUNCTIONS), help="... and it used this tool")
-    p.add_argument("--expect-stop", choices=list(EXIT_CODES), help="... and stopped so")
-    p.add_argument("--decline-message", help="what a declined run_python call tells the model")
+    p.add_argument("--trials", type=int, metavar="K", help="run the question K times; report pass@k, pass^k")
+    p.add_argument("--jobs", type=int, metavar="N", default=1, help="trials run at once")
+    p.add_argument("--expect", metavar="REGEX", help="a trial passes if this regex is in the answer")
+    p.add_argument("--expect-tool", metavar="NAME", choices=list(TOOL_FUNCTIONS), help="... and it used this tool")
+    p.add_argument("--expect-stop", metavar="LABEL", choices=list(EXIT_CODES), help="... and stopped so")
+    p.add_argument("--decline-message", metavar="TEXT", help="what a declined run_python call tells the model")
     args = p.parse_args(argv)
     for name in ("max_turns", "token_budget", "max_tokens", "jobs", "trials"):
         value = getattr(args, name)

@@ -56,12 +56,13 @@ def run_script(capsys, workdir, code):
     "import os; os.symlink('../secret.txt', 'link'); print(open('link').read())",
     "import os; os.chmod('/usr/bin/env', 0o777)",
     "import os; print(os.stat('..')); os.rename('scores.csv', '../stolen.csv')",
+    "import os; os.link('../secret.txt', 'hard'); print(open('hard').read())",
 ], ids=["etc-passwd", "parent-secret", "list-root", "write-outside", "symlink-out", "chmod",
-        "move-out"])
+        "move-out", "hard-link-in"])
 def test_scripts_cannot_reach_outside_the_workdir(capsys, workdir, code):
     result, err = run_script(capsys, workdir, code)
-    assert result["is_error"] and ("PermissionError" in result["content"]
-                                   or "Operation not permitted" in result["content"])
+    assert result["is_error"] and any(refusal in result["content"] for refusal in (
+        "PermissionError", "Operation not permitted", "Invalid cross-device link"))
     assert "top secret" not in result["content"]
     assert not (workdir.parent / "planted.txt").exists()
     assert not (workdir.parent / "stolen.csv").exists()
@@ -108,13 +109,18 @@ out['sh'] = subprocess.run('echo a | tr a b', shell=True, capture_output=True, t
 sqlite3.connect('db.sqlite').execute('create table t (x)')
 zipfile.ZipFile('z.zip', 'w').writestr('a.txt', 'a')
 import tempfile; tempfile.NamedTemporaryFile().write(b'x')
+import multiprocessing
+if __name__ == '__main__':
+    multiprocessing.set_start_method('spawn')
+    with multiprocessing.Pool(2) as pool:
+        out['pool'] = pool.map(abs, [-1, -2])
 print(json.dumps(out))
 """
     run = execute(box, workdir, code)
     assert run.code == 0, run.stderr
     out = json.loads(run.stdout)
     assert out["mean"] == 85 and out["stdev"] == 11.79 and out["thread"] is True
-    assert "scores.csv" in out["ls"] and out["sh"] == "b\n"
+    assert "scores.csv" in out["ls"] and out["sh"] == "b\n" and out["pool"] == [1, 2]
     assert json.loads((workdir / "sub" / "result.json").read_text())["mean"] == 85
 
 
