@@ -100,6 +100,8 @@ PRICING = {
     "claude-opus-4-7": ((None, Price(5.00, 25.00, 6.25, 10.00, 0.50)),),
     "claude-haiku-4-5": ((None, Price(1.00, 5.00, 1.25, 2.00, 0.10)),),
 }
+COUNTS = ("input_tokens", "output_tokens", "cache_creation_input_tokens",
+          "cache_read_input_tokens")  # the billed token counts of a response's usage
 MAX_OUTPUT = {"claude-haiku-4-5": 64_000}  # output-token ceiling; 128K for the others
 DEFAULT_MAX_OUTPUT = 128_000
 
@@ -114,15 +116,12 @@ def cost_usd(model, usage):
     bands = PRICING.get(base_model(model))
     if bands is None:
         return None
-    written = usage["cache_creation_input_tokens"]
-    read = usage["cache_read_input_tokens"]
-    prompt = usage["input_tokens"] + written + read
-    price = next(p for limit, p in bands if limit is None or prompt <= limit)
-    split = usage.get("cache_creation") or {}
-    write_1h = split.get("ephemeral_1h_input_tokens", 0) or 0
+    fresh, out, written, read = (usage.get(k) or 0 for k in COUNTS)
+    price = next(p for limit, p in bands if limit is None or fresh + written + read <= limit)
+    write_1h = (usage.get("cache_creation") or {}).get("ephemeral_1h_input_tokens") or 0
     write_5m = written - write_1h  # without the split, every write is a 5-minute write
-    total = (usage["input_tokens"] * price.input + usage["output_tokens"] * price.output
-             + write_5m * price.write_5m + write_1h * price.write_1h + read * price.read)
+    total = (fresh * price.input + out * price.output + write_5m * price.write_5m
+             + write_1h * price.write_1h + read * price.read)
     return total / 1_000_000
 
 
@@ -206,11 +205,15 @@ def read_file(ctx, path, offset=1, limit=None):
         raise ToolError(f"{path!r} is not a regular file (a FIFO, socket or device); "
                         "read_file only reads regular text files.")
     # O_NONBLOCK: a FIFO swapped in after the stat above must not hang the call.
-    fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise ToolError(f"cannot open {path!r}: {e.strerror}")
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise ToolError(f"{path!r} is not a regular file.")
-        return read_window(f, path, offset, limit or ctx.limits.read_lines, ctx.limits.read_bytes)
+        lines = min(limit or ctx.limits.read_lines, ctx.limits.read_lines)
+        return read_window(f, path, offset, lines, ctx.limits.read_bytes)
 
 
 def read_window(f, path, offset, limit, max_bytes):
@@ -592,6 +595,7 @@ class Sandbox:
     ruleset_fd: int = -1
     bpf: bytes = b""
     libc: object = None
+    fprog: object = None  # the BPF program as the kernel takes it, built in the parent
 
     def enter(self):
         """Runs in the child between fork and exec: rlimits, then Landlock, then seccomp."""
@@ -604,10 +608,9 @@ class Sandbox:
         if self.libc.syscall(ctypes.c_long(LANDLOCK_RESTRICT_SELF), ctypes.c_long(self.ruleset_fd),
                              ctypes.c_long(0)) != 0:
             raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
-        if self.bpf:
-            program = ctypes.create_string_buffer(self.bpf, len(self.bpf))
-            fprog = SockFprog(len(self.bpf) // 8, ctypes.addressof(program))
-            if self.libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0):
+        if self.fprog is not None:
+            if self.libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER,
+                               ctypes.addressof(self.fprog), 0, 0):
                 raise OSError(ctypes.get_errno(), "seccomp filter failed")
 
 
@@ -642,6 +645,9 @@ def make_sandbox(workdir, enabled, timeout):
         except OSError as e:
             return unconfined(box, f"Landlock setup failed: {e}")
         box.libc, box.bpf = libc, seccomp_filter(machine, allow_unix_sockets=abi >= 9)
+        program = ctypes.create_string_buffer(box.bpf, len(box.bpf))
+        box.fprog = SockFprog(len(box.bpf) // 8, ctypes.addressof(program))
+        box.fprog.program = program  # keep the buffer alive as long as the struct
         kind = f"landlock ABI {abi} ({parts}) + seccomp"
     else:
         return unconfined(box, f"no sandbox for {system} {machine}")
@@ -658,7 +664,7 @@ def unconfined(box, why):
         os.close(box.ruleset_fd)
     box.status = (f"sandbox: unavailable ({why}); run_python will ask before every call, even "
                   "with --yes (pass --no-sandbox to run it unconfined)")
-    box.argv_prefix, box.ruleset_fd, box.bpf = [], -1, b""
+    box.argv_prefix, box.ruleset_fd, box.bpf, box.fprog = [], -1, b"", None
     return box
 
 
@@ -827,24 +833,25 @@ def request_turn(client, request, limits, report, cancel):
     return message, request_id, attempts, usages, cut_twice
 
 
-def add_usage(total, usage, model):
-    """Add one response's billed usage (and its cost) into a running total."""
-    for key in ("input_tokens", "output_tokens", "cache_creation_input_tokens",
-                "cache_read_input_tokens"):
-        total[key] += usage.get(key) or 0
-    cost = cost_usd(model, {**empty_usage(), **{k: v or 0 for k, v in usage.items()
-                                                 if k in empty_usage()},
-                            "cache_creation": usage.get("cache_creation")})
-    total["cost_usd"] = None if cost is None or total["cost_usd"] is None else \
-        round(total["cost_usd"] + cost, 10)
-    total["tokens"] = (total["input_tokens"] + total["output_tokens"]
-                       + total["cache_creation_input_tokens"] + total["cache_read_input_tokens"])
+def usage_record(model, usage):
+    """A response's usage as the transcript keeps it: the four counts, their sum, the cost."""
+    record = {k: usage.get(k) or 0 for k in COUNTS}
+    record["tokens"] = sum(record.values())
+    record["cost_usd"] = cost_usd(model, usage)
+    return record
+
+
+def add_usage(total, part):
+    """Add a usage record into a running total; one unknown cost makes the total unknown."""
+    for key in COUNTS + ("tokens",):
+        total[key] += part[key]
+    total["cost_usd"] = None if None in (total["cost_usd"], part["cost_usd"]) else \
+        round(total["cost_usd"] + part["cost_usd"], 10)
     return total
 
 
 def empty_usage():
-    return {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0, "tokens": 0, "cost_usd": 0.0}
+    return {**dict.fromkeys(COUNTS, 0), "tokens": 0, "cost_usd": 0.0}
 
 
 def clean_content(content):
@@ -887,9 +894,9 @@ def run_session(client, session, limits, ctx, report, save):
         record = {"turn": turn, "stop_reason": message.get("stop_reason"),
                   "usage": empty_usage(), "request_id": request_id, "attempts": attempts,
                   "seconds": 0.0, "tool_calls": []}
-        for usage in usages:
-            add_usage(record["usage"], usage, session["model"])
-            add_usage(used, usage, session["model"])
+        for usage in usages:  # a retried cut tool call was billed too
+            add_usage(record["usage"], usage_record(session["model"], usage))
+        add_usage(used, record["usage"])
         record["seconds"] = round(time.monotonic() - started, 3)
         session["turns"].append(record)
         content = clean_content(message.get("content") or [])
@@ -965,12 +972,7 @@ def new_session(question, model, workdir, effort):
 def total_usage(session):
     total = empty_usage()
     for record in session["turns"]:
-        u = record["usage"]
-        for key in ("input_tokens", "output_tokens", "cache_creation_input_tokens",
-                    "cache_read_input_tokens", "tokens"):
-            total[key] += u[key]
-        total["cost_usd"] = None if u["cost_usd"] is None or total["cost_usd"] is None else \
-            round(total["cost_usd"] + u["cost_usd"], 10)
+        add_usage(total, record["usage"])
     return total
 
 
@@ -1024,6 +1026,8 @@ def prepare_resume(session, question):
             {"type": "tool_result", "tool_use_id": b["id"], "is_error": True,
              "content": f"not run: the previous session stopped ({why}) before this call ran. "
                         "Call it again if you still need it."} for b in pending]})
+    if (session.get("stop") or {}).get("reason") == "refusal" and last["role"] == "assistant":
+        messages.pop()  # continuing after a refusal needs the refused turn removed
     paused = (session["turns"] or [{}])[-1].get("stop_reason") == "pause_turn"
     if question:
         if messages[-1]["role"] == "user":
@@ -1141,9 +1145,9 @@ class Reporter:
         self.line(f"  {block['name']} {args[:100]} -> {status} ({seconds:.2f}s)")
 
 
-def make_approver(yes, sandbox, report, stdin):
+def make_approver(yes, no_sandbox, sandbox, stdin):
     """run_python runs unasked only with --yes and a working sandbox (or --no-sandbox)."""
-    if yes and (sandbox.confined or sandbox.status.startswith("sandbox: off")):
+    if yes and (sandbox.confined or no_sandbox):
         return lambda code: True
 
     def ask(code):
@@ -1213,6 +1217,8 @@ def parse_args(argv):
             re.compile(args.expect)
         except re.error as e:
             raise UsageError(f"--expect is not a valid regex: {e}")
+    if args.decline_message is not None and not args.decline_message.strip():
+        raise UsageError("--decline-message must not be empty")
     if args.trials is None and (args.expect or args.expect_tool or args.expect_stop):
         raise UsageError("--expect, --expect-tool and --expect-stop need --trials")
     if args.trials is not None and args.resume:
@@ -1337,7 +1343,7 @@ def main(argv=None, client=None, stdin=None):
     sandbox = make_sandbox(workdir, not args.no_sandbox, limits.tool_timeout)
     report.line(sandbox.status, always=not sandbox.confined)
     stdin = stdin or sys.stdin
-    ctx = ToolContext(workdir, limits, sandbox, make_approver(args.yes, sandbox, report, stdin),
+    ctx = ToolContext(workdir, limits, sandbox, make_approver(args.yes, args.no_sandbox, sandbox, stdin),
                       args.decline_message or DECLINE_MESSAGE)
     try:
         if args.trials:

@@ -116,6 +116,12 @@ def test_a_file_over_100_kb_is_cut_by_bytes(ctx):
     assert len(body.encode()) <= 100_000 and "of 300" in note
 
 
+def test_limit_cannot_exceed_one_calls_worth(ctx):
+    (ctx.workdir / "big.txt").write_text("".join(f"row {i}\n" for i in range(1, 5001)))
+    result = call(ctx, "read_file", path="big.txt", limit=4000)["content"]
+    assert "lines 1-2000 of 5000" in result
+
+
 def test_offset_past_the_end_says_how_long_the_file_is(ctx):
     result = call(ctx, "read_file", path="notes.md", offset=50)
     assert result["is_error"] and "has 2 lines" in result["content"]
@@ -630,6 +636,17 @@ def test_resumed_limits_count_afresh(capsys, workdir, tmp_path):
     assert code == 0 and len(client.requests) == 2
 
 
+def test_resume_after_a_refusal_drops_the_refused_turn(capsys, workdir, tmp_path):
+    path = tmp_path / "run.json"
+    run(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
+        FakeClient(reply(text("I can't help with that part"), stop_reason="refusal")))
+    client = FakeClient(reply(text("ok")))
+    code, _, _ = run(capsys, ["--resume", str(path), "something else"], client)
+    sent = client.requests[0]["messages"]
+    assert code == 0 and [m["role"] for m in sent] == ["user"]
+    assert sent[0]["content"][-1] == text("something else")
+
+
 @pytest.mark.parametrize("content, fragment", [
     (None, "does not exist"),
     ("{not json", "not a readable JSON"),
@@ -715,6 +732,8 @@ def test_key_comes_from_dotenv_and_the_environment_wins(tmp_path, monkeypatch):
     (["q", "--budget-usd", "1", "--model", "gpt-7"], "not in the pricing table"),
     (["q", "--transcript", "/no/such/dir/run.json"], "does not exist"),
     (["q", "--expect", "("], "not a valid regex"),
+    (["q", "--decline-message", " "], "must not be empty"),
+    (["q", "--expect", "x"], "need --trials"),
 ])
 def test_usage_errors_exit_2_with_one_line_and_send_nothing(capsys, argv, fragment):
     client = FakeClient()
