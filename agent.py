@@ -1341,7 +1341,7 @@ def main(argv=None, client=None, stdin=None):
     if base_model(model) not in PRICING:
         report.error(f"note: no price is known for {model}; cost_usd will be null")
     sandbox = make_sandbox(workdir, not args.no_sandbox, limits.tool_timeout)
-    report.line(sandbox.status, always=not sandbox.confined)
+    report.line(sandbox.status, always=True)  # what guards run_python is never hidden
     stdin = stdin or sys.stdin
     ctx = ToolContext(workdir, limits, sandbox, make_approver(args.yes, args.no_sandbox, sandbox, stdin),
                       args.decline_message or DECLINE_MESSAGE)
