@@ -252,10 +252,11 @@ def run_python(ctx, code):
         raise ToolError(ctx.decline_message)
     run = execute(code, ctx.workdir, ctx.sandbox, ctx.limits.tool_timeout,
                   ctx.limits.output_chars, ctx.cancel)
-    report = f"exit code: {run.code}\n--- stdout ---\n{run.stdout}\n--- stderr ---\n{run.stderr}"
+    output = f"--- stdout ---\n{run.stdout}\n--- stderr ---\n{run.stderr}"
     if run.timed_out:
         raise ToolError(f"timed out after {ctx.limits.tool_timeout:g} s; the script and every "
-                        f"process it started were killed. Output so far:\n{report}")
+                        f"process it started were killed. Output so far:\n{output}")
+    report = f"exit code: {run.code}\n{output}"
     if run.code != 0:
         raise ToolError(f"the script failed.\n{report}")
     return report
@@ -1263,7 +1264,7 @@ def print_summary(summary, report):
     report.line(f"total: {summary['tokens']} tokens, {cost}", always=True)
 
 
-def run_trials(args, client, question, model, workdir, limits, ctx, stdin):
+def run_trials(args, client, question, model, workdir, limits, ctx):
     """Run the question --trials times as fresh sessions, --jobs at once; summarize."""
     expect = {"regex": args.expect, "tool": args.expect_tool, "stop": args.expect_stop}
     ctx = replace(ctx, cancel=threading.Event())
@@ -1340,18 +1341,22 @@ def main(argv=None, client=None, stdin=None):
         return e.code or 0
     if base_model(model) not in PRICING:
         report.error(f"note: no price is known for {model}; cost_usd will be null")
-    sandbox = make_sandbox(workdir, not args.no_sandbox, limits.tool_timeout)
+    try:
+        sandbox = make_sandbox(workdir, not args.no_sandbox, limits.tool_timeout)
+    except OSError as e:  # e.g. no room for the private temp dir
+        report.error(f"agent.py: cannot set up run_python: {e}")
+        return EXIT_CODES["error"]
     report.line(sandbox.status, always=True)  # what guards run_python is never hidden
-    stdin = stdin or sys.stdin
-    ctx = ToolContext(workdir, limits, sandbox, make_approver(args.yes, args.no_sandbox, sandbox, stdin),
-                      args.decline_message or DECLINE_MESSAGE)
+    approve = make_approver(args.yes, args.no_sandbox, sandbox, stdin or sys.stdin)
+    ctx = ToolContext(workdir, limits, sandbox, approve, args.decline_message or DECLINE_MESSAGE)
     try:
         if args.trials:
-            return run_trials(args, client, args.question, model, workdir, limits, ctx, stdin)
+            return run_trials(args, client, args.question, model, workdir, limits, ctx)
         if session is None:
             session = new_session(args.question, model, workdir, args.effort)
         else:
-            session.update(model=model, workdir=str(workdir), effort=args.effort or session.get("effort"))
+            session.update(model=model, workdir=str(workdir),
+                           effort=args.effort or session.get("effort"))
         stop = drive(client, session, limits, ctx, report,
                      lambda s: write_transcript(transcript, s))
         report.flush_text()

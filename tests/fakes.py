@@ -128,3 +128,11 @@ class FakeClient:
 def recorded_loop(name):
     """The exchanges of a recorded multi-turn loop (*.jsonl)."""
     return [json.loads(line) for line in (RECORDED / name).read_text().splitlines() if line]
+
+
+def alive(pid):
+    """True unless the process is gone or a zombie (PID 1 here may never reap orphans)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

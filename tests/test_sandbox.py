@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import agent
-from fakes import FakeClient, reply, text, tool_use
+from fakes import FakeClient, alive, reply, text, tool_use
 from test_agent import final_messages, run
 
 
@@ -238,13 +238,6 @@ def test_cancel_kills_a_running_script(box, workdir):
     with pytest.raises(agent.Interrupted):
         execute(box, workdir, "import time; time.sleep(60)", cancel=cancel)
     assert time.monotonic() - started < 3
-
-
-def alive(pid):
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_big_output_keeps_head_and_tail_and_says_what_was_cut(box, workdir):

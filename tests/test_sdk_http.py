@@ -12,7 +12,7 @@ import pytest
 
 import agent
 from fake_api import FakeAPI
-from fakes import RECORDED, recorded_loop, reply, text, tool_use
+from fakes import RECORDED, alive, recorded_loop, reply, text, tool_use
 
 AGENT = Path(agent.__file__).resolve()
 
@@ -162,14 +162,6 @@ def test_subprocess_ctrl_c_kills_the_tool_and_keeps_the_transcript(request, work
     assert json.loads(transcript.read_text())["stop"]["reason"] == "interrupted"
     time.sleep(0.2)
     assert not [pid for pid in map(int, pids.read_text().split()) if alive(pid)]
-
-
-def alive(pid):
-    """True unless the process is gone or a zombie (PID 1 here may never reap orphans)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_subprocess_without_a_key_is_one_clear_line(tmp_path, workdir):
