@@ -1134,7 +1134,7 @@ class Reporter:
 
     def turn(self, r):
         u = r["usage"]
-        cost = "" if u["cost_usd"] is None else f" · ${u['cost_usd']:.4f}"
+        cost = "" if u["cost_usd"] is None else f" · ${u['cost_usd']:.6f}"
         self.line(f"turn {r['turn']}: {r['stop_reason']} · in {u['input_tokens']} "
                   f"(cache write {u['cache_creation_input_tokens']}, read "
                   f"{u['cache_read_input_tokens']}) · out {u['output_tokens']}{cost} · "
@@ -1142,8 +1142,8 @@ class Reporter:
 
     def tool(self, block, result, seconds):
         args = json.dumps(block.get("input"), ensure_ascii=False)
-        status = "error" if result.get("is_error") else "ok"
-        self.line(f"  {block['name']} {args[:100]} -> {status} ({seconds:.2f}s)")
+        status = f"error: {result['content'][:80]}" if result.get("is_error") else "ok"
+        self.line(f"  {block['name']} {args[:100]} -> {status} ({seconds:.2f}s)".replace("\n", " "))
 
 
 def make_approver(yes, no_sandbox, sandbox, stdin):
@@ -1361,7 +1361,7 @@ def main(argv=None, client=None, stdin=None):
                      lambda s: write_transcript(transcript, s))
         report.flush_text()
         u = session["usage"]
-        cost = "" if u["cost_usd"] is None else f", ${u['cost_usd']:.4f}"
+        cost = "" if u["cost_usd"] is None else f", ${u['cost_usd']:.6f}"
         say = report.error if EXIT_CODES[stop.reason] not in (0, 3) else report.line
         say(f"stop: {stop.reason} ({stop.detail}); {len(session['turns'])} turns, "
             f"{u['tokens']} tokens{cost}")
