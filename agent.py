@@ -1142,8 +1142,9 @@ class Reporter:
 
     def tool(self, block, result, seconds):
         args = json.dumps(block.get("input"), ensure_ascii=False)
-        status = f"error: {result['content'][:80]}" if result.get("is_error") else "ok"
-        self.line(f"  {block['name']} {args[:100]} -> {status} ({seconds:.2f}s)".replace("\n", " "))
+        last = result["content"].strip().splitlines()[-1][:100] if result.get("is_error") else ""
+        self.line(f"  {block['name']} {args[:100]} -> {'error: ' + last if last else 'ok'} "
+                  f"({seconds:.2f}s)")
 
 
 def make_approver(yes, no_sandbox, sandbox, stdin):
