@@ -65,19 +65,21 @@ def main():
     parser.add_argument("--turns", type=int, default=100)
     args = parser.parse_args()
     workspace = Path(__file__).resolve().parent.parent / "workspace"
-    stand_in = CachingStandIn(args.turns)
-    with FakeAPI([stand_in] * (args.turns + 1)) as api:
-        client = agent.make_client({"ANTHROPIC_API_KEY": "bench", "ANTHROPIC_BASE_URL": api.url,
-                                    "ANTHROPIC_MODEL": None})
-        with tempfile.TemporaryDirectory() as tmp:
+    timings = {}
+    for label, keep in (("with --transcript", True), ("without", False)):
+        stand_in = CachingStandIn(args.turns)
+        with FakeAPI([stand_in] * (args.turns + 1)) as api, tempfile.TemporaryDirectory() as tmp:
+            client = agent.make_client({"ANTHROPIC_API_KEY": "bench", "ANTHROPIC_BASE_URL": api.url,
+                                        "ANTHROPIC_MODEL": None})
+            argv = ["q", "--workdir", str(workspace), "--quiet", "--no-sandbox",
+                    "--max-turns", str(args.turns + 2)]
+            argv += ["--transcript", os.path.join(tmp, "bench.json")] if keep else []
             started = time.perf_counter()
             with redirect_stderr(io.StringIO()), redirect_stdout(io.StringIO()):
-                code = agent.main(["q", "--workdir", str(workspace), "--quiet", "--no-sandbox",
-                                   "--max-turns", str(args.turns + 2), "--transcript",
-                                   os.path.join(tmp, "bench.json")], client=client)
-            harness = time.perf_counter() - started
-        assert code == 0, f"the harness exited {code}"
-        requests = list(api.requests)
+                code = agent.main(argv, client=client)
+            timings[label] = time.perf_counter() - started
+            assert code == 0, f"the harness exited {code}"
+            requests = list(api.requests)
 
     bare_stand_in = CachingStandIn(args.turns)
     with FakeAPI([bare_stand_in] * len(requests)) as api:
@@ -95,8 +97,10 @@ def main():
     n = len(requests)
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
           f"{platform.python_version()}, {time.strftime('%Y-%m-%d')}")
-    print(f"(a) {n} requests: harness {harness / n * 1000:.2f} ms/turn, bare SDK loop "
-          f"{bare / n * 1000:.2f} ms/request, ratio {harness / bare:.2f}")
+    harness = " and ".join(f"{t / n * 1000:.2f} ms/turn {label}" for label, t in timings.items())
+    ratio = timings["with --transcript"] / bare
+    print(f"(a) {n} requests: harness {harness}; bare SDK loop {bare / n * 1000:.2f} ms/request; "
+          f"ratio {ratio:.2f} with the transcript, {timings['without'] / bare:.2f} without")
     uncached = sum(total for total, _, _ in stand_in.bills)
     read = sum(u["cache_read_input_tokens"] for _, u, _ in stand_in.bills)
     write = sum(u["cache_creation_input_tokens"] for _, u, _ in stand_in.bills)
