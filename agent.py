@@ -1009,7 +1009,13 @@ def load_transcript(path):
           and isinstance(session.get("messages"), list) and session["messages"]
           and isinstance(session.get("turns"), list) and isinstance(session.get("model"), str)
           and all(isinstance(m, dict) and m.get("role") in ("user", "assistant")
-                  and isinstance(m.get("content"), list) for m in session["messages"]))
+                  and isinstance(m.get("content"), list) and m["content"]
+                  and all(isinstance(b, dict) and isinstance(b.get("type"), str)
+                          and (b["type"] != "tool_use" or isinstance(b.get("id"), str))
+                          for b in m["content"])
+                  for m in session["messages"])
+          and all(isinstance(t, dict) and isinstance(t.get("turn"), int)
+                  for t in session["turns"]))
     if not ok:
         raise UsageError(f"cannot resume: {path} is not a version {TRANSCRIPT_VERSION} "
                          "agent.py transcript")
@@ -1340,6 +1346,9 @@ def main(argv=None, client=None, stdin=None):
         return EXIT_USAGE
     except SystemExit as e:  # --help
         return e.code or 0
+    except Exception as e:  # a bug: say it in one line rather than a traceback
+        report.error(f"agent.py: internal error: {type(e).__name__}: {e}")
+        return EXIT_CODES["error"]
     if base_model(model) not in PRICING:
         report.error(f"note: no price is known for {model}; cost_usd will be null")
     try:

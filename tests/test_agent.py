@@ -651,6 +651,11 @@ def test_resume_after_a_refusal_drops_the_refused_turn(capsys, workdir, tmp_path
     (None, "does not exist"),
     ("{not json", "not a readable JSON"),
     ('{"version": 1, "messages": []}', "not a version 1"),
+    ('{"version": 1, "model": "m", "turns": [], "messages": [{"role": "user", "content": '
+     '[{"type": "tool_use"}]}]}', "not a version 1"),
+    ('{"version": 1, "model": "m", "turns": [{}], "messages": [{"role": "user", "content": '
+     '[{"type": "text", "text": "q"}]}]}', "not a version 1"),
+    ('[1, 2]', "not a version 1"),
 ])
 def test_resume_of_a_bad_file_is_a_usage_error(capsys, tmp_path, content, fragment):
     path = tmp_path / "bad.json"
@@ -659,6 +664,21 @@ def test_resume_of_a_bad_file_is_a_usage_error(capsys, tmp_path, content, fragme
     client = FakeClient()
     code, _, err = run(capsys, ["--resume", str(path), "more"], client)
     assert (code, client.requests) == (2, []) and fragment in err
+
+
+def test_resume_keeps_the_transcripts_model_unless_told(capsys, workdir, tmp_path):
+    path = tmp_path / "run.json"
+    budget_stopped(capsys, workdir, path)
+    saved = json.loads(path.read_text())
+    saved["model"] = "claude-opus-5-5"
+    path.write_text(json.dumps(saved))
+    client = FakeClient(reply(text("a")))
+    run(capsys, ["--resume", str(path), "more"], client)
+    assert client.requests[0]["model"] == "claude-opus-5-5"
+    client = FakeClient(reply(text("b")))
+    run(capsys, ["--resume", str(path), "more", "--model", "claude-sonnet-5-5"], client)
+    assert client.requests[0]["model"] == "claude-sonnet-5-5"
+    assert json.loads(path.read_text())["model"] == "claude-sonnet-5-5"
 
 
 def test_resume_of_a_finished_transcript_needs_a_question(capsys, workdir, tmp_path):
@@ -710,6 +730,27 @@ def test_the_api_key_never_reaches_run_python(capsys, workdir, monkeypatch):
 
 
 # --- config and CLI ---
+
+def test_dotenv_next_to_agent_py_is_the_fallback(tmp_path, monkeypatch):
+    home, elsewhere = tmp_path / "agent", tmp_path / "elsewhere"
+    home.mkdir()
+    elsewhere.mkdir()
+    (home / ".env").write_text("ANTHROPIC_API_KEY=beside-agent\n")
+    monkeypatch.setattr(agent, "__file__", str(home / "agent.py"))
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    assert agent.load_config()["ANTHROPIC_API_KEY"] == "beside-agent"
+    (elsewhere / ".env").write_text("ANTHROPIC_API_KEY=from-cwd\n")
+    assert agent.load_config()["ANTHROPIC_API_KEY"] == "from-cwd"
+
+
+def test_dependencies_are_declared_inline_for_uv():
+    header = Path(agent.__file__).read_text().split('"""', 1)[0]
+    block = header[header.index("# /// script"):header.index("# ///\n")]
+    assert '"anthropic' in block and '"python-dotenv' in block and "dependencies" in block
+    requirements = Path(agent.__file__).with_name("requirements.txt").read_text().split()
+    assert {r.split(">")[0] for r in requirements} == {"anthropic", "python-dotenv"}
+
 
 def test_key_comes_from_dotenv_and_the_environment_wins(tmp_path, monkeypatch):
     (tmp_path / ".env").write_text("ANTHROPIC_API_KEY=from-file\nANTHROPIC_MODEL=m-file\n")
@@ -835,6 +876,7 @@ def test_trials_summary_and_transcripts(capsys, workdir, tmp_path):
         assert json.loads(Path(t["transcript"]).read_text())["answer"] == answers[t["index"] - 1]
         assert set(t) >= {"index", "stop", "turns", "tokens", "cost_usd", "passed"}
     assert "pass@k" in err and "pass^k" in err
+    assert [len(r["messages"]) for r in client.requests] == [1] * 5  # fresh history each
 
 
 def test_trials_all_passing_exit_0_and_dash_prints_the_summary(capsys, workdir):
