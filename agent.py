@@ -83,26 +83,34 @@ class Price:
 
 
 # USD per million tokens, as billed on the Claude API. Checked 2026-12-02 on
-# platform.claude.com/docs/en/about-claude/pricing and the model overview pages
-# (models/haiku-5-5, sonnet-5-5, opus-5-5, opus-5, sonnet-5 /overview). Haiku 5.5 bills a
-# request whose prompt (input + cache reads + cache writes) exceeds 100,000 tokens at the
-# second band, output included. Third-party price trackers report a Sonnet 5.5 cache-read
-# cut to $0.10 from 2026-10-07; the overview page still says $0.20, which is used here.
+# platform.claude.com/docs/en/about-claude/pricing ("Model pricing") and the model overview
+# pages (models/<model>/overview). Haiku 5.5 bills a request whose prompt (input + cache
+# reads + cache writes) exceeds 100,000 tokens at its second band, output included. Fable 5.2
+# (released 2026-11-09) is taken from its launch notes: $8 / $40, writes $10 / $16, reads $0.20.
+# Third-party trackers report a Sonnet 5.5 cache-read cut to $0.10 from 2026-10-07; the
+# overview page still says $0.20, which is used here.
 # Each entry: ((prompt tokens up to, price), ...); None means no upper bound.
+_OPUS_4 = ((None, Price(5.00, 25.00, 6.25, 10.00, 0.50)),)
+_SONNET_4 = ((None, Price(3.00, 15.00, 3.75, 6.00, 0.30)),)
 PRICING = {
     "claude-haiku-5-5": ((100_000, Price(0.10, 0.50, 0.125, 0.20, 0.01)),
                          (None, Price(0.50, 2.50, 0.625, 1.00, 0.05))),
     "claude-sonnet-5-5": ((None, Price(2.00, 10.00, 2.50, 4.00, 0.20)),),
     "claude-opus-5-5": ((None, Price(4.00, 20.00, 5.00, 8.00, 0.20)),),
+    "claude-fable-5-2": ((None, Price(8.00, 40.00, 10.00, 16.00, 0.20)),),
     "claude-fable-5-1": ((None, Price(10.00, 50.00, 12.50, 20.00, 0.25)),),
-    "claude-opus-5": ((None, Price(5.00, 25.00, 6.25, 10.00, 0.50)),),
+    "claude-fable-5": ((None, Price(10.00, 50.00, 12.50, 20.00, 1.00)),),
+    "claude-opus-5": _OPUS_4,
     "claude-sonnet-5": ((None, Price(2.00, 10.00, 2.50, 4.00, 0.20)),),
-    "claude-opus-4-7": ((None, Price(5.00, 25.00, 6.25, 10.00, 0.50)),),
+    "claude-opus-4-8": _OPUS_4, "claude-opus-4-7": _OPUS_4, "claude-opus-4-6": _OPUS_4,
+    "claude-opus-4-5": _OPUS_4,
+    "claude-sonnet-4-6": _SONNET_4, "claude-sonnet-4-5": _SONNET_4,
     "claude-haiku-4-5": ((None, Price(1.00, 5.00, 1.25, 2.00, 0.10)),),
 }
 COUNTS = ("input_tokens", "output_tokens", "cache_creation_input_tokens",
           "cache_read_input_tokens")  # the billed token counts of a response's usage
-MAX_OUTPUT = {"claude-haiku-4-5": 64_000}  # output-token ceiling; 128K for the others
+MAX_OUTPUT = {"claude-haiku-4-5": 64_000, "claude-sonnet-4-5": 64_000,
+              "claude-sonnet-4-6": 64_000}  # output-token ceiling; 128K for the others
 DEFAULT_MAX_OUTPUT = 128_000
 
 
