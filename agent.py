@@ -716,7 +716,7 @@ class Stop:
     detail: str
 
 
-def check_stop(message, turn, last_turn, used, limits, cut_twice=False):
+def check_stop(message, turn, last_turn, used, limits, cut=None):
     """Decide after each response whether the run ends here; a Stop or None to go on."""
     reason = message.get("stop_reason")
     if turn >= last_turn:
@@ -725,9 +725,7 @@ def check_stop(message, turn, last_turn, used, limits, cut_twice=False):
     if reason in ("end_turn", "stop_sequence"):
         return Stop(reason, "the model finished")
     if reason == "max_tokens":
-        return Stop(reason, "the reply was cut inside a tool call twice, even with max_tokens "
-                            "raised; the call was not run" if cut_twice else
-                            "the reply hit max_tokens; the text is partial")
+        return Stop(reason, cut or "the reply hit max_tokens; the text is partial")
     if reason == "refusal":
         return Stop(reason, "the model declined to answer")
     if reason == "model_context_window_exceeded":
@@ -822,24 +820,22 @@ def is_cut_tool_call(message):
 
 def request_turn(client, request, limits, report, cancel):
     """One turn: a reply cut inside a tool call is retried once with twice the max_tokens."""
-    usages, attempts = [], 0
-    message, request_id, n = request_with_retries(client, request, limits, report, cancel)
-    usages.append(message.get("usage") or {})
-    attempts += n
-    cut_twice = False
-    if is_cut_tool_call(message):
-        cap = MAX_OUTPUT.get(base_model(request["model"]), DEFAULT_MAX_OUTPUT)
-        if request["max_tokens"] < cap:
-            bigger = dict(request, max_tokens=min(2 * request["max_tokens"], cap))
-            report.note(f"the reply was cut inside a tool call at max_tokens "
-                        f"{request['max_tokens']}; retrying the turn with {bigger['max_tokens']}")
-            message, request_id, n = request_with_retries(client, bigger, limits, report, cancel)
-            usages.append(message.get("usage") or {})
-            attempts += n
-        cut_twice = is_cut_tool_call(message)
-        if cut_twice:  # never keep or run a tool call whose input is incomplete
-            message = dict(message, content=message["content"][:-1])
-    return message, request_id, attempts, usages, cut_twice
+    message, request_id, attempts = request_with_retries(client, request, limits, report, cancel)
+    usages, sizes, cut = [message.get("usage") or {}], [request["max_tokens"]], None
+    cap = MAX_OUTPUT.get(base_model(request["model"]), DEFAULT_MAX_OUTPUT)
+    if is_cut_tool_call(message) and request["max_tokens"] < cap:
+        bigger = dict(request, max_tokens=min(2 * request["max_tokens"], cap))
+        report.note(f"the reply was cut inside a tool call at max_tokens "
+                    f"{request['max_tokens']}; retrying the turn with {bigger['max_tokens']}")
+        message, request_id, n = request_with_retries(client, bigger, limits, report, cancel)
+        usages.append(message.get("usage") or {})
+        sizes.append(bigger["max_tokens"])
+        attempts += n
+    if is_cut_tool_call(message):  # never keep or run a tool call whose input is incomplete
+        message = dict(message, content=message["content"][:-1])
+        cut = (f"the reply was cut inside a tool call at max_tokens "
+               f"{' and again at '.join(map(str, sizes))}; the incomplete call was not run")
+    return message, request_id, attempts, usages, cut
 
 
 def usage_record(model, usage):
@@ -898,7 +894,7 @@ def run_session(client, session, limits, ctx, report, save):
             mark_final_turn(session["messages"])
         started = time.monotonic()
         request = build_request(session, limits, final=turn == last_turn)
-        message, request_id, attempts, usages, cut_twice = request_turn(
+        message, request_id, attempts, usages, cut = request_turn(
             client, request, limits, report, ctx.cancel)
         record = {"turn": turn, "stop_reason": message.get("stop_reason"),
                   "usage": empty_usage(), "request_id": request_id, "attempts": attempts,
@@ -912,7 +908,7 @@ def run_session(client, session, limits, ctx, report, save):
         if content:
             session["messages"].append({"role": "assistant", "content": content})
         report.turn(record)
-        stop = check_stop(message, turn, last_turn, used, limits, cut_twice)
+        stop = check_stop(message, turn, last_turn, used, limits, cut)
         if stop:
             return stop
         tool_uses = [b for b in content if b.get("type") == "tool_use"]

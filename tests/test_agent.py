@@ -453,7 +453,19 @@ def test_a_tool_call_cut_twice_stops_with_max_tokens(capsys, workdir):
                                   "--max-tokens", "100000"], client)
     assert (code, len(client.requests)) == (5, 2)
     assert client.requests[1]["max_tokens"] == 128000  # doubled, capped at the model's limit
-    assert "cut inside a tool call twice" in err and not (workdir / "ran").exists()
+    assert "cut inside a tool call at max_tokens 100000 and again at 128000" in err
+    assert not (workdir / "ran").exists()
+
+
+def test_a_tool_call_cut_at_the_models_limit_is_not_retried(capsys, workdir):
+    cut = reply(tool_use("run_python", {"code": "open('ran','w')"}), stop_reason="max_tokens")
+    client = FakeClient(cut)
+    code, out, err = run(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox",
+                                  "--max-tokens", "128000", "--transcript", "-"], client)
+    assert (code, len(client.requests)) == (5, 1)
+    saved = json.loads(out)
+    assert "at max_tokens 128000; the incomplete call was not run" in saved["stop"]["detail"]
+    assert saved["messages"][-1]["role"] == "user"  # the cut call was not kept
 
 
 # --- retries ---
