@@ -1399,5 +1399,10 @@ def main(argv=None, client=None, stdin=None):
             os.close(sandbox.ruleset_fd)
 
 
+def on_sigterm(signum, frame):
+    raise KeyboardInterrupt  # same path as Ctrl-C: kill the running tool, save, exit 130
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, on_sigterm)
     sys.exit(main())

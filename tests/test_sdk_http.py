@@ -140,7 +140,9 @@ def test_subprocess_end_to_end(request, workdir, tmp_path):
         assert "top secret" not in refused["content"]
 
 
-def test_subprocess_ctrl_c_kills_the_tool_and_keeps_the_transcript(request, workdir, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_subprocess_ctrl_c_kills_the_tool_and_keeps_the_transcript(request, workdir, tmp_path,
+                                                                   signum):
     code = ("import os, subprocess, time\n"
             "child = subprocess.Popen(['sleep', '60'])\n"
             "open('pids', 'w').write(f'{os.getpid()} {child.pid}')\n"
@@ -154,7 +156,7 @@ def test_subprocess_ctrl_c_kills_the_tool_and_keeps_the_transcript(request, work
     deadline = time.monotonic() + 30
     while not (pids.exists() and pids.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     started = time.monotonic()
     out, err = proc.communicate(timeout=15)
     assert proc.returncode == 130 and time.monotonic() - started < 5, err
