@@ -1058,6 +1058,8 @@ def prepare_resume(session, question):
 def passed(session, expect):
     """Did a trial meet every --expect condition (or, with none, stop with end_turn)?"""
     stop = (session.get("stop") or {}).get("reason")
+    if stop in ("api_error", "error"):  # a failed session never passes, whatever it did
+        return False
     if not any(expect.values()):
         return stop == "end_turn"
     if expect["regex"] and not re.search(expect["regex"], session.get("answer") or ""):
@@ -1085,6 +1087,7 @@ def trial_path(path, index):
 
 
 def summarize(trials, requested):
+    """The summary of finished trials: n, passes, pass@k and pass^k for every k, totals."""
     n = len(trials)
     c = sum(t["passed"] for t in trials)
     costs = [t["cost_usd"] for t in trials]

@@ -901,9 +901,11 @@ def test_trials_all_passing_exit_0_and_dash_prints_the_summary(capsys, workdir):
 
 
 def test_a_trial_failing_on_an_api_error_counts_as_failed(capsys, workdir):
-    client = FakeClient(FakeAPIError(400, "invalid_request_error", "bad"), reply(text("ok")))
+    client = FakeClient(reply(tool_use("read_file", {"path": "notes.md"})),
+                        FakeAPIError(400, "invalid_request_error", "bad"),
+                        reply(tool_use("read_file", {"path": "notes.md"})), reply(text("ok")))
     code, out, _ = run(capsys, ["q", "--workdir", str(workdir), "--trials", "2",
-                                "--transcript", "-"], client)
+                                "--expect-tool", "read_file", "--transcript", "-"], client)
     summary = json.loads(out)
     assert code == 6 and [t["stop"] for t in summary["trials"]] == ["api_error", "end_turn"]
 
