@@ -602,9 +602,8 @@ class Sandbox:
     argv_prefix: list
     limits: tuple = ()  # (resource, soft, hard) rlimits for the child
     ruleset_fd: int = -1
-    bpf: bytes = b""
     libc: object = None
-    fprog: object = None  # the BPF program as the kernel takes it, built in the parent
+    fprog: object = None  # the seccomp BPF program as the kernel takes it, built in the parent
 
     def enter(self):
         """Runs in the child between fork and exec: rlimits, then Landlock, then seccomp."""
@@ -621,6 +620,13 @@ class Sandbox:
             if self.libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER,
                                ctypes.addressof(self.fprog), 0, 0):
                 raise OSError(ctypes.get_errno(), "seccomp filter failed")
+
+    def close(self):
+        """Drop the Landlock ruleset and the private temp dir at the end of the run."""
+        if self.ruleset_fd >= 0:
+            os.close(self.ruleset_fd)
+            self.ruleset_fd = -1
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
 def make_sandbox(workdir, enabled, timeout):
@@ -653,9 +659,9 @@ def make_sandbox(workdir, enabled, timeout):
             box.ruleset_fd, parts = landlock_ruleset(libc, abi, writable + ["/dev/shm"])
         except OSError as e:
             return unconfined(box, f"Landlock setup failed: {e}")
-        box.libc, box.bpf = libc, seccomp_filter(machine, allow_unix_sockets=abi >= 9)
-        program = ctypes.create_string_buffer(box.bpf, len(box.bpf))
-        box.fprog = SockFprog(len(box.bpf) // 8, ctypes.addressof(program))
+        bpf = seccomp_filter(machine, allow_unix_sockets=abi >= 9)
+        program = ctypes.create_string_buffer(bpf, len(bpf))
+        box.libc, box.fprog = libc, SockFprog(len(bpf) // 8, ctypes.addressof(program))
         box.fprog.program = program  # keep the buffer alive as long as the struct
         kind = f"landlock ABI {abi} ({parts}) + seccomp"
     else:
@@ -673,7 +679,7 @@ def unconfined(box, why):
         os.close(box.ruleset_fd)
     box.status = (f"sandbox: unavailable ({why}); run_python will ask before every call, even "
                   "with --yes (pass --no-sandbox to run it unconfined)")
-    box.argv_prefix, box.ruleset_fd, box.bpf, box.fprog = [], -1, b"", None
+    box.argv_prefix, box.ruleset_fd, box.fprog = [], -1, None
     return box
 
 
@@ -707,6 +713,8 @@ EXIT_CODES = {
     "api_error": 1, "error": 1,  # the API refused or failed; a bug or unknown stop_reason
     "interrupted": 130,  # Ctrl-C
 }
+TEXT_STOPS = {"end_turn", "stop_sequence", "max_turns", "max_tokens", "refusal",
+              "model_context_window_exceeded"}  # stops whose final text goes to stdout
 EXIT_USAGE, EXIT_TRIALS_FAILED = 2, 6
 
 
@@ -803,7 +811,7 @@ def request_with_retries(client, request, limits, report, cancel):
             delay = retry_delay(exc, attempt, limits)
             if delay is None or attempt == limits.max_attempts:
                 raise
-            report.note(f"retrying in {delay:.1f}s (attempt {attempt + 1} of "
+            report.line(f"retrying in {delay:.1f}s (attempt {attempt + 1} of "
                         f"{limits.max_attempts}): {api_message(exc)}")
             if cancel is not None:
                 if cancel.wait(delay):
@@ -825,7 +833,7 @@ def request_turn(client, request, limits, report, cancel):
     cap = MAX_OUTPUT.get(base_model(request["model"]), DEFAULT_MAX_OUTPUT)
     if is_cut_tool_call(message) and request["max_tokens"] < cap:
         bigger = dict(request, max_tokens=min(2 * request["max_tokens"], cap))
-        report.note(f"the reply was cut inside a tool call at max_tokens "
+        report.line(f"the reply was cut inside a tool call at max_tokens "
                     f"{request['max_tokens']}; retrying the turn with {bigger['max_tokens']}")
         message, request_id, n = request_with_retries(client, bigger, limits, report, cancel)
         usages.append(message.get("usage") or {})
@@ -947,9 +955,7 @@ def drive(client, session, limits, ctx, report, save):
         else:
             stop = Stop("error", f"{type(exc).__name__}: {exc}")
     session["stop"] = {"reason": stop.reason, "detail": stop.detail}
-    session["answer"] = final_text(session) if stop.reason in (
-        "end_turn", "stop_sequence", "max_turns", "max_tokens", "refusal",
-        "model_context_window_exceeded") else None
+    session["answer"] = final_text(session) if stop.reason in TEXT_STOPS else None
     session["usage"] = total_usage(session)
     save(session)
     return stop
@@ -1138,9 +1144,6 @@ class Reporter:
         if self.pending:
             self.write(f"{self.prefix}{self.pending}\n" if self.prefix else "\n")
             self.pending = ""
-
-    def note(self, text):
-        self.line(text)
 
     def error(self, text):
         self.line(text, always=True)
@@ -1397,9 +1400,7 @@ def main(argv=None, client=None, stdin=None):
         report.error(f"agent.py: internal error: {type(e).__name__}: {e}")
         return EXIT_CODES["error"]
     finally:
-        shutil.rmtree(sandbox.tmpdir, ignore_errors=True)
-        if sandbox.ruleset_fd >= 0:
-            os.close(sandbox.ruleset_fd)
+        sandbox.close()
 
 
 def on_sigterm(signum, frame):

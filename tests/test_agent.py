@@ -765,14 +765,17 @@ def test_dependencies_are_declared_inline_for_uv():
 
 
 def test_key_comes_from_dotenv_and_the_environment_wins(tmp_path, monkeypatch):
-    (tmp_path / ".env").write_text("ANTHROPIC_API_KEY=from-file\nANTHROPIC_MODEL=m-file\n")
+    (tmp_path / ".env").write_text("ANTHROPIC_API_KEY=from-file\nANTHROPIC_MODEL=m-file\n"
+                                   "ANTHROPIC_BASE_URL=http://127.0.0.1:9\n")
     sub = tmp_path / "a" / "b"
     sub.mkdir(parents=True)
     monkeypatch.chdir(sub)
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.delenv("ANTHROPIC_BASE_URL", raising=False)
     monkeypatch.setenv("ANTHROPIC_MODEL", "m-env")
     config = agent.load_config()
     assert config["ANTHROPIC_API_KEY"] == "from-file" and config["ANTHROPIC_MODEL"] == "m-env"
+    assert config["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:9"  # an Anthropic-compatible server
     assert "ANTHROPIC_API_KEY" not in os.environ  # read, never loaded into the environment
 
 

@@ -29,8 +29,7 @@ needs_landlock = pytest.mark.skipif(landlock_abi() < 4, reason="needs Landlock A
 def box(workdir):
     sandbox = agent.make_sandbox(Path(os.path.realpath(workdir)), True, 30)
     yield sandbox
-    if sandbox.ruleset_fd >= 0:
-        os.close(sandbox.ruleset_fd)
+    sandbox.close()
 
 
 def execute(box, workdir, code, timeout=20, chars=30_000, cancel=None):
