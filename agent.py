@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # /// script
-# requires-python = ">=3.10"
+# requires-python = ">=3.11"
 # dependencies = ["anthropic>=2.0", "python-dotenv>=1.0"]
 # ///
 """A hand-written agent loop on the Anthropic Messages API, with two tools.
@@ -24,9 +24,11 @@ import os
 import platform
 import re
 import resource
+import select
 import selectors
 import shutil
 import signal
+import socket
 import stat
 import struct
 import subprocess
@@ -36,6 +38,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
+from itertools import count
 from pathlib import Path
 
 # --- config and limits ---
@@ -71,6 +74,8 @@ class Limits:
     output_chars: int = 30_000  # run_python output kept for the model, head + tail
     read_lines: int = 2_000  # lines one read_file call returns
     read_bytes: int = 100_000  # bytes one read_file call returns
+    max_tasks: int = 256  # processes and threads of one run_python call, where a cgroup can cap it
+    memory_mb: int = 4096  # memory of one run_python call, all its processes, likewise
 
 
 @dataclass(frozen=True)
@@ -256,6 +261,7 @@ def read_window(f, path, offset, limit, max_bytes):
 
 def run_python(ctx, code):
     """Run `code` in the sandbox, after the user approves; return exit code and output."""
+    ctx.sandbox.ready()  # proves the boundary (once) before anyone is asked to rely on it
     if not ctx.approve(code):
         raise ToolError(ctx.decline_message)
     run = execute(code, ctx.workdir, ctx.sandbox, ctx.limits.tool_timeout,
@@ -265,6 +271,9 @@ def run_python(ctx, code):
         raise ToolError(f"timed out after {ctx.limits.tool_timeout:g} s; the script and every "
                         f"process it started were killed. Output so far:\n{output}")
     report = f"exit code: {run.code}\n{output}"
+    if run.oom:
+        report = (f"killed: the script and its processes went over their memory cap of "
+                  f"{ctx.limits.memory_mb} MiB.\n{report}")
     if run.code != 0:
         raise ToolError(f"the script failed.\n{report}")
     return report
@@ -336,13 +345,22 @@ def run_tools(blocks, ctx, report):
 
 
 # --- sandbox: where run_python's code runs ---
+#
+# Each run_python call gets a directory of its own (the script, which the child can read but not
+# change, and a private home) and runs as agent -> keeper -> script. The keeper is a fork of the
+# agent that owns the script's process group: it kills the group when the script ends, at the
+# timeout, or as soon as the agent is gone (kill -9 included), and removes what the call left.
+# Before exec the script enters its own cgroup and mount namespace where the machine allows, drops
+# every capability, and is confined by Landlock (files, TCP, signals) and by a seccomp filter (the
+# syscalls that act on the host, other processes or the kernel). The tables are the policy.
 
 @dataclass
 class Execution:
-    code: int | None
+    code: int | None  # exit code, negative for a signal; None when it timed out
     stdout: str
     stderr: str
     timed_out: bool
+    oom: bool = False  # the call went over its memory cap and the kernel killed a process
 
 
 class Clip:
@@ -366,106 +384,198 @@ class Clip:
         return head + (f"\n[... {cut} bytes cut ...]\n" if cut else "") + tail
 
 
-def child_env(tmpdir):
+def child_env(home):
     """The allowlisted environment run_python's child gets; nothing named like a secret."""
     keep = {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME"}
     secret = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|ANTHROPIC|AUTH", re.I)
     env = {k: v for k, v in os.environ.items()
            if (k in keep or k.startswith("LC_")) and not secret.search(k)}
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
-    env.update(HOME=tmpdir, TMPDIR=tmpdir, TEMP=tmpdir, TMP=tmpdir, PYTHONNOUSERSITE="1",
+    env.update(HOME=home, TMPDIR=home, TEMP=home, TMP=home, PYTHONNOUSERSITE="1",
+               PYTHONSAFEPATH="1",  # no script dir or cwd on sys.path: nothing shadows the stdlib
                PYTHONDONTWRITEBYTECODE="1", PYTHONIOENCODING="utf-8", MPLBACKEND="Agg")
     return env
 
 
-def kill_group(pid):
-    """SIGKILL a process group; it may already be gone."""
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def execute(code, workdir, sandbox, timeout, output_chars, cancel=None):
-    """Run a script in the sandbox with bounded time and output; kill its whole group after."""
-    fd, script = tempfile.mkstemp(suffix=".py", dir=sandbox.tmpdir)  # the child can't see /tmp
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(code)
-    clips = {1: Clip(output_chars // 4), 2: Clip(output_chars // 4)}
-    try:
-        proc = subprocess.Popen(
-            sandbox.argv_prefix + [sys.executable, script], cwd=workdir, env=sandbox.env,
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            close_fds=True, start_new_session=True, preexec_fn=sandbox.enter)
-    except (OSError, subprocess.SubprocessError) as e:
-        os.unlink(script)
-        raise ToolError(f"could not start the sandboxed interpreter: {e}")
-    deadline, timed_out, exited_at = time.monotonic() + timeout, False, None
-    streams = {proc.stdout.fileno(): clips[1], proc.stderr.fileno(): clips[2]}
-    try:
-        with selectors.DefaultSelector() as sel:
-            for pipe in (proc.stdout, proc.stderr):
-                os.set_blocking(pipe.fileno(), False)
-                sel.register(pipe.fileno(), selectors.EVENT_READ)
-            while sel.get_map():
-                if cancel is not None and cancel.is_set():
-                    raise Interrupted()
-                now = time.monotonic()
-                if now >= deadline:
-                    timed_out = True
-                    break
-                if exited_at is None and proc.poll() is not None:
-                    exited_at = now
-                    kill_group(proc.pid)  # a grandchild holding the pipes dies with it
-                if exited_at is not None and now - exited_at > 2:
-                    break
-                for key, _ in sel.select(timeout=0.1):
-                    data = os.read(key.fd, 65536)
-                    if data:
-                        streams[key.fd].add(data)
-                    else:
-                        sel.unregister(key.fd)
-    finally:
-        kill_group(proc.pid)
-        proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
-        os.unlink(script)
-    return Execution(None if timed_out else proc.returncode, clips[1].text(), clips[2].text(),
-                     timed_out)
-
-
-# Landlock and seccomp through ctypes; numbers from the kernel's uapi headers.
-LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446
-FS_EXECUTE, FS_WRITE_FILE, FS_READ_FILE, FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
-FS_REFER, FS_TRUNCATE, FS_IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15
-FS_FILE_RIGHTS = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_DEV
-NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1
-SCOPE_ABSTRACT_UNIX, SCOPE_SIGNAL = 1 << 0, 1 << 1
-PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
-AF_UNIX = 1
-SECCOMP_ALLOW, SECCOMP_KILL, SECCOMP_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
-EPERM, EACCES, ENOSYS = 1, 13, 38
-# Syscalls Landlock does not cover (sandbox.md): setsid/setpgid let a grandchild escape the
-# group kill; chmod/chown/xattr/utime work on any file Landlock lets the child open or stat.
-SYSCALLS = {
-    "x86_64": (0xC000003E, {
-        "socket": 41, "setpgid": 109, "setsid": 112, "chmod": 90, "fchmod": 91, "chown": 92,
-        "fchown": 93, "lchown": 94, "utime": 132, "utimes": 235, "futimesat": 261,
-        "fchownat": 260, "fchmodat": 268, "utimensat": 280, "setxattr": 188,
-        "lsetxattr": 189, "fsetxattr": 190, "removexattr": 197, "lremovexattr": 198,
-        "fremovexattr": 199, "io_uring_setup": 425, "io_uring_enter": 426,
-        "io_uring_register": 427, "fchmodat2": 452, "setxattrat": 463, "removexattrat": 466}),
-    "aarch64": (0xC00000B7, {
-        "socket": 198, "setpgid": 154, "setsid": 157, "fchmod": 52, "fchmodat": 53,
-        "fchownat": 54, "fchown": 55, "utimensat": 88, "setxattr": 5, "lsetxattr": 6,
-        "fsetxattr": 7, "removexattr": 14, "lremovexattr": 15, "fremovexattr": 16,
-        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
-        "fchmodat2": 452, "setxattrat": 463, "removexattrat": 466}),
+# Landlock rights: name -> (bit, the ABI that introduced it), from include/uapi/linux/landlock.h.
+# The ruleset handles every right the running kernel knows: what no rule grants is denied.
+LANDLOCK_FS = {
+    "execute": (0, 1), "write_file": (1, 1), "read_file": (2, 1), "read_dir": (3, 1),
+    "remove_dir": (4, 1), "remove_file": (5, 1), "make_char": (6, 1), "make_dir": (7, 1),
+    "make_reg": (8, 1), "make_sock": (9, 1), "make_fifo": (10, 1), "make_block": (11, 1),
+    "make_sym": (12, 1),
+    "refer": (13, 2),  # link or rename across directories
+    "truncate": (14, 3),
+    "ioctl_dev": (15, 5),  # ioctl on device files
+    "resolve_unix": (16, 9),  # connect to a named unix socket (docker.sock, D-Bus, ssh-agent)
 }
-READ_ONLY_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/etc/mime.types", "/etc/hosts",
-                   "/etc/host.conf", "/etc/nsswitch.conf", "/etc/gai.conf", "/dev/urandom",
-                   "/dev/random", "/dev/zero")
+LANDLOCK_NET = {"bind_tcp": (0, 4), "connect_tcp": (1, 4),  # handled, no port granted:
+                "bind_udp": (2, 10), "connect_send_udp": (3, 10)}  # no TCP, no UDP
+LANDLOCK_SCOPE = {"abstract_unix_socket": (0, 6), "signal": (1, 6)}  # not beyond the sandbox
+FILE_RIGHTS = {"execute", "write_file", "read_file", "truncate", "ioctl_dev"}  # all a file rule takes
+READ_EXEC = {"execute", "read_file", "read_dir"}
+READ_WRITE = set(LANDLOCK_FS) - {"make_char", "make_block", "ioctl_dev"}  # everything but devices
+
+# What the child may read and execute besides the Python it runs (found at startup): programs a
+# script may start and the libraries they load; of /etc only the files below; never /proc or $HOME.
+SYSTEM_DIRS = ("/usr/bin", "/bin", "/usr/lib", "/usr/lib64", "/lib", "/lib64",
+               "/usr/share/zoneinfo")
+SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/etc/mime.types", "/etc/hosts",
+                "/etc/host.conf", "/etc/nsswitch.conf", "/etc/gai.conf", "/dev/urandom",
+                "/dev/random", "/dev/zero")
+
+# Syscall numbers: name -> (x86_64, aarch64), None where the architecture has no such call; from
+# arch/x86/entry/syscalls/syscall_64.tbl and include/uapi/asm-generic/unistd.h, Linux 6.18.
+SYSCALLS = {
+    "ioctl": (16, 29), "shmget": (29, 194), "shmat": (30, 196), "shmctl": (31, 195),
+    "socket": (41, 198), "clone": (56, 220), "semget": (64, 190), "semop": (65, 193),
+    "semctl": (66, 191), "shmdt": (67, 197), "msgget": (68, 186), "msgsnd": (69, 189),
+    "msgrcv": (70, 188), "msgctl": (71, 187), "chmod": (90, None), "fchmod": (91, 52),
+    "chown": (92, None), "fchown": (93, 55), "lchown": (94, None), "ptrace": (101, 117),
+    "syslog": (103, 116), "setpgid": (109, 154), "setsid": (112, 157), "capget": (125, 90),
+    "capset": (126, 91), "utime": (132, None), "mknod": (133, None), "uselib": (134, None),
+    "ustat": (136, None), "sysfs": (139, None), "setpriority": (141, 140),
+    "sched_setparam": (142, 118), "sched_setscheduler": (144, 119), "vhangup": (153, 58),
+    "modify_ldt": (154, None), "pivot_root": (155, 41), "_sysctl": (156, None),
+    "adjtimex": (159, 171), "chroot": (161, 51), "acct": (163, 89), "settimeofday": (164, 170),
+    "mount": (165, 40), "umount2": (166, 39), "swapon": (167, 224), "swapoff": (168, 225),
+    "reboot": (169, 142), "sethostname": (170, 161), "setdomainname": (171, 162),
+    "iopl": (172, None), "ioperm": (173, None), "create_module": (174, None),
+    "init_module": (175, 105), "delete_module": (176, 106), "get_kernel_syms": (177, None),
+    "query_module": (178, None), "quotactl": (179, 60), "nfsservctl": (180, 42),
+    "setxattr": (188, 5), "lsetxattr": (189, 6), "fsetxattr": (190, 7), "removexattr": (197, 14),
+    "lremovexattr": (198, 15), "fremovexattr": (199, 16), "sched_setaffinity": (203, 122),
+    "lookup_dcookie": (212, 18), "clock_settime": (227, 112), "utimes": (235, None),
+    "mq_open": (240, 180), "mq_unlink": (241, 181), "mq_timedsend": (242, 182),
+    "mq_timedreceive": (243, 183), "mq_notify": (244, 184), "mq_getsetattr": (245, 185),
+    "kexec_load": (246, 104), "add_key": (248, 217), "request_key": (249, 218),
+    "keyctl": (250, 219), "ioprio_set": (251, 30), "inotify_add_watch": (254, 27),
+    "migrate_pages": (256, 238), "mknodat": (259, 33), "fchownat": (260, 54),
+    "futimesat": (261, None), "fchmodat": (268, 53), "unshare": (272, 97),
+    "move_pages": (279, 239), "utimensat": (280, 88), "semtimedop": (220, 192),
+    "perf_event_open": (298, 241), "fanotify_init": (300, 262), "fanotify_mark": (301, 263),
+    "prlimit64": (302, 261), "name_to_handle_at": (303, 264), "open_by_handle_at": (304, 265),
+    "clock_adjtime": (305, 266), "setns": (308, 268), "process_vm_readv": (310, 270),
+    "process_vm_writev": (311, 271), "kcmp": (312, 272), "finit_module": (313, 273),
+    "sched_setattr": (314, 274), "kexec_file_load": (320, 294), "bpf": (321, 280),
+    "userfaultfd": (323, 282), "io_uring_setup": (425, 425), "io_uring_enter": (426, 426),
+    "io_uring_register": (427, 427), "open_tree": (428, 428), "move_mount": (429, 429),
+    "fsopen": (430, 430), "fsconfig": (431, 431), "fsmount": (432, 432), "fspick": (433, 433),
+    "pidfd_open": (434, 434), "clone3": (435, 435), "pidfd_getfd": (438, 438),
+    "process_madvise": (440, 440), "mount_setattr": (442, 442), "quotactl_fd": (443, 443),
+    "landlock_create_ruleset": (444, 444), "landlock_add_rule": (445, 445),
+    "landlock_restrict_self": (446, 446), "process_mrelease": (448, 448),
+    "fchmodat2": (452, 452), "statmount": (457, 457), "listmount": (458, 458),
+    "lsm_set_self_attr": (460, 460), "setxattrat": (463, 463), "removexattrat": (466, 466),
+    "open_tree_attr": (467, 467), "file_setattr": (469, 469),
+}
+ARCHES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}  # AUDIT_ARCH_*, column above
+LAST_SYSCALL = 469  # the newest call in the table: newer ones get ENOSYS, as from an older kernel
+
+CLONE_ESCAPES = (0x8000  # CLONE_PARENT: a child of the agent, outside the keeper's reach
+                 | 0x20000 | 0x02000000 | 0x04000000 | 0x08000000  # CLONE_NEW{NS,CGROUP,UTS,IPC}
+                 | 0x10000000 | 0x20000000 | 0x40000000)  # CLONE_NEW{USER,PID,NET}
+S_IFMT, S_IFCHR, S_IFBLK, AF_UNIX, ALL = 0o170000, 0o020000, 0o060000, 1, 0xFFFFFFFF
+EPERM, EACCES, ENOSYS = 1, 13, 38
+
+# The seccomp policy, checked top to bottom: (syscalls, test, errno, what it would let a script
+# do). A test (arg, mask, op, value) matches when (arg & mask) op value, on the low 32 bits the
+# kernel reads for every argument tested here; op "&" matches when any bit of mask is set. Every
+# other call is allowed: files and sockets are Landlock's, resources the rlimits' and cgroup's.
+# The list came from walking the whole syscall table and asking of each: does it act on something
+# outside this process and its files (the host, the kernel, other processes, shared objects)?
+SECCOMP_RULES = (
+    ("reboot kexec_load kexec_file_load", None, EPERM, "power off the host, boot another kernel"),
+    ("init_module finit_module delete_module create_module query_module get_kernel_syms",
+     None, EPERM, "load or unload kernel code"),
+    ("bpf perf_event_open userfaultfd", None, EPERM,
+     "run programs in the kernel, read performance counters, stall kernel threads"),
+    ("mount umount2 pivot_root chroot swapon swapoff open_tree open_tree_attr move_mount "
+     "fsopen fsconfig fsmount fspick mount_setattr statmount listmount",
+     None, EPERM, "change or inspect the host's mounts"),
+    ("unshare setns", None, EPERM, "enter or make namespaces (and regain capabilities in them)"),
+    ("clone", (0, CLONE_ESCAPES, "&", 0), EPERM, "make a sibling of the agent or new namespaces"),
+    ("clone3", None, ENOSYS, "its flags are in memory the filter cannot read; glibc then "
+                             "falls back to clone, whose flags it can"),
+    ("settimeofday clock_settime clock_adjtime adjtimex sethostname setdomainname", None,
+     EPERM, "set the host's clock or name"),
+    ("syslog acct quotactl quotactl_fd vhangup lookup_dcookie iopl ioperm modify_ldt uselib "
+     "_sysctl sysfs ustat nfsservctl lsm_set_self_attr", None, EPERM,
+     "read the kernel log, change host-wide settings, touch I/O ports"),
+    ("keyctl add_key request_key", None, EPERM, "read or add kernel keys"),
+    ("ptrace process_vm_readv process_vm_writev kcmp pidfd_open pidfd_getfd process_madvise "
+     "process_mrelease", None, EPERM, "inspect or reach into another process"),
+    ("prlimit64 sched_setaffinity sched_setscheduler sched_setparam sched_setattr "
+     "migrate_pages move_pages", (0, ALL, "!=", 0), EPERM,
+     "change another process's limits, CPUs, scheduling or memory (0 means itself)"),
+    ("setpriority", (0, ALL, "!=", 0), EPERM, "renice a group or a user (PRIO_PROCESS only)"),
+    ("setpriority", (1, ALL, "!=", 0), EPERM, "renice another process"),
+    ("ioprio_set", (0, ALL, "!=", 1), EPERM, "set the I/O priority of a group or a user"),
+    ("ioprio_set", (1, ALL, "!=", 0), EPERM, "set another process's I/O priority"),
+    ("setsid setpgid", None, EPERM, "leave the process group the keeper kills"),
+    ("fanotify_init fanotify_mark inotify_add_watch", None, EPERM,
+     "watch file activity, the machine's included"),
+    ("msgget msgsnd msgrcv msgctl semget semop semtimedop semctl shmget shmat shmdt shmctl "
+     "mq_open mq_unlink mq_timedsend mq_timedreceive mq_notify mq_getsetattr", None, EPERM,
+     "IPC objects shared with other programs that outlive the call"),
+    ("io_uring_setup io_uring_enter io_uring_register", None, EPERM,
+     "file and socket operations this filter cannot see"),
+    ("name_to_handle_at open_by_handle_at", None, EPERM, "open files by handle, past path checks"),
+    ("chmod fchmod fchmodat fchmodat2 chown fchown lchown fchownat utime utimes futimesat "
+     "utimensat setxattr lsetxattr fsetxattr removexattr lremovexattr fremovexattr setxattrat "
+     "removexattrat file_setattr", None, EPERM,
+     "change the mode, owner, times or attributes of files it may only read (Landlock cannot)"),
+    ("mknod", (1, S_IFMT, "==", S_IFCHR), EPERM, "make a character device"),
+    ("mknod", (1, S_IFMT, "==", S_IFBLK), EPERM, "make a block device"),
+    ("mknodat", (2, S_IFMT, "==", S_IFCHR), EPERM, "make a character device"),
+    ("mknodat", (2, S_IFMT, "==", S_IFBLK), EPERM, "make a block device"),
+    ("ioctl", (1, ALL, "==", 0x40086602), EPERM, "FS_IOC_SETFLAGS: chattr +i on a read-only fd"),
+    ("ioctl", (1, ALL, "==", 0x40046602), EPERM, "FS_IOC32_SETFLAGS, the same"),
+    ("ioctl", (1, ALL, "==", 0x401C5820), EPERM, "FS_IOC_FSSETXATTR: inode flags, project id"),
+    ("ioctl", (1, ALL, "==", 0x40087602), EPERM, "FS_IOC_SETVERSION: the inode generation"),
+    ("ioctl", (1, ALL, "==", 0x40047602), EPERM, "FS_IOC32_SETVERSION, the same"),
+    ("ioctl", (1, ALL, "==", 0x5412), EPERM, "TIOCSTI: type into a terminal"),
+    ("ioctl", (1, ALL, "==", 0x541C), EPERM, "TIOCLINUX: the console's selection and keys"),
+    ("socket", (0, ALL, "!=", AF_UNIX), EACCES, "open a network, netlink or raw socket"),
+)
+UNIX_SOCKETS_RULE = ("socket", None, EACCES, "connect to a named unix socket (docker.sock, "
+                     "D-Bus, ssh-agent): only Landlock's resolve_unix right (ABI 9) can stop it")
+
+LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446
+PR_SET_PDEATHSIG, PR_CAPBSET_READ, PR_CAPBSET_DROP, PR_SET_SECCOMP = 1, 23, 24, 22
+PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 36, 38, 47
+SECCOMP_MODE_FILTER, CAP_VERSION_3, MAX_FD = 2, 0x20080522, 1 << 16
+SECCOMP_ALLOW, SECCOMP_KILL, SECCOMP_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
+CLONE_NEWNS, CLONE_NEWUSER, MS_BIND, MS_REC, MS_PRIVATE = 0x20000, 0x10000000, 0x1000, 0x4000, 1 << 18
+
+
+def seccomp_filter(machine, allow_unix_sockets):
+    """SECCOMP_RULES as a BPF program: foreign arches are killed, unknown numbers get ENOSYS."""
+    arch, column = ARCHES[machine]
+    ld, ret = (lambda k: (0x20, 0, 0, k)), (lambda k: (0x06, 0, 0, k))  # BPF_LD|W|ABS, BPF_RET
+    jeq = lambda k, yes, no: (0x15, yes, no, k)  # noqa: E731  jumps are relative, 8-bit
+    prog = [ld(4), jeq(arch, 1, 0), ret(SECCOMP_KILL), ld(0),
+            (0x25, 0, 1, LAST_SYSCALL), ret(SECCOMP_ERRNO | ENOSYS)]  # BPF_JGT: x32 numbers too
+    rules = SECCOMP_RULES + (() if allow_unix_sockets else (UNIX_SOCKETS_RULE,))
+    for names, test, errno, _why in rules:
+        for nr in (SYSCALLS[name][column] for name in names.split()):
+            if nr is None:
+                continue
+            if test is None:  # each rule returns right after its test: no long jumps
+                prog += [jeq(nr, 0, 1), ret(SECCOMP_ERRNO | errno)]
+                continue
+            arg, mask, op, value = test
+            body = [ld(16 + 8 * arg)]  # seccomp_data.args[arg], low word (little-endian)
+            if op == "&":
+                body.append((0x45, 0, 1, mask))  # BPF_JSET
+            else:
+                if mask != ALL:
+                    body.append((0x54, 0, 0, mask))  # BPF_ALU|AND
+                body.append(jeq(value, 0, 1) if op == "==" else jeq(value, 1, 0))
+            body += [ret(SECCOMP_ERRNO | errno), ld(0)]  # reload the number for the next rule
+            prog += [jeq(nr, 0, len(body))] + body
+    prog.append(ret(SECCOMP_ALLOW))
+    return b"".join(struct.pack("HBBI", *ins) for ins in prog)
 
 
 class PathBeneath(ctypes.Structure):
@@ -481,102 +591,215 @@ def libc_call():
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+    libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_void_p]
     return libc
+
+
+def syscall(libc, name, *args):
+    """Make a raw syscall by name; raise OSError on failure."""
+    nr = SYSCALLS[name][ARCHES[platform.machine()][1]]
+    args = [ctypes.c_long(a) if isinstance(a, int) else a for a in args]
+    result = libc.syscall(ctypes.c_long(nr), *args)
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{name}: {os.strerror(err)}")
+    return result
 
 
 def landlock_abi(libc):
     """The kernel's Landlock ABI version, or a reason it has none."""
-    abi = libc.syscall(ctypes.c_long(LANDLOCK_CREATE_RULESET), None, ctypes.c_long(0),
-                       ctypes.c_long(1))
-    if abi >= 0:
-        return abi, ""
-    err = ctypes.get_errno()
-    return 0, {38: "the kernel has no Landlock", 95: "Landlock is disabled at boot",
-               1: "Landlock is blocked (container seccomp profile?)"}.get(err, os.strerror(err))
+    try:
+        return syscall(libc, "landlock_create_ruleset", None, 0, 1), ""
+    except OSError as e:
+        return 0, {38: "the kernel has no Landlock", 95: "Landlock is disabled at boot",
+                   1: "Landlock is blocked (container seccomp profile?)"}.get(e.errno, e.strerror)
 
 
-def readable_roots():
-    """Directories the interpreter and its libraries live in: read and execute only."""
-    roots = {"/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc/alternatives"}
-    for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix):
-        roots.add(os.path.realpath(p))
-    roots.add(os.path.dirname(os.path.realpath(sys.executable)))
-    venv = os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))
-    if os.path.exists(os.path.join(venv, "pyvenv.cfg")):
-        roots.add(venv)
+def rights(table, abi, names=None):
+    """The bit mask of the rights in `names` (all by default) that Landlock ABI `abi` knows."""
+    return sum(1 << bit for name, (bit, since) in table.items()
+               if since <= abi and (names is None or name in names))
+
+
+def python_paths():
+    """The running interpreter's own files: stdlib and site-packages dirs, binary, libraries."""
+    import site
+    import sysconfig
+    dirs = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    dirs.update(site.getsitepackages())
+    dirs = {os.path.realpath(d) for d in dirs if d and os.path.isdir(d)}
+    files = {os.path.realpath(sys.executable)}
+    venv_cfg = Path(sys.executable).parent.parent / "pyvenv.cfg"  # unresolved: the venv's
+    if venv_cfg.is_file():
+        files.add(str(venv_cfg))
+    with open("/proc/self/maps") as maps:  # shared libraries this interpreter has loaded
+        for line in maps:
+            path = line.split(maxsplit=5)[-1].strip()
+            if ".so" in os.path.basename(path) and os.path.isfile(path):
+                files.add(path)
+    inside = lambda p: any(p.startswith(d + "/") for d in (*dirs, *SYSTEM_DIRS))  # noqa: E731
+    return sorted(dirs), sorted(f for f in files if not inside(f))
+
+
+def cgroup_parents():
+    """Where the agent may make a cgroup that caps tasks and memory: ("v1"|"v2", dirs) or None."""
     try:
-        import site
-        roots.update(site.getsitepackages())
-    except (ImportError, AttributeError):
-        pass
-    try:
-        with open("/proc/self/maps") as maps:  # shared libraries already loaded, e.g. from a venv
-            for line in maps:
-                path = line.split(maxsplit=5)[-1].strip()
-                if path.startswith("/") and ".so" in os.path.basename(path):
-                    roots.add(os.path.dirname(path))
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
-        pass
-    return sorted(r for r in roots if os.path.isdir(r))
+        return None
+    where = {}
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        for name in controllers.split(","):
+            where[name] = path.rstrip("/")
+    v1 = [f"/sys/fs/cgroup/{c}{where[c]}" for c in ("pids", "memory") if c in where]
+    if len(v1) == 2 and all(os.access(d, os.W_OK) for d in v1):
+        return "v1", v1
+    v2 = f"/sys/fs/cgroup{where.get('', '/-')}"  # "0::/path" on a unified hierarchy
+    try:
+        delegated = set(Path(v2, "cgroup.subtree_control").read_text().split())
+    except OSError:
+        return None
+    return ("v2", [v2]) if {"pids", "memory"} <= delegated and os.access(v2, os.W_OK) else None
 
 
-def landlock_ruleset(libc, abi, writable):
-    """Build the ruleset once in the parent; return its fd and what it enforces."""
-    fs = (1 << 13) - 1
-    fs |= FS_REFER if abi >= 2 else 0
-    fs |= FS_TRUNCATE if abi >= 3 else 0
-    fs |= FS_IOCTL_DEV if abi >= 5 else 0
-    net = NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 else 0  # no port rules: all TCP denied
-    scope = SCOPE_ABSTRACT_UNIX | SCOPE_SIGNAL if abi >= 6 else 0
-    attr = struct.pack("QQQ", fs, net, scope)[: 8 if abi < 4 else 16 if abi < 6 else 24]
-    buf = ctypes.create_string_buffer(attr, len(attr))
-    fd = libc.syscall(ctypes.c_long(LANDLOCK_CREATE_RULESET), buf, ctypes.c_long(len(attr)),
-                      ctypes.c_long(0))
-    if fd < 0:
-        raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
-    rules = [(p, FS_EXECUTE | FS_READ_FILE | FS_READ_DIR) for p in readable_roots()]
-    rules += [(p, FS_READ_FILE) for p in READ_ONLY_FILES]
-    rules += [("/dev/null", FS_READ_FILE | FS_WRITE_FILE | FS_TRUNCATE)]
-    rules += [(p, fs) for p in writable]
-    for path, access in rules:
+class Sandbox:
+    """run_python's boundary for one run: planned and proven at the first call, then reused."""
+
+    def __init__(self, workdir, enabled, limits, report=None):
+        self.workdir, self.limits, self.report = workdir, limits, report or (lambda line: None)
+        self.keeper = sys.platform == "linux"  # elsewhere the agent kills the group itself
+        self.libc = libc_call() if self.keeper else None
+        self.landlock = False  # Landlock, seccomp and no capabilities for every call
+        self.private_shm = self.keeper and enabled  # until the kernel refuses a mount namespace
+        self.cgroup = cgroup_parents() if self.keeper else None
+        self.confined = None if enabled else False  # None until the self-test has run
+        self.status = "sandbox: off (--no-sandbox); run_python runs unconfined"
+        self.said, self.lock, self.calls, self.macos = False, threading.Lock(), count(1), None
+        gib = 1 << 30
+        self.rlimits = ((resource.RLIMIT_CORE, 0, 0), (resource.RLIMIT_FSIZE, gib, gib),
+                        (resource.RLIMIT_AS, 4 * gib, 4 * gib),
+                        (resource.RLIMIT_CPU, int(limits.tool_timeout) + 5,
+                         int(limits.tool_timeout) + 6))
+
+    def plan(self):
+        """Find which mechanisms this machine has and build the policy; the self-test proves it."""
+        system, machine = platform.system(), platform.machine()
+        if system == "Darwin" and os.path.exists("/usr/bin/sandbox-exec"):
+            self.macos, self.kind = MACOS_PROFILE, "sandbox-exec (deny by default, no network)"
+            return
+        if system != "Linux" or machine not in ARCHES:
+            return self.unavailable(f"no sandbox for {system} {machine}")
+        self.abi, why = landlock_abi(self.libc)
+        if self.abi < 4:
+            return self.unavailable(why or f"Landlock ABI {self.abi} cannot block TCP (needs 4)")
+        self.handled = (rights(LANDLOCK_FS, self.abi), rights(LANDLOCK_NET, self.abi),
+                        rights(LANDLOCK_SCOPE, self.abi))
+        named_unix = rights(LANDLOCK_FS, self.abi, {"resolve_unix"})
+        bpf = seccomp_filter(machine, allow_unix_sockets=bool(named_unix))
+        self.program = ctypes.create_string_buffer(bpf, len(bpf))
+        self.fprog = SockFprog(len(bpf) // 8, ctypes.addressof(self.program))
+        dirs, files = python_paths()
+        self.grants = ([(d, READ_EXEC) for d in (*dirs, *SYSTEM_DIRS)]
+                       + [(f, READ_EXEC) for f in files]
+                       + [(f, {"read_file"}) for f in SYSTEM_FILES]
+                       + [("/dev/null", {"read_file", "write_file", "truncate"}),
+                          (str(self.workdir), READ_WRITE)])
+        parts = ["fs"] + ["tcp"] * bool(self.handled[1]) + ["scope"] * bool(self.handled[2])
+        self.kind = f"landlock ABI {self.abi} ({', '.join(parts)}) + seccomp, no capabilities"
+        self.landlock = True
+
+    def unavailable(self, why):
+        """No working boundary: say so; run_python then asks before every call, even with --yes."""
+        self.landlock, self.private_shm, self.macos, self.confined = False, False, None, False
+        self.status = (f"sandbox: unavailable ({why}); run_python will ask before every call, "
+                       "even with --yes (pass --no-sandbox to run it unconfined)")
+
+    def ready(self):
+        """Prove the boundary at the first run_python call and say once what guards it."""
+        with self.lock:
+            if self.confined is None:
+                try:
+                    self.plan()  # the first run_python call pays for this, not the run's start
+                except OSError as e:
+                    self.unavailable(f"cannot build the policy: {e}")
+            if self.confined is None:
+                failure = self.self_test()
+                if failure and self.private_shm:  # no mount namespace here: /dev/shm stays shut
+                    self.private_shm = False
+                    failure = self.self_test()
+                if failure:
+                    self.unavailable(failure)
+                else:
+                    self.confined, self.status = True, f"sandbox: {self.kind}; {self.extras()}"
+            if not self.said:
+                self.said = True
+                self.report(self.status)
+        return self.confined
+
+    def extras(self):
+        """What the cgroup and the mount namespace add, or what stays open without them."""
+        caps = (f"cgroup {self.cgroup[0]} caps a call at {self.limits.max_tasks} tasks and "
+                f"{self.limits.memory_mb} MiB" if self.cgroup
+                else "no cgroup: tasks uncapped, memory capped per process")
+        return f"{caps}; " + ("private /dev/shm" if self.private_shm else "/dev/shm not writable")
+
+    def command(self, call):
+        """The argv that runs a call's script: this interpreter, wrapped on macOS."""
+        argv = [sys.executable, call.script]
+        if self.macos:
+            params = {"WORKDIR": str(self.workdir), "TMPDIR": os.path.realpath(call.root),
+                      "PY_PREFIX": os.path.realpath(sys.prefix),
+                      "PY_BASE": os.path.realpath(sys.base_prefix)}
+            argv = ["/usr/bin/sandbox-exec", "-p", self.macos] + [
+                x for k, v in params.items() for x in ("-D", f"{k}={v}")] + argv
+        return argv
+
+    def self_test(self):
+        """Run one sandboxed probe that every way out must refuse; '' when it was refused."""
+        with tempfile.TemporaryDirectory(prefix="agent-canary-") as outside:
+            canary = os.path.join(outside, "canary.txt")
+            if Path(os.path.realpath(canary)).is_relative_to(self.workdir):
+                return "the canary cannot be placed outside the workdir"
+            Path(canary).write_text("canary")
+            column = ARCHES.get(platform.machine(), (0, 0))[1]
+            code = SELF_TEST.format(canary=canary, agent=os.getpid(), linux=self.keeper,
+                                    prlimit=SYSCALLS["prlimit64"][column],
+                                    capget=SYSCALLS["capget"][column])
+            try:
+                run = execute(code, self.workdir, self, 20, 2000)
+            except ToolError as e:
+                return f"self-test could not start: {e}"
+        out = run.stdout.strip()
+        if out != "OK":
+            return (f"self-test could {out[6:]}" if out.startswith("LEAK")
+                    else f"self-test failed: {(run.stderr.strip() or out)[-200:]}")
+        return ""
+
+    def ruleset(self, call):
+        """A Landlock ruleset for one call: the shared grants plus the call's own directory."""
+        fs, net, scope = self.handled
+        attr = struct.pack("QQQ", fs, net, scope)[: 8 if self.abi < 4 else 16 if self.abi < 6 else 24]
+        fd = syscall(self.libc, "landlock_create_ruleset",
+                     ctypes.create_string_buffer(attr, len(attr)), len(attr), 0)
         try:
-            parent = os.open(path, os.O_PATH | os.O_CLOEXEC)
-        except OSError:
-            continue
-        if not stat.S_ISDIR(os.fstat(parent).st_mode):
-            access &= FS_FILE_RIGHTS  # a rule on a file may carry only file rights
-        rule = PathBeneath(access & fs, parent)
-        ok = libc.syscall(ctypes.c_long(LANDLOCK_ADD_RULE), ctypes.c_long(fd), ctypes.c_long(1),
-                          ctypes.byref(rule), ctypes.c_long(0))
-        os.close(parent)
-        if ok < 0:
+            for path, names in self.grants + [(call.home, READ_WRITE), (call.shm, READ_WRITE),
+                                               (call.script, {"read_file"})]:
+                try:
+                    parent = os.open(path, os.O_PATH | os.O_CLOEXEC)
+                except OSError:
+                    continue  # not on this machine
+                try:
+                    if not stat.S_ISDIR(os.fstat(parent).st_mode):
+                        names = names & FILE_RIGHTS
+                    rule = PathBeneath(rights(LANDLOCK_FS, self.abi, names) & fs, parent)
+                    syscall(self.libc, "landlock_add_rule", fd, 1, ctypes.byref(rule), 0)
+                finally:
+                    os.close(parent)
+        except BaseException:
             os.close(fd)
-            raise OSError(ctypes.get_errno(), f"landlock_add_rule failed for {path}")
-    parts = ["fs"] + (["tcp"] if net else []) + (["scope"] if scope else [])
-    return fd, ", ".join(parts)
-
-
-def seccomp_filter(machine, allow_unix_sockets):
-    """A BPF program: deny the syscalls in SYSCALLS, sockets other than AF_UNIX, foreign arches."""
-    arch, numbers = SYSCALLS[machine]
-    deny = [n for name, n in numbers.items() if name != "socket"]
-    ins = [("ld", 4), ("jeq", arch, "next", "kill"), ("ld", 0)]
-    if machine == "x86_64":
-        ins.append(("jge", 0x40000000, "enosys", "next"))  # x32 syscall numbers
-    ins += [("jeq", n, "eperm", "next") for n in deny]
-    ins += [("jeq", numbers["socket"], "next", "allow"), ("ld", 16),
-            ("jeq", AF_UNIX, "allow" if allow_unix_sockets else "eacces", "eacces")]
-    rets = {"allow": SECCOMP_ALLOW, "kill": SECCOMP_KILL, "eperm": SECCOMP_ERRNO | EPERM,
-            "eacces": SECCOMP_ERRNO | EACCES, "enosys": SECCOMP_ERRNO | ENOSYS}
-    at = {label: len(ins) + i for i, label in enumerate(rets)}
-    out = b""
-    for pc, (op, k, *jumps) in enumerate(ins):
-        if op == "ld":
-            out += struct.pack("HBBI", 0x20, 0, 0, k)  # BPF_LD|BPF_W|BPF_ABS
-            continue
-        jt, jf = (0 if j == "next" else at[j] - pc - 1 for j in jumps)
-        out += struct.pack("HBBI", 0x15 if op == "jeq" else 0x35, jt, jf, k)
-    return out + b"".join(struct.pack("HBBI", 0x06, 0, 0, r) for r in rets.values())
+            raise
+        return fd
 
 
 MACOS_PROFILE = """(version 1)
@@ -593,114 +816,275 @@ MACOS_PROFILE = """(version 1)
 """
 
 
-@dataclass
-class Sandbox:
-    status: str  # the startup line
-    confined: bool  # True when a working OS boundary is active
-    tmpdir: str  # private per-run temp dir: HOME and TMPDIR of the child
-    env: dict
-    argv_prefix: list
-    limits: tuple = ()  # (resource, soft, hard) rlimits for the child
-    ruleset_fd: int = -1
-    libc: object = None
-    fprog: object = None  # the seccomp BPF program as the kernel takes it, built in the parent
+SELF_TEST = """import ctypes, os
+libc, leaks = ctypes.CDLL(None, use_errno=True), []
+try:
+    open({canary!r}).read()
+    leaks.append("read a file outside the workdir")
+except PermissionError:
+    pass
+try:
+    os.kill({agent}, 0)
+    leaks.append("signal the agent")
+except PermissionError:
+    pass
+if {linux}:
+    long = ctypes.c_long
+    if libc.syscall(long({prlimit}), long({agent}), long(0), None, (ctypes.c_uint64 * 2)()) == 0:
+        leaks.append("reach the agent's limits")
+    caps = (ctypes.c_uint32 * 6)()
+    libc.syscall(long({capget}), (ctypes.c_uint32 * 2)(0x20080522, 0), caps)
+    admin = libc.prctl(23, ctypes.c_ulong(21), 0, 0, 0)  # CAP_SYS_ADMIN in the bounding set?
+    if any(caps) or (os.geteuid() == 0 and admin == 1):
+        leaks.append("hold a capability")
+print("LEAK: " + ", ".join(leaks) if leaks else "OK")
+"""
+
+
+def drop_capabilities(libc):
+    """Empty every capability set, so that not even root's child holds a privilege."""
+    for cap in range(64):  # EINVAL past the last one; EPERM for a non-root agent, whose child
+        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # cannot gain any: no_new_privs stops exec
+    libc.prctl(PR_CAP_AMBIENT, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
+    header = (ctypes.c_uint32 * 2)(CAP_VERSION_3, 0)
+    syscall(libc, "capset", header, (ctypes.c_uint32 * 6)())  # effective, permitted, inheritable
+
+
+def private_dev_shm(libc, source):
+    """Give this process a /dev/shm of its own: a mount namespace with `source` bound there."""
+    uid, gid, root = os.getuid(), os.getgid(), os.geteuid() == 0
+    if libc.unshare(CLONE_NEWNS | (0 if root else CLONE_NEWUSER)) != 0:
+        raise OSError(ctypes.get_errno(), "unshare failed")
+    if not root:  # the only id mapping an unprivileged process may write: its own
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
+                           ("gid_map", f"{gid} {gid} 1")):
+            Path(f"/proc/self/{name}").write_text(text)
+    for src, dst, flags in ((None, b"/", MS_REC | MS_PRIVATE), (source.encode(), b"/dev/shm", MS_BIND)):
+        if libc.mount(src, dst, None, flags, None) != 0:
+            raise OSError(ctypes.get_errno(), f"mount {dst.decode()} failed")
+
+
+def make_cgroups(cgroup, name, limits):
+    """Make a call's cgroup (one per controller on v1) with its caps; [] if the kernel refuses."""
+    memory = limits.memory_mb << 20
+    caps = {"pids.max": limits.max_tasks, "memory.max": memory, "memory.swap.max": 0,
+            "memory.limit_in_bytes": memory}  # v2 names, then v1's
+    made = []
+    try:
+        for parent in cgroup[1]:
+            made.append(os.path.join(parent, name))
+            os.mkdir(made[-1])
+            for file, value in caps.items():
+                if os.path.exists(os.path.join(made[-1], file)):
+                    Path(made[-1], file).write_text(str(value))
+    except OSError:
+        cleanup(None, made)
+        return []
+    return made
+
+
+def oom_kills(cgroups):
+    """How many of the call's processes the kernel killed for going over its memory cap."""
+    for directory in cgroups:
+        for name in ("memory.events", "memory.oom_control"):  # v2, v1
+            try:
+                lines = Path(directory, name).read_text().splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    return 0
+
+
+def cleanup(root, cgroups):
+    """Remove a call's directory and cgroups; already gone is fine."""
+    if root:
+        shutil.rmtree(root, ignore_errors=True)  # never follows a symlink the script planted
+    for directory in cgroups:
+        try:
+            os.rmdir(directory)
+        except OSError:
+            pass
+
+
+class Call:
+    """One run_python call: its directory, cgroup, Landlock ruleset and keeper."""
+
+    def __init__(self, box, code):
+        self.box = box
+        self.root = tempfile.mkdtemp(prefix="agent-call-")  # 0700: no other user looks in
+        self.home, self.shm = os.path.join(self.root, "home"), os.path.join(self.root, "shm")
+        self.script = os.path.join(self.root, "main.py")  # the child may read it, not change it
+        self.cgroups, self.ruleset, self.keeper_end = [], -1, -1
+        self.agent_end, keeper_end = socket.socketpair()
+        self.keeper_end = keeper_end.detach()
+        try:
+            os.mkdir(self.home, 0o700)
+            os.mkdir(self.shm, 0o700)
+            Path(self.script).write_text(code, encoding="utf-8")
+            name = f"agent-{os.getpid()}-{next(box.calls)}"
+            if box.cgroup:
+                self.cgroups = make_cgroups(box.cgroup, name, box.limits)
+                if not self.cgroups:
+                    box.cgroup = None  # refused here: say so, and stop trying
+            if box.landlock:
+                self.ruleset = box.ruleset(self)
+        except BaseException:
+            self.release()
+            raise
 
     def enter(self):
-        """Runs in the child between fork and exec: rlimits, then Landlock, then seccomp."""
-        for which, soft, hard in self.limits:
+        """preexec_fn, in the forked child: split off the keeper, then confine the script."""
+        box, keeper = self.box, os.getpid()
+        if box.keeper:
+            script = os.fork()
+            if script:
+                self.keep(script)  # never returns
+            os.setpgid(0, 0)  # a group of its own: the one the keeper kills
+        for directory in self.cgroups:
+            Path(directory, "cgroup.procs").write_text("0")
+        if box.private_shm:
+            private_dev_shm(box.libc, self.shm)
+        for which, soft, hard in box.rlimits:
             resource.setrlimit(which, (soft, hard))
-        if self.ruleset_fd < 0:
-            return
-        if self.libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS failed")
-        if self.libc.syscall(ctypes.c_long(LANDLOCK_RESTRICT_SELF), ctypes.c_long(self.ruleset_fd),
-                             ctypes.c_long(0)) != 0:
-            raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
-        if self.fprog is not None:
-            if self.libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER,
-                               ctypes.addressof(self.fprog), 0, 0):
+        if box.landlock:
+            drop_capabilities(box.libc)
+        if box.keeper:  # after every change of credentials, which would clear it
+            box.libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != keeper:
+                os._exit(1)
+        if box.landlock:
+            if box.libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+                raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS failed")
+            syscall(box.libc, "landlock_restrict_self", self.ruleset, 0)
+            if box.libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(box.fprog),
+                              0, 0):
                 raise OSError(ctypes.get_errno(), "seccomp filter failed")
 
-    def close(self):
-        """Drop the Landlock ruleset and the private temp dir at the end of the run."""
-        if self.ruleset_fd >= 0:
-            os.close(self.ruleset_fd)
-            self.ruleset_fd = -1
-        shutil.rmtree(self.tmpdir, ignore_errors=True)
-
-
-def make_sandbox(workdir, enabled, timeout):
-    """Detect and build the OS boundary for run_python, then prove it with a canary."""
-    tmpdir = tempfile.mkdtemp(prefix="agent-run-")  # mkdtemp makes it 0700
-    box = Sandbox("sandbox: off (--no-sandbox); run_python runs unconfined", False, tmpdir,
-                  child_env(tmpdir), [])
-    gib = 1 << 30
-    box.limits = ((resource.RLIMIT_CORE, 0, 0), (resource.RLIMIT_FSIZE, gib, gib),
-                  (resource.RLIMIT_AS, 4 * gib, 4 * gib),
-                  (resource.RLIMIT_CPU, int(timeout) + 5, int(timeout) + 6))
-    if not enabled:
-        return box
-    system, machine = platform.system(), platform.machine()
-    writable = [str(workdir), os.path.realpath(tmpdir)]
-    if system == "Darwin" and os.path.exists("/usr/bin/sandbox-exec"):
-        params = {"WORKDIR": str(workdir), "TMPDIR": os.path.realpath(tmpdir),
-                  "PY_PREFIX": os.path.realpath(sys.prefix),
-                  "PY_BASE": os.path.realpath(sys.base_prefix)}
-        box.argv_prefix = ["/usr/bin/sandbox-exec", "-p", MACOS_PROFILE]
-        for k, v in params.items():
-            box.argv_prefix += ["-D", f"{k}={v}"]
-        kind = "sandbox-exec (deny by default, no network)"
-    elif system == "Linux" and machine in SYSCALLS:
-        libc = libc_call()
-        abi, why = landlock_abi(libc)
-        if abi < 4:
-            return unconfined(box, why or f"Landlock ABI {abi} cannot block TCP (needs 4)")
+    def keep(self, script):
+        """The keeper: wait for the script to end or the agent to go, kill the group, clean up."""
         try:
-            box.ruleset_fd, parts = landlock_ruleset(libc, abi, writable + ["/dev/shm"])
-        except OSError as e:
-            return unconfined(box, f"Landlock setup failed: {e}")
-        bpf = seccomp_filter(machine, allow_unix_sockets=abi >= 9)
-        program = ctypes.create_string_buffer(bpf, len(bpf))
-        box.libc, box.fprog = libc, SockFprog(len(bpf) // 8, ctypes.addressof(program))
-        box.fprog.program = program  # keep the buffer alive as long as the struct
-        kind = f"landlock ABI {abi} ({parts}) + seccomp"
-    else:
-        return unconfined(box, f"no sandbox for {system} {machine}")
-    failure = self_test(box, workdir)
-    if failure:
-        return unconfined(box, failure)
-    box.status, box.confined = f"sandbox: {kind}", True
-    return box
+            fd = self.keeper_end
+            os.closerange(0, fd)  # hold nothing of the agent's, other calls' ends included
+            os.closerange(fd + 1, MAX_FD)
+            signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # the agent may be gone
+            if self.box.landlock:  # orphans come here to be reaped: they cannot leave the group
+                self.box.libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+            pidfd = os.pidfd_open(script)
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)  # readable only once the agent closes its end
+            poller.register(pidfd, select.POLLIN)  # readable once the script has exited
+            ended = {f for f, _ in poller.poll()}
+            try:
+                os.killpg(script, signal.SIGKILL)  # the exited script still holds the group id
+            except ProcessLookupError:
+                pass
+            status = None
+            while True:  # reap the script and every orphan, until none is left
+                try:
+                    pid, code = os.waitpid(-1, 0)
+                except ChildProcessError:
+                    break
+                if pid == script:
+                    status = os.waitstatus_to_exitcode(code)
+            if pidfd in ended and status is not None:
+                try:
+                    os.write(fd, f"{status} {oom_kills(self.cgroups)}".encode())
+                except OSError:
+                    pass
+            cleanup(self.root, self.cgroups)
+        finally:
+            os._exit(0)
 
+    def started(self):
+        """After the fork: the keeper and the child hold their copies; the agent needs neither."""
+        for fd in (self.keeper_end, self.ruleset):
+            if fd >= 0:
+                os.close(fd)
+        self.keeper_end = self.ruleset = -1
 
-def unconfined(box, why):
-    """A sandbox that could not be built: say so; the caller keeps asking before every run."""
-    if box.ruleset_fd >= 0:
-        os.close(box.ruleset_fd)
-    box.status = (f"sandbox: unavailable ({why}); run_python will ask before every call, even "
-                  "with --yes (pass --no-sandbox to run it unconfined)")
-    box.argv_prefix, box.ruleset_fd, box.fprog = [], -1, None
-    return box
-
-
-def self_test(box, workdir):
-    """Run one sandboxed script that must fail to read a canary outside the workdir."""
-    with tempfile.TemporaryDirectory(prefix="agent-canary-") as outside:
-        canary = os.path.join(outside, "canary.txt")
-        if Path(os.path.realpath(canary)).is_relative_to(workdir):
-            return "the canary cannot be placed outside the workdir"
-        Path(canary).write_text("canary")
-        code = f"try:\n    open({canary!r}).read()\n    print('LEAK')\nexcept PermissionError:\n    print('OK')\n"
+    def finish(self, proc):
+        """Tell the keeper the call is over (it kills what is left), reap it, clean up."""
+        self.agent_end.close()
+        if not self.box.keeper:
+            kill_group(proc.pid)
         try:
-            run = execute(code, workdir, box, 20, 2000)
-        except ToolError as e:
-            return f"self-test could not start: {e}"
-    if run.stdout.strip() != "OK":
-        return "self-test read a file outside the workdir" if "LEAK" in run.stdout else \
-            f"self-test failed: {(run.stderr.strip() or run.stdout.strip())[-200:]}"
-    return ""
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # a keeper that does not answer: its script then
+            proc.kill()  # dies of PR_SET_PDEATHSIG
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+        self.release()
+
+    def release(self):
+        """Close what the agent holds of this call and remove what it left (idempotent)."""
+        self.started()
+        self.agent_end.close()
+        cleanup(self.root, self.cgroups)
 
 
+def kill_group(pid):
+    """SIGKILL a process group; it may already be gone."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def execute(code, workdir, box, timeout, output_chars, cancel=None):
+    """Run a script in the sandbox with bounded time and output; nothing of it outlives the call."""
+    call = Call(box, code)
+    clips = {1: Clip(output_chars // 4), 2: Clip(output_chars // 4)}
+    try:
+        proc = subprocess.Popen(
+            box.command(call), cwd=workdir,
+            env=child_env(call.home), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, close_fds=True, start_new_session=True,
+            preexec_fn=call.enter)
+    except (OSError, subprocess.SubprocessError) as e:
+        call.release()
+        raise ToolError(f"could not start the sandboxed interpreter: {e}")
+    call.started()
+    status, ended_at, timed_out = None, None, False
+    streams = {proc.stdout.fileno(): clips[1], proc.stderr.fileno(): clips[2]}
+    deadline = time.monotonic() + timeout
+    try:
+        with selectors.DefaultSelector() as sel:
+            for pipe in (proc.stdout, proc.stderr):
+                os.set_blocking(pipe.fileno(), False)
+                sel.register(pipe.fileno(), selectors.EVENT_READ)
+            if box.keeper:
+                sel.register(call.agent_end, selectors.EVENT_READ)
+            while True:
+                if cancel is not None and cancel.is_set():
+                    raise Interrupted()
+                now = time.monotonic()
+                if now >= deadline:
+                    timed_out = status is None
+                    break
+                if status is None and not box.keeper and proc.poll() is not None:
+                    status = f"{proc.returncode} 0"
+                    kill_group(proc.pid)  # a grandchild holding the pipes dies with it
+                if status is not None:  # the group is dead: drain the pipes, briefly
+                    ended_at = ended_at or now
+                    if len(sel.get_map()) == 0 or now - ended_at > 2:
+                        break
+                for key, _ in sel.select(timeout=min(0.1, deadline - now)):
+                    if key.fileobj is call.agent_end:  # the keeper's report, or its end
+                        status = call.agent_end.recv(64).decode() or "gone"
+                        sel.unregister(call.agent_end)
+                    else:
+                        data = os.read(key.fd, 65536)
+                        if data:
+                            streams[key.fd].add(data)
+                        else:
+                            sel.unregister(key.fd)
+    finally:
+        call.finish(proc)
+    code, oom = (None, 0) if status in (None, "gone") else map(int, status.split())
+    return Execution(code, clips[1].text(), clips[2].text(), timed_out, bool(oom))
 # --- stop conditions ---
 
 # Every way a run can end: label -> exit code. check_stop decides the response-driven ones;
@@ -1164,17 +1548,16 @@ class Reporter:
 
 
 def make_approver(yes, no_sandbox, sandbox, stdin):
-    """run_python runs unasked only with --yes and a working sandbox (or --no-sandbox)."""
-    if yes and (sandbox.confined or no_sandbox):
-        return lambda code: True
-
-    def ask(code):
+    """run_python runs unasked only with --yes and a proven sandbox (or --no-sandbox)."""
+    def approve(code):
+        if yes and (no_sandbox or sandbox.confined):
+            return True
         with Reporter.lock:
             sys.stderr.write(f"\n--- run_python wants to run ---\n{code}\n--- run it? [y/N] ")
             sys.stderr.flush()
             answer = stdin.readline()
         return answer.strip().lower() in ("y", "yes")
-    return ask
+    return approve
 
 
 class Parser(argparse.ArgumentParser):
@@ -1361,12 +1744,8 @@ def main(argv=None, client=None, stdin=None):
         return EXIT_CODES["error"]
     if base_model(model) not in PRICING:
         report.error(f"note: no price is known for {model}; cost_usd will be null")
-    try:
-        sandbox = make_sandbox(workdir, not args.no_sandbox, limits.tool_timeout)
-    except OSError as e:  # e.g. no room for the private temp dir
-        report.error(f"agent.py: cannot set up run_python: {e}")
-        return EXIT_CODES["error"]
-    report.line(sandbox.status, always=True)  # what guards run_python is never hidden
+    sandbox = Sandbox(workdir, not args.no_sandbox, limits,
+                      lambda status: report.line(status, always=True))  # never hidden
     approve = make_approver(args.yes, args.no_sandbox, sandbox, stdin or sys.stdin)
     ctx = ToolContext(workdir, limits, sandbox, approve, args.decline_message or DECLINE_MESSAGE)
     try:
@@ -1399,8 +1778,6 @@ def main(argv=None, client=None, stdin=None):
     except Exception as e:  # a bug: say it in one line rather than a traceback
         report.error(f"agent.py: internal error: {type(e).__name__}: {e}")
         return EXIT_CODES["error"]
-    finally:
-        sandbox.close()
 
 
 def on_sigterm(signum, frame):

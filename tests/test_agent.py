@@ -24,7 +24,7 @@ def run(capsys, argv, client, stdin=""):
 
 
 def unconfined(tmp_path):
-    return agent.make_sandbox(tmp_path, False, 30)
+    return agent.Sandbox(tmp_path, False, agent.Limits())
 
 
 @pytest.fixture

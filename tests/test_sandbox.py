@@ -1,7 +1,11 @@
-"""run_python's boundary: Landlock + seccomp, clean environment, bounded time and output."""
+"""run_python's boundary, attacked from outside: files, sockets, privilege, other processes,
+the kernel, what outlives a call, what runs; and that ordinary scripts still work."""
 
 import json
 import os
+import pwd
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -12,31 +16,40 @@ from pathlib import Path
 import pytest
 
 import agent
+import bpf
 from fakes import FakeClient, alive, reply, text, tool_use
 from test_agent import final_messages, run
 
+MACHINE = agent.platform.machine()
+
 
 def landlock_abi():
-    if sys.platform != "linux" or agent.platform.machine() not in agent.SYSCALLS:
+    if sys.platform != "linux" or MACHINE not in agent.ARCHES:
         return 0
     return agent.landlock_abi(agent.libc_call())[0]
 
 
-needs_landlock = pytest.mark.skipif(landlock_abi() < 4, reason="needs Landlock ABI >= 4 (Linux)")
+ABI = landlock_abi()
+needs_landlock = pytest.mark.skipif(ABI < 6, reason=f"needs Landlock ABI >= 6 on Linux (have {ABI})")
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to also test as another user")
+
+
+def new_box(workdir, **limits):
+    box = agent.Sandbox(Path(os.path.realpath(workdir)), True, agent.Limits(**limits))
+    box.ready()
+    return box
 
 
 @pytest.fixture
 def box(workdir):
-    sandbox = agent.make_sandbox(Path(os.path.realpath(workdir)), True, 30)
-    yield sandbox
-    sandbox.close()
+    return new_box(workdir)
 
 
 def execute(box, workdir, code, timeout=20, chars=30_000, cancel=None):
     return agent.execute(code, Path(os.path.realpath(workdir)), box, timeout, chars, cancel)
 
 
-# --- the boundary, from outside: a model-written script under --yes ---
+# --- files and sockets: a model-written script under --yes ---
 
 def run_script(capsys, workdir, code):
     """What one run_python call under --yes sends back to the model."""
@@ -56,8 +69,10 @@ def run_script(capsys, workdir, code):
     "import os; os.chmod('/usr/bin/env', 0o777)",
     "import os; print(os.stat('..')); os.rename('scores.csv', '../stolen.csv')",
     "import os; os.link('../secret.txt', 'hard'); print(open('hard').read())",
+    "import os, sys; print(os.listdir(sys.prefix))",  # the venv's root: pip.conf, tokens
+    "import os, sys; print(open(os.path.join(os.path.dirname(sys.executable), 'activate')).read())",
 ], ids=["etc-passwd", "parent-secret", "list-root", "write-outside", "symlink-out", "chmod",
-        "move-out", "hard-link-in"])
+        "move-out", "hard-link-in", "venv-root", "venv-bin"])
 def test_scripts_cannot_reach_outside_the_workdir(capsys, workdir, code):
     result, err = run_script(capsys, workdir, code)
     assert result["is_error"] and any(refusal in result["content"] for refusal in (
@@ -82,14 +97,425 @@ def test_tcp_to_a_local_port_is_refused(capsys, workdir):
     assert "PermissionError" in result["content"]
 
 
-@needs_landlock
-def test_signals_to_the_agent_and_new_sessions_are_refused(box, workdir):
-    run = execute(box, workdir, f"import os\ntry:\n    os.kill({os.getpid()}, 0)\n"
-                                "except PermissionError:\n    print('kill refused')\n"
-                                "try:\n    os.setsid()\nexcept PermissionError:\n"
-                                "    print('setsid refused')\n")
-    assert "kill refused" in run.stdout and "setsid refused" in run.stdout
+# --- every route that is not a file or a socket: the probe and its errnos ---
 
+PROBE = r"""
+import ctypes, errno, json, os, socket, stat, sys
+libc = ctypes.CDLL(None, use_errno=True)
+NR, AGENT, out = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {NR}, {AGENT}, {{}}
+L = lambda v: ctypes.c_long(v) if isinstance(v, int) else v
+
+def sc(name, *args):
+    nr = NR.get(name) if isinstance(name, str) else name
+    if nr is None:
+        return "n/a"
+    r = libc.syscall(ctypes.c_long(nr), *map(L, args))
+    if r == 0 and name == "clone":  # the filter let a clone through: the copy must not go on
+        os._exit(0)
+    return "ok" if r >= 0 else errno.errorcode[ctypes.get_errno()]
+
+def attempt(name, fn):
+    try:
+        out[name] = fn()
+    except OSError as e:
+        out[name] = errno.errorcode[e.errno]
+
+def ioctl(fd, cmd, arg):
+    r = libc.ioctl(fd, ctypes.c_ulong(cmd), arg)
+    return "ok" if r >= 0 else errno.errorcode[ctypes.get_errno()]
+
+buf = ctypes.create_string_buffer(256)
+limit = (ctypes.c_uint64 * 2)(1, 1)
+attempt("reboot", lambda: sc("reboot", 0, 0, 0, None))  # bad magic: EINVAL if it got past
+attempt("kexec_load", lambda: sc("kexec_load", 0, 0, None, 0))
+attempt("init_module", lambda: sc("init_module", None, 0, b""))
+attempt("finit_module", lambda: sc("finit_module", -1, b"", 0))
+attempt("delete_module", lambda: sc("delete_module", b"no_such_module", 0))
+attempt("mount", lambda: sc("mount", b"none", b"/nonexistent-agent-test", b"tmpfs", 0, None))
+attempt("umount2", lambda: sc("umount2", b"/nonexistent-agent-test", 0))
+attempt("pivot_root", lambda: sc("pivot_root", b"/nonexistent-a", b"/nonexistent-b"))
+attempt("chroot", lambda: sc("chroot", b"/nonexistent-agent-test"))
+attempt("swapon", lambda: sc("swapon", b"/nonexistent-agent-test", 0))
+attempt("fsopen", lambda: sc("fsopen", b"no_such_fs", 0))
+attempt("open_tree", lambda: sc("open_tree", -100, b"/nonexistent-agent-test", 0))
+attempt("unshare_user", lambda: sc("unshare", 0x10000000))
+attempt("unshare_mount", lambda: sc("unshare", 0x20000))
+attempt("setns", lambda: sc("setns", -1, 0))
+attempt("clone_newuser", lambda: sc("clone", 0x10000000 | 17, 0, 0, 0, 0))
+attempt("clone_parent", lambda: sc("clone", 0x8000 | 17, 0, 0, 0, 0))
+attempt("clone3", lambda: sc("clone3", None, 0))
+attempt("settimeofday", lambda: sc("settimeofday", None, None))  # a no-op if it got past
+attempt("clock_settime", lambda: sc("clock_settime", 0, None))
+attempt("adjtimex", lambda: sc("adjtimex", None))
+attempt("sethostname", lambda: sc("sethostname", None, -1))
+attempt("syslog", lambda: sc("syslog", 10, None, 0))
+attempt("acct", lambda: sc("acct", None))
+attempt("iopl", lambda: sc("iopl", 3))
+attempt("bpf", lambda: sc("bpf", 0, None, 0))
+attempt("perf_event_open", lambda: sc("perf_event_open", None, 0, -1, -1, 0))
+attempt("userfaultfd", lambda: sc("userfaultfd", 0))
+attempt("fanotify_init", lambda: sc("fanotify_init", 0, 0))
+attempt("inotify_add_watch", lambda: sc("inotify_add_watch", libc.inotify_init1(0), b"/", 1))
+attempt("keyctl", lambda: sc("keyctl", 0, -3, 0))
+attempt("add_key", lambda: sc("add_key", b"no_such_type", b"x", b"y", 1, -2))
+attempt("request_key", lambda: sc("request_key", b"user", b"x", None, 0))
+attempt("ptrace_agent", lambda: sc("ptrace", 16, AGENT, 0, 0))
+attempt("process_vm_readv", lambda: sc("process_vm_readv", AGENT, buf, 1, buf, 1, 0))
+attempt("kcmp", lambda: sc("kcmp", AGENT, os.getpid(), 0, 0, 0))
+attempt("pidfd_open_agent", lambda: sc("pidfd_open", AGENT, 0))
+attempt("prlimit_agent_cpu", lambda: sc("prlimit64", AGENT, 0, limit, None))
+attempt("prlimit_agent_fsize", lambda: sc("prlimit64", AGENT, 1, limit, None))
+attempt("prlimit_self", lambda: sc("prlimit64", 0, 7, None, buf))
+attempt("setpriority_agent", lambda: sc("setpriority", 0, AGENT, 19))
+attempt("setpriority_user", lambda: sc("setpriority", 2, 0, 19))
+attempt("setpriority_self", lambda: sc("setpriority", 0, 0, 19))  # nicer: always allowed
+attempt("ioprio_agent", lambda: sc("ioprio_set", 1, AGENT, (2 << 13) | 7))
+attempt("affinity_agent", lambda: sc("sched_setaffinity", AGENT, 8, buf))
+attempt("signal_agent", lambda: os.kill(AGENT, 0) or "ok")
+attempt("signal_init", lambda: os.kill(1, 0) or "ok")
+attempt("mknod_char", lambda: os.mknod("null", 0o600 | stat.S_IFCHR, os.makedev(1, 3)) or "ok")
+attempt("mknod_block", lambda: os.mknod("disk", 0o600 | stat.S_IFBLK, os.makedev(7, 0)) or "ok")
+attempt("mkfifo", lambda: os.mkfifo("fifo") or "ok")
+flags = ctypes.c_uint(0)
+readonly = os.open(os.__file__, os.O_RDONLY)
+ioctl(readonly, 0x80086601, ctypes.byref(flags))  # FS_IOC_GETFLAGS, then set the same ones
+attempt("chattr", lambda: ioctl(readonly, 0x40086602, ctypes.byref(flags)))
+attempt("fssetxattr", lambda: ioctl(readonly, 0x401C5820, buf))
+attempt("file_setattr", lambda: sc("file_setattr", -100, os.__file__.encode(), buf, 24, 0))
+attempt("tiocsti", lambda: ioctl(0, 0x5412, b"x"))
+attempt("msgget", lambda: sc("msgget", 0x4A61, 0))  # ENOENT if it got past
+attempt("shmget", lambda: sc("shmget", 0x4A61, 4096, 0))
+attempt("semget", lambda: sc("semget", 0x4A61, 1, 0))
+attempt("mq_open", lambda: sc("mq_open", b"agent-test", 0, 0, None))
+attempt("io_uring", lambda: sc("io_uring_setup", 1, buf))
+attempt("open_by_handle_at", lambda: sc("open_by_handle_at", -100, buf, 0))
+attempt("setsid", lambda: os.setsid() or "ok")
+attempt("socket_inet", lambda: socket.socket(socket.AF_INET) and "ok")
+attempt("socket_netlink", lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW) and "ok")
+attempt("socket_unix", lambda: socket.socket(socket.AF_UNIX) and "ok")
+attempt("socketpair", lambda: socket.socketpair() and "ok")
+attempt("future_syscall", lambda: sc(470))
+caps = (ctypes.c_uint32 * 6)()
+libc.syscall(ctypes.c_long(NR["capget"]), (ctypes.c_uint32 * 2)(0x20080522, 0), caps)
+out["capabilities"] = list(caps)
+out["bounding"] = sum(libc.prctl(23, ctypes.c_ulong(c), 0, 0, 0) == 1 for c in range(64))
+out["ambient"] = sum(libc.prctl(47, ctypes.c_ulong(1), ctypes.c_ulong(c), 0, 0) == 1 for c in range(64))
+out["no_new_privs"] = libc.prctl(39, 0, 0, 0, 0)
+print(json.dumps(out))
+"""
+
+REFUSED = {  # route -> the errno that says the sandbox stopped it
+    **dict.fromkeys(
+        "reboot kexec_load init_module finit_module delete_module mount umount2 pivot_root chroot "
+        "swapon fsopen open_tree unshare_user unshare_mount setns clone_newuser clone_parent "
+        "settimeofday clock_settime adjtimex sethostname syslog acct bpf perf_event_open "
+        "userfaultfd fanotify_init inotify_add_watch keyctl add_key request_key ptrace_agent "
+        "process_vm_readv kcmp pidfd_open_agent prlimit_agent_cpu prlimit_agent_fsize "
+        "setpriority_agent setpriority_user ioprio_agent affinity_agent signal_agent signal_init "
+        "mknod_char mknod_block chattr fssetxattr file_setattr tiocsti msgget shmget semget "
+        "mq_open io_uring open_by_handle_at setsid".split(), "EPERM"),
+    "iopl": "EPERM" if MACHINE == "x86_64" else "n/a",
+    "clone3": "ENOSYS",  # so glibc falls back to clone, whose flags the filter reads
+    "future_syscall": "ENOSYS",
+    "socket_inet": "EACCES", "socket_netlink": "EACCES",
+    "socket_unix": "EACCES",  # named unix sockets are open to Landlock only from ABI 9
+}
+STILL_ALLOWED = ("prlimit_self", "setpriority_self", "mkfifo", "socketpair")
+
+
+def probe_code(workdir):
+    column = agent.ARCHES[MACHINE][1]
+    numbers = {name: nrs[column] for name, nrs in agent.SYSCALLS.items()}
+    return PROBE.format(NR=repr(numbers), AGENT=os.getpid())
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory):
+    """The probe's findings, run once as a model's script would run."""
+    if ABI < 6:
+        pytest.skip(f"needs Landlock ABI >= 6 on Linux (have {ABI})")
+    wd = tmp_path_factory.mktemp("probe")
+    run = agent.execute(probe_code(wd), wd, new_box(wd), 30, 100_000)
+    assert run.code == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+@pytest.mark.parametrize("route", sorted(REFUSED))
+def test_every_route_to_the_host_is_refused(probed, route):
+    assert probed[route] == REFUSED[route]
+
+
+@pytest.mark.parametrize("route", STILL_ALLOWED)
+def test_the_same_calls_on_itself_still_work(probed, route):
+    assert probed[route] == "ok"
+
+
+def test_the_child_holds_no_capability(probed):
+    assert probed["capabilities"] == [0] * 6  # effective, permitted, inheritable (both words)
+    assert probed["bounding"] == 0 and probed["ambient"] == 0
+    assert probed["no_new_privs"] == 1
+
+
+@needs_root
+@needs_landlock
+def test_the_same_holds_when_the_agent_is_an_ordinary_user():
+    """The probe again, with agent.py run as `nobody` by the system's own Python."""
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if python is None:
+        pytest.skip("no /usr/bin/python3 an ordinary user can run")
+    nobody = pwd.getpwnam("nobody")
+    wd = Path(agent.tempfile.mkdtemp(prefix="agent-test-nobody-", dir="/tmp"))
+    os.chown(wd, nobody.pw_uid, nobody.pw_gid)
+    try:
+        ordinary_user_probe(python, nobody, wd)
+    finally:
+        shutil.rmtree(wd)
+
+
+def ordinary_user_probe(python, nobody, wd):
+    driver = (f"import sys, json; sys.path.insert(0, {str(Path(agent.__file__).parent)!r})\n"
+              "import agent\nfrom pathlib import Path\n"
+              f"box = agent.Sandbox(Path({str(wd)!r}), True, agent.Limits())\n"
+              "ok = box.ready()\n"
+              "run = agent.execute(sys.stdin.read(), box.workdir, box, 30, 100_000)\n"
+              "print(json.dumps({'status': box.status, 'ok': ok, 'run': run.stdout, 'err': run.stderr}))\n")
+    done = subprocess.run([python, "-c", driver], input=probe_code(wd), capture_output=True,
+                          text=True, timeout=60, cwd="/", env={"PATH": "/usr/bin:/bin"},
+                          user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[])
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["ok"], result["status"]
+    found = json.loads(result["run"])
+    for route, errno in REFUSED.items():
+        if route not in ("ptrace_agent", "process_vm_readv", "kcmp", "pidfd_open_agent",
+                         "prlimit_agent_cpu", "prlimit_agent_fsize", "setpriority_agent",
+                         "ioprio_agent", "affinity_agent", "signal_agent"):  # aimed at the test
+            assert found[route] == errno, route
+    assert found["capabilities"] == [0] * 6 and found["no_new_privs"] == 1
+
+
+# --- the seccomp policy, for each architecture, without a kernel ---
+
+@pytest.mark.parametrize("machine", sorted(agent.ARCHES))
+def test_every_rule_answers_as_the_table_says(machine):
+    arch, column = agent.ARCHES[machine]
+    prog = agent.seccomp_filter(machine, allow_unix_sockets=False)
+    for names, test, errno, _why in agent.SECCOMP_RULES:
+        for name in names.split():
+            nr = agent.SYSCALLS[name][column]
+            if nr is None:
+                continue
+            if test is None:
+                assert bpf.run(prog, nr, arch) == ("errno", errno), name
+                continue
+            arg, mask, op, value = test
+            hit = [0] * 6
+            hit[arg] = mask if op == "&" else value if op == "==" else value ^ 1
+            assert bpf.run(prog, nr, arch, hit) == ("errno", errno), (name, hit)
+
+
+@pytest.mark.parametrize("machine", sorted(agent.ARCHES))
+def test_the_filter_allows_the_harmless_forms(machine):
+    arch, column = agent.ARCHES[machine]
+    prog = agent.seccomp_filter(machine, allow_unix_sockets=False)
+    nr = lambda name: agent.SYSCALLS[name][column]  # noqa: E731
+    allowed = [("clone", [17]),  # fork: SIGCHLD only
+               ("clone", [0x003D0F00]),  # pthread_create's flags
+               ("prlimit64", [0, 7]), ("setpriority", [0, 0, 5]), ("ioprio_set", [1, 0, 7]),
+               ("sched_setaffinity", [0]), ("mknodat", [0, 0, 0o010644]),  # a FIFO
+               ("ioctl", [0, 0x5401]),  # TCGETS: isatty()
+               ("socket", [1])]  # AF_UNIX only as far as the caller allows it (below)
+    for name, args in allowed[:-1]:
+        assert bpf.run(prog, nr(name), arch, args) == ("allow",), name
+    assert bpf.run(prog, 0, arch) == ("allow",)  # read (0) or io_setup (0 on aarch64)
+    assert bpf.run(prog, nr("socket"), arch, [1]) == ("errno", agent.EACCES)
+    with_unix = agent.seccomp_filter(machine, allow_unix_sockets=True)
+    assert bpf.run(with_unix, nr("socket"), arch, [1]) == ("allow",)
+    assert bpf.run(with_unix, nr("socket"), arch, [2]) == ("errno", agent.EACCES)
+    # only the low 32 bits count, as in the kernel: a high bit cannot smuggle a pid past it
+    assert bpf.run(prog, nr("prlimit64"), arch, [1 << 32]) == ("allow",)
+    assert bpf.run(prog, nr("prlimit64"), arch, [(1 << 32) | 5]) == ("errno", agent.EPERM)
+
+
+@pytest.mark.parametrize("machine", sorted(agent.ARCHES))
+def test_foreign_arches_die_and_unknown_numbers_get_enosys(machine):
+    arch, _ = agent.ARCHES[machine]
+    prog = agent.seccomp_filter(machine, allow_unix_sockets=False)
+    assert bpf.run(prog, 0, 0x40000003) == ("kill",)  # i386 from a 64-bit process
+    assert bpf.run(prog, agent.LAST_SYSCALL + 1, arch) == ("errno", agent.ENOSYS)
+    assert bpf.run(prog, 0x40000000 | 1, arch) == ("errno", agent.ENOSYS)  # x32
+
+
+def test_each_table_line_names_known_syscalls():
+    for names, test, errno, why in agent.SECCOMP_RULES:
+        assert why and errno in (agent.EPERM, agent.EACCES, agent.ENOSYS)
+        for name in names.split():
+            assert name in agent.SYSCALLS, name
+    assert max(n for nrs in agent.SYSCALLS.values() for n in nrs if n) == agent.LAST_SYSCALL
+
+
+# --- Landlock rights by ABI ---
+
+@pytest.mark.parametrize("abi, fs, net, scope", [
+    (1, 0x1FFF, 0, 0), (2, 0x3FFF, 0, 0), (3, 0x7FFF, 0, 0), (4, 0x7FFF, 3, 0),
+    (5, 0xFFFF, 3, 0), (6, 0xFFFF, 3, 3), (7, 0xFFFF, 3, 3), (8, 0xFFFF, 3, 3),
+    (9, 0x1FFFF, 3, 3), (10, 0x1FFFF, 0xF, 3)])
+def test_handled_rights_follow_the_abi(abi, fs, net, scope):
+    assert agent.rights(agent.LANDLOCK_FS, abi) == fs
+    assert agent.rights(agent.LANDLOCK_NET, abi) == net
+    assert agent.rights(agent.LANDLOCK_SCOPE, abi) == scope
+
+
+@pytest.mark.parametrize("abi, unix", [(7, False), (9, True)])
+def test_unix_sockets_are_allowed_only_where_landlock_handles_them(monkeypatch, workdir, abi, unix):
+    if sys.platform != "linux" or MACHINE not in agent.ARCHES:
+        pytest.skip("Linux policy")
+    monkeypatch.setattr(agent, "landlock_abi", lambda libc: (abi, ""))
+    box = agent.Sandbox(Path(os.path.realpath(workdir)), True, agent.Limits())
+    box.plan()
+    arch, column = agent.ARCHES[MACHINE]
+    verdict = bpf.run(box.program.raw, agent.SYSCALLS["socket"][column], arch, [agent.AF_UNIX])
+    assert bool(box.handled[0] & (1 << 16)) is unix
+    assert verdict == (("allow",) if unix else ("errno", agent.EACCES))
+    resolve_unix = agent.rights(agent.LANDLOCK_FS, abi, agent.READ_WRITE) & (1 << 16)
+    assert bool(resolve_unix) is unix  # granted inside the workdir, where the script's own live
+
+
+# --- nothing outlives the call ---
+
+@needs_landlock
+def test_the_agent_is_parent_of_nothing_after_a_call(box, workdir):
+    code = ("import os\n"
+            "for _ in range(50):\n"
+            "    if os.fork() == 0:\n"
+            "        if os.fork() == 0:\n"
+            "            os._exit(0)\n"  # an orphan, reparented and left a zombie
+            "        os._exit(0)\n"
+            "print('forked')")
+    assert execute(box, workdir, code).stdout == "forked\n"
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)  # no child of ours, not even a zombie
+
+
+def test_kill_9_of_the_agent_takes_the_script_and_its_traces_with_it(workdir, tmp_path):
+    code = ("import os, subprocess, time\n"
+            "kids = [subprocess.Popen(['sleep', '60']) for _ in range(3)]\n"
+            "pids = ' '.join(str(p) for p in [k.pid for k in kids] + [os.getpid()])\n"
+            "open('info.tmp', 'w').write(os.environ['HOME'] + ' ' + pids)\n"
+            "os.rename('info.tmp', 'info')\n"
+            "time.sleep(60)\n")
+    driver = (f"import sys; sys.path.insert(0, {str(Path(agent.__file__).parent)!r})\n"
+              "import agent\nfrom pathlib import Path\n"
+              f"box = agent.Sandbox(Path({str(os.path.realpath(workdir))!r}), True, agent.Limits())\n"
+              "box.ready()\n"
+              f"agent.execute({code!r}, box.workdir, box, 60, 1000)\n")
+    proc = subprocess.Popen([sys.executable, "-c", driver])
+    deadline = time.monotonic() + 30
+    while not (workdir / "info").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    home, *pids = (workdir / "info").read_text().split()
+    pids = [int(p) for p in pids]
+    cgroups = [d for d in Path("/sys/fs/cgroup").glob(f"*/**/agent-{proc.pid}-*")]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in pids if alive(p)]
+    time.sleep(0.3)
+    assert not os.path.exists(os.path.dirname(home)), "the call's directory outlived the agent"
+    assert not [d for d in cgroups if d.exists()], "the call's cgroup outlived the agent"
+
+
+@needs_landlock
+def test_dev_shm_is_private_to_the_call_and_gone_after_it(box, workdir):
+    if not box.private_shm:
+        pytest.skip("no mount namespace here: /dev/shm is not writable instead")
+    before = set(os.listdir("/dev/shm"))
+    first = execute(box, workdir, "open('/dev/shm/left-behind', 'w').write('x'); print('ok')")
+    second = execute(box, workdir, "import os; print(os.listdir('/dev/shm'))")
+    assert first.stdout == "ok\n" and second.stdout == "[]\n"
+    assert set(os.listdir("/dev/shm")) == before
+
+
+# --- what runs is what was approved ---
+
+@needs_landlock
+def test_another_call_cannot_rewrite_a_running_script(box, workdir):
+    slow = threading.Thread(target=execute, args=(box, workdir, (
+        "import os, time\nopen('first', 'w').write(__file__)\ntime.sleep(2)\nprint('approved')")))
+    slow.start()
+    deadline = time.monotonic() + 10
+    while not (workdir / "first").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    target = (workdir / "first").read_text()
+    attack = execute(box, workdir, f"open({target!r}, 'w').write('print(\"replaced\")')")
+    slow.join()
+    assert "PermissionError" in attack.stderr
+    assert execute(box, workdir, f"print(open({target!r}).read())").code != 0  # gone, or unreadable
+
+
+@needs_landlock
+def test_a_script_cannot_rewrite_itself(box, workdir):
+    run = execute(box, workdir, "print('before')\nopen(__file__, 'a').write('x')")
+    assert run.stdout == "before\n" and "PermissionError" in run.stderr
+
+
+@needs_landlock
+def test_modules_left_in_the_workdir_or_home_do_not_shadow_the_stdlib(box, workdir):
+    (workdir / "json.py").write_text("raise SystemExit('shadowed')\n")
+    code = ("import json, os, subprocess, sys\n"
+            "open(os.path.join(os.environ['HOME'], 'csv.py'), 'w').write('raise SystemExit(1)')\n"
+            "print(json.dumps(1))\n"
+            "child = subprocess.run([sys.executable, '-c', 'import json, csv; print(json.dumps(2))'],\n"
+            "                       capture_output=True, text=True)\n"
+            "print(child.stdout.strip(), child.stderr.strip())\n")
+    run = execute(box, workdir, code)
+    assert run.code == 0 and run.stdout.split() == ["1", "2"], run.stderr
+
+
+# --- bounded as a whole ---
+
+@needs_landlock
+def test_a_script_that_closes_its_stdio_runs_to_its_end(box, workdir):
+    run = execute(box, workdir, "import os, time\nos.close(1)\nos.close(2)\ntime.sleep(0.5)\n"
+                                "open('done', 'w').write('yes')\n")
+    assert run.code == 0 and (workdir / "done").read_text() == "yes"
+
+
+@needs_landlock
+def test_processes_of_one_call_are_capped_together(workdir):
+    box = new_box(workdir, max_tasks=40)
+    if not box.cgroup:
+        pytest.skip("no cgroup the agent may create here: README says what is capped instead")
+    code = ("import os, time\nmade = 0\n"
+            "for _ in range(100):\n"
+            "    try:\n"
+            "        if os.fork() == 0:\n"
+            "            time.sleep(5)\n"
+            "            os._exit(0)\n"
+            "        made += 1\n"
+            "    except BlockingIOError:\n"
+            "        break\n"
+            "print(made)\n")
+    run = execute(box, workdir, code)
+    assert 30 <= int(run.stdout) < 40, run.stderr
+
+
+@needs_landlock
+def test_memory_of_one_call_is_capped_together(workdir):
+    box = new_box(workdir, memory_mb=200)
+    if not box.cgroup:
+        pytest.skip("no cgroup the agent may create here: README says what is capped instead")
+    code = ("import subprocess, sys\n"
+            "grab = 'b = bytearray(150 << 20); import time; time.sleep(3)'\n"
+            "kids = [subprocess.Popen([sys.executable, '-c', grab]) for _ in range(2)]\n"
+            "print([k.wait() for k in kids])\n")
+    run = execute(box, workdir, code)
+    assert run.oom and "-9" in run.stdout, (run.stdout, run.stderr)
+
+
+# --- ordinary scripts still work ---
 
 @needs_landlock
 def test_ordinary_work_still_runs(box, workdir):
@@ -105,27 +531,32 @@ os.rename('result.json', 'sub/result.json')
 t = threading.Thread(target=lambda: out.update(thread=True)); t.start(); t.join()
 out['ls'] = subprocess.run(['ls'], capture_output=True, text=True).stdout.split()
 out['sh'] = subprocess.run('echo a | tr a b', shell=True, capture_output=True, text=True).stdout
+out['awk'] = subprocess.run(['awk', 'BEGIN{print 7}'], capture_output=True, text=True).stdout
 sqlite3.connect('db.sqlite').execute('create table t (x)')
 zipfile.ZipFile('z.zip', 'w').writestr('a.txt', 'a')
 import tempfile; tempfile.NamedTemporaryFile().write(b'x')
+import zoneinfo, datetime; out['tz'] = str(datetime.datetime(2026, 1, 1, tzinfo=zoneinfo.ZoneInfo('Asia/Shanghai')))
 print(json.dumps(out))
 """
     run = execute(box, workdir, code)
     assert run.code == 0, run.stderr
     out = json.loads(run.stdout)
     assert out["mean"] == 85 and out["stdev"] == 11.79 and out["thread"] is True
-    assert "scores.csv" in out["ls"] and out["sh"] == "b\n"
+    assert "scores.csv" in out["ls"] and out["sh"] == "b\n" and out["awk"] == "7\n"
+    assert out["tz"] == "2026-01-01 00:00:00+08:00"
     assert json.loads((workdir / "sub" / "result.json").read_text())["mean"] == 85
 
 
 @needs_landlock
 def test_multiprocessing_with_spawn_works(box, workdir):
     run = execute(box, workdir, "import multiprocessing as mp\n"
+                                "def square(x):\n"
+                                "    return x * x\n"
                                 "if __name__ == '__main__':\n"
                                 "    mp.set_start_method('spawn')\n"
                                 "    with mp.Pool(2) as pool:\n"
-                                "        print(pool.map(abs, [-1, -2]))\n")
-    assert run.code == 0 and run.stdout == "[1, 2]\n", run.stderr
+                                "        print(pool.map(square, [1, 2]), mp.Lock().acquire())\n")
+    assert run.code == 0 and run.stdout == "[1, 4] True\n", run.stderr
 
 
 @needs_landlock
@@ -138,10 +569,21 @@ def test_numpy_works_where_installed(box, workdir):
 # --- startup: detection, self-test, approval policy ---
 
 @needs_landlock
-def test_startup_line_names_the_boundary(box):
+def test_the_status_line_names_every_layer(box):
     assert box.confined
-    assert box.status.startswith(f"sandbox: landlock ABI {landlock_abi()} (fs, tcp")
-    assert box.status.endswith("+ seccomp")
+    assert box.status.startswith(f"sandbox: landlock ABI {ABI} (fs, tcp, scope)")
+    assert "+ seccomp, no capabilities" in box.status
+    assert ("cgroup v" in box.status) is bool(box.cgroup)
+    assert ("private /dev/shm" in box.status) is box.private_shm
+
+
+@needs_landlock
+def test_the_self_test_runs_at_the_first_run_python_call_not_before(capsys, workdir):
+    client = FakeClient(reply(text("no tools needed")))
+    _, _, err = run(capsys, ["q", "--workdir", str(workdir), "--yes"], client)
+    assert "sandbox:" not in err
+    _, err = run_script(capsys, workdir, "print(1)")[0], run_script(capsys, workdir, "print(1)")[1]
+    assert err.count("sandbox: landlock") == 1
 
 
 def test_no_sandbox_says_so_and_yes_runs_without_asking(capsys, workdir):
@@ -165,20 +607,10 @@ def test_without_a_working_sandbox_yes_still_asks(capsys, workdir, monkeypatch, 
 
 @needs_landlock
 def test_self_test_catches_a_sandbox_that_lets_reads_through(workdir, monkeypatch):
-    monkeypatch.setattr(agent, "READ_ONLY_FILES", agent.READ_ONLY_FILES + ("/tmp",))
+    monkeypatch.setattr(agent, "SYSTEM_DIRS", agent.SYSTEM_DIRS + ("/tmp",))
     monkeypatch.setattr(agent.tempfile, "tempdir", "/tmp")
-    box = agent.make_sandbox(Path(os.path.realpath(workdir)), True, 30)
-    assert not box.confined and "read a file outside" in box.status
-
-
-def test_seccomp_program_shape():
-    prog = agent.seccomp_filter("x86_64", allow_unix_sockets=False)
-    assert len(prog) % 8 == 0 and len(prog) // 8 < 256  # jumps are 8-bit
-    for i in range(0, len(prog), 8):
-        code, jt, jf, k = agent.struct.unpack("HBBI", prog[i:i + 8])
-        assert code in (0x20, 0x15, 0x35, 0x06)
-        if code in (0x15, 0x35):
-            assert i // 8 + 1 + max(jt, jf) < len(prog) // 8  # every jump lands inside
+    box = agent.Sandbox(Path(os.path.realpath(workdir)), True, agent.Limits())
+    assert not box.ready() and "read a file outside" in box.status
 
 
 # --- environment, time, output ---
@@ -191,12 +623,17 @@ def test_child_env_is_an_allowlist(monkeypatch, tmp_path):
     env = agent.child_env(str(tmp_path))
     assert set(env) <= {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "LC_TIME", "TZ", "USER",
                         "LOGNAME", "HOME", "TMPDIR", "TEMP", "TMP", "PYTHONNOUSERSITE",
-                        "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING", "MPLBACKEND"}
+                        "PYTHONSAFEPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING",
+                        "MPLBACKEND"}
     assert env["HOME"] == env["TMPDIR"] == str(tmp_path) and env["LC_TIME"] == "C"
 
 
-def test_the_private_temp_dir_is_private(box):
-    assert os.stat(box.tmpdir).st_mode & 0o777 == 0o700
+def test_each_call_has_a_private_home_removed_afterwards(box, workdir):
+    run = execute(box, workdir, "import os, stat\nhome = os.environ['HOME']\n"
+                                "print(home, oct(os.stat(os.path.dirname(home)).st_mode & 0o777))")
+    home, mode = run.stdout.split()
+    assert mode == "0o700" and home.startswith(agent.tempfile.gettempdir())
+    assert not os.path.exists(home) and not os.path.exists(os.path.dirname(home))
 
 
 def test_stdin_is_empty_and_rlimits_are_set(box, workdir):
@@ -253,7 +690,7 @@ sys.path.insert(0, {str(Path(agent.__file__).parent)!r})
 import agent
 from pathlib import Path
 wd = Path({str(os.path.realpath(workdir))!r})
-box = agent.make_sandbox(wd, False, 30)
+box = agent.Sandbox(wd, False, agent.Limits())
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 run = agent.execute("import sys\\nblock = 'x' * 1023 + '\\\\n'\\nfor _ in range(50 * 1024):\\n    sys.stdout.write(block)\\n", wd, box, 60, 30000)
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
