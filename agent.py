@@ -18,6 +18,7 @@ reach anything but the Messages API.
 
 import argparse
 import ctypes
+import errno
 import json
 import math
 import os
@@ -36,14 +37,17 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 from itertools import count
 from pathlib import Path
 
 # --- config and limits ---
 
-TRANSCRIPT_VERSION = 1
+TRANSCRIPT_VERSION = 1  # fields are only added within a version; a removal or change bumps it
+AGENT_VERSION = "1.1.0"
 DEFAULT_MODEL = "claude-haiku-5-5"
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
 SYSTEM_PROMPT = (
@@ -62,6 +66,17 @@ DECLINE_MESSAGE = (
 )
 
 
+SECRETS = set()  # values agent.py read as secrets (the API key): never sent or written out
+
+
+def redact(text):
+    """`text` with every secret agent.py holds replaced by a marker."""
+    for secret in SECRETS:
+        if secret in text:
+            text = text.replace(secret, "[redacted secret]")
+    return text
+
+
 @dataclass(frozen=True)
 class Limits:
     max_turns: int = 20  # requests per run; the last one goes out with tools off
@@ -69,11 +84,13 @@ class Limits:
     budget_usd: float | None = None  # dollar ceiling per run; None means no dollar limit
     max_tokens: int = 16_000  # output cap per response; doubled once for a cut tool call
     max_attempts: int = 5  # HTTP requests per turn, retries included
+    request_timeout: float = 180.0  # seconds a streamed reply may go without an event, pings aside
     retry_base: float = 0.5  # first backoff in seconds; doubles per retry
     tool_timeout: float = 30.0  # seconds per run_python call
     output_chars: int = 30_000  # run_python output kept for the model, head + tail
     read_lines: int = 2_000  # lines one read_file call returns
     read_bytes: int = 100_000  # bytes one read_file call returns
+    turn_bytes: int = 400_000  # tool-result bytes sent back in one turn; calls past it get an error
     max_tasks: int = 256  # processes and threads of one run_python call, where a cgroup can cap it
     memory_mb: int = 4096  # memory of one run_python call, all its processes, likewise
 
@@ -117,6 +134,9 @@ COUNTS = ("input_tokens", "output_tokens", "cache_creation_input_tokens",
 MAX_OUTPUT = {"claude-haiku-4-5": 64_000, "claude-sonnet-4-5": 64_000,
               "claude-sonnet-4-6": 64_000}  # output-token ceiling; 128K for the others
 DEFAULT_MAX_OUTPUT = 128_000
+CONTEXT_WINDOW = {  # tokens of prompt + output, where the model overview pages give them
+    "claude-haiku-5-5": 1_000_000, "claude-sonnet-5-5": 1_000_000, "claude-opus-5-5": 1_000_000,
+    "claude-haiku-4-5": 200_000, "claude-sonnet-4-5": 200_000, "claude-opus-4-5": 200_000}
 
 
 def base_model(model):
@@ -190,68 +210,130 @@ class ToolContext:
     decline_message: str = DECLINE_MESSAGE
     cancel: threading.Event | None = None
 
-
-def resolve_inside(workdir, path):
-    """The real path of `path`, refused unless it lies inside the workdir after symlinks."""
-    target = Path(os.path.realpath(workdir / path))
-    if target != workdir and workdir not in target.parents:
-        raise ToolError(
-            f"refused: {path!r} resolves to {target}, outside the working directory {workdir}. "
-            "Only files inside it can be read; do not try to reach it another way, ask the user.")
-    return target
+    def __post_init__(self):
+        self.workdir_fd = os.open(self.workdir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.asking = threading.local()  # seconds this thread spent waiting for approval
 
 
-def read_file(ctx, path, offset=1, limit=None):
-    """Return lines [offset, offset+limit) of a regular UTF-8 file inside the workdir."""
-    target = resolve_inside(ctx.workdir, path)
+RESOLVE_NO_MAGICLINKS, RESOLVE_BENEATH = 0x02, 0x08  # openat2(2)
+
+
+def openat2(dir_fd, path, flags, resolve):
+    """openat2(2) through ctypes (Linux 5.6+): the kernel resolves `path` under `resolve` rules."""
+    how = struct.pack("QQQ", flags, 0, resolve)
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.syscall(ctypes.c_long(437), ctypes.c_long(dir_fd), os.fsencode(path),
+                      ctypes.c_char_p(how), ctypes.c_long(len(how)))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), path)
+    return fd
+
+
+def outside(path, target, workdir):
+    return ToolError(f"refused: {path!r} resolves to {target}, outside the working directory "
+                     f"{workdir}. Only files inside it can be read; do not try to reach it "
+                     "another way, ask the user.")
+
+
+def open_inside(ctx, path):
+    """An O_PATH descriptor of `path`, resolved by the kernel without ever leaving the workdir."""
+    if "\0" in path or not path:
+        raise ToolError(f"{path!r} is not a usable path (empty, or with a NUL byte); give the "
+                        "file's path relative to the working directory.")
+    workdir = ctx.workdir
+    relative = os.path.relpath(path, workdir) if os.path.isabs(path) else path
+    if os.path.normpath(relative).split(os.sep)[0] == "..":  # leaves it by its very spelling
+        raise outside(path, os.path.realpath(os.path.join(workdir, relative)), workdir)
+    flags = os.O_PATH | os.O_CLOEXEC
     try:
-        info = os.stat(target)
+        try:
+            fd = openat2(ctx.workdir_fd, relative, flags, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
+        except OSError as e:
+            if e.errno == errno.ENOSYS:  # no openat2: resolve, then check the descriptor below
+                fd = os.open(os.path.realpath(os.path.join(workdir, relative)), flags)
+            elif e.errno != errno.EXDEV:
+                raise
+            else:  # a step left the workdir, or an absolute symlink that may land inside it
+                target = os.path.realpath(os.path.join(workdir, relative))
+                if not Path(target).is_relative_to(workdir):
+                    raise outside(path, target, workdir)
+                fd = openat2(ctx.workdir_fd, os.path.relpath(target, workdir), flags,
+                             RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
     except FileNotFoundError:
         raise ToolError(f"{path!r} does not exist. List the files with run_python, e.g. "
                         "print(sorted(os.listdir('.'))) or os.walk('.') for subdirectories.")
     except OSError as e:
-        raise ToolError(f"cannot open {path!r}: {e.strerror}")
-    if stat.S_ISDIR(info.st_mode):
-        raise ToolError(f"{path!r} is a directory. List it with run_python "
-                        f"(os.listdir({path!r})) and read one of its files.")
-    if not stat.S_ISREG(info.st_mode):
-        raise ToolError(f"{path!r} is not a regular file (a FIFO, socket or device); "
-                        "read_file only reads regular text files.")
-    # O_NONBLOCK: a FIFO swapped in after the stat above must not hang the call.
+        raise ToolError(f"cannot open {path!r}: {e.strerror}.")
+    try:  # checked again on the descriptor: whatever was swapped in, this is what was opened
+        opened = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        opened = str(workdir)  # no /proc: openat2's RESOLVE_BENEATH is the check
+    if not Path(opened).is_relative_to(workdir):
+        os.close(fd)
+        raise outside(path, opened, workdir)
+    return fd
+
+
+def read_file(ctx, path, offset=1, limit=None):
+    """Return lines [offset, offset+limit) of a regular UTF-8 file inside the workdir."""
+    fd = open_inside(ctx, path)
     try:
-        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise ToolError(f"{path!r} is a directory. List it with run_python "
+                            f"(os.listdir({path!r})) and read one of its files.")
+        if not stat.S_ISREG(info.st_mode):  # never opened for reading: a FIFO would block
+            raise ToolError(f"{path!r} is not a regular file (a FIFO, socket or device); "
+                            "read_file only reads regular text files.")
+        reading = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)  # the same inode
     except OSError as e:
-        raise ToolError(f"cannot open {path!r}: {e.strerror}")
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise ToolError(f"{path!r} is not a regular file.")
+        raise ToolError(f"cannot open {path!r}: {e.strerror}.")
+    finally:
+        os.close(fd)
+    try:
         lines = min(limit or ctx.limits.read_lines, ctx.limits.read_lines)
-        return read_window(f, path, offset, lines, ctx.limits.read_bytes)
+        return read_window(reading, path, offset, lines, ctx.limits.read_bytes)
+    finally:
+        os.close(reading)
 
 
-def read_window(f, path, offset, limit, max_bytes):
-    """Read `limit` lines from `offset` (at most max_bytes), then count the rest of the lines."""
-    chunks, size, total, last, cut_line = [], 0, 0, offset - 1, False
-    for total, line in enumerate(f, 1):
-        if total < offset or len(chunks) >= limit or size >= max_bytes:
-            continue
-        if size + len(line) > max_bytes:
-            line, cut_line = line[: max_bytes - size], True
-        chunks.append(line)
-        size += len(line)
-        last = total
-    if total == 0:
+def read_window(fd, path, offset, limit, max_bytes):
+    """Lines [offset, offset+limit) (at most max_bytes), reading fixed-size chunks, never a
+    whole line: the rest of the file is only counted, so memory stays bounded."""
+    kept, line, last, cut_line, size, tail = bytearray(), 1, offset - 1, False, 0, b"\n"
+    while chunk := os.read(fd, 1 << 16):
+        size += len(chunk)
+        tail = chunk[-1:]
+        start = 0
+        while start < len(chunk) and line < offset + limit and not cut_line:
+            nl = chunk.find(b"\n", start)
+            end = len(chunk) if nl < 0 else nl + 1
+            if line >= offset:
+                room = max_bytes - len(kept)
+                if end - start > room:  # this line does not fit: keep what does, stop there
+                    kept += chunk[start:start + room]
+                    cut_line, last = room > 0, line if room > 0 else last
+                    break
+                kept += chunk[start:end]
+                last = line
+            if nl < 0:
+                start = end
+                break
+            line, start = line + 1, end
+        line += chunk.count(b"\n", start)  # past the window: count lines, keep nothing
+    total = line - (tail == b"\n")  # a last line without a newline still counts
+    if size == 0:
         return "(empty file)"
     if offset > total:
         raise ToolError(f"offset {offset} is past the end of {path!r}, which has {total} lines.")
-    data = b"".join(chunks)
     try:
-        text = data.decode("utf-8")
+        text = kept.decode("utf-8")
     except UnicodeDecodeError as e:
         if not (cut_line and e.reason == "unexpected end of data"):
             raise ToolError(f"{path!r} is not UTF-8 text (bad byte at offset {e.start} of the "
                             "lines read); if it is binary, inspect it with run_python.")
-        text = data[: e.start].decode("utf-8")
+        text = kept[: e.start].decode("utf-8")
     if last < total or cut_line:
         more = f" (line {last} cut at {max_bytes} bytes)" if cut_line else ""
         text += (f"\n[read_file: lines {offset}-{last} of {total}{more}; "
@@ -262,7 +344,10 @@ def read_window(f, path, offset, limit, max_bytes):
 def run_python(ctx, code):
     """Run `code` in the sandbox, after the user approves; return exit code and output."""
     ctx.sandbox.ready()  # proves the boundary (once) before anyone is asked to rely on it
-    if not ctx.approve(code):
+    asked = time.monotonic()
+    approved = ctx.approve(code)
+    ctx.asking.seconds = getattr(ctx.asking, "seconds", 0.0) + time.monotonic() - asked
+    if not approved:
         raise ToolError(ctx.decline_message)
     run = execute(code, ctx.workdir, ctx.sandbox, ctx.limits.tool_timeout,
                   ctx.limits.output_chars, ctx.cancel)
@@ -318,29 +403,52 @@ def call_tool(block, ctx):
         raise
     except Exception as e:  # a bug in a tool must not end the loop
         result["content"], result["is_error"] = f"internal tool error: {type(e).__name__}: {e}", True
+    result["content"] = redact(result["content"])  # whatever route a secret took to get here
     return result
 
 
+def over_budget(block, result, limit):
+    """The answer to a call whose result no longer fits this turn's budget of bytes."""
+    size = len(result["content"].encode("utf-8", "surrogatepass"))
+    ran = (f"The script ran, but its {size} bytes of output were not sent"
+           if block["name"] == "run_python" else f"Its {size} bytes were not sent")
+    return {"type": "tool_result", "tool_use_id": block["id"], "is_error": True,
+            "content": f"{ran}: this turn's tool results already reached the limit of {limit} "
+                       "bytes. Read fewer files at once (one or two per turn), or parts of them "
+                       "with offset and limit."}
+
+
 def run_tools(blocks, ctx, report):
-    """Run a turn's tool calls: reads concurrently, the rest in order; results in call order."""
+    """Run a turn's tool calls: reads concurrently, the rest in order; results in call order,
+    within the turn's budget of bytes (the calls past it are answered with an error)."""
     results, seconds = [None] * len(blocks), [0.0] * len(blocks)
 
     def timed(i):
-        started = time.monotonic()
+        started, asked = time.monotonic(), getattr(ctx.asking, "seconds", 0.0)
         results[i] = call_tool(blocks[i], ctx)
-        seconds[i] = time.monotonic() - started
+        waited = getattr(ctx.asking, "seconds", 0.0) - asked  # the user's time, not the tool's
+        seconds[i] = time.monotonic() - started - waited
         report.tool(blocks[i], results[i], seconds[i])
 
     reads = [i for i, b in enumerate(blocks) if b["name"] == "read_file"]
-    if reads:
+    if len(reads) > 1:
         with ThreadPoolExecutor(max_workers=min(8, len(reads))) as pool:
             for future in [pool.submit(timed, i) for i in reads]:
                 future.result()
     for i, block in enumerate(blocks):  # run_python has side effects: one at a time, in order
         if results[i] is None:
             timed(i)
+    spent = 0
+    for i, block in enumerate(blocks):
+        size = len(results[i]["content"].encode("utf-8", "surrogatepass"))
+        if spent + size > ctx.limits.turn_bytes:
+            results[i] = over_budget(block, results[i], ctx.limits.turn_bytes)
+            report.tool(block, results[i], seconds[i])
+            size = len(results[i]["content"])
+        spent += size
     calls = [{"id": b["id"], "name": b["name"], "is_error": bool(r.get("is_error")),
-              "seconds": round(s, 3)} for b, r, s in zip(blocks, results, seconds)]
+              "seconds": round(s, 3), "bytes": len(r["content"].encode("utf-8", "surrogatepass"))}
+             for b, r, s in zip(blocks, results, seconds)]
     return results, calls
 
 
@@ -922,7 +1030,9 @@ class Call:
         try:
             os.mkdir(self.home, 0o700)
             os.mkdir(self.shm, 0o700)
-            Path(self.script).write_text(code, encoding="utf-8")
+            # With a BOM Python reads the file as UTF-8 or not at all: a coding declaration
+            # (utf-7, say) cannot make it run other text than the text approved and shown.
+            Path(self.script).write_text("\ufeff" + code, encoding="utf-8")
             name = f"agent-{os.getpid()}-{next(box.calls)}"
             if box.cgroup:
                 self.cgroups = make_cgroups(box.cgroup, name, box.limits)
@@ -1108,12 +1218,15 @@ class Stop:
     detail: str
 
 
-def check_stop(message, turn, last_turn, used, limits, cut=None):
+def check_stop(message, content, turn, last_turn, used, limits, cut=None):
     """Decide after each response whether the run ends here; a Stop or None to go on."""
     reason = message.get("stop_reason")
+    calls = sum(b.get("type") == "tool_use" for b in content)
     if turn >= last_turn:
+        ignored = (f"; the server ignored tool_choice none, and its {calls} tool "
+                   f"call{'s' * (calls != 1)} were not run" if calls else "")
         return Stop("max_turns", f"reached the limit of {limits.max_turns} turns; the last one "
-                                 "ran with tools off")
+                                 f"ran with tools off{ignored}")
     if reason in ("end_turn", "stop_sequence"):
         return Stop(reason, "the model finished")
     if reason == "max_tokens":
@@ -1124,6 +1237,9 @@ def check_stop(message, turn, last_turn, used, limits, cut=None):
         return Stop(reason, "the conversation filled the model's context window")
     if reason not in ("tool_use", "pause_turn"):
         return Stop("error", f"unknown stop_reason {reason!r}")
+    if reason == "tool_use" and not calls:  # nothing to answer: a request now would be prefill
+        return Stop("end_turn", "the reply said tool_use but held no tool call; its text is "
+                                "taken as the answer")
     if used["tokens"] >= limits.token_budget:
         return Stop("token_budget", f"used {used['tokens']} tokens of the {limits.token_budget} "
                                     "budget; the pending tool calls were not run")
@@ -1139,22 +1255,84 @@ class StreamIncomplete(Exception):
     """The stream closed without message_stop: the reply cannot be trusted, retry the turn."""
 
 
-def stream_once(client, request, report, cancel):
+class StreamStalled(Exception):
+    """No event arrived for --request-timeout seconds (pings do not count): retry the turn."""
+
+
+class Watchdog:
+    """Shuts a stream's socket once no event has come for `seconds`: a server that sends only
+    pings, or nothing, cannot hold a turn forever. poke() on every event."""
+
+    def __init__(self, stream, seconds):
+        self.stream, self.seconds, self.fired = stream, seconds, False
+        self.last, self.done = time.monotonic(), threading.Event()
+        threading.Thread(target=self.watch, daemon=True).start()
+
+    def poke(self):
+        self.last = time.monotonic()
+
+    def watch(self):
+        while not self.done.wait(min(1.0, self.seconds / 4)):
+            if time.monotonic() - self.last > self.seconds:
+                self.fired = True
+                sock = None
+                try:  # shutdown, not close: it wakes a read blocked in another thread
+                    network = self.stream.response.extensions.get("network_stream")
+                    sock = network.get_extra_info("socket") if network else None
+                    if sock is not None:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    else:
+                        self.stream.close()
+                except Exception:
+                    pass
+                return
+
+    def stop(self):
+        self.done.set()
+
+
+def stream_once(client, request, report, cancel, stall):
     """Send one request, stream its text to the reporter, return (message dict, request id)."""
     complete = False
     with client.messages.stream(**request) as stream:
-        for event in stream:
-            if cancel is not None and cancel.is_set():
-                raise Interrupted()
-            if event.type == "text":
-                report.text(event.text)
-            elif event.type == "message_stop":
-                complete = True
+        watch = Watchdog(stream, stall)
+        try:
+            for event in stream:
+                watch.poke()
+                if cancel is not None and cancel.is_set():
+                    raise Interrupted()
+                if event.type == "text":
+                    report.text(event.text)
+                elif event.type == "message_stop":
+                    complete = True
+        except (Interrupted, KeyboardInterrupt):
+            raise
+        except Exception as e:
+            if watch.fired:
+                raise StreamStalled(f"no event for {stall:g} s; the server may be stuck") from e
+            raise
+        finally:
+            watch.stop()
         if not complete:
+            if watch.fired:
+                raise StreamStalled(f"no event for {stall:g} s; the server may be stuck")
             raise StreamIncomplete("the response stream ended before message_stop")
         message = stream.get_final_message()
         request_id = getattr(stream, "request_id", None)
     return (message.to_dict() if hasattr(message, "to_dict") else message), request_id
+
+
+def transport_error(exc):
+    """A network failure below HTTP (reset, refused, closed, timed out): worth another try."""
+    names = {k.__name__ for e in (exc, exc.__cause__) if e is not None for k in type(e).__mro__}
+    return bool(names & {"APIConnectionError", "APITimeoutError", "TransportError",
+                         "StreamIncomplete", "StreamStalled", "ConnectionError"})
+
+
+def closed_idle_connection(exc):
+    """The server closed a kept-alive connection between replies, without saying so."""
+    cause = exc.__cause__ or exc
+    return type(cause).__name__ == "RemoteProtocolError" and "without sending" in str(cause)
 
 
 def retry_delay(exc, attempt, limits):
@@ -1163,9 +1341,11 @@ def retry_delay(exc, attempt, limits):
     headers = getattr(response, "headers", None) or {}
     status = getattr(exc, "status_code", None)
     body = getattr(exc, "body", None)
-    kind = body.get("error", {}).get("type") if isinstance(body, dict) else None
-    if isinstance(exc, StreamIncomplete) or type(exc).__name__ in ("APIConnectionError",
-                                                                    "APITimeoutError"):
+    error = body.get("error") if isinstance(body, dict) else None
+    kind = error.get("type") if isinstance(error, dict) else None
+    if transport_error(exc):
+        if closed_idle_connection(exc) and attempt == 1:
+            return 0.0  # a stale connection, not an overload: a new one at once
         transient = True
     elif status is None:
         transient = False
@@ -1178,25 +1358,35 @@ def retry_delay(exc, attempt, limits):
     if not transient:
         return None
     try:
-        return min(float(headers.get("retry-after")), 60.0)
+        after = float(headers.get("retry-after"))
     except (TypeError, ValueError):
-        return min(limits.retry_base * 2 ** (attempt - 1), 30.0)
+        after = math.nan
+    if math.isfinite(after) and after >= 0:  # anything else a server says is ignored
+        return min(after, 60.0)
+    return min(limits.retry_base * 2 ** (attempt - 1), 30.0)
 
 
 def request_with_retries(client, request, limits, report, cancel):
-    """Up to max_attempts requests for one turn, backing off on transient failures."""
+    """Up to max_attempts requests for one turn, backing off on transient failures.
+    Returns (message, request id, attempts, retry records, seconds spent on the API)."""
+    retries, api_seconds = [], 0.0
     for attempt in range(1, limits.max_attempts + 1):
+        started = time.monotonic()
         try:
-            message, request_id = stream_once(client, request, report, cancel)
-            return message, request_id, attempt
+            message, request_id = stream_once(client, request, report, cancel,
+                                              limits.request_timeout)
+            return message, request_id, attempt, retries, api_seconds + time.monotonic() - started
         except (Interrupted, KeyboardInterrupt):
             raise
         except Exception as exc:
+            api_seconds += time.monotonic() - started
             delay = retry_delay(exc, attempt, limits)
             if delay is None or attempt == limits.max_attempts:
+                exc.retries, exc.api_seconds = retries, api_seconds  # kept in the transcript
                 raise
-            report.line(f"retrying in {delay:.1f}s (attempt {attempt + 1} of "
-                        f"{limits.max_attempts}): {api_message(exc)}")
+            retries.append({"attempt": attempt, "status": getattr(exc, "status_code", None),
+                            "error": api_message(exc), "delay": round(delay, 3)})
+            report.retry(retries[-1], limits.max_attempts)
             if cancel is not None:
                 if cancel.wait(delay):
                     raise Interrupted()
@@ -1210,29 +1400,81 @@ def is_cut_tool_call(message):
         content[-1].get("type") == "tool_use"
 
 
+@dataclass
+class Reply:
+    message: dict  # the final reply, a cut tool call removed
+    request_id: str | None
+    attempts: int  # HTTP requests for this turn, retries included
+    usages: list  # usage of every response billed for this turn
+    retries: list  # a record per failed attempt that was retried
+    api_seconds: float  # time spent waiting on the API, backoff excluded
+    cut: str | None = None  # why a cut tool call was dropped
+
+
+def prompt_tokens(usage):
+    return sum(number(usage.get(k)) for k in COUNTS if k != "output_tokens")
+
+
 def request_turn(client, request, limits, report, cancel):
-    """One turn: a reply cut inside a tool call is retried once with twice the max_tokens."""
-    message, request_id, attempts = request_with_retries(client, request, limits, report, cancel)
-    usages, sizes, cut = [message.get("usage") or {}], [request["max_tokens"]], None
-    cap = MAX_OUTPUT.get(base_model(request["model"]), DEFAULT_MAX_OUTPUT)
-    if is_cut_tool_call(message) and request["max_tokens"] < cap:
-        bigger = dict(request, max_tokens=min(2 * request["max_tokens"], cap))
+    """One turn: a reply cut inside a tool call is retried once with twice the max_tokens,
+    if that can help (the prompt and the new max_tokens must fit the context window)."""
+    message, request_id, attempts, retries, seconds = request_with_retries(
+        client, request, limits, report, cancel)
+    reply = Reply(message, request_id, attempts, [message.get("usage") or {}], retries, seconds)
+    sizes, model = [request["max_tokens"]], base_model(request["model"])
+    bigger = min(2 * request["max_tokens"], MAX_OUTPUT.get(model, DEFAULT_MAX_OUTPUT))
+    window, prompt = CONTEXT_WINDOW.get(model), prompt_tokens(reply.usages[0])
+    why_not = (f"; not retried: its prompt of {prompt} tokens and {bigger} more would not fit "
+               f"the context window of {window}" if window and prompt + bigger > window else "")
+    if is_cut_tool_call(message) and bigger > request["max_tokens"] and not why_not:
         report.line(f"the reply was cut inside a tool call at max_tokens "
-                    f"{request['max_tokens']}; retrying the turn with {bigger['max_tokens']}")
-        message, request_id, n = request_with_retries(client, bigger, limits, report, cancel)
-        usages.append(message.get("usage") or {})
-        sizes.append(bigger["max_tokens"])
-        attempts += n
+                    f"{request['max_tokens']}; retrying the turn with {bigger}")
+        message, reply.request_id, n, more, seconds = request_with_retries(
+            client, dict(request, max_tokens=bigger), limits, report, cancel)
+        reply.usages.append(message.get("usage") or {})
+        reply.attempts, reply.api_seconds = reply.attempts + n, reply.api_seconds + seconds
+        reply.retries += more
+        sizes.append(bigger)
     if is_cut_tool_call(message):  # never keep or run a tool call whose input is incomplete
         message = dict(message, content=message["content"][:-1])
-        cut = (f"the reply was cut inside a tool call at max_tokens "
-               f"{' and again at '.join(map(str, sizes))}; the incomplete call was not run")
-    return message, request_id, attempts, usages, cut
+        reply.cut = (f"the reply was cut inside a tool call at max_tokens "
+                     f"{' and again at '.join(map(str, sizes))}{why_not}; the incomplete call "
+                     "was not run")
+    reply.message = message
+    return reply
+
+
+def check_reply(message):
+    """The reply's content as it can go back, and what had to be mended: blocks that are not
+    objects, empty text (the API rejects it), a tool_use id used twice (the repeat is dropped)."""
+    content, notes, seen = message.get("content"), [], set()
+    if not isinstance(content, list):
+        return [], [f"the reply's content was {type(content).__name__}, not a list"] * bool(content)
+    kept = []
+    for block in content:
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            notes.append(f"a content block that is not an object was dropped: {str(block)[:80]}")
+        elif block["type"] == "text" and not str(block.get("text", "")).strip():
+            continue
+        elif block["type"] == "tool_use" and (not isinstance(block.get("id"), str)
+                                             or block["id"] in seen):
+            notes.append(f"a tool_use with a repeated or missing id ({block.get('id')!r}) was "
+                         "dropped, not run")
+        else:
+            seen.add(block.get("id"))
+            kept.append(block)
+    return kept, notes
+
+
+def number(value):
+    """A token count as a server sent it, or 0 when it sent something else."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def usage_record(model, usage):
     """A response's usage as the transcript keeps it: the four counts, their sum, the cost."""
-    record = {k: usage.get(k) or 0 for k in COUNTS}
+    usage = usage if isinstance(usage, dict) else {}
+    record = {k: number(usage.get(k)) for k in COUNTS}
     record["tokens"] = sum(record.values())
     record["cost_usd"] = cost_usd(model, usage)
     return record
@@ -1249,11 +1491,6 @@ def add_usage(total, part):
 
 def empty_usage():
     return {**dict.fromkeys(COUNTS, 0), "tokens": 0, "cost_usd": 0.0}
-
-
-def clean_content(content):
-    """The reply as it goes back: untouched, minus the empty text blocks the API rejects."""
-    return [b for b in content if not (b.get("type") == "text" and not b.get("text", "").strip())]
 
 
 def mark_final_turn(messages):
@@ -1275,6 +1512,11 @@ def build_request(session, limits, final):
     return request
 
 
+def now():
+    """The time as the transcript and events write it: ISO-8601 UTC, milliseconds."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def run_session(client, session, limits, ctx, report, save):
     """The turn loop. Returns the Stop; the caller maps exceptions to stops."""
     first = max([t["turn"] for t in session["turns"]], default=0) + 1
@@ -1284,63 +1526,93 @@ def run_session(client, session, limits, ctx, report, save):
             raise Interrupted()
         if turn == last_turn:
             mark_final_turn(session["messages"])
-        started = time.monotonic()
-        request = build_request(session, limits, final=turn == last_turn)
-        message, request_id, attempts, usages, cut = request_turn(
-            client, request, limits, report, ctx.cancel)
-        record = {"turn": turn, "stop_reason": message.get("stop_reason"),
-                  "usage": empty_usage(), "request_id": request_id, "attempts": attempts,
-                  "seconds": 0.0, "tool_calls": []}
-        for usage in usages:  # a retried cut tool call was billed too
+        started, record = time.monotonic(), {"turn": turn, "started_at": now()}
+        report.turn_start(turn)
+        reply = request_turn(client, build_request(session, limits, final=turn == last_turn),
+                             limits, report, ctx.cancel)
+        content, notes = check_reply(reply.message)
+        record.update(stop_reason=reply.message.get("stop_reason"), usage=empty_usage(),
+                      request_id=reply.request_id, attempts=reply.attempts,
+                      retries=reply.retries, seconds=round(time.monotonic() - started, 3),
+                      api_seconds=round(reply.api_seconds, 3), tool_calls=[], notes=notes)
+        for usage in reply.usages:  # a retried cut tool call was billed too
             add_usage(record["usage"], usage_record(session["model"], usage))
         add_usage(used, record["usage"])
-        record["seconds"] = round(time.monotonic() - started, 3)
         session["turns"].append(record)
-        content = clean_content(message.get("content") or [])
         if content:
             session["messages"].append({"role": "assistant", "content": content})
         report.turn(record)
-        stop = check_stop(message, turn, last_turn, used, limits, cut)
-        if stop:
-            return stop
-        tool_uses = [b for b in content if b.get("type") == "tool_use"]
+        stop = check_stop(reply.message, content, turn, last_turn, used, limits, reply.cut)
+        tool_uses = [] if stop else [b for b in content if b["type"] == "tool_use"]
         if tool_uses:  # pause_turn has none: the paused content itself is the next request's end
             results, record["tool_calls"] = run_tools(tool_uses, ctx, report)
             session["messages"].append({"role": "user", "content": results})
+        record["seconds"] = round(time.monotonic() - started, 3)  # tools included
+        report.turn_end(record)
+        if stop:
+            return stop
         save(session)
     raise AssertionError("check_stop always stops at the last turn")
 
 
+def request_host(exc):
+    """The host a failed request went to, if the exception knows."""
+    for e in (exc, exc.__cause__):
+        try:
+            return e.request.url.host
+        except Exception:
+            continue
+    return None
+
+
 def api_message(exc):
-    """The API's own error message, for stderr and the transcript."""
+    """The server's own error message (either error shape), for stderr and the transcript."""
     body = getattr(exc, "body", None)
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        error = body["error"]
-        text = f"{error.get('type', 'error')}: {error.get('message', '')}"
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict):  # the API's {"type": "error", "error": {...}}, or a server's
+        kind = error.get("type") or error.get("code") or "error"
+        text = f"{kind}: {error.get('message', '')}"
     else:
-        text = str(exc) or type(exc).__name__
+        text = error if isinstance(error, str) else (str(exc) or type(exc).__name__)
+    host = request_host(exc) if transport_error(exc) else None
+    text += f" (talking to {host})" if host and host not in text else ""
     status = getattr(exc, "status_code", None)
-    return f"{status} {text}" if status and status >= 400 else text
+    return f"{status} {text}" if isinstance(status, int) and status >= 400 else text
+
+
+CONTEXT_ERROR = re.compile(r"prompt is too long|context (window|length|size)|exceeds the "
+                           r"(available )?context|maximum context", re.I)
+
+
+def stop_for(exc):
+    """The Stop an exception out of the loop means: the API's or the network's, or a bug."""
+    if getattr(exc, "status_code", None) is None and not transport_error(exc) \
+            and not type(exc).__module__.startswith("anthropic"):
+        return Stop("error", f"{type(exc).__name__}: {exc}")
+    detail = api_message(exc)
+    if getattr(exc, "status_code", None) == 401:
+        detail += " (check ANTHROPIC_API_KEY)"
+    if getattr(exc, "status_code", None) == 400 and CONTEXT_ERROR.search(detail):
+        return Stop("model_context_window_exceeded", detail)
+    return Stop("api_error", detail)
 
 
 def drive(client, session, limits, ctx, report, save):
     """Run the loop to a Stop, whatever happens; the transcript is saved either way."""
+    retries = []
     try:
         stop = run_session(client, session, limits, ctx, report, save)
     except (KeyboardInterrupt, Interrupted):
         stop = Stop("interrupted", "stopped by Ctrl-C")
     except Exception as exc:
-        if getattr(exc, "status_code", None) is not None or isinstance(exc, StreamIncomplete) \
-                or type(exc).__module__.startswith("anthropic"):
-            detail = api_message(exc)
-            if getattr(exc, "status_code", None) == 401:
-                detail += " (check ANTHROPIC_API_KEY)"
-            stop = Stop("api_error", detail)
-        else:
-            stop = Stop("error", f"{type(exc).__name__}: {exc}")
-    session["stop"] = {"reason": stop.reason, "detail": stop.detail}
+        stop, retries = stop_for(exc), getattr(exc, "retries", [])
+    session["stop"] = {"reason": stop.reason, "detail": redact(stop.detail),
+                       "exit_code": EXIT_CODES[stop.reason]}
+    if retries:  # the attempts of the turn that failed
+        session["stop"]["retries"] = retries
     session["answer"] = final_text(session) if stop.reason in TEXT_STOPS else None
     session["usage"] = total_usage(session)
+    session["ended_at"] = now()
     save(session)
     return stop
 
@@ -1356,10 +1628,11 @@ def final_text(session):
 
 # --- transcript ---
 
-def new_session(question, model, workdir, effort):
-    return {"version": TRANSCRIPT_VERSION, "model": model, "effort": effort,
-            "system": SYSTEM_PROMPT, "tools": TOOLS, "workdir": str(workdir),
-            "question": question,
+def new_session(question, model, workdir, effort, run_id=None):
+    return {"version": TRANSCRIPT_VERSION, "agent_version": AGENT_VERSION,
+            "run_id": run_id or uuid.uuid4().hex, "started_at": now(), "ended_at": None,
+            "model": model, "effort": effort, "system": SYSTEM_PROMPT, "tools": TOOLS,
+            "workdir": str(workdir), "question": question,
             "messages": [{"role": "user", "content": [{"type": "text", "text": question}]}],
             "turns": [], "stop": None, "answer": None, "usage": empty_usage()}
 
@@ -1371,48 +1644,128 @@ def total_usage(session):
     return total
 
 
-def write_transcript(path, session):
-    """Rewrite the transcript atomically: a crash leaves the old or the new file, never half."""
-    if path is None or path == "-":
-        return
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(session, f, ensure_ascii=False, indent=1)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 class UsageError(Exception):
     """A mistake on the command line: exit 2, nothing sent."""
 
 
-def load_transcript(path):
+def dump(document):
+    """A document as the bytes agent.py writes: one line of JSON (the C encoder), secrets
+    redacted, text that is not valid Unicode (a lone surrogate) kept as its JSON escape."""
+    text = redact(json.dumps(document, ensure_ascii=False, separators=(",", ":")))
+    return text.encode("utf-8", "backslashreplace") + b"\n"
+
+
+class OutputFile:
+    """A file agent.py rewrites whole (a transcript, a trials summary): checked before the first
+    request, outside the workdir, replaced atomically and never written through a symlink."""
+
+    def __init__(self, path, workdir, flag="--transcript"):
+        path = Path(os.path.abspath(path))
+        parent = Path(os.path.realpath(path.parent))
+        self.path, self.name = path, path.name
+        if workdir is not None and (parent / self.name).is_relative_to(workdir):
+            raise UsageError(f"{flag} {path} is inside the workdir {workdir}, where the model's "
+                             "code could rewrite it (and --resume would trust it): put it "
+                             "outside, e.g. next to the workdir")
+        try:
+            self.dir_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as e:
+            raise UsageError(f"{flag} {path}: the directory {parent} {'does not exist' if e.errno == errno.ENOENT else e.strerror}")
+        try:
+            if stat.S_ISDIR(os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False).st_mode):
+                raise UsageError(f"{flag} {path} is a directory; give a file name")
+        except FileNotFoundError:
+            pass
+        try:
+            self.write(b"")  # proves the directory writable before anything is paid for
+            os.unlink(self.temp, dir_fd=self.dir_fd)
+        except OSError as e:
+            raise UsageError(f"{flag} {path} cannot be written: {e.strerror}")
+
+    def write(self, data, replace=True):
+        """Write `data` to a new file beside the target, then rename it over the target."""
+        self.temp = f".{self.name}.{os.getpid()}.{threading.get_ident()}.tmp"
+        fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW |
+                     os.O_CLOEXEC, 0o600, dir_fd=self.dir_fd)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            if data:
+                os.replace(self.temp, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+        except BaseException:
+            try:
+                os.unlink(self.temp, dir_fd=self.dir_fd)
+            except OSError:
+                pass
+            raise
+
+
+def is_str(value, empty=False):
+    return isinstance(value, str) and (empty or bool(value))
+
+
+BLOCK_FIELDS = {  # what --resume checks in each kind of block before sending it anywhere
+    "text": {"text": str}, "tool_use": {"id": str, "name": str, "input": dict},
+    "tool_result": {"tool_use_id": str}, "thinking": {"thinking": str, "signature": str},
+    "redacted_thinking": {"data": str}}
+
+
+def transcript_problem(session):
+    """What makes `session` unfit to resume, or None: every field resume reads, types included,
+    and the tool_use/tool_result pairing the API requires."""
+    if not isinstance(session, dict):
+        return "it is not a JSON object"
+    if session.get("version") != TRANSCRIPT_VERSION:
+        return f"its version is {session.get('version')!r}, not {TRANSCRIPT_VERSION}"
+    for key, kind in (("model", str), ("workdir", str), ("messages", list), ("turns", list)):
+        if not isinstance(session.get(key), kind) or not session[key] and kind is not list:
+            return f"{key} is missing or not a {kind.__name__}"
+    if session.get("effort") not in (None, *EFFORTS):
+        return "effort is not one of " + ", ".join(EFFORTS)
+    if not isinstance(session.get("stop"), (dict, type(None))):
+        return "stop is not an object"
+    if not session["messages"]:
+        return "it has no messages"
+    asked = set()
+    for i, m in enumerate(session["messages"]):
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant") \
+                or not isinstance(m.get("content"), list) or not m["content"]:
+            return f"messages[{i}] is not a message with a role and content"
+        for j, b in enumerate(m["content"]):
+            fields = BLOCK_FIELDS.get(b.get("type"), {}) if isinstance(b, dict) else None
+            if fields is None or not is_str(b.get("type")) or any(
+                    not isinstance(b.get(k), t) for k, t in fields.items()):
+                return f"messages[{i}].content[{j}] is not a well-formed block"
+            if b["type"] == "tool_result" and (m["role"] != "user" or b["tool_use_id"] not in asked):
+                return f"messages[{i}].content[{j}] answers a tool_use that is not just before it"
+        answered = {b.get("tool_use_id") for b in m["content"] if b["type"] == "tool_result"}
+        if asked - answered:
+            return f"messages[{i}] leaves tool_use {sorted(asked - answered)[0]} unanswered"
+        asked = {b["id"] for b in m["content"] if b["type"] == "tool_use"}
+    for i, t in enumerate(session["turns"]):
+        usage = t.get("usage") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or not isinstance(t.get("turn"), int) \
+                or not isinstance(usage, dict) \
+                or any(not isinstance(usage.get(k), int) for k in COUNTS + ("tokens",)) \
+                or not isinstance(usage.get("cost_usd"), (int, float, type(None))):
+            return f"turns[{i}] is not a turn record with its usage"
+    return None
+
+
+def load_transcript(path, workdir=None):
     """Read a saved transcript for --resume, or raise UsageError saying what is wrong."""
     try:
-        session = json.loads(Path(path).read_text(encoding="utf-8"))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            session = json.loads(f.read().decode("utf-8"))
     except FileNotFoundError:
         raise UsageError(f"cannot resume: {path} does not exist")
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise UsageError(f"cannot resume: {path} is not a readable JSON transcript ({e})")
-    ok = (isinstance(session, dict) and session.get("version") == TRANSCRIPT_VERSION
-          and isinstance(session.get("messages"), list) and session["messages"]
-          and isinstance(session.get("turns"), list) and isinstance(session.get("model"), str)
-          and all(isinstance(m, dict) and m.get("role") in ("user", "assistant")
-                  and isinstance(m.get("content"), list) and m["content"]
-                  and all(isinstance(b, dict) and isinstance(b.get("type"), str)
-                          and (b["type"] != "tool_use" or isinstance(b.get("id"), str))
-                          for b in m["content"])
-                  for m in session["messages"])
-          and all(isinstance(t, dict) and isinstance(t.get("turn"), int)
-                  for t in session["turns"]))
-    if not ok:
+    problem = transcript_problem(session)
+    if problem:
         raise UsageError(f"cannot resume: {path} is not a version {TRANSCRIPT_VERSION} "
-                         "agent.py transcript")
+                         f"agent.py transcript: {problem}")
     return session
 
 
@@ -1439,7 +1792,10 @@ def prepare_resume(session, question):
         reason = (session.get("stop") or {}).get("reason", "finished")
         raise UsageError(f"the transcript is finished (stop: {reason}); give a follow-up "
                          "question to continue it")
-    session["stop"], session["answer"] = None, None
+    # What the model may do comes from this agent.py, never from a file: only history is data.
+    session.update(system=SYSTEM_PROMPT, tools=TOOLS, stop=None, answer=None, ended_at=None,
+                   agent_version=AGENT_VERSION)
+    session.setdefault("run_id", uuid.uuid4().hex)
     return session
 
 
@@ -1492,6 +1848,28 @@ def summarize(trials, requested):
 
 # --- CLI ---
 
+# Characters a terminal obeys instead of showing: C0 and C1 controls but newline and tab, bidi
+# overrides and isolates, zero-width characters, line and paragraph separators, the BOM; and
+# lone surrogates, which no terminal encoding can carry.
+INVISIBLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e"
+                       "\u2060-\u2069\ufeff\ud800-\udfff]")
+
+
+def visible(text):
+    """Text for a terminal: what would move the cursor, clear or reorder it is shown escaped."""
+    return INVISIBLE.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100
+                         else f"\\u{ord(m[0]):04x}", text)
+
+
+def shorten(text, width):
+    """At most `width` characters, cut after a whole word with an ellipsis."""
+    if len(text) <= width:
+        return text
+    cut = text[: width - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > width // 2 else cut).rstrip() + "…"
+
+
 class Reporter:
     """Progress, streamed text and prompts on stderr; whole lines under a lock for trials."""
 
@@ -1510,10 +1888,11 @@ class Reporter:
 
     def line(self, text, always=False):
         self.flush_text()
-        self.write(f"{self.prefix}{text}\n", always)
+        self.write(f"{self.prefix}{visible(text)}\n", always)
 
     def text(self, delta):
         """Model text as it streams; with a prefix (concurrent trials) only whole lines."""
+        delta = visible(delta)
         self.pending += delta
         if not self.prefix:
             self.write(delta)
@@ -1532,19 +1911,30 @@ class Reporter:
     def error(self, text):
         self.line(text, always=True)
 
+    def turn_start(self, turn):
+        pass  # the progress line comes with the reply
+
+    def turn_end(self, record):
+        pass
+
+    def retry(self, record, attempts):
+        self.line(f"retrying in {record['delay']:.1f}s (attempt {record['attempt'] + 1} of "
+                  f"{attempts}): {record['error']}")
+
     def turn(self, r):
         u = r["usage"]
-        cost = "" if u["cost_usd"] is None else f" · ${u['cost_usd']:.6f}"
+        cost = " · cost unknown" if u["cost_usd"] is None else f" · ${u['cost_usd']:.6f}"
         self.line(f"turn {r['turn']}: {r['stop_reason']} · in {u['input_tokens']} "
                   f"(cache write {u['cache_creation_input_tokens']}, read "
                   f"{u['cache_read_input_tokens']}) · out {u['output_tokens']}{cost} · "
                   f"{r['seconds']:.1f}s")
 
     def tool(self, block, result, seconds):
-        args = json.dumps(block.get("input"), ensure_ascii=False)
-        last = result["content"].strip().splitlines()[-1][:100] if result.get("is_error") else ""
-        self.line(f"  {block['name']} {args[:100]} -> {'error: ' + last if last else 'ok'} "
-                  f"({seconds:.2f}s)")
+        args = shorten(json.dumps(block.get("input"), ensure_ascii=False), 100)
+        lines = result["content"].strip().splitlines() if result.get("is_error") else []
+        outcome = "error: " + shorten(lines[-1], 100) if lines else "error" if result.get(
+            "is_error") else "ok"
+        self.line(f"  {block['name']} {args} -> {outcome} ({seconds:.2f}s)")
 
 
 def make_approver(yes, no_sandbox, sandbox, stdin):
@@ -1552,8 +1942,9 @@ def make_approver(yes, no_sandbox, sandbox, stdin):
     def approve(code):
         if yes and (no_sandbox or sandbox.confined):
             return True
-        with Reporter.lock:
-            sys.stderr.write(f"\n--- run_python wants to run ---\n{code}\n--- run it? [y/N] ")
+        with Reporter.lock:  # the code as Python reads it: controls shown, not obeyed
+            sys.stderr.write(f"\n--- run_python wants to run ---\n{visible(code)}\n"
+                             "--- run it? [y/N] ")
             sys.stderr.flush()
             answer = stdin.readline()
         return answer.strip().lower() in ("y", "yes")
@@ -1579,35 +1970,44 @@ EPILOG = """exit codes:
 def parse_args(argv):
     p = Parser(prog="agent.py", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
                description="Answer a question about the files in a directory with Claude.")
-    p.add_argument("question", nargs="?", help="the question (with --resume: a follow-up)")
-    p.add_argument("--workdir", metavar="DIR", help="directory the tools work in (default: current directory)")
-    p.add_argument("--model", metavar="ID", help=f"model id (default: $ANTHROPIC_MODEL, else {DEFAULT_MODEL})")
-    p.add_argument("--max-turns", type=int, metavar="N", default=Limits.max_turns, help="requests per run")
-    p.add_argument("--token-budget", type=int, metavar="N", default=Limits.token_budget,
-                   help="tokens per run: input + cache writes + cache reads + output")
-    p.add_argument("--budget-usd", type=float, metavar="X", help="dollars per run, priced like the bill")
-    p.add_argument("--max-tokens", type=int, metavar="N", default=Limits.max_tokens,
-                   help="output tokens per response")
-    p.add_argument("--effort", choices=EFFORTS, help="sent as output_config.effort")
-    p.add_argument("--yes", action="store_true", help="run run_python without asking")
-    p.add_argument("--no-sandbox", action="store_true", help="run run_python unconfined")
-    p.add_argument("--transcript", metavar="PATH", help="write the transcript JSON here ('-' for stdout)")
-    p.add_argument("--resume", metavar="PATH", help="continue a saved transcript")
-    p.add_argument("--tool-timeout", type=float, metavar="SECONDS", default=Limits.tool_timeout,
-                   help="seconds per run_python call")
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    p.add_argument("--trials", type=int, metavar="K", help="run the question K times; report pass@k, pass^k")
-    p.add_argument("--jobs", type=int, metavar="N", default=1, help="trials run at once")
-    p.add_argument("--expect", metavar="REGEX", help="a trial passes if this regex is in the answer")
-    p.add_argument("--expect-tool", metavar="NAME", choices=list(TOOL_FUNCTIONS), help="... and it used this tool")
-    p.add_argument("--expect-stop", metavar="LABEL", choices=list(EXIT_CODES), help="... and stopped so")
-    p.add_argument("--decline-message", metavar="TEXT", help="what a declined run_python call tells the model")
+    add = p.add_argument
+    add("question", nargs="?", help="the question (with --resume: a follow-up)")
+    add("--workdir", metavar="DIR", help="directory the tools work in (default: the current one)")
+    add("--model", metavar="ID", help=f"model id (default: $ANTHROPIC_MODEL, else {DEFAULT_MODEL})")
+    add("--max-turns", type=int, metavar="N", default=Limits.max_turns,
+        help=f"requests per run (default: {Limits.max_turns})")
+    add("--token-budget", type=int, metavar="N", default=Limits.token_budget,
+        help=f"input + cache + output tokens per run (default: {Limits.token_budget:,})")
+    add("--budget-usd", type=float, metavar="X", help="dollars per run, priced like the bill "
+                                                      "(default: no dollar limit)")
+    add("--max-tokens", type=int, metavar="N", default=Limits.max_tokens,
+        help=f"output tokens per response (default: {Limits.max_tokens:,})")
+    add("--effort", choices=EFFORTS, help="sent as output_config.effort (default: the model's)")
+    add("--yes", action="store_true", help="run run_python without asking, once the sandbox "
+                                           "is proven (default: ask every time)")
+    add("--no-sandbox", action="store_true", help="run run_python unconfined (default: sandboxed)")
+    add("--transcript", metavar="PATH", help="write the transcript JSON here, outside the "
+                                             "workdir; '-' for stdout (default: none)")
+    add("--resume", metavar="PATH", help="continue a saved transcript")
+    add("--tool-timeout", type=float, metavar="SECONDS", default=Limits.tool_timeout,
+        help=f"seconds per run_python call (default: {Limits.tool_timeout:g})")
+    add("--request-timeout", type=float, metavar="SECONDS", default=Limits.request_timeout,
+        help="seconds a streamed reply may go without an event before the turn is retried "
+             f"(default: {Limits.request_timeout:g})")
+    add("--quiet", action="store_true", help="no progress on stderr (default: progress)")
+    add("--trials", type=int, metavar="K", help="run the question K times; report pass@k, pass^k")
+    add("--jobs", type=int, metavar="N", default=1, help="trials run at once (default: 1)")
+    add("--expect", metavar="REGEX", help="a trial passes if this regex is in the answer")
+    add("--expect-tool", metavar="NAME", choices=list(TOOL_FUNCTIONS), help="... and it used this tool")
+    add("--expect-stop", metavar="LABEL", choices=list(EXIT_CODES), help="... and stopped so")
+    add("--decline-message", metavar="TEXT", help="what a declined run_python call tells the "
+                                                  "model (default: DECLINE_MESSAGE)")
     args = p.parse_args(argv)
     for name in ("max_turns", "token_budget", "max_tokens", "jobs", "trials"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
-    for name in ("tool_timeout", "budget_usd"):
+    for name in ("tool_timeout", "budget_usd", "request_timeout"):
         value = getattr(args, name)
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise UsageError(f"--{name.replace('_', '-')} must be a positive number")
@@ -1627,28 +2027,68 @@ def parse_args(argv):
     return args
 
 
-def load_config():
-    """API settings: the environment wins over .env (cwd upward, then next to agent.py)."""
+INSTALL = ("agent.py needs the anthropic and python-dotenv packages, which {python} cannot "
+           "import: python3 -m venv .venv && .venv/bin/pip install -r requirements.txt, then "
+           "run .venv/bin/python agent.py ...; or run it with uv run agent.py ...")
+PLACEHOLDER_KEY = "sk-ant-..."  # what .env.example holds
+
+
+def check_workdir(workdir):
+    """Refuse a workdir that holds what runs agent.py: the model's code could rewrite it."""
+    harness = [("agent.py", __file__), ("the Python interpreter", sys.executable),
+               ("the environment agent.py runs in", sys.prefix),
+               ("the Python it is built on", sys.base_prefix)]
+    harness += [("a directory agent.py imports from", p) for p in sys.path if p]
+    for what, path in harness:
+        real = Path(os.path.realpath(path))
+        if real.is_relative_to(workdir):
+            raise UsageError(f"--workdir {workdir} holds {what} ({real}), which the model's code "
+                             "could rewrite before the next run: pass --workdir with the "
+                             "directory of the data, e.g. --workdir workspace")
+
+
+def dotenv_files():
+    """Where a .env may be: the current directory and its parents, then beside agent.py."""
+    cwd = Path.cwd()
+    return [d / ".env" for d in (cwd, *cwd.parents)] + [Path(__file__).resolve().with_name(".env")]
+
+
+def load_config(workdir, report):
+    """API settings: the environment, else the first .env outside the workdir, read as plain
+    values (no ${VAR} expansion) and never loaded into os.environ."""
     names = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL")
     found = {}
-    try:
-        from dotenv import dotenv_values, find_dotenv
-        for path in (find_dotenv(usecwd=True), Path(__file__).with_name(".env")):
-            if path and Path(path).is_file():
-                found = dotenv_values(path)  # read, not loaded: the key stays out of os.environ
-                break
-    except ImportError:
-        pass
+    for path in dotenv_files():
+        if not path.is_file():
+            continue
+        if Path(os.path.realpath(path)).is_relative_to(workdir):
+            report.error(f"note: not reading {path}: it is inside the workdir, where the model's "
+                         "code could have written it")
+            continue
+        try:
+            from dotenv import dotenv_values
+        except ImportError:
+            raise UsageError(INSTALL.format(python=sys.executable))
+        found = dotenv_values(path, interpolate=False)
+        break
     return {n: os.environ.get(n) or found.get(n) for n in names}
 
 
-def make_client(config):
-    if not config["ANTHROPIC_API_KEY"]:
+def make_client(config, limits):
+    try:
+        import anthropic  # about 2-3 s: only once a request is about to be made
+    except ImportError:
+        raise UsageError(INSTALL.format(python=sys.executable))
+    key = config["ANTHROPIC_API_KEY"]
+    if not key:
         raise UsageError("no API key: set ANTHROPIC_API_KEY in the environment or in .env "
                          "(copy .env.example to .env)")
-    import anthropic  # about 2-3 s: only once a request is about to be made
-    return anthropic.Anthropic(api_key=config["ANTHROPIC_API_KEY"], max_retries=0,
-                               base_url=config["ANTHROPIC_BASE_URL"] or None)
+    if key == PLACEHOLDER_KEY or key.endswith("..."):
+        raise UsageError("ANTHROPIC_API_KEY is still the placeholder from .env.example: put "
+                         "your own key there")
+    return anthropic.Anthropic(api_key=key, max_retries=0,
+                               base_url=config["ANTHROPIC_BASE_URL"] or None,
+                               timeout=anthropic.Timeout(limits.request_timeout, connect=10.0))
 
 
 def print_summary(summary, report):
@@ -1664,7 +2104,7 @@ def print_summary(summary, report):
     report.line(f"total: {summary['tokens']} tokens, {cost}", always=True)
 
 
-def run_trials(args, client, question, model, workdir, limits, ctx):
+def run_trials(args, client, model, workdir, limits, ctx, output):
     """Run the question --trials times as fresh sessions, --jobs at once; summarize."""
     expect = {"regex": args.expect, "tool": args.expect_tool, "stop": args.expect_stop}
     ctx = replace(ctx, cancel=threading.Event())
@@ -1672,15 +2112,16 @@ def run_trials(args, client, question, model, workdir, limits, ctx):
 
     def trial(index):
         report = Reporter(args.quiet, prefix=f"[trial {index}] " if args.jobs > 1 else "")
-        path = trial_path(args.transcript, index) if args.transcript not in (None, "-") else None
-        session = new_session(question, model, workdir, args.effort)
-        stop = drive(client, session, limits, ctx, report, lambda s: write_transcript(path, s))
+        out = OutputFile(trial_path(output.path, index), workdir) if output else None
+        session = new_session(args.question, model, workdir, args.effort)
+        stop = drive(client, session, limits, ctx, report, lambda s: out and out.write(dump(s)))
         report.line(f"trial {index}: {stop.reason} ({stop.detail})", always=True)
         if stop.reason != "interrupted":
             results.append({"index": index, "stop": stop.reason, "turns": len(session["turns"]),
                             "tokens": session["usage"]["tokens"],
                             "cost_usd": session["usage"]["cost_usd"],
-                            "passed": passed(session, expect), "transcript": path})
+                            "passed": passed(session, expect),
+                            "transcript": str(out.path) if out else None})
 
     futures = [pool.submit(trial, i) for i in range(1, args.trials + 1)]
     interrupted = False
@@ -1698,42 +2139,64 @@ def run_trials(args, client, question, model, workdir, limits, ctx):
     summary["interrupted"] = interrupted
     report = Reporter(args.quiet)
     print_summary(summary, report)
+    if interrupted:
+        report.line(f"interrupted: {len(results)} of {args.trials} trials finished", always=True)
     if args.transcript == "-":
-        print(json.dumps(summary, ensure_ascii=False, indent=1))
-    elif args.transcript:
-        write_transcript(args.transcript, summary)
+        sys.stdout.flush()
+        sys.stdout.buffer.write(dump(summary))
+        sys.stdout.flush()
+    elif output:
+        output.write(dump(summary))
     if interrupted:
         return EXIT_CODES["interrupted"]
     return 0 if summary["passes"] == summary["n"] == args.trials else EXIT_TRIALS_FAILED
 
 
+def plural(n, word):
+    return f"{n} {word}{'s' * (n != 1)}"
+
+
+def shown_on_terminal(report):
+    """True when the answer already streamed to the terminal stdout would print it on again."""
+    try:
+        out, err = os.fstat(sys.stdout.fileno()), os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+    return not report.quiet and sys.stdout.isatty() and (out.st_dev, out.st_ino, out.st_rdev) \
+        == (err.st_dev, err.st_ino, err.st_rdev)
+
+
 def main(argv=None, client=None, stdin=None):
     """Parse flags, run one session (or trials), print the answer; return the exit code."""
     report = Reporter()
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")  # a lone surrogate must not crash it
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
         report.quiet = args.quiet
-        config = load_config()
-        if args.resume:
-            session = prepare_resume(load_transcript(args.resume), args.question)
-            transcript = args.transcript or args.resume
-        else:
-            session, transcript = None, args.transcript
-        model = args.model or (session or {}).get("model") or config["ANTHROPIC_MODEL"] \
-            or DEFAULT_MODEL
+        session = prepare_resume(load_transcript(args.resume), args.question) \
+            if args.resume else None
         workdir = Path(os.path.realpath(args.workdir or (session or {}).get("workdir") or "."))
         if not workdir.is_dir():
             raise UsageError(f"--workdir {workdir} is not a directory")
-        if transcript not in (None, "-") and not Path(transcript).parent.is_dir():
-            raise UsageError(f"--transcript {transcript}: the directory does not exist")
+        check_workdir(workdir)
+        if args.resume and Path(os.path.realpath(args.resume)).is_relative_to(workdir):
+            raise UsageError(f"--resume {args.resume} is inside the workdir {workdir}, where the "
+                             "model's code could have rewritten it; it is not resumed")
+        config = load_config(workdir, report)
+        SECRETS.update(v for v in [config["ANTHROPIC_API_KEY"]] if v and len(v) >= 8)
+        model = args.model or (session or {}).get("model") or config["ANTHROPIC_MODEL"] \
+            or DEFAULT_MODEL
+        target = args.transcript or args.resume
+        output = OutputFile(target, workdir) if target not in (None, "-") else None
         if args.budget_usd is not None and base_model(model) not in PRICING:
             raise UsageError(f"--budget-usd needs a known price, and {model} is not in the "
                              "pricing table")
         limits = Limits(max_turns=args.max_turns, token_budget=args.token_budget,
                         budget_usd=args.budget_usd, max_tokens=args.max_tokens,
-                        tool_timeout=args.tool_timeout)
+                        tool_timeout=args.tool_timeout, request_timeout=args.request_timeout)
         if client is None:
-            client = make_client(config)
+            client = make_client(config, limits)
     except UsageError as e:
         report.error(f"agent.py: {e}")
         return EXIT_USAGE
@@ -1750,26 +2213,29 @@ def main(argv=None, client=None, stdin=None):
     ctx = ToolContext(workdir, limits, sandbox, approve, args.decline_message or DECLINE_MESSAGE)
     try:
         if args.trials:
-            return run_trials(args, client, args.question, model, workdir, limits, ctx)
+            return run_trials(args, client, model, workdir, limits, ctx, output)
         if session is None:
             session = new_session(args.question, model, workdir, args.effort)
         else:
             session.update(model=model, workdir=str(workdir),
                            effort=args.effort or session.get("effort"))
+            report.line(f"resuming {args.resume}: {plural(len(session['turns']), 'turn')} so "
+                        f"far; workdir {workdir}; model {model}", always=True)
         stop = drive(client, session, limits, ctx, report,
-                     lambda s: write_transcript(transcript, s))
+                     lambda s: output and output.write(dump(s)))
         report.flush_text()
-        u = session["usage"]
-        cost = "" if u["cost_usd"] is None else f", ${u['cost_usd']:.6f}"
+        u, turns = session["usage"], plural(len(session["turns"]), "turn")
+        cost = "cost unknown" if u["cost_usd"] is None else f"${u['cost_usd']:.6f}"
         say = report.error if EXIT_CODES[stop.reason] not in (0, 3) else report.line
-        say(f"stop: {stop.reason} ({stop.detail}); {len(session['turns'])} turns, "
-            f"{u['tokens']} tokens{cost}")
-        if transcript == "-":
-            print(json.dumps(session, ensure_ascii=False, indent=1))
-        elif session["answer"]:
-            print(session["answer"])
+        say(f"stop: {stop.reason} ({stop.detail}); {turns}, {u['tokens']} tokens, {cost}")
+        if args.transcript == "-":
+            sys.stdout.flush()
+            sys.stdout.buffer.write(dump(session))
+            sys.stdout.flush()
+        elif session["answer"] and not shown_on_terminal(report):
+            print(visible(session["answer"]) if sys.stdout.isatty() else session["answer"])
         return EXIT_CODES[stop.reason]
-    except OSError as e:  # e.g. the transcript path cannot be written
+    except OSError as e:  # e.g. the disk filled up under the transcript
         report.error(f"agent.py: {e}")
         return EXIT_CODES["error"]
     except KeyboardInterrupt:

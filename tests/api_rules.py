@@ -92,6 +92,13 @@ def check_request(body, issued=None):
         return ("A maximum of 4 blocks with cache_control may be provided. Found "
                 f"{breakpoints}.")
     messages = merged(raw)
+    seen = set()  # anthropics/claude-code#21317: "messages.1.content.1: `tool_use` ids must be unique"
+    for i, m in enumerate(messages):
+        for j, block in enumerate(m["content"]):
+            if block.get("type") == "tool_use":
+                if block.get("id") in seen:
+                    return f"messages.{i}.content.{j}: `tool_use` ids must be unique"
+                seen.add(block.get("id"))
     uses_tools = any(b.get("type") in ("tool_use", "tool_result")
                      for m in messages for b in m["content"])
     if uses_tools and not tools:

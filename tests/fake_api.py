@@ -7,12 +7,20 @@ api_rules.check_request says the real API would reject. Script items:
   {"content": [...], "stop_reason": ...}   a message, streamed as SSE events
   {"sse": "file.sse"} or {"sse_text": ...}  a recorded stream, sent byte for byte
   {"status": 529, "body": {...}, "headers": {...}}   an HTTP error
+  {"pings": seconds}                         headers, then only ping events for that long
+  {"reset": message, "after": n}             n events of message's stream, then a TCP reset
   callable(request_body) -> one of the above
+
+FakeAPI(script, drop_idle=True) speaks HTTP/1.1 and keeps connections open, then closes each
+one after its reply without saying so, as llama.cpp's server does.
 """
 
 import itertools
 import json
+import socket
+import struct
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from api_rules import check_request, remember
@@ -94,19 +102,29 @@ def message_of(sse_text):
 class FakeAPI:
     """Serve a script on 127.0.0.1; record every request; reject what the API would."""
 
-    def __init__(self, script=()):
+    def __init__(self, script=(), drop_idle=False, request_id=True):
         self.script, self.requests, self.rejected, self.issued = list(script), [], [], {}
-        self.ids = itertools.count(1)
-        self.lock = threading.Lock()
+        self.ids, self.request_id = itertools.count(1), request_id
+        self.lock, self.connections = threading.Lock(), 0
         api = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1" if drop_idle else "HTTP/1.0"
+
             def log_message(self, *args):
                 pass
+
+            def setup(self):
+                super().setup()
+                api.connections += 1
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
                 api.respond(self, body)
+                if drop_idle:  # keep-alive was promised; close anyway, without a word
+                    self.wfile.flush()
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    self.close_connection = True
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -124,7 +142,8 @@ class FakeAPI:
         handler.send_response(status)
         handler.send_header("content-type", content_type)
         handler.send_header("content-length", str(len(data)))
-        handler.send_header("request-id", f"req_local_{next(self.ids)}")
+        if self.request_id:
+            handler.send_header("request-id", f"req_local_{next(self.ids)}")
         for key, value in (headers or {}).items():
             handler.send_header(key, value)
         handler.end_headers()
@@ -147,6 +166,8 @@ class FakeAPI:
             item = item(body)
         if "status" in item:
             return self.send(handler, item["status"], item["body"], headers=item.get("headers"))
+        if "pings" in item or "reset" in item:
+            return self.misbehave(handler, item)
         if "sse" in item or "sse_text" in item:
             text = item.get("sse_text") or (RECORDED / item["sse"]).read_text()
             text = text.rstrip("\n") + "\n\n"  # some recordings lost the final blank line
@@ -154,3 +175,26 @@ class FakeAPI:
             return self.send(handler, 200, text, "text/event-stream")
         remember(self.issued, item)
         self.send(handler, 200, stream_of(item, complete=not item.get("_cut")), "text/event-stream")
+
+    def misbehave(self, handler, item):
+        """A stream that never finishes: pings only, or a few events and then a TCP reset."""
+        handler.send_response(200)
+        handler.send_header("content-type", "text/event-stream")
+        handler.end_headers()
+        handler.close_connection = True
+        try:
+            if "pings" in item:
+                ends = time.monotonic() + item["pings"]
+                while time.monotonic() < ends:
+                    handler.wfile.write(sse("ping", {"type": "ping"}).encode())
+                    handler.wfile.flush()
+                    time.sleep(0.05)
+                return
+            events = stream_of(item["reset"]).split("\n\n")[: item["after"]]
+            handler.wfile.write(("\n\n".join(events) + "\n\n").encode())
+            handler.wfile.flush()
+            handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                          struct.pack("ii", 1, 0))  # close() now sends RST
+            handler.connection.close()
+        except OSError:
+            pass  # the client hung up: what a stalled stream should make it do

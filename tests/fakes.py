@@ -15,8 +15,7 @@ from types import SimpleNamespace
 
 from api_rules import check_request, remember
 
-RECORDED = Path(os.environ.get("AGENT_RECORDED") or
-                Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "recorded")
+RECORDED = Path(__file__).resolve().parent / "fixtures" / "recorded"  # see its SOURCES.md
 ALL_CLIENTS = []
 _ids = itertools.count(1)
 

@@ -12,6 +12,7 @@ import pytest
 
 import agent
 from api_rules import check_request
+from conftest import DOTENV_FILES
 from fakes import (APIConnectionError, FakeAPIError, FakeClient, Midstream, RECORDED, Truncated,
                    recorded_loop, reply, text, tool_use)
 
@@ -325,11 +326,11 @@ def test_model_context_window_exceeded(capsys, workdir):
 def test_api_error_keeps_the_turns_done(capsys, workdir, tmp_path):
     transcript = tmp_path / "run.json"
     client = FakeClient(reply(tool_use("read_file", {"path": "scores.csv"})),
-                        FakeAPIError(400, "invalid_request_error", "prompt is too long"))
+                        FakeAPIError(400, "invalid_request_error", "max_tokens: Field required"))
     code, out, err = run(capsys, ["q", "--workdir", str(workdir), "--transcript",
                                   str(transcript)], client)
     assert (code, out, len(client.requests)) == (1, "", 2)
-    assert "prompt is too long" in err and "Traceback" not in err
+    assert "max_tokens: Field required" in err and "Traceback" not in err
     saved = json.loads(transcript.read_text())
     assert saved["stop"]["reason"] == "api_error" and len(saved["turns"]) == 1
     assert saved["messages"][-1]["content"][0]["type"] == "tool_result"
@@ -425,7 +426,7 @@ def test_pause_turn_sends_the_paused_content_back_as_the_last_message(capsys, wo
     assert code == 0 and len(client.requests) == 2
     last = client.requests[1]["messages"][-1]
     assert last["role"] == "assistant"
-    assert json.dumps(last["content"]) == json.dumps(agent.clean_content(paused["content"]))
+    assert json.dumps(last["content"]) == json.dumps(agent.check_reply(paused)[0])
     assert [t["stop_reason"] for t in json.loads(out)["turns"]] == ["pause_turn", "end_turn"]
 
 
@@ -528,7 +529,7 @@ def test_transcript_schema(capsys, workdir, tmp_path):
     assert {"version", "model", "system", "tools", "workdir", "question", "messages", "turns",
             "stop", "answer", "usage"} <= set(saved)
     assert saved["version"] == 1 and saved["workdir"] == os.path.realpath(workdir)
-    assert saved["stop"] == {"reason": "end_turn", "detail": "the model finished"}
+    assert saved["stop"] == {"reason": "end_turn", "detail": "the model finished", "exit_code": 0}
     assert saved["answer"] == "85"
     turn = saved["turns"][0]
     assert set(turn) >= {"turn", "stop_reason", "usage", "request_id", "seconds", "tool_calls"}
@@ -558,9 +559,15 @@ def test_transcript_is_rewritten_after_every_turn(capsys, workdir, tmp_path):
 
 def test_transcript_write_is_atomic(tmp_path):
     path = tmp_path / "run.json"
-    agent.write_transcript(path, {"ok": 1})
-    with pytest.raises(TypeError):
-        agent.write_transcript(path, {"ok": 2, "bad": object()})  # fails halfway through
+    out = agent.OutputFile(path, None)
+    out.write(agent.dump({"ok": 1}))
+
+    class Halfway(bytes):  # a write that fails after the temp file was created
+        def __len__(self):
+            raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError):
+        out.write(Halfway(b"x"))
     assert json.loads(path.read_text()) == {"ok": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
 
@@ -576,8 +583,9 @@ def normalise(transcript):
     text_ = json.dumps(transcript, ensure_ascii=False)
     text_ = text_.replace(transcript["workdir"], "<workdir>")
     data = json.loads(text_)
+    data.update(run_id="<id>", started_at="<time>", ended_at="<time>")
     for turn in data["turns"]:
-        turn["request_id"], turn["seconds"] = "<id>", 0
+        turn.update(request_id="<id>", seconds=0, api_seconds=0, started_at="<time>")
         for call_ in turn["tool_calls"]:
             call_["seconds"] = 0
     return data
@@ -748,12 +756,13 @@ def test_dotenv_next_to_agent_py_is_the_fallback(tmp_path, monkeypatch):
     home.mkdir()
     elsewhere.mkdir()
     (home / ".env").write_text("ANTHROPIC_API_KEY=beside-agent\n")
+    monkeypatch.setattr(agent, "dotenv_files", DOTENV_FILES)
     monkeypatch.setattr(agent, "__file__", str(home / "agent.py"))
     monkeypatch.chdir(elsewhere)
-    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
-    assert agent.load_config()["ANTHROPIC_API_KEY"] == "beside-agent"
+    workdir = tmp_path / "data"
+    assert agent.load_config(workdir, Silent())["ANTHROPIC_API_KEY"] == "beside-agent"
     (elsewhere / ".env").write_text("ANTHROPIC_API_KEY=from-cwd\n")
-    assert agent.load_config()["ANTHROPIC_API_KEY"] == "from-cwd"
+    assert agent.load_config(workdir, Silent())["ANTHROPIC_API_KEY"] == "from-cwd"
 
 
 def test_dependencies_are_declared_inline_for_uv():
@@ -769,11 +778,10 @@ def test_key_comes_from_dotenv_and_the_environment_wins(tmp_path, monkeypatch):
                                    "ANTHROPIC_BASE_URL=http://127.0.0.1:9\n")
     sub = tmp_path / "a" / "b"
     sub.mkdir(parents=True)
+    monkeypatch.setattr(agent, "dotenv_files", DOTENV_FILES)
     monkeypatch.chdir(sub)
-    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
-    monkeypatch.delenv("ANTHROPIC_BASE_URL", raising=False)
     monkeypatch.setenv("ANTHROPIC_MODEL", "m-env")
-    config = agent.load_config()
+    config = agent.load_config(tmp_path / "data", Silent())
     assert config["ANTHROPIC_API_KEY"] == "from-file" and config["ANTHROPIC_MODEL"] == "m-env"
     assert config["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:9"  # an Anthropic-compatible server
     assert "ANTHROPIC_API_KEY" not in os.environ  # read, never loaded into the environment
@@ -938,9 +946,10 @@ def test_ctrl_c_stops_trials_and_keeps_what_finished(capsys, workdir, tmp_path):
 
     client = FakeClient(reply(text("first")), slow, reply(text("never")))
     started = time.monotonic()
-    code, _, _ = run(capsys, ["q", "--workdir", str(workdir), "--trials", "3",
-                              "--transcript", str(path)], client)
+    code, _, err = run(capsys, ["q", "--workdir", str(workdir), "--trials", "3",
+                                "--transcript", str(path)], client)
     assert code == 130 and time.monotonic() - started < 8
+    assert "interrupted: 1 of 3 trials finished" in err
     summary = json.loads(path.read_text())
     assert summary["n"] == 1 and summary["interrupted"] is True
     assert json.loads((tmp_path / "run.2.json").read_text())["stop"]["reason"] == "interrupted"

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,14 +32,14 @@ def serve(request, *script):
     return api
 
 
-def sdk_client(api):
+def sdk_client(api, **limits):
     return agent.make_client({"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": api.url,
-                              "ANTHROPIC_MODEL": None})
+                              "ANTHROPIC_MODEL": None}, agent.Limits(**limits))
 
 
-def run(capsys, api, argv, stdin=""):
+def run(capsys, api, argv, stdin="", **limits):
     import io
-    code = agent.main(argv, client=sdk_client(api), stdin=io.StringIO(stdin))
+    code = agent.main(argv, client=sdk_client(api, **limits), stdin=io.StringIO(stdin))
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -111,19 +112,37 @@ def test_a_recorded_401_stops_with_the_apis_message(request, capsys, workdir):
 
 # --- as a user runs it: a subprocess ---
 
-def agent_env(api, **extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC")}
-    env.update(ANTHROPIC_API_KEY="test-key", ANTHROPIC_BASE_URL=api.url, **extra)
+DEAD_PROXY = "http://127.0.0.1:9"  # the discard port: nothing listens, every request fails
+
+
+def agent_env(api=None, **extra):
+    """An environment with none of the user's ANTHROPIC_* and no way off loopback: any request
+    not to 127.0.0.1 goes to a proxy that is not there."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("ANTHROPIC") and "proxy" not in k.lower()}
+    env.update(HTTPS_PROXY=DEAD_PROXY, HTTP_PROXY=DEAD_PROXY, ALL_PROXY=DEAD_PROXY,
+               NO_PROXY="127.0.0.1,localhost", **extra)
+    if api is not None:
+        env.update(ANTHROPIC_API_KEY="test-key", ANTHROPIC_BASE_URL=api.url)
     return env
 
 
-def test_subprocess_end_to_end(request, workdir, tmp_path):
+@pytest.fixture
+def agent_copy(tmp_path):
+    """agent.py alone in a directory: no .env of the user's beside it, nothing else."""
+    copy = tmp_path / "agent" / "agent.py"
+    copy.parent.mkdir()
+    shutil.copy(AGENT, copy)
+    return copy
+
+
+def test_subprocess_end_to_end(request, workdir, tmp_path, agent_copy):
     api = serve(request, reply(tool_use("read_file", {"path": "scores.csv"})),
                 reply(tool_use("run_python", {"code": "print(sum([88, 72, 95]) / 3)"})),
                 reply(tool_use("run_python", {"code": "print(open('../secret.txt').read())"})),
                 reply(text("平均分是 85。")))
     transcript = tmp_path / "run.json"
-    done = subprocess.run([sys.executable, str(AGENT), "scores.csv 里平均分是多少？", "--workdir",
+    done = subprocess.run([sys.executable, str(agent_copy), "scores.csv 里平均分是多少？", "--workdir",
                            str(workdir), "--yes", "--transcript", str(transcript)],
                           env=agent_env(api), cwd=tmp_path, capture_output=True, text=True,
                           timeout=60)
@@ -142,14 +161,14 @@ def test_subprocess_end_to_end(request, workdir, tmp_path):
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_subprocess_ctrl_c_kills_the_tool_and_keeps_the_transcript(request, workdir, tmp_path,
-                                                                   signum):
+                                                                   signum, agent_copy):
     code = ("import os, subprocess, time\n"
             "child = subprocess.Popen(['sleep', '60'])\n"
             "open('pids', 'w').write(f'{os.getpid()} {child.pid}')\n"
             "time.sleep(60)\n")
     api = serve(request, reply(tool_use("run_python", {"code": code})))
     transcript = tmp_path / "run.json"
-    proc = subprocess.Popen([sys.executable, str(AGENT), "q", "--workdir", str(workdir), "--yes",
+    proc = subprocess.Popen([sys.executable, str(agent_copy), "q", "--workdir", str(workdir), "--yes",
                              "--transcript", str(transcript)], env=agent_env(api), cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     pids = workdir / "pids"
@@ -166,11 +185,10 @@ def test_subprocess_ctrl_c_kills_the_tool_and_keeps_the_transcript(request, work
     assert not [pid for pid in map(int, pids.read_text().split()) if alive(pid)]
 
 
-def test_subprocess_without_a_key_is_one_clear_line(tmp_path, workdir):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC")}
-    done = subprocess.run([sys.executable, str(AGENT), "hi", "--workdir", str(workdir)],
-                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30,
-                          stdin=subprocess.DEVNULL)
+def test_subprocess_without_a_key_is_one_clear_line(tmp_path, workdir, agent_copy):
+    done = subprocess.run([sys.executable, str(agent_copy), "hi", "--workdir", str(workdir)],
+                          env=agent_env(), cwd=tmp_path, capture_output=True, text=True,
+                          timeout=30, stdin=subprocess.DEVNULL)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "ANTHROPIC_API_KEY" in done.stderr and ".env.example" in done.stderr
 
