@@ -19,6 +19,7 @@ reach anything but the Messages API.
 import argparse
 import ctypes
 import errno
+import html
 import json
 import math
 import os
@@ -31,6 +32,7 @@ import shutil
 import signal
 import socket
 import stat
+import statistics
 import struct
 import subprocess
 import sys
@@ -39,7 +41,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from itertools import count
 from pathlib import Path
@@ -48,6 +50,8 @@ from pathlib import Path
 
 TRANSCRIPT_VERSION = 1  # fields are only added within a version; a removal or change bumps it
 AGENT_VERSION = "1.1.0"
+SUMMARY_VERSION = 2  # trials summaries: 2 counts pass@k without the trials that failed to run
+EVENTS_VERSION = 1
 DEFAULT_MODEL = "claude-haiku-5-5"
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
 SYSTEM_PROMPT = (
@@ -93,6 +97,7 @@ class Limits:
     turn_bytes: int = 400_000  # tool-result bytes sent back in one turn; calls past it get an error
     max_tasks: int = 256  # processes and threads of one run_python call, where a cgroup can cap it
     memory_mb: int = 4096  # memory of one run_python call, all its processes, likewise
+    scratch_mb: int = 1024  # the call's home and /dev/shm, a tmpfs where mounts are allowed
 
 
 @dataclass(frozen=True)
@@ -162,6 +167,10 @@ def cost_usd(model, usage):
 
 class ToolError(Exception):
     """A tool failure, reported to the model as an is_error tool_result."""
+
+    def __init__(self, message, exit_code=None, declined=False):
+        super().__init__(message)
+        self.exit_code, self.declined = exit_code, declined  # for the transcript and events
 
 
 class Interrupted(Exception):
@@ -348,7 +357,7 @@ def run_python(ctx, code):
     approved = ctx.approve(code)
     ctx.asking.seconds = getattr(ctx.asking, "seconds", 0.0) + time.monotonic() - asked
     if not approved:
-        raise ToolError(ctx.decline_message)
+        raise ToolError(ctx.decline_message, declined=True)
     run = execute(code, ctx.workdir, ctx.sandbox, ctx.limits.tool_timeout,
                   ctx.limits.output_chars, ctx.cancel)
     output = f"--- stdout ---\n{run.stdout}\n--- stderr ---\n{run.stderr}"
@@ -360,7 +369,7 @@ def run_python(ctx, code):
         report = (f"killed: the script and its processes went over their memory cap of "
                   f"{ctx.limits.memory_mb} MiB.\n{report}")
     if run.code != 0:
-        raise ToolError(f"the script failed.\n{report}")
+        raise ToolError(f"the script failed.\n{report}", exit_code=run.code)
     return report
 
 
@@ -389,8 +398,10 @@ def check_arguments(name, arguments):
 
 
 def call_tool(block, ctx):
-    """Run one tool_use block; every failure becomes an is_error tool_result."""
+    """Run one tool_use block; every failure becomes an is_error tool_result. Returns the
+    result and the facts the transcript keeps about the call (exit code, declined)."""
     result = {"type": "tool_result", "tool_use_id": block["id"]}
+    facts = {"exit_code": 0 if block["name"] == "run_python" else None, "declined": False}
     try:
         function = TOOL_FUNCTIONS.get(block["name"])
         if function is None:
@@ -399,36 +410,42 @@ def call_tool(block, ctx):
         result["content"] = function(ctx, **check_arguments(block["name"], block.get("input")))
     except ToolError as e:
         result["content"], result["is_error"] = str(e), True
+        facts.update(exit_code=e.exit_code, declined=e.declined)
     except Interrupted:
         raise
     except Exception as e:  # a bug in a tool must not end the loop
         result["content"], result["is_error"] = f"internal tool error: {type(e).__name__}: {e}", True
+        facts["exit_code"] = None
     result["content"] = redact(result["content"])  # whatever route a secret took to get here
-    return result
+    return result, facts
 
 
 def over_budget(block, result, limit):
     """The answer to a call whose result no longer fits this turn's budget of bytes."""
-    size = len(result["content"].encode("utf-8", "surrogatepass"))
-    ran = (f"The script ran, but its {size} bytes of output were not sent"
-           if block["name"] == "run_python" else f"Its {size} bytes were not sent")
+    ran = (f"The script ran, but its {size(result)} bytes of output were not sent"
+           if block["name"] == "run_python" else f"Its {size(result)} bytes were not sent")
     return {"type": "tool_result", "tool_use_id": block["id"], "is_error": True,
             "content": f"{ran}: this turn's tool results already reached the limit of {limit} "
                        "bytes. Read fewer files at once (one or two per turn), or parts of them "
                        "with offset and limit."}
 
 
+def size(result):
+    return len(result["content"].encode("utf-8", "surrogatepass"))
+
+
 def run_tools(blocks, ctx, report):
     """Run a turn's tool calls: reads concurrently, the rest in order; results in call order,
     within the turn's budget of bytes (the calls past it are answered with an error)."""
-    results, seconds = [None] * len(blocks), [0.0] * len(blocks)
+    results, facts, seconds = [None] * len(blocks), [None] * len(blocks), [0.0] * len(blocks)
 
     def timed(i):
+        report.tool_start(blocks[i])
         started, asked = time.monotonic(), getattr(ctx.asking, "seconds", 0.0)
-        results[i] = call_tool(blocks[i], ctx)
+        results[i], facts[i] = call_tool(blocks[i], ctx)
         waited = getattr(ctx.asking, "seconds", 0.0) - asked  # the user's time, not the tool's
         seconds[i] = time.monotonic() - started - waited
-        report.tool(blocks[i], results[i], seconds[i])
+        report.tool(blocks[i], results[i], seconds[i], facts[i])
 
     reads = [i for i, b in enumerate(blocks) if b["name"] == "read_file"]
     if len(reads) > 1:
@@ -440,15 +457,13 @@ def run_tools(blocks, ctx, report):
             timed(i)
     spent = 0
     for i, block in enumerate(blocks):
-        size = len(results[i]["content"].encode("utf-8", "surrogatepass"))
-        if spent + size > ctx.limits.turn_bytes:
+        if spent + size(results[i]) > ctx.limits.turn_bytes:
             results[i] = over_budget(block, results[i], ctx.limits.turn_bytes)
-            report.tool(block, results[i], seconds[i])
-            size = len(results[i]["content"])
-        spent += size
+            report.tool(block, results[i], seconds[i], dict(facts[i], withheld=True))
+        spent += size(results[i])
     calls = [{"id": b["id"], "name": b["name"], "is_error": bool(r.get("is_error")),
-              "seconds": round(s, 3), "bytes": len(r["content"].encode("utf-8", "surrogatepass"))}
-             for b, r, s in zip(blocks, results, seconds)]
+              "declined": f["declined"], "exit_code": f["exit_code"], "bytes": size(r),
+              "seconds": round(s, 3)} for b, r, f, s in zip(blocks, results, facts, seconds)]
     return results, calls
 
 
@@ -575,7 +590,9 @@ SYSCALLS = {
     "landlock_restrict_self": (446, 446), "process_mrelease": (448, 448),
     "fchmodat2": (452, 452), "statmount": (457, 457), "listmount": (458, 458),
     "lsm_set_self_attr": (460, 460), "setxattrat": (463, 463), "removexattrat": (466, 466),
-    "open_tree_attr": (467, 467), "file_setattr": (469, 469),
+    "open_tree_attr": (467, 467), "file_setattr": (469, 469), "socketpair": (53, 199),
+    "bind": (49, 200), "fcntl": (72, 25), "io_setup": (206, 0), "inotify_init": (253, None),
+    "inotify_init1": (294, 26),
 }
 ARCHES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}  # AUDIT_ARCH_*, column above
 LAST_SYSCALL = 469  # the newest call in the table: newer ones get ENOSYS, as from an older kernel
@@ -621,8 +638,12 @@ SECCOMP_RULES = (
     ("ioprio_set", (0, ALL, "!=", 1), EPERM, "set the I/O priority of a group or a user"),
     ("ioprio_set", (1, ALL, "!=", 0), EPERM, "set another process's I/O priority"),
     ("setsid setpgid", None, EPERM, "leave the process group the keeper kills"),
-    ("fanotify_init fanotify_mark inotify_add_watch", None, EPERM,
-     "watch file activity, the machine's included"),
+    ("fanotify_init fanotify_mark inotify_init inotify_init1 inotify_add_watch", None, EPERM,
+     "watch file activity, the machine's included (and use up the user's inotify instances)"),
+    ("fcntl", (1, ALL, "==", 1026), EPERM, "F_NOTIFY: watch a directory, the machine's too"),
+    ("fcntl", (1, ALL, "==", 1024), EPERM, "F_SETLEASE: stall another program's open of a "
+                                            "file it owns, as root does every root file"),
+    ("io_setup", None, EPERM, "take the machine's whole quota of AIO events"),
     ("msgget msgsnd msgrcv msgctl semget semop semtimedop semctl shmget shmat shmdt shmctl "
      "mq_open mq_unlink mq_timedsend mq_timedreceive mq_notify mq_getsetattr", None, EPERM,
      "IPC objects shared with other programs that outlive the call"),
@@ -642,12 +663,23 @@ SECCOMP_RULES = (
     ("ioctl", (1, ALL, "==", 0x401C5820), EPERM, "FS_IOC_FSSETXATTR: inode flags, project id"),
     ("ioctl", (1, ALL, "==", 0x40087602), EPERM, "FS_IOC_SETVERSION: the inode generation"),
     ("ioctl", (1, ALL, "==", 0x40047602), EPERM, "FS_IOC32_SETVERSION, the same"),
+    ("ioctl", (1, ALL, "==", 0x800C6613), EPERM, "FS_IOC_SET_ENCRYPTION_POLICY on a directory"),
+    ("ioctl", (1, ALL, "==", 0xC0506617), EPERM, "FS_IOC_ADD_ENCRYPTION_KEY: a key that stays"),
+    ("ioctl", (1, ALL, "==", 0xC0406618), EPERM, "FS_IOC_REMOVE_ENCRYPTION_KEY"),
+    ("ioctl", (1, ALL, "==", 0xC0406619), EPERM, "FS_IOC_REMOVE_ENCRYPTION_KEY_ALL_USERS"),
+    ("ioctl", (1, ALL, "==", 0x40806685), EPERM, "FS_IOC_ENABLE_VERITY: a file made read-only"),
+    ("ioctl", (1, ALL, "==", 0x6609), EPERM, "EXT4_IOC_MIGRATE: rewrite a file's block map"),
+    ("ioctl", (1, ALL, "==", 0x660C), EPERM, "EXT4_IOC_ALLOC_DA_BLKS: force a file's blocks"),
     ("ioctl", (1, ALL, "==", 0x5412), EPERM, "TIOCSTI: type into a terminal"),
     ("ioctl", (1, ALL, "==", 0x541C), EPERM, "TIOCLINUX: the console's selection and keys"),
     ("socket", (0, ALL, "!=", AF_UNIX), EACCES, "open a network, netlink or raw socket"),
 )
-UNIX_SOCKETS_RULE = ("socket", None, EACCES, "connect to a named unix socket (docker.sock, "
-                     "D-Bus, ssh-agent): only Landlock's resolve_unix right (ABI 9) can stop it")
+UNIX_SOCKET_RULES = (  # where Landlock cannot govern named unix sockets (below ABI 9)
+    ("socket", None, EACCES, "connect to a named unix socket (docker.sock, D-Bus, ssh-agent)"),
+    ("socketpair", (1, 0xF, "==", 2), EACCES, "a datagram pair: its sendto reaches any named "
+                                              "socket (/dev/log, systemd's notify socket)"),
+    ("bind", None, EACCES, "take an abstract socket name the host's programs use"),
+)
 
 LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446
 PR_SET_PDEATHSIG, PR_CAPBSET_READ, PR_CAPBSET_DROP, PR_SET_SECCOMP = 1, 23, 24, 22
@@ -655,6 +687,7 @@ PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 36, 38, 47
 SECCOMP_MODE_FILTER, CAP_VERSION_3, MAX_FD = 2, 0x20080522, 1 << 16
 SECCOMP_ALLOW, SECCOMP_KILL, SECCOMP_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
 CLONE_NEWNS, CLONE_NEWUSER, MS_BIND, MS_REC, MS_PRIVATE = 0x20000, 0x10000000, 0x1000, 0x4000, 1 << 18
+MS_NOSUID, MS_NODEV = 0x2, 0x4
 
 
 def seccomp_filter(machine, allow_unix_sockets):
@@ -664,7 +697,7 @@ def seccomp_filter(machine, allow_unix_sockets):
     jeq = lambda k, yes, no: (0x15, yes, no, k)  # noqa: E731  jumps are relative, 8-bit
     prog = [ld(4), jeq(arch, 1, 0), ret(SECCOMP_KILL), ld(0),
             (0x25, 0, 1, LAST_SYSCALL), ret(SECCOMP_ERRNO | ENOSYS)]  # BPF_JGT: x32 numbers too
-    rules = SECCOMP_RULES + (() if allow_unix_sockets else (UNIX_SOCKETS_RULE,))
+    rules = SECCOMP_RULES + (() if allow_unix_sockets else UNIX_SOCKET_RULES)
     for names, test, errno, _why in rules:
         for nr in (SYSCALLS[name][column] for name in names.split()):
             if nr is None:
@@ -699,7 +732,7 @@ def libc_call():
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
-    libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_void_p]
+    libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
     return libc
 
 
@@ -779,13 +812,15 @@ class Sandbox:
         self.keeper = sys.platform == "linux"  # elsewhere the agent kills the group itself
         self.libc = libc_call() if self.keeper else None
         self.landlock = False  # Landlock, seccomp and no capabilities for every call
-        self.private_shm = self.keeper and enabled  # until the kernel refuses a mount namespace
+        self.mounts = self.keeper and enabled  # own tmpfs and /dev/shm, unless the kernel refuses
         self.cgroup = cgroup_parents() if self.keeper else None
         self.confined = None if enabled else False  # None until the self-test has run
         self.status = "sandbox: off (--no-sandbox); run_python runs unconfined"
         self.said, self.lock, self.calls, self.macos = False, threading.Lock(), count(1), None
         gib = 1 << 30
-        self.rlimits = ((resource.RLIMIT_CORE, 0, 0), (resource.RLIMIT_FSIZE, gib, gib),
+        self.rlimits = ((resource.RLIMIT_CORE, 1, 1),  # 1, not 0: no core-dump pipe helper either
+                        (resource.RLIMIT_SIGPENDING, 256, 256),  # a per-user count, shared
+                        (resource.RLIMIT_FSIZE, gib, gib),
                         (resource.RLIMIT_AS, 4 * gib, 4 * gib),
                         (resource.RLIMIT_CPU, int(limits.tool_timeout) + 5,
                          int(limits.tool_timeout) + 6))
@@ -819,7 +854,7 @@ class Sandbox:
 
     def unavailable(self, why):
         """No working boundary: say so; run_python then asks before every call, even with --yes."""
-        self.landlock, self.private_shm, self.macos, self.confined = False, False, None, False
+        self.landlock, self.mounts, self.macos, self.confined = False, False, None, False
         self.status = (f"sandbox: unavailable ({why}); run_python will ask before every call, "
                        "even with --yes (pass --no-sandbox to run it unconfined)")
 
@@ -833,8 +868,8 @@ class Sandbox:
                     self.unavailable(f"cannot build the policy: {e}")
             if self.confined is None:
                 failure = self.self_test()
-                if failure and self.private_shm:  # no mount namespace here: /dev/shm stays shut
-                    self.private_shm = False
+                if failure and self.mounts:  # no mount namespace here: /dev/shm stays shut
+                    self.mounts = False
                     failure = self.self_test()
                 if failure:
                     self.unavailable(failure)
@@ -850,7 +885,9 @@ class Sandbox:
         caps = (f"cgroup {self.cgroup[0]} caps a call at {self.limits.max_tasks} tasks and "
                 f"{self.limits.memory_mb} MiB" if self.cgroup
                 else "no cgroup: tasks uncapped, memory capped per process")
-        return f"{caps}; " + ("private /dev/shm" if self.private_shm else "/dev/shm not writable")
+        scratch = (f"home and /dev/shm a private {self.limits.scratch_mb} MiB tmpfs" if self.mounts
+                   else "home on disk, /dev/shm not writable")
+        return f"{caps}; {scratch}"
 
     def command(self, call):
         """The argv that runs a call's script: this interpreter, wrapped on macOS."""
@@ -893,21 +930,25 @@ class Sandbox:
         try:
             for path, names in self.grants + [(call.home, READ_WRITE), (call.shm, READ_WRITE),
                                                (call.script, {"read_file"})]:
-                try:
-                    parent = os.open(path, os.O_PATH | os.O_CLOEXEC)
-                except OSError:
-                    continue  # not on this machine
-                try:
-                    if not stat.S_ISDIR(os.fstat(parent).st_mode):
-                        names = names & FILE_RIGHTS
-                    rule = PathBeneath(rights(LANDLOCK_FS, self.abi, names) & fs, parent)
-                    syscall(self.libc, "landlock_add_rule", fd, 1, ctypes.byref(rule), 0)
-                finally:
-                    os.close(parent)
+                self.add_rule(fd, path, names)
         except BaseException:
             os.close(fd)
             raise
         return fd
+
+    def add_rule(self, ruleset, path, names):
+        """Grant `names` beneath `path` (or on the file), as far as this kernel knows them."""
+        try:
+            parent = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            return  # not on this machine
+        try:
+            if not stat.S_ISDIR(os.fstat(parent).st_mode):
+                names = names & FILE_RIGHTS
+            rule = PathBeneath(rights(LANDLOCK_FS, self.abi, names) & self.handled[0], parent)
+            syscall(self.libc, "landlock_add_rule", ruleset, 1, ctypes.byref(rule), 0)
+        finally:
+            os.close(parent)
 
 
 MACOS_PROFILE = """(version 1)
@@ -958,8 +999,9 @@ def drop_capabilities(libc):
     syscall(libc, "capset", header, (ctypes.c_uint32 * 6)())  # effective, permitted, inheritable
 
 
-def private_dev_shm(libc, source):
-    """Give this process a /dev/shm of its own: a mount namespace with `source` bound there."""
+def private_scratch(libc, call):
+    """Give the script a mount namespace of its own with a fresh, capped tmpfs: its home, and
+    its /dev/shm. The kernel frees both when the call's last process exits."""
     uid, gid, root = os.getuid(), os.getgid(), os.geteuid() == 0
     if libc.unshare(CLONE_NEWNS | (0 if root else CLONE_NEWUSER)) != 0:
         raise OSError(ctypes.get_errno(), "unshare failed")
@@ -967,27 +1009,37 @@ def private_dev_shm(libc, source):
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
                            ("gid_map", f"{gid} {gid} 1")):
             Path(f"/proc/self/{name}").write_text(text)
-    for src, dst, flags in ((None, b"/", MS_REC | MS_PRIVATE), (source.encode(), b"/dev/shm", MS_BIND)):
-        if libc.mount(src, dst, None, flags, None) != 0:
+    size = f"size={call.box.limits.scratch_mb}m,nr_inodes=65536,mode=0700".encode()
+    for src, dst, kind, flags, data in (
+            (None, b"/", None, MS_REC | MS_PRIVATE, None),  # nothing propagates to the host
+            (b"tmpfs", call.scratch.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, size),
+            (None, None, None, 0, None),  # (make home and shm inside the new tmpfs)
+            (call.shm.encode(), b"/dev/shm", None, MS_BIND, None)):
+        if dst is None:
+            os.mkdir(call.home, 0o700)
+            os.mkdir(call.shm, 0o700)
+        elif libc.mount(src, dst, kind, flags, data) != 0:
             raise OSError(ctypes.get_errno(), f"mount {dst.decode()} failed")
+    for path in (call.home, call.shm):  # new inodes: the parent's ruleset cannot know them
+        call.box.add_rule(call.ruleset, path, READ_WRITE)
 
 
-def make_cgroups(cgroup, name, limits):
-    """Make a call's cgroup (one per controller on v1) with its caps; [] if the kernel refuses."""
-    memory = limits.memory_mb << 20
+def make_cgroups(cgroup, limits):
+    """Make a call's cgroup (one per controller on v1), named at random, with its caps."""
+    memory, name = limits.memory_mb << 20, f"agent-{uuid.uuid4().hex[:16]}"
     caps = {"pids.max": limits.max_tasks, "memory.max": memory, "memory.swap.max": 0,
-            "memory.limit_in_bytes": memory}  # v2 names, then v1's
+            "memory.limit_in_bytes": memory, "memory.memsw.limit_in_bytes": memory}  # v2, v1
     made = []
     try:
         for parent in cgroup[1]:
-            made.append(os.path.join(parent, name))
-            os.mkdir(made[-1])
+            os.mkdir(os.path.join(parent, name))
+            made.append(os.path.join(parent, name))  # only what this call made is removed
             for file, value in caps.items():
                 if os.path.exists(os.path.join(made[-1], file)):
                     Path(made[-1], file).write_text(str(value))
     except OSError:
         cleanup(None, made)
-        return []
+        raise
     return made
 
 
@@ -1005,15 +1057,61 @@ def oom_kills(cgroups):
     return 0
 
 
+def remove_tree(root):
+    """Remove a directory tree however a script shaped it (any depth, any name length, no
+    read permission): each subdirectory is moved up to the top before it is emptied, so the
+    walk never goes deeper than one level and never follows a symlink."""
+    try:
+        top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        queue, moved = [None], count()
+        while queue:
+            name = queue.pop()
+            try:
+                if name is not None:
+                    os.chmod(name, 0o700, dir_fd=top)  # ours: a script may have taken r or x
+                fd = top if name is None else os.open(
+                    name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=top)
+            except OSError:
+                continue
+            try:
+                for entry in list(os.scandir(fd)):
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            flat = f".gone-{next(moved)}"
+                            os.rename(entry.name, flat, src_dir_fd=fd, dst_dir_fd=top)
+                            queue.append(flat)
+                        else:
+                            os.unlink(entry.name, dir_fd=fd)
+                    except OSError:
+                        pass
+            finally:
+                if fd != top:
+                    os.close(fd)
+            if name is not None:
+                try:
+                    os.rmdir(name, dir_fd=top)
+                except OSError:
+                    pass
+    finally:
+        os.close(top)
+    try:
+        os.rmdir(root)
+    except OSError:
+        pass
+
+
 def cleanup(root, cgroups):
-    """Remove a call's directory and cgroups; already gone is fine."""
-    if root:
-        shutil.rmtree(root, ignore_errors=True)  # never follows a symlink the script planted
-    for directory in cgroups:
+    """Remove a call's directory and cgroups; already gone is fine, and so is failing."""
+    for directory in cgroups:  # first: they cannot fail on what the directory holds
         try:
             os.rmdir(directory)
         except OSError:
             pass
+    if root:
+        remove_tree(root)
 
 
 class Call:
@@ -1022,22 +1120,26 @@ class Call:
     def __init__(self, box, code):
         self.box = box
         self.root = tempfile.mkdtemp(prefix="agent-call-")  # 0700: no other user looks in
-        self.home, self.shm = os.path.join(self.root, "home"), os.path.join(self.root, "shm")
         self.script = os.path.join(self.root, "main.py")  # the child may read it, not change it
+        self.scratch = os.path.join(self.root, "scratch")  # a capped tmpfs, where mounts work
+        self.home, self.shm = os.path.join(self.scratch, "home"), os.path.join(self.scratch, "shm")
         self.cgroups, self.ruleset, self.keeper_end = [], -1, -1
         self.agent_end, keeper_end = socket.socketpair()
         self.keeper_end = keeper_end.detach()
         try:
-            os.mkdir(self.home, 0o700)
-            os.mkdir(self.shm, 0o700)
+            for directory in (self.scratch, self.home, self.shm):
+                os.mkdir(directory, 0o700)
             # With a BOM Python reads the file as UTF-8 or not at all: a coding declaration
             # (utf-7, say) cannot make it run other text than the text approved and shown.
             Path(self.script).write_text("\ufeff" + code, encoding="utf-8")
-            name = f"agent-{os.getpid()}-{next(box.calls)}"
             if box.cgroup:
-                self.cgroups = make_cgroups(box.cgroup, name, box.limits)
-                if not self.cgroups:
-                    box.cgroup = None  # refused here: say so, and stop trying
+                try:
+                    self.cgroups = make_cgroups(box.cgroup, box.limits)
+                except OSError as e:
+                    if box.confined is not None:  # promised on the status line: keep it
+                        raise ToolError(f"could not make this call's cgroup ({e.strerror}); the "
+                                        "script was not run without its caps")
+                    box.cgroup = None  # found out by the self-test: the status line says so
             if box.landlock:
                 self.ruleset = box.ruleset(self)
         except BaseException:
@@ -1054,8 +1156,8 @@ class Call:
             os.setpgid(0, 0)  # a group of its own: the one the keeper kills
         for directory in self.cgroups:
             Path(directory, "cgroup.procs").write_text("0")
-        if box.private_shm:
-            private_dev_shm(box.libc, self.shm)
+        if box.mounts:
+            private_scratch(box.libc, self)
         for which, soft, hard in box.rlimits:
             resource.setrlimit(which, (soft, hard))
         if box.landlock:
@@ -1073,12 +1175,17 @@ class Call:
                 raise OSError(ctypes.get_errno(), "seccomp filter failed")
 
     def keep(self, script):
-        """The keeper: wait for the script to end or the agent to go, kill the group, clean up."""
+        """The keeper: wait for the script to end or the agent to go, kill the group, report,
+        then remove what the call left."""
         try:
             fd = self.keeper_end
             os.closerange(0, fd)  # hold nothing of the agent's, other calls' ends included
             os.closerange(fd + 1, MAX_FD)
             signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # the agent may be gone
+            try:
+                os.setpgid(script, script)  # as the script does: whoever is first, the group
+            except OSError:  # exists before anything can be killed
+                pass
             if self.box.landlock:  # orphans come here to be reaped: they cannot leave the group
                 self.box.libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
             pidfd = os.pidfd_open(script)
@@ -1115,17 +1222,18 @@ class Call:
         self.keeper_end = self.ruleset = -1
 
     def finish(self, proc):
-        """Tell the keeper the call is over (it kills what is left), reap it, clean up."""
+        """Tell the keeper the call is over (it kills what is left and cleans up); reap it. A
+        keeper still removing a big mess is left to finish in the background."""
         self.agent_end.close()
         if not self.box.keeper:
             kill_group(proc.pid)
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:  # a keeper that does not answer: its script then
-            proc.kill()  # dies of PR_SET_PDEATHSIG
-            proc.wait()
         proc.stdout.close()
         proc.stderr.close()
+        try:
+            proc.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            threading.Thread(target=lambda: (proc.wait(), self.release()), daemon=True).start()
+            return
         self.release()
 
     def release(self):
@@ -1700,6 +1808,153 @@ class OutputFile:
             raise
 
 
+# The published schemas (python agent.py --schema transcript|events|summary), JSON Schema
+# draft 2020-12. Within a version fields are only added, so a reader should let unknown ones
+# pass; the fields added after a version's first release are optional here.
+STRING, COUNT, NUMBER, BOOL = {"type": "string"}, {"type": "integer", "minimum": 0}, \
+    {"type": "number"}, {"type": "boolean"}
+TIME = {"type": "string", "format": "date-time"}
+
+
+def nullable(schema):
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def array(items):
+    return {"type": "array", "items": items}
+
+
+def obj(required, optional=None):
+    return {"type": "object", "required": sorted(required),
+            "properties": {**required, **(optional or {})}}
+
+
+USAGE_SCHEMA = obj({**{k: COUNT for k in COUNTS + ("tokens",)}, "cost_usd": nullable(NUMBER)})
+RETRY_SCHEMA = obj({"attempt": COUNT, "status": nullable({"type": "integer"}), "error": STRING,
+                    "delay": NUMBER})
+LABEL = {"enum": list(EXIT_CODES)}
+TRANSCRIPT_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": f"agent.py transcript, version {TRANSCRIPT_VERSION}",
+    **obj({"version": {"const": TRANSCRIPT_VERSION}, "model": STRING,
+           "effort": nullable({"enum": list(EFFORTS)}), "system": STRING,
+           "tools": array({"type": "object"}), "workdir": STRING, "question": STRING,
+           "messages": array(obj({"role": {"enum": ["user", "assistant"]},
+                                  "content": {**array(obj({"type": STRING})), "minItems": 1}})),
+           "turns": array(obj(
+               {"turn": COUNT, "stop_reason": nullable(STRING), "usage": USAGE_SCHEMA,
+                "request_id": nullable(STRING), "seconds": NUMBER,
+                "tool_calls": array(obj({"id": STRING, "name": STRING, "is_error": BOOL,
+                                         "seconds": NUMBER},
+                                        {"declined": BOOL, "exit_code": nullable(
+                                            {"type": "integer"}), "bytes": COUNT}))},
+               {"started_at": TIME, "attempts": COUNT, "retries": array(RETRY_SCHEMA),
+                "api_seconds": NUMBER, "notes": array(STRING)})),
+           "stop": nullable(obj({"reason": LABEL, "detail": STRING},
+                                {"exit_code": {"type": "integer"},
+                                 "retries": array(RETRY_SCHEMA)})),
+           "answer": nullable(STRING), "usage": USAGE_SCHEMA},
+          {"agent_version": STRING, "run_id": STRING, "started_at": TIME,
+           "ended_at": nullable(TIME), "trial": COUNT})}
+EVENT_TYPES = {  # type -> (fields it always has, fields it may have)
+    "run.start": ({"schema_version": {"const": EVENTS_VERSION}, "agent_version": STRING,
+                   "model": STRING, "workdir": STRING, "question": nullable(STRING),
+                   "limits": {"type": "object"}, "sandbox": {"type": "object"}},
+                  {"resumed_from": STRING, "trials": COUNT}),
+    "sandbox": ({"status": STRING, "confined": BOOL}, {}),
+    "turn.start": ({"turn": COUNT}, {}),
+    "text": ({"turn": COUNT, "text": STRING}, {}),
+    "api.retry": ({"turn": COUNT, "attempt": COUNT, "status": nullable({"type": "integer"}),
+                   "error": STRING, "delay": NUMBER}, {}),
+    "tool.start": ({"turn": COUNT, "id": STRING, "name": STRING, "input": {}}, {}),
+    "tool.end": ({"turn": COUNT, "id": STRING, "name": STRING, "is_error": BOOL,
+                  "declined": BOOL, "exit_code": nullable({"type": "integer"}), "bytes": COUNT,
+                  "seconds": NUMBER, "withheld": BOOL}, {}),
+    "turn.end": ({"turn": COUNT, "stop_reason": nullable(STRING), "usage": USAGE_SCHEMA,
+                  "request_id": nullable(STRING), "attempts": COUNT, "seconds": NUMBER,
+                  "api_seconds": NUMBER, "tool_calls": COUNT, "notes": array(STRING)}, {}),
+    "trial.start": ({"transcript": nullable(STRING)}, {}),
+    "trial.end": ({"index": COUNT, "stop": LABEL, "passed": BOOL, "turns": COUNT,
+                   "tokens": COUNT, "cost_usd": nullable(NUMBER), "seconds": NUMBER,
+                   "transcript": nullable(STRING)}, {}),
+    "trials.summary": ({"summary": {"type": "object"}}, {}),
+    "run.stop": ({"stop": nullable(LABEL), "detail": STRING, "exit_code": {"type": "integer"},
+                  "answer": nullable(STRING), "usage": nullable(USAGE_SCHEMA),
+                  "turns": nullable(COUNT), "seconds": nullable(NUMBER)}, {}),
+}
+EVENT_COMMON = {"type": {"enum": list(EVENT_TYPES)}, "seq": COUNT, "at": TIME, "run_id": STRING}
+EVENTS_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": f"agent.py event (one JSON Lines record), version {EVENTS_VERSION}",
+    "oneOf": [{**obj({**EVENT_COMMON, "type": {"const": kind}, **always},
+                     {"trial": COUNT, **maybe})} for kind, (always, maybe) in EVENT_TYPES.items()]}
+TRIAL_SCHEMA = obj({"index": COUNT, "stop": LABEL, "turns": COUNT, "tokens": COUNT,
+                    "cost_usd": nullable(NUMBER), "seconds": NUMBER, "passed": BOOL,
+                    "transcript": nullable(STRING)})
+SPREAD = obj({"mean": nullable(NUMBER), "median": nullable(NUMBER)})
+SUMMARY_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": f"agent.py trials summary, version {SUMMARY_VERSION}",
+    **obj({"version": {"const": SUMMARY_VERSION}, "kind": {"const": "trials"},
+           "agent_version": STRING, "requested": COUNT, "n": COUNT, "scored": COUNT,
+           "passes": COUNT, "failed": COUNT, "errored": COUNT, "pass@1": nullable(NUMBER),
+           "pass@1_wilson95": nullable({**array(NUMBER), "minItems": 2, "maxItems": 2}),
+           "pass_at_k": {"type": "object", "additionalProperties": NUMBER},
+           "pass_hat_k": {"type": "object", "additionalProperties": NUMBER},
+           "stops": {"type": "object", "additionalProperties": COUNT},
+           "per_trial": obj({k: SPREAD for k in ("turns", "tokens", "cost_usd", "seconds")}),
+           "tokens": COUNT, "cost_usd": nullable(NUMBER), "trials": array(TRIAL_SCHEMA),
+           "interrupted": BOOL})}
+SCHEMAS = {"transcript": TRANSCRIPT_SCHEMA, "events": EVENTS_SCHEMA, "summary": SUMMARY_SCHEMA}
+
+
+class Events:
+    """The event stream (--events): JSON Lines, each event written and flushed as it happens,
+    each with type, seq, at and run_id. Shared by concurrent trials, so it takes a lock. A
+    reader that goes away (a closed pipe) ends the stream, never the run."""
+
+    def __init__(self, stream, run_id):
+        self.stream, self.run_id, self.seq, self.lock = stream, run_id, 0, threading.Lock()
+
+    @classmethod
+    def open(cls, path, workdir, run_id):
+        """`-` is stdout; a file is created like a transcript: outside the workdir, no symlink."""
+        if path == "-":
+            return cls(sys.stdout.buffer, run_id)
+        out = OutputFile(path, workdir, "--events")
+        fd = os.open(out.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW |
+                     os.O_CLOEXEC, 0o600, dir_fd=out.dir_fd)
+        return cls(os.fdopen(fd, "wb"), run_id)
+
+    def emit(self, kind, trial=None, **fields):
+        with self.lock:
+            if self.stream is None:
+                return
+            self.seq += 1
+            event = {"type": kind, "seq": self.seq, "at": now(), "run_id": self.run_id}
+            event.update({"trial": trial} if trial else {}, **fields)
+            try:
+                self.stream.write(dump(event))
+                self.stream.flush()
+            except (OSError, ValueError):
+                self.stream = None
+
+    def close(self):
+        with self.lock:
+            if self.stream not in (None, sys.stdout.buffer):
+                self.stream.close()
+            self.stream = None
+
+
+def run_stop_event(report, stop, session, started):
+    """The event that always ends a stream: how the run stopped, with its totals."""
+    report.emit("run.stop", stop=stop.reason, detail=stop.detail,
+                exit_code=EXIT_CODES[stop.reason], answer=session and session.get("answer"),
+                usage=session["usage"] if session else empty_usage(),
+                turns=len(session["turns"]) if session else 0,
+                seconds=round(time.monotonic() - started, 3))
+
+
 def is_str(value, empty=False):
     return isinstance(value, str) and (empty or bool(value))
 
@@ -1832,18 +2087,271 @@ def trial_path(path, index):
     return str(p.with_name(f"{p.stem}.{index}{p.suffix}"))
 
 
+INFRA_STOPS = ("api_error", "error", "interrupted")  # the harness's or the network's, not the model's
+
+
+def wilson(passes, n, z=1.96):
+    """The Wilson score interval (95%) for a pass rate of passes/n."""
+    if n == 0:
+        return None
+    p, d = passes / n, 1 + z * z / n
+    centre, half = (p + z * z / (2 * n)) / d, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return [round(max(0.0, centre - half), 6), round(min(1.0, centre + half), 6)]
+
+
+def spread(values):
+    """Mean and median of the values that are known."""
+    known = [v for v in values if v is not None]
+    return {"mean": round(statistics.fmean(known), 6) if known else None,
+            "median": round(statistics.median(known), 6) if known else None}
+
+
 def summarize(trials, requested):
-    """The summary of finished trials: n, passes, pass@k and pass^k for every k, totals."""
-    n = len(trials)
-    c = sum(t["passed"] for t in trials)
+    """The summary of the trials that ran. Model failures (a trial that did not pass) are kept
+    apart from infrastructure failures (api_error, error, interrupted): pass@k and pass^k count
+    only the trials that finished without one, as tau-bench does."""
+    trials = sorted(trials, key=lambda t: t["index"])
+    scored = [t for t in trials if t["stop"] not in INFRA_STOPS]
+    n, c = len(scored), sum(t["passed"] for t in scored)
     costs = [t["cost_usd"] for t in trials]
-    return {"version": TRANSCRIPT_VERSION, "requested": requested, "n": n, "passes": c,
-            "pass@1": c / n if n else None,
+    return {"version": SUMMARY_VERSION, "kind": "trials", "agent_version": AGENT_VERSION,
+            "requested": requested, "n": len(trials), "scored": n, "passes": c,
+            "failed": n - c, "errored": len(trials) - n,
+            "pass@1": c / n if n else None, "pass@1_wilson95": wilson(c, n),
             "pass_at_k": {str(k): pass_at_k(n, c, k) for k in range(1, n + 1)},
             "pass_hat_k": {str(k): pass_hat_k(n, c, k) for k in range(1, n + 1)},
+            "stops": {label: sum(t["stop"] == label for t in trials)
+                      for label in sorted({t["stop"] for t in trials})},
+            "per_trial": {key: spread([t[key] for t in trials])
+                          for key in ("turns", "tokens", "cost_usd", "seconds")},
             "tokens": sum(t["tokens"] for t in trials),
             "cost_usd": None if None in costs else round(sum(costs), 10),
-            "trials": sorted(trials, key=lambda t: t["index"])}
+            "trials": trials}
+
+
+# --- report: one self-contained HTML file from a transcript or a trials summary ---
+#
+# Everything in a transcript is untrusted (the model wrote it, or a script rewrote it): every
+# string is HTML-escaped, and the page has no script at all and a Content-Security-Policy that
+# allows none, loads nothing (no font, image or style from anywhere) and submits nothing.
+
+CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:70em;color:#222}
+h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ddd}
+.q{font-size:1.1em;background:#f6f6f6;padding:.6em;white-space:pre-wrap}
+.cards{display:flex;flex-wrap:wrap;gap:.6em}.card{border:1px solid #ddd;border-radius:6px;
+padding:.4em .8em}.card b{display:block;font-size:1.2em}table{border-collapse:collapse}
+td,th{border-bottom:1px solid #eee;padding:.25em .6em;text-align:left;vertical-align:top}
+pre{white-space:pre-wrap;word-break:break-word;margin:.3em 0;background:#fafafa;padding:.4em}
+.ok{color:#176317}.error{color:#a11}.declined,.withheld{color:#8a5a00}.chip{display:inline-block;
+border:1px solid #ccc;border-radius:4px;padding:0 .4em;margin:.1em}.msg{margin:.6em 0}
+.role{font-weight:bold}.seg-input{fill:#4e79a7}.seg-write{fill:#f28e2b}.seg-read{fill:#59a14f}
+.seg-output{fill:#e15759}.cost{fill:none;stroke:#222;stroke-width:2}.axis{font-size:11px}
+.legend span{display:inline-block;width:.8em;height:.8em;margin:0 .3em 0 1em}
+.l-input{background:#4e79a7}.l-write{background:#f28e2b}.l-read{background:#59a14f}
+.l-output{background:#e15759}.l-cost{background:#222;height:.2em!important}
+.line-at{fill:none;stroke:#4e79a7;stroke-width:2}.line-hat{fill:none;stroke:#e15759;stroke-width:2}"""
+SEGMENTS = (("input_tokens", "input", "fresh input"), ("cache_creation_input_tokens", "write",
+            "cache writes"), ("cache_read_input_tokens", "read", "cache reads"),
+            ("output_tokens", "output", "output"))
+
+
+def esc(value):
+    return html.escape(str(value), quote=True)
+
+
+def num(value, default=0):
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+
+def money(value):
+    return "unknown" if not isinstance(value, (int, float)) else f"${value:.6f}"
+
+
+def page(title, body):
+    """The whole document: no script, nothing loaded, styles only through this nonce."""
+    nonce = uuid.uuid4().hex
+    policy = (f"default-src 'none'; style-src 'nonce-{nonce}'; img-src 'none'; script-src "
+              "'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+            f'<meta http-equiv="Content-Security-Policy" content="{policy}">'
+            f'<meta name="viewport" content="width=device-width"><title>{esc(title)}</title>'
+            f'<style nonce="{nonce}">{CSS}</style></head><body>{body}</body></html>\n')
+
+
+def token_chart(turns):
+    """Per-turn stacked bars of what each request cost in tokens, with the running cost."""
+    width, height, left, bottom = 760, 260, 60, 30
+    rows = [t for t in turns if isinstance(t, dict)]
+    peak = max([sum(num((t.get("usage") or {}).get(k)) for k, _, _ in SEGMENTS) for t in rows]
+               + [1])
+    costs, total = [], 0.0
+    for t in rows:
+        total += num((t.get("usage") or {}).get("cost_usd"))
+        costs.append(total)
+    step = (width - left - 20) / max(len(rows), 1)
+    bar = max(step * 0.7, 1)
+    parts = [f'<svg class="tokens" width="{width}" height="{height}" viewBox="0 0 {width} '
+             f'{height}" role="img" aria-label="tokens per turn">',
+             f'<text class="axis" x="4" y="14">{peak:,} tokens</text>',
+             f'<line x1="{left}" y1="{height - bottom}" x2="{width - 10}" y2="{height - bottom}" '
+             'stroke="#999"/>']
+    for i, t in enumerate(rows):
+        usage, y = t.get("usage") or {}, height - bottom
+        x = left + i * step + (step - bar) / 2
+        parts.append(f'<g class="turn">')
+        for key, cls, label in SEGMENTS:
+            h = num(usage.get(key)) / peak * (height - bottom - 20)
+            y -= h
+            parts.append(f'<rect class="bar seg-{cls}" x="{x:.1f}" y="{y:.1f}" width="{bar:.1f}" '
+                         f'height="{h:.1f}"><title>turn {esc(t.get("turn"))}: '
+                         f'{num(usage.get(key)):,} {label}</title></rect>')
+        parts.append(f'<text class="axis" x="{x + bar / 2:.1f}" y="{height - 12}" '
+                     f'text-anchor="middle">{esc(t.get("turn", i + 1))}</text></g>')
+    if total > 0:
+        points = " ".join(f"{left + i * step + step / 2:.1f},"
+                          f"{height - bottom - c / total * (height - bottom - 20):.1f}"
+                          for i, c in enumerate(costs))
+        parts.append(f'<polyline class="cost" points="{points}"><title>running cost, up to '
+                     f'{money(total)}</title></polyline>')
+        parts.append(f'<text class="axis" x="{width - 10}" y="14" text-anchor="end">'
+                     f'{money(total)}</text>')
+    legend = "".join(f'<span class="l-{cls}"></span>{label}' for _, cls, label in SEGMENTS)
+    return "".join(parts) + f'</svg><p class="legend">{legend}<span class="l-cost"></span>' \
+                            "running cost</p>"
+
+
+def block_html(block):
+    """One content block of the conversation; long and hidden things collapsed."""
+    kind = block.get("type")
+    if kind == "text":
+        return f"<pre>{esc(block.get('text', ''))}</pre>"
+    if kind == "tool_use":
+        return (f'<div><span class="chip">{esc(block.get("name"))}</span> <code>'
+                f'{esc(block.get("id"))}</code><pre>{esc(json.dumps(block.get("input"), ensure_ascii=False, indent=1))}</pre></div>')
+    if kind == "tool_result":
+        body = block.get("content")
+        body = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
+        state = "error" if block.get("is_error") else "ok"
+        return (f'<details><summary class="{state}">result for {esc(block.get("tool_use_id"))}'
+                f': {state}, {len(body):,} characters</summary><pre>{esc(body)}</pre></details>')
+    if kind == "thinking":
+        return (f"<details><summary>thinking</summary><pre>{esc(block.get('thinking', ''))}"
+                "</pre></details>")
+    return f"<details><summary>{esc(kind)}</summary><pre>{esc(json.dumps(block, ensure_ascii=False)[:5000])}</pre></details>"
+
+
+def run_report(t):
+    """The report of one run: what was asked, how it ended, what each turn cost and did."""
+    turns = [x for x in t.get("turns") or [] if isinstance(x, dict)]
+    usage, stop = t.get("usage") or {}, t.get("stop") or {}
+    prompt = sum(num(usage.get(k)) for k, _, _ in SEGMENTS[:3])
+    share = f"{num(usage.get('cache_read_input_tokens')) / prompt:.0%}" if prompt else "n/a"
+    seconds = sum(num(x.get("seconds")) for x in turns)
+    cards = [("stop", f"{stop.get('reason', 'running')} (exit {stop.get('exit_code', '?')})"),
+             ("turns", len(turns)), ("tokens", f"{num(usage.get('tokens')):,}"),
+             ("cost", money(usage.get("cost_usd"))), ("time", f"{seconds:.1f} s"),
+             ("cache-read share of the prompt", share)]
+    body = [f"<h1>agent.py run</h1><div class=\"q\">{esc(t.get('question', ''))}</div>",
+            f"<p>model <b>{esc(t.get('model'))}</b> · workdir <code>{esc(t.get('workdir'))}"
+            f"</code> · run <code>{esc(t.get('run_id', '?'))}</code> · started "
+            f"{esc(t.get('started_at', '?'))}</p>",
+            '<div class="cards">' + "".join(f'<div class="card">{esc(k)}<b>{esc(v)}</b></div>'
+                                             for k, v in cards) + "</div>",
+            f"<p>{esc(stop.get('detail', ''))}</p>"]
+    if t.get("answer"):
+        body.append(f"<h2>Answer</h2><pre>{esc(t['answer'])}</pre>")
+    body.append("<h2>Tokens per turn</h2>" + token_chart(turns))
+    rows = []
+    for x in turns:
+        u = x.get("usage") or {}
+        chips = []
+        for c in x.get("tool_calls") or []:
+            if not isinstance(c, dict):
+                continue
+            state = "declined" if c.get("declined") else "error" if c.get("is_error") else "ok"
+            chips.append(f'<span class="chip {state}">{esc(c.get("name"))} {state} '
+                         f'{num(c.get("seconds")):.2f}s</span>')
+        rows.append(f"<tr><td>{esc(x.get('turn'))}</td><td>{esc(x.get('stop_reason'))}</td>"
+                    f"<td>{num(u.get('tokens')):,}</td><td>{money(u.get('cost_usd'))}</td>"
+                    f"<td>{num(x.get('seconds')):.1f}s ({num(x.get('api_seconds')):.1f}s API)"
+                    f"</td><td>{''.join(chips)}</td></tr>")
+    body.append("<h2>Turns</h2><table><tr><th>turn</th><th>stop</th><th>tokens</th><th>cost"
+                "</th><th>time</th><th>tool calls</th></tr>" + "".join(rows) + "</table>")
+    body.append("<h2>Conversation</h2>")
+    for m in t.get("messages") or []:
+        if isinstance(m, dict):
+            blocks = [b for b in m.get("content") or [] if isinstance(b, dict)]
+            body.append(f'<div class="msg"><span class="role">{esc(m.get("role"))}</span>'
+                        + "".join(block_html(b) for b in blocks) + "</div>")
+    return page(f"agent.py run: {str(t.get('question', ''))[:80]}", "".join(body))
+
+
+def trials_report(summary, links):
+    """The report of --trials: pass@k and pass^k, and a row per trial linking to its report."""
+    at, hat = summary.get("pass_at_k") or {}, summary.get("pass_hat_k") or {}
+    ks = sorted((int(k) for k in at if str(k).isdigit()))
+    rows = "".join(f"<tr><td>{k}</td><td>{num(at.get(str(k))):.3f}</td><td>"
+                   f"{num(hat.get(str(k))):.3f}</td></tr>" for k in ks)
+    width, height = 360, 180
+    plot = [f'<svg class="passk" width="{width}" height="{height}" viewBox="0 0 {width} '
+            f'{height}" role="img" aria-label="pass@k and pass^k">']
+    for key, values in (("at", at), ("hat", hat)):
+        pts = " ".join(f"{30 + (k - 1) / max(len(ks) - 1, 1) * (width - 50):.1f},"
+                       f"{height - 20 - num(values.get(str(k))) * (height - 40):.1f}" for k in ks)
+        plot.append(f'<polyline class="line-{key}" points="{pts}"/>')
+    plot.append('<text class="axis" x="4" y="14">1.0</text><text class="axis" x="4" '
+                f'y="{height - 20}">0</text></svg><p class="legend"><span class="l-input">'
+                '</span>pass@k<span class="l-output"></span>pass^k</p>')
+    trials = []
+    for tr in summary.get("trials") or []:
+        if not isinstance(tr, dict):
+            continue
+        link = links.get(tr.get("index"))
+        name = f'<a href="{esc(link)}">trial {esc(tr.get("index"))}</a>' if link else \
+            f"trial {esc(tr.get('index'))}"
+        trials.append(f"<tr><td>{name}</td><td>{esc(tr.get('stop'))}</td><td class=\""
+                      f"{'ok' if tr.get('passed') else 'error'}\">{'pass' if tr.get('passed') else 'fail'}"
+                      f"</td><td>{esc(tr.get('turns'))}</td><td>{num(tr.get('tokens')):,}</td>"
+                      f"<td>{money(tr.get('cost_usd'))}</td></tr>")
+    interval = summary.get("pass@1_wilson95") or ["?", "?"]
+    head = (f"<h1>agent.py trials</h1><p>{esc(summary.get('n'))} of "
+            f"{esc(summary.get('requested'))} ran: {esc(summary.get('passes'))} passed, "
+            f"{esc(summary.get('failed'))} failed, {esc(summary.get('errored'))} errored "
+            f"(not counted in pass@k). pass@1 = {esc(summary.get('pass@1'))}, 95% Wilson "
+            f"interval {esc(interval[0])}–{esc(interval[1])}.</p>")
+    return page("agent.py trials", head + "<h2>pass@k and pass^k</h2><table><tr><th>k</th><th>"
+                "pass@k</th><th>pass^k</th></tr>" + rows + "</table>" + "".join(plot)
+                + "<h2>Trials</h2><table><tr><th>trial</th><th>stop</th><th>result</th><th>"
+                "turns</th><th>tokens</th><th>cost</th></tr>" + "".join(trials) + "</table>")
+
+
+def write_report(path, output=None):
+    """--report: render a transcript or a trials summary (and each trial it names) as HTML."""
+    try:
+        document = json.loads(Path(path).read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"--report: {path} does not exist")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UsageError(f"--report: {path} is not a readable JSON file ({e})")
+    if not isinstance(document, dict):
+        raise UsageError(f"--report: {path} is neither a transcript nor a trials summary")
+    target = Path(output or Path(path).with_suffix(".html"))
+    links, written = {}, []
+    if document.get("kind") == "trials":
+        for trial in document.get("trials") or []:
+            source = trial.get("transcript") if isinstance(trial, dict) else None
+            if isinstance(source, str) and Path(source).is_file():
+                page_path = target.with_name(f"{target.stem}.{trial.get('index')}.html")
+                try:
+                    written += write_report(source, page_path)
+                    links[trial.get("index")] = page_path.name
+                except UsageError:
+                    pass  # an unreadable trial transcript: its row has no link
+        text = trials_report(document, links)
+    else:
+        text = run_report(document)
+    OutputFile(target, None, "--report").write(text.encode("utf-8", "backslashreplace"))
+    return written + [str(target)]
 
 
 # --- CLI ---
@@ -1871,13 +2379,16 @@ def shorten(text, width):
 
 
 class Reporter:
-    """Progress, streamed text and prompts on stderr; whole lines under a lock for trials."""
+    """Progress, streamed text and prompts on stderr, whole lines under a lock for trials; and
+    the same moments as events, when an event stream is open."""
 
     lock = threading.Lock()
 
-    def __init__(self, quiet=False, prefix="", stream=None):
+    def __init__(self, quiet=False, prefix="", stream=None, events=None, trial=None):
         self.quiet, self.prefix, self.stream = quiet, prefix, stream or sys.stderr
+        self.events, self.trial, self.turn_no = events, trial, None
         self.pending = ""  # streamed text not yet ended by a newline
+        self.said = ""  # streamed text not yet sent as an event
 
     def write(self, text, always=False):
         if self.quiet and not always:
@@ -1886,12 +2397,25 @@ class Reporter:
             self.stream.write(text)
             self.stream.flush()
 
+    def emit(self, kind, **fields):
+        """An event, after any text streamed before it."""
+        if self.events:
+            if self.said and kind != "text":
+                self.emit("text", turn=self.turn_no, text=self.said)
+                self.said = ""
+            self.events.emit(kind, self.trial, **fields)
+
     def line(self, text, always=False):
         self.flush_text()
         self.write(f"{self.prefix}{visible(text)}\n", always)
 
     def text(self, delta):
         """Model text as it streams; with a prefix (concurrent trials) only whole lines."""
+        if self.events:  # coalesced: a paragraph, or 2000 characters, an event
+            self.said += delta
+            if len(self.said) >= 2000 or ("\n" in delta and len(self.said) >= 200):
+                self.events.emit("text", self.trial, turn=self.turn_no, text=self.said)
+                self.said = ""
         delta = visible(delta)
         self.pending += delta
         if not self.prefix:
@@ -1912,16 +2436,16 @@ class Reporter:
         self.line(text, always=True)
 
     def turn_start(self, turn):
-        pass  # the progress line comes with the reply
-
-    def turn_end(self, record):
-        pass
+        self.turn_no = turn
+        self.emit("turn.start", turn=turn)
 
     def retry(self, record, attempts):
         self.line(f"retrying in {record['delay']:.1f}s (attempt {record['attempt'] + 1} of "
                   f"{attempts}): {record['error']}")
+        self.emit("api.retry", turn=self.turn_no, **record)
 
     def turn(self, r):
+        """The progress line once a reply is in: tokens, cache, cost, time."""
         u = r["usage"]
         cost = " · cost unknown" if u["cost_usd"] is None else f" · ${u['cost_usd']:.6f}"
         self.line(f"turn {r['turn']}: {r['stop_reason']} · in {u['input_tokens']} "
@@ -1929,12 +2453,26 @@ class Reporter:
                   f"{u['cache_read_input_tokens']}) · out {u['output_tokens']}{cost} · "
                   f"{r['seconds']:.1f}s")
 
-    def tool(self, block, result, seconds):
+    def turn_end(self, r):
+        self.emit("turn.end", turn=r["turn"], stop_reason=r["stop_reason"], usage=r["usage"],
+                  request_id=r["request_id"], attempts=r["attempts"], seconds=r["seconds"],
+                  api_seconds=r["api_seconds"], tool_calls=len(r["tool_calls"]),
+                  notes=r["notes"])
+
+    def tool_start(self, block):
+        self.emit("tool.start", turn=self.turn_no, id=block["id"], name=block["name"],
+                  input=block.get("input"))
+
+    def tool(self, block, result, seconds, facts):
         args = shorten(json.dumps(block.get("input"), ensure_ascii=False), 100)
         lines = result["content"].strip().splitlines() if result.get("is_error") else []
         outcome = "error: " + shorten(lines[-1], 100) if lines else "error" if result.get(
             "is_error") else "ok"
         self.line(f"  {block['name']} {args} -> {outcome} ({seconds:.2f}s)")
+        self.emit("tool.end", turn=self.turn_no, id=block["id"], name=block["name"],
+                  is_error=bool(result.get("is_error")), declined=facts["declined"],
+                  exit_code=facts["exit_code"], bytes=size(result), seconds=round(seconds, 3),
+                  withheld=facts.get("withheld", False))
 
 
 def make_approver(yes, no_sandbox, sandbox, stdin):
@@ -2002,7 +2540,16 @@ def parse_args(argv):
     add("--expect-stop", metavar="LABEL", choices=list(EXIT_CODES), help="... and stopped so")
     add("--decline-message", metavar="TEXT", help="what a declined run_python call tells the "
                                                   "model (default: DECLINE_MESSAGE)")
+    add("--events", metavar="PATH", help="write the run's events as JSON Lines here, outside the "
+                                         "workdir; '-' for stdout (default: none)")
+    add("--schema", choices=list(SCHEMAS), help="print the JSON Schema of a transcript, an event "
+                                                "or a trials summary, and exit")
+    add("--report", metavar="JSON", help="write an HTML report of a transcript or trials summary, "
+                                         "and exit")
+    add("-o", "--output", metavar="HTML", help="where --report writes (default: JSON's name, .html)")
     args = p.parse_args(argv)
+    if args.schema or args.report:
+        return args
     for name in ("max_turns", "token_budget", "max_tokens", "jobs", "trials"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -2024,6 +2571,8 @@ def parse_args(argv):
         raise UsageError("--expect, --expect-tool and --expect-stop need --trials")
     if args.trials is not None and args.resume:
         raise UsageError("--trials cannot be combined with --resume")
+    if args.events == "-" and args.transcript == "-":
+        raise UsageError("--events - and --transcript - cannot share stdout")
     return args
 
 
@@ -2092,36 +2641,53 @@ def make_client(config, limits):
 
 
 def print_summary(summary, report):
-    report.line(f"trials: {summary['n']} run, {summary['passes']} passed, "
-                f"pass@1 = {summary['pass@1']:.3f}" if summary["n"] else "trials: none finished",
-                always=True)
-    if summary["n"]:
-        report.line("   k   pass@k   pass^k", always=True)
+    say = lambda text: report.line(text, always=True)  # noqa: E731
+    low_high = summary["pass@1_wilson95"]
+    say(f"trials: {summary['n']} of {summary['requested']} ran: {summary['passes']} passed, "
+        f"{summary['failed']} failed, {summary['errored']} errored (api_error, error, "
+        "interrupted: not counted below)")
+    if summary["scored"]:
+        say(f"pass@1 = {summary['pass@1']:.3f} (95% Wilson interval {low_high[0]:.3f}-"
+            f"{low_high[1]:.3f}) over {plural(summary['scored'], 'scored trial')}")
+        say("   k   pass@k   pass^k")
         for k in summary["pass_at_k"]:
-            report.line(f"{k:>4}   {summary['pass_at_k'][k]:.3f}    {summary['pass_hat_k'][k]:.3f}",
-                        always=True)
-    cost = "unknown" if summary["cost_usd"] is None else f"${summary['cost_usd']:.4f}"
-    report.line(f"total: {summary['tokens']} tokens, {cost}", always=True)
+            say(f"{k:>4}   {summary['pass_at_k'][k]:.3f}    {summary['pass_hat_k'][k]:.3f}")
+    say("stops: " + ", ".join(f"{label} {n}" for label, n in summary["stops"].items()))
+    per = summary["per_trial"]
+    money = lambda v: "unknown" if v is None else f"${v:.4f}"  # noqa: E731
+    for key, show in (("turns", "{:.1f}"), ("tokens", "{:.0f}"), ("seconds", "{:.1f}")):
+        if per[key]["mean"] is not None:
+            say(f"per trial: {key} mean {show.format(per[key]['mean'])}, median "
+                f"{show.format(per[key]['median'])}")
+    say(f"per trial: cost mean {money(per['cost_usd']['mean'])}, median "
+        f"{money(per['cost_usd']['median'])}; total {summary['tokens']} tokens, "
+        f"{money(summary['cost_usd'])}")
 
 
-def run_trials(args, client, model, workdir, limits, ctx, output):
+def run_trials(args, client, model, workdir, limits, ctx, output, events):
     """Run the question --trials times as fresh sessions, --jobs at once; summarize."""
     expect = {"regex": args.expect, "tool": args.expect_tool, "stop": args.expect_stop}
     ctx = replace(ctx, cancel=threading.Event())
     results, pool = [], ThreadPoolExecutor(max_workers=args.jobs)
 
     def trial(index):
-        report = Reporter(args.quiet, prefix=f"[trial {index}] " if args.jobs > 1 else "")
+        report = Reporter(args.quiet, prefix=f"[trial {index}] " if args.jobs > 1 else "",
+                          events=events, trial=index)
         out = OutputFile(trial_path(output.path, index), workdir) if output else None
-        session = new_session(args.question, model, workdir, args.effort)
+        session = new_session(args.question, model, workdir, args.effort,
+                              events.run_id if events else None)
+        session["trial"] = index
+        report.emit("trial.start", transcript=str(out.path) if out else None)
+        started = time.monotonic()
         stop = drive(client, session, limits, ctx, report, lambda s: out and out.write(dump(s)))
         report.line(f"trial {index}: {stop.reason} ({stop.detail})", always=True)
-        if stop.reason != "interrupted":
-            results.append({"index": index, "stop": stop.reason, "turns": len(session["turns"]),
-                            "tokens": session["usage"]["tokens"],
-                            "cost_usd": session["usage"]["cost_usd"],
-                            "passed": passed(session, expect),
-                            "transcript": str(out.path) if out else None})
+        results.append({"index": index, "stop": stop.reason, "turns": len(session["turns"]),
+                        "tokens": session["usage"]["tokens"],
+                        "cost_usd": session["usage"]["cost_usd"],
+                        "seconds": round(time.monotonic() - started, 3),
+                        "passed": passed(session, expect),
+                        "transcript": str(out.path) if out else None})
+        report.emit("trial.end", **results[-1])
 
     futures = [pool.submit(trial, i) for i in range(1, args.trials + 1)]
     interrupted = False
@@ -2137,10 +2703,12 @@ def run_trials(args, client, model, workdir, limits, ctx, output):
     pool.shutdown(wait=False, cancel_futures=True)
     summary = summarize(results, args.trials)
     summary["interrupted"] = interrupted
-    report = Reporter(args.quiet)
+    report = Reporter(args.quiet, events=events)
     print_summary(summary, report)
     if interrupted:
-        report.line(f"interrupted: {len(results)} of {args.trials} trials finished", always=True)
+        finished = sum(r["stop"] != "interrupted" for r in results)
+        report.line(f"interrupted: {finished} of {args.trials} trials finished", always=True)
+    report.emit("trials.summary", summary=summary)
     if args.transcript == "-":
         sys.stdout.flush()
         sys.stdout.buffer.write(dump(summary))
@@ -2148,8 +2716,13 @@ def run_trials(args, client, model, workdir, limits, ctx, output):
     elif output:
         output.write(dump(summary))
     if interrupted:
-        return EXIT_CODES["interrupted"]
-    return 0 if summary["passes"] == summary["n"] == args.trials else EXIT_TRIALS_FAILED
+        code, label = EXIT_CODES["interrupted"], "interrupted"
+    else:
+        code = 0 if summary["passes"] == summary["n"] == args.trials else EXIT_TRIALS_FAILED
+        label = None
+    report.emit("run.stop", stop=label, detail=f"{summary['passes']} of {args.trials} trials "
+                "passed", exit_code=code, answer=None, usage=None, turns=None, seconds=None)
+    return code
 
 
 def plural(n, word):
@@ -2168,11 +2741,18 @@ def shown_on_terminal(report):
 
 def main(argv=None, client=None, stdin=None):
     """Parse flags, run one session (or trials), print the answer; return the exit code."""
-    report = Reporter()
+    report, events, run_id = Reporter(), None, uuid.uuid4().hex
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="backslashreplace")  # a lone surrogate must not crash it
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
+        if args.schema:
+            print(json.dumps(SCHEMAS[args.schema], indent=2))
+            return 0
+        if args.report:
+            for written in write_report(args.report, args.output):
+                report.line(f"report: {written}", always=True)
+            return 0
         report.quiet = args.quiet
         session = prepare_resume(load_transcript(args.resume), args.question) \
             if args.resume else None
@@ -2197,6 +2777,7 @@ def main(argv=None, client=None, stdin=None):
                         tool_timeout=args.tool_timeout, request_timeout=args.request_timeout)
         if client is None:
             client = make_client(config, limits)
+        events = Events.open(args.events, workdir, run_id) if args.events else None
     except UsageError as e:
         report.error(f"agent.py: {e}")
         return EXIT_USAGE
@@ -2205,19 +2786,31 @@ def main(argv=None, client=None, stdin=None):
     except Exception as e:  # a bug: say it in one line rather than a traceback
         report.error(f"agent.py: internal error: {type(e).__name__}: {e}")
         return EXIT_CODES["error"]
+    report.events = events
     if base_model(model) not in PRICING:
         report.error(f"note: no price is known for {model}; cost_usd will be null")
-    sandbox = Sandbox(workdir, not args.no_sandbox, limits,
-                      lambda status: report.line(status, always=True))  # never hidden
+
+    def sandbox_status(status):  # what guards run_python is never hidden
+        report.line(status, always=True)
+        report.emit("sandbox", status=status, confined=bool(sandbox.confined))
+
+    sandbox = Sandbox(workdir, not args.no_sandbox, limits, sandbox_status)
     approve = make_approver(args.yes, args.no_sandbox, sandbox, stdin or sys.stdin)
     ctx = ToolContext(workdir, limits, sandbox, approve, args.decline_message or DECLINE_MESSAGE)
+    started = time.monotonic()
+    report.emit("run.start", schema_version=EVENTS_VERSION, agent_version=AGENT_VERSION,
+                model=model, workdir=str(workdir), question=args.question,
+                limits=asdict(limits), sandbox={"enabled": not args.no_sandbox,
+                                                "status": "proven at the first run_python call"},
+                **({"resumed_from": args.resume} if args.resume else {}),
+                **({"trials": args.trials} if args.trials else {}))
     try:
         if args.trials:
-            return run_trials(args, client, model, workdir, limits, ctx, output)
+            return run_trials(args, client, model, workdir, limits, ctx, output, events)
         if session is None:
-            session = new_session(args.question, model, workdir, args.effort)
+            session = new_session(args.question, model, workdir, args.effort, run_id)
         else:
-            session.update(model=model, workdir=str(workdir),
+            session.update(model=model, workdir=str(workdir), run_id=run_id,
                            effort=args.effort or session.get("effort"))
             report.line(f"resuming {args.resume}: {plural(len(session['turns']), 'turn')} so "
                         f"far; workdir {workdir}; model {model}", always=True)
@@ -2232,18 +2825,19 @@ def main(argv=None, client=None, stdin=None):
             sys.stdout.flush()
             sys.stdout.buffer.write(dump(session))
             sys.stdout.flush()
-        elif session["answer"] and not shown_on_terminal(report):
+        elif session["answer"] and args.events != "-" and not shown_on_terminal(report):
             print(visible(session["answer"]) if sys.stdout.isatty() else session["answer"])
+        run_stop_event(report, stop, session, started)
         return EXIT_CODES[stop.reason]
-    except OSError as e:  # e.g. the disk filled up under the transcript
-        report.error(f"agent.py: {e}")
-        return EXIT_CODES["error"]
-    except KeyboardInterrupt:
-        report.error("agent.py: interrupted")
-        return EXIT_CODES["interrupted"]
-    except Exception as e:  # a bug: say it in one line rather than a traceback
-        report.error(f"agent.py: internal error: {type(e).__name__}: {e}")
-        return EXIT_CODES["error"]
+    except BaseException as e:  # the disk filled up, Ctrl-C outside a turn, a bug: one line
+        stop = Stop("interrupted", "stopped by Ctrl-C") if isinstance(e, KeyboardInterrupt) \
+            else Stop("error", f"{type(e).__name__}: {e}")
+        report.error(f"agent.py: {'interrupted' if stop.reason == 'interrupted' else 'internal error: ' + stop.detail}")
+        run_stop_event(report, stop, session, started)
+        return EXIT_CODES[stop.reason]
+    finally:
+        if events:
+            events.close()
 
 
 def on_sigterm(signum, frame):

@@ -35,7 +35,7 @@ def ctx(workdir, tmp_path):
 
 
 def call(ctx, name, **args):
-    return agent.call_tool(tool_use(name, args), ctx)
+    return agent.call_tool(tool_use(name, args), ctx)[0]
 
 
 # --- tools: read_file ---
@@ -143,12 +143,12 @@ def test_unknown_tool_lists_the_real_ones(ctx):
     ({"path": "a", "mode": "r"}, "no argument 'mode'"),
 ])
 def test_arguments_are_checked_even_though_the_schema_says_required(ctx, args, fragment):
-    result = agent.call_tool(tool_use("read_file", args), ctx)
+    result, _ = agent.call_tool(tool_use("read_file", args), ctx)
     assert result["is_error"] and fragment in result["content"]
 
 
 def test_input_that_is_not_an_object_is_an_error(ctx):
-    result = agent.call_tool(tool_use("run_python", "print(1)"), ctx)
+    result, _ = agent.call_tool(tool_use("run_python", "print(1)"), ctx)
     assert result["is_error"] and "takes an object" in result["content"]
 
 
@@ -951,6 +951,7 @@ def test_ctrl_c_stops_trials_and_keeps_what_finished(capsys, workdir, tmp_path):
     assert code == 130 and time.monotonic() - started < 8
     assert "interrupted: 1 of 3 trials finished" in err
     summary = json.loads(path.read_text())
-    assert summary["n"] == 1 and summary["interrupted"] is True
+    assert summary["interrupted"] is True and summary["n"] == 2  # one finished, one cut short
+    assert (summary["scored"], summary["errored"], summary["passes"]) == (1, 1, 1)
     assert json.loads((tmp_path / "run.2.json").read_text())["stop"]["reason"] == "interrupted"
     assert not (tmp_path / "run.3.json").exists()

@@ -194,6 +194,17 @@ attempt("socket_inet", lambda: socket.socket(socket.AF_INET) and "ok")
 attempt("socket_netlink", lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW) and "ok")
 attempt("socket_unix", lambda: socket.socket(socket.AF_UNIX) and "ok")
 attempt("socketpair", lambda: socket.socketpair() and "ok")
+attempt("socketpair_dgram", lambda: socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM) and "ok")
+attempt("bind_abstract", lambda: socket.socketpair()[0].bind(b"\\0agent-test-squat") or "ok")
+import fcntl
+directory = os.open("/usr/lib", os.O_RDONLY)
+attempt("dnotify", lambda: fcntl.fcntl(directory, 1026, 0x80000001) and "ok")
+attempt("lease", lambda: fcntl.fcntl(readonly, 1024, fcntl.F_RDLCK) and "ok")
+attempt("io_setup", lambda: sc("io_setup", 1, buf))
+attempt("inotify_init1", lambda: sc("inotify_init1", 0))
+mine = os.open("scores.csv", os.O_RDONLY)
+attempt("enable_verity", lambda: ioctl(mine, 0x40806685, buf))
+attempt("encryption_key", lambda: ioctl(mine, 0xC0506617, buf))
 attempt("future_syscall", lambda: sc(470))
 caps = (ctypes.c_uint32 * 6)()
 libc.syscall(ctypes.c_long(NR["capget"]), (ctypes.c_uint32 * 2)(0x20080522, 0), caps)
@@ -213,17 +224,20 @@ REFUSED = {  # route -> the errno that says the sandbox stopped it
         "process_vm_readv kcmp pidfd_open_agent prlimit_agent_cpu prlimit_agent_fsize "
         "setpriority_agent setpriority_user ioprio_agent affinity_agent signal_agent signal_init "
         "mknod_char mknod_block chattr fssetxattr file_setattr tiocsti msgget shmget semget "
-        "mq_open io_uring open_by_handle_at setsid".split(), "EPERM"),
+        "mq_open io_uring open_by_handle_at setsid dnotify lease io_setup inotify_init1 "
+        "enable_verity encryption_key".split(), "EPERM"),
     "iopl": "EPERM" if MACHINE == "x86_64" else "n/a",
     "clone3": "ENOSYS",  # so glibc falls back to clone, whose flags the filter reads
     "future_syscall": "ENOSYS",
     "socket_inet": "EACCES", "socket_netlink": "EACCES",
     "socket_unix": "EACCES",  # named unix sockets are open to Landlock only from ABI 9
+    "socketpair_dgram": "EACCES",  # its sendto would reach /dev/log and the like
+    "bind_abstract": "EACCES",  # squatting a name the host's programs use
 }
 STILL_ALLOWED = ("prlimit_self", "setpriority_self", "mkfifo", "socketpair")
 
 
-def probe_code(workdir):
+def probe_code(workdir):  # the workdir must hold scores.csv
     column = agent.ARCHES[MACHINE][1]
     numbers = {name: nrs[column] for name, nrs in agent.SYSCALLS.items()}
     return PROBE.format(NR=repr(numbers), AGENT=os.getpid())
@@ -235,6 +249,7 @@ def probed(tmp_path_factory):
     if ABI < 6:
         pytest.skip(f"needs Landlock ABI >= 6 on Linux (have {ABI})")
     wd = tmp_path_factory.mktemp("probe")
+    (wd / "scores.csv").write_text("name,score\n")
     run = agent.execute(probe_code(wd), wd, new_box(wd), 30, 100_000)
     assert run.code == 0, run.stderr
     return json.loads(run.stdout)
@@ -265,6 +280,7 @@ def test_the_same_holds_when_the_agent_is_an_ordinary_user():
         pytest.skip("no /usr/bin/python3 an ordinary user can run")
     nobody = pwd.getpwnam("nobody")
     wd = Path(agent.tempfile.mkdtemp(prefix="agent-test-nobody-", dir="/tmp"))
+    (wd / "scores.csv").write_text("name,score\n")
     os.chown(wd, nobody.pw_uid, nobody.pw_gid)
     try:
         ordinary_user_probe(python, nobody, wd)
@@ -327,7 +343,7 @@ def test_the_filter_allows_the_harmless_forms(machine):
                ("socket", [1])]  # AF_UNIX only as far as the caller allows it (below)
     for name, args in allowed[:-1]:
         assert bpf.run(prog, nr(name), arch, args) == ("allow",), name
-    assert bpf.run(prog, 0, arch) == ("allow",)  # read (0) or io_setup (0 on aarch64)
+    assert bpf.run(prog, {"x86_64": 39, "aarch64": 172}[machine], arch) == ("allow",)  # getpid
     assert bpf.run(prog, nr("socket"), arch, [1]) == ("errno", agent.EACCES)
     with_unix = agent.seccomp_filter(machine, allow_unix_sockets=True)
     assert bpf.run(with_unix, nr("socket"), arch, [1]) == ("allow",)
@@ -429,13 +445,88 @@ def test_kill_9_of_the_agent_takes_the_script_and_its_traces_with_it(workdir, tm
 
 @needs_landlock
 def test_dev_shm_is_private_to_the_call_and_gone_after_it(box, workdir):
-    if not box.private_shm:
+    if not box.mounts:
         pytest.skip("no mount namespace here: /dev/shm is not writable instead")
     before = set(os.listdir("/dev/shm"))
     first = execute(box, workdir, "open('/dev/shm/left-behind', 'w').write('x'); print('ok')")
     second = execute(box, workdir, "import os; print(os.listdir('/dev/shm'))")
     assert first.stdout == "ok\n" and second.stdout == "[]\n"
     assert set(os.listdir("/dev/shm")) == before
+
+
+DEEP_MESS = ("import os\n"
+             "os.chdir(os.environ['HOME'])\n"
+             "for _ in range(1200):\n"  # deeper than shutil.rmtree can recurse
+             "    os.mkdir('d' * 200)\n"  # and longer than PATH_MAX, all together
+             "    os.chdir('d' * 200)\n"
+             "open('blob', 'wb').write(b'x' * (8 << 20))\n"
+             "os.mkdir('shut', 0o000)\n"
+             "print(os.environ['HOME'])\n")
+
+
+@needs_landlock
+@pytest.mark.parametrize("mounts", [True, False], ids=["tmpfs", "on-disk"])
+def test_a_deep_mess_in_home_is_gone_after_the_call(workdir, mounts):
+    box = new_box(workdir)
+    if mounts and not box.mounts:
+        pytest.skip("no mount namespace here")
+    box.mounts = mounts
+    run = execute(box, workdir, DEEP_MESS, timeout=60)
+    assert run.code == 0, run.stderr
+    root = Path(run.stdout.strip()).parent.parent
+    deadline = time.monotonic() + 30  # the keeper may still be removing it
+    while root.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not root.exists()
+
+
+@needs_landlock
+def test_the_scratch_space_is_capped(workdir):
+    box = new_box(workdir, scratch_mb=16)
+    if not box.mounts:
+        pytest.skip("no mount namespace here: home is on disk, capped only per file")
+    run = execute(box, workdir, "import os\n"
+                                "p = os.path.join(os.environ['HOME'], 'big')\n"
+                                "try:\n"
+                                "    open(p, 'wb').write(b'x' * (32 << 20))\n"
+                                "except OSError as e:\n"
+                                "    print(e.errno)\n")
+    assert run.stdout.strip() == "28"  # ENOSPC
+
+
+def test_remove_tree_takes_any_shape(tmp_path):
+    root = tmp_path / "mess"
+    deep = root
+    for _ in range(30):
+        deep = deep / ("n" * 200)
+    os.makedirs(root)
+    fd = os.open(root, os.O_RDONLY)
+    for _ in range(30):  # names longer than PATH_MAX in all, made one level at a time
+        os.mkdir("n" * 200, dir_fd=fd)
+        nxt = os.open("n" * 200, os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+    os.close(fd)
+    (root / "shut").mkdir(0o000)
+    (root / "link").symlink_to(tmp_path)  # never followed
+    (tmp_path / "keep.txt").write_text("keep")
+    agent.remove_tree(str(root))
+    assert not root.exists() and (tmp_path / "keep.txt").exists()
+
+
+@needs_landlock
+def test_a_call_whose_cgroup_cannot_be_made_is_refused(workdir, monkeypatch):
+    box = new_box(workdir)
+    if not box.cgroup:
+        pytest.skip("no cgroup here")
+
+    def refuse(cgroup, limits):
+        raise OSError(17, "File exists")
+
+    monkeypatch.setattr(agent, "make_cgroups", refuse)
+    with pytest.raises(agent.ToolError, match="not run without its caps"):
+        execute(box, workdir, "open('ran', 'w')")
+    assert not (workdir / "ran").exists()
 
 
 # --- what runs is what was approved ---
@@ -574,7 +665,7 @@ def test_the_status_line_names_every_layer(box):
     assert box.status.startswith(f"sandbox: landlock ABI {ABI} (fs, tcp, scope)")
     assert "+ seccomp, no capabilities" in box.status
     assert ("cgroup v" in box.status) is bool(box.cgroup)
-    assert ("private /dev/shm" in box.status) is box.private_shm
+    assert ("private 1024 MiB tmpfs" in box.status) is box.mounts
 
 
 @needs_landlock
@@ -641,8 +732,10 @@ def test_stdin_is_empty_and_rlimits_are_set(box, workdir):
                                 "print(resource.getrlimit(resource.RLIMIT_AS)[0] >> 30,\n"
                                 "      resource.getrlimit(resource.RLIMIT_CORE),\n"
                                 "      resource.getrlimit(resource.RLIMIT_FSIZE)[0] >> 30,\n"
-                                "      resource.getrlimit(resource.RLIMIT_CPU)[0])")
-    assert run.stdout.split("\n")[:2] == ["''", "4 (0, 0) 1 35"]
+                                "      resource.getrlimit(resource.RLIMIT_CPU)[0],\n"
+                                "      resource.getrlimit(resource.RLIMIT_SIGPENDING)[0])")
+    # core 1, not 0: a limit of 1 also stops a core_pattern pipe helper from being started
+    assert run.stdout.split("\n")[:2] == ["''", "4 (1, 1) 1 35 256"]
 
 
 def test_timeout_kills_the_whole_group(box, workdir):

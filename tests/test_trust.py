@@ -32,7 +32,7 @@ def ctx_for(workdir, tmp_path, **limits):
 
 
 def read(ctx, path, **args):
-    return agent.call_tool(tool_use("read_file", {"path": path, **args}), ctx)
+    return agent.call_tool(tool_use("read_file", {"path": path, **args}), ctx)[0]
 
 
 # --- secrets never reach the model or the transcript ---
@@ -245,7 +245,7 @@ import agent
 from pathlib import Path
 ctx = agent.ToolContext(Path({str(wd)!r}), agent.Limits(), None, approve=None)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-results = [agent.call_tool({{"id": "t", "name": "read_file", "input": {{"path": "huge.txt"}}}}, ctx)
+results = [agent.call_tool({{"id": "t", "name": "read_file", "input": {{"path": "huge.txt"}}}}, ctx)[0]
            for _ in range(2)]
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before, results[0]["content"][-90:])
 """
