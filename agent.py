@@ -24,6 +24,7 @@ import json
 import math
 import os
 import platform
+import queue
 import re
 import resource
 import select
@@ -225,13 +226,13 @@ class ToolContext:
 
 
 RESOLVE_NO_MAGICLINKS, RESOLVE_BENEATH = 0x02, 0x08  # openat2(2)
+LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 def openat2(dir_fd, path, flags, resolve):
     """openat2(2) through ctypes (Linux 5.6+): the kernel resolves `path` under `resolve` rules."""
     how = struct.pack("QQQ", flags, 0, resolve)
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = libc.syscall(ctypes.c_long(437), ctypes.c_long(dir_fd), os.fsencode(path),
+    fd = LIBC.syscall(ctypes.c_long(437), ctypes.c_long(dir_fd), os.fsencode(path),
                       ctypes.c_char_p(how), ctypes.c_long(len(how)))
     if fd < 0:
         err = ctypes.get_errno()
@@ -1369,34 +1370,47 @@ class StreamStalled(Exception):
 
 class Watchdog:
     """Shuts a stream's socket once no event has come for `seconds`: a server that sends only
-    pings, or nothing, cannot hold a turn forever. poke() on every event."""
+    pings, or nothing, cannot hold a turn forever. poke() on every event. One thread, started
+    once, patrols every stream of the process."""
+
+    active, lock, patrolling = set(), threading.Lock(), False
 
     def __init__(self, stream, seconds):
-        self.stream, self.seconds, self.fired = stream, seconds, False
-        self.last, self.done = time.monotonic(), threading.Event()
-        threading.Thread(target=self.watch, daemon=True).start()
+        self.stream, self.seconds, self.fired, self.last = stream, seconds, False, time.monotonic()
+        with Watchdog.lock:
+            Watchdog.active.add(self)
+            if not Watchdog.patrolling:
+                Watchdog.patrolling = True
+                threading.Thread(target=Watchdog.patrol, daemon=True).start()
 
     def poke(self):
         self.last = time.monotonic()
 
-    def watch(self):
-        while not self.done.wait(min(1.0, self.seconds / 4)):
-            if time.monotonic() - self.last > self.seconds:
-                self.fired = True
-                sock = None
-                try:  # shutdown, not close: it wakes a read blocked in another thread
-                    network = self.stream.response.extensions.get("network_stream")
-                    sock = network.get_extra_info("socket") if network else None
-                    if sock is not None:
-                        sock.shutdown(socket.SHUT_RDWR)
-                    else:
-                        self.stream.close()
-                except Exception:
-                    pass
-                return
-
     def stop(self):
-        self.done.set()
+        with Watchdog.lock:
+            Watchdog.active.discard(self)
+
+    @staticmethod
+    def patrol():
+        while True:
+            time.sleep(0.2)
+            with Watchdog.lock:
+                due = {w for w in Watchdog.active if time.monotonic() - w.last > w.seconds}
+                Watchdog.active -= due
+            for watch in due:
+                watch.fire()
+
+    def fire(self):
+        self.fired = True
+        try:  # shutdown, not close: it wakes a read blocked in another thread
+            network = self.stream.response.extensions.get("network_stream")
+            sock = network.get_extra_info("socket") if network else None
+            if sock is not None:
+                sock.shutdown(socket.SHUT_RDWR)
+            else:
+                self.stream.close()
+        except Exception:
+            pass
 
 
 def stream_once(client, request, report, cancel, stall):
@@ -1653,6 +1667,7 @@ def run_session(client, session, limits, ctx, report, save):
         stop = check_stop(reply.message, content, turn, last_turn, used, limits, reply.cut)
         tool_uses = [] if stop else [b for b in content if b["type"] == "tool_use"]
         if tool_uses:  # pause_turn has none: the paused content itself is the next request's end
+            save.wait()  # the transcript on disk is never behind a side effect
             results, record["tool_calls"] = run_tools(tool_uses, ctx, report)
             session["messages"].append({"role": "user", "content": results})
         record["seconds"] = round(time.monotonic() - started, 3)  # tools included
@@ -1722,6 +1737,7 @@ def drive(client, session, limits, ctx, report, save):
     session["usage"] = total_usage(session)
     session["ended_at"] = now()
     save(session)
+    save.wait()
     return stop
 
 
@@ -1839,8 +1855,9 @@ TRANSCRIPT_SCHEMA = {
     **obj({"version": {"const": TRANSCRIPT_VERSION}, "model": STRING,
            "effort": nullable({"enum": list(EFFORTS)}), "system": STRING,
            "tools": array({"type": "object"}), "workdir": STRING, "question": STRING,
-           "messages": array(obj({"role": {"enum": ["user", "assistant"]},
-                                  "content": {**array(obj({"type": STRING})), "minItems": 1}})),
+           "messages": array(obj({"role": {"enum": ["user", "assistant"]}, "content": {
+               **array({**obj({"type": STRING}), "additionalProperties": True}),  # API blocks
+               "minItems": 1}})),
            "turns": array(obj(
                {"turn": COUNT, "stop_reason": nullable(STRING), "usage": USAGE_SCHEMA,
                 "request_id": nullable(STRING), "seconds": NUMBER,
@@ -1908,13 +1925,46 @@ SUMMARY_SCHEMA = {
 SCHEMAS = {"transcript": TRANSCRIPT_SCHEMA, "events": EVENTS_SCHEMA, "summary": SUMMARY_SCHEMA}
 
 
+class Saver:
+    """Keeps a transcript on disk, off the loop's path: save() takes the snapshot (one line of
+    JSON) at once and a thread writes it while the next request is on the wire. wait() returns
+    when everything saved is on disk, raising what a write raised; the loop waits before any
+    tool runs, so the file is never behind a side effect, and at the end."""
+
+    def __init__(self, output):
+        self.output, self.queue, self.error = output, queue.Queue(), None
+        if output:
+            threading.Thread(target=self.work, daemon=True).start()
+
+    def __call__(self, document):
+        if self.output:
+            self.queue.put(dump(document))
+
+    def work(self):
+        while True:
+            data = self.queue.get()
+            try:
+                if self.error is None:
+                    self.output.write(data)
+            except OSError as e:
+                self.error = e
+            finally:
+                self.queue.task_done()
+
+    def wait(self):
+        self.queue.join()
+        if self.error:
+            raise self.error
+
+
 class Events:
     """The event stream (--events): JSON Lines, each event written and flushed as it happens,
     each with type, seq, at and run_id. Shared by concurrent trials, so it takes a lock. A
     reader that goes away (a closed pipe) ends the stream, never the run."""
 
-    def __init__(self, stream, run_id):
+    def __init__(self, stream, run_id, owned=False):
         self.stream, self.run_id, self.seq, self.lock = stream, run_id, 0, threading.Lock()
+        self.owned = owned  # a file of its own to close, not stdout
 
     @classmethod
     def open(cls, path, workdir, run_id):
@@ -1924,7 +1974,7 @@ class Events:
         out = OutputFile(path, workdir, "--events")
         fd = os.open(out.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW |
                      os.O_CLOEXEC, 0o600, dir_fd=out.dir_fd)
-        return cls(os.fdopen(fd, "wb"), run_id)
+        return cls(os.fdopen(fd, "wb"), run_id, owned=True)
 
     def emit(self, kind, trial=None, **fields):
         with self.lock:
@@ -1941,7 +1991,7 @@ class Events:
 
     def close(self):
         with self.lock:
-            if self.stream not in (None, sys.stdout.buffer):
+            if self.stream is not None and self.owned:
                 self.stream.close()
             self.stream = None
 
@@ -2167,11 +2217,20 @@ def money(value):
     return "unknown" if not isinstance(value, (int, float)) else f"${value:.6f}"
 
 
+def fields(value):
+    """An object of the document, or an empty one: a forged file may put anything anywhere."""
+    return value if isinstance(value, dict) else {}
+
+
+def items(value):
+    return [x for x in value if isinstance(x, dict)] if isinstance(value, list) else []
+
+
 def page(title, body):
     """The whole document: no script, nothing loaded, styles only through this nonce."""
     nonce = uuid.uuid4().hex
     policy = (f"default-src 'none'; style-src 'nonce-{nonce}'; img-src 'none'; script-src "
-              "'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+              "'none'; base-uri 'none'; form-action 'none'")
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
             f'<meta http-equiv="Content-Security-Policy" content="{policy}">'
             f'<meta name="viewport" content="width=device-width"><title>{esc(title)}</title>'
@@ -2181,12 +2240,12 @@ def page(title, body):
 def token_chart(turns):
     """Per-turn stacked bars of what each request cost in tokens, with the running cost."""
     width, height, left, bottom = 760, 260, 60, 30
-    rows = [t for t in turns if isinstance(t, dict)]
-    peak = max([sum(num((t.get("usage") or {}).get(k)) for k, _, _ in SEGMENTS) for t in rows]
+    rows = items(turns)
+    peak = max([sum(num(fields(t.get("usage")).get(k)) for k, _, _ in SEGMENTS) for t in rows]
                + [1])
     costs, total = [], 0.0
     for t in rows:
-        total += num((t.get("usage") or {}).get("cost_usd"))
+        total += num(fields(t.get("usage")).get("cost_usd"))
         costs.append(total)
     step = (width - left - 20) / max(len(rows), 1)
     bar = max(step * 0.7, 1)
@@ -2196,7 +2255,7 @@ def token_chart(turns):
              f'<line x1="{left}" y1="{height - bottom}" x2="{width - 10}" y2="{height - bottom}" '
              'stroke="#999"/>']
     for i, t in enumerate(rows):
-        usage, y = t.get("usage") or {}, height - bottom
+        usage, y = fields(t.get("usage")), height - bottom
         x = left + i * step + (step - bar) / 2
         parts.append(f'<g class="turn">')
         for key, cls, label in SEGMENTS:
@@ -2226,8 +2285,11 @@ def block_html(block):
     if kind == "text":
         return f"<pre>{esc(block.get('text', ''))}</pre>"
     if kind == "tool_use":
+        given = block.get("input")
+        shown = given["code"] if isinstance(given, dict) and isinstance(given.get("code"), str) \
+            else json.dumps(given, ensure_ascii=False, indent=1)  # code as code, the rest as JSON
         return (f'<div><span class="chip">{esc(block.get("name"))}</span> <code>'
-                f'{esc(block.get("id"))}</code><pre>{esc(json.dumps(block.get("input"), ensure_ascii=False, indent=1))}</pre></div>')
+                f'{esc(block.get("id"))}</code><pre>{esc(shown)}</pre></div>')
     if kind == "tool_result":
         body = block.get("content")
         body = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
@@ -2242,8 +2304,7 @@ def block_html(block):
 
 def run_report(t):
     """The report of one run: what was asked, how it ended, what each turn cost and did."""
-    turns = [x for x in t.get("turns") or [] if isinstance(x, dict)]
-    usage, stop = t.get("usage") or {}, t.get("stop") or {}
+    turns, usage, stop = items(t.get("turns")), fields(t.get("usage")), fields(t.get("stop"))
     prompt = sum(num(usage.get(k)) for k, _, _ in SEGMENTS[:3])
     share = f"{num(usage.get('cache_read_input_tokens')) / prompt:.0%}" if prompt else "n/a"
     seconds = sum(num(x.get("seconds")) for x in turns)
@@ -2261,15 +2322,16 @@ def run_report(t):
     if t.get("answer"):
         body.append(f"<h2>Answer</h2><pre>{esc(t['answer'])}</pre>")
     body.append("<h2>Tokens per turn</h2>" + token_chart(turns))
+    calls_input = {str(b.get("id")): json.dumps(b.get("input"), ensure_ascii=False)
+                   for m in items(t.get("messages")) for b in items(m.get("content"))
+                   if b.get("type") == "tool_use"}  # each call's input, for its preview
     rows = []
     for x in turns:
-        u = x.get("usage") or {}
-        chips = []
-        for c in x.get("tool_calls") or []:
-            if not isinstance(c, dict):
-                continue
+        u, chips = fields(x.get("usage")), []
+        for c in items(x.get("tool_calls")):
             state = "declined" if c.get("declined") else "error" if c.get("is_error") else "ok"
-            chips.append(f'<span class="chip {state}">{esc(c.get("name"))} {state} '
+            chips.append(f'<span class="chip {state}">{esc(c.get("name"))} '
+                         f'{esc(shorten(calls_input.get(str(c.get("id")), ""), 60))} · {state} · '
                          f'{num(c.get("seconds")):.2f}s</span>')
         rows.append(f"<tr><td>{esc(x.get('turn'))}</td><td>{esc(x.get('stop_reason'))}</td>"
                     f"<td>{num(u.get('tokens')):,}</td><td>{money(u.get('cost_usd'))}</td>"
@@ -2278,17 +2340,15 @@ def run_report(t):
     body.append("<h2>Turns</h2><table><tr><th>turn</th><th>stop</th><th>tokens</th><th>cost"
                 "</th><th>time</th><th>tool calls</th></tr>" + "".join(rows) + "</table>")
     body.append("<h2>Conversation</h2>")
-    for m in t.get("messages") or []:
-        if isinstance(m, dict):
-            blocks = [b for b in m.get("content") or [] if isinstance(b, dict)]
-            body.append(f'<div class="msg"><span class="role">{esc(m.get("role"))}</span>'
-                        + "".join(block_html(b) for b in blocks) + "</div>")
+    for m in items(t.get("messages")):
+        body.append(f'<div class="msg"><span class="role">{esc(m.get("role"))}</span>'
+                    + "".join(block_html(b) for b in items(m.get("content"))) + "</div>")
     return page(f"agent.py run: {str(t.get('question', ''))[:80]}", "".join(body))
 
 
 def trials_report(summary, links):
     """The report of --trials: pass@k and pass^k, and a row per trial linking to its report."""
-    at, hat = summary.get("pass_at_k") or {}, summary.get("pass_hat_k") or {}
+    at, hat = fields(summary.get("pass_at_k")), fields(summary.get("pass_hat_k"))
     ks = sorted((int(k) for k in at if str(k).isdigit()))
     rows = "".join(f"<tr><td>{k}</td><td>{num(at.get(str(k))):.3f}</td><td>"
                    f"{num(hat.get(str(k))):.3f}</td></tr>" for k in ks)
@@ -2303,9 +2363,7 @@ def trials_report(summary, links):
                 f'y="{height - 20}">0</text></svg><p class="legend"><span class="l-input">'
                 '</span>pass@k<span class="l-output"></span>pass^k</p>')
     trials = []
-    for tr in summary.get("trials") or []:
-        if not isinstance(tr, dict):
-            continue
+    for tr in items(summary.get("trials")):
         link = links.get(tr.get("index"))
         name = f'<a href="{esc(link)}">trial {esc(tr.get("index"))}</a>' if link else \
             f"trial {esc(tr.get('index'))}"
@@ -2313,7 +2371,8 @@ def trials_report(summary, links):
                       f"{'ok' if tr.get('passed') else 'error'}\">{'pass' if tr.get('passed') else 'fail'}"
                       f"</td><td>{esc(tr.get('turns'))}</td><td>{num(tr.get('tokens')):,}</td>"
                       f"<td>{money(tr.get('cost_usd'))}</td></tr>")
-    interval = summary.get("pass@1_wilson95") or ["?", "?"]
+    interval = summary.get("pass@1_wilson95")
+    interval = interval if isinstance(interval, list) and len(interval) == 2 else ["?", "?"]
     head = (f"<h1>agent.py trials</h1><p>{esc(summary.get('n'))} of "
             f"{esc(summary.get('requested'))} ran: {esc(summary.get('passes'))} passed, "
             f"{esc(summary.get('failed'))} failed, {esc(summary.get('errored'))} errored "
@@ -2338,13 +2397,13 @@ def write_report(path, output=None):
     target = Path(output or Path(path).with_suffix(".html"))
     links, written = {}, []
     if document.get("kind") == "trials":
-        for trial in document.get("trials") or []:
-            source = trial.get("transcript") if isinstance(trial, dict) else None
-            if isinstance(source, str) and Path(source).is_file():
-                page_path = target.with_name(f"{target.stem}.{trial.get('index')}.html")
+        for trial in items(document.get("trials")):
+            source, index = trial.get("transcript"), trial.get("index")
+            if isinstance(source, str) and type(index) is int and Path(source).is_file():
+                page_path = target.with_name(f"{target.stem}.{index}.html")  # an int: no path
                 try:
                     written += write_report(source, page_path)
-                    links[trial.get("index")] = page_path.name
+                    links[index] = page_path.name
                 except UsageError:
                     pass  # an unreadable trial transcript: its row has no link
         text = trials_report(document, links)
@@ -2679,7 +2738,7 @@ def run_trials(args, client, model, workdir, limits, ctx, output, events):
         session["trial"] = index
         report.emit("trial.start", transcript=str(out.path) if out else None)
         started = time.monotonic()
-        stop = drive(client, session, limits, ctx, report, lambda s: out and out.write(dump(s)))
+        stop = drive(client, session, limits, ctx, report, Saver(out))
         report.line(f"trial {index}: {stop.reason} ({stop.detail})", always=True)
         results.append({"index": index, "stop": stop.reason, "turns": len(session["turns"]),
                         "tokens": session["usage"]["tokens"],
@@ -2814,8 +2873,7 @@ def main(argv=None, client=None, stdin=None):
                            effort=args.effort or session.get("effort"))
             report.line(f"resuming {args.resume}: {plural(len(session['turns']), 'turn')} so "
                         f"far; workdir {workdir}; model {model}", always=True)
-        stop = drive(client, session, limits, ctx, report,
-                     lambda s: output and output.write(dump(s)))
+        stop = drive(client, session, limits, ctx, report, Saver(output))
         report.flush_text()
         u, turns = session["usage"], plural(len(session["turns"]), "turn")
         cost = "cost unknown" if u["cost_usd"] is None else f"${u['cost_usd']:.6f}"

@@ -2,9 +2,11 @@
 
     .venv/bin/python tests/bench_loop.py [--turns 100]
 
-Reports (a) the harness's own time per turn next to a bare SDK loop sending the same
-requests, (b) input tokens billed with prompt caching and without, and (c) the bytes
-sent per request as the session grows. Tokens are estimated as bytes/4 of the prompt
+Reports (a) agent.py's time per turn, with --transcript and --events, next to a bare SDK
+loop sending the same requests (rounds alternated, ratio of medians), (b) the time from
+starting the process to its first request, against a bare SDK script, (c) input tokens
+billed with prompt caching and without, and (d) the bytes sent per request as the session
+grows. Tokens are estimated as bytes/4 of the prompt
 (system + tools + messages); the stand-in treats the previous request's prompt as cached
 when the new one starts with it, as the API's cache_control does (no minimum length).
 Not part of the test run.
@@ -15,6 +17,8 @@ import io
 import json
 import os
 import platform
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -60,47 +64,98 @@ class CachingStandIn:
                 "stop_reason": "end_turn", "usage": usage}
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--turns", type=int, default=100)
-    args = parser.parse_args()
-    workspace = Path(__file__).resolve().parent.parent / "workspace"
-    timings = {}
-    for label, keep in (("with --transcript", True), ("without", False)):
-        stand_in = CachingStandIn(args.turns)
-        with FakeAPI([stand_in] * (args.turns + 1)) as api, tempfile.TemporaryDirectory() as tmp:
-            client = agent.make_client({"ANTHROPIC_API_KEY": "bench", "ANTHROPIC_BASE_URL": api.url,
-                                        "ANTHROPIC_MODEL": None})
-            argv = ["q", "--workdir", str(workspace), "--quiet", "--no-sandbox",
-                    "--max-turns", str(args.turns + 2)]
-            argv += ["--transcript", os.path.join(tmp, "bench.json")] if keep else []
-            started = time.perf_counter()
-            with redirect_stderr(io.StringIO()), redirect_stdout(io.StringIO()):
-                code = agent.main(argv, client=client)
-            timings[label] = time.perf_counter() - started
-            assert code == 0, f"the harness exited {code}"
-            requests = list(api.requests)
-
-    bare_stand_in = CachingStandIn(args.turns)
-    with FakeAPI([bare_stand_in] * len(requests)) as api:
+def harness_round(turns, workspace):
+    """One 100-turn session through agent.main, keeping a transcript and an event stream."""
+    stand_in = CachingStandIn(turns)
+    with FakeAPI([stand_in] * (turns + 1)) as api, tempfile.TemporaryDirectory() as tmp:
         client = agent.make_client({"ANTHROPIC_API_KEY": "bench", "ANTHROPIC_BASE_URL": api.url,
-                                    "ANTHROPIC_MODEL": None})
+                                    "ANTHROPIC_MODEL": None}, agent.Limits())
+        argv = ["q", "--workdir", str(workspace), "--quiet", "--no-sandbox",
+                "--max-turns", str(turns + 2), "--transcript", os.path.join(tmp, "bench.json"),
+                "--events", os.path.join(tmp, "bench.events.jsonl")]
         started = time.perf_counter()
-        for body in requests:  # the same requests, with no harness around them
+        with redirect_stderr(io.StringIO()), redirect_stdout(io.StringIO()):
+            code = agent.main(argv, client=client)
+        seconds = time.perf_counter() - started
+        assert code == 0, f"the harness exited {code}"
+        return seconds, list(api.requests), stand_in
+
+
+def bare_round(requests):
+    """The same requests through the SDK with no harness around them: the floor."""
+    with FakeAPI([CachingStandIn(len(requests))] * len(requests)) as api:
+        client = agent.make_client({"ANTHROPIC_API_KEY": "bench", "ANTHROPIC_BASE_URL": api.url,
+                                    "ANTHROPIC_MODEL": None}, agent.Limits())
+        started = time.perf_counter()
+        for body in requests:
             body = {k: v for k, v in body.items() if k != "stream"}
             with client.messages.stream(**body) as stream:
                 for _ in stream:
                     pass
                 stream.get_final_message()
-        bare = time.perf_counter() - started
+        return time.perf_counter() - started
 
+
+BARE_FIRST = """
+import sys, anthropic
+client = anthropic.Anthropic(api_key="bench", base_url=sys.argv[1], max_retries=0)
+with client.messages.stream(model="claude-haiku-5-5", max_tokens=16000, messages=[
+        {"role": "user", "content": [{"type": "text", "text": "q"}]}],
+        cache_control={"type": "ephemeral"}) as stream:
+    stream.get_final_message()
+"""
+
+
+def first_request(argv, env):
+    """Seconds from starting a process to its first request reaching the server."""
+    seen = []
+
+    def answer(body):
+        seen.append(time.perf_counter())
+        return {"id": "msg_1", "type": "message", "role": "assistant",
+                "model": body["model"], "content": [{"type": "text", "text": "ok"}],
+                "stop_reason": "end_turn", "usage": {"input_tokens": 1, "output_tokens": 1}}
+
+    with FakeAPI([answer]) as api:
+        started = time.perf_counter()
+        subprocess.run([a.replace("{url}", api.url) for a in argv], env=dict(
+            env, ANTHROPIC_BASE_URL=api.url), capture_output=True, check=True, timeout=60)
+        return seen[0] - started
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--turns", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    root = Path(__file__).resolve().parent.parent
+    workspace = root / "workspace"
+    harness, bare = [], []
+    for _ in range(args.rounds):  # alternated, so that the machine's drift hits both alike
+        seconds, requests, stand_in = harness_round(args.turns, workspace)
+        harness.append(seconds)
+        bare.append(bare_round(requests))
     n = len(requests)
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
           f"{platform.python_version()}, {time.strftime('%Y-%m-%d')}")
-    harness = " and ".join(f"{t / n * 1000:.2f} ms/turn {label}" for label, t in timings.items())
-    ratio = timings["with --transcript"] / bare
-    print(f"(a) {n} requests: harness {harness}; bare SDK loop {bare / n * 1000:.2f} ms/request; "
-          f"ratio {ratio:.2f} with the transcript, {timings['without'] / bare:.2f} without")
+    h, b = statistics.median(harness), statistics.median(bare)
+    print(f"(a) {n} requests, {args.rounds} alternated rounds: agent.py with --transcript and "
+          f"--events {h / n * 1000:.2f} ms/turn, bare SDK loop {b / n * 1000:.2f} ms/request "
+          f"(medians); ratio {h / b:.3f}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC")}
+    env["ANTHROPIC_API_KEY"] = "bench-key-0123456789"
+    starts = {"agent.py": [], "bare": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(10):
+            starts["agent.py"].append(first_request(
+                [sys.executable, str(root / "agent.py"), "q", "--workdir", str(workspace),
+                 "--quiet", "--transcript", os.path.join(tmp, "t.json"), "--events",
+                 os.path.join(tmp, "e.jsonl")], env))
+            starts["bare"].append(first_request([sys.executable, "-c", BARE_FIRST, "{url}"], env))
+    first = {k: statistics.median(v) for k, v in starts.items()}
+    print(f"(b) time to the first request, median of 10 alternated process starts: agent.py "
+          f"{first['agent.py'] * 1000:.0f} ms, bare SDK script {first['bare'] * 1000:.0f} ms, "
+          f"difference {(first['agent.py'] - first['bare']) * 1000:+.0f} ms")
     uncached = sum(total for total, _, _ in stand_in.bills)
     read = sum(u["cache_read_input_tokens"] for _, u, _ in stand_in.bills)
     write = sum(u["cache_creation_input_tokens"] for _, u, _ in stand_in.bills)
@@ -108,12 +163,12 @@ def main():
     price = agent.PRICING["claude-haiku-5-5"][0][1]
     with_cache = (plain * price.input + write * price.write_5m + read * price.read) / 1e6
     without = uncached * price.input / 1e6
-    print(f"(b) prompt tokens over the session: {uncached} without caching (all billed as "
+    print(f"(c) prompt tokens over the session: {uncached} without caching (all billed as "
           f"input, ${without:.4f} on Haiku 5.5); with caching {plain} input + {write} cache "
           f"writes + {read} cache reads = ${with_cache:.4f} ({with_cache / without:.0%})")
     marks = sorted({1, 10, 25, 50, n // 2, n} & set(range(1, n + 1)))
     sizes = ", ".join(f"#{i}: {stand_in.bills[i - 1][2] / 1024:.1f} KiB" for i in marks)
-    print(f"(c) bytes sent per request: {sizes}")
+    print(f"(d) bytes sent per request: {sizes}")
 
 
 if __name__ == "__main__":

@@ -2,11 +2,13 @@
 real API would reject, and nothing left behind in the temp directory."""
 
 import ipaddress
+import json
 import os
 import socket
 import tempfile
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 import agent
@@ -77,6 +79,56 @@ def no_rejected_requests():
     rejected = [v for c in fakes.ALL_CLIENTS if not getattr(c, "expect_rejection", False)
                 for v in c.violations]
     assert not rejected, f"the API would reject a request: {rejected}"
+
+
+def strict(schema):
+    """The published schema, with no field allowed that it does not name: what agent.py
+    writes today must all be documented (readers of a version should still let new ones by)."""
+    if isinstance(schema, dict):
+        schema = {k: strict(v) for k, v in schema.items()}
+        if "properties" in schema:
+            schema.setdefault("additionalProperties", False)
+    elif isinstance(schema, list):
+        schema = [strict(v) for v in schema]
+    return schema
+
+
+VALIDATORS = {name: jsonschema.Draft202012Validator(strict(schema),
+                                                    format_checker=jsonschema.FormatChecker())
+              for name, schema in agent.SCHEMAS.items()}
+
+
+def kind_of(document):
+    if isinstance(document, dict):
+        if document.get("kind") == "trials":
+            return "summary"
+        if "seq" in document and "type" in document:
+            return "events"
+        if "messages" in document:
+            return "transcript"
+    return None
+
+
+def schema_errors(document, kind=None):
+    kind = kind or kind_of(document)
+    return [f"{kind}: {'/'.join(map(str, e.absolute_path))}: {e.message}"
+            for e in VALIDATORS[kind].iter_errors(document)] if kind else []
+
+
+@pytest.fixture(autouse=True)
+def documents_match_their_schema(monkeypatch):
+    """Every transcript, event and trials summary a test makes agent.py write is checked
+    against the schema `python agent.py --schema` publishes."""
+    real, errors = agent.dump, []
+
+    def dump(document):
+        data = real(document)
+        errors.extend(schema_errors(json.loads(data)))
+        return data
+
+    monkeypatch.setattr(agent, "dump", dump)
+    yield
+    assert not errors, errors[:5]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -72,6 +72,13 @@ class Truncated:
         self.message = message
 
 
+class Chunked:
+    """A reply whose text streams in deltas of `size` characters, as a long answer does."""
+
+    def __init__(self, message, size=5):
+        self.message, self.size = message, size
+
+
 class FakeStream:
     def __init__(self, item):
         self.item = item
@@ -85,9 +92,12 @@ class FakeStream:
 
     def __iter__(self):
         message = getattr(self.item, "message", self.item)
+        size = getattr(self.item, "size", None)
         for block in message["content"]:
             if block["type"] == "text" and block["text"]:
-                yield SimpleNamespace(type="text", text=block["text"])
+                step = size or len(block["text"])
+                for i in range(0, len(block["text"]), step):
+                    yield SimpleNamespace(type="text", text=block["text"][i:i + step])
         if isinstance(self.item, Midstream):
             raise self.item.error
         if not isinstance(self.item, Truncated):

@@ -476,7 +476,7 @@ def drive(client, workdir, tmp_path, **limits):
     limits = agent.Limits(retry_base=0.0, **limits)
     ctx = agent.ToolContext(Path(os.path.realpath(workdir)), limits, unconfined(tmp_path),
                             approve=lambda c: True)
-    stop = agent.drive(client, session, limits, ctx, Silent(quiet=True), lambda s: None)
+    stop = agent.drive(client, session, limits, ctx, Silent(quiet=True), agent.Saver(None))
     return stop, session
 
 
@@ -544,17 +544,23 @@ def test_transcript_schema(capsys, workdir, tmp_path):
                           "messages": follow}) is None
 
 
-def test_transcript_is_rewritten_after_every_turn(capsys, workdir, tmp_path):
-    path, seen = tmp_path / "run.json", []
+def test_the_transcript_is_on_disk_before_any_tool_runs(capsys, workdir, tmp_path,
+                                                         monkeypatch):
+    path, seen, real = tmp_path / "run.json", [], agent.run_tools
 
-    def peek(request):
-        seen.append(json.loads(path.read_text()))
-        return reply(text("done"))
+    def peek(blocks, ctx, report):  # what a crash during these tools would leave on disk
+        seen.append(json.loads(path.read_text()) if path.exists() else None)
+        return real(blocks, ctx, report)
 
-    client = FakeClient(reply(tool_use("read_file", {"path": "notes.md"})), peek)
+    monkeypatch.setattr(agent, "run_tools", peek)
+    client = FakeClient(reply(tool_use("read_file", {"path": "notes.md"})),
+                        reply(tool_use("read_file", {"path": "scores.csv"})),
+                        reply(text("done")))
     run(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)], client)
-    assert len(seen[0]["turns"]) == 1 and seen[0]["stop"] is None
-    assert seen[0]["messages"][-1]["content"][0]["type"] == "tool_result"
+    assert seen[0] is None  # nothing done yet that a crash could lose
+    assert len(seen[1]["turns"]) == 1 and seen[1]["stop"] is None  # all of turn 1, results too
+    assert seen[1]["messages"][-1]["content"][0]["type"] == "tool_result"
+    assert json.loads(path.read_text())["stop"]["reason"] == "end_turn"
 
 
 def test_transcript_write_is_atomic(tmp_path):

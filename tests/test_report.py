@@ -1,0 +1,163 @@
+"""The one-file HTML report: from a transcript or a trials summary, untrusted content kept inert,
+checked as text and in a real headless browser."""
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+import agent
+from fakes import FakeAPIError, FakeClient, reply, text, tool_use
+from test_agent import run
+
+HOSTILE = "</pre><script>window.__pwned = 1</script><img src=x onerror=\"window.__pwned=2\">"
+
+
+def a_run(capsys, workdir, tmp_path, name="run.json"):
+    """A four-turn run whose tool output and answer carry markup meant to run in a browser."""
+    (workdir / "evil.md").write_text(f"# notes\n{HOSTILE}\n")
+    path = tmp_path / name
+    client = FakeClient(
+        reply(text("Reading."), tool_use("read_file", {"path": "scores.csv"}),
+              input_tokens=671, output_tokens=60),
+        reply(tool_use("read_file", {"path": "evil.md"}), tool_use("read_file", {"path": "no.md"}),
+              input_tokens=20, output_tokens=70, write=751),
+        reply(tool_use("run_python", {"code": "print('<b>bold</b>')"}), input_tokens=15,
+              output_tokens=50, read=751, write=300),
+        reply(text(f"Done. {HOSTILE}"), input_tokens=12, output_tokens=40, read=1051, write=80))
+    code, _, _ = run(capsys, ["q <i>?</i>", "--workdir", str(workdir), "--yes", "--no-sandbox",
+                              "--transcript", str(path)], client)
+    assert code == 0
+    return path
+
+
+def report(capsys, source, *extra):
+    code = agent.main(["--report", str(source), *extra])
+    assert code == 0, capsys.readouterr().err
+    return capsys.readouterr().err
+
+
+def test_a_run_report_is_self_contained_and_inert(capsys, workdir, tmp_path):
+    source = a_run(capsys, workdir, tmp_path)
+    err = report(capsys, source)
+    page = (tmp_path / "run.html").read_text()
+    assert f"report: {tmp_path / 'run.html'}" in err
+    assert "<script" not in page and "onerror=\"" not in page
+    assert "&lt;script&gt;window.__pwned" in page and "q &lt;i&gt;?&lt;/i&gt;" in page
+    policy = re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', page)[1]
+    assert "default-src 'none'" in policy and "script-src 'none'" in policy
+    assert not re.search(r"""(src|href)=["']?(https?:|//)""", page)  # nothing fetched
+    assert page.count('class="turn"') == 4 and page.count('class="bar ') == 16
+    assert "read_file" in page and "error" in page and "cost" in page
+
+
+def test_the_report_shows_the_token_growth(capsys, workdir, tmp_path):
+    source = a_run(capsys, workdir, tmp_path)
+    report(capsys, source, "-o", str(tmp_path / "out.html"))
+    page = (tmp_path / "out.html").read_text()
+    heights = [float(h) for h in re.findall(r'class="bar seg-read"[^>]* height="([\d.]+)"', page)]
+    assert heights[0] == 0 and heights[3] > heights[2] > 0  # cache reads grow turn by turn
+    assert "cache-read share" in page and "running cost" in page
+
+
+def test_a_trials_report_links_a_report_per_trial(capsys, workdir, tmp_path):
+    summary = tmp_path / "trials.json"
+    client = FakeClient(reply(text("42")), FakeAPIError(400, "invalid_request_error", "bad"),
+                        reply(text("41")))
+    run(capsys, ["q", "--workdir", str(workdir), "--trials", "3", "--expect", "42",
+                 "--transcript", str(summary)], client)
+    err = report(capsys, summary)
+    page = (tmp_path / "trials.html").read_text()
+    assert "pass@k" in page and "pass^k" in page and 'class="passk"' in page
+    for i in (1, 2, 3):
+        assert f'href="trials.{i}.html"' in page and (tmp_path / f"trials.{i}.html").exists()
+    assert "1 errored" in page and err.count("report:") == 4
+
+
+@pytest.mark.parametrize("document", [
+    {"messages": "no", "turns": [1, None, {"usage": "x"}], "stop": ["?"], "question": 5},
+    {"kind": "trials", "trials": [None, {"index": "<b>", "transcript": "/etc/passwd"}],
+     "pass_at_k": {"x": "y"}},
+    {}])
+def test_a_malformed_document_still_gives_a_page(capsys, tmp_path, document):
+    source = tmp_path / "odd.json"
+    source.write_text(json.dumps(document))
+    report(capsys, source)
+    page = (tmp_path / "odd.html").read_text()
+    assert page.startswith("<!doctype html>") and "<script" not in page
+
+
+def test_a_report_of_something_else_is_a_usage_error(capsys, tmp_path):
+    (tmp_path / "list.json").write_text("[1, 2]")
+    for source in (tmp_path / "list.json", tmp_path / "missing.json"):
+        assert agent.main(["--report", str(source)]) == 2
+    assert "neither a transcript" in capsys.readouterr().err
+
+
+# --- in a real browser ---
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--host-resolver-rules=MAP * ~NOTFOUND"]  # no DNS lookup at all, loopback or not
+CSP_HOOK = ("window.__csp = []; document.addEventListener('securitypolicyviolation', "
+            "e => window.__csp.push(e.violatedDirective));")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    playwright = pytest.importorskip("playwright.sync_api", reason="no playwright installed")
+    if not CHROMIUM:
+        pytest.skip("no chromium installed (.ci/run installs Debian's)")
+    with playwright.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+def open_page(browser, path, shot):
+    context = browser.new_context(viewport={"width": 1100, "height": 900})
+    page, seen = context.new_page(), {"console": [], "errors": [], "requests": []}
+    page.on("console", lambda m: seen["console"].append((m.type, m.text)))
+    page.on("pageerror", lambda e: seen["errors"].append(str(e)))
+    context.on("request", lambda r: seen["requests"].append(r.url))
+    page.add_init_script(CSP_HOOK)
+    page.goto(Path(path).resolve().as_uri(), wait_until="load")
+    page.wait_for_timeout(100)
+    seen["bars"] = page.evaluate("document.querySelectorAll('svg.tokens rect.bar').length")
+    seen["turns"] = page.evaluate("document.querySelectorAll('svg.tokens g.turn').length")
+    seen["pwned"] = page.evaluate("typeof window.__pwned !== 'undefined'")
+    seen["csp"] = page.evaluate("window.__csp")
+    page.screenshot(path=str(shot), full_page=True)
+    context.close()
+    return seen
+
+
+def test_the_report_in_headless_chromium(browser, capsys, workdir, tmp_path):
+    source = a_run(capsys, workdir, tmp_path)
+    report(capsys, source)
+    seen = open_page(browser, tmp_path / "run.html", tmp_path / "run.png")
+    assert seen["console"] == [] and seen["errors"] == []
+    assert seen["requests"] == [(tmp_path / "run.html").resolve().as_uri()]  # the file only
+    assert (seen["bars"], seen["turns"]) == (16, 4)
+    assert seen["pwned"] is False and seen["csp"] == []
+    assert (tmp_path / "run.png").stat().st_size > 10_000
+    if os.environ.get("UPDATE_SCREENSHOT"):
+        shutil.copy(tmp_path / "run.png", Path(agent.__file__).parent / "docs" / "report.png")
+
+
+def test_the_policy_stops_a_script_that_got_in_anyway(browser, capsys, workdir, tmp_path):
+    """A second line of defence: were escaping ever to fail, the page still runs nothing."""
+    source = a_run(capsys, workdir, tmp_path)
+    report(capsys, source)
+    page = (tmp_path / "run.html").read_text()
+    (tmp_path / "broken.html").write_text(page.replace(
+        "<h1>", "<script>window.__pwned = 3</script><img src=x onerror=\"window.__pwned=4\">"
+                "<h1>", 1))
+    seen = open_page(browser, tmp_path / "broken.html", tmp_path / "broken.png")
+    assert seen["pwned"] is False
+    assert "script-src-elem" in seen["csp"] or "script-src" in seen["csp"]
+    assert [u for u in seen["requests"] if not u.startswith("file://")] == []
