@@ -90,6 +90,10 @@ class Limits:
     max_tokens: int = 16_000  # output cap per response; doubled once for a cut tool call
     max_attempts: int = 5  # HTTP requests per turn, retries included
     request_timeout: float = 180.0  # seconds a streamed reply may go without an event, pings aside
+    clear_at: int | None = None  # prompt tokens that trigger clearing old tool results; None: never
+    keep_results: int = 3  # the newest tool results, never cleared
+    clear_at_least: int = 10_000  # tokens a clearing must free, or it waits: it breaks the cache
+    context_edit: str = "client"  # who clears: agent.py ("client") or the API ("server", beta)
     retry_base: float = 0.5  # first backoff in seconds; doubles per retry
     tool_timeout: float = 30.0  # seconds per run_python call
     output_chars: int = 30_000  # run_python output kept for the model, head + tail
@@ -110,20 +114,21 @@ class Price:
     read: float
 
 
-# USD per million tokens, as billed on the Claude API. Checked 2026-12-02 on
-# platform.claude.com/docs/en/about-claude/pricing ("Model pricing") and the model overview
-# pages (models/<model>/overview). Haiku 5.5 bills a request whose prompt (input + cache
-# reads + cache writes) exceeds 100,000 tokens at its second band, output included. Fable 5.2
-# (released 2026-11-09) is taken from its launch notes: $8 / $40, writes $10 / $16, reads $0.20.
-# Third-party trackers report a Sonnet 5.5 cache-read cut to $0.10 from 2026-10-07; the
-# overview page still says $0.20, which is used here.
+# USD per million tokens, as billed on the Claude API. Checked 2026-12-02 against
+# platform.claude.com/docs/en/about-claude/pricing ("Model pricing"), its release notes and the
+# model overview pages (models/<model>/overview). Haiku 5.5 bills a request whose prompt (input
+# + cache reads + cache writes) exceeds 100,000 tokens at its second band, output included.
+# Sonnet 5.5's cache reads cost $0.10 since 2026-10-07 (release notes of that day: "lowered ...
+# from $0.20 USD to $0.10 USD per million tokens"; the pricing page's footnote agrees; older
+# copies of the overview page still say $0.20). Fable 5.2 (released 2026-11-09): $8 / $40 from
+# the pricing page; its cache rates ($10 / $16 writes, $0.20 reads) only from trackers so far.
 # Each entry: ((prompt tokens up to, price), ...); None means no upper bound.
 _OPUS_4 = ((None, Price(5.00, 25.00, 6.25, 10.00, 0.50)),)
 _SONNET_4 = ((None, Price(3.00, 15.00, 3.75, 6.00, 0.30)),)
 PRICING = {
     "claude-haiku-5-5": ((100_000, Price(0.10, 0.50, 0.125, 0.20, 0.01)),
                          (None, Price(0.50, 2.50, 0.625, 1.00, 0.05))),
-    "claude-sonnet-5-5": ((None, Price(2.00, 10.00, 2.50, 4.00, 0.20)),),
+    "claude-sonnet-5-5": ((None, Price(2.00, 10.00, 2.50, 4.00, 0.10)),),
     "claude-opus-5-5": ((None, Price(4.00, 20.00, 5.00, 8.00, 0.20)),),
     "claude-fable-5-2": ((None, Price(8.00, 40.00, 10.00, 16.00, 0.20)),),
     "claude-fable-5-1": ((None, Price(10.00, 50.00, 12.50, 20.00, 0.25)),),
@@ -150,17 +155,48 @@ def base_model(model):
     return re.sub(r"-\d{8}$", "", model)
 
 
+def number(value):
+    """A token count as a server sent it, or 0 when it sent something else."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def fields(value):
+    """An object of a reply or document, or an empty one: a server or a forged file may put
+    anything anywhere."""
+    return value if isinstance(value, dict) else {}
+
+
+def items(value):
+    return [x for x in value if isinstance(x, dict)] if isinstance(value, list) else []
+
+
+def plural(n, word):
+    return f"{n} {word}{'s' * (n != 1)}"
+
+
+def billed(usage):
+    """The parts of a response's usage that are billed: each entry of usage.iterations when the
+    response has them (server-side compaction adds a sampling step the top-level counts leave
+    out: "sum across all entries in the usage.iterations array"), else the usage itself."""
+    parts = usage.get("iterations") if isinstance(usage, dict) else None
+    if isinstance(parts, list) and parts and all(isinstance(p, dict) for p in parts):
+        return parts
+    return [usage if isinstance(usage, dict) else {}]
+
+
 def cost_usd(model, usage):
     """What one response costs, priced the way the API bills it; None for an unknown model."""
     bands = PRICING.get(base_model(model))
     if bands is None:
         return None
-    fresh, out, written, read = (usage.get(k) or 0 for k in COUNTS)
-    price = next(p for limit, p in bands if limit is None or fresh + written + read <= limit)
-    write_1h = (usage.get("cache_creation") or {}).get("ephemeral_1h_input_tokens") or 0
-    write_5m = written - write_1h  # without the split, every write is a 5-minute write
-    total = (fresh * price.input + out * price.output + write_5m * price.write_5m
-             + write_1h * price.write_1h + read * price.read)
+    total = 0.0
+    for part in billed(usage):  # each iteration is priced on its own, band included
+        fresh, out, written, read = (number(part.get(k)) for k in COUNTS)
+        price = next(p for limit, p in bands if limit is None or fresh + written + read <= limit)
+        write_1h = number((part.get("cache_creation") or {}).get("ephemeral_1h_input_tokens"))
+        write_5m = written - write_1h  # without the split, every write is a 5-minute write
+        total += (fresh * price.input + out * price.output + write_5m * price.write_5m
+                  + write_1h * price.write_1h + read * price.read)
     return total / 1_000_000
 
 
@@ -1343,7 +1379,7 @@ def check_stop(message, content, turn, last_turn, used, limits, cut=None):
     if reason == "refusal":
         return Stop(reason, "the model declined to answer")
     if reason == "model_context_window_exceeded":
-        return Stop(reason, "the conversation filled the model's context window")
+        return Stop(reason, cut or "the conversation filled the model's context window")
     if reason not in ("tool_use", "pause_turn"):
         return Stop("error", f"unknown stop_reason {reason!r}")
     if reason == "tool_use" and not calls:  # nothing to answer: a request now would be prefill
@@ -1416,7 +1452,8 @@ class Watchdog:
 def stream_once(client, request, report, cancel, stall):
     """Send one request, stream its text to the reporter, return (message dict, request id)."""
     complete = False
-    with client.messages.stream(**request) as stream:
+    messages = client.beta.messages if "betas" in request else client.messages
+    with messages.stream(**request) as stream:
         watch = Watchdog(stream, stall)
         try:
             for event in stream:
@@ -1429,6 +1466,9 @@ def stream_once(client, request, report, cancel, stall):
                     complete = True
         except (Interrupted, KeyboardInterrupt):
             raise
+        except (AssertionError, KeyError, TypeError, ValueError) as e:  # the SDK could not
+            raise StreamIncomplete(f"the stream could not be read ({type(e).__name__}: "  # parse it
+                                   f"{e}); a server left out or garbled an event") from e
         except Exception as e:
             if watch.fired:
                 raise StreamStalled(f"no event for {stall:g} s; the server may be stuck") from e
@@ -1439,7 +1479,11 @@ def stream_once(client, request, report, cancel, stall):
             if watch.fired:
                 raise StreamStalled(f"no event for {stall:g} s; the server may be stuck")
             raise StreamIncomplete("the response stream ended before message_stop")
-        message = stream.get_final_message()
+        try:
+            message = stream.get_final_message()
+        except (AssertionError, KeyError, TypeError, ValueError) as e:
+            raise StreamIncomplete(f"the stream could not be read ({type(e).__name__}: {e}); "
+                                   "a server left out or garbled an event") from e
         request_id = getattr(stream, "request_id", None)
     return (message.to_dict() if hasattr(message, "to_dict") else message), request_id
 
@@ -1588,15 +1632,11 @@ def check_reply(message):
     return kept, notes
 
 
-def number(value):
-    """A token count as a server sent it, or 0 when it sent something else."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-
 def usage_record(model, usage):
-    """A response's usage as the transcript keeps it: the four counts, their sum, the cost."""
-    usage = usage if isinstance(usage, dict) else {}
-    record = {k: number(usage.get(k)) for k in COUNTS}
+    """A response's usage as the transcript keeps it: the four counts (over every billed
+    iteration), their sum, the cost."""
+    parts = billed(usage)
+    record = {k: sum(number(p.get(k)) for p in parts) for k in COUNTS}
     record["tokens"] = sum(record.values())
     record["cost_usd"] = cost_usd(model, usage)
     return record
@@ -1622,21 +1662,134 @@ def mark_final_turn(messages):
         last["content"].append({"type": "text", "text": FINAL_TURN_NOTE})
 
 
+CLEARED = "[cleared to save context: {what}; call it again if you need it]"
+CONTEXT_EDIT_BETA = "context-management-2025-06-27"
+
+
+def estimated_tokens(block):
+    """A tool result's size in tokens, roughly (4 bytes a token): enough to decide a clearing."""
+    content = block.get("content")
+    return len(content if isinstance(content, str) else json.dumps(content)) // 4
+
+
+def clear_old_results(session, limits):
+    """Clear old tool results once the last prompt reached the trigger: every one but the
+    newest keep_results, if that frees at least clear_at_least tokens (a clearing breaks the
+    cache once, so it should be worth it). Sticky: the ids only ever grow, and the history
+    itself is never edited. Returns (how many, tokens freed) or None."""
+    turns = session["turns"]
+    if not limits.clear_at or limits.context_edit != "client" or not turns \
+            or turns[-1].get("prompt_tokens", 0) < limits.clear_at:
+        return None
+    cleared = set(session.setdefault("cleared", []))
+    results = [b for m in session["messages"] if m["role"] == "user" for b in m["content"]
+               if b.get("type") == "tool_result"]
+    old = [b for b in results[: max(0, len(results) - limits.keep_results)]
+           if b["tool_use_id"] not in cleared]
+    freed = sum(estimated_tokens(b) for b in old)
+    if not old or freed < limits.clear_at_least:
+        return None
+    session["cleared"] += [b["tool_use_id"] for b in old]
+    return len(old), freed
+
+
+def sent_view(session):
+    """The history as it is sent: a cleared tool result stands in for itself in a few tokens,
+    and a cache breakpoint marks where the previous request ended, so that request's cache is
+    read whatever this turn added (automatic caching looks back only 20 blocks)."""
+    cleared, calls, messages = set(session.get("cleared", ())), {}, session["messages"]
+    replies = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    previous_end = replies[-1] - 1 if replies else -1
+    view = []
+    for i, m in enumerate(messages):
+        content = m["content"]
+        if m["role"] == "assistant":
+            calls.update((b["id"], b) for b in content if b.get("type") == "tool_use")
+        elif cleared:
+            content = [placeholder(b, calls) if b.get("type") == "tool_result"
+                       and b["tool_use_id"] in cleared else b for b in content]
+        if i == previous_end and m["role"] == "user":
+            content = content[:-1] + [dict(content[-1], cache_control={"type": "ephemeral"})]
+        view.append(m if content is m["content"] else {"role": m["role"], "content": content})
+    return view
+
+
+def placeholder(block, calls):
+    """A cleared tool result: same id, same error flag, a line saying what it was."""
+    call = calls.get(block["tool_use_id"], {})
+    what = f"the result of {call.get('name', 'a tool call')}"
+    if call.get("name") == "read_file":
+        what += " " + shorten(json.dumps(call.get("input"), ensure_ascii=False), 100)
+    return {**{k: v for k, v in block.items() if k in ("type", "tool_use_id", "is_error")},
+            "content": CLEARED.format(what=what)}
+
+
 def build_request(session, limits, final):
     request = {"model": session["model"], "max_tokens": limits.max_tokens,
                "system": session["system"], "tools": session["tools"],
-               "messages": session["messages"],
-               "cache_control": {"type": "ephemeral"}}  # caches everything up to the last block
+               "messages": sent_view(session),
+               "cache_control": {"type": "ephemeral"},  # caches everything up to the last block
+               "diagnostics": {"previous_message_id": next(  # the API says why a cache missed
+                   (t.get("message_id") for t in reversed(session["turns"])), None)}}
     if final:
         request["tool_choice"] = {"type": "none"}
     if session.get("effort"):
         request["output_config"] = {"effort": session["effort"]}
+    if limits.clear_at and limits.context_edit == "server":  # the API clears, in its beta
+        request["betas"] = [CONTEXT_EDIT_BETA]
+        request["context_management"] = {"edits": [{
+            "type": "clear_tool_uses_20250919",
+            "trigger": {"type": "input_tokens", "value": limits.clear_at},
+            "keep": {"type": "tool_uses", "value": limits.keep_results},
+            "clear_at_least": {"type": "input_tokens", "value": limits.clear_at_least}}]}
     return request
+
+
+EXAMPLE_QUESTION = "scores.csv 里平均分是多少？"  # the article's experiment 1
+TOOL_USE_PROMPT = dict.fromkeys(("claude-haiku-5-5", "claude-sonnet-5-5", "claude-opus-5-5"),
+                                286)  # tokens the API adds with tools (pricing page, 2026-12-02)
+
+
+def count_tokens(client, model, question):
+    """What one request's fixed part costs in input tokens, part by part: three calls to the
+    API's count_tokens endpoint (free; nothing is generated), each adding one part."""
+    def count(**parts):
+        return client.messages.count_tokens(
+            model=model, messages=[{"role": "user", "content": [{"type": "text",
+                                                               "text": question}]}],
+            **parts).input_tokens
+
+    bare, with_system, everything = count(), count(system=SYSTEM_PROMPT), \
+        count(system=SYSTEM_PROMPT, tools=TOOLS)
+    added = TOOL_USE_PROMPT.get(base_model(model))  # from the pricing page, where it says
+    rows = [("the question", bare), ("the system prompt", with_system - bare)]
+    if added is not None and everything - with_system >= added:
+        rows += [(f"the {len(TOOLS)} tool definitions", everything - with_system - added),
+                 ("the tool-use system prompt the API adds", added)]
+    else:
+        rows += [(f"the {len(TOOLS)} tool definitions, with the API's tool-use system prompt",
+                  everything - with_system)]
+    rows.append(("every request starts with", everything))
+    width = max(len(label) for label, _ in rows)
+    return "\n".join([f"{model}, input tokens by the API's count_tokens:"] +
+                      [f"  {label:<{width}}  {n:>7,}" for label, n in rows])
 
 
 def now():
     """The time as the transcript and events write it: ISO-8601 UTC, milliseconds."""
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def reply_facts(reply):
+    """What the transcript keeps of a reply besides its content: its id (the next request asks
+    the API about cache misses against it), its prompt size (the clearing trigger), why the
+    cache missed and what the API cleared, where it said so."""
+    message = reply.message
+    facts = {"message_id": message.get("id") if isinstance(message.get("id"), str) else None,
+             "prompt_tokens": prompt_tokens(billed(reply.usages[-1])[-1]),
+             "cache_miss": fields(message.get("diagnostics")).get("cache_miss_reason")}
+    edits = fields(message.get("context_management")).get("applied_edits")
+    return {**facts, **({"context_edits": edits} if isinstance(edits, list) else {})}
 
 
 def run_session(client, session, limits, ctx, report, save):
@@ -1650,13 +1803,19 @@ def run_session(client, session, limits, ctx, report, save):
             mark_final_turn(session["messages"])
         started, record = time.monotonic(), {"turn": turn, "started_at": now()}
         report.turn_start(turn)
+        cleared = clear_old_results(session, limits)
+        if cleared:
+            record["cleared"] = {"tool_results": cleared[0], "estimated_tokens": cleared[1]}
+            report.line(f"cleared {plural(cleared[0], 'old tool result')} (about {cleared[1]} "
+                        "tokens) from what is sent; the history keeps them")
         reply = request_turn(client, build_request(session, limits, final=turn == last_turn),
                              limits, report, ctx.cancel)
         content, notes = check_reply(reply.message)
         record.update(stop_reason=reply.message.get("stop_reason"), usage=empty_usage(),
                       request_id=reply.request_id, attempts=reply.attempts,
                       retries=reply.retries, seconds=round(time.monotonic() - started, 3),
-                      api_seconds=round(reply.api_seconds, 3), tool_calls=[], notes=notes)
+                      api_seconds=round(reply.api_seconds, 3), tool_calls=[], notes=notes,
+                      **reply_facts(reply))
         for usage in reply.usages:  # a retried cut tool call was billed too
             add_usage(record["usage"], usage_record(session["model"], usage))
         add_usage(used, record["usage"])
@@ -1866,13 +2025,16 @@ TRANSCRIPT_SCHEMA = {
                                         {"declined": BOOL, "exit_code": nullable(
                                             {"type": "integer"}), "bytes": COUNT}))},
                {"started_at": TIME, "attempts": COUNT, "retries": array(RETRY_SCHEMA),
-                "api_seconds": NUMBER, "notes": array(STRING)})),
+                "api_seconds": NUMBER, "notes": array(STRING), "message_id": nullable(STRING),
+                "prompt_tokens": COUNT, "cache_miss": nullable({"type": "object"}),
+                "context_edits": array({"type": "object"}),
+                "cleared": obj({"tool_results": COUNT, "estimated_tokens": COUNT})})),
            "stop": nullable(obj({"reason": LABEL, "detail": STRING},
                                 {"exit_code": {"type": "integer"},
                                  "retries": array(RETRY_SCHEMA)})),
            "answer": nullable(STRING), "usage": USAGE_SCHEMA},
           {"agent_version": STRING, "run_id": STRING, "started_at": TIME,
-           "ended_at": nullable(TIME), "trial": COUNT})}
+           "ended_at": nullable(TIME), "trial": COUNT, "cleared": array(STRING)})}
 EVENT_TYPES = {  # type -> (fields it always has, fields it may have)
     "run.start": ({"schema_version": {"const": EVENTS_VERSION}, "agent_version": STRING,
                    "model": STRING, "workdir": STRING, "question": nullable(STRING),
@@ -2215,15 +2377,6 @@ def num(value, default=0):
 
 def money(value):
     return "unknown" if not isinstance(value, (int, float)) else f"${value:.6f}"
-
-
-def fields(value):
-    """An object of the document, or an empty one: a forged file may put anything anywhere."""
-    return value if isinstance(value, dict) else {}
-
-
-def items(value):
-    return [x for x in value if isinstance(x, dict)] if isinstance(value, list) else []
 
 
 def page(title, body):
@@ -2599,6 +2752,17 @@ def parse_args(argv):
     add("--expect-stop", metavar="LABEL", choices=list(EXIT_CODES), help="... and stopped so")
     add("--decline-message", metavar="TEXT", help="what a declined run_python call tells the "
                                                   "model (default: DECLINE_MESSAGE)")
+    add("--clear-tool-results", type=int, metavar="TOKENS", help="once a prompt reaches TOKENS, "
+        "send old tool results as a one-line placeholder (default: never)")
+    add("--keep-tool-results", type=int, metavar="N", default=Limits.keep_results,
+        help=f"the newest tool results, never cleared (default: {Limits.keep_results})")
+    add("--clear-at-least", type=int, metavar="TOKENS", default=Limits.clear_at_least,
+        help="clear only when that frees this many tokens, since a clearing breaks the cache "
+             f"once (default: {Limits.clear_at_least:,})")
+    add("--context-edit", choices=("client", "server"), default=Limits.context_edit,
+        help="who clears: agent.py, or the API's context editing (beta) (default: client)")
+    add("--count-tokens", action="store_true", help="print what the system prompt, the tools "
+        "and QUESTION cost in input tokens (the API's count_tokens), and exit")
     add("--events", metavar="PATH", help="write the run's events as JSON Lines here, outside the "
                                          "workdir; '-' for stdout (default: none)")
     add("--schema", choices=list(SCHEMAS), help="print the JSON Schema of a transcript, an event "
@@ -2607,9 +2771,10 @@ def parse_args(argv):
                                          "and exit")
     add("-o", "--output", metavar="HTML", help="where --report writes (default: JSON's name, .html)")
     args = p.parse_args(argv)
-    if args.schema or args.report:
+    if args.schema or args.report or args.count_tokens:
         return args
-    for name in ("max_turns", "token_budget", "max_tokens", "jobs", "trials"):
+    for name in ("max_turns", "token_budget", "max_tokens", "jobs", "trials", "clear_tool_results",
+                 "clear_at_least"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
@@ -2632,6 +2797,8 @@ def parse_args(argv):
         raise UsageError("--trials cannot be combined with --resume")
     if args.events == "-" and args.transcript == "-":
         raise UsageError("--events - and --transcript - cannot share stdout")
+    if args.keep_tool_results < 0:
+        raise UsageError("--keep-tool-results must be at least 0")
     return args
 
 
@@ -2669,7 +2836,7 @@ def load_config(workdir, report):
     for path in dotenv_files():
         if not path.is_file():
             continue
-        if Path(os.path.realpath(path)).is_relative_to(workdir):
+        if workdir and Path(os.path.realpath(path)).is_relative_to(workdir):
             report.error(f"note: not reading {path}: it is inside the workdir, where the model's "
                          "code could have written it")
             continue
@@ -2784,10 +2951,6 @@ def run_trials(args, client, model, workdir, limits, ctx, output, events):
     return code
 
 
-def plural(n, word):
-    return f"{n} {word}{'s' * (n != 1)}"
-
-
 def shown_on_terminal(report):
     """True when the answer already streamed to the terminal stdout would print it on again."""
     try:
@@ -2812,6 +2975,12 @@ def main(argv=None, client=None, stdin=None):
             for written in write_report(args.report, args.output):
                 report.line(f"report: {written}", always=True)
             return 0
+        if args.count_tokens:
+            config = load_config(None, report)
+            model = args.model or config["ANTHROPIC_MODEL"] or DEFAULT_MODEL
+            print(count_tokens(client or make_client(config, Limits()), model,
+                               args.question or EXAMPLE_QUESTION))
+            return 0
         report.quiet = args.quiet
         session = prepare_resume(load_transcript(args.resume), args.question) \
             if args.resume else None
@@ -2833,7 +3002,9 @@ def main(argv=None, client=None, stdin=None):
                              "pricing table")
         limits = Limits(max_turns=args.max_turns, token_budget=args.token_budget,
                         budget_usd=args.budget_usd, max_tokens=args.max_tokens,
-                        tool_timeout=args.tool_timeout, request_timeout=args.request_timeout)
+                        tool_timeout=args.tool_timeout, request_timeout=args.request_timeout,
+                        clear_at=args.clear_tool_results, keep_results=args.keep_tool_results,
+                        clear_at_least=args.clear_at_least, context_edit=args.context_edit)
         if client is None:
             client = make_client(config, limits)
         events = Events.open(args.events, workdir, run_id) if args.events else None

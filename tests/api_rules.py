@@ -10,7 +10,9 @@ import re
 
 TOP_LEVEL = {"model", "max_tokens", "messages", "system", "tools", "tool_choice", "stream",
              "cache_control", "output_config", "metadata", "stop_sequences", "temperature",
-             "top_p", "top_k", "thinking", "service_tier", "container"}
+             "top_p", "top_k", "thinking", "service_tier", "container", "diagnostics",
+             "context_management"}
+CONTEXT_EDITS = {"clear_tool_uses_20250919", "clear_thinking_20251015"}
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
 MAX_OUTPUT = 128_000
@@ -29,12 +31,22 @@ def merged(messages):
     return out
 
 
-def check_request(body, issued=None):
-    """The API's 400 message for `body`, or None if the real API would accept it."""
+def check_request(body, issued=None, betas=()):
+    """The API's 400 message for `body` (sent with these anthropic-beta values), or None if
+    the real API would accept it."""
     issued = issued or {}
     extra = sorted(set(body) - TOP_LEVEL)
+    if "context_management" in body and "context-management-2025-06-27" not in betas:
+        extra = ["context_management"] + extra  # a beta field: unknown without its header
     if extra:
         return f"{extra[0]}: Extra inputs are not permitted"
+    diagnostics = body.get("diagnostics")
+    if diagnostics is not None and (not isinstance(diagnostics, dict) or set(diagnostics) -
+                                    {"previous_message_id"}):
+        return "diagnostics: Extra inputs are not permitted"
+    for edit in (body.get("context_management") or {}).get("edits", []):
+        if edit.get("type") not in CONTEXT_EDITS:
+            return f"context_management.edits.0.type: Input should be {' or '.join(sorted(CONTEXT_EDITS))}"
     for key in ("model", "max_tokens", "messages"):
         if key not in body:
             return f"{key}: Field required"

@@ -105,7 +105,7 @@ class FakeAPI:
     def __init__(self, script=(), drop_idle=False, request_id=True):
         self.script, self.requests, self.rejected, self.issued = list(script), [], [], {}
         self.ids, self.request_id = itertools.count(1), request_id
-        self.lock, self.connections = threading.Lock(), 0
+        self.lock, self.connections, self.counted = threading.Lock(), 0, []
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -120,6 +120,10 @@ class FakeAPI:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                if self.path.startswith("/v1/messages/count_tokens"):
+                    return api.count(self, body)
+                body["_betas"] = [b for b in (self.headers.get("anthropic-beta") or "").split(",")
+                                  if b]
                 api.respond(self, body)
                 if drop_idle:  # keep-alive was promised; close anyway, without a word
                     self.wfile.flush()
@@ -149,10 +153,18 @@ class FakeAPI:
         handler.end_headers()
         handler.wfile.write(data)
 
+    def count(self, handler, body):
+        """POST /v1/messages/count_tokens: 4 bytes a token, + 286 with tools, as FakeClient."""
+        self.counted.append(body)
+        size = len(json.dumps([body.get("system"), body.get("tools"), body["messages"]],
+                              ensure_ascii=False).encode()) // 4
+        self.send(handler, 200, {"input_tokens": size + (286 if body.get("tools") else 0)})
+
     def respond(self, handler, body):
+        betas = body.pop("_betas", [])
         with self.lock:
             self.requests.append(body)
-            error = check_request(body, self.issued)
+            error = check_request(body, self.issued, betas)
             item = self.script.pop(0) if self.script and not error else None
         if error:
             self.rejected.append(error)

@@ -112,14 +112,25 @@ class FakeClient:
 
     def __init__(self, *replies):
         self.replies = list(replies)
-        self.requests, self.violations, self.issued = [], [], {}
+        self.requests, self.violations, self.issued, self.counted = [], [], {}, []
         self.messages = self
+        self.beta = SimpleNamespace(messages=SimpleNamespace(stream=self.stream))
         ALL_CLIENTS.append(self)
 
-    def stream(self, **request):
+    def count_tokens(self, **request):
+        """messages.count_tokens, as a stand-in: 4 bytes a token, plus the tool-use system
+        prompt the API adds when there are tools (286 tokens for the 5.5 models)."""
+        self.counted.append(json.loads(json.dumps(request)))
+        size = len(json.dumps([request.get("system"), request.get("tools"),
+                               request["messages"]], ensure_ascii=False).encode()) // 4
+        return SimpleNamespace(input_tokens=size + (286 if request.get("tools") else 0))
+
+    def stream(self, betas=(), **request):
         body = json.loads(json.dumps(request))  # what would go over the wire
+        body["_betas"] = list(betas)
         self.requests.append(body)
-        error = check_request(body, self.issued)
+        error = check_request({k: v for k, v in body.items() if k != "_betas"}, self.issued,
+                              betas)
         if error:
             self.violations.append(error)
             raise FakeAPIError(400, "invalid_request_error", error)

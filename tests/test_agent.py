@@ -591,7 +591,8 @@ def normalise(transcript):
     data = json.loads(text_)
     data.update(run_id="<id>", started_at="<time>", ended_at="<time>")
     for turn in data["turns"]:
-        turn.update(request_id="<id>", seconds=0, api_seconds=0, started_at="<time>")
+        turn.update(request_id="<id>", seconds=0, api_seconds=0, started_at="<time>",
+                    message_id="<id>")
         for call_ in turn["tool_calls"]:
             call_["seconds"] = 0
     return data
