@@ -90,7 +90,7 @@ class Limits:
     max_tokens: int = 16_000  # output cap per response; doubled once for a cut tool call
     max_attempts: int = 5  # HTTP requests per turn, retries included
     request_timeout: float = 180.0  # seconds a streamed reply may go without an event, pings aside
-    clear_at: int | None = None  # prompt tokens that trigger clearing old tool results; None: never
+    clear_at: int | None = 80_000  # prompt tokens that trigger clearing old tool results; None: never
     keep_results: int = 3  # the newest tool results, never cleared
     clear_at_least: int = 10_000  # tokens a clearing must free, or it waits: it breaks the cache
     context_edit: str = "client"  # who clears: agent.py ("client") or the API ("server", beta)
@@ -2717,6 +2717,16 @@ EPILOG = """exit codes:
   130  interrupted (Ctrl-C)"""
 
 
+def tokens_or_off(value):
+    """--clear-tool-results: a number of tokens, or off."""
+    if value == "off":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError("give a number of tokens, or off")
+
+
 def parse_args(argv):
     p = Parser(prog="agent.py", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
                description="Answer a question about the files in a directory with Claude.")
@@ -2752,8 +2762,9 @@ def parse_args(argv):
     add("--expect-stop", metavar="LABEL", choices=list(EXIT_CODES), help="... and stopped so")
     add("--decline-message", metavar="TEXT", help="what a declined run_python call tells the "
                                                   "model (default: DECLINE_MESSAGE)")
-    add("--clear-tool-results", type=int, metavar="TOKENS", help="once a prompt reaches TOKENS, "
-        "send old tool results as a one-line placeholder (default: never)")
+    add("--clear-tool-results", type=tokens_or_off, metavar="TOKENS|off",
+        default=Limits.clear_at, help="once a prompt reaches TOKENS, send old tool results as "
+        f"a one-line placeholder (default: {Limits.clear_at:,})")
     add("--keep-tool-results", type=int, metavar="N", default=Limits.keep_results,
         help=f"the newest tool results, never cleared (default: {Limits.keep_results})")
     add("--clear-at-least", type=int, metavar="TOKENS", default=Limits.clear_at_least,
