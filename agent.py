@@ -145,6 +145,10 @@ COUNTS = ("input_tokens", "output_tokens", "cache_creation_input_tokens",
 MAX_OUTPUT = {"claude-haiku-4-5": 64_000, "claude-sonnet-4-5": 64_000,
               "claude-sonnet-4-6": 64_000}  # output-token ceiling; 128K for the others
 DEFAULT_MAX_OUTPUT = 128_000
+SHOW_THINKING = {"claude-opus-5-5", "claude-sonnet-5-5", "claude-fable-5", "claude-fable-5-1"}
+# ^ models that write their notes between tool calls as thinking, shown only on request
+# ("display" defaults to "omitted"; the model overview pages, 2026-12-02): without it, stderr
+# goes silent between tool calls. Haiku 5.5 writes no such notes.
 CONTEXT_WINDOW = {  # tokens of prompt + output, where the model overview pages give them
     "claude-haiku-5-5": 1_000_000, "claude-sonnet-5-5": 1_000_000, "claude-opus-5-5": 1_000_000,
     "claude-haiku-4-5": 200_000, "claude-sonnet-4-5": 200_000, "claude-opus-4-5": 200_000}
@@ -1462,6 +1466,8 @@ def stream_once(client, request, report, cancel, stall):
                     raise Interrupted()
                 if event.type == "text":
                     report.text(event.text)
+                elif event.type == "thinking":
+                    report.text(event.thinking, thinking=True)
                 elif event.type == "message_stop":
                     complete = True
         except (Interrupted, KeyboardInterrupt):
@@ -1735,6 +1741,8 @@ def build_request(session, limits, final):
         request["tool_choice"] = {"type": "none"}
     if session.get("effort"):
         request["output_config"] = {"effort": session["effort"]}
+    if base_model(session["model"]) in SHOW_THINKING:  # thinking is on; show what it says
+        request["thinking"] = {"type": "adaptive", "display": "summarized"}
     if limits.clear_at and limits.context_edit == "server":  # the API clears, in its beta
         request["betas"] = [CONTEXT_EDIT_BETA]
         request["context_management"] = {"edits": [{
@@ -2042,7 +2050,7 @@ EVENT_TYPES = {  # type -> (fields it always has, fields it may have)
                   {"resumed_from": STRING, "trials": COUNT}),
     "sandbox": ({"status": STRING, "confined": BOOL}, {}),
     "turn.start": ({"turn": COUNT}, {}),
-    "text": ({"turn": COUNT, "text": STRING}, {}),
+    "text": ({"turn": COUNT, "text": STRING}, {"thinking": BOOL}),
     "api.retry": ({"turn": COUNT, "attempt": COUNT, "status": nullable({"type": "integer"}),
                    "error": STRING, "delay": NUMBER}, {}),
     "tool.start": ({"turn": COUNT, "id": STRING, "name": STRING, "input": {}}, {}),
@@ -2601,6 +2609,7 @@ class Reporter:
         self.events, self.trial, self.turn_no = events, trial, None
         self.pending = ""  # streamed text not yet ended by a newline
         self.said = ""  # streamed text not yet sent as an event
+        self.thinking = False  # streaming the summary of the model's thinking, not its text
 
     def write(self, text, always=False):
         if self.quiet and not always:
@@ -2612,26 +2621,36 @@ class Reporter:
     def emit(self, kind, **fields):
         """An event, after any text streamed before it."""
         if self.events:
-            if self.said and kind != "text":
-                self.emit("text", turn=self.turn_no, text=self.said)
-                self.said = ""
-            self.events.emit(kind, self.trial, **fields)
+            if self.said:
+                self.emit_said()
+            if kind != "text.switch":
+                self.events.emit(kind, self.trial, **fields)
+
+    def emit_said(self):
+        extra = {"thinking": True} if self.thinking else {}
+        self.events.emit("text", self.trial, turn=self.turn_no, text=self.said, **extra)
+        self.said = ""
 
     def line(self, text, always=False):
         self.flush_text()
         self.write(f"{self.prefix}{visible(text)}\n", always)
 
-    def text(self, delta):
-        """Model text as it streams; with a prefix (concurrent trials) only whole lines."""
+    def text(self, delta, thinking=False):
+        """Model text (or the summary of its thinking) as it streams; with a prefix
+        (concurrent trials) only whole lines."""
+        shown = visible(delta)
+        if thinking != self.thinking:  # a switch: say which is which, on a line of its own
+            self.emit("text.switch")  # (what was said before goes out as its own event)
+            self.thinking = thinking
+            self.flush_text()
+            shown = "[thinking] " + shown if thinking else shown
         if self.events:  # coalesced: a paragraph, or 2000 characters, an event
             self.said += delta
             if len(self.said) >= 2000 or ("\n" in delta and len(self.said) >= 200):
-                self.events.emit("text", self.trial, turn=self.turn_no, text=self.said)
-                self.said = ""
-        delta = visible(delta)
-        self.pending += delta
+                self.emit_said()
+        self.pending += shown
         if not self.prefix:
-            self.write(delta)
+            self.write(shown)
             self.pending = self.pending.rpartition("\n")[2]
             return
         *lines, self.pending = self.pending.split("\n")
@@ -2648,7 +2667,7 @@ class Reporter:
         self.line(text, always=True)
 
     def turn_start(self, turn):
-        self.turn_no = turn
+        self.turn_no, self.thinking = turn, False
         self.emit("turn.start", turn=turn)
 
     def retry(self, record, attempts):

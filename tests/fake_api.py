@@ -9,6 +9,7 @@ api_rules.check_request says the real API would reject. Script items:
   {"status": 529, "body": {...}, "headers": {...}}   an HTTP error
   {"pings": seconds}                         headers, then only ping events for that long
   {"reset": message, "after": n}             n events of message's stream, then a TCP reset
+  {"disconnect": True}                        the request read, then the connection closed unanswered
   callable(request_body) -> one of the above
 
 FakeAPI(script, drop_idle=True) speaks HTTP/1.1 and keeps connections open, then closes each
@@ -69,7 +70,7 @@ def stream_of(message, complete=True):
 
 def message_of(sse_text):
     """Accumulate a recorded stream back into the message it carries (for remember())."""
-    message, buffers = None, {}
+    message, buffers = {"content": []}, {}  # a stream may lack message_start (llama-server)
     for chunk in sse_text.split("\n\n"):
         data = [l[5:].strip() for l in chunk.splitlines() if l.startswith("data:")]
         if not data:
@@ -96,7 +97,7 @@ def message_of(sse_text):
             message["content"][index]["input"] = json.loads(raw) if raw else {}
         except json.JSONDecodeError:
             pass
-    return message or {"content": []}
+    return message
 
 
 class FakeAPI:
@@ -180,6 +181,9 @@ class FakeAPI:
             return self.send(handler, item["status"], item["body"], headers=item.get("headers"))
         if "pings" in item or "reset" in item:
             return self.misbehave(handler, item)
+        if item.get("disconnect"):  # as a server does that closed a kept-alive connection
+            handler.close_connection = True
+            return handler.connection.shutdown(socket.SHUT_RDWR)
         if "sse" in item or "sse_text" in item:
             text = item.get("sse_text") or (RECORDED / item["sse"]).read_text()
             text = text.rstrip("\n") + "\n\n"  # some recordings lost the final blank line

@@ -94,6 +94,8 @@ class FakeStream:
         message = getattr(self.item, "message", self.item)
         size = getattr(self.item, "size", None)
         for block in message["content"]:
+            if block["type"] == "thinking" and block.get("thinking"):
+                yield SimpleNamespace(type="thinking", thinking=block["thinking"])
             if block["type"] == "text" and block["text"]:
                 step = size or len(block["text"])
                 for i in range(0, len(block["text"]), step):
