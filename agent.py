@@ -12,8 +12,9 @@ model answers or `check_stop` ends the run. Every turn is saved to a transcript.
 
     python agent.py "scores.csv 里平均分是多少？" --workdir workspace --transcript run.json
 
-It does not compact history, run server tools, enable extended thinking or
-reach anything but the Messages API.
+It keeps long runs small by sending old tool results as one-line placeholders (never
+editing the history), can stream its events as JSON Lines and render a run as HTML. It
+does not summarise history, run server tools, or reach anything but the Messages API.
 """
 
 import argparse
@@ -1159,15 +1160,16 @@ class Call:
     """One run_python call: its directory, cgroup, Landlock ruleset and keeper."""
 
     def __init__(self, box, code):
-        self.box = box
+        self.box, self.cgroups, self.ruleset, self.keeper_end, self.agent_end = \
+            box, [], -1, -1, None
         self.root = tempfile.mkdtemp(prefix="agent-call-")  # 0700: no other user looks in
-        self.script = os.path.join(self.root, "main.py")  # the child may read it, not change it
-        self.scratch = os.path.join(self.root, "scratch")  # a capped tmpfs, where mounts work
-        self.home, self.shm = os.path.join(self.scratch, "home"), os.path.join(self.scratch, "shm")
-        self.cgroups, self.ruleset, self.keeper_end = [], -1, -1
-        self.agent_end, keeper_end = socket.socketpair()
-        self.keeper_end = keeper_end.detach()
-        try:
+        try:  # from here on, whatever happens (Ctrl-C included), nothing is left behind
+            self.script = os.path.join(self.root, "main.py")  # the child may read, not change it
+            self.scratch = os.path.join(self.root, "scratch")  # a capped tmpfs, where mounts work
+            self.home = os.path.join(self.scratch, "home")
+            self.shm = os.path.join(self.scratch, "shm")
+            self.agent_end, keeper_end = socket.socketpair()
+            self.keeper_end = keeper_end.detach()
             for directory in (self.scratch, self.home, self.shm):
                 os.mkdir(directory, 0o700)
             # With a BOM Python reads the file as UTF-8 or not at all: a coding declaration
@@ -1280,7 +1282,8 @@ class Call:
     def release(self):
         """Close what the agent holds of this call and remove what it left (idempotent)."""
         self.started()
-        self.agent_end.close()
+        if self.agent_end:
+            self.agent_end.close()
         cleanup(self.root, self.cgroups)
 
 
@@ -1295,21 +1298,23 @@ def kill_group(pid):
 def execute(code, workdir, box, timeout, output_chars, cancel=None):
     """Run a script in the sandbox with bounded time and output; nothing of it outlives the call."""
     call = Call(box, code)
-    clips = {1: Clip(output_chars // 4), 2: Clip(output_chars // 4)}
     try:
         proc = subprocess.Popen(
             box.command(call), cwd=workdir,
             env=child_env(call.home), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, close_fds=True, start_new_session=True,
             preexec_fn=call.enter)
-    except (OSError, subprocess.SubprocessError) as e:
+    except BaseException as e:  # Ctrl-C included: the call's directory must not stay
         call.release()
-        raise ToolError(f"could not start the sandboxed interpreter: {e}")
-    call.started()
-    status, ended_at, timed_out = None, None, False
-    streams = {proc.stdout.fileno(): clips[1], proc.stderr.fileno(): clips[2]}
-    deadline = time.monotonic() + timeout
-    try:
+        if isinstance(e, (OSError, subprocess.SubprocessError)):
+            raise ToolError(f"could not start the sandboxed interpreter: {e}")
+        raise
+    try:  # from here the keeper is told when the call is over, however it ends
+        call.started()
+        clips = {1: Clip(output_chars // 4), 2: Clip(output_chars // 4)}
+        status, ended_at, timed_out = None, None, False
+        streams = {proc.stdout.fileno(): clips[1], proc.stderr.fileno(): clips[2]}
+        deadline = time.monotonic() + timeout
         with selectors.DefaultSelector() as sel:
             for pipe in (proc.stdout, proc.stderr):
                 os.set_blocking(pipe.fileno(), False)
@@ -1455,10 +1460,10 @@ class Watchdog:
 
 def stream_once(client, request, report, cancel, stall):
     """Send one request, stream its text to the reporter, return (message dict, request id)."""
-    complete = False
     messages = client.beta.messages if "betas" in request else client.messages
+    stalled = f"no event for {stall:g} s; the server may be stuck"
     with messages.stream(**request) as stream:
-        watch = Watchdog(stream, stall)
+        watch, complete = Watchdog(stream, stall), False
         try:
             for event in stream:
                 watch.poke()
@@ -1470,26 +1475,21 @@ def stream_once(client, request, report, cancel, stall):
                     report.text(event.thinking, thinking=True)
                 elif event.type == "message_stop":
                     complete = True
-        except (Interrupted, KeyboardInterrupt):
+            if not complete:
+                raise StreamStalled(stalled) if watch.fired else \
+                    StreamIncomplete("the response stream ended before message_stop")
+            message = stream.get_final_message()
+        except (Interrupted, KeyboardInterrupt, StreamIncomplete, StreamStalled):
             raise
-        except (AssertionError, KeyError, TypeError, ValueError) as e:  # the SDK could not
-            raise StreamIncomplete(f"the stream could not be read ({type(e).__name__}: "  # parse it
-                                   f"{e}); a server left out or garbled an event") from e
+        except (AssertionError, KeyError, TypeError, ValueError) as e:  # the SDK's own parsing
+            raise StreamIncomplete(f"the stream could not be read ({type(e).__name__}: {e}); "
+                                   "a server left out or garbled an event") from e
         except Exception as e:
             if watch.fired:
-                raise StreamStalled(f"no event for {stall:g} s; the server may be stuck") from e
+                raise StreamStalled(stalled) from e
             raise
         finally:
             watch.stop()
-        if not complete:
-            if watch.fired:
-                raise StreamStalled(f"no event for {stall:g} s; the server may be stuck")
-            raise StreamIncomplete("the response stream ended before message_stop")
-        try:
-            message = stream.get_final_message()
-        except (AssertionError, KeyError, TypeError, ValueError) as e:
-            raise StreamIncomplete(f"the stream could not be read ({type(e).__name__}: {e}); "
-                                   "a server left out or garbled an event") from e
         request_id = getattr(stream, "request_id", None)
     return (message.to_dict() if hasattr(message, "to_dict") else message), request_id
 
@@ -1917,7 +1917,7 @@ def final_text(session):
     return text or None
 
 
-# --- transcript ---
+# --- transcript and events ---
 
 def new_session(question, model, workdir, effort, run_id=None):
     return {"version": TRANSCRIPT_VERSION, "agent_version": AGENT_VERSION,
@@ -3043,6 +3043,9 @@ def main(argv=None, client=None, stdin=None):
         return EXIT_USAGE
     except SystemExit as e:  # --help
         return e.code or 0
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM before anything was sent
+        report.error("agent.py: interrupted")
+        return EXIT_CODES["interrupted"]
     except Exception as e:  # a bug: say it in one line rather than a traceback
         report.error(f"agent.py: internal error: {type(e).__name__}: {e}")
         return EXIT_CODES["error"]
