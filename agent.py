@@ -30,7 +30,6 @@ import re
 import resource
 import select
 import selectors
-import shutil
 import signal
 import socket
 import stat
@@ -740,12 +739,12 @@ def seccomp_filter(machine, allow_unix_sockets):
     prog = [ld(4), jeq(arch, 1, 0), ret(SECCOMP_KILL), ld(0),
             (0x25, 0, 1, LAST_SYSCALL), ret(SECCOMP_ERRNO | ENOSYS)]  # BPF_JGT: x32 numbers too
     rules = SECCOMP_RULES + (() if allow_unix_sockets else UNIX_SOCKET_RULES)
-    for names, test, errno, _why in rules:
+    for names, test, err, _why in rules:
         for nr in (SYSCALLS[name][column] for name in names.split()):
             if nr is None:
                 continue
             if test is None:  # each rule returns right after its test: no long jumps
-                prog += [jeq(nr, 0, 1), ret(SECCOMP_ERRNO | errno)]
+                prog += [jeq(nr, 0, 1), ret(SECCOMP_ERRNO | err)]
                 continue
             arg, mask, op, value = test
             body = [ld(16 + 8 * arg)]  # seccomp_data.args[arg], low word (little-endian)
@@ -755,7 +754,7 @@ def seccomp_filter(machine, allow_unix_sockets):
                 if mask != ALL:
                     body.append((0x54, 0, 0, mask))  # BPF_ALU|AND
                 body.append(jeq(value, 0, 1) if op == "==" else jeq(value, 1, 0))
-            body += [ret(SECCOMP_ERRNO | errno), ld(0)]  # reload the number for the next rule
+            body += [ret(SECCOMP_ERRNO | err), ld(0)]  # reload the number for the next rule
             prog += [jeq(nr, 0, len(body))] + body
     prog.append(ret(SECCOMP_ALLOW))
     return b"".join(struct.pack("HBBI", *ins) for ins in prog)
@@ -2418,7 +2417,7 @@ def token_chart(turns):
     for i, t in enumerate(rows):
         usage, y = fields(t.get("usage")), height - bottom
         x = left + i * step + (step - bar) / 2
-        parts.append(f'<g class="turn">')
+        parts.append('<g class="turn">')
         for key, cls, label in SEGMENTS:
             h = num(usage.get(key)) / peak * (height - bottom - 20)
             y -= h

@@ -15,7 +15,6 @@ it. Not part of the test run.
 import argparse
 import io
 import json
-import os
 import sys
 import tempfile
 from contextlib import redirect_stderr, redirect_stdout

@@ -9,7 +9,6 @@ conftest.py turns into a test failure.
 import copy
 import itertools
 import json
-import os
 from pathlib import Path
 from types import SimpleNamespace
 

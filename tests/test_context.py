@@ -2,17 +2,14 @@
 cache breakpoints that survive a big turn, cache-miss reasons, token counts, full costs."""
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 
 import agent
 from api_rules import check_request
 from cache_model import PromptCache
-from fake_api import FakeAPI
 from fakes import FakeClient, reply, text, tool_use
-from test_agent import Silent, final_messages, run
+from test_agent import run
 
 
 def big_files(workdir, n=8, size=4000):

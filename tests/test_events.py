@@ -5,7 +5,6 @@ import json
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import jsonschema
 import pytest
 
 import agent
-from conftest import VALIDATORS, schema_errors, strict
+from conftest import schema_errors
 from fakes import Chunked, FakeAPIError, FakeClient, reply, text, tool_use
 from test_agent import run
 from test_sdk_http import agent_env, serve

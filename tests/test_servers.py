@@ -7,10 +7,9 @@ import time
 
 import pytest
 
-import agent
 from fakes import FakeClient, reply, text, tool_use
-from fake_api import sse, stream_of
-from test_agent import final_messages, run
+from fake_api import stream_of
+from test_agent import run
 from test_events import events_of
 from test_sdk_http import run as run_http, serve
 
@@ -81,7 +80,6 @@ def test_a_cut_tool_call_that_cannot_fit_is_not_retried(capsys, workdir):
 
 
 def test_llama_shaped_replies_go_through(request, capsys, workdir, tmp_path):
-    api = FakeAPI = None  # noqa: F841
     from fake_api import FakeAPI
     api = FakeAPI([llama_ids(reply(tool_use("read_file", {"path": "notes.md"})), 1),
                    llama_ids(reply(text("Done.")), 2)], request_id=False).__enter__()

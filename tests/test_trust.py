@@ -2,15 +2,12 @@
 the workdir, transcripts, paths, server replies, bytes bound for the terminal; and a clone that
 passes its own tests."""
 
-import ctypes
 import io
 import json
 import os
-import resource
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -18,7 +15,6 @@ import pytest
 
 import agent
 from conftest import DOTENV_FILES
-from fake_api import FakeAPI
 from fakes import RECORDED, FakeAPIError, FakeClient, reply, text, tool_use
 from test_agent import Silent, drive, final_messages, run, unconfined
 from test_sdk_http import agent_env, serve
