@@ -580,11 +580,16 @@ def test_a_script_that_closes_its_stdio_runs_to_its_end(box, workdir):
     assert run.code == 0 and (workdir / "done").read_text() == "yes"
 
 
-@needs_landlock
-def test_processes_of_one_call_are_capped_together(workdir):
-    box = new_box(workdir, max_tasks=40)
+def capped_box(workdir, **limits):
+    box = new_box(workdir, **limits)
     if not box.cgroup:
         pytest.skip("no cgroup the agent may create here: README says what is capped instead")
+    return box
+
+
+@needs_landlock
+def test_processes_of_one_call_are_capped_together(workdir):
+    box = capped_box(workdir, max_tasks=40)
     code = ("import os, time\nmade = 0\n"
             "for _ in range(100):\n"
             "    try:\n"
@@ -601,9 +606,7 @@ def test_processes_of_one_call_are_capped_together(workdir):
 
 @needs_landlock
 def test_memory_of_one_call_is_capped_together(workdir):
-    box = new_box(workdir, memory_mb=200)
-    if not box.cgroup:
-        pytest.skip("no cgroup the agent may create here: README says what is capped instead")
+    box = capped_box(workdir, memory_mb=200)
     code = ("import subprocess, sys\n"
             "grab = 'b = bytearray(150 << 20); import time; time.sleep(3)'\n"
             "kids = [subprocess.Popen([sys.executable, '-c', grab]) for _ in range(2)]\n"
