@@ -713,12 +713,14 @@ SECCOMP_RULES = (
     ("ioctl", (1, ALL, "==", 0x660C), EPERM, "EXT4_IOC_ALLOC_DA_BLKS: force a file's blocks"),
     ("ioctl", (1, ALL, "==", 0x5412), EPERM, "TIOCSTI: type into a terminal"),
     ("ioctl", (1, ALL, "==", 0x541C), EPERM, "TIOCLINUX: the console's selection and keys"),
-    ("socket", (0, ALL, "!=", AF_UNIX), EACCES, "open a network, netlink or raw socket"),
+    ("socket socketpair", (0, ALL, "!=", AF_UNIX), EACCES,
+     "open a network, netlink or raw socket (or load the module of one)"),
 )
 UNIX_SOCKET_RULES = (  # where Landlock cannot govern named unix sockets (below ABI 9)
     ("socket", None, EACCES, "connect to a named unix socket (docker.sock, D-Bus, ssh-agent)"),
     ("socketpair", (1, 0xF, "==", 2), EACCES, "a datagram pair: its sendto reaches any named "
                                               "socket (/dev/log, systemd's notify socket)"),
+    ("socketpair", (1, 0xF, "==", 3), EACCES, "SOCK_RAW, which AF_UNIX turns into the same"),
     ("bind", None, EACCES, "take an abstract socket name the host's programs use"),
 )
 
@@ -858,13 +860,14 @@ class Sandbox:
         self.confined = None if enabled else False  # None until the self-test has run
         self.status = "sandbox: off (--no-sandbox); run_python runs unconfined"
         self.said, self.lock, self.calls, self.macos = False, threading.Lock(), count(1), None
-        gib = 1 << 30
-        self.rlimits = ((resource.RLIMIT_CORE, 1, 1),  # 1, not 0: no core-dump pipe helper either
-                        (resource.RLIMIT_SIGPENDING, 256, 256),  # a per-user count, shared
-                        (resource.RLIMIT_FSIZE, gib, gib),
-                        (resource.RLIMIT_AS, 4 * gib, 4 * gib),
-                        (resource.RLIMIT_CPU, int(limits.tool_timeout) + 5,
-                         int(limits.tool_timeout) + 6))
+        gib, cpu = 1 << 30, int(limits.tool_timeout) + 5
+        self.rlimits = [(which, *lowered(which, soft, hard)) for which, soft, hard in (
+            (resource.RLIMIT_CORE, 1, 1),  # 1, not 0: no core-dump pipe helper either
+            (resource.RLIMIT_SIGPENDING, 256, 256),  # a count the kernel keeps per user
+            (resource.RLIMIT_NOFILE, 4096, 4096),  # the machine's file table is shared
+            (resource.RLIMIT_FSIZE, gib, gib),
+            (resource.RLIMIT_AS, 4 * gib, 4 * gib),
+            (resource.RLIMIT_CPU, cpu, cpu + 1))]
 
     def plan(self):
         """Find which mechanisms this machine has and build the policy; the self-test proves it."""
@@ -1031,6 +1034,13 @@ print("LEAK: " + ", ".join(leaks) if leaks else "OK")
 """
 
 
+def lowered(which, soft, hard):
+    """An rlimit no higher than the agent's own: raising one needs a privilege."""
+    current = resource.getrlimit(which)[1]
+    hard = hard if current == resource.RLIM_INFINITY else min(hard, current)
+    return min(soft, hard), hard
+
+
 def drop_capabilities(libc):
     """Empty every capability set, so that not even root's child holds a privilege."""
     for cap in range(64):  # EINVAL past the last one; EPERM for a non-root agent, whose child
@@ -1098,10 +1108,28 @@ def oom_kills(cgroups):
     return 0
 
 
+def opened_dir(dir_fd, name):
+    """Make `name` (under dir_fd) ours to walk, if it is a directory and not a symlink: 0700,
+    set through a descriptor, so a name swapped for a symlink cannot redirect the chmod."""
+    try:
+        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISDIR(os.fstat(fd).st_mode):
+            return False
+        os.chmod(f"/proc/self/fd/{fd}", 0o700)  # a script may have taken r, w or x away
+        return True
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
 def remove_tree(root):
     """Remove a directory tree however a script shaped it (any depth, any name length, no
-    read permission): each subdirectory is moved up to the top before it is emptied, so the
-    walk never goes deeper than one level and never follows a symlink."""
+    permission): each subdirectory is moved up to the top before it is emptied, so the walk
+    never goes deeper than one level and never follows a symlink."""
     try:
         top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -1111,8 +1139,6 @@ def remove_tree(root):
         while queue:
             name = queue.pop()
             try:
-                if name is not None:
-                    os.chmod(name, 0o700, dir_fd=top)  # ours: a script may have taken r or x
                 fd = top if name is None else os.open(
                     name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=top)
             except OSError:
@@ -1120,7 +1146,7 @@ def remove_tree(root):
             try:
                 for entry in list(os.scandir(fd)):
                     try:
-                        if entry.is_dir(follow_symlinks=False):
+                        if opened_dir(fd, entry.name):
                             flat = f".gone-{next(moved)}"
                             os.rename(entry.name, flat, src_dir_fd=fd, dst_dir_fd=top)
                             queue.append(flat)
@@ -1223,7 +1249,9 @@ class Call:
             fd = self.keeper_end
             os.closerange(0, fd)  # hold nothing of the agent's, other calls' ends included
             os.closerange(fd + 1, MAX_FD)
-            signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # the agent may be gone
+            for sig in (signal.SIGPIPE, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_IGN)  # a `pkill agent.py` must not leave the
+            # script running: the keeper goes only when its group is dead (or by SIGKILL)
             try:
                 os.setpgid(script, script)  # as the script does: whoever is first, the group
             except OSError:  # exists before anything can be killed
@@ -1254,6 +1282,10 @@ class Call:
                     pass
             cleanup(self.root, self.cgroups)
         finally:
+            try:  # whatever went wrong above, the group does not outlive the keeper
+                os.killpg(script, signal.SIGKILL)
+            except OSError:
+                pass
             os._exit(0)
 
     def started(self):

@@ -195,6 +195,8 @@ attempt("socket_netlink", lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_R
 attempt("socket_unix", lambda: socket.socket(socket.AF_UNIX) and "ok")
 attempt("socketpair", lambda: socket.socketpair() and "ok")
 attempt("socketpair_dgram", lambda: socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM) and "ok")
+attempt("socketpair_raw", lambda: socket.socketpair(socket.AF_UNIX, socket.SOCK_RAW) and "ok")
+attempt("socketpair_inet", lambda: sc("socketpair", 2, 1, 0, buf))
 attempt("bind_abstract", lambda: socket.socketpair()[0].bind(b"\\0agent-test-squat") or "ok")
 import fcntl
 directory = os.open("/usr/lib", os.O_RDONLY)
@@ -232,6 +234,8 @@ REFUSED = {  # route -> the errno that says the sandbox stopped it
     "socket_inet": "EACCES", "socket_netlink": "EACCES",
     "socket_unix": "EACCES",  # named unix sockets are open to Landlock only from ABI 9
     "socketpair_dgram": "EACCES",  # its sendto would reach /dev/log and the like
+    "socketpair_raw": "EACCES",  # AF_UNIX makes SOCK_RAW a datagram pair too
+    "socketpair_inet": "EACCES",  # no other family, nor the kernel module it would load
     "bind_abstract": "EACCES",  # squatting a name the host's programs use
 }
 STILL_ALLOWED = ("prlimit_self", "setpriority_self", "mkfifo", "socketpair")
@@ -447,6 +451,53 @@ def test_kill_9_of_the_agent_takes_the_script_and_its_traces_with_it(workdir, tm
     time.sleep(0.3)
     assert not os.path.exists(os.path.dirname(home)), "the call's directory outlived the agent"
     assert not [d for d in cgroups if d.exists()], "the call's cgroup outlived the agent"
+
+
+def test_a_pkill_of_agent_py_hits_the_keeper_too_and_still_nothing_survives(workdir):
+    """The keeper is a fork of the agent: `pkill -f agent.py` signals both. It ignores the
+    signal, sees the agent go, kills the group and cleans up."""
+    code = ("import os, subprocess, time\n"
+            "kid = subprocess.Popen(['sleep', '60'])\n"
+            "open('info.tmp', 'w').write(f\"{os.environ['HOME']} {os.getppid()} {kid.pid}\")\n"
+            "os.rename('info.tmp', 'info')\n"
+            "time.sleep(60)\n")
+    driver = (f"import sys; sys.path.insert(0, {str(Path(agent.__file__).parent)!r})\n"
+              "import agent\nfrom pathlib import Path\n"
+              f"box = agent.Sandbox(Path({str(os.path.realpath(workdir))!r}), True, agent.Limits())\n"
+              "box.ready()\n"
+              f"agent.execute({code!r}, box.workdir, box, 60, 1000)\n")
+    proc = subprocess.Popen([sys.executable, "-c", driver])
+    deadline = time.monotonic() + 30
+    while not (workdir / "info").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    home, keeper, kid = (workdir / "info").read_text().split()
+    for pid in (proc.pid, int(keeper)):
+        os.kill(pid, signal.SIGTERM)
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while (alive(int(kid)) or os.path.exists(home)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(int(kid)) and not os.path.exists(os.path.dirname(home))
+
+
+@needs_root
+def test_remove_tree_as_an_ordinary_user_takes_directories_without_permission():
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if python is None:
+        pytest.skip("no /usr/bin/python3 an ordinary user can run")
+    nobody = pwd.getpwnam("nobody")
+    root = Path(agent.tempfile.mkdtemp(prefix="agent-test-rm-", dir="/tmp"))
+    os.chown(root, nobody.pw_uid, nobody.pw_gid)
+    make = ("import os, sys\nos.chdir(sys.argv[1])\n"
+            "for i in range(50):\n    os.mkdir(f'z{i}', 0)\n"  # no r, w or x: not even its own
+            "os.mkdir('d'); os.mkdir('d/inner'); os.chmod('d', 0o500)\n"
+            "for i in range(20):\n    os.makedirs(f'n{i}/m'); os.chmod(f'n{i}/m', 0)\n")
+    remove = f"import sys; sys.path.insert(0, {str(Path(agent.__file__).parent)!r}); " \
+             "import agent; agent.remove_tree(sys.argv[1])"
+    for script in (make, remove):
+        subprocess.run([python, "-c", script, str(root)], check=True, timeout=60,
+                       user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[], cwd="/")
+    assert not root.exists()
 
 
 @needs_landlock
