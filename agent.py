@@ -1410,7 +1410,7 @@ def check_stop(message, content, turn, last_turn, used, limits, cut=None):
     if turn >= last_turn:
         ignored = (f"; the server ignored tool_choice none, and its {calls} tool "
                    f"call{'s' * (calls != 1)} were not run" if calls else "")
-        return Stop("max_turns", f"reached the limit of {limits.max_turns} turns; the last one "
+        return Stop("max_turns", f"reached the limit of {plural(limits.max_turns, 'turn')}; the last one "
                                  f"ran with tools off{ignored}")
     if reason in ("end_turn", "stop_sequence"):
         return Stop(reason, "the model finished")
@@ -1429,7 +1429,7 @@ def check_stop(message, content, turn, last_turn, used, limits, cut=None):
         return Stop("token_budget", f"used {used['tokens']} tokens of the {limits.token_budget} "
                                     "budget; the pending tool calls were not run")
     if limits.budget_usd is not None and (used["cost_usd"] or 0) >= limits.budget_usd:
-        return Stop("cost_budget", f"spent ${used['cost_usd']:.4f} of the ${limits.budget_usd:g} "
+        return Stop("cost_budget", f"spent ${used['cost_usd']:.6f} of the ${limits.budget_usd:.6f} "
                                    "budget; the pending tool calls were not run")
     return None
 
@@ -1810,7 +1810,7 @@ def count_tokens(client, model, question):
                   everything - with_system)]
     rows.append(("every request starts with", everything))
     width = max(len(label) for label, _ in rows)
-    return "\n".join([f"{model}, input tokens by the API's count_tokens:"] +
+    return "\n".join([f"{model}, input tokens by the API's count_tokens, for {question!r}:"] +
                       [f"  {label:<{width}}  {n:>7,}" for label, n in rows])
 
 
@@ -2122,7 +2122,10 @@ SUMMARY_SCHEMA = {
            "stops": {"type": "object", "additionalProperties": COUNT},
            "per_trial": obj({k: SPREAD for k in ("turns", "tokens", "cost_usd", "seconds")}),
            "tokens": COUNT, "cost_usd": nullable(NUMBER), "trials": array(TRIAL_SCHEMA),
-           "interrupted": BOOL})}
+           "interrupted": BOOL, "question": STRING, "model": STRING,
+           "expect": obj({"regex": nullable(STRING), "tool": nullable(STRING),
+                          "stop": nullable(STRING)}),
+           "decline_message": STRING})}
 SCHEMAS = {"transcript": TRANSCRIPT_SCHEMA, "events": EVENTS_SCHEMA, "summary": SUMMARY_SCHEMA}
 
 
@@ -2276,7 +2279,8 @@ def load_transcript(path, workdir=None):
 
 
 def prepare_resume(session, question):
-    """Make the saved history valid to send again, then add the follow-up question."""
+    """Make the saved history valid to send again, then add the follow-up question. Returns
+    the session and how many pending tool calls were answered "not run"."""
     messages = session["messages"]
     last = messages[-1]
     pending = [b for b in last["content"] if b.get("type") == "tool_use"]
@@ -2302,7 +2306,7 @@ def prepare_resume(session, question):
     session.update(system=SYSTEM_PROMPT, tools=TOOLS, stop=None, answer=None, ended_at=None,
                    agent_version=AGENT_VERSION)
     session.setdefault("run_id", uuid.uuid4().hex)
-    return session
+    return session, len(pending) if last["role"] == "assistant" else 0
 
 
 # --- trials: how stable is a behaviour ---
@@ -2400,7 +2404,8 @@ border:1px solid #ccc;border-radius:4px;padding:0 .4em;margin:.1em}.msg{margin:.
 .legend span{display:inline-block;width:.8em;height:.8em;margin:0 .3em 0 1em}
 .l-input{background:#4e79a7}.l-write{background:#f28e2b}.l-read{background:#59a14f}
 .l-output{background:#e15759}.l-cost{background:#222;height:.2em!important}
-.line-at{fill:none;stroke:#4e79a7;stroke-width:2}.line-hat{fill:none;stroke:#e15759;stroke-width:2}"""
+.line-at{fill:none;stroke:#4e79a7;stroke-width:2}.line-hat{fill:none;stroke:#e15759;stroke-width:2;
+stroke-dasharray:6 4}"""
 SEGMENTS = (("input_tokens", "input", "fresh input"), ("cache_creation_input_tokens", "write",
             "cache writes"), ("cache_read_input_tokens", "read", "cache reads"),
             ("output_tokens", "output", "output"))
@@ -2547,13 +2552,17 @@ def trials_report(summary, links):
     width, height = 360, 180
     plot = [f'<svg class="passk" width="{width}" height="{height}" viewBox="0 0 {width} '
             f'{height}" role="img" aria-label="pass@k and pass^k">']
+    x = lambda k: 30 + (k - 1) / max(len(ks) - 1, 1) * (width - 50)  # noqa: E731
     for key, values in (("at", at), ("hat", hat)):
-        pts = " ".join(f"{30 + (k - 1) / max(len(ks) - 1, 1) * (width - 50):.1f},"
-                       f"{height - 20 - num(values.get(str(k))) * (height - 40):.1f}" for k in ks)
+        pts = " ".join(f"{x(k):.1f},{height - 20 - num(values.get(str(k))) * (height - 40):.1f}"
+                       for k in ks)
         plot.append(f'<polyline class="line-{key}" points="{pts}"/>')
+    plot += [f'<text class="axis" x="{x(k):.1f}" y="{height - 4}" text-anchor="middle">k={k}'
+             '</text>' for k in ks]
     plot.append('<text class="axis" x="4" y="14">1.0</text><text class="axis" x="4" '
                 f'y="{height - 20}">0</text></svg><p class="legend"><span class="l-input">'
-                '</span>pass@k<span class="l-output"></span>pass^k</p>')
+                '</span>pass@k<span class="l-output"></span>pass^k (dashed; the lines meet '
+                'where every trial passed or none did)</p>')
     trials = []
     for tr in items(summary.get("trials")):
         link = links.get(tr.get("index"))
@@ -2564,11 +2573,18 @@ def trials_report(summary, links):
                       f"</td><td>{esc(tr.get('turns'))}</td><td>{num(tr.get('tokens')):,}</td>"
                       f"<td>{money(tr.get('cost_usd'))}</td></tr>")
     interval = summary.get("pass@1_wilson95")
-    interval = interval if isinstance(interval, list) and len(interval) == 2 else ["?", "?"]
-    head = (f"<h1>agent.py trials</h1><p>{esc(summary.get('n'))} of "
+    interval = [f"{num(v):.3f}" for v in interval] if isinstance(interval, list) and \
+        len(interval) == 2 else ["?", "?"]
+    p1 = summary.get("pass@1")
+    expect = {k: v for k, v in fields(summary.get("expect")).items() if v}
+    head = (f"<h1>agent.py trials</h1><div class=\"q\">{esc(summary.get('question', ''))}</div>"
+            f"<p>model <b>{esc(summary.get('model', '?'))}</b> · a trial passes when "
+            f"{esc(json.dumps(expect, ensure_ascii=False) if expect else 'it ends with end_turn')}"
+            f" · a declined call tells the model: {esc(summary.get('decline_message', '?'))}</p>"
+            f"<p>{esc(summary.get('n'))} of "
             f"{esc(summary.get('requested'))} ran: {esc(summary.get('passes'))} passed, "
             f"{esc(summary.get('failed'))} failed, {esc(summary.get('errored'))} errored "
-            f"(not counted in pass@k). pass@1 = {esc(summary.get('pass@1'))}, 95% Wilson "
+            f"(not counted in pass@k). pass@1 = {esc(f'{p1:.3f}' if isinstance(p1, float) else p1)}, 95% Wilson "
             f"interval {esc(interval[0])}–{esc(interval[1])}.</p>")
     return page("agent.py trials", head + "<h2>pass@k and pass^k</h2><table><tr><th>k</th><th>"
                 "pass@k</th><th>pass^k</th></tr>" + rows + "</table>" + "".join(plot)
@@ -2747,6 +2763,8 @@ def make_approver(yes, no_sandbox, sandbox, stdin):
                              "--- run it? [y/N] ")
             sys.stderr.flush()
             answer = stdin.readline()
+            if not answer.endswith("\n"):  # no one answered (stdin closed): end the line
+                sys.stderr.write("(no answer: declined)\n")
         return answer.strip().lower() in ("y", "yes")
     return approve
 
@@ -2811,7 +2829,7 @@ def parse_args(argv):
     add("--expect-tool", metavar="NAME", choices=list(TOOL_FUNCTIONS), help="... and it used this tool")
     add("--expect-stop", metavar="LABEL", choices=list(EXIT_CODES), help="... and stopped so")
     add("--decline-message", metavar="TEXT", help="what a declined run_python call tells the "
-                                                  "model (default: DECLINE_MESSAGE)")
+        "model (default: not to retry it, and to ask the user how to proceed)")
     add("--clear-tool-results", type=tokens_or_off, metavar="TOKENS|off",
         default=Limits.clear_at, help="once a prompt reaches TOKENS, send old tool results as "
         f"a one-line placeholder (default: {Limits.clear_at:,})")
@@ -2854,6 +2872,10 @@ def parse_args(argv):
         raise UsageError("--decline-message must not be empty")
     if args.trials is None and (args.expect or args.expect_tool or args.expect_stop):
         raise UsageError("--expect, --expect-tool and --expect-stop need --trials")
+    if args.trials is None and args.jobs != 1:
+        raise UsageError("--jobs needs --trials")
+    if args.output and not args.report:
+        raise UsageError("-o/--output goes with --report")
     if args.trials is not None and args.resume:
         raise UsageError("--trials cannot be combined with --resume")
     if args.events == "-" and args.transcript == "-":
@@ -2869,7 +2891,7 @@ INSTALL = ("agent.py needs the anthropic and python-dotenv packages, which {pyth
 PLACEHOLDER_KEY = "sk-ant-..."  # what .env.example holds
 
 
-def check_workdir(workdir):
+def check_workdir(workdir, given=True):
     """Refuse a workdir that holds what runs agent.py: the model's code could rewrite it."""
     harness = [("agent.py", __file__), ("the Python interpreter", sys.executable),
                ("the environment agent.py runs in", sys.prefix),
@@ -2878,7 +2900,9 @@ def check_workdir(workdir):
     for what, path in harness:
         real = Path(os.path.realpath(path))
         if real.is_relative_to(workdir):
-            raise UsageError(f"--workdir {workdir} holds {what} ({real}), which the model's code "
+            where = f"--workdir {workdir}" if given else f"the workdir {workdir} (the current " \
+                "directory, as no --workdir was given)"
+            raise UsageError(f"{where} holds {what} ({real}), which the model's code "
                              "could rewrite before the next run: pass --workdir with the "
                              "directory of the data, e.g. --workdir workspace")
 
@@ -2911,17 +2935,17 @@ def load_config(workdir, report):
 
 
 def make_client(config, limits):
-    try:
-        import anthropic  # about 2-3 s: only once a request is about to be made
-    except ImportError:
-        raise UsageError(INSTALL.format(python=sys.executable))
-    key = config["ANTHROPIC_API_KEY"]
+    key = config["ANTHROPIC_API_KEY"]  # checked before the 2 s import, so it says so at once
     if not key:
         raise UsageError("no API key: set ANTHROPIC_API_KEY in the environment or in .env "
                          "(copy .env.example to .env)")
     if key == PLACEHOLDER_KEY or key.endswith("..."):
         raise UsageError("ANTHROPIC_API_KEY is still the placeholder from .env.example: put "
                          "your own key there")
+    try:
+        import anthropic  # about 2-3 s: only once a request is about to be made
+    except ImportError:
+        raise UsageError(INSTALL.format(python=sys.executable))
     return anthropic.Anthropic(api_key=key, max_retries=0,
                                base_url=config["ANTHROPIC_BASE_URL"] or None,
                                timeout=anthropic.Timeout(limits.request_timeout, connect=10.0))
@@ -2941,7 +2965,7 @@ def print_summary(summary, report):
             say(f"{k:>4}   {summary['pass_at_k'][k]:.3f}    {summary['pass_hat_k'][k]:.3f}")
     say("stops: " + ", ".join(f"{label} {n}" for label, n in summary["stops"].items()))
     per = summary["per_trial"]
-    money = lambda v: "unknown" if v is None else f"${v:.4f}"  # noqa: E731
+    money = lambda v: "unknown" if v is None else f"${v:.6f}"  # noqa: E731
     for key, show in (("turns", "{:.1f}"), ("tokens", "{:.0f}"), ("seconds", "{:.1f}")):
         if per[key]["mean"] is not None:
             say(f"per trial: {key} mean {show.format(per[key]['mean'])}, median "
@@ -2967,7 +2991,8 @@ def run_trials(args, client, model, workdir, limits, ctx, output, events):
         report.emit("trial.start", transcript=str(out.path) if out else None)
         started = time.monotonic()
         stop = drive(client, session, limits, ctx, report, Saver(out))
-        report.line(f"trial {index}: {stop.reason} ({stop.detail})", always=True)
+        report.line(f"stop: {stop.reason} ({stop.detail})" if report.prefix else
+                    f"trial {index}: {stop.reason} ({stop.detail})", always=True)
         results.append({"index": index, "stop": stop.reason, "turns": len(session["turns"]),
                         "tokens": session["usage"]["tokens"],
                         "cost_usd": session["usage"]["cost_usd"],
@@ -2989,7 +3014,8 @@ def run_trials(args, client, model, workdir, limits, ctx, output, events):
         wait(futures, timeout=10)
     pool.shutdown(wait=False, cancel_futures=True)
     summary = summarize(results, args.trials)
-    summary["interrupted"] = interrupted
+    summary.update(interrupted=interrupted, question=args.question, model=model,
+                   expect=expect, decline_message=ctx.decline_message)  # what was measured
     report = Reporter(args.quiet, events=events)
     print_summary(summary, report)
     if interrupted:
@@ -3043,12 +3069,12 @@ def main(argv=None, client=None, stdin=None):
                                args.question or EXAMPLE_QUESTION))
             return 0
         report.quiet = args.quiet
-        session = prepare_resume(load_transcript(args.resume), args.question) \
-            if args.resume else None
+        session, unanswered = prepare_resume(load_transcript(args.resume), args.question) \
+            if args.resume else (None, 0)
         workdir = Path(os.path.realpath(args.workdir or (session or {}).get("workdir") or "."))
         if not workdir.is_dir():
             raise UsageError(f"--workdir {workdir} is not a directory")
-        check_workdir(workdir)
+        check_workdir(workdir, given=bool(args.workdir or args.resume))
         if args.resume and Path(os.path.realpath(args.resume)).is_relative_to(workdir):
             raise UsageError(f"--resume {args.resume} is inside the workdir {workdir}, where the "
                              "model's code could have rewritten it; it is not resumed")
@@ -3107,7 +3133,9 @@ def main(argv=None, client=None, stdin=None):
             session.update(model=model, workdir=str(workdir), run_id=run_id,
                            effort=args.effort or session.get("effort"))
             report.line(f"resuming {args.resume}: {plural(len(session['turns']), 'turn')} so "
-                        f"far; workdir {workdir}; model {model}", always=True)
+                        f"far; workdir {workdir}; model {model}" + (
+                            f"; {plural(unanswered, 'pending tool call')} answered 'not run'"
+                            if unanswered else ""), always=True)
         stop = drive(client, session, limits, ctx, report, Saver(output))
         report.flush_text()
         u, turns = session["usage"], plural(len(session["turns"]), "turn")

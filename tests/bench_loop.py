@@ -6,10 +6,8 @@ Reports (a) agent.py's time per turn, with --transcript and --events, next to a 
 loop sending the same requests (rounds alternated, ratio of medians), (b) the time from
 starting the process to its first request, against a bare SDK script, (c) input tokens
 billed with prompt caching and without, and (d) the bytes sent per request as the session
-grows. Tokens are estimated as bytes/4 of the prompt
-(system + tools + messages); the stand-in treats the previous request's prompt as cached
-when the new one starts with it, as the API's cache_control does (no minimum length).
-Not part of the test run.
+grows. The stand-in bills as the API's prompt cache does (tests/cache_model.py; tokens are
+bytes / 4). Not part of the test run.
 """
 
 import argparse
@@ -28,31 +26,22 @@ from pathlib import Path
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 
 import agent  # noqa: E402
+from cache_model import PromptCache  # noqa: E402
 from fake_api import FakeAPI  # noqa: E402
 
 
-def prompt_tokens(body):
-    return len(json.dumps([body.get("system"), body.get("tools"), body["messages"]],
-                          ensure_ascii=False).encode()) // 4
-
-
 class CachingStandIn:
-    """Replies read_file until `turns` tool turns are done; bills as the cache would."""
+    """Replies read_file until `turns` tool turns are done; bills as the API's cache would
+    (tests/cache_model.py: breakpoints, lookback, the 512-token minimum)."""
 
     def __init__(self, turns):
-        self.turns, self.n, self.previous, self.bills = turns, 0, None, []
+        self.turns, self.n, self.cache, self.bills = turns, 0, PromptCache(), []
 
     def __call__(self, body):
         self.n += 1
-        total = prompt_tokens(body)
-        history = json.dumps(body["messages"])
-        cached = self.previous[1] if self.previous and body.get("cache_control") and \
-            history.startswith(self.previous[0][:-1]) else 0
-        write = total - cached if body.get("cache_control") else 0
-        usage = {"input_tokens": total - cached - write, "output_tokens": 20,
-                 "cache_creation_input_tokens": write, "cache_read_input_tokens": cached}
+        usage = self.cache.bill(body)
+        total = sum(usage[k] for k in agent.COUNTS if k != "output_tokens")
         self.bills.append((total, usage, len(json.dumps(body).encode())))
-        self.previous = (history, total)
         if self.n <= self.turns:
             content = [{"type": "tool_use", "id": f"toolu_{self.n:04d}", "name": "read_file",
                         "input": {"path": "scores.csv"}}]

@@ -805,6 +805,8 @@ def test_key_comes_from_dotenv_and_the_environment_wins(tmp_path, monkeypatch):
     (["q", "--expect", "("], "not a valid regex"),
     (["q", "--decline-message", " "], "must not be empty"),
     (["q", "--expect", "x"], "need --trials"),
+    (["q", "--jobs", "2"], "--jobs needs --trials"),
+    (["q", "-o", "x.html"], "goes with --report"),
 ])
 def test_usage_errors_exit_2_with_one_line_and_send_nothing(capsys, argv, fragment):
     client = FakeClient()

@@ -172,6 +172,9 @@ def test_the_summary_keeps_infrastructure_failures_apart(capsys, workdir, tmp_pa
     low, high = s["pass@1_wilson95"]
     assert low == pytest.approx(0.2077, abs=1e-3) and high == pytest.approx(0.9385, abs=1e-3)
     assert s["stops"] == {"api_error": 1, "end_turn": 3}
+    assert (s["question"], s["model"], s["expect"]) == (
+        "q", "claude-haiku-5-5", {"regex": r"\b42\b", "tool": None, "stop": None})
+    assert s["decline_message"] == agent.DECLINE_MESSAGE
     assert s["per_trial"]["turns"] == {"mean": 0.75, "median": 1.0}
     assert "1 errored" in err and "Wilson" in err and "median" in err
 

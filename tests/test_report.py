@@ -75,6 +75,7 @@ def test_a_trials_report_links_a_report_per_trial(capsys, workdir, tmp_path):
     for i in (1, 2, 3):
         assert f'href="trials.{i}.html"' in page and (tmp_path / f"trials.{i}.html").exists()
     assert "1 errored" in page and err.count("report:") == 4
+    assert "claude-haiku-5-5" in page and '{&quot;regex&quot;: &quot;42&quot;}' in page
 
 
 @pytest.mark.parametrize("document", [
