@@ -1726,7 +1726,8 @@ def clear_old_results(session, limits):
     freed = sum(estimated_tokens(b) for b in old)
     if not old or freed < limits.clear_at_least:
         return None
-    session["cleared"] += [b["tool_use_id"] for b in old]
+    session["cleared"] = session["cleared"] + [b["tool_use_id"] for b in old]  # a new list: a
+    # snapshot being written keeps the old one
     return len(old), freed
 
 
@@ -1934,7 +1935,7 @@ def drive(client, session, limits, ctx, report, save):
     session["answer"] = final_text(session) if stop.reason in TEXT_STOPS else None
     session["usage"] = total_usage(session)
     session["ended_at"] = now()
-    save(session)
+    save(session, final=True)
     save.wait()
     return stop
 
@@ -2004,15 +2005,26 @@ class OutputFile:
         except OSError as e:
             raise UsageError(f"{flag} {path} cannot be written: {e.strerror}")
 
-    def write(self, data, replace=True):
-        """Write `data` to a new file beside the target, then rename it over the target."""
+    def write(self, data, durable=False):
+        """Write `data` to a new file beside the target, then swap it in for the target. A turn's
+        save swaps the two names (RENAME_EXCHANGE) and unlinks the old file: as atomic as a
+        rename, and five times cheaper on ext4, whose rename over a file forces the new one's
+        blocks out. `durable` (the last save) fsyncs and renames, to survive a power cut too."""
         self.temp = f".{self.name}.{os.getpid()}.{threading.get_ident()}.tmp"
         fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW |
                      os.O_CLOEXEC, 0o600, dir_fd=self.dir_fd)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
-            if data:
+                if durable:
+                    f.flush()
+                    os.fsync(f.fileno())
+            if not data:
+                return
+            if not durable and getattr(LIBC, "renameat2", None) and LIBC.renameat2(
+                    self.dir_fd, self.temp.encode(), self.dir_fd, self.name.encode(), 2) == 0:
+                os.unlink(self.temp, dir_fd=self.dir_fd)  # now the old transcript
+            else:  # the first save, or no RENAME_EXCHANGE here
                 os.replace(self.temp, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
         except BaseException:
             try:
@@ -2130,27 +2142,29 @@ SCHEMAS = {"transcript": TRANSCRIPT_SCHEMA, "events": EVENTS_SCHEMA, "summary": 
 
 
 class Saver:
-    """Keeps a transcript on disk, off the loop's path: save() takes the snapshot (one line of
-    JSON) at once and a thread writes it while the next request is on the wire. wait() returns
-    when everything saved is on disk, raising what a write raised; the loop waits before any
-    tool runs, so the file is never behind a side effect, and at the end."""
+    """Keeps a transcript on disk, off the loop's path: save() takes a snapshot at once and a
+    thread serialises and writes it while the next request is on the wire. wait() returns when
+    everything saved is on disk, raising what a write raised; the loop waits before any tool
+    runs, so the file is never behind a side effect, and at the end."""
 
     def __init__(self, output):
         self.output, self.queue, self.error = output, queue.Queue(), None
         if output:
             threading.Thread(target=self.work, daemon=True).start()
 
-    def __call__(self, document):
-        if self.output:
-            self.queue.put(dump(document))
+    def __call__(self, session, final=False):
+        if self.output:  # the lists the loop appends to are copied; blocks never change
+            self.queue.put((dict(session, turns=[dict(t) for t in session["turns"]],
+                                 messages=[dict(m, content=list(m["content"]))
+                                           for m in session["messages"]]), final))
 
     def work(self):
         while True:
-            data = self.queue.get()
+            document, final = self.queue.get()
             try:
                 if self.error is None:
-                    self.output.write(data)
-            except OSError as e:
+                    self.output.write(dump(document), durable=final)
+            except Exception as e:  # a full disk, say: the loop hears of it at its next wait
                 self.error = e
             finally:
                 self.queue.task_done()
@@ -3027,7 +3041,7 @@ def run_trials(args, client, model, workdir, limits, ctx, output, events):
         sys.stdout.buffer.write(dump(summary))
         sys.stdout.flush()
     elif output:
-        output.write(dump(summary))
+        output.write(dump(summary), durable=True)
     if interrupted:
         code, label = EXIT_CODES["interrupted"], "interrupted"
     else:

@@ -53,15 +53,18 @@ class CachingStandIn:
                 "stop_reason": "end_turn", "usage": usage}
 
 
-def harness_round(turns, workspace):
-    """One 100-turn session through agent.main, keeping a transcript and an event stream."""
+def harness_round(turns, workspace, keep=True):
+    """One 100-turn session through agent.main, keeping a transcript and an event stream
+    (or, with keep False, neither)."""
     stand_in = CachingStandIn(turns)
     with FakeAPI([stand_in] * (turns + 1)) as api, tempfile.TemporaryDirectory() as tmp:
         client = agent.make_client({"ANTHROPIC_API_KEY": "bench", "ANTHROPIC_BASE_URL": api.url,
                                     "ANTHROPIC_MODEL": None}, agent.Limits())
         argv = ["q", "--workdir", str(workspace), "--quiet", "--no-sandbox",
-                "--max-turns", str(turns + 2), "--transcript", os.path.join(tmp, "bench.json"),
-                "--events", os.path.join(tmp, "bench.events.jsonl")]
+                "--max-turns", str(turns + 2)]
+        if keep:
+            argv += ["--transcript", os.path.join(tmp, "bench.json"),
+                     "--events", os.path.join(tmp, "bench.events.jsonl")]
         started = time.perf_counter()
         with redirect_stderr(io.StringIO()), redirect_stdout(io.StringIO()):
             code = agent.main(argv, client=client)
@@ -119,18 +122,21 @@ def main():
     args = parser.parse_args()
     root = Path(__file__).resolve().parent.parent
     workspace = root / "workspace"
-    harness, bare = [], []
-    for _ in range(args.rounds):  # alternated, so that the machine's drift hits both alike
+    harness, plain, bare = [], [], []
+    for _ in range(args.rounds):  # alternated, so that the machine's drift hits all alike
         seconds, requests, stand_in = harness_round(args.turns, workspace)
         harness.append(seconds)
+        plain.append(harness_round(args.turns, workspace, keep=False)[0])
         bare.append(bare_round(requests))
     n = len(requests)
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
           f"{platform.python_version()}, {time.strftime('%Y-%m-%d')}")
-    h, b = statistics.median(harness), statistics.median(bare)
-    print(f"(a) {n} requests, {args.rounds} alternated rounds: agent.py with --transcript and "
-          f"--events {h / n * 1000:.2f} ms/turn, bare SDK loop {b / n * 1000:.2f} ms/request "
-          f"(medians); ratio {h / b:.3f}")
+    h, p, b = (statistics.median(x) for x in (harness, plain, bare))
+    print(f"(a) {n} requests, {args.rounds} alternated rounds, medians: agent.py with "
+          f"--transcript and --events {h / n * 1000:.2f} ms/turn, without them "
+          f"{p / n * 1000:.2f} ms/turn, bare SDK loop {b / n * 1000:.2f} ms/request; ratios to "
+          f"the bare loop {h / b:.3f} and {p / b:.3f}; the transcript and events cost "
+          f"{(h - p) / n * 1000:+.2f} ms/turn")
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC")}
     env["ANTHROPIC_API_KEY"] = "bench-key-0123456789"
     starts = {"agent.py": [], "bare": []}
