@@ -566,7 +566,10 @@ def test_the_transcript_is_on_disk_before_any_tool_runs(capsys, workdir, tmp_pat
 def test_transcript_write_is_atomic(tmp_path):
     path = tmp_path / "run.json"
     out = agent.OutputFile(path, None)
+    out.write(agent.dump({"ok": 0}))  # the first save renames; the next ones swap names
+    inode = path.stat().st_ino
     out.write(agent.dump({"ok": 1}))
+    assert path.stat().st_ino != inode and [p.name for p in tmp_path.iterdir()] == ["run.json"]
 
     class Halfway(bytes):  # a write that fails after the temp file was created
         def __len__(self):
