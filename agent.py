@@ -2149,6 +2149,7 @@ class Saver:
 
     def __init__(self, output):
         self.output, self.queue, self.error = output, queue.Queue(), None
+        self.done = {"messages": [], "turns": []}  # their finished items, encoded once
         if output:
             threading.Thread(target=self.work, daemon=True).start()
 
@@ -2163,11 +2164,26 @@ class Saver:
             document, final = self.queue.get()
             try:
                 if self.error is None:
-                    self.output.write(dump(document), durable=final)
+                    self.output.write(self.encode(document), durable=final)
             except Exception as e:  # a full disk, say: the loop hears of it at its next wait
                 self.error = e
             finally:
                 self.queue.task_done()
+
+    def encode(self, document):
+        """dump(document), byte for byte, but each message and turn is encoded once: only the
+        last of each can still change, so a save costs what is new, not the whole history."""
+        fields = []
+        for key, value in document.items():
+            if key in self.done:
+                done = self.done[key]
+                del done[max(len(value) - 1, 0):]
+                done.extend(dump(item)[:-1] for item in value[len(done):-1])
+                value = b"[" + b",".join(done + [dump(item)[:-1] for item in value[-1:]]) + b"]"
+            else:
+                value = dump(value)[:-1]
+            fields.append(dump(key)[:-1] + b":" + value)
+        return b"{" + b",".join(fields) + b"}\n"
 
     def wait(self):
         self.queue.join()

@@ -563,6 +563,34 @@ def test_the_transcript_is_on_disk_before_any_tool_runs(capsys, workdir, tmp_pat
     assert json.loads(path.read_text())["stop"]["reason"] == "end_turn"
 
 
+def test_each_save_writes_what_dump_would_write(capsys, workdir, tmp_path, monkeypatch):
+    """Finished messages and turns are encoded once and reused: the bytes must stay those of
+    dump(), across a growing history, the last turn's note appended to the last message, and
+    a resume that appends its question."""
+    saves = []
+
+    class Checked(agent.Saver):
+        def encode(self, document):
+            got = super().encode(document)
+            saves.append((got, agent.dump(document)))
+            return got
+
+    monkeypatch.setattr(agent, "Saver", Checked)
+    path = tmp_path / "run.json"
+    client = FakeClient(reply(tool_use("read_file", {"path": "notes.md"})),
+                        reply(tool_use("read_file", {"path": "scores.csv"}),
+                              tool_use("read_file", {"path": "notes.md"})),
+                        reply(tool_use("read_file", {"path": "scores.csv"})),
+                        reply(text("ok")), reply(text("again")))
+    code, _, _ = run(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path),
+                              "--max-turns", "4"], client)
+    assert code == 3  # the last turn: its note was appended to the last message
+    code, _, _ = run(capsys, ["--resume", str(path), "and now?"], client)
+    assert code == 0 and len(saves) == 5  # three turns, two stops
+    assert all(got == want for got, want in saves)
+    assert json.loads(path.read_text())["answer"] == "again"
+
+
 def test_transcript_write_is_atomic(tmp_path):
     path = tmp_path / "run.json"
     out = agent.OutputFile(path, None)
