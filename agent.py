@@ -2154,10 +2154,11 @@ class Saver:
             threading.Thread(target=self.work, daemon=True).start()
 
     def __call__(self, session, final=False):
-        if self.output:  # the lists the loop appends to are copied; blocks never change
-            self.queue.put((dict(session, turns=[dict(t) for t in session["turns"]],
-                                 messages=[dict(m, content=list(m["content"]))
-                                           for m in session["messages"]]), final))
+        if self.output:  # the lists are copied, and the last of each, which may still change
+            turns, messages = session["turns"], session["messages"]
+            self.queue.put((dict(session, turns=turns[:-1] + [dict(t) for t in turns[-1:]],
+                                 messages=messages[:-1] + [dict(m, content=list(m["content"]))
+                                                           for m in messages[-1:]]), final))
 
     def work(self):
         while True:
