@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import tempfile
+import time
 from pathlib import Path
 
 import jsonschema
@@ -126,20 +127,34 @@ def documents_match_their_schema(monkeypatch):
         errors.extend(schema_errors(json.loads(data)))
         return data
 
+    def encode(saver, document):  # a transcript save, encoded piece by piece
+        data = real_encode(saver, document)
+        errors.extend(schema_errors(json.loads(data), "transcript"))
+        return data
+
+    real_encode = agent.Saver.encode
     monkeypatch.setattr(agent, "dump", dump)
+    monkeypatch.setattr(agent.Saver, "encode", encode)
     yield
     assert not errors, errors[:5]
 
 
 @pytest.fixture(scope="session", autouse=True)
 def nothing_left_in_tmp():
-    """agent.py's per-call directories and canaries are gone when the tests are."""
-    tmp = Path(tempfile.gettempdir())
-    mine = lambda: {p.name for p in tmp.glob("agent-*") if p.lstat().st_uid == os.getuid()}  # noqa: E731
+    """agent.py's per-call directories, canaries and cgroups are gone when the tests are."""
+    tmp, cgroups = Path(tempfile.gettempdir()), (agent.cgroup_parents() or (None, []))[1]
+
+    def mine():
+        return ({str(p) for p in tmp.glob("agent-*") if p.lstat().st_uid == os.getuid()}
+                | {str(p) for parent in cgroups for p in Path(parent).glob("agent-*")})
+
     before = mine()
     yield
+    deadline = time.monotonic() + 5  # a keeper may still be removing a big mess
+    while mine() - before and time.monotonic() < deadline:
+        time.sleep(0.1)
     left = sorted(mine() - before)
-    assert not left, f"left behind in {tmp}: {left}"
+    assert not left, f"left behind: {left}"
 
 
 @pytest.fixture

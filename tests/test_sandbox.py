@@ -423,13 +423,8 @@ def test_the_agent_is_parent_of_nothing_after_a_call(box, workdir):
     pytest.fail("the agent is still parent of something")
 
 
-def test_kill_9_of_the_agent_takes_the_script_and_its_traces_with_it(workdir, tmp_path):
-    code = ("import os, subprocess, time\n"
-            "kids = [subprocess.Popen(['sleep', '60']) for _ in range(3)]\n"
-            "pids = ' '.join(str(p) for p in [k.pid for k in kids] + [os.getpid()])\n"
-            "open('info.tmp', 'w').write(os.environ['HOME'] + ' ' + pids)\n"
-            "os.rename('info.tmp', 'info')\n"
-            "time.sleep(60)\n")
+def agent_running(code, workdir):
+    """An agent process whose run_python call runs `code`, once the script has written `info`."""
     driver = (f"import sys; sys.path.insert(0, {str(Path(agent.__file__).parent)!r})\n"
               "import agent\nfrom pathlib import Path\n"
               f"box = agent.Sandbox(Path({str(os.path.realpath(workdir))!r}), True, agent.Limits())\n"
@@ -439,9 +434,33 @@ def test_kill_9_of_the_agent_takes_the_script_and_its_traces_with_it(workdir, tm
     deadline = time.monotonic() + 30
     while not (workdir / "info").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    home, *pids = (workdir / "info").read_text().split()
+    return proc, (workdir / "info").read_text().split()
+
+
+def cgroups_of(pid):
+    """The cgroup directories a process is in that agent.py made (agent-...)."""
+    found = []
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if Path(path).name.startswith("agent-"):
+            for name in controllers.split(",") if controllers else [""]:
+                found += [d for d in (Path("/sys/fs/cgroup", name, path.lstrip("/")),
+                                      Path("/sys/fs/cgroup", path.lstrip("/"))) if d.is_dir()]
+    return found
+
+
+def test_kill_9_of_the_agent_takes_the_script_and_its_traces_with_it(workdir, tmp_path):
+    code = ("import os, subprocess, time\n"
+            "kids = [subprocess.Popen(['sleep', '60']) for _ in range(3)]\n"
+            "pids = ' '.join(str(p) for p in [k.pid for k in kids] + [os.getpid()])\n"
+            "open('info.tmp', 'w').write(os.environ['HOME'] + ' ' + pids)\n"
+            "os.rename('info.tmp', 'info')\n"
+            "time.sleep(60)\n")
+    proc, (home, *pids) = agent_running(code, workdir)
     pids = [int(p) for p in pids]
-    cgroups = [d for d in Path("/sys/fs/cgroup").glob(f"*/**/agent-{proc.pid}-*")]
+    cgroups = cgroups_of(pids[-1])
+    if agent.cgroup_parents():
+        assert cgroups, "the script was in no cgroup of its call"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     deadline = time.monotonic() + 5
@@ -461,16 +480,7 @@ def test_a_pkill_of_agent_py_hits_the_keeper_too_and_still_nothing_survives(work
             "open('info.tmp', 'w').write(f\"{os.environ['HOME']} {os.getppid()} {kid.pid}\")\n"
             "os.rename('info.tmp', 'info')\n"
             "time.sleep(60)\n")
-    driver = (f"import sys; sys.path.insert(0, {str(Path(agent.__file__).parent)!r})\n"
-              "import agent\nfrom pathlib import Path\n"
-              f"box = agent.Sandbox(Path({str(os.path.realpath(workdir))!r}), True, agent.Limits())\n"
-              "box.ready()\n"
-              f"agent.execute({code!r}, box.workdir, box, 60, 1000)\n")
-    proc = subprocess.Popen([sys.executable, "-c", driver])
-    deadline = time.monotonic() + 30
-    while not (workdir / "info").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    home, keeper, kid = (workdir / "info").read_text().split()
+    proc, (home, keeper, kid) = agent_running(code, workdir)
     for pid in (proc.pid, int(keeper)):
         os.kill(pid, signal.SIGTERM)
     proc.wait()
