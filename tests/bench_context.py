@@ -1,6 +1,6 @@
 """Benchmark: when should old tool results be cleared? (the article's open question)
 
-    .venv/bin/python tests/bench_context.py [--turns 100]
+    .venv/bin/python tests/bench_context.py [--turns 100] [--trigger 80000]
 
 A 100-turn session whose every turn reads a file of several KB, against a stand-in that
 bills like the API's prompt cache (tests/cache_model.py: breakpoints, the 20-position
@@ -82,6 +82,8 @@ def costs(turns, workdir, flags):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--turns", type=int, default=100)
+    parser.add_argument("--trigger", type=int, default=Limits.clear_at,
+                        help="the --clear-tool-results that (b) holds against no clearing")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp) / "work"
@@ -98,15 +100,15 @@ def main():
             line, cost = summary(label, bills, client)
             baseline = baseline or cost
             print(f"{line} · {cost / baseline - 1:+.0%} cost")
-        default = Limits.clear_at
-        print(f"(b) does the default (--clear-tool-results {default:,}) ever cost more? cost "
+        print(f"(b) does --clear-tool-results {args.trigger:,}"
+              f"{' (the default)' * (args.trigger == Limits.clear_at)} ever cost more? cost "
               "with it against without, Haiku 5.5 / Sonnet 5.5:")
         for lines in (60, 320, 1200):
             files(workdir, lines)
             deltas = []
             for turns in (10, 25, 50, 100, 150):
                 off, on = costs(turns, workdir, ["--clear-tool-results", "off"]), \
-                    costs(turns, workdir, [])
+                    costs(turns, workdir, ["--clear-tool-results", str(args.trigger)])
                 deltas.append(f"{turns} turns {on[0] / off[0] - 1:+.1%} / {on[1] / off[1] - 1:+.1%}")
             print(f"    {lines * 17 + 9:>6,}-byte results: " + ", ".join(deltas))
 
