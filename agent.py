@@ -20,12 +20,12 @@ does not summarise history, run server tools, or reach anything but the Messages
 import argparse
 import ctypes
 import errno
+import gc
 import html
 import json
 import math
 import os
 import platform
-import queue
 import re
 import resource
 import select
@@ -1735,20 +1735,21 @@ def sent_view(session):
     """The history as it is sent: a cleared tool result stands in for itself in a few tokens,
     and a cache breakpoint marks where the previous request ended, so that request's cache is
     read whatever this turn added (automatic caching looks back only 20 blocks)."""
-    cleared, calls, messages = set(session.get("cleared", ())), {}, session["messages"]
-    replies = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-    previous_end = replies[-1] - 1 if replies else -1
-    view = []
-    for i, m in enumerate(messages):
-        content = m["content"]
+    cleared, messages = set(session.get("cleared", ())), session["messages"]
+    view, calls = list(messages), {}  # messages are shared, never changed: a new one replaces
+    for i, m in enumerate(messages if cleared else ()):
         if m["role"] == "assistant":
-            calls.update((b["id"], b) for b in content if b.get("type") == "tool_use")
-        elif cleared:
-            content = [placeholder(b, calls) if b.get("type") == "tool_result"
-                       and b["tool_use_id"] in cleared else b for b in content]
-        if i == previous_end and m["role"] == "user":
-            content = content[:-1] + [dict(content[-1], cache_control={"type": "ephemeral"})]
-        view.append(m if content is m["content"] else {"role": m["role"], "content": content})
+            calls.update((b["id"], b) for b in m["content"] if b.get("type") == "tool_use")
+        elif any(b.get("tool_use_id") in cleared for b in m["content"]):
+            view[i] = {"role": "user", "content": [
+                placeholder(b, calls) if b.get("type") == "tool_result"
+                and b["tool_use_id"] in cleared else b for b in m["content"]]}
+    previous_end = next((i - 1 for i in range(len(messages) - 1, -1, -1)
+                         if messages[i]["role"] == "assistant"), -1)
+    if previous_end >= 0 and view[previous_end]["role"] == "user":
+        content = view[previous_end]["content"]
+        view[previous_end] = {"role": "user", "content": content[:-1] + [
+            dict(content[-1], cache_control={"type": "ephemeral"})]}
     return view
 
 
@@ -1866,7 +1867,6 @@ def run_session(client, session, limits, ctx, report, save):
         stop = check_stop(reply.message, content, turn, last_turn, used, limits, reply.cut)
         tool_uses = [] if stop else [b for b in content if b["type"] == "tool_use"]
         if tool_uses:  # pause_turn has none: the paused content itself is the next request's end
-            save.wait()  # the transcript on disk is never behind a side effect
             results, record["tool_calls"] = run_tools(tool_uses, ctx, report)
             session["messages"].append({"role": "user", "content": results})
         record["seconds"] = round(time.monotonic() - started, 3)  # tools included
@@ -1936,7 +1936,6 @@ def drive(client, session, limits, ctx, report, save):
     session["usage"] = total_usage(session)
     session["ended_at"] = now()
     save(session, final=True)
-    save.wait()
     return stop
 
 
@@ -1971,10 +1970,13 @@ class UsageError(Exception):
     """A mistake on the command line: exit 2, nothing sent."""
 
 
+ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # made once, not per call
+
+
 def dump(document):
     """A document as the bytes agent.py writes: one line of JSON (the C encoder), secrets
     redacted, text that is not valid Unicode (a lone surrogate) kept as its JSON escape."""
-    text = redact(json.dumps(document, ensure_ascii=False, separators=(",", ":")))
+    text = redact(ENCODER.encode(document))
     return text.encode("utf-8", "backslashreplace") + b"\n"
 
 
@@ -2142,34 +2144,18 @@ SCHEMAS = {"transcript": TRANSCRIPT_SCHEMA, "events": EVENTS_SCHEMA, "summary": 
 
 
 class Saver:
-    """Keeps a transcript on disk, off the loop's path: save() takes a snapshot at once and a
-    thread serialises and writes it while the next request is on the wire. wait() returns when
-    everything saved is on disk, raising what a write raised; the loop waits before any tool
-    runs, so the file is never behind a side effect, and at the end."""
+    """Keeps a transcript on disk: after every turn, before the next request (so before any
+    tool of the next turn runs), and at the end, fsynced. Each message and turn is encoded
+    once, so a save costs what is new plus one write of the file (tests/bench_loop.py: a
+    background thread for it was slower, fighting the loop for the GIL)."""
 
     def __init__(self, output):
-        self.output, self.queue, self.error = output, queue.Queue(), None
+        self.output = output
         self.done = {"messages": [], "turns": []}  # their finished items, encoded once
-        if output:
-            threading.Thread(target=self.work, daemon=True).start()
 
     def __call__(self, session, final=False):
-        if self.output:  # the lists are copied, and the last of each, which may still change
-            turns, messages = session["turns"], session["messages"]
-            self.queue.put((dict(session, turns=turns[:-1] + [dict(t) for t in turns[-1:]],
-                                 messages=messages[:-1] + [dict(m, content=list(m["content"]))
-                                                           for m in messages[-1:]]), final))
-
-    def work(self):
-        while True:
-            document, final = self.queue.get()
-            try:
-                if self.error is None:
-                    self.output.write(self.encode(document), durable=final)
-            except Exception as e:  # a full disk, say: the loop hears of it at its next wait
-                self.error = e
-            finally:
-                self.queue.task_done()
+        if self.output:
+            self.output.write(self.encode(session), durable=final)
 
     def encode(self, document):
         """dump(document), byte for byte, but each message and turn is encoded once: only the
@@ -2185,11 +2171,6 @@ class Saver:
                 value = dump(value)[:-1]
             fields.append(dump(key)[:-1] + b":" + value)
         return b"{" + b",".join(fields) + b"}\n"
-
-    def wait(self):
-        self.queue.join()
-        if self.error:
-            raise self.error
 
 
 class Events:
@@ -2977,6 +2958,9 @@ def make_client(config, limits):
         import anthropic  # about 2-3 s: only once a request is about to be made
     except ImportError:
         raise UsageError(INSTALL.format(python=sys.executable))
+    # The import leaves some 200,000 objects that live as long as the process; frozen, they
+    # are out of the collector's sight, and a full collection takes milliseconds, not 150 ms.
+    gc.freeze()
     return anthropic.Anthropic(api_key=key, max_retries=0,
                                base_url=config["ANTHROPIC_BASE_URL"] or None,
                                timeout=anthropic.Timeout(limits.request_timeout, connect=10.0))

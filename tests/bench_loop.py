@@ -3,7 +3,8 @@
     .venv/bin/python tests/bench_loop.py [--turns 100]
 
 Reports (a) agent.py's time per turn, with --transcript and --events, next to a bare SDK
-loop sending the same requests (rounds alternated, ratio of medians), (b) the time from
+loop sending the same requests (rounds alternated, ratio of medians; wall time, and the CPU
+time of this process, since the stand-in runs in a process of its own), (b) the time from
 starting the process to its first request, against a bare SDK script, (c) input tokens
 billed with prompt caching and without, and (d) the bytes sent per request as the session
 grows. The stand-in bills as the API's prompt cache does (tests/cache_model.py; tokens are
@@ -12,6 +13,7 @@ bytes / 4). Not part of the test run.
 
 import argparse
 import io
+import multiprocessing
 import json
 import os
 import platform
@@ -53,39 +55,70 @@ class CachingStandIn:
                 "stop_reason": "end_turn", "usage": usage}
 
 
+class StandIn:
+    """The stand-in in a process of its own, as a real server is: its work does not share the
+    GIL with the loop being measured. After the round, `requests` and `bills` hold what it saw."""
+
+    def __init__(self, turns):
+        self.turns = turns
+
+    def __enter__(self):
+        context = multiprocessing.get_context("fork")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=self.serve, args=(child,), daemon=True)
+        self.process.start()
+        self.url = self.conn.recv()
+        return self
+
+    def serve(self, conn):
+        stand_in = CachingStandIn(self.turns)
+        with FakeAPI([stand_in] * (self.turns + 1)) as api:
+            conn.send(api.url)
+            conn.recv()  # the round is over
+            conn.send((list(api.requests), stand_in.bills))
+
+    def __exit__(self, *exc):
+        self.conn.send(None)
+        self.requests, self.bills = self.conn.recv()
+        self.process.join()
+
+
+def client_for(url):
+    return agent.make_client({"ANTHROPIC_API_KEY": "bench", "ANTHROPIC_BASE_URL": url,
+                              "ANTHROPIC_MODEL": None}, agent.Limits())
+
+
 def harness_round(turns, workspace, keep=True):
     """One 100-turn session through agent.main, keeping a transcript and an event stream
     (or, with keep False, neither)."""
-    stand_in = CachingStandIn(turns)
-    with FakeAPI([stand_in] * (turns + 1)) as api, tempfile.TemporaryDirectory() as tmp:
-        client = agent.make_client({"ANTHROPIC_API_KEY": "bench", "ANTHROPIC_BASE_URL": api.url,
-                                    "ANTHROPIC_MODEL": None}, agent.Limits())
+    with StandIn(turns) as api, tempfile.TemporaryDirectory() as tmp:
+        client = client_for(api.url)
         argv = ["q", "--workdir", str(workspace), "--quiet", "--no-sandbox",
                 "--max-turns", str(turns + 2)]
         if keep:
             argv += ["--transcript", os.path.join(tmp, "bench.json"),
                      "--events", os.path.join(tmp, "bench.events.jsonl")]
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         with redirect_stderr(io.StringIO()), redirect_stdout(io.StringIO()):
             code = agent.main(argv, client=client)
-        seconds = time.perf_counter() - started
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
         assert code == 0, f"the harness exited {code}"
-        return seconds, list(api.requests), stand_in
+    return (seconds, cpu), api.requests, api.bills
 
 
 def bare_round(requests):
     """The same requests through the SDK with no harness around them: the floor."""
-    with FakeAPI([CachingStandIn(len(requests))] * len(requests)) as api:
-        client = agent.make_client({"ANTHROPIC_API_KEY": "bench", "ANTHROPIC_BASE_URL": api.url,
-                                    "ANTHROPIC_MODEL": None}, agent.Limits())
-        started = time.perf_counter()
+    with StandIn(len(requests)) as api:
+        client = client_for(api.url)
+        started, cpu = time.perf_counter(), time.process_time()
         for body in requests:
             body = {k: v for k, v in body.items() if k != "stream"}
             with client.messages.stream(**body) as stream:
                 for _ in stream:
                     pass
                 stream.get_final_message()
-        return time.perf_counter() - started
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+    return seconds, cpu
 
 
 BARE_FIRST = """
@@ -125,19 +158,24 @@ def main():
     workspace = root / "workspace"
     harness, plain, bare = [], [], []
     for _ in range(args.rounds):  # alternated, so that the machine's drift hits all alike
-        seconds, requests, stand_in = harness_round(args.turns, workspace)
+        seconds, requests, bills = harness_round(args.turns, workspace)
         harness.append(seconds)
         plain.append(harness_round(args.turns, workspace, keep=False)[0])
         bare.append(bare_round(requests))
     n = len(requests)
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
           f"{platform.python_version()}, {time.strftime('%Y-%m-%d')}")
-    h, p, b = (statistics.median(x) for x in (harness, plain, bare))
+    (h, hc), (p, pc), (b, bc) = ((statistics.median(s for s, _ in x),
+                                   statistics.median(c for _, c in x))
+                                  for x in (harness, plain, bare))
     print(f"(a) {n} requests, {args.rounds} alternated rounds, medians: agent.py with "
           f"--transcript and --events {h / n * 1000:.2f} ms/turn, without them "
           f"{p / n * 1000:.2f} ms/turn, bare SDK loop {b / n * 1000:.2f} ms/request; ratios to "
           f"the bare loop {h / b:.3f} and {p / b:.3f}; the transcript and events cost "
           f"{(h - p) / n * 1000:+.2f} ms/turn")
+    print(f"    CPU time of this process (the stand-in runs in another): {hc / n * 1000:.2f}, "
+          f"{pc / n * 1000:.2f} and {bc / n * 1000:.2f} ms/turn; ratios {hc / bc:.3f} and "
+          f"{pc / bc:.3f}")
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("ANTHROPIC") and k != "PYTHONDONTWRITEBYTECODE"}
     env["ANTHROPIC_API_KEY"] = "bench-key-0123456789"
@@ -166,10 +204,10 @@ def main():
           f"{(first['python agent.py'] - first['bare']) * 1000:+.0f} ms; compiling agent.py, "
           f"timed apart, takes {statistics.median(compiling) * 1000:.0f} ms (a script run as "
           "`python agent.py` is compiled at every start; only imported modules are cached)")
-    uncached = sum(total for total, _, _ in stand_in.bills)
-    read = sum(u["cache_read_input_tokens"] for _, u, _ in stand_in.bills)
-    write = sum(u["cache_creation_input_tokens"] for _, u, _ in stand_in.bills)
-    plain = sum(u["input_tokens"] for _, u, _ in stand_in.bills)
+    uncached = sum(total for total, _, _ in bills)
+    read = sum(u["cache_read_input_tokens"] for _, u, _ in bills)
+    write = sum(u["cache_creation_input_tokens"] for _, u, _ in bills)
+    plain = sum(u["input_tokens"] for _, u, _ in bills)
     price = agent.PRICING["claude-haiku-5-5"][0][1]
     with_cache = (plain * price.input + write * price.write_5m + read * price.read) / 1e6
     without = uncached * price.input / 1e6
@@ -177,7 +215,7 @@ def main():
           f"input, ${without:.4f} on Haiku 5.5); with caching {plain} input + {write} cache "
           f"writes + {read} cache reads = ${with_cache:.4f} ({with_cache / without:.0%})")
     marks = sorted({1, 10, 25, 50, n // 2, n} & set(range(1, n + 1)))
-    sizes = ", ".join(f"#{i}: {stand_in.bills[i - 1][2] / 1024:.1f} KiB" for i in marks)
+    sizes = ", ".join(f"#{i}: {bills[i - 1][2] / 1024:.1f} KiB" for i in marks)
     print(f"(d) bytes sent per request: {sizes}")
 
 
