@@ -2959,7 +2959,7 @@ def make_client(config, limits):
     except ImportError:
         raise UsageError(INSTALL.format(python=sys.executable))
     # The import leaves some 200,000 objects that live as long as the process; frozen, they
-    # are out of the collector's sight, and a full collection takes milliseconds, not 150 ms.
+    # are out of the collector's sight, which walked them all in each full collection (150 ms).
     gc.freeze()
     return anthropic.Anthropic(api_key=key, max_retries=0,
                                base_url=config["ANTHROPIC_BASE_URL"] or None,
