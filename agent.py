@@ -72,6 +72,7 @@ DECLINE_MESSAGE = (
 
 
 SECRETS = set()  # values agent.py read as secrets (the API key): never sent or written out
+STOPPING = threading.Event()  # set by Ctrl-C or SIGTERM (on_stop_signal), cleared by main
 
 
 def redact(text):
@@ -1355,6 +1356,8 @@ def execute(code, workdir, box, timeout, output_chars, cancel=None):
             while True:
                 if cancel is not None and cancel.is_set():
                     raise Interrupted()
+                if STOPPING.is_set():  # a Ctrl-C or SIGTERM whose KeyboardInterrupt was lost
+                    raise KeyboardInterrupt
                 now = time.monotonic()
                 if now >= deadline:
                     timed_out = status is None
@@ -1500,6 +1503,8 @@ def stream_once(client, request, report, cancel, stall):
                 watch.poke()
                 if cancel is not None and cancel.is_set():
                     raise Interrupted()
+                if STOPPING.is_set():  # a Ctrl-C or SIGTERM whose KeyboardInterrupt was lost
+                    raise KeyboardInterrupt
                 if event.type == "text":
                     report.text(event.text)
                 elif event.type == "thinking":
@@ -3066,6 +3071,7 @@ def shown_on_terminal(report):
 def main(argv=None, client=None, stdin=None):
     """Parse flags, run one session (or trials), print the answer; return the exit code."""
     report, events, run_id = Reporter(), None, uuid.uuid4().hex
+    STOPPING.clear()
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="backslashreplace")  # a lone surrogate must not crash it
     try:
@@ -3176,10 +3182,15 @@ def main(argv=None, client=None, stdin=None):
             events.close()
 
 
-def on_sigterm(signum, frame):
-    raise KeyboardInterrupt  # same path as Ctrl-C: kill the running tool, save, exit 130
+def on_stop_signal(signum, frame):
+    """Ctrl-C and SIGTERM: kill the running tool, save, exit 130. The KeyboardInterrupt is lost
+    if the signal lands where Python swallows exceptions (an at-fork hook of subprocess, a
+    __del__), so the flag stays set for the loops that wait to see."""
+    STOPPING.set()
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGTERM, on_stop_signal)
+    signal.signal(signal.SIGINT, on_stop_signal)
     sys.exit(main())

@@ -217,6 +217,29 @@ def test_timeout_is_an_error_that_says_how_long(ctx):
     assert "start" in result["content"]
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # meant to be
+def test_a_sigterm_that_python_swallows_still_stops_the_running_script(ctx, monkeypatch):
+    """A signal can land in an at-fork hook (subprocess runs them) or a __del__, where the
+    handler's KeyboardInterrupt is reported and dropped: seen as a SIGTERM that left the agent
+    waiting for its script. The handler's flag must stop the wait all the same."""
+    monkeypatch.setattr(agent, "STOPPING", threading.Event())
+    previous = signal.signal(signal.SIGTERM, agent.on_stop_signal)
+
+    class Swallows:
+        def __del__(self):
+            signal.raise_signal(signal.SIGTERM)  # the KeyboardInterrupt dies here
+
+    try:
+        Swallows()
+        assert agent.STOPPING.is_set()
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            agent.execute("import time; time.sleep(30)", ctx.workdir, ctx.sandbox, 20, 1000)
+        assert time.monotonic() - started < 5
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def test_declined_call_still_gets_a_result_telling_the_model_to_ask(ctx):
     ctx = agent.ToolContext(ctx.workdir, ctx.limits, ctx.sandbox, approve=lambda code: False)
     result = call(ctx, "run_python", code="open('ran', 'w')")
