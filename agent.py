@@ -219,6 +219,15 @@ class Interrupted(Exception):
     """Raised in a worker thread when the run was cancelled (Ctrl-C in trials)."""
 
 
+def check_cancelled(cancel):
+    """Raise if the run must stop: Ctrl-C or SIGTERM (even one whose KeyboardInterrupt Python
+    swallowed: see on_stop_signal), or `cancel` set for this trial."""
+    if STOPPING.is_set():
+        raise KeyboardInterrupt
+    if cancel is not None and cancel.is_set():
+        raise Interrupted()
+
+
 TOOLS = [
     {
         "name": "read_file",
@@ -1354,10 +1363,7 @@ def execute(code, workdir, box, timeout, output_chars, cancel=None):
             if box.keeper:
                 sel.register(call.agent_end, selectors.EVENT_READ)
             while True:
-                if cancel is not None and cancel.is_set():
-                    raise Interrupted()
-                if STOPPING.is_set():  # a Ctrl-C or SIGTERM whose KeyboardInterrupt was lost
-                    raise KeyboardInterrupt
+                check_cancelled(cancel)
                 now = time.monotonic()
                 if now >= deadline:
                     timed_out = status is None
@@ -1501,10 +1507,7 @@ def stream_once(client, request, report, cancel, stall):
         try:
             for event in stream:
                 watch.poke()
-                if cancel is not None and cancel.is_set():
-                    raise Interrupted()
-                if STOPPING.is_set():  # a Ctrl-C or SIGTERM whose KeyboardInterrupt was lost
-                    raise KeyboardInterrupt
+                check_cancelled(cancel)
                 if event.type == "text":
                     report.text(event.text)
                 elif event.type == "thinking":
@@ -1843,8 +1846,7 @@ def run_session(client, session, limits, ctx, report, save):
     first = max([t["turn"] for t in session["turns"]], default=0) + 1
     last_turn, used = first + limits.max_turns - 1, empty_usage()
     for turn in range(first, last_turn + 1):
-        if ctx.cancel is not None and ctx.cancel.is_set():
-            raise Interrupted()
+        check_cancelled(ctx.cancel)
         if turn == last_turn:
             mark_final_turn(session["messages"])
         started, record = time.monotonic(), {"turn": turn, "started_at": now()}
@@ -2163,13 +2165,12 @@ class Saver:
             self.output.write(self.encode(session), durable=final)
 
     def encode(self, document):
-        """dump(document), byte for byte, but each message and turn is encoded once: only the
-        last of each can still change, so a save costs what is new, not the whole history."""
+        """dump(document), byte for byte, but each message and turn is encoded once: the lists
+        only grow and only the last of each can still change, so a save costs what is new."""
         fields = []
         for key, value in document.items():
             if key in self.done:
                 done = self.done[key]
-                del done[max(len(value) - 1, 0):]
                 done.extend(dump(item)[:-1] for item in value[len(done):-1])
                 value = b"[" + b",".join(done + [dump(item)[:-1] for item in value[-1:]]) + b"]"
             else:

@@ -1,4 +1,4 @@
-"""The Messages API's request rules (../shared/fixtures/recorded/API_RULES.md) as a checker.
+"""The Messages API's request rules (tests/fixtures/recorded/API_RULES.md) as a checker.
 
 `check_request(body, issued)` returns the error message the real API would answer with
 (HTTP 400), or None when the request would be accepted. `issued` maps the content of every

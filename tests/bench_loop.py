@@ -13,8 +13,8 @@ bytes / 4). Not part of the test run.
 
 import argparse
 import io
-import multiprocessing
 import json
+import multiprocessing
 import os
 import platform
 import statistics

@@ -125,7 +125,8 @@ def test_experiment(runs, name):
             if call["name"] == "run_python":
                 assert call["declined"] and call["is_error"]
     if name == "5-max-turns":  # at the last turn: an interim answer, or a detail saying why not
-        if len(t["turns"]) == 2:  # (a run may end sooner, as any run may: end_turn, max_tokens)
+        flags = EXPERIMENTS[name][0]
+        if len(t["turns"]) == int(flags[flags.index("--max-turns") + 1]):  # (it may end sooner)
             assert done.returncode == 3 and t["stop"]["reason"] == "max_turns"
             assert done.stdout.strip() or "tool_choice none" in t["stop"]["detail"]
     if name == "3b-outside":  # whatever the model tried, nothing outside came back

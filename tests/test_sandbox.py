@@ -442,10 +442,9 @@ def cgroups_of(pid):
     found = []
     for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
-        if Path(path).name.startswith("agent-"):
-            for name in controllers.split(",") if controllers else [""]:
-                found += [d for d in (Path("/sys/fs/cgroup", name, path.lstrip("/")),
-                                      Path("/sys/fs/cgroup", path.lstrip("/"))) if d.is_dir()]
+        if Path(path).name.startswith("agent-"):  # v1: one line per hierarchy; v2: "0::/path"
+            found += [d for name in controllers.split(",")
+                      if (d := Path("/sys/fs/cgroup", name, path.lstrip("/"))).is_dir()]
     return found
 
 
