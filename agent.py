@@ -2159,23 +2159,30 @@ class Saver:
     def __init__(self, output):
         self.output = output
         self.done = {"messages": [], "turns": []}  # their finished items, encoded once
+        self.fixed = {}  # key: (value, b'"key":value') for values that cannot change in place
 
     def __call__(self, session, final=False):
         if self.output:
             self.output.write(self.encode(session), durable=final)
 
     def encode(self, document):
-        """dump(document), byte for byte, but each message and turn is encoded once: the lists
-        only grow and only the last of each can still change, so a save costs what is new."""
+        """dump(document), byte for byte, but each message and turn is encoded once (the lists
+        only grow and only the last of each can still change), and so is a field that keeps a
+        value which cannot change in place: a save costs what is new."""
         fields = []
         for key, value in document.items():
             if key in self.done:
                 done = self.done[key]
                 done.extend(dump(item)[:-1] for item in value[len(done):-1])
-                value = b"[" + b",".join(done + [dump(item)[:-1] for item in value[-1:]]) + b"]"
-            else:
-                value = dump(value)[:-1]
-            fields.append(dump(key)[:-1] + b":" + value)
+                last = [dump(item)[:-1] for item in value[-1:]]
+                fields.append(dump(key)[:-1] + b":[" + b",".join(done + last) + b"]")
+                continue
+            known, encoded = self.fixed.get(key, (None, None))
+            if encoded is None or known is not value:
+                encoded = dump(key)[:-1] + b":" + dump(value)[:-1]
+                if value is TOOLS or isinstance(value, (str, int, float, type(None))):
+                    self.fixed[key] = value, encoded
+            fields.append(encoded)
         return b"{" + b",".join(fields) + b"}\n"
 
 
@@ -2960,13 +2967,17 @@ def make_client(config, limits):
     if key == PLACEHOLDER_KEY or key.endswith("..."):
         raise UsageError("ANTHROPIC_API_KEY is still the placeholder from .env.example: put "
                          "your own key there")
+    # The import makes some 200,000 objects that live as long as the process. Collections
+    # while it runs find no garbage and only walk them (README, Benchmark); frozen after it,
+    # they are out of sight of the full collections that walked them all later (150 ms each).
+    gc.disable()
     try:
-        import anthropic  # about 2-3 s: only once a request is about to be made
+        import anthropic  # about 2 s: only once a request is about to be made
     except ImportError:
         raise UsageError(INSTALL.format(python=sys.executable))
-    # The import leaves some 200,000 objects that live as long as the process; frozen, they
-    # are out of the collector's sight, which walked them all in each full collection (150 ms).
-    gc.freeze()
+    finally:
+        gc.freeze()
+        gc.enable()
     return anthropic.Anthropic(api_key=key, max_retries=0,
                                base_url=config["ANTHROPIC_BASE_URL"] or None,
                                timeout=anthropic.Timeout(limits.request_timeout, connect=10.0))

@@ -5,7 +5,8 @@
 Reports (a) agent.py's time per turn, with --transcript and --events, next to a bare SDK
 loop sending the same requests (rounds alternated, ratio of medians; wall time, and the CPU
 time of this process, since the stand-in runs in a process of its own), (b) the time from
-starting the process to its first request, against a bare SDK script, (c) input tokens
+starting the process to its first request, against a bare SDK script (and that script with
+the garbage collector off while it imports anthropic, as agent.py does), (c) input tokens
 billed with prompt caching and without, and (d) the bytes sent per request as the session
 grows. The stand-in bills as the API's prompt cache does (tests/cache_model.py; tokens are
 bytes / 4). Not part of the test run.
@@ -83,6 +84,11 @@ class StandIn:
         self.process.join()
 
 
+def quartiles(values):
+    """(first quartile, median, third quartile)."""
+    return statistics.quantiles(values, n=4) if len(values) > 1 else values * 3
+
+
 def client_for(url):
     return agent.make_client({"ANTHROPIC_API_KEY": "bench", "ANTHROPIC_BASE_URL": url,
                               "ANTHROPIC_MODEL": None}, agent.Limits())
@@ -129,6 +135,9 @@ with client.messages.stream(model="claude-haiku-5-5", max_tokens=16000, messages
         cache_control={"type": "ephemeral"}) as stream:
     stream.get_final_message()
 """
+# The same script, importing anthropic as agent.py does: with the garbage collector off.
+BARE_FIRST_NO_GC = BARE_FIRST.replace("import sys, anthropic", (
+    "import gc, sys\ngc.disable()\nimport anthropic\ngc.freeze()\ngc.enable()"))
 
 
 def first_request(argv, env):
@@ -173,37 +182,46 @@ def main():
           f"{p / n * 1000:.2f} ms/turn, bare SDK loop {b / n * 1000:.2f} ms/request; ratios to "
           f"the bare loop {h / b:.3f} and {p / b:.3f}; the transcript and events cost "
           f"{(h - p) / n * 1000:+.2f} ms/turn")
+    for name, rounds in (("with", harness), ("without", plain)):
+        low, mid, high = quartiles([r[0] / b[0] for r, b in zip(rounds, bare)])
+        print(f"    the ratio {name} them round by round (each against the bare round next to "
+              f"it): median {mid:.3f}, quartiles {low:.3f}-{high:.3f}")
     print(f"    CPU time of this process (the stand-in runs in another): {hc / n * 1000:.2f}, "
           f"{pc / n * 1000:.2f} and {bc / n * 1000:.2f} ms/turn; ratios {hc / bc:.3f} and "
           f"{pc / bc:.3f}")
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("ANTHROPIC") and k != "PYTHONDONTWRITEBYTECODE"}
     env["ANTHROPIC_API_KEY"] = "bench-key-0123456789"
-    starts = {"python agent.py": [], "bare": []}
+    starts = {"python agent.py": [], "bare": [], "bare, no GC in import": []}
     with tempfile.TemporaryDirectory() as tmp:
         flags = ["q", "--workdir", str(workspace), "--quiet", "--transcript",
                  os.path.join(tmp, "t.json"), "--events", os.path.join(tmp, "e.jsonl")]
-        for _ in range(args.starts):
+        for _ in range(args.starts):  # alternated; each difference below is within one round
             starts["python agent.py"].append(first_request(
                 [sys.executable, str(root / "agent.py"), *flags], env))
             starts["bare"].append(first_request([sys.executable, "-c", BARE_FIRST, "{url}"], env))
-    first = {k: statistics.median(v) for k, v in starts.items()}
+            starts["bare, no GC in import"].append(first_request(
+                [sys.executable, "-c", BARE_FIRST_NO_GC, "{url}"], env))
     source = (root / "agent.py").read_text(encoding="utf-8")
     compiling = []
     for _ in range(5):
         started = time.perf_counter()
         compile(source, "agent.py", "exec")
         compiling.append(time.perf_counter() - started)
-    spread = {k: statistics.quantiles(v, n=4) if len(v) > 1 else v * 3
-              for k, v in starts.items()}
-    print(f"(b) time to the first request, medians of {args.starts} alternated process starts: "
-          f"python agent.py {first['python agent.py'] * 1000:.0f} ms (quartiles "
-          f"{spread['python agent.py'][0] * 1000:.0f}-{spread['python agent.py'][2] * 1000:.0f}), "
-          f"bare SDK script {first['bare'] * 1000:.0f} ms ({spread['bare'][0] * 1000:.0f}-"
-          f"{spread['bare'][2] * 1000:.0f}), difference "
-          f"{(first['python agent.py'] - first['bare']) * 1000:+.0f} ms; compiling agent.py, "
-          f"timed apart, takes {statistics.median(compiling) * 1000:.0f} ms (a script run as "
-          "`python agent.py` is compiled at every start; only imported modules are cached)")
+    ms = lambda v: f"{v * 1000:+.0f}"  # noqa: E731
+    print(f"(b) time to the first request, {args.starts} alternated process starts of each, "
+          "median (quartiles):")
+    for name, seconds in starts.items():
+        low, mid, high = quartiles(seconds)
+        print(f"    {name}: {mid * 1000:.0f} ms ({low * 1000:.0f}-{high * 1000:.0f})")
+    for name in ("bare", "bare, no GC in import"):
+        low, mid, high = quartiles([a - b for a, b in zip(starts["python agent.py"],
+                                                           starts[name])])
+        print(f"    python agent.py minus {name}, paired by round: {ms(mid)} ms "
+              f"({ms(low)} to {ms(high)})")
+    print(f"    compiling agent.py, timed apart: {statistics.median(compiling) * 1000:.0f} ms (a "
+          "script run as `python agent.py` is compiled at every start; only imported modules "
+          "are cached)")
     uncached = sum(total for total, _, _ in bills)
     read = sum(u["cache_read_input_tokens"] for _, u, _ in bills)
     write = sum(u["cache_creation_input_tokens"] for _, u, _ in bills)

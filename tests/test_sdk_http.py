@@ -205,3 +205,30 @@ def test_help_and_usage_errors_do_not_import_the_sdk(tmp_path):
                           timeout=30)
     assert done.returncode == 0 and "exit codes" in done.stdout
     assert time.monotonic() - started < 2
+
+
+def test_the_sdk_is_imported_with_the_collector_off_and_frozen_after():
+    """anthropic's import makes ~200,000 objects that live for good: collections during it
+    only walk them (a fifth of its time here). Off while it runs, on again after, even when
+    the import fails, and the objects frozen out of later full collections."""
+    probe = ("import gc, sys, agent\n"
+             "seen = []\n"
+             "class Spy:\n"
+             "    def find_spec(self, name, path=None, target=None):\n"
+             "        if name.startswith('anthropic.'):\n"
+             "            seen.append(gc.isenabled())\n"
+             "sys.meta_path.insert(0, Spy())\n"
+             "config = {'ANTHROPIC_API_KEY': 'test-key', 'ANTHROPIC_BASE_URL': None}\n"
+             "if sys.argv[1] == 'broken':\n"
+             "    sys.modules['anthropic'] = None  # import anthropic raises ImportError\n"
+             "try:\n"
+             "    agent.make_client(config, agent.Limits())\n"
+             "except agent.UsageError:\n"
+             "    print('usage-error')\n"
+             "print(len(seen) > 100, any(seen), gc.isenabled(), gc.get_freeze_count() > 100_000)\n")
+    done = subprocess.run([sys.executable, "-c", probe, "ok"], cwd=AGENT.parent,
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["True", "False", "True", "True"], done.stderr
+    done = subprocess.run([sys.executable, "-c", probe, "broken"], cwd=AGENT.parent,
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["usage-error", "False", "False", "True", "False"], done.stderr
