@@ -18,6 +18,7 @@ import json
 import multiprocessing
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -140,15 +141,19 @@ BARE_FIRST_NO_GC = BARE_FIRST.replace("import sys, anthropic", (
     "import gc, sys\ngc.disable()\nimport anthropic\ngc.freeze()\ngc.enable()"))
 
 
+def answer_ok(body):
+    return {"id": "msg_1", "type": "message", "role": "assistant", "model": body["model"],
+            "content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn",
+            "usage": {"input_tokens": 1, "output_tokens": 1}}
+
+
 def first_request(argv, env):
     """Seconds from starting a process to its first request reaching the server."""
     seen = []
 
     def answer(body):
         seen.append(time.perf_counter())
-        return {"id": "msg_1", "type": "message", "role": "assistant",
-                "model": body["model"], "content": [{"type": "text", "text": "ok"}],
-                "stop_reason": "end_turn", "usage": {"input_tokens": 1, "output_tokens": 1}}
+        return answer_ok(body)
 
     with FakeAPI([answer]) as api:
         started = time.perf_counter()
@@ -157,11 +162,29 @@ def first_request(argv, env):
         return seen[0] - started
 
 
+def instructions_to_first_request(argv, env):
+    """Instructions a process executes up to its first request: callgrind dumps its counts
+    before the first send(). A count, not a time: the same on a busy machine as on a quiet one
+    (one run is enough; the hash seed is fixed)."""
+    with FakeAPI([answer_ok]) as api, tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "callgrind.out")
+        subprocess.run(["valgrind", "--tool=callgrind", "--dump-before=send",
+                        f"--callgrind-out-file={out}",
+                        *[a.replace("{url}", api.url) for a in argv]],
+                       env=dict(env, ANTHROPIC_BASE_URL=api.url, PYTHONHASHSEED="0"),
+                       capture_output=True, check=True, timeout=3600)
+        first = Path(f"{out}.1").read_text()  # the dump before the first send()
+        return int(re.search(r"^summary: (\d+)$", first, re.M).group(1))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--turns", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--starts", type=int, default=10)
+    parser.add_argument("--instructions", action="store_true",
+                        help="also count the instructions to the first request under valgrind "
+                             "(about 90 s a script)")
     args = parser.parse_args()
     root = Path(__file__).resolve().parent.parent
     workspace = root / "workspace"
@@ -192,16 +215,18 @@ def main():
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("ANTHROPIC") and k != "PYTHONDONTWRITEBYTECODE"}
     env["ANTHROPIC_API_KEY"] = "bench-key-0123456789"
-    starts = {"python agent.py": [], "bare": [], "bare, no GC in import": []}
     with tempfile.TemporaryDirectory() as tmp:
         flags = ["q", "--workdir", str(workspace), "--quiet", "--transcript",
                  os.path.join(tmp, "t.json"), "--events", os.path.join(tmp, "e.jsonl")]
+        scripts = {"python agent.py": [sys.executable, str(root / "agent.py"), *flags],
+                   "bare": [sys.executable, "-c", BARE_FIRST, "{url}"],
+                   "bare, no GC in import": [sys.executable, "-c", BARE_FIRST_NO_GC, "{url}"]}
+        starts = {name: [] for name in scripts}
         for _ in range(args.starts):  # alternated; each difference below is within one round
-            starts["python agent.py"].append(first_request(
-                [sys.executable, str(root / "agent.py"), *flags], env))
-            starts["bare"].append(first_request([sys.executable, "-c", BARE_FIRST, "{url}"], env))
-            starts["bare, no GC in import"].append(first_request(
-                [sys.executable, "-c", BARE_FIRST_NO_GC, "{url}"], env))
+            for name, argv in scripts.items():
+                starts[name].append(first_request(argv, env))
+        counts = {name: instructions_to_first_request(argv, env)
+                  for name, argv in scripts.items()} if args.instructions else {}
     source = (root / "agent.py").read_text(encoding="utf-8")
     compiling = []
     for _ in range(5):
@@ -219,6 +244,14 @@ def main():
                                                            starts[name])])
         print(f"    python agent.py minus {name}, paired by round: {ms(mid)} ms "
               f"({ms(low)} to {ms(high)})")
+    if counts:  # at the bare script's pace (its instructions over its median time), as ms
+        pace = counts["bare"] / statistics.median(starts["bare"])
+        for name in ("bare", "bare, no GC in import"):
+            more = counts["python agent.py"] - counts[name]
+            print(f"    instructions to the first request (callgrind): python agent.py "
+                  f"{counts['python agent.py'] / 1e6:,.0f}M, {name} {counts[name] / 1e6:,.0f}M: "
+                  f"{more / 1e6:+,.0f}M ({more / counts[name]:+.1%}; {ms(more / pace)} ms at the "
+                  "bare script's pace)")
     print(f"    compiling agent.py, timed apart: {statistics.median(compiling) * 1000:.0f} ms (a "
           "script run as `python agent.py` is compiled at every start; only imported modules "
           "are cached)")
