@@ -141,24 +141,20 @@ BARE_FIRST_NO_GC = BARE_FIRST.replace("import sys, anthropic", (
     "import gc, sys\ngc.disable()\nimport anthropic\ngc.freeze()\ngc.enable()"))
 
 
-def answer_ok(body):
-    return {"id": "msg_1", "type": "message", "role": "assistant", "model": body["model"],
-            "content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn",
-            "usage": {"input_tokens": 1, "output_tokens": 1}}
-
-
-def first_request(argv, env):
+def first_request(argv, env, timeout=60):
     """Seconds from starting a process to its first request reaching the server."""
     seen = []
 
     def answer(body):
         seen.append(time.perf_counter())
-        return answer_ok(body)
+        return {"id": "msg_1", "type": "message", "role": "assistant",
+                "model": body["model"], "content": [{"type": "text", "text": "ok"}],
+                "stop_reason": "end_turn", "usage": {"input_tokens": 1, "output_tokens": 1}}
 
     with FakeAPI([answer]) as api:
         started = time.perf_counter()
         subprocess.run([a.replace("{url}", api.url) for a in argv], env=dict(
-            env, ANTHROPIC_BASE_URL=api.url), capture_output=True, check=True, timeout=60)
+            env, ANTHROPIC_BASE_URL=api.url), capture_output=True, check=True, timeout=timeout)
         return seen[0] - started
 
 
@@ -166,13 +162,11 @@ def instructions_to_first_request(argv, env):
     """Instructions a process executes up to its first request: callgrind dumps its counts
     before the first send(). A count, not a time: the same on a busy machine as on a quiet one
     (one run is enough; the hash seed is fixed)."""
-    with FakeAPI([answer_ok]) as api, tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "callgrind.out")
-        subprocess.run(["valgrind", "--tool=callgrind", "--dump-before=send",
-                        f"--callgrind-out-file={out}",
-                        *[a.replace("{url}", api.url) for a in argv]],
-                       env=dict(env, ANTHROPIC_BASE_URL=api.url, PYTHONHASHSEED="0"),
-                       capture_output=True, check=True, timeout=3600)
+        first_request(["valgrind", "--tool=callgrind", "--dump-before=send",
+                       f"--callgrind-out-file={out}", *argv],
+                      dict(env, PYTHONHASHSEED="0"), timeout=3600)
         first = Path(f"{out}.1").read_text()  # the dump before the first send()
         return int(re.search(r"^summary: (\d+)$", first, re.M).group(1))
 
