@@ -1498,6 +1498,25 @@ class Watchdog:
             pass
 
 
+REPLY_CLASSES = {}  # beta or not: the SDK's reply class, held so that no reply builds it again
+
+
+def hold_reply_class(beta):
+    """The SDK's stream parametrizes ParsedMessage (ParsedBetaMessage) anew on every
+    message_start, and pydantic caches that class only weakly: once a collection freed it, the
+    next reply built it again: about 1 ms, on over half the replies of a long session (README,
+    Benchmark). Held once a reply built it; with another SDK version, nothing is held."""
+    module = sys.modules.get("anthropic.lib.streaming._beta_messages" if beta else
+                             "anthropic.lib.streaming._messages")
+    if beta in REPLY_CLASSES or module is None:
+        return
+    try:  # the class the stream asks for, found in pydantic's cache
+        REPLY_CLASSES[beta] = getattr(module, "ParsedBetaMessage" if beta else
+                                      "ParsedMessage")[module.ResponseFormatT]
+    except Exception:
+        REPLY_CLASSES[beta] = None
+
+
 def stream_once(client, request, report, cancel, stall):
     """Send one request, stream its text to the reporter, return (message dict, request id)."""
     messages = client.beta.messages if "betas" in request else client.messages
@@ -1530,6 +1549,7 @@ def stream_once(client, request, report, cancel, stall):
         finally:
             watch.stop()
         request_id = getattr(stream, "request_id", None)
+    hold_reply_class("betas" in request)
     return (message.to_dict() if hasattr(message, "to_dict") else message), request_id
 
 

@@ -3,8 +3,9 @@
     .venv/bin/python tests/bench_loop.py [--turns 100]
 
 Reports (a) agent.py's time per turn, with --transcript and --events, next to a bare SDK
-loop sending the same requests (rounds alternated, ratio of medians; wall time, and the CPU
-time of this process, since the stand-in runs in a process of its own), (b) the time from
+loop sending the same requests, as a script has it and holding the SDK's reply class as
+agent.py does (rounds alternated, ratio of medians; wall time, and the CPU time of this
+process, since the stand-in runs in a process of its own), (b) the time from
 starting the process to its first request, against a bare SDK script (and that script with
 the garbage collector off while it imports anthropic, as agent.py does), (c) input tokens
 billed with prompt caching and without, and (d) the bytes sent per request as the session
@@ -13,6 +14,7 @@ bytes / 4). Not part of the test run.
 """
 
 import argparse
+import gc
 import io
 import json
 import multiprocessing
@@ -91,8 +93,10 @@ def quartiles(values):
 
 
 def client_for(url):
-    return agent.make_client({"ANTHROPIC_API_KEY": "bench", "ANTHROPIC_BASE_URL": url,
-                              "ANTHROPIC_MODEL": None}, agent.Limits())
+    """A client as a bare script makes it. Not agent.make_client: its gc.freeze(), run again
+    at every round, would make whatever is alive then immortal, the SDK's reply class too."""
+    import anthropic
+    return anthropic.Anthropic(api_key="bench", base_url=url, max_retries=0)
 
 
 def harness_round(turns, workspace, keep=True):
@@ -113,10 +117,15 @@ def harness_round(turns, workspace, keep=True):
     return (seconds, cpu), api.requests, api.bills
 
 
-def bare_round(requests):
-    """The same requests through the SDK with no harness around them: the floor."""
+def bare_round(requests, held=False):
+    """The same requests through the SDK with no harness around them: the floor. As a bare
+    script has it, the SDK rebuilds its reply class whenever a collection freed it; `held`
+    keeps it as agent.py does (hold_reply_class), for agent.py's own overhead like for like."""
     with StandIn(len(requests)) as api:
         client = client_for(api.url)
+        if not held:  # not kept alive by the hold of the rounds before either
+            agent.REPLY_CLASSES.clear()
+            gc.collect()
         started, cpu = time.perf_counter(), time.process_time()
         for body in requests:
             body = {k: v for k, v in body.items() if k != "stream"}
@@ -124,6 +133,8 @@ def bare_round(requests):
                 for _ in stream:
                     pass
                 stream.get_final_message()
+            if held:
+                agent.hold_reply_class(False)
         seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     return seconds, cpu
 
@@ -182,30 +193,34 @@ def main():
     args = parser.parse_args()
     root = Path(__file__).resolve().parent.parent
     workspace = root / "workspace"
-    harness, plain, bare = [], [], []
+    harness, plain, bare, held = [], [], [], []
     for _ in range(args.rounds):  # alternated, so that the machine's drift hits all alike
         seconds, requests, bills = harness_round(args.turns, workspace)
         harness.append(seconds)
         plain.append(harness_round(args.turns, workspace, keep=False)[0])
         bare.append(bare_round(requests))
+        held.append(bare_round(requests, held=True))
     n = len(requests)
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
           f"{platform.python_version()}, {time.strftime('%Y-%m-%d')}")
-    (h, hc), (p, pc), (b, bc) = ((statistics.median(s for s, _ in x),
-                                   statistics.median(c for _, c in x))
-                                  for x in (harness, plain, bare))
+    (h, hc), (p, pc), (b, bc), (k, kc) = ((statistics.median(s for s, _ in x),
+                                           statistics.median(c for _, c in x))
+                                          for x in (harness, plain, bare, held))
     print(f"(a) {n} requests, {args.rounds} alternated rounds, medians: agent.py with "
           f"--transcript and --events {h / n * 1000:.2f} ms/turn, without them "
-          f"{p / n * 1000:.2f} ms/turn, bare SDK loop {b / n * 1000:.2f} ms/request; ratios to "
-          f"the bare loop {h / b:.3f} and {p / b:.3f}; the transcript and events cost "
-          f"{(h - p) / n * 1000:+.2f} ms/turn")
-    for name, rounds in (("with", harness), ("without", plain)):
-        low, mid, high = quartiles([r[0] / b[0] for r, b in zip(rounds, bare)])
-        print(f"    the ratio {name} them round by round (each against the bare round next to "
-              f"it): median {mid:.3f}, quartiles {low:.3f}-{high:.3f}")
-    print(f"    CPU time of this process (the stand-in runs in another): {hc / n * 1000:.2f}, "
-          f"{pc / n * 1000:.2f} and {bc / n * 1000:.2f} ms/turn; ratios {hc / bc:.3f} and "
-          f"{pc / bc:.3f}")
+          f"{p / n * 1000:.2f} ms/turn; bare SDK loop {b / n * 1000:.2f} ms/request, holding "
+          f"the SDK's reply class as agent.py does {k / n * 1000:.2f}; the transcript and events "
+          f"cost {(h - p) / n * 1000:+.2f} ms/turn")
+    for floor, fs, fc, name in ((bare, b, bc, "the bare loop"),
+                                (held, k, kc, "the bare loop holding the class (like for like)")):
+        print(f"    ratios to {name}: {h / fs:.3f} with them, {p / fs:.3f} without; CPU time "
+              f"of this process (the stand-in runs in another) {hc / fc:.3f} and {pc / fc:.3f}")
+        for which, rounds in (("with", harness), ("without", plain)):
+            low, mid, high = quartiles([r[0] / f[0] for r, f in zip(rounds, floor)])
+            print(f"        round by round, {which} them (each against the round next to it): "
+                  f"median {mid:.3f}, quartiles {low:.3f}-{high:.3f}")
+    print(f"    CPU ms/turn: {hc / n * 1000:.2f} and {pc / n * 1000:.2f}; bare {bc / n * 1000:.2f}"
+          f", holding the class {kc / n * 1000:.2f}")
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("ANTHROPIC") and k != "PYTHONDONTWRITEBYTECODE"}
     env["ANTHROPIC_API_KEY"] = "bench-key-0123456789"
