@@ -193,21 +193,24 @@ def main():
     args = parser.parse_args()
     root = Path(__file__).resolve().parent.parent
     workspace = root / "workspace"
-    harness, plain, bare, held = [], [], [], []
-    for _ in range(args.rounds):  # alternated, so that the machine's drift hits all alike
-        seconds, requests, bills = harness_round(args.turns, workspace)
-        harness.append(seconds)
-        plain.append(harness_round(args.turns, workspace, keep=False)[0])
-        bare.append(bare_round(requests))
-        held.append(bare_round(requests, held=True))
+    # A warm-up round, not counted: the bare loop replays its requests.
+    _, requests, bills = harness_round(args.turns, workspace)
+    ways = {"with": lambda: harness_round(args.turns, workspace)[0],
+            "without": lambda: harness_round(args.turns, workspace, keep=False)[0],
+            "bare": lambda: bare_round(requests), "held": lambda: bare_round(requests, held=True)}
+    times = {name: [] for name in ways}
+    for i in range(args.rounds):  # alternated, so that the machine's drift hits all alike,
+        for name in list(ways)[i % 4:] + list(ways)[:i % 4]:  # each first in turn: no place
+            times[name].append(ways[name]())  # in a round favours one
+    harness, plain, bare, held = times.values()
     n = len(requests)
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
           f"{platform.python_version()}, {time.strftime('%Y-%m-%d')}")
     (h, hc), (p, pc), (b, bc), (k, kc) = ((statistics.median(s for s, _ in x),
                                            statistics.median(c for _, c in x))
                                           for x in (harness, plain, bare, held))
-    print(f"(a) {n} requests, {args.rounds} alternated rounds, medians: agent.py with "
-          f"--transcript and --events {h / n * 1000:.2f} ms/turn, without them "
+    print(f"(a) {n} requests, {args.rounds} rounds (alternated, order rotated), medians: "
+          f"agent.py with --transcript and --events {h / n * 1000:.2f} ms/turn, without them "
           f"{p / n * 1000:.2f} ms/turn; bare SDK loop {b / n * 1000:.2f} ms/request, holding "
           f"the SDK's reply class as agent.py does {k / n * 1000:.2f}; the transcript and events "
           f"cost {(h - p) / n * 1000:+.2f} ms/turn")
