@@ -4,13 +4,13 @@
 
 Reports (a) agent.py's time per turn, with --transcript and --events, next to a bare SDK
 loop sending the same requests, as a script has it and holding the SDK's reply class as
-agent.py does (rounds alternated, ratio of medians; wall time, and the CPU time of this
-process, since the stand-in runs in a process of its own), (b) the time from
-starting the process to its first request, against a bare SDK script (and that script with
-the garbage collector off while it imports anthropic, as agent.py does), (c) input tokens
-billed with prompt caching and without, and (d) the bytes sent per request as the session
-grows. The stand-in bills as the API's prompt cache does (tests/cache_model.py; tokens are
-bytes / 4). Not part of the test run.
+agent.py does (rounds alternated, each way first in turn; ratio of medians; wall time, and
+the CPU time of this process, since the stand-in runs in a process of its own), (b) the time
+from starting the process to its first request, against a bare SDK script (and that script
+with the garbage collector off while it imports anthropic, as agent.py does), (c) input
+tokens billed with prompt caching and without, and (d) the bytes sent per request as the
+session grows. The stand-in bills as the API's prompt cache does (tests/cache_model.py;
+tokens are bytes / 4). Not part of the test run.
 """
 
 import argparse

@@ -236,8 +236,8 @@ def test_the_sdk_is_imported_with_the_collector_off_and_frozen_after():
 
 def test_agent_py_defines_itself_with_the_collector_off_and_frozen_after():
     """What agent.py imports and defines lives as long as the process: no collection while
-    its body runs (with it on, ~20 collections found 180 objects and walked all the rest), the
-    collector on again after, and all of it frozen out of later full collections. Imports
+    its body runs (in a real start, ~20 collections found 180 objects and walked the rest),
+    the collector on again after, and all of it frozen out of later full collections. Imports
     and compiling are done first, apart, so that a collection they trigger is not counted."""
     probe = ("import ast, gc, sys, types\n"
              "path = sys.argv[1]\n"
