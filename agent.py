@@ -1418,8 +1418,8 @@ def check_stop(message, content, turn, last_turn, used, limits, cut=None):
     reason = message.get("stop_reason")
     calls = sum(b.get("type") == "tool_use" for b in content)
     if turn >= last_turn:
-        ignored = (f"; the server ignored tool_choice none, and its {calls} tool "
-                   f"call{'s' * (calls != 1)} were not run" if calls else "")
+        ignored = (f"; the server ignored tool_choice none, and its {plural(calls, 'tool call')} "
+                   f"{'was' if calls == 1 else 'were'} not run" if calls else "")
         return Stop("max_turns", f"reached the limit of {plural(limits.max_turns, 'turn')}; the last one "
                                  f"ran with tools off{ignored}")
     if reason in ("end_turn", "stop_sequence"):
@@ -1953,7 +1953,7 @@ def drive(client, session, limits, ctx, report, save):
     try:
         stop = run_session(client, session, limits, ctx, report, save)
     except (KeyboardInterrupt, Interrupted):
-        stop = Stop("interrupted", "stopped by Ctrl-C")
+        stop = Stop("interrupted", "stopped by Ctrl-C or SIGTERM")
     except Exception as exc:
         stop, retries = stop_for(exc), getattr(exc, "retries", [])
     session["stop"] = {"reason": stop.reason, "detail": redact(stop.detail),
@@ -2017,9 +2017,10 @@ class OutputFile:
         parent = Path(os.path.realpath(path.parent))
         self.path, self.name = path, path.name
         if workdir is not None and (parent / self.name).is_relative_to(workdir):
+            trusted = " (and --resume would trust it)" if flag == "--transcript" else ""
             raise UsageError(f"{flag} {path} is inside the workdir {workdir}, where the model's "
-                             "code could rewrite it (and --resume would trust it): put it "
-                             "outside, e.g. next to the workdir")
+                             f"code could rewrite it{trusted}: put it outside, e.g. next to the "
+                             "workdir")
         try:
             self.dir_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as e:
@@ -2907,6 +2908,8 @@ def parse_args(argv):
         value = getattr(args, name)
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise UsageError(f"--{name.replace('_', '-')} must be a positive number")
+    if args.output and not args.report:
+        raise UsageError("-o/--output goes with --report")
     if args.resume is None and not (args.question or "").strip():
         raise UsageError("give a question, or --resume PATH")
     if args.expect:
@@ -2920,8 +2923,6 @@ def parse_args(argv):
         raise UsageError("--expect, --expect-tool and --expect-stop need --trials")
     if args.trials is None and args.jobs != 1:
         raise UsageError("--jobs needs --trials")
-    if args.output and not args.report:
-        raise UsageError("-o/--output goes with --report")
     if args.trials is not None and args.resume:
         raise UsageError("--trials cannot be combined with --resume")
     if args.events == "-" and args.transcript == "-":
@@ -3205,7 +3206,7 @@ def main(argv=None, client=None, stdin=None):
         run_stop_event(report, stop, session, started)
         return EXIT_CODES[stop.reason]
     except BaseException as e:  # the disk filled up, Ctrl-C outside a turn, a bug: one line
-        stop = Stop("interrupted", "stopped by Ctrl-C") if isinstance(e, KeyboardInterrupt) \
+        stop = Stop("interrupted", "stopped by Ctrl-C or SIGTERM") if isinstance(e, KeyboardInterrupt) \
             else Stop("error", f"{type(e).__name__}: {e}")
         report.error(f"agent.py: {'interrupted' if stop.reason == 'interrupted' else 'internal error: ' + stop.detail}")
         run_stop_event(report, stop, session, started)

@@ -861,6 +861,7 @@ def test_key_comes_from_dotenv_and_the_environment_wins(tmp_path, monkeypatch):
     (["q", "--expect", "x"], "need --trials"),
     (["q", "--jobs", "2"], "--jobs needs --trials"),
     (["q", "-o", "x.html"], "goes with --report"),
+    (["-o", "x.html"], "goes with --report"),  # the flag's mistake, even with no question
 ])
 def test_usage_errors_exit_2_with_one_line_and_send_nothing(capsys, argv, fragment):
     client = FakeClient()

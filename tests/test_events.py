@@ -218,3 +218,4 @@ def test_sigterm_still_ends_the_stream_with_run_stop(request, workdir, tmp_path)
     events = events_of(path)
     assert_well_formed(events)
     assert proc.returncode == 130 and events[-1]["stop"] == "interrupted"
+    assert "SIGTERM" in events[-1]["detail"]  # not only "Ctrl-C": it was a SIGTERM

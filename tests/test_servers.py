@@ -35,7 +35,8 @@ def test_a_tools_off_turn_that_still_calls_a_tool_ends_cleanly(capsys, workdir, 
     saved = json.loads(path.read_text())
     assert client.requests[0]["tool_choice"] == {"type": "none"}
     assert (code, out) == (3, "Let me look first.\n")
-    assert "ignored tool_choice none" in saved["stop"]["detail"] and "not run" in err
+    assert "ignored tool_choice none, and its 1 tool call was not run" in saved["stop"]["detail"]
+    assert "not run" in err
     assert saved["turns"][0]["tool_calls"] == []  # never run
     resumed = FakeClient(reply(text("Without it: no idea.")))
     code, _, _ = run(capsys, ["--resume", str(path), "go on"], resumed)

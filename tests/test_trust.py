@@ -108,6 +108,11 @@ def test_a_transcript_inside_the_workdir_is_refused(capsys, workdir, inside):
     code, _, err = run(capsys, ["q", "--workdir", str(workdir), "--transcript",
                                 str(workdir / inside)], client)
     assert (code, client.requests) == (2, []) and "inside the workdir" in err
+    assert "--resume would trust it" in err  # a transcript is what --resume reads
+    code, _, err = run(capsys, ["q", "--workdir", str(workdir), "--events",
+                                str(workdir / inside)], client)
+    assert (code, client.requests) == (2, []) and "inside the workdir" in err
+    assert "--resume" not in err  # events are not
 
 
 def test_resuming_a_transcript_inside_the_workdir_is_refused(capsys, workdir, tmp_path):
