@@ -1418,8 +1418,9 @@ def check_stop(message, content, turn, last_turn, used, limits, cut=None):
     reason = message.get("stop_reason")
     calls = sum(b.get("type") == "tool_use" for b in content)
     if turn >= last_turn:
-        ignored = (f"; the server ignored tool_choice none, and its {plural(calls, 'tool call')} "
-                   f"{'was' if calls == 1 else 'were'} not run" if calls else "")
+        ignored = (f"; the server ignored tool_choice none, and its "
+                   f"{plural(calls, 'tool call')} {'was' if calls == 1 else 'were'} not run"
+                   if calls else "")
         return Stop("max_turns", f"reached the limit of {plural(limits.max_turns, 'turn')}; the last one "
                                  f"ran with tools off{ignored}")
     if reason in ("end_turn", "stop_sequence"):
@@ -3206,8 +3207,8 @@ def main(argv=None, client=None, stdin=None):
         run_stop_event(report, stop, session, started)
         return EXIT_CODES[stop.reason]
     except BaseException as e:  # the disk filled up, Ctrl-C outside a turn, a bug: one line
-        stop = Stop("interrupted", "stopped by Ctrl-C or SIGTERM") if isinstance(e, KeyboardInterrupt) \
-            else Stop("error", f"{type(e).__name__}: {e}")
+        stop = Stop("interrupted", "stopped by Ctrl-C or SIGTERM") \
+            if isinstance(e, KeyboardInterrupt) else Stop("error", f"{type(e).__name__}: {e}")
         report.error(f"agent.py: {'interrupted' if stop.reason == 'interrupted' else 'internal error: ' + stop.detail}")
         run_stop_event(report, stop, session, started)
         return EXIT_CODES[stop.reason]
