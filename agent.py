@@ -3061,6 +3061,7 @@ def run_trials(args, client, model, workdir, limits, ctx, output, events):
     try:
         while not all(f.done() for f in futures):
             wait(futures, timeout=0.2)
+            check_cancelled(None)  # a Ctrl-C or SIGTERM whose KeyboardInterrupt was lost
     except KeyboardInterrupt:
         interrupted = True
         ctx.cancel.set()

@@ -1000,6 +1000,22 @@ def test_jobs_run_trials_at_once_without_interleaving_lines(capsys, workdir):
     assert len(trial_lines) == 4 and all(l.startswith("[trial ") for l in trial_lines)
 
 
+def test_trials_stop_on_a_signal_whose_keyboardinterrupt_python_swallowed(capsys, workdir,
+                                                                        monkeypatch):
+    """The handler's flag alone (its KeyboardInterrupt dropped in a __del__ or an at-fork
+    hook, see on_stop_signal) must end trials as it ends a session: exit 130, not the next
+    trial started and cut short as a failure."""
+    monkeypatch.setattr(agent, "STOPPING", threading.Event())
+
+    def slow(request):
+        agent.STOPPING.set()  # what on_stop_signal does before its exception is lost
+        time.sleep(1.0)
+        return reply(text("late"))
+
+    client = FakeClient(reply(text("first")), slow, reply(text("never")))
+    code, _, err = run(capsys, ["q", "--workdir", str(workdir), "--trials", "3"], client)
+    assert code == 130 and "interrupted: " in err
+
 def test_ctrl_c_stops_trials_and_keeps_what_finished(capsys, workdir, tmp_path):
     path = tmp_path / "run.json"
 
