@@ -1016,8 +1016,11 @@ def test_trials_stop_on_a_signal_whose_keyboardinterrupt_python_swallowed(capsys
     code, _, err = run(capsys, ["q", "--workdir", str(workdir), "--trials", "3"], client)
     assert code == 130 and "interrupted: " in err
 
-def test_ctrl_c_stops_trials_and_keeps_what_finished(capsys, workdir, tmp_path):
+def test_ctrl_c_stops_trials_and_keeps_what_finished(capsys, workdir, tmp_path, monkeypatch):
+    """Ctrl-C under the handler `python agent.py` installs: were its KeyboardInterrupt dropped
+    in a finalizer, its flag would still stop the trials."""
     path = tmp_path / "run.json"
+    monkeypatch.setattr(agent, "STOPPING", threading.Event())
 
     def slow(request):
         threading.Timer(0.2, signal.raise_signal, (signal.SIGINT,)).start()
@@ -1025,9 +1028,12 @@ def test_ctrl_c_stops_trials_and_keeps_what_finished(capsys, workdir, tmp_path):
         return reply(text("late"))
 
     client = FakeClient(reply(text("first")), slow, reply(text("never")))
-    started = time.monotonic()
-    code, _, err = run(capsys, ["q", "--workdir", str(workdir), "--trials", "3",
-                                "--transcript", str(path)], client)
+    started, previous = time.monotonic(), signal.signal(signal.SIGINT, agent.on_stop_signal)
+    try:
+        code, _, err = run(capsys, ["q", "--workdir", str(workdir), "--trials", "3",
+                                    "--transcript", str(path)], client)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert code == 130 and time.monotonic() - started < 8
     assert "interrupted: 1 of 3 trials finished" in err
     summary = json.loads(path.read_text())
