@@ -74,6 +74,7 @@ DECLINE_MESSAGE = (
 
 SECRETS = set()  # values agent.py read as secrets (the API key): never sent or written out
 STOPPING = threading.Event()  # set by Ctrl-C or SIGTERM (on_stop_signal), cleared by main
+STOPPED = "stopped by Ctrl-C or SIGTERM"  # the detail of the interrupted stop
 
 
 def redact(text):
@@ -1508,9 +1509,11 @@ def hold_reply_class(beta):
     message_start, and pydantic caches that class only weakly: once a collection freed it, the
     next reply built it again: about 1 ms, on over half the replies of a long session (README,
     Benchmark). Held once a reply built it; with another SDK version, nothing is held."""
+    if beta in REPLY_CLASSES:  # every reply asks: a dict lookup, once it is held
+        return
     module = sys.modules.get("anthropic.lib.streaming._beta_messages" if beta else
                              "anthropic.lib.streaming._messages")
-    if beta in REPLY_CLASSES or module is None:
+    if module is None:
         return
     try:  # the class the stream asks for, found in pydantic's cache
         REPLY_CLASSES[beta] = getattr(module, "ParsedBetaMessage" if beta else
@@ -1954,7 +1957,7 @@ def drive(client, session, limits, ctx, report, save):
     try:
         stop = run_session(client, session, limits, ctx, report, save)
     except (KeyboardInterrupt, Interrupted):
-        stop = Stop("interrupted", "stopped by Ctrl-C or SIGTERM")
+        stop = Stop("interrupted", STOPPED)
     except Exception as exc:
         stop, retries = stop_for(exc), getattr(exc, "retries", [])
     session["stop"] = {"reason": stop.reason, "detail": redact(stop.detail),
@@ -3208,7 +3211,7 @@ def main(argv=None, client=None, stdin=None):
         run_stop_event(report, stop, session, started)
         return EXIT_CODES[stop.reason]
     except BaseException as e:  # the disk filled up, Ctrl-C outside a turn, a bug: one line
-        stop = Stop("interrupted", "stopped by Ctrl-C or SIGTERM") \
+        stop = Stop("interrupted", STOPPED) \
             if isinstance(e, KeyboardInterrupt) else Stop("error", f"{type(e).__name__}: {e}")
         report.error(f"agent.py: {'interrupted' if stop.reason == 'interrupted' else 'internal error: ' + stop.detail}")
         run_stop_event(report, stop, session, started)

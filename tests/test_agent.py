@@ -1016,6 +1016,7 @@ def test_trials_stop_on_a_signal_whose_keyboardinterrupt_python_swallowed(capsys
     code, _, err = run(capsys, ["q", "--workdir", str(workdir), "--trials", "3"], client)
     assert code == 130 and "interrupted: " in err
 
+
 def test_ctrl_c_stops_trials_and_keeps_what_finished(capsys, workdir, tmp_path, monkeypatch):
     """Ctrl-C under the handler `python agent.py` installs: were its KeyboardInterrupt dropped
     in a finalizer, its flag would still stop the trials."""
