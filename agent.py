@@ -3,18 +3,27 @@
 # requires-python = ">=3.11"
 # dependencies = ["anthropic>=2.0", "python-dotenv>=1.0"]
 # ///
-"""A hand-written agent loop on the Anthropic Messages API, with two tools.
-
-Each turn sends the system prompt, the tools and the whole history, streams the
-reply, runs the tool calls it asks for (read_file concurrently, run_python one by
-one inside an OS sandbox) and sends all results back in one message, until the
-model answers or `check_stop` ends the run. Every turn is saved to a transcript.
+"""agent.py: a hand-written agent loop on the Anthropic Messages API, with two tools.
 
     python agent.py "scores.csv 里平均分是多少？" --workdir workspace --transcript run.json
 
-It keeps long runs small by sending old tool results as one-line placeholders (never
-editing the history), can stream its events as JSON Lines and render a run as HTML. It
-does not summarise history, run server tools, or reach anything but the Messages API.
+Each turn sends the system prompt, the tools and the whole history; streams the reply; runs
+the tool calls it asks for (read_file concurrently; run_python one at a time, in an OS
+sandbox, once the user approves); and sends all the results back in one message, until the
+model answers or `check_stop` ends the run. Every turn is saved to a transcript.
+
+How to read this file. The first 500 lines are the agent; read them in order:
+
+  1. Config and limits   what the model is told, and `Limits`: every bound of a run
+  2. The loop            `run_session` (the turn loop) and `drive`, which runs it to a stop
+  3. How a run stops     `EXIT_CODES`, `check_stop`, `stop_for`: every way a run ends
+  4. The tools           `read_file`, `run_python` and the approval step beside it; and
+                         `call_tool`, which turns every failure into an is_error result
+
+After the divider comes the machinery, to skip until you need a part of it: API plumbing
+and retries, usage and cost, clearing old tool results, the transcript, events, schemas and
+resume, trials, the HTML report, terminal output, path safety and the sandbox (its whole
+policy is one value, `SandboxPolicy`), and the command line.
 """
 
 import gc
@@ -48,7 +57,10 @@ from datetime import datetime, timezone
 from itertools import count
 from pathlib import Path
 
-# --- config and limits ---
+
+# ================================================================================================
+# 1. Config and limits
+# ================================================================================================
 
 TRANSCRIPT_VERSION = 1  # fields are only added within a version; a removal or change bumps it
 AGENT_VERSION = "1.1.0"
@@ -70,19 +82,6 @@ DECLINE_MESSAGE = (
     "The user declined to run this code. Do not retry it or try to get the same result "
     "another way; tell the user what you wanted to run and why, and ask how to proceed."
 )
-
-
-SECRETS = set()  # values agent.py read as secrets (the API key): never sent or written out
-STOPPING = threading.Event()  # set by Ctrl-C or SIGTERM (on_stop_signal), cleared by main
-STOPPED = "stopped by Ctrl-C or SIGTERM"  # the detail of the interrupted stop
-
-
-def redact(text):
-    """`text` with every secret agent.py holds replaced by a marker."""
-    for secret in SECRETS:
-        if secret in text:
-            text = text.replace(secret, "[redacted secret]")
-    return text
 
 
 @dataclass(frozen=True)
@@ -108,106 +107,201 @@ class Limits:
     scratch_mb: int = 1024  # the call's home and /dev/shm, a tmpfs where mounts are allowed
 
 
-@dataclass(frozen=True)
-class Price:
-    input: float  # USD per million tokens
-    output: float
-    write_5m: float
-    write_1h: float
-    read: float
+# ================================================================================================
+# 2. The loop
+# ================================================================================================
+
+def new_session(question, model, workdir, effort, run_id=None):
+    return {"version": TRANSCRIPT_VERSION, "agent_version": AGENT_VERSION,
+            "run_id": run_id or uuid.uuid4().hex, "started_at": now(), "ended_at": None,
+            "model": model, "effort": effort, "system": SYSTEM_PROMPT, "tools": TOOLS,
+            "workdir": str(workdir), "question": question,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": question}]}],
+            "turns": [], "stop": None, "answer": None, "usage": empty_usage()}
 
 
-# USD per million tokens, as billed on the Claude API. Checked 2026-12-02 against
-# platform.claude.com/docs/en/about-claude/pricing ("Model pricing"), its release notes and the
-# model overview pages (models/<model>/overview). Haiku 5.5 bills a request whose prompt (input
-# + cache reads + cache writes) exceeds 100,000 tokens at its second band, output included.
-# Sonnet 5.5's cache reads cost $0.10 since 2026-10-07 (release notes of that day: "lowered ...
-# from $0.20 USD to $0.10 USD per million tokens"; the pricing page's footnote agrees; older
-# copies of the overview page still say $0.20). Fable 5.2 (released 2026-11-09): $8 / $40 from
-# the pricing page; its cache rates ($10 / $16 writes, $0.20 reads) only from trackers so far.
-# Each entry: ((prompt tokens up to, price), ...); None means no upper bound.
-_OPUS_4 = ((None, Price(5.00, 25.00, 6.25, 10.00, 0.50)),)
-_SONNET_4 = ((None, Price(3.00, 15.00, 3.75, 6.00, 0.30)),)
-PRICING = {
-    "claude-haiku-5-5": ((100_000, Price(0.10, 0.50, 0.125, 0.20, 0.01)),
-                         (None, Price(0.50, 2.50, 0.625, 1.00, 0.05))),
-    "claude-sonnet-5-5": ((None, Price(2.00, 10.00, 2.50, 4.00, 0.10)),),
-    "claude-opus-5-5": ((None, Price(4.00, 20.00, 5.00, 8.00, 0.20)),),
-    "claude-fable-5-2": ((None, Price(8.00, 40.00, 10.00, 16.00, 0.20)),),
-    "claude-fable-5-1": ((None, Price(10.00, 50.00, 12.50, 20.00, 0.25)),),
-    "claude-fable-5": ((None, Price(10.00, 50.00, 12.50, 20.00, 1.00)),),
-    "claude-opus-5": _OPUS_4,
-    "claude-sonnet-5": ((None, Price(2.00, 10.00, 2.50, 4.00, 0.20)),),
-    "claude-opus-4-8": _OPUS_4, "claude-opus-4-7": _OPUS_4, "claude-opus-4-6": _OPUS_4,
-    "claude-opus-4-5": _OPUS_4,
-    "claude-sonnet-4-6": _SONNET_4, "claude-sonnet-4-5": _SONNET_4,
-    "claude-haiku-4-5": ((None, Price(1.00, 5.00, 1.25, 2.00, 0.10)),),
-}
-COUNTS = ("input_tokens", "output_tokens", "cache_creation_input_tokens",
-          "cache_read_input_tokens")  # the billed token counts of a response's usage
-MAX_OUTPUT = {"claude-haiku-4-5": 64_000, "claude-sonnet-4-5": 64_000,
-              "claude-sonnet-4-6": 64_000}  # output-token ceiling; 128K for the others
-DEFAULT_MAX_OUTPUT = 128_000
-SHOW_THINKING = {"claude-opus-5-5", "claude-sonnet-5-5", "claude-fable-5", "claude-fable-5-1"}
-# ^ models that write their notes between tool calls as thinking, shown only on request
-# ("display" defaults to "omitted"; the model overview pages, 2026-12-02): without it, stderr
-# goes silent between tool calls. Haiku 5.5 writes no such notes.
-CONTEXT_WINDOW = {  # tokens of prompt + output, where the model overview pages give them
-    "claude-haiku-5-5": 1_000_000, "claude-sonnet-5-5": 1_000_000, "claude-opus-5-5": 1_000_000,
-    "claude-haiku-4-5": 200_000, "claude-sonnet-4-5": 200_000, "claude-opus-4-5": 200_000}
+def mark_final_turn(messages):
+    """Tell the model the next reply is its last and tools are off (after any tool results)."""
+    last = messages[-1]
+    if last["role"] == "user" and last["content"][-1] != {"type": "text", "text": FINAL_TURN_NOTE}:
+        last["content"].append({"type": "text", "text": FINAL_TURN_NOTE})
 
 
-def base_model(model):
-    """The pricing key of a model id: a trailing -YYYYMMDD date is dropped."""
-    return re.sub(r"-\d{8}$", "", model)
+def build_request(session, limits, final):
+    request = {"model": session["model"], "max_tokens": limits.max_tokens,
+               "system": session["system"], "tools": session["tools"],
+               "messages": sent_view(session),
+               "cache_control": {"type": "ephemeral"},  # caches everything up to the last block
+               "diagnostics": {"previous_message_id": next(  # the API says why a cache missed
+                   (t.get("message_id") for t in reversed(session["turns"])), None)}}
+    if final:
+        request["tool_choice"] = {"type": "none"}
+    if session.get("effort"):
+        request["output_config"] = {"effort": session["effort"]}
+    if base_model(session["model"]) in SHOW_THINKING:  # thinking is on; show what it says
+        request["thinking"] = {"type": "adaptive", "display": "summarized"}
+    if limits.clear_at and limits.context_edit == "server":  # the API clears, in its beta
+        request["betas"] = [CONTEXT_EDIT_BETA]
+        request["context_management"] = {"edits": [{
+            "type": "clear_tool_uses_20250919",
+            "trigger": {"type": "input_tokens", "value": limits.clear_at},
+            "keep": {"type": "tool_uses", "value": limits.keep_results},
+            "clear_at_least": {"type": "input_tokens", "value": limits.clear_at_least}}]}
+    return request
 
 
-def number(value):
-    """A token count as a server sent it, or 0 when it sent something else."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+def run_session(client, session, limits, ctx, report, save):
+    """The turn loop. Returns the Stop; the caller maps exceptions to stops."""
+    first = max([t["turn"] for t in session["turns"]], default=0) + 1
+    last_turn, used = first + limits.max_turns - 1, empty_usage()
+    for turn in range(first, last_turn + 1):
+        check_cancelled(ctx.cancel)
+        if turn == last_turn:
+            mark_final_turn(session["messages"])
+        started, record = time.monotonic(), {"turn": turn, "started_at": now()}
+        report.turn_start(turn)
+        cleared = clear_old_results(session, limits)
+        if cleared:
+            record["cleared"] = {"tool_results": cleared[0], "estimated_tokens": cleared[1]}
+            report.line(f"cleared {plural(cleared[0], 'old tool result')} (about {cleared[1]} "
+                        "tokens) from what is sent; the history keeps them")
+        reply = request_turn(client, build_request(session, limits, final=turn == last_turn),
+                             limits, report, ctx.cancel)
+        content, notes = check_reply(reply.message)
+        record.update(stop_reason=reply.message.get("stop_reason"), usage=empty_usage(),
+                      request_id=reply.request_id, attempts=reply.attempts,
+                      retries=reply.retries, seconds=round(time.monotonic() - started, 3),
+                      api_seconds=round(reply.api_seconds, 3), tool_calls=[], notes=notes,
+                      **reply_facts(reply))
+        for usage in reply.usages:  # a retried cut tool call was billed too
+            add_usage(record["usage"], usage_record(session["model"], usage))
+        add_usage(used, record["usage"])
+        session["turns"].append(record)
+        if content:
+            session["messages"].append({"role": "assistant", "content": content})
+        report.turn(record)
+        stop = check_stop(reply.message, content, turn, last_turn, used, limits, reply.cut)
+        tool_uses = [] if stop else [b for b in content if b["type"] == "tool_use"]
+        if tool_uses:  # pause_turn has none: the paused content itself is the next request's end
+            results, record["tool_calls"] = run_tools(tool_uses, ctx, report)
+            session["messages"].append({"role": "user", "content": results})
+        record["seconds"] = round(time.monotonic() - started, 3)  # tools included
+        report.turn_end(record)
+        if stop:
+            return stop
+        save(session)
+    raise AssertionError("check_stop always stops at the last turn")
 
 
-def fields(value):
-    """An object of a reply or document, or an empty one: a server or a forged file may put
-    anything anywhere."""
-    return value if isinstance(value, dict) else {}
+def drive(client, session, limits, ctx, report, save):
+    """Run the loop to a Stop, whatever happens; the transcript is saved either way."""
+    retries = []
+    try:
+        stop = run_session(client, session, limits, ctx, report, save)
+    except (KeyboardInterrupt, Interrupted):
+        stop = Stop("interrupted", STOPPED)
+    except Exception as exc:
+        stop, retries = stop_for(exc), getattr(exc, "retries", [])
+    session["stop"] = {"reason": stop.reason, "detail": redact(stop.detail),
+                       "exit_code": EXIT_CODES[stop.reason]}
+    if retries:  # the attempts of the turn that failed
+        session["stop"]["retries"] = retries
+    session["answer"] = final_text(session) if stop.reason in TEXT_STOPS else None
+    session["usage"] = total_usage(session)
+    session["ended_at"] = now()
+    save(session, final=True)
+    return stop
 
 
-def items(value):
-    return [x for x in value if isinstance(x, dict)] if isinstance(value, list) else []
-
-
-def plural(n, word):
-    return f"{n} {word}{'s' * (n != 1)}"
-
-
-def billed(usage):
-    """The parts of a response's usage that are billed: each entry of usage.iterations when the
-    response has them (server-side compaction adds a sampling step the top-level counts leave
-    out: "sum across all entries in the usage.iterations array"), else the usage itself."""
-    parts = usage.get("iterations") if isinstance(usage, dict) else None
-    if isinstance(parts, list) and parts and all(isinstance(p, dict) for p in parts):
-        return parts
-    return [usage if isinstance(usage, dict) else {}]
-
-
-def cost_usd(model, usage):
-    """What one response costs, priced the way the API bills it; None for an unknown model."""
-    bands = PRICING.get(base_model(model))
-    if bands is None:
+def final_text(session):
+    """The text of the last assistant message, or None if it has none."""
+    last = session["messages"][-1] if session["messages"] else None
+    if not last or last["role"] != "assistant":
         return None
-    total = 0.0
-    for part in billed(usage):  # each iteration is priced on its own, band included
-        fresh, out, written, read = (number(part.get(k)) for k in COUNTS)
-        price = next(p for limit, p in bands if limit is None or fresh + written + read <= limit)
-        write_1h = number((part.get("cache_creation") or {}).get("ephemeral_1h_input_tokens"))
-        write_5m = written - write_1h  # without the split, every write is a 5-minute write
-        total += (fresh * price.input + out * price.output + write_5m * price.write_5m
-                  + write_1h * price.write_1h + read * price.read)
-    return total / 1_000_000
+    text = "".join(b.get("text", "") for b in last["content"] if b.get("type") == "text")
+    return text or None
 
 
-# --- tools ---
+# ================================================================================================
+# 3. How a run stops
+# ================================================================================================
+
+STOPPED = "stopped by Ctrl-C or SIGTERM"  # the detail of the interrupted stop
+
+
+# Every way a run can end: label -> exit code. check_stop decides the response-driven ones;
+# drive() maps exceptions to api_error, error and interrupted.
+EXIT_CODES = {
+    "end_turn": 0, "stop_sequence": 0,  # the model finished
+    "max_turns": 3,  # the last allowed turn ran with tools off; its text is an interim answer
+    "token_budget": 4, "cost_budget": 4,  # checked after a response, before its tools run
+    "max_tokens": 5, "refusal": 5, "model_context_window_exceeded": 5,  # stopped unfinished
+    "api_error": 1, "error": 1,  # the API refused or failed; a bug or unknown stop_reason
+    "interrupted": 130,  # Ctrl-C
+}
+TEXT_STOPS = {"end_turn", "stop_sequence", "max_turns", "max_tokens", "refusal",
+              "model_context_window_exceeded"}  # stops whose final text goes to stdout
+EXIT_USAGE, EXIT_TRIALS_FAILED = 2, 6
+
+
+@dataclass
+class Stop:
+    reason: str
+    detail: str
+
+
+def check_stop(message, content, turn, last_turn, used, limits, cut=None):
+    """Decide after each response whether the run ends here; a Stop or None to go on."""
+    reason = message.get("stop_reason")
+    calls = sum(b.get("type") == "tool_use" for b in content)
+    if turn >= last_turn:
+        ignored = (f"; the server ignored tool_choice none, and its "
+                   f"{plural(calls, 'tool call')} {'was' if calls == 1 else 'were'} not run"
+                   if calls else "")
+        return Stop("max_turns", f"reached the limit of {plural(limits.max_turns, 'turn')}; the last one "
+                                 f"ran with tools off{ignored}")
+    if reason in ("end_turn", "stop_sequence"):
+        return Stop(reason, "the model finished")
+    if reason == "max_tokens":
+        return Stop(reason, cut or "the reply hit max_tokens; the text is partial")
+    if reason == "refusal":
+        return Stop(reason, "the model declined to answer")
+    if reason == "model_context_window_exceeded":
+        return Stop(reason, cut or "the conversation filled the model's context window")
+    if reason not in ("tool_use", "pause_turn"):
+        return Stop("error", f"unknown stop_reason {reason!r}")
+    if reason == "tool_use" and not calls:  # nothing to answer: a request now would be prefill
+        return Stop("end_turn", "the reply said tool_use but held no tool call; its text is "
+                                "taken as the answer")
+    if used["tokens"] >= limits.token_budget:
+        return Stop("token_budget", f"used {used['tokens']} tokens of the {limits.token_budget} "
+                                    "budget; the pending tool calls were not run")
+    if limits.budget_usd is not None and (used["cost_usd"] or 0) >= limits.budget_usd:
+        return Stop("cost_budget", f"spent ${used['cost_usd']:.6f} of the ${limits.budget_usd:.6f} "
+                                   "budget; the pending tool calls were not run")
+    return None
+
+
+def stop_for(exc):
+    """The Stop an exception out of the loop means: the API's or the network's, or a bug."""
+    if getattr(exc, "status_code", None) is None and not transport_error(exc) \
+            and not type(exc).__module__.startswith("anthropic"):
+        return Stop("error", f"{type(exc).__name__}: {exc}")
+    detail = api_message(exc)
+    if getattr(exc, "status_code", None) == 401:
+        detail += " (check ANTHROPIC_API_KEY)"
+    if getattr(exc, "status_code", None) == 400 and CONTEXT_ERROR.search(detail):
+        return Stop("model_context_window_exceeded", detail)
+    return Stop("api_error", detail)
+
+
+class UsageError(Exception):
+    """A mistake on the command line: exit 2, nothing sent."""
+
+
+# ================================================================================================
+# 4. The tools, and the approval step
+# ================================================================================================
 
 class ToolError(Exception):
     """A tool failure, reported to the model as an is_error tool_result."""
@@ -215,19 +309,6 @@ class ToolError(Exception):
     def __init__(self, message, exit_code=None, declined=False):
         super().__init__(message)
         self.exit_code, self.declined = exit_code, declined  # for the transcript and events
-
-
-class Interrupted(Exception):
-    """Raised in a worker thread when the run was cancelled (Ctrl-C in trials)."""
-
-
-def check_cancelled(cancel):
-    """Raise if the run must stop: Ctrl-C or SIGTERM (even one whose KeyboardInterrupt Python
-    swallowed: see on_stop_signal), or `cancel` set for this trial."""
-    if STOPPING.is_set():
-        raise KeyboardInterrupt
-    if cancel is not None and cancel.is_set():
-        raise Interrupted()
 
 
 TOOLS = [
@@ -277,66 +358,6 @@ class ToolContext:
         self.asking = threading.local()  # seconds this thread spent waiting for approval
 
 
-RESOLVE_NO_MAGICLINKS, RESOLVE_BENEATH = 0x02, 0x08  # openat2(2)
-LIBC = ctypes.CDLL(None, use_errno=True)
-
-
-def openat2(dir_fd, path, flags, resolve):
-    """openat2(2) through ctypes (Linux 5.6+): the kernel resolves `path` under `resolve` rules."""
-    how = struct.pack("QQQ", flags, 0, resolve)
-    fd = LIBC.syscall(ctypes.c_long(437), ctypes.c_long(dir_fd), os.fsencode(path),
-                      ctypes.c_char_p(how), ctypes.c_long(len(how)))
-    if fd < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), path)
-    return fd
-
-
-def outside(path, target, workdir):
-    return ToolError(f"refused: {path!r} resolves to {target}, outside the working directory "
-                     f"{workdir}. Only files inside it can be read; do not try to reach it "
-                     "another way, ask the user.")
-
-
-def open_inside(ctx, path):
-    """An O_PATH descriptor of `path`, resolved by the kernel without ever leaving the workdir."""
-    if "\0" in path or not path:
-        raise ToolError(f"{path!r} is not a usable path (empty, or with a NUL byte); give the "
-                        "file's path relative to the working directory.")
-    workdir = ctx.workdir
-    relative = os.path.relpath(path, workdir) if os.path.isabs(path) else path
-    if os.path.normpath(relative).split(os.sep)[0] == "..":  # leaves it by its very spelling
-        raise outside(path, os.path.realpath(os.path.join(workdir, relative)), workdir)
-    flags = os.O_PATH | os.O_CLOEXEC
-    try:
-        try:
-            fd = openat2(ctx.workdir_fd, relative, flags, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
-        except OSError as e:
-            if e.errno == errno.ENOSYS:  # no openat2: resolve, then check the descriptor below
-                fd = os.open(os.path.realpath(os.path.join(workdir, relative)), flags)
-            elif e.errno != errno.EXDEV:
-                raise
-            else:  # a step left the workdir, or an absolute symlink that may land inside it
-                target = os.path.realpath(os.path.join(workdir, relative))
-                if not Path(target).is_relative_to(workdir):
-                    raise outside(path, target, workdir)
-                fd = openat2(ctx.workdir_fd, os.path.relpath(target, workdir), flags,
-                             RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
-    except FileNotFoundError:
-        raise ToolError(f"{path!r} does not exist. List the files with run_python, e.g. "
-                        "print(sorted(os.listdir('.'))) or os.walk('.') for subdirectories.")
-    except OSError as e:
-        raise ToolError(f"cannot open {path!r}: {e.strerror}.")
-    try:  # checked again on the descriptor: whatever was swapped in, this is what was opened
-        opened = os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        opened = str(workdir)  # no /proc: openat2's RESOLVE_BENEATH is the check
-    if not Path(opened).is_relative_to(workdir):
-        os.close(fd)
-        raise outside(path, opened, workdir)
-    return fd
-
-
 def read_file(ctx, path, offset=1, limit=None):
     """Return lines [offset, offset+limit) of a regular UTF-8 file inside the workdir."""
     fd = open_inside(ctx, path)
@@ -360,49 +381,6 @@ def read_file(ctx, path, offset=1, limit=None):
         os.close(reading)
 
 
-def read_window(fd, path, offset, limit, max_bytes):
-    """Lines [offset, offset+limit) (at most max_bytes), reading fixed-size chunks, never a
-    whole line: the rest of the file is only counted, so memory stays bounded."""
-    kept, line, last, cut_line, size, tail = bytearray(), 1, offset - 1, False, 0, b"\n"
-    while chunk := os.read(fd, 1 << 16):
-        size += len(chunk)
-        tail = chunk[-1:]
-        start = 0
-        while start < len(chunk) and line < offset + limit and not cut_line:
-            nl = chunk.find(b"\n", start)
-            end = len(chunk) if nl < 0 else nl + 1
-            if line >= offset:
-                room = max_bytes - len(kept)
-                if end - start > room:  # this line does not fit: keep what does, stop there
-                    kept += chunk[start:start + room]
-                    cut_line, last = room > 0, line if room > 0 else last
-                    break
-                kept += chunk[start:end]
-                last = line
-            if nl < 0:
-                start = end
-                break
-            line, start = line + 1, end
-        line += chunk.count(b"\n", start)  # past the window: count lines, keep nothing
-    total = line - (tail == b"\n")  # a last line without a newline still counts
-    if size == 0:
-        return "(empty file)"
-    if offset > total:
-        raise ToolError(f"offset {offset} is past the end of {path!r}, which has {total} lines.")
-    try:
-        text = kept.decode("utf-8")
-    except UnicodeDecodeError as e:
-        if not (cut_line and e.reason == "unexpected end of data"):
-            raise ToolError(f"{path!r} is not UTF-8 text (bad byte at offset {e.start} of the "
-                            "lines read); if it is binary, inspect it with run_python.")
-        text = kept[: e.start].decode("utf-8")
-    if last < total or cut_line:
-        more = f" (line {last} cut at {max_bytes} bytes)" if cut_line else ""
-        text += (f"\n[read_file: lines {offset}-{last} of {total}{more}; "
-                 f"call read_file with offset={last + 1} to continue]")
-    return text
-
-
 def run_python(ctx, code):
     """Run `code` in the sandbox, after the user approves; return exit code and output."""
     ctx.sandbox.ready()  # proves the boundary (once) before anyone is asked to rely on it
@@ -424,6 +402,22 @@ def run_python(ctx, code):
     if run.code != 0:
         raise ToolError(f"the script failed.\n{report}", exit_code=run.code)
     return report
+
+
+def make_approver(yes, no_sandbox, sandbox, stdin):
+    """run_python runs unasked only with --yes and a proven sandbox (or --no-sandbox)."""
+    def approve(code):
+        if yes and (no_sandbox or sandbox.confined):
+            return True
+        with Reporter.lock:  # the code as Python reads it: controls shown, not obeyed
+            sys.stderr.write(f"\n--- run_python wants to run ---\n{visible(code)}\n"
+                             "--- run it? [y/N] ")
+            sys.stderr.flush()
+            answer = stdin.readline()
+            if not answer.endswith("\n"):  # no one answered (stdin closed): end the line
+                sys.stderr.write("(no answer: declined)\n")
+        return answer.strip().lower() in ("y", "yes")
+    return approve
 
 
 TOOL_FUNCTIONS = {"read_file": read_file, "run_python": run_python}
@@ -520,8 +514,1575 @@ def run_tools(blocks, ctx, report):
     return results, calls
 
 
-# --- sandbox: where run_python's code runs ---
-#
+# ================================================================================================
+# The machinery. Everything above is the agent; everything below keeps it bounded, recorded and
+# safe. Each section stands on its own: read the one you need.
+# ================================================================================================
+
+
+# --- Stopping: Ctrl-C, SIGTERM and a trial's cancel ---
+
+STOPPING = threading.Event()  # set by Ctrl-C or SIGTERM (on_stop_signal), cleared by main
+
+
+class Interrupted(Exception):
+    """Raised in a worker thread when the run was cancelled (Ctrl-C in trials)."""
+
+
+def check_cancelled(cancel):
+    """Raise if the run must stop: Ctrl-C or SIGTERM (even one whose KeyboardInterrupt Python
+    swallowed: see on_stop_signal), or `cancel` set for this trial."""
+    if STOPPING.is_set():
+        raise KeyboardInterrupt
+    if cancel is not None and cancel.is_set():
+        raise Interrupted()
+
+
+def on_stop_signal(signum, frame):
+    """Ctrl-C and SIGTERM: kill the running tool, save, exit 130. The KeyboardInterrupt is lost
+    if the signal lands where Python swallows exceptions (an at-fork hook of subprocess, a
+    __del__), so the flag stays set for the loops that wait to see."""
+    STOPPING.set()
+    raise KeyboardInterrupt
+
+
+# --- API plumbing and retries ---
+
+def number(value):
+    """A token count as a server sent it, or 0 when it sent something else."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def fields(value):
+    """An object of a reply or document, or an empty one: a server or a forged file may put
+    anything anywhere."""
+    return value if isinstance(value, dict) else {}
+
+
+def items(value):
+    return [x for x in value if isinstance(x, dict)] if isinstance(value, list) else []
+
+
+class StreamIncomplete(Exception):
+    """The stream closed without message_stop: the reply cannot be trusted, retry the turn."""
+
+
+class StreamStalled(Exception):
+    """No event arrived for --request-timeout seconds (pings do not count): retry the turn."""
+
+
+class Watchdog:
+    """Shuts a stream's socket once no event has come for `seconds`: a server that sends only
+    pings, or nothing, cannot hold a turn forever. poke() on every event. One thread, started
+    once, patrols every stream of the process."""
+
+    active, lock, patrolling = set(), threading.Lock(), False
+
+    def __init__(self, stream, seconds):
+        self.stream, self.seconds, self.fired, self.last = stream, seconds, False, time.monotonic()
+        with Watchdog.lock:
+            Watchdog.active.add(self)
+            if not Watchdog.patrolling:
+                Watchdog.patrolling = True
+                threading.Thread(target=Watchdog.patrol, daemon=True).start()
+
+    def poke(self):
+        self.last = time.monotonic()
+
+    def stop(self):
+        with Watchdog.lock:
+            Watchdog.active.discard(self)
+
+    @staticmethod
+    def patrol():
+        while True:
+            time.sleep(0.2)
+            with Watchdog.lock:
+                due = {w for w in Watchdog.active if time.monotonic() - w.last > w.seconds}
+                Watchdog.active -= due
+            for watch in due:
+                watch.fire()
+
+    def fire(self):
+        self.fired = True
+        try:  # shutdown, not close: it wakes a read blocked in another thread
+            network = self.stream.response.extensions.get("network_stream")
+            sock = network.get_extra_info("socket") if network else None
+            if sock is not None:
+                sock.shutdown(socket.SHUT_RDWR)
+            else:
+                self.stream.close()
+        except Exception:
+            pass
+
+
+REPLY_CLASSES = {}  # beta or not: the SDK's reply class, held so that no reply builds it again
+
+
+def hold_reply_class(beta):
+    """The SDK's stream parametrizes ParsedMessage (ParsedBetaMessage) anew on every
+    message_start, and pydantic caches that class only weakly: once a collection freed it, the
+    next reply built it again: about 1 ms, on over half the replies of a long session (README,
+    Benchmark). Held once a reply built it; with another SDK version, nothing is held."""
+    if beta in REPLY_CLASSES:  # every reply asks: a dict lookup, once it is held
+        return
+    module = sys.modules.get("anthropic.lib.streaming._beta_messages" if beta else
+                             "anthropic.lib.streaming._messages")
+    if module is None:
+        return
+    try:  # the class the stream asks for, found in pydantic's cache
+        REPLY_CLASSES[beta] = getattr(module, "ParsedBetaMessage" if beta else
+                                      "ParsedMessage")[module.ResponseFormatT]
+    except Exception:
+        REPLY_CLASSES[beta] = None
+
+
+def stream_once(client, request, report, cancel, stall):
+    """Send one request, stream its text to the reporter, return (message dict, request id)."""
+    messages = client.beta.messages if "betas" in request else client.messages
+    stalled = f"no event for {stall:g} s; the server may be stuck"
+    with messages.stream(**request) as stream:
+        watch, complete = Watchdog(stream, stall), False
+        try:
+            for event in stream:
+                watch.poke()
+                check_cancelled(cancel)
+                if event.type == "text":
+                    report.text(event.text)
+                elif event.type == "thinking":
+                    report.text(event.thinking, thinking=True)
+                elif event.type == "message_stop":
+                    complete = True
+            if not complete:
+                raise StreamStalled(stalled) if watch.fired else \
+                    StreamIncomplete("the response stream ended before message_stop")
+            message = stream.get_final_message()
+        except (Interrupted, KeyboardInterrupt, StreamIncomplete, StreamStalled):
+            raise
+        except (AssertionError, KeyError, TypeError, ValueError) as e:  # the SDK's own parsing
+            raise StreamIncomplete(f"the stream could not be read ({type(e).__name__}: {e}); "
+                                   "a server left out or garbled an event") from e
+        except Exception as e:
+            if watch.fired:
+                raise StreamStalled(stalled) from e
+            raise
+        finally:
+            watch.stop()
+        request_id = getattr(stream, "request_id", None)
+    hold_reply_class("betas" in request)
+    return (message.to_dict() if hasattr(message, "to_dict") else message), request_id
+
+
+def transport_error(exc):
+    """A network failure below HTTP (reset, refused, closed, timed out): worth another try."""
+    names = {k.__name__ for e in (exc, exc.__cause__) if e is not None for k in type(e).__mro__}
+    return bool(names & {"APIConnectionError", "APITimeoutError", "TransportError",
+                         "StreamIncomplete", "StreamStalled", "ConnectionError"})
+
+
+def closed_idle_connection(exc):
+    """The server closed a kept-alive connection between replies, without saying so."""
+    cause = exc.__cause__ or exc
+    return type(cause).__name__ == "RemoteProtocolError" and "without sending" in str(cause)
+
+
+def retry_delay(exc, attempt, limits):
+    """Seconds to wait before retrying after `exc`, or None if it is not worth retrying."""
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None) or {}
+    status = getattr(exc, "status_code", None)
+    body = getattr(exc, "body", None)
+    error = body.get("error") if isinstance(body, dict) else None
+    kind = error.get("type") if isinstance(error, dict) else None
+    if transport_error(exc):
+        if closed_idle_connection(exc) and attempt == 1:
+            return 0.0  # a stale connection, not an overload: a new one at once
+        transient = True
+    elif status is None:
+        transient = False
+    elif headers.get("x-should-retry") in ("true", "false"):
+        transient = headers["x-should-retry"] == "true"
+    elif status < 400:  # an error event inside a 200 stream
+        transient = kind in ("overloaded_error", "api_error", "rate_limit_error", "timeout_error")
+    else:
+        transient = status in (408, 409, 429) or status >= 500
+    if not transient:
+        return None
+    try:
+        after = float(headers.get("retry-after"))
+    except (TypeError, ValueError):
+        after = math.nan
+    if math.isfinite(after) and after >= 0:  # anything else a server says is ignored
+        return min(after, 60.0)
+    return min(limits.retry_base * 2 ** (attempt - 1), 30.0)
+
+
+def request_with_retries(client, request, limits, report, cancel):
+    """Up to max_attempts requests for one turn, backing off on transient failures.
+    Returns (message, request id, attempts, retry records, seconds spent on the API)."""
+    retries, api_seconds = [], 0.0
+    for attempt in range(1, limits.max_attempts + 1):
+        started = time.monotonic()
+        try:
+            message, request_id = stream_once(client, request, report, cancel,
+                                              limits.request_timeout)
+            return message, request_id, attempt, retries, api_seconds + time.monotonic() - started
+        except (Interrupted, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            api_seconds += time.monotonic() - started
+            delay = retry_delay(exc, attempt, limits)
+            if delay is None or attempt == limits.max_attempts:
+                exc.retries, exc.api_seconds = retries, api_seconds  # kept in the transcript
+                raise
+            retries.append({"attempt": attempt, "status": getattr(exc, "status_code", None),
+                            "error": api_message(exc), "delay": round(delay, 3)})
+            report.retry(retries[-1], limits.max_attempts)
+            if cancel is not None:
+                if cancel.wait(delay):
+                    raise Interrupted()
+            else:
+                time.sleep(delay)
+
+
+def is_cut_tool_call(message):
+    content = message.get("content") or []
+    return message.get("stop_reason") == "max_tokens" and bool(content) and \
+        content[-1].get("type") == "tool_use"
+
+
+@dataclass
+class Reply:
+    message: dict  # the final reply, a cut tool call removed
+    request_id: str | None
+    attempts: int  # HTTP requests for this turn, retries included
+    usages: list  # usage of every response billed for this turn
+    retries: list  # a record per failed attempt that was retried
+    api_seconds: float  # time spent waiting on the API, backoff excluded
+    cut: str | None = None  # why a cut tool call was dropped
+
+
+def request_turn(client, request, limits, report, cancel):
+    """One turn: a reply cut inside a tool call is retried once with twice the max_tokens,
+    if that can help (the prompt and the new max_tokens must fit the context window)."""
+    message, request_id, attempts, retries, seconds = request_with_retries(
+        client, request, limits, report, cancel)
+    reply = Reply(message, request_id, attempts, [message.get("usage") or {}], retries, seconds)
+    sizes, model = [request["max_tokens"]], base_model(request["model"])
+    bigger = min(2 * request["max_tokens"], MAX_OUTPUT.get(model, DEFAULT_MAX_OUTPUT))
+    window, prompt = CONTEXT_WINDOW.get(model), prompt_tokens(reply.usages[0])
+    why_not = (f"; not retried: its prompt of {prompt} tokens and {bigger} more would not fit "
+               f"the context window of {window}" if window and prompt + bigger > window else "")
+    if is_cut_tool_call(message) and bigger > request["max_tokens"] and not why_not:
+        report.line(f"the reply was cut inside a tool call at max_tokens "
+                    f"{request['max_tokens']}; retrying the turn with {bigger}")
+        message, reply.request_id, n, more, seconds = request_with_retries(
+            client, dict(request, max_tokens=bigger), limits, report, cancel)
+        reply.usages.append(message.get("usage") or {})
+        reply.attempts, reply.api_seconds = reply.attempts + n, reply.api_seconds + seconds
+        reply.retries += more
+        sizes.append(bigger)
+    if is_cut_tool_call(message):  # never keep or run a tool call whose input is incomplete
+        message = dict(message, content=message["content"][:-1])
+        reply.cut = (f"the reply was cut inside a tool call at max_tokens "
+                     f"{' and again at '.join(map(str, sizes))}{why_not}; the incomplete call "
+                     "was not run")
+    reply.message = message
+    return reply
+
+
+def check_reply(message):
+    """The reply's content as it can go back, and what had to be mended: blocks that are not
+    objects, empty text (the API rejects it), a tool_use id used twice (the repeat is dropped)."""
+    content, notes, seen = message.get("content"), [], set()
+    if not isinstance(content, list):
+        return [], [f"the reply's content was {type(content).__name__}, not a list"] * bool(content)
+    kept = []
+    for block in content:
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            notes.append(f"a content block that is not an object was dropped: {str(block)[:80]}")
+        elif block["type"] == "text" and not str(block.get("text", "")).strip():
+            continue
+        elif block["type"] == "tool_use" and (not isinstance(block.get("id"), str)
+                                             or block["id"] in seen):
+            notes.append(f"a tool_use with a repeated or missing id ({block.get('id')!r}) was "
+                         "dropped, not run")
+        else:
+            seen.add(block.get("id"))
+            kept.append(block)
+    return kept, notes
+
+
+def reply_facts(reply):
+    """What the transcript keeps of a reply besides its content: its id (the next request asks
+    the API about cache misses against it), its prompt size (the clearing trigger), why the
+    cache missed and what the API cleared, where it said so."""
+    message = reply.message
+    facts = {"message_id": message.get("id") if isinstance(message.get("id"), str) else None,
+             "prompt_tokens": prompt_tokens(billed(reply.usages[-1])[-1]),
+             "cache_miss": fields(message.get("diagnostics")).get("cache_miss_reason")}
+    edits = fields(message.get("context_management")).get("applied_edits")
+    return {**facts, **({"context_edits": edits} if isinstance(edits, list) else {})}
+
+
+def request_host(exc):
+    """The host a failed request went to, if the exception knows."""
+    for e in (exc, exc.__cause__):
+        try:
+            return e.request.url.host
+        except Exception:
+            continue
+    return None
+
+
+def api_message(exc):
+    """The server's own error message (either error shape), for stderr and the transcript."""
+    body = getattr(exc, "body", None)
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict):  # the API's {"type": "error", "error": {...}}, or a server's
+        kind = error.get("type") or error.get("code") or "error"
+        text = f"{kind}: {error.get('message', '')}"
+    else:
+        text = error if isinstance(error, str) else (str(exc) or type(exc).__name__)
+    host = request_host(exc) if transport_error(exc) else None
+    text += f" (talking to {host})" if host and host not in text else ""
+    status = getattr(exc, "status_code", None)
+    return f"{status} {text}" if isinstance(status, int) and status >= 400 else text
+
+
+CONTEXT_ERROR = re.compile(r"prompt is too long|context (window|length|size)|exceeds the "
+                           r"(available )?context|maximum context", re.I)
+
+
+# --- Usage and cost ---
+
+@dataclass(frozen=True)
+class Price:
+    input: float  # USD per million tokens
+    output: float
+    write_5m: float
+    write_1h: float
+    read: float
+
+
+# USD per million tokens, as billed on the Claude API. Checked 2026-12-02 against
+# platform.claude.com/docs/en/about-claude/pricing ("Model pricing"), its release notes and the
+# model overview pages (models/<model>/overview). Haiku 5.5 bills a request whose prompt (input
+# + cache reads + cache writes) exceeds 100,000 tokens at its second band, output included.
+# Sonnet 5.5's cache reads cost $0.10 since 2026-10-07 (release notes of that day: "lowered ...
+# from $0.20 USD to $0.10 USD per million tokens"; the pricing page's footnote agrees; older
+# copies of the overview page still say $0.20). Fable 5.2 (released 2026-11-09): $8 / $40 from
+# the pricing page; its cache rates ($10 / $16 writes, $0.20 reads) only from trackers so far.
+# Each entry: ((prompt tokens up to, price), ...); None means no upper bound.
+_OPUS_4 = ((None, Price(5.00, 25.00, 6.25, 10.00, 0.50)),)
+_SONNET_4 = ((None, Price(3.00, 15.00, 3.75, 6.00, 0.30)),)
+PRICING = {
+    "claude-haiku-5-5": ((100_000, Price(0.10, 0.50, 0.125, 0.20, 0.01)),
+                         (None, Price(0.50, 2.50, 0.625, 1.00, 0.05))),
+    "claude-sonnet-5-5": ((None, Price(2.00, 10.00, 2.50, 4.00, 0.10)),),
+    "claude-opus-5-5": ((None, Price(4.00, 20.00, 5.00, 8.00, 0.20)),),
+    "claude-fable-5-2": ((None, Price(8.00, 40.00, 10.00, 16.00, 0.20)),),
+    "claude-fable-5-1": ((None, Price(10.00, 50.00, 12.50, 20.00, 0.25)),),
+    "claude-fable-5": ((None, Price(10.00, 50.00, 12.50, 20.00, 1.00)),),
+    "claude-opus-5": _OPUS_4,
+    "claude-sonnet-5": ((None, Price(2.00, 10.00, 2.50, 4.00, 0.20)),),
+    "claude-opus-4-8": _OPUS_4, "claude-opus-4-7": _OPUS_4, "claude-opus-4-6": _OPUS_4,
+    "claude-opus-4-5": _OPUS_4,
+    "claude-sonnet-4-6": _SONNET_4, "claude-sonnet-4-5": _SONNET_4,
+    "claude-haiku-4-5": ((None, Price(1.00, 5.00, 1.25, 2.00, 0.10)),),
+}
+COUNTS = ("input_tokens", "output_tokens", "cache_creation_input_tokens",
+          "cache_read_input_tokens")  # the billed token counts of a response's usage
+MAX_OUTPUT = {"claude-haiku-4-5": 64_000, "claude-sonnet-4-5": 64_000,
+              "claude-sonnet-4-6": 64_000}  # output-token ceiling; 128K for the others
+DEFAULT_MAX_OUTPUT = 128_000
+SHOW_THINKING = {"claude-opus-5-5", "claude-sonnet-5-5", "claude-fable-5", "claude-fable-5-1"}
+# ^ models that write their notes between tool calls as thinking, shown only on request
+# ("display" defaults to "omitted"; the model overview pages, 2026-12-02): without it, stderr
+# goes silent between tool calls. Haiku 5.5 writes no such notes.
+CONTEXT_WINDOW = {  # tokens of prompt + output, where the model overview pages give them
+    "claude-haiku-5-5": 1_000_000, "claude-sonnet-5-5": 1_000_000, "claude-opus-5-5": 1_000_000,
+    "claude-haiku-4-5": 200_000, "claude-sonnet-4-5": 200_000, "claude-opus-4-5": 200_000}
+
+
+def base_model(model):
+    """The pricing key of a model id: a trailing -YYYYMMDD date is dropped."""
+    return re.sub(r"-\d{8}$", "", model)
+
+
+def billed(usage):
+    """The parts of a response's usage that are billed: each entry of usage.iterations when the
+    response has them (server-side compaction adds a sampling step the top-level counts leave
+    out: "sum across all entries in the usage.iterations array"), else the usage itself."""
+    parts = usage.get("iterations") if isinstance(usage, dict) else None
+    if isinstance(parts, list) and parts and all(isinstance(p, dict) for p in parts):
+        return parts
+    return [usage if isinstance(usage, dict) else {}]
+
+
+def cost_usd(model, usage):
+    """What one response costs, priced the way the API bills it; None for an unknown model."""
+    bands = PRICING.get(base_model(model))
+    if bands is None:
+        return None
+    total = 0.0
+    for part in billed(usage):  # each iteration is priced on its own, band included
+        fresh, out, written, read = (number(part.get(k)) for k in COUNTS)
+        price = next(p for limit, p in bands if limit is None or fresh + written + read <= limit)
+        write_1h = number((part.get("cache_creation") or {}).get("ephemeral_1h_input_tokens"))
+        write_5m = written - write_1h  # without the split, every write is a 5-minute write
+        total += (fresh * price.input + out * price.output + write_5m * price.write_5m
+                  + write_1h * price.write_1h + read * price.read)
+    return total / 1_000_000
+
+
+def prompt_tokens(usage):
+    return sum(number(usage.get(k)) for k in COUNTS if k != "output_tokens")
+
+
+def usage_record(model, usage):
+    """A response's usage as the transcript keeps it: the four counts (over every billed
+    iteration), their sum, the cost."""
+    parts = billed(usage)
+    record = {k: sum(number(p.get(k)) for p in parts) for k in COUNTS}
+    record["tokens"] = sum(record.values())
+    record["cost_usd"] = cost_usd(model, usage)
+    return record
+
+
+def add_usage(total, part):
+    """Add a usage record into a running total; one unknown cost makes the total unknown."""
+    for key in COUNTS + ("tokens",):
+        total[key] += part[key]
+    total["cost_usd"] = None if None in (total["cost_usd"], part["cost_usd"]) else \
+        round(total["cost_usd"] + part["cost_usd"], 10)
+    return total
+
+
+def empty_usage():
+    return {**dict.fromkeys(COUNTS, 0), "tokens": 0, "cost_usd": 0.0}
+
+
+def total_usage(session):
+    total = empty_usage()
+    for record in session["turns"]:
+        add_usage(total, record["usage"])
+    return total
+
+
+EXAMPLE_QUESTION = "scores.csv 里平均分是多少？"  # the article's experiment 1
+TOOL_USE_PROMPT = dict.fromkeys(("claude-haiku-5-5", "claude-sonnet-5-5", "claude-opus-5-5"),
+                                286)  # tokens the API adds with tools (pricing page, 2026-12-02)
+
+
+def count_tokens(client, model, question):
+    """What one request's fixed part costs in input tokens, part by part: three calls to the
+    API's count_tokens endpoint (free; nothing is generated), each adding one part."""
+    def count(**parts):
+        return client.messages.count_tokens(
+            model=model, messages=[{"role": "user", "content": [{"type": "text",
+                                                               "text": question}]}],
+            **parts).input_tokens
+
+    bare, with_system, everything = count(), count(system=SYSTEM_PROMPT), \
+        count(system=SYSTEM_PROMPT, tools=TOOLS)
+    added = TOOL_USE_PROMPT.get(base_model(model))  # from the pricing page, where it says
+    rows = [("the question", bare), ("the system prompt", with_system - bare)]
+    if added is not None and everything - with_system >= added:
+        rows += [(f"the {len(TOOLS)} tool definitions", everything - with_system - added),
+                 ("the tool-use system prompt the API adds", added)]
+    else:
+        rows += [(f"the {len(TOOLS)} tool definitions, with the API's tool-use system prompt",
+                  everything - with_system)]
+    rows.append(("every request starts with", everything))
+    width = max(len(label) for label, _ in rows)
+    return "\n".join([f"{model}, input tokens by the API's count_tokens, for {question!r}:"] +
+                      [f"  {label:<{width}}  {n:>7,}" for label, n in rows])
+
+
+# --- Clearing old tool results ---
+
+CLEARED = "[cleared to save context: {what}; call it again if you need it]"
+CONTEXT_EDIT_BETA = "context-management-2025-06-27"
+
+
+def estimated_tokens(block):
+    """A tool result's size in tokens, roughly (4 bytes a token): enough to decide a clearing."""
+    content = block.get("content")
+    return len(content if isinstance(content, str) else json.dumps(content)) // 4
+
+
+def clear_old_results(session, limits):
+    """Clear old tool results once the last prompt reached the trigger: every one but the
+    newest keep_results, if that frees at least clear_at_least tokens (a clearing breaks the
+    cache once, so it should be worth it). Sticky: the ids only ever grow, and the history
+    itself is never edited. Returns (how many, tokens freed) or None."""
+    turns = session["turns"]
+    if not limits.clear_at or limits.context_edit != "client" or not turns \
+            or turns[-1].get("prompt_tokens", 0) < limits.clear_at:
+        return None
+    cleared = set(session.setdefault("cleared", []))
+    results = [b for m in session["messages"] if m["role"] == "user" for b in m["content"]
+               if b.get("type") == "tool_result"]
+    old = [b for b in results[: max(0, len(results) - limits.keep_results)]
+           if b["tool_use_id"] not in cleared]
+    freed = sum(estimated_tokens(b) for b in old)
+    if not old or freed < limits.clear_at_least:
+        return None
+    session["cleared"] = session["cleared"] + [b["tool_use_id"] for b in old]  # a new list: a
+    # snapshot being written keeps the old one
+    return len(old), freed
+
+
+def sent_view(session):
+    """The history as it is sent: a cleared tool result stands in for itself in a few tokens,
+    and a cache breakpoint marks where the previous request ended, so that request's cache is
+    read whatever this turn added (automatic caching looks back only 20 blocks)."""
+    cleared, messages = set(session.get("cleared", ())), session["messages"]
+    view, calls = list(messages), {}  # messages are shared, never changed: a new one replaces
+    for i, m in enumerate(messages if cleared else ()):
+        if m["role"] == "assistant":
+            calls.update((b["id"], b) for b in m["content"] if b.get("type") == "tool_use")
+        elif any(b.get("tool_use_id") in cleared for b in m["content"]):
+            view[i] = {"role": "user", "content": [
+                placeholder(b, calls) if b.get("type") == "tool_result"
+                and b["tool_use_id"] in cleared else b for b in m["content"]]}
+    previous_end = next((i - 1 for i in range(len(messages) - 1, -1, -1)
+                         if messages[i]["role"] == "assistant"), -1)
+    if previous_end >= 0 and view[previous_end]["role"] == "user":
+        content = view[previous_end]["content"]
+        view[previous_end] = {"role": "user", "content": content[:-1] + [
+            dict(content[-1], cache_control={"type": "ephemeral"})]}
+    return view
+
+
+def placeholder(block, calls):
+    """A cleared tool result: same id, same error flag, a line saying what it was."""
+    call = calls.get(block["tool_use_id"], {})
+    what = f"the result of {call.get('name', 'a tool call')}"
+    if call.get("name") == "read_file":
+        what += " " + shorten(json.dumps(call.get("input"), ensure_ascii=False), 100)
+    return {**{k: v for k, v in block.items() if k in ("type", "tool_use_id", "is_error")},
+            "content": CLEARED.format(what=what)}
+
+
+# --- Transcript, events, schemas and resume ---
+
+SECRETS = set()  # values agent.py read as secrets (the API key): never sent or written out
+
+
+def redact(text):
+    """`text` with every secret agent.py holds replaced by a marker."""
+    for secret in SECRETS:
+        if secret in text:
+            text = text.replace(secret, "[redacted secret]")
+    return text
+
+
+def now():
+    """The time as the transcript and events write it: ISO-8601 UTC, milliseconds."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # made once, not per call
+
+
+def dump(document):
+    """A document as the bytes agent.py writes: one line of JSON (the C encoder), secrets
+    redacted, text that is not valid Unicode (a lone surrogate) kept as its JSON escape."""
+    text = redact(ENCODER.encode(document))
+    return text.encode("utf-8", "backslashreplace") + b"\n"
+
+
+class OutputFile:
+    """A file agent.py rewrites whole (a transcript, a trials summary): checked before the first
+    request, outside the workdir, replaced atomically and never written through a symlink."""
+
+    def __init__(self, path, workdir, flag="--transcript"):
+        path = Path(os.path.abspath(path))
+        parent = Path(os.path.realpath(path.parent))
+        self.path, self.name = path, path.name
+        if workdir is not None and (parent / self.name).is_relative_to(workdir):
+            trusted = " (and --resume would trust it)" if flag == "--transcript" else ""
+            raise UsageError(f"{flag} {path} is inside the workdir {workdir}, where the model's "
+                             f"code could rewrite it{trusted}: put it outside, e.g. next to the "
+                             "workdir")
+        try:
+            self.dir_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as e:
+            raise UsageError(f"{flag} {path}: the directory {parent} {'does not exist' if e.errno == errno.ENOENT else e.strerror}")
+        try:
+            if stat.S_ISDIR(os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False).st_mode):
+                raise UsageError(f"{flag} {path} is a directory; give a file name")
+        except FileNotFoundError:
+            pass
+        try:
+            self.write(b"")  # proves the directory writable before anything is paid for
+            os.unlink(self.temp, dir_fd=self.dir_fd)
+        except OSError as e:
+            raise UsageError(f"{flag} {path} cannot be written: {e.strerror}")
+
+    def write(self, data, durable=False):
+        """Write `data` to a new file beside the target, then swap it in for the target. A turn's
+        save swaps the two names (RENAME_EXCHANGE) and unlinks the old file: as atomic as a
+        rename, and five times cheaper on ext4, whose rename over a file forces the new one's
+        blocks out. `durable` (the last save) fsyncs and renames, to survive a power cut too."""
+        self.temp = f".{self.name}.{os.getpid()}.{threading.get_ident()}.tmp"
+        fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW |
+                     os.O_CLOEXEC, 0o600, dir_fd=self.dir_fd)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                if durable:
+                    f.flush()
+                    os.fsync(f.fileno())
+            if not data:
+                return
+            if not durable and getattr(LIBC, "renameat2", None) and LIBC.renameat2(
+                    self.dir_fd, self.temp.encode(), self.dir_fd, self.name.encode(), 2) == 0:
+                os.unlink(self.temp, dir_fd=self.dir_fd)  # now the old transcript
+            else:  # the first save, or no RENAME_EXCHANGE here
+                os.replace(self.temp, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+        except BaseException:
+            try:
+                os.unlink(self.temp, dir_fd=self.dir_fd)
+            except OSError:
+                pass
+            raise
+
+
+# The published schemas (python agent.py --schema transcript|events|summary), JSON Schema
+# draft 2020-12. Within a version fields are only added, so a reader should let unknown ones
+# pass; the fields added after a version's first release are optional here.
+STRING, COUNT, NUMBER, BOOL = {"type": "string"}, {"type": "integer", "minimum": 0}, \
+    {"type": "number"}, {"type": "boolean"}
+TIME = {"type": "string", "format": "date-time"}
+
+
+def nullable(schema):
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def array(items):
+    return {"type": "array", "items": items}
+
+
+def obj(required, optional=None):
+    return {"type": "object", "required": sorted(required),
+            "properties": {**required, **(optional or {})}}
+
+
+USAGE_SCHEMA = obj({**{k: COUNT for k in COUNTS + ("tokens",)}, "cost_usd": nullable(NUMBER)})
+RETRY_SCHEMA = obj({"attempt": COUNT, "status": nullable({"type": "integer"}), "error": STRING,
+                    "delay": NUMBER})
+LABEL = {"enum": list(EXIT_CODES)}
+TRANSCRIPT_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": f"agent.py transcript, version {TRANSCRIPT_VERSION}",
+    **obj({"version": {"const": TRANSCRIPT_VERSION}, "model": STRING,
+           "effort": nullable({"enum": list(EFFORTS)}), "system": STRING,
+           "tools": array({"type": "object"}), "workdir": STRING, "question": STRING,
+           "messages": array(obj({"role": {"enum": ["user", "assistant"]}, "content": {
+               **array({**obj({"type": STRING}), "additionalProperties": True}),  # API blocks
+               "minItems": 1}})),
+           "turns": array(obj(
+               {"turn": COUNT, "stop_reason": nullable(STRING), "usage": USAGE_SCHEMA,
+                "request_id": nullable(STRING), "seconds": NUMBER,
+                "tool_calls": array(obj({"id": STRING, "name": STRING, "is_error": BOOL,
+                                         "seconds": NUMBER},
+                                        {"declined": BOOL, "exit_code": nullable(
+                                            {"type": "integer"}), "bytes": COUNT}))},
+               {"started_at": TIME, "attempts": COUNT, "retries": array(RETRY_SCHEMA),
+                "api_seconds": NUMBER, "notes": array(STRING), "message_id": nullable(STRING),
+                "prompt_tokens": COUNT, "cache_miss": nullable({"type": "object"}),
+                "context_edits": array({"type": "object"}),
+                "cleared": obj({"tool_results": COUNT, "estimated_tokens": COUNT})})),
+           "stop": nullable(obj({"reason": LABEL, "detail": STRING},
+                                {"exit_code": {"type": "integer"},
+                                 "retries": array(RETRY_SCHEMA)})),
+           "answer": nullable(STRING), "usage": USAGE_SCHEMA},
+          {"agent_version": STRING, "run_id": STRING, "started_at": TIME,
+           "ended_at": nullable(TIME), "trial": COUNT, "cleared": array(STRING)})}
+EVENT_TYPES = {  # type -> (fields it always has, fields it may have)
+    "run.start": ({"schema_version": {"const": EVENTS_VERSION}, "agent_version": STRING,
+                   "model": STRING, "workdir": STRING, "question": nullable(STRING),
+                   "limits": {"type": "object"}, "sandbox": {"type": "object"}},
+                  {"resumed_from": STRING, "trials": COUNT}),
+    "sandbox": ({"status": STRING, "confined": BOOL}, {}),
+    "turn.start": ({"turn": COUNT}, {}),
+    "text": ({"turn": COUNT, "text": STRING}, {"thinking": BOOL}),
+    "api.retry": ({"turn": COUNT, "attempt": COUNT, "status": nullable({"type": "integer"}),
+                   "error": STRING, "delay": NUMBER}, {}),
+    "tool.start": ({"turn": COUNT, "id": STRING, "name": STRING, "input": {}}, {}),
+    "tool.end": ({"turn": COUNT, "id": STRING, "name": STRING, "is_error": BOOL,
+                  "declined": BOOL, "exit_code": nullable({"type": "integer"}), "bytes": COUNT,
+                  "seconds": NUMBER, "withheld": BOOL}, {}),
+    "turn.end": ({"turn": COUNT, "stop_reason": nullable(STRING), "usage": USAGE_SCHEMA,
+                  "request_id": nullable(STRING), "attempts": COUNT, "seconds": NUMBER,
+                  "api_seconds": NUMBER, "tool_calls": COUNT, "notes": array(STRING)}, {}),
+    "trial.start": ({"transcript": nullable(STRING)}, {}),
+    "trial.end": ({"index": COUNT, "stop": LABEL, "passed": BOOL, "turns": COUNT,
+                   "tokens": COUNT, "cost_usd": nullable(NUMBER), "seconds": NUMBER,
+                   "transcript": nullable(STRING)}, {}),
+    "trials.summary": ({"summary": {"type": "object"}}, {}),
+    "run.stop": ({"stop": nullable(LABEL), "detail": STRING, "exit_code": {"type": "integer"},
+                  "answer": nullable(STRING), "usage": nullable(USAGE_SCHEMA),
+                  "turns": nullable(COUNT), "seconds": nullable(NUMBER)}, {}),
+}
+EVENT_COMMON = {"type": {"enum": list(EVENT_TYPES)}, "seq": COUNT, "at": TIME, "run_id": STRING}
+EVENTS_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": f"agent.py event (one JSON Lines record), version {EVENTS_VERSION}",
+    "oneOf": [{**obj({**EVENT_COMMON, "type": {"const": kind}, **always},
+                     {"trial": COUNT, **maybe})} for kind, (always, maybe) in EVENT_TYPES.items()]}
+TRIAL_SCHEMA = obj({"index": COUNT, "stop": LABEL, "turns": COUNT, "tokens": COUNT,
+                    "cost_usd": nullable(NUMBER), "seconds": NUMBER, "passed": BOOL,
+                    "transcript": nullable(STRING)})
+SPREAD = obj({"mean": nullable(NUMBER), "median": nullable(NUMBER)})
+SUMMARY_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": f"agent.py trials summary, version {SUMMARY_VERSION}",
+    **obj({"version": {"const": SUMMARY_VERSION}, "kind": {"const": "trials"},
+           "agent_version": STRING, "requested": COUNT, "n": COUNT, "scored": COUNT,
+           "passes": COUNT, "failed": COUNT, "errored": COUNT, "pass@1": nullable(NUMBER),
+           "pass@1_wilson95": nullable({**array(NUMBER), "minItems": 2, "maxItems": 2}),
+           "pass_at_k": {"type": "object", "additionalProperties": NUMBER},
+           "pass_hat_k": {"type": "object", "additionalProperties": NUMBER},
+           "stops": {"type": "object", "additionalProperties": COUNT},
+           "per_trial": obj({k: SPREAD for k in ("turns", "tokens", "cost_usd", "seconds")}),
+           "tokens": COUNT, "cost_usd": nullable(NUMBER), "trials": array(TRIAL_SCHEMA),
+           "interrupted": BOOL, "question": STRING, "model": STRING,
+           "expect": obj({"regex": nullable(STRING), "tool": nullable(STRING),
+                          "stop": nullable(STRING)}),
+           "decline_message": STRING})}
+SCHEMAS = {"transcript": TRANSCRIPT_SCHEMA, "events": EVENTS_SCHEMA, "summary": SUMMARY_SCHEMA}
+
+
+class Saver:
+    """Keeps a transcript on disk: after every turn, before the next request (so before any
+    tool of the next turn runs), and at the end, fsynced. Each message and turn is encoded
+    once, so a save costs what is new plus one write of the file (tests/bench_loop.py: a
+    background thread for it was slower, fighting the loop for the GIL)."""
+
+    def __init__(self, output):
+        self.output = output
+        self.done = {"messages": [], "turns": []}  # their finished items, encoded once
+        self.fixed = {}  # key: (value, b'"key":value') for values that cannot change in place
+
+    def __call__(self, session, final=False):
+        if self.output:
+            self.output.write(self.encode(session), durable=final)
+
+    def encode(self, document):
+        """dump(document), byte for byte, but each message and turn is encoded once (the lists
+        only grow and only the last of each can still change), and so is a field that keeps a
+        value which cannot change in place: a save costs what is new."""
+        fields = []
+        for key, value in document.items():
+            if key in self.done:
+                done = self.done[key]
+                done.extend(dump(item)[:-1] for item in value[len(done):-1])
+                last = [dump(item)[:-1] for item in value[-1:]]
+                fields.append(dump(key)[:-1] + b":[" + b",".join(done + last) + b"]")
+                continue
+            known, encoded = self.fixed.get(key, (None, None))
+            if encoded is None or known is not value:
+                encoded = dump(key)[:-1] + b":" + dump(value)[:-1]
+                if value is TOOLS or isinstance(value, (str, int, float, type(None))):
+                    self.fixed[key] = value, encoded
+            fields.append(encoded)
+        return b"{" + b",".join(fields) + b"}\n"
+
+
+class Events:
+    """The event stream (--events): JSON Lines, each event written and flushed as it happens,
+    each with type, seq, at and run_id. Shared by concurrent trials, so it takes a lock. A
+    reader that goes away (a closed pipe) ends the stream, never the run."""
+
+    def __init__(self, stream, run_id, owned=False):
+        self.stream, self.run_id, self.seq, self.lock = stream, run_id, 0, threading.Lock()
+        self.owned = owned  # a file of its own to close, not stdout
+
+    @classmethod
+    def open(cls, path, workdir, run_id):
+        """`-` is stdout; a file is created like a transcript: outside the workdir, no symlink."""
+        if path == "-":
+            return cls(sys.stdout.buffer, run_id)
+        out = OutputFile(path, workdir, "--events")
+        fd = os.open(out.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW |
+                     os.O_CLOEXEC, 0o600, dir_fd=out.dir_fd)
+        return cls(os.fdopen(fd, "wb"), run_id, owned=True)
+
+    def emit(self, kind, trial=None, **fields):
+        with self.lock:
+            if self.stream is None:
+                return
+            self.seq += 1
+            event = {"type": kind, "seq": self.seq, "at": now(), "run_id": self.run_id}
+            event.update({"trial": trial} if trial else {}, **fields)
+            try:
+                self.stream.write(dump(event))
+                self.stream.flush()
+            except (OSError, ValueError):
+                self.stream = None
+
+    def close(self):
+        with self.lock:
+            if self.stream is not None and self.owned:
+                self.stream.close()
+            self.stream = None
+
+
+def run_stop_event(report, stop, session, started):
+    """The event that always ends a stream: how the run stopped, with its totals."""
+    report.emit("run.stop", stop=stop.reason, detail=stop.detail,
+                exit_code=EXIT_CODES[stop.reason], answer=session and session.get("answer"),
+                usage=session["usage"] if session else empty_usage(),
+                turns=len(session["turns"]) if session else 0,
+                seconds=round(time.monotonic() - started, 3))
+
+
+def is_str(value, empty=False):
+    return isinstance(value, str) and (empty or bool(value))
+
+
+BLOCK_FIELDS = {  # what --resume checks in each kind of block before sending it anywhere
+    "text": {"text": str}, "tool_use": {"id": str, "name": str, "input": dict},
+    "tool_result": {"tool_use_id": str}, "thinking": {"thinking": str, "signature": str},
+    "redacted_thinking": {"data": str}}
+
+
+def transcript_problem(session):
+    """What makes `session` unfit to resume, or None: every field resume reads, types included,
+    and the tool_use/tool_result pairing the API requires."""
+    if not isinstance(session, dict):
+        return "it is not a JSON object"
+    if session.get("version") != TRANSCRIPT_VERSION:
+        return f"its version is {session.get('version')!r}, not {TRANSCRIPT_VERSION}"
+    for key, kind in (("model", str), ("workdir", str), ("messages", list), ("turns", list)):
+        if not isinstance(session.get(key), kind) or not session[key] and kind is not list:
+            return f"{key} is missing or not a {kind.__name__}"
+    if session.get("effort") not in (None, *EFFORTS):
+        return "effort is not one of " + ", ".join(EFFORTS)
+    if not isinstance(session.get("stop"), (dict, type(None))):
+        return "stop is not an object"
+    if not session["messages"]:
+        return "it has no messages"
+    asked = set()
+    for i, m in enumerate(session["messages"]):
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant") \
+                or not isinstance(m.get("content"), list) or not m["content"]:
+            return f"messages[{i}] is not a message with a role and content"
+        for j, b in enumerate(m["content"]):
+            fields = BLOCK_FIELDS.get(b.get("type"), {}) if isinstance(b, dict) else None
+            if fields is None or not is_str(b.get("type")) or any(
+                    not isinstance(b.get(k), t) for k, t in fields.items()):
+                return f"messages[{i}].content[{j}] is not a well-formed block"
+            if b["type"] == "tool_result" and (m["role"] != "user" or b["tool_use_id"] not in asked):
+                return f"messages[{i}].content[{j}] answers a tool_use that is not just before it"
+        answered = {b.get("tool_use_id") for b in m["content"] if b["type"] == "tool_result"}
+        if asked - answered:
+            return f"messages[{i}] leaves tool_use {sorted(asked - answered)[0]} unanswered"
+        asked = {b["id"] for b in m["content"] if b["type"] == "tool_use"}
+    for i, t in enumerate(session["turns"]):
+        usage = t.get("usage") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or not isinstance(t.get("turn"), int) \
+                or not isinstance(usage, dict) \
+                or any(not isinstance(usage.get(k), int) for k in COUNTS + ("tokens",)) \
+                or not isinstance(usage.get("cost_usd"), (int, float, type(None))):
+            return f"turns[{i}] is not a turn record with its usage"
+    return None
+
+
+def load_transcript(path, workdir=None):
+    """Read a saved transcript for --resume, or raise UsageError saying what is wrong."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            session = json.loads(f.read().decode("utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"cannot resume: {path} does not exist")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UsageError(f"cannot resume: {path} is not a readable JSON transcript ({e})")
+    problem = transcript_problem(session)
+    if problem:
+        raise UsageError(f"cannot resume: {path} is not a version {TRANSCRIPT_VERSION} "
+                         f"agent.py transcript: {problem}")
+    return session
+
+
+def prepare_resume(session, question):
+    """Make the saved history valid to send again, then add the follow-up question. Returns
+    the session and how many pending tool calls were answered "not run"."""
+    messages = session["messages"]
+    last = messages[-1]
+    pending = [b for b in last["content"] if b.get("type") == "tool_use"]
+    if last["role"] == "assistant" and pending:  # the token budget leaves these unanswered
+        why = (session.get("stop") or {}).get("reason", "unknown")
+        messages.append({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": b["id"], "is_error": True,
+             "content": f"not run: the previous session stopped ({why}) before this call ran. "
+                        "Call it again if you still need it."} for b in pending]})
+    if (session.get("stop") or {}).get("reason") == "refusal" and last["role"] == "assistant":
+        messages.pop()  # continuing after a refusal needs the refused turn removed
+    paused = (session["turns"] or [{}])[-1].get("stop_reason") == "pause_turn"
+    if question:
+        if messages[-1]["role"] == "user":
+            messages[-1]["content"].append({"type": "text", "text": question})
+        else:
+            messages.append({"role": "user", "content": [{"type": "text", "text": question}]})
+    elif messages[-1]["role"] == "assistant" and not paused:
+        reason = (session.get("stop") or {}).get("reason", "finished")
+        raise UsageError(f"the transcript is finished (stop: {reason}); give a follow-up "
+                         "question to continue it")
+    # What the model may do comes from this agent.py, never from a file: only history is data.
+    session.update(system=SYSTEM_PROMPT, tools=TOOLS, stop=None, answer=None, ended_at=None,
+                   agent_version=AGENT_VERSION)
+    session.setdefault("run_id", uuid.uuid4().hex)
+    return session, len(pending) if last["role"] == "assistant" else 0
+
+
+# --- Trials ---
+
+def passed(session, expect):
+    """Did a trial meet every --expect condition (or, with none, stop with end_turn)?"""
+    stop = (session.get("stop") or {}).get("reason")
+    if stop in ("api_error", "error"):  # a failed session never passes, whatever it did
+        return False
+    if not any(expect.values()):
+        return stop == "end_turn"
+    if expect["regex"] and not re.search(expect["regex"], session.get("answer") or ""):
+        return False
+    if expect["tool"] and not any(c["name"] == expect["tool"]
+                                  for t in session["turns"] for c in t["tool_calls"]):
+        return False
+    return not expect["stop"] or stop == expect["stop"]
+
+
+def pass_at_k(n, c, k):
+    """Unbiased pass@k: the chance that at least one of k trials drawn from n passes."""
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_hat_k(n, c, k):
+    """pass^k: the chance that k trials drawn from n all pass."""
+    return math.comb(c, k) / math.comb(n, k)
+
+
+def trial_path(path, index):
+    """run.json -> run.1.json: where trial `index` keeps its transcript."""
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}.{index}{p.suffix}"))
+
+
+INFRA_STOPS = ("api_error", "error", "interrupted")  # the harness's or the network's, not the model's
+
+
+def wilson(passes, n, z=1.96):
+    """The Wilson score interval (95%) for a pass rate of passes/n."""
+    if n == 0:
+        return None
+    p, d = passes / n, 1 + z * z / n
+    centre, half = (p + z * z / (2 * n)) / d, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return [round(max(0.0, centre - half), 6), round(min(1.0, centre + half), 6)]
+
+
+def spread(values):
+    """Mean and median of the values that are known."""
+    known = [v for v in values if v is not None]
+    return {"mean": round(statistics.fmean(known), 6) if known else None,
+            "median": round(statistics.median(known), 6) if known else None}
+
+
+def summarize(trials, requested):
+    """The summary of the trials that ran. Model failures (a trial that did not pass) are kept
+    apart from infrastructure failures (api_error, error, interrupted): pass@k and pass^k count
+    only the trials that finished without one, as tau-bench does."""
+    trials = sorted(trials, key=lambda t: t["index"])
+    scored = [t for t in trials if t["stop"] not in INFRA_STOPS]
+    n, c = len(scored), sum(t["passed"] for t in scored)
+    costs = [t["cost_usd"] for t in trials]
+    return {"version": SUMMARY_VERSION, "kind": "trials", "agent_version": AGENT_VERSION,
+            "requested": requested, "n": len(trials), "scored": n, "passes": c,
+            "failed": n - c, "errored": len(trials) - n,
+            "pass@1": c / n if n else None, "pass@1_wilson95": wilson(c, n),
+            "pass_at_k": {str(k): pass_at_k(n, c, k) for k in range(1, n + 1)},
+            "pass_hat_k": {str(k): pass_hat_k(n, c, k) for k in range(1, n + 1)},
+            "stops": {label: sum(t["stop"] == label for t in trials)
+                      for label in sorted({t["stop"] for t in trials})},
+            "per_trial": {key: spread([t[key] for t in trials])
+                          for key in ("turns", "tokens", "cost_usd", "seconds")},
+            "tokens": sum(t["tokens"] for t in trials),
+            "cost_usd": None if None in costs else round(sum(costs), 10),
+            "trials": trials}
+
+
+def print_summary(summary, report):
+    say = lambda text: report.line(text, always=True)  # noqa: E731
+    low_high = summary["pass@1_wilson95"]
+    say(f"trials: {summary['n']} of {summary['requested']} ran: {summary['passes']} passed, "
+        f"{summary['failed']} failed, {summary['errored']} errored (api_error, error, "
+        "interrupted: not counted below)")
+    if summary["scored"]:
+        say(f"pass@1 = {summary['pass@1']:.3f} (95% Wilson interval {low_high[0]:.3f}-"
+            f"{low_high[1]:.3f}) over {plural(summary['scored'], 'scored trial')}")
+        say("   k   pass@k   pass^k")
+        for k in summary["pass_at_k"]:
+            say(f"{k:>4}   {summary['pass_at_k'][k]:.3f}    {summary['pass_hat_k'][k]:.3f}")
+    say("stops: " + ", ".join(f"{label} {n}" for label, n in summary["stops"].items()))
+    per = summary["per_trial"]
+    money = lambda v: "unknown" if v is None else f"${v:.6f}"  # noqa: E731
+    for key, show in (("turns", "{:.1f}"), ("tokens", "{:.0f}"), ("seconds", "{:.1f}")):
+        if per[key]["mean"] is not None:
+            say(f"per trial: {key} mean {show.format(per[key]['mean'])}, median "
+                f"{show.format(per[key]['median'])}")
+    say(f"per trial: cost mean {money(per['cost_usd']['mean'])}, median "
+        f"{money(per['cost_usd']['median'])}; total {summary['tokens']} tokens, "
+        f"{money(summary['cost_usd'])}")
+
+
+def run_trials(args, client, model, workdir, limits, ctx, output, events):
+    """Run the question --trials times as fresh sessions, --jobs at once; summarize."""
+    expect = {"regex": args.expect, "tool": args.expect_tool, "stop": args.expect_stop}
+    ctx = replace(ctx, cancel=threading.Event())
+    results, pool = [], ThreadPoolExecutor(max_workers=args.jobs)
+
+    def trial(index):
+        report = Reporter(args.quiet, prefix=f"[trial {index}] " if args.jobs > 1 else "",
+                          events=events, trial=index)
+        out = OutputFile(trial_path(output.path, index), workdir) if output else None
+        session = new_session(args.question, model, workdir, args.effort,
+                              events.run_id if events else None)
+        session["trial"] = index
+        report.emit("trial.start", transcript=str(out.path) if out else None)
+        started = time.monotonic()
+        stop = drive(client, session, limits, ctx, report, Saver(out))
+        report.line(f"stop: {stop.reason} ({stop.detail})" if report.prefix else
+                    f"trial {index}: {stop.reason} ({stop.detail})", always=True)
+        results.append({"index": index, "stop": stop.reason, "turns": len(session["turns"]),
+                        "tokens": session["usage"]["tokens"],
+                        "cost_usd": session["usage"]["cost_usd"],
+                        "seconds": round(time.monotonic() - started, 3),
+                        "passed": passed(session, expect),
+                        "transcript": str(out.path) if out else None})
+        report.emit("trial.end", **results[-1])
+
+    futures = [pool.submit(trial, i) for i in range(1, args.trials + 1)]
+    interrupted = False
+    try:
+        while not all(f.done() for f in futures):
+            wait(futures, timeout=0.2)
+            check_cancelled(None)  # a Ctrl-C or SIGTERM whose KeyboardInterrupt was lost
+    except KeyboardInterrupt:
+        interrupted = True
+        ctx.cancel.set()
+        for f in futures:
+            f.cancel()
+        wait(futures, timeout=10)
+    pool.shutdown(wait=False, cancel_futures=True)
+    summary = summarize(results, args.trials)
+    summary.update(interrupted=interrupted, question=args.question, model=model,
+                   expect=expect, decline_message=ctx.decline_message)  # what was measured
+    report = Reporter(args.quiet, events=events)
+    print_summary(summary, report)
+    if interrupted:
+        finished = sum(r["stop"] != "interrupted" for r in results)
+        report.line(f"interrupted: {finished} of {args.trials} trials finished", always=True)
+    report.emit("trials.summary", summary=summary)
+    if args.transcript == "-":
+        sys.stdout.flush()
+        sys.stdout.buffer.write(dump(summary))
+        sys.stdout.flush()
+    elif output:
+        output.write(dump(summary), durable=True)
+    if interrupted:
+        code, label = EXIT_CODES["interrupted"], "interrupted"
+    else:
+        code = 0 if summary["passes"] == summary["n"] == args.trials else EXIT_TRIALS_FAILED
+        label = None
+    report.emit("run.stop", stop=label, detail=f"{summary['passes']} of {args.trials} trials "
+                "passed", exit_code=code, answer=None, usage=None, turns=None, seconds=None)
+    return code
+
+
+# --- Report ---
+
+# Everything in a transcript is untrusted (the model wrote it, or a script rewrote it): every
+# string is HTML-escaped, and the page has no script at all and a Content-Security-Policy that
+# allows none, loads nothing (no font, image or style from anywhere) and submits nothing.
+
+CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:70em;color:#222}
+h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ddd}
+.q{font-size:1.1em;background:#f6f6f6;padding:.6em;white-space:pre-wrap}
+.cards{display:flex;flex-wrap:wrap;gap:.6em}.card{border:1px solid #ddd;border-radius:6px;
+padding:.4em .8em}.card b{display:block;font-size:1.2em}table{border-collapse:collapse}
+td,th{border-bottom:1px solid #eee;padding:.25em .6em;text-align:left;vertical-align:top}
+pre{white-space:pre-wrap;word-break:break-word;margin:.3em 0;background:#fafafa;padding:.4em}
+.ok{color:#176317}.error{color:#a11}.declined,.withheld{color:#8a5a00}.chip{display:inline-block;
+border:1px solid #ccc;border-radius:4px;padding:0 .4em;margin:.1em}.msg{margin:.6em 0}
+.role{font-weight:bold}.seg-input{fill:#4e79a7}.seg-write{fill:#f28e2b}.seg-read{fill:#59a14f}
+.seg-output{fill:#e15759}.cost{fill:none;stroke:#222;stroke-width:2}.axis{font-size:11px}
+.legend span{display:inline-block;width:.8em;height:.8em;margin:0 .3em 0 1em}
+.l-input{background:#4e79a7}.l-write{background:#f28e2b}.l-read{background:#59a14f}
+.l-output{background:#e15759}.l-cost{background:#222;height:.2em!important}
+.line-at{fill:none;stroke:#4e79a7;stroke-width:2}.line-hat{fill:none;stroke:#e15759;stroke-width:2;
+stroke-dasharray:6 4}"""
+SEGMENTS = (("input_tokens", "input", "fresh input"), ("cache_creation_input_tokens", "write",
+            "cache writes"), ("cache_read_input_tokens", "read", "cache reads"),
+            ("output_tokens", "output", "output"))
+
+
+def esc(value):
+    return html.escape(str(value), quote=True)
+
+
+def num(value, default=0):
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+
+def money(value):
+    return "unknown" if not isinstance(value, (int, float)) else f"${value:.6f}"
+
+
+def page(title, body):
+    """The whole document: no script, nothing loaded, styles only through this nonce."""
+    nonce = uuid.uuid4().hex
+    policy = (f"default-src 'none'; style-src 'nonce-{nonce}'; img-src 'none'; script-src "
+              "'none'; base-uri 'none'; form-action 'none'")
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+            f'<meta http-equiv="Content-Security-Policy" content="{policy}">'
+            f'<meta name="viewport" content="width=device-width"><title>{esc(title)}</title>'
+            f'<style nonce="{nonce}">{CSS}</style></head><body>{body}</body></html>\n')
+
+
+def token_chart(turns):
+    """Per-turn stacked bars of what each request cost in tokens, with the running cost."""
+    width, height, left, bottom = 760, 260, 60, 30
+    rows = items(turns)
+    peak = max([sum(num(fields(t.get("usage")).get(k)) for k, _, _ in SEGMENTS) for t in rows]
+               + [1])
+    costs, total = [], 0.0
+    for t in rows:
+        total += num(fields(t.get("usage")).get("cost_usd"))
+        costs.append(total)
+    step = (width - left - 20) / max(len(rows), 1)
+    bar = max(step * 0.7, 1)
+    parts = [f'<svg class="tokens" width="{width}" height="{height}" viewBox="0 0 {width} '
+             f'{height}" role="img" aria-label="tokens per turn">',
+             f'<text class="axis" x="4" y="14">{peak:,} tokens</text>',
+             f'<line x1="{left}" y1="{height - bottom}" x2="{width - 10}" y2="{height - bottom}" '
+             'stroke="#999"/>']
+    for i, t in enumerate(rows):
+        usage, y = fields(t.get("usage")), height - bottom
+        x = left + i * step + (step - bar) / 2
+        parts.append('<g class="turn">')
+        for key, cls, label in SEGMENTS:
+            h = num(usage.get(key)) / peak * (height - bottom - 20)
+            y -= h
+            parts.append(f'<rect class="bar seg-{cls}" x="{x:.1f}" y="{y:.1f}" width="{bar:.1f}" '
+                         f'height="{h:.1f}"><title>turn {esc(t.get("turn"))}: '
+                         f'{num(usage.get(key)):,} {label}</title></rect>')
+        parts.append(f'<text class="axis" x="{x + bar / 2:.1f}" y="{height - 12}" '
+                     f'text-anchor="middle">{esc(t.get("turn", i + 1))}</text></g>')
+    if total > 0:
+        points = " ".join(f"{left + i * step + step / 2:.1f},"
+                          f"{height - bottom - c / total * (height - bottom - 20):.1f}"
+                          for i, c in enumerate(costs))
+        parts.append(f'<polyline class="cost" points="{points}"><title>running cost, up to '
+                     f'{money(total)}</title></polyline>')
+        parts.append(f'<text class="axis" x="{width - 10}" y="14" text-anchor="end">'
+                     f'{money(total)}</text>')
+    legend = "".join(f'<span class="l-{cls}"></span>{label}' for _, cls, label in SEGMENTS)
+    return "".join(parts) + f'</svg><p class="legend">{legend}<span class="l-cost"></span>' \
+                            "running cost</p>"
+
+
+def block_html(block):
+    """One content block of the conversation; long and hidden things collapsed."""
+    kind = block.get("type")
+    if kind == "text":
+        return f"<pre>{esc(block.get('text', ''))}</pre>"
+    if kind == "tool_use":
+        given = block.get("input")
+        shown = given["code"] if isinstance(given, dict) and isinstance(given.get("code"), str) \
+            else json.dumps(given, ensure_ascii=False, indent=1)  # code as code, the rest as JSON
+        return (f'<div><span class="chip">{esc(block.get("name"))}</span> <code>'
+                f'{esc(block.get("id"))}</code><pre>{esc(shown)}</pre></div>')
+    if kind == "tool_result":
+        body = block.get("content")
+        body = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
+        state = "error" if block.get("is_error") else "ok"
+        return (f'<details><summary class="{state}">result for {esc(block.get("tool_use_id"))}'
+                f': {state}, {len(body):,} characters</summary><pre>{esc(body)}</pre></details>')
+    if kind == "thinking":
+        return (f"<details><summary>thinking</summary><pre>{esc(block.get('thinking', ''))}"
+                "</pre></details>")
+    return f"<details><summary>{esc(kind)}</summary><pre>{esc(json.dumps(block, ensure_ascii=False)[:5000])}</pre></details>"
+
+
+def run_report(t):
+    """The report of one run: what was asked, how it ended, what each turn cost and did."""
+    turns, usage, stop = items(t.get("turns")), fields(t.get("usage")), fields(t.get("stop"))
+    prompt = sum(num(usage.get(k)) for k, _, _ in SEGMENTS[:3])
+    share = f"{num(usage.get('cache_read_input_tokens')) / prompt:.0%}" if prompt else "n/a"
+    seconds = sum(num(x.get("seconds")) for x in turns)
+    cards = [("stop", f"{stop.get('reason', 'running')} (exit {stop.get('exit_code', '?')})"),
+             ("turns", len(turns)), ("tokens", f"{num(usage.get('tokens')):,}"),
+             ("cost", money(usage.get("cost_usd"))), ("time", f"{seconds:.1f} s"),
+             ("cache-read share of the prompt", share)]
+    body = [f"<h1>agent.py run</h1><div class=\"q\">{esc(t.get('question', ''))}</div>",
+            f"<p>model <b>{esc(t.get('model'))}</b> · workdir <code>{esc(t.get('workdir'))}"
+            f"</code> · run <code>{esc(t.get('run_id', '?'))}</code> · started "
+            f"{esc(t.get('started_at', '?'))}</p>",
+            '<div class="cards">' + "".join(f'<div class="card">{esc(k)}<b>{esc(v)}</b></div>'
+                                             for k, v in cards) + "</div>",
+            f"<p>{esc(stop.get('detail', ''))}</p>"]
+    if t.get("answer"):
+        body.append(f"<h2>Answer</h2><pre>{esc(t['answer'])}</pre>")
+    body.append("<h2>Tokens per turn</h2>" + token_chart(turns))
+    calls_input = {str(b.get("id")): json.dumps(b.get("input"), ensure_ascii=False)
+                   for m in items(t.get("messages")) for b in items(m.get("content"))
+                   if b.get("type") == "tool_use"}  # each call's input, for its preview
+    rows = []
+    for x in turns:
+        u, chips = fields(x.get("usage")), []
+        for c in items(x.get("tool_calls")):
+            state = "declined" if c.get("declined") else "error" if c.get("is_error") else "ok"
+            chips.append(f'<span class="chip {state}">{esc(c.get("name"))} '
+                         f'{esc(shorten(calls_input.get(str(c.get("id")), ""), 60))} · {state} · '
+                         f'{num(c.get("seconds")):.2f}s</span>')
+        rows.append(f"<tr><td>{esc(x.get('turn'))}</td><td>{esc(x.get('stop_reason'))}</td>"
+                    f"<td>{num(u.get('tokens')):,}</td><td>{money(u.get('cost_usd'))}</td>"
+                    f"<td>{num(x.get('seconds')):.1f}s ({num(x.get('api_seconds')):.1f}s API)"
+                    f"</td><td>{''.join(chips)}</td></tr>")
+    body.append("<h2>Turns</h2><table><tr><th>turn</th><th>stop</th><th>tokens</th><th>cost"
+                "</th><th>time</th><th>tool calls</th></tr>" + "".join(rows) + "</table>")
+    body.append("<h2>Conversation</h2>")
+    for m in items(t.get("messages")):
+        body.append(f'<div class="msg"><span class="role">{esc(m.get("role"))}</span>'
+                    + "".join(block_html(b) for b in items(m.get("content"))) + "</div>")
+    return page(f"agent.py run: {str(t.get('question', ''))[:80]}", "".join(body))
+
+
+def trials_report(summary, links):
+    """The report of --trials: pass@k and pass^k, and a row per trial linking to its report."""
+    at, hat = fields(summary.get("pass_at_k")), fields(summary.get("pass_hat_k"))
+    ks = sorted((int(k) for k in at if str(k).isdigit()))
+    rows = "".join(f"<tr><td>{k}</td><td>{num(at.get(str(k))):.3f}</td><td>"
+                   f"{num(hat.get(str(k))):.3f}</td></tr>" for k in ks)
+    width, height = 360, 180
+    plot = [f'<svg class="passk" width="{width}" height="{height}" viewBox="0 0 {width} '
+            f'{height}" role="img" aria-label="pass@k and pass^k">']
+    x = lambda k: 30 + (k - 1) / max(len(ks) - 1, 1) * (width - 50)  # noqa: E731
+    for key, values in (("at", at), ("hat", hat)):
+        pts = " ".join(f"{x(k):.1f},{height - 20 - num(values.get(str(k))) * (height - 40):.1f}"
+                       for k in ks)
+        plot.append(f'<polyline class="line-{key}" points="{pts}"/>')
+    plot += [f'<text class="axis" x="{x(k):.1f}" y="{height - 4}" text-anchor="middle">k={k}'
+             '</text>' for k in ks]
+    plot.append('<text class="axis" x="4" y="14">1.0</text><text class="axis" x="4" '
+                f'y="{height - 20}">0</text></svg><p class="legend"><span class="l-input">'
+                '</span>pass@k<span class="l-output"></span>pass^k (dashed; the lines meet '
+                'where every trial passed or none did)</p>')
+    trials = []
+    for tr in items(summary.get("trials")):
+        link = links.get(tr.get("index"))
+        name = f'<a href="{esc(link)}">trial {esc(tr.get("index"))}</a>' if link else \
+            f"trial {esc(tr.get('index'))}"
+        trials.append(f"<tr><td>{name}</td><td>{esc(tr.get('stop'))}</td><td class=\""
+                      f"{'ok' if tr.get('passed') else 'error'}\">{'pass' if tr.get('passed') else 'fail'}"
+                      f"</td><td>{esc(tr.get('turns'))}</td><td>{num(tr.get('tokens')):,}</td>"
+                      f"<td>{money(tr.get('cost_usd'))}</td></tr>")
+    interval = summary.get("pass@1_wilson95")
+    interval = [f"{num(v):.3f}" for v in interval] if isinstance(interval, list) and \
+        len(interval) == 2 else ["?", "?"]
+    p1 = summary.get("pass@1")
+    expect = {k: v for k, v in fields(summary.get("expect")).items() if v}
+    head = (f"<h1>agent.py trials</h1><div class=\"q\">{esc(summary.get('question', ''))}</div>"
+            f"<p>model <b>{esc(summary.get('model', '?'))}</b> · a trial passes when "
+            f"{esc(json.dumps(expect, ensure_ascii=False) if expect else 'it ends with end_turn')}"
+            f" · a declined call tells the model: {esc(summary.get('decline_message', '?'))}</p>"
+            f"<p>{esc(summary.get('n'))} of "
+            f"{esc(summary.get('requested'))} ran: {esc(summary.get('passes'))} passed, "
+            f"{esc(summary.get('failed'))} failed, {esc(summary.get('errored'))} errored "
+            f"(not counted in pass@k). pass@1 = {esc(f'{p1:.3f}' if isinstance(p1, float) else p1)}, 95% Wilson "
+            f"interval {esc(interval[0])}–{esc(interval[1])}.</p>")
+    return page("agent.py trials", head + "<h2>pass@k and pass^k</h2><table><tr><th>k</th><th>"
+                "pass@k</th><th>pass^k</th></tr>" + rows + "</table>" + "".join(plot)
+                + "<h2>Trials</h2><table><tr><th>trial</th><th>stop</th><th>result</th><th>"
+                "turns</th><th>tokens</th><th>cost</th></tr>" + "".join(trials) + "</table>")
+
+
+def write_report(path, output=None):
+    """--report: render a transcript or a trials summary (and each trial it names) as HTML."""
+    try:
+        document = json.loads(Path(path).read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"--report: {path} does not exist")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UsageError(f"--report: {path} is not a readable JSON file ({e})")
+    if not isinstance(document, dict):
+        raise UsageError(f"--report: {path} is neither a transcript nor a trials summary")
+    target = Path(output or Path(path).with_suffix(".html"))
+    links, written = {}, []
+    if document.get("kind") == "trials":
+        for trial in items(document.get("trials")):
+            source, index = trial.get("transcript"), trial.get("index")
+            if isinstance(source, str) and type(index) is int and Path(source).is_file():
+                page_path = target.with_name(f"{target.stem}.{index}.html")  # an int: no path
+                try:
+                    written += write_report(source, page_path)
+                    links[index] = page_path.name
+                except UsageError:
+                    pass  # an unreadable trial transcript: its row has no link
+        text = trials_report(document, links)
+    else:
+        text = run_report(document)
+    OutputFile(target, None, "--report").write(text.encode("utf-8", "backslashreplace"))
+    return written + [str(target)]
+
+
+# --- Terminal: progress on stderr, text made visible ---
+
+def plural(n, word):
+    return f"{n} {word}{'s' * (n != 1)}"
+
+
+# Characters a terminal obeys instead of showing: C0 and C1 controls but newline and tab, bidi
+# overrides and isolates, zero-width characters, line and paragraph separators, the BOM; and
+# lone surrogates, which no terminal encoding can carry.
+INVISIBLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e"
+                       "\u2060-\u2069\ufeff\ud800-\udfff]")
+
+
+def visible(text):
+    """Text for a terminal: what would move the cursor, clear or reorder it is shown escaped."""
+    return INVISIBLE.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100
+                         else f"\\u{ord(m[0]):04x}", text)
+
+
+def shorten(text, width):
+    """At most `width` characters, cut after a whole word with an ellipsis."""
+    if len(text) <= width:
+        return text
+    cut = text[: width - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > width // 2 else cut).rstrip() + "…"
+
+
+class Reporter:
+    """Progress, streamed text and prompts on stderr, whole lines under a lock for trials; and
+    the same moments as events, when an event stream is open."""
+
+    lock = threading.Lock()
+
+    def __init__(self, quiet=False, prefix="", stream=None, events=None, trial=None):
+        self.quiet, self.prefix, self.stream = quiet, prefix, stream or sys.stderr
+        self.events, self.trial, self.turn_no = events, trial, None
+        self.pending = ""  # streamed text not yet ended by a newline
+        self.said = ""  # streamed text not yet sent as an event
+        self.thinking = False  # streaming the summary of the model's thinking, not its text
+
+    def write(self, text, always=False):
+        if self.quiet and not always:
+            return
+        with self.lock:
+            self.stream.write(text)
+            self.stream.flush()
+
+    def emit(self, kind, **fields):
+        """An event, after any text streamed before it."""
+        if self.events:
+            if self.said:
+                self.emit_said()
+            if kind != "text.switch":
+                self.events.emit(kind, self.trial, **fields)
+
+    def emit_said(self):
+        extra = {"thinking": True} if self.thinking else {}
+        self.events.emit("text", self.trial, turn=self.turn_no, text=self.said, **extra)
+        self.said = ""
+
+    def line(self, text, always=False):
+        self.flush_text()
+        self.write(f"{self.prefix}{visible(text)}\n", always)
+
+    def text(self, delta, thinking=False):
+        """Model text (or the summary of its thinking) as it streams; with a prefix
+        (concurrent trials) only whole lines."""
+        shown = visible(delta)
+        if thinking != self.thinking:  # a switch: say which is which, on a line of its own
+            self.emit("text.switch")  # (what was said before goes out as its own event)
+            self.thinking = thinking
+            self.flush_text()
+            shown = "[thinking] " + shown if thinking else shown
+        if self.events:  # coalesced: a paragraph, or 2000 characters, an event
+            self.said += delta
+            if len(self.said) >= 2000 or ("\n" in delta and len(self.said) >= 200):
+                self.emit_said()
+        self.pending += shown
+        if not self.prefix:
+            self.write(shown)
+            self.pending = self.pending.rpartition("\n")[2]
+            return
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            self.write(f"{self.prefix}{line}\n")
+
+    def flush_text(self):
+        """End a half-written line of streamed text before anything else is printed."""
+        if self.pending:
+            self.write(f"{self.prefix}{self.pending}\n" if self.prefix else "\n")
+            self.pending = ""
+
+    def error(self, text):
+        self.line(text, always=True)
+
+    def turn_start(self, turn):
+        self.turn_no, self.thinking = turn, False
+        self.emit("turn.start", turn=turn)
+
+    def retry(self, record, attempts):
+        self.line(f"retrying in {record['delay']:.1f}s (attempt {record['attempt'] + 1} of "
+                  f"{attempts}): {record['error']}")
+        self.emit("api.retry", turn=self.turn_no, **record)
+
+    def turn(self, r):
+        """The progress line once a reply is in: tokens, cache, cost, time."""
+        u = r["usage"]
+        cost = " · cost unknown" if u["cost_usd"] is None else f" · ${u['cost_usd']:.6f}"
+        self.line(f"turn {r['turn']}: {r['stop_reason']} · in {u['input_tokens']} "
+                  f"(cache write {u['cache_creation_input_tokens']}, read "
+                  f"{u['cache_read_input_tokens']}) · out {u['output_tokens']}{cost} · "
+                  f"{r['seconds']:.1f}s")
+
+    def turn_end(self, r):
+        self.emit("turn.end", turn=r["turn"], stop_reason=r["stop_reason"], usage=r["usage"],
+                  request_id=r["request_id"], attempts=r["attempts"], seconds=r["seconds"],
+                  api_seconds=r["api_seconds"], tool_calls=len(r["tool_calls"]),
+                  notes=r["notes"])
+
+    def tool_start(self, block):
+        self.emit("tool.start", turn=self.turn_no, id=block["id"], name=block["name"],
+                  input=block.get("input"))
+
+    def tool(self, block, result, seconds, facts):
+        args = shorten(json.dumps(block.get("input"), ensure_ascii=False), 100)
+        lines = result["content"].strip().splitlines() if result.get("is_error") else []
+        outcome = "error: " + shorten(lines[-1], 100) if lines else "error" if result.get(
+            "is_error") else "ok"
+        self.line(f"  {block['name']} {args} -> {outcome} ({seconds:.2f}s)")
+        self.emit("tool.end", turn=self.turn_no, id=block["id"], name=block["name"],
+                  is_error=bool(result.get("is_error")), declined=facts["declined"],
+                  exit_code=facts["exit_code"], bytes=size(result), seconds=round(seconds, 3),
+                  withheld=facts.get("withheld", False))
+
+
+# --- Path safety and the sandbox ---
+
+RESOLVE_NO_MAGICLINKS, RESOLVE_BENEATH = 0x02, 0x08  # openat2(2)
+LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def openat2(dir_fd, path, flags, resolve):
+    """openat2(2) through ctypes (Linux 5.6+): the kernel resolves `path` under `resolve` rules."""
+    how = struct.pack("QQQ", flags, 0, resolve)
+    fd = LIBC.syscall(ctypes.c_long(437), ctypes.c_long(dir_fd), os.fsencode(path),
+                      ctypes.c_char_p(how), ctypes.c_long(len(how)))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), path)
+    return fd
+
+
+def outside(path, target, workdir):
+    return ToolError(f"refused: {path!r} resolves to {target}, outside the working directory "
+                     f"{workdir}. Only files inside it can be read; do not try to reach it "
+                     "another way, ask the user.")
+
+
+def open_inside(ctx, path):
+    """An O_PATH descriptor of `path`, resolved by the kernel without ever leaving the workdir."""
+    if "\0" in path or not path:
+        raise ToolError(f"{path!r} is not a usable path (empty, or with a NUL byte); give the "
+                        "file's path relative to the working directory.")
+    workdir = ctx.workdir
+    relative = os.path.relpath(path, workdir) if os.path.isabs(path) else path
+    if os.path.normpath(relative).split(os.sep)[0] == "..":  # leaves it by its very spelling
+        raise outside(path, os.path.realpath(os.path.join(workdir, relative)), workdir)
+    flags = os.O_PATH | os.O_CLOEXEC
+    try:
+        try:
+            fd = openat2(ctx.workdir_fd, relative, flags, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
+        except OSError as e:
+            if e.errno == errno.ENOSYS:  # no openat2: resolve, then check the descriptor below
+                fd = os.open(os.path.realpath(os.path.join(workdir, relative)), flags)
+            elif e.errno != errno.EXDEV:
+                raise
+            else:  # a step left the workdir, or an absolute symlink that may land inside it
+                target = os.path.realpath(os.path.join(workdir, relative))
+                if not Path(target).is_relative_to(workdir):
+                    raise outside(path, target, workdir)
+                fd = openat2(ctx.workdir_fd, os.path.relpath(target, workdir), flags,
+                             RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
+    except FileNotFoundError:
+        raise ToolError(f"{path!r} does not exist. List the files with run_python, e.g. "
+                        "print(sorted(os.listdir('.'))) or os.walk('.') for subdirectories.")
+    except OSError as e:
+        raise ToolError(f"cannot open {path!r}: {e.strerror}.")
+    try:  # checked again on the descriptor: whatever was swapped in, this is what was opened
+        opened = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        opened = str(workdir)  # no /proc: openat2's RESOLVE_BENEATH is the check
+    if not Path(opened).is_relative_to(workdir):
+        os.close(fd)
+        raise outside(path, opened, workdir)
+    return fd
+
+
+def read_window(fd, path, offset, limit, max_bytes):
+    """Lines [offset, offset+limit) (at most max_bytes), reading fixed-size chunks, never a
+    whole line: the rest of the file is only counted, so memory stays bounded."""
+    kept, line, last, cut_line, size, tail = bytearray(), 1, offset - 1, False, 0, b"\n"
+    while chunk := os.read(fd, 1 << 16):
+        size += len(chunk)
+        tail = chunk[-1:]
+        start = 0
+        while start < len(chunk) and line < offset + limit and not cut_line:
+            nl = chunk.find(b"\n", start)
+            end = len(chunk) if nl < 0 else nl + 1
+            if line >= offset:
+                room = max_bytes - len(kept)
+                if end - start > room:  # this line does not fit: keep what does, stop there
+                    kept += chunk[start:start + room]
+                    cut_line, last = room > 0, line if room > 0 else last
+                    break
+                kept += chunk[start:end]
+                last = line
+            if nl < 0:
+                start = end
+                break
+            line, start = line + 1, end
+        line += chunk.count(b"\n", start)  # past the window: count lines, keep nothing
+    total = line - (tail == b"\n")  # a last line without a newline still counts
+    if size == 0:
+        return "(empty file)"
+    if offset > total:
+        raise ToolError(f"offset {offset} is past the end of {path!r}, which has {total} lines.")
+    try:
+        text = kept.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if not (cut_line and e.reason == "unexpected end of data"):
+            raise ToolError(f"{path!r} is not UTF-8 text (bad byte at offset {e.start} of the "
+                            "lines read); if it is binary, inspect it with run_python.")
+        text = kept[: e.start].decode("utf-8")
+    if last < total or cut_line:
+        more = f" (line {last} cut at {max_bytes} bytes)" if cut_line else ""
+        text += (f"\n[read_file: lines {offset}-{last} of {total}{more}; "
+                 f"call read_file with offset={last + 1} to continue]")
+    return text
+
+
 # Each run_python call gets a directory of its own (the script, which the child can read but not
 # change, and a private home) and runs as agent -> keeper -> script. The keeper is a fork of the
 # agent that owns the script's process group: it kills the group when the script ends, at the
@@ -1391,1434 +2952,9 @@ def execute(code, workdir, box, timeout, output_chars, cancel=None):
         call.finish(proc)
     code, oom = (None, 0) if status in (None, "gone") else map(int, status.split())
     return Execution(code, clips[1].text(), clips[2].text(), timed_out, bool(oom))
-# --- stop conditions ---
-
-# Every way a run can end: label -> exit code. check_stop decides the response-driven ones;
-# drive() maps exceptions to api_error, error and interrupted.
-EXIT_CODES = {
-    "end_turn": 0, "stop_sequence": 0,  # the model finished
-    "max_turns": 3,  # the last allowed turn ran with tools off; its text is an interim answer
-    "token_budget": 4, "cost_budget": 4,  # checked after a response, before its tools run
-    "max_tokens": 5, "refusal": 5, "model_context_window_exceeded": 5,  # stopped unfinished
-    "api_error": 1, "error": 1,  # the API refused or failed; a bug or unknown stop_reason
-    "interrupted": 130,  # Ctrl-C
-}
-TEXT_STOPS = {"end_turn", "stop_sequence", "max_turns", "max_tokens", "refusal",
-              "model_context_window_exceeded"}  # stops whose final text goes to stdout
-EXIT_USAGE, EXIT_TRIALS_FAILED = 2, 6
-
-
-@dataclass
-class Stop:
-    reason: str
-    detail: str
-
-
-def check_stop(message, content, turn, last_turn, used, limits, cut=None):
-    """Decide after each response whether the run ends here; a Stop or None to go on."""
-    reason = message.get("stop_reason")
-    calls = sum(b.get("type") == "tool_use" for b in content)
-    if turn >= last_turn:
-        ignored = (f"; the server ignored tool_choice none, and its "
-                   f"{plural(calls, 'tool call')} {'was' if calls == 1 else 'were'} not run"
-                   if calls else "")
-        return Stop("max_turns", f"reached the limit of {plural(limits.max_turns, 'turn')}; the last one "
-                                 f"ran with tools off{ignored}")
-    if reason in ("end_turn", "stop_sequence"):
-        return Stop(reason, "the model finished")
-    if reason == "max_tokens":
-        return Stop(reason, cut or "the reply hit max_tokens; the text is partial")
-    if reason == "refusal":
-        return Stop(reason, "the model declined to answer")
-    if reason == "model_context_window_exceeded":
-        return Stop(reason, cut or "the conversation filled the model's context window")
-    if reason not in ("tool_use", "pause_turn"):
-        return Stop("error", f"unknown stop_reason {reason!r}")
-    if reason == "tool_use" and not calls:  # nothing to answer: a request now would be prefill
-        return Stop("end_turn", "the reply said tool_use but held no tool call; its text is "
-                                "taken as the answer")
-    if used["tokens"] >= limits.token_budget:
-        return Stop("token_budget", f"used {used['tokens']} tokens of the {limits.token_budget} "
-                                    "budget; the pending tool calls were not run")
-    if limits.budget_usd is not None and (used["cost_usd"] or 0) >= limits.budget_usd:
-        return Stop("cost_budget", f"spent ${used['cost_usd']:.6f} of the ${limits.budget_usd:.6f} "
-                                   "budget; the pending tool calls were not run")
-    return None
-
-
-# --- the loop ---
-
-class StreamIncomplete(Exception):
-    """The stream closed without message_stop: the reply cannot be trusted, retry the turn."""
-
-
-class StreamStalled(Exception):
-    """No event arrived for --request-timeout seconds (pings do not count): retry the turn."""
-
-
-class Watchdog:
-    """Shuts a stream's socket once no event has come for `seconds`: a server that sends only
-    pings, or nothing, cannot hold a turn forever. poke() on every event. One thread, started
-    once, patrols every stream of the process."""
-
-    active, lock, patrolling = set(), threading.Lock(), False
-
-    def __init__(self, stream, seconds):
-        self.stream, self.seconds, self.fired, self.last = stream, seconds, False, time.monotonic()
-        with Watchdog.lock:
-            Watchdog.active.add(self)
-            if not Watchdog.patrolling:
-                Watchdog.patrolling = True
-                threading.Thread(target=Watchdog.patrol, daemon=True).start()
-
-    def poke(self):
-        self.last = time.monotonic()
-
-    def stop(self):
-        with Watchdog.lock:
-            Watchdog.active.discard(self)
-
-    @staticmethod
-    def patrol():
-        while True:
-            time.sleep(0.2)
-            with Watchdog.lock:
-                due = {w for w in Watchdog.active if time.monotonic() - w.last > w.seconds}
-                Watchdog.active -= due
-            for watch in due:
-                watch.fire()
-
-    def fire(self):
-        self.fired = True
-        try:  # shutdown, not close: it wakes a read blocked in another thread
-            network = self.stream.response.extensions.get("network_stream")
-            sock = network.get_extra_info("socket") if network else None
-            if sock is not None:
-                sock.shutdown(socket.SHUT_RDWR)
-            else:
-                self.stream.close()
-        except Exception:
-            pass
-
-
-REPLY_CLASSES = {}  # beta or not: the SDK's reply class, held so that no reply builds it again
-
-
-def hold_reply_class(beta):
-    """The SDK's stream parametrizes ParsedMessage (ParsedBetaMessage) anew on every
-    message_start, and pydantic caches that class only weakly: once a collection freed it, the
-    next reply built it again: about 1 ms, on over half the replies of a long session (README,
-    Benchmark). Held once a reply built it; with another SDK version, nothing is held."""
-    if beta in REPLY_CLASSES:  # every reply asks: a dict lookup, once it is held
-        return
-    module = sys.modules.get("anthropic.lib.streaming._beta_messages" if beta else
-                             "anthropic.lib.streaming._messages")
-    if module is None:
-        return
-    try:  # the class the stream asks for, found in pydantic's cache
-        REPLY_CLASSES[beta] = getattr(module, "ParsedBetaMessage" if beta else
-                                      "ParsedMessage")[module.ResponseFormatT]
-    except Exception:
-        REPLY_CLASSES[beta] = None
-
-
-def stream_once(client, request, report, cancel, stall):
-    """Send one request, stream its text to the reporter, return (message dict, request id)."""
-    messages = client.beta.messages if "betas" in request else client.messages
-    stalled = f"no event for {stall:g} s; the server may be stuck"
-    with messages.stream(**request) as stream:
-        watch, complete = Watchdog(stream, stall), False
-        try:
-            for event in stream:
-                watch.poke()
-                check_cancelled(cancel)
-                if event.type == "text":
-                    report.text(event.text)
-                elif event.type == "thinking":
-                    report.text(event.thinking, thinking=True)
-                elif event.type == "message_stop":
-                    complete = True
-            if not complete:
-                raise StreamStalled(stalled) if watch.fired else \
-                    StreamIncomplete("the response stream ended before message_stop")
-            message = stream.get_final_message()
-        except (Interrupted, KeyboardInterrupt, StreamIncomplete, StreamStalled):
-            raise
-        except (AssertionError, KeyError, TypeError, ValueError) as e:  # the SDK's own parsing
-            raise StreamIncomplete(f"the stream could not be read ({type(e).__name__}: {e}); "
-                                   "a server left out or garbled an event") from e
-        except Exception as e:
-            if watch.fired:
-                raise StreamStalled(stalled) from e
-            raise
-        finally:
-            watch.stop()
-        request_id = getattr(stream, "request_id", None)
-    hold_reply_class("betas" in request)
-    return (message.to_dict() if hasattr(message, "to_dict") else message), request_id
-
-
-def transport_error(exc):
-    """A network failure below HTTP (reset, refused, closed, timed out): worth another try."""
-    names = {k.__name__ for e in (exc, exc.__cause__) if e is not None for k in type(e).__mro__}
-    return bool(names & {"APIConnectionError", "APITimeoutError", "TransportError",
-                         "StreamIncomplete", "StreamStalled", "ConnectionError"})
-
-
-def closed_idle_connection(exc):
-    """The server closed a kept-alive connection between replies, without saying so."""
-    cause = exc.__cause__ or exc
-    return type(cause).__name__ == "RemoteProtocolError" and "without sending" in str(cause)
-
-
-def retry_delay(exc, attempt, limits):
-    """Seconds to wait before retrying after `exc`, or None if it is not worth retrying."""
-    response = getattr(exc, "response", None)
-    headers = getattr(response, "headers", None) or {}
-    status = getattr(exc, "status_code", None)
-    body = getattr(exc, "body", None)
-    error = body.get("error") if isinstance(body, dict) else None
-    kind = error.get("type") if isinstance(error, dict) else None
-    if transport_error(exc):
-        if closed_idle_connection(exc) and attempt == 1:
-            return 0.0  # a stale connection, not an overload: a new one at once
-        transient = True
-    elif status is None:
-        transient = False
-    elif headers.get("x-should-retry") in ("true", "false"):
-        transient = headers["x-should-retry"] == "true"
-    elif status < 400:  # an error event inside a 200 stream
-        transient = kind in ("overloaded_error", "api_error", "rate_limit_error", "timeout_error")
-    else:
-        transient = status in (408, 409, 429) or status >= 500
-    if not transient:
-        return None
-    try:
-        after = float(headers.get("retry-after"))
-    except (TypeError, ValueError):
-        after = math.nan
-    if math.isfinite(after) and after >= 0:  # anything else a server says is ignored
-        return min(after, 60.0)
-    return min(limits.retry_base * 2 ** (attempt - 1), 30.0)
-
-
-def request_with_retries(client, request, limits, report, cancel):
-    """Up to max_attempts requests for one turn, backing off on transient failures.
-    Returns (message, request id, attempts, retry records, seconds spent on the API)."""
-    retries, api_seconds = [], 0.0
-    for attempt in range(1, limits.max_attempts + 1):
-        started = time.monotonic()
-        try:
-            message, request_id = stream_once(client, request, report, cancel,
-                                              limits.request_timeout)
-            return message, request_id, attempt, retries, api_seconds + time.monotonic() - started
-        except (Interrupted, KeyboardInterrupt):
-            raise
-        except Exception as exc:
-            api_seconds += time.monotonic() - started
-            delay = retry_delay(exc, attempt, limits)
-            if delay is None or attempt == limits.max_attempts:
-                exc.retries, exc.api_seconds = retries, api_seconds  # kept in the transcript
-                raise
-            retries.append({"attempt": attempt, "status": getattr(exc, "status_code", None),
-                            "error": api_message(exc), "delay": round(delay, 3)})
-            report.retry(retries[-1], limits.max_attempts)
-            if cancel is not None:
-                if cancel.wait(delay):
-                    raise Interrupted()
-            else:
-                time.sleep(delay)
-
-
-def is_cut_tool_call(message):
-    content = message.get("content") or []
-    return message.get("stop_reason") == "max_tokens" and bool(content) and \
-        content[-1].get("type") == "tool_use"
-
-
-@dataclass
-class Reply:
-    message: dict  # the final reply, a cut tool call removed
-    request_id: str | None
-    attempts: int  # HTTP requests for this turn, retries included
-    usages: list  # usage of every response billed for this turn
-    retries: list  # a record per failed attempt that was retried
-    api_seconds: float  # time spent waiting on the API, backoff excluded
-    cut: str | None = None  # why a cut tool call was dropped
-
-
-def prompt_tokens(usage):
-    return sum(number(usage.get(k)) for k in COUNTS if k != "output_tokens")
-
-
-def request_turn(client, request, limits, report, cancel):
-    """One turn: a reply cut inside a tool call is retried once with twice the max_tokens,
-    if that can help (the prompt and the new max_tokens must fit the context window)."""
-    message, request_id, attempts, retries, seconds = request_with_retries(
-        client, request, limits, report, cancel)
-    reply = Reply(message, request_id, attempts, [message.get("usage") or {}], retries, seconds)
-    sizes, model = [request["max_tokens"]], base_model(request["model"])
-    bigger = min(2 * request["max_tokens"], MAX_OUTPUT.get(model, DEFAULT_MAX_OUTPUT))
-    window, prompt = CONTEXT_WINDOW.get(model), prompt_tokens(reply.usages[0])
-    why_not = (f"; not retried: its prompt of {prompt} tokens and {bigger} more would not fit "
-               f"the context window of {window}" if window and prompt + bigger > window else "")
-    if is_cut_tool_call(message) and bigger > request["max_tokens"] and not why_not:
-        report.line(f"the reply was cut inside a tool call at max_tokens "
-                    f"{request['max_tokens']}; retrying the turn with {bigger}")
-        message, reply.request_id, n, more, seconds = request_with_retries(
-            client, dict(request, max_tokens=bigger), limits, report, cancel)
-        reply.usages.append(message.get("usage") or {})
-        reply.attempts, reply.api_seconds = reply.attempts + n, reply.api_seconds + seconds
-        reply.retries += more
-        sizes.append(bigger)
-    if is_cut_tool_call(message):  # never keep or run a tool call whose input is incomplete
-        message = dict(message, content=message["content"][:-1])
-        reply.cut = (f"the reply was cut inside a tool call at max_tokens "
-                     f"{' and again at '.join(map(str, sizes))}{why_not}; the incomplete call "
-                     "was not run")
-    reply.message = message
-    return reply
-
-
-def check_reply(message):
-    """The reply's content as it can go back, and what had to be mended: blocks that are not
-    objects, empty text (the API rejects it), a tool_use id used twice (the repeat is dropped)."""
-    content, notes, seen = message.get("content"), [], set()
-    if not isinstance(content, list):
-        return [], [f"the reply's content was {type(content).__name__}, not a list"] * bool(content)
-    kept = []
-    for block in content:
-        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
-            notes.append(f"a content block that is not an object was dropped: {str(block)[:80]}")
-        elif block["type"] == "text" and not str(block.get("text", "")).strip():
-            continue
-        elif block["type"] == "tool_use" and (not isinstance(block.get("id"), str)
-                                             or block["id"] in seen):
-            notes.append(f"a tool_use with a repeated or missing id ({block.get('id')!r}) was "
-                         "dropped, not run")
-        else:
-            seen.add(block.get("id"))
-            kept.append(block)
-    return kept, notes
-
-
-def usage_record(model, usage):
-    """A response's usage as the transcript keeps it: the four counts (over every billed
-    iteration), their sum, the cost."""
-    parts = billed(usage)
-    record = {k: sum(number(p.get(k)) for p in parts) for k in COUNTS}
-    record["tokens"] = sum(record.values())
-    record["cost_usd"] = cost_usd(model, usage)
-    return record
-
-
-def add_usage(total, part):
-    """Add a usage record into a running total; one unknown cost makes the total unknown."""
-    for key in COUNTS + ("tokens",):
-        total[key] += part[key]
-    total["cost_usd"] = None if None in (total["cost_usd"], part["cost_usd"]) else \
-        round(total["cost_usd"] + part["cost_usd"], 10)
-    return total
-
-
-def empty_usage():
-    return {**dict.fromkeys(COUNTS, 0), "tokens": 0, "cost_usd": 0.0}
-
-
-def mark_final_turn(messages):
-    """Tell the model the next reply is its last and tools are off (after any tool results)."""
-    last = messages[-1]
-    if last["role"] == "user" and last["content"][-1] != {"type": "text", "text": FINAL_TURN_NOTE}:
-        last["content"].append({"type": "text", "text": FINAL_TURN_NOTE})
-
-
-CLEARED = "[cleared to save context: {what}; call it again if you need it]"
-CONTEXT_EDIT_BETA = "context-management-2025-06-27"
-
-
-def estimated_tokens(block):
-    """A tool result's size in tokens, roughly (4 bytes a token): enough to decide a clearing."""
-    content = block.get("content")
-    return len(content if isinstance(content, str) else json.dumps(content)) // 4
-
-
-def clear_old_results(session, limits):
-    """Clear old tool results once the last prompt reached the trigger: every one but the
-    newest keep_results, if that frees at least clear_at_least tokens (a clearing breaks the
-    cache once, so it should be worth it). Sticky: the ids only ever grow, and the history
-    itself is never edited. Returns (how many, tokens freed) or None."""
-    turns = session["turns"]
-    if not limits.clear_at or limits.context_edit != "client" or not turns \
-            or turns[-1].get("prompt_tokens", 0) < limits.clear_at:
-        return None
-    cleared = set(session.setdefault("cleared", []))
-    results = [b for m in session["messages"] if m["role"] == "user" for b in m["content"]
-               if b.get("type") == "tool_result"]
-    old = [b for b in results[: max(0, len(results) - limits.keep_results)]
-           if b["tool_use_id"] not in cleared]
-    freed = sum(estimated_tokens(b) for b in old)
-    if not old or freed < limits.clear_at_least:
-        return None
-    session["cleared"] = session["cleared"] + [b["tool_use_id"] for b in old]  # a new list: a
-    # snapshot being written keeps the old one
-    return len(old), freed
-
-
-def sent_view(session):
-    """The history as it is sent: a cleared tool result stands in for itself in a few tokens,
-    and a cache breakpoint marks where the previous request ended, so that request's cache is
-    read whatever this turn added (automatic caching looks back only 20 blocks)."""
-    cleared, messages = set(session.get("cleared", ())), session["messages"]
-    view, calls = list(messages), {}  # messages are shared, never changed: a new one replaces
-    for i, m in enumerate(messages if cleared else ()):
-        if m["role"] == "assistant":
-            calls.update((b["id"], b) for b in m["content"] if b.get("type") == "tool_use")
-        elif any(b.get("tool_use_id") in cleared for b in m["content"]):
-            view[i] = {"role": "user", "content": [
-                placeholder(b, calls) if b.get("type") == "tool_result"
-                and b["tool_use_id"] in cleared else b for b in m["content"]]}
-    previous_end = next((i - 1 for i in range(len(messages) - 1, -1, -1)
-                         if messages[i]["role"] == "assistant"), -1)
-    if previous_end >= 0 and view[previous_end]["role"] == "user":
-        content = view[previous_end]["content"]
-        view[previous_end] = {"role": "user", "content": content[:-1] + [
-            dict(content[-1], cache_control={"type": "ephemeral"})]}
-    return view
-
-
-def placeholder(block, calls):
-    """A cleared tool result: same id, same error flag, a line saying what it was."""
-    call = calls.get(block["tool_use_id"], {})
-    what = f"the result of {call.get('name', 'a tool call')}"
-    if call.get("name") == "read_file":
-        what += " " + shorten(json.dumps(call.get("input"), ensure_ascii=False), 100)
-    return {**{k: v for k, v in block.items() if k in ("type", "tool_use_id", "is_error")},
-            "content": CLEARED.format(what=what)}
-
-
-def build_request(session, limits, final):
-    request = {"model": session["model"], "max_tokens": limits.max_tokens,
-               "system": session["system"], "tools": session["tools"],
-               "messages": sent_view(session),
-               "cache_control": {"type": "ephemeral"},  # caches everything up to the last block
-               "diagnostics": {"previous_message_id": next(  # the API says why a cache missed
-                   (t.get("message_id") for t in reversed(session["turns"])), None)}}
-    if final:
-        request["tool_choice"] = {"type": "none"}
-    if session.get("effort"):
-        request["output_config"] = {"effort": session["effort"]}
-    if base_model(session["model"]) in SHOW_THINKING:  # thinking is on; show what it says
-        request["thinking"] = {"type": "adaptive", "display": "summarized"}
-    if limits.clear_at and limits.context_edit == "server":  # the API clears, in its beta
-        request["betas"] = [CONTEXT_EDIT_BETA]
-        request["context_management"] = {"edits": [{
-            "type": "clear_tool_uses_20250919",
-            "trigger": {"type": "input_tokens", "value": limits.clear_at},
-            "keep": {"type": "tool_uses", "value": limits.keep_results},
-            "clear_at_least": {"type": "input_tokens", "value": limits.clear_at_least}}]}
-    return request
-
-
-EXAMPLE_QUESTION = "scores.csv 里平均分是多少？"  # the article's experiment 1
-TOOL_USE_PROMPT = dict.fromkeys(("claude-haiku-5-5", "claude-sonnet-5-5", "claude-opus-5-5"),
-                                286)  # tokens the API adds with tools (pricing page, 2026-12-02)
-
-
-def count_tokens(client, model, question):
-    """What one request's fixed part costs in input tokens, part by part: three calls to the
-    API's count_tokens endpoint (free; nothing is generated), each adding one part."""
-    def count(**parts):
-        return client.messages.count_tokens(
-            model=model, messages=[{"role": "user", "content": [{"type": "text",
-                                                               "text": question}]}],
-            **parts).input_tokens
-
-    bare, with_system, everything = count(), count(system=SYSTEM_PROMPT), \
-        count(system=SYSTEM_PROMPT, tools=TOOLS)
-    added = TOOL_USE_PROMPT.get(base_model(model))  # from the pricing page, where it says
-    rows = [("the question", bare), ("the system prompt", with_system - bare)]
-    if added is not None and everything - with_system >= added:
-        rows += [(f"the {len(TOOLS)} tool definitions", everything - with_system - added),
-                 ("the tool-use system prompt the API adds", added)]
-    else:
-        rows += [(f"the {len(TOOLS)} tool definitions, with the API's tool-use system prompt",
-                  everything - with_system)]
-    rows.append(("every request starts with", everything))
-    width = max(len(label) for label, _ in rows)
-    return "\n".join([f"{model}, input tokens by the API's count_tokens, for {question!r}:"] +
-                      [f"  {label:<{width}}  {n:>7,}" for label, n in rows])
-
-
-def now():
-    """The time as the transcript and events write it: ISO-8601 UTC, milliseconds."""
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def reply_facts(reply):
-    """What the transcript keeps of a reply besides its content: its id (the next request asks
-    the API about cache misses against it), its prompt size (the clearing trigger), why the
-    cache missed and what the API cleared, where it said so."""
-    message = reply.message
-    facts = {"message_id": message.get("id") if isinstance(message.get("id"), str) else None,
-             "prompt_tokens": prompt_tokens(billed(reply.usages[-1])[-1]),
-             "cache_miss": fields(message.get("diagnostics")).get("cache_miss_reason")}
-    edits = fields(message.get("context_management")).get("applied_edits")
-    return {**facts, **({"context_edits": edits} if isinstance(edits, list) else {})}
-
-
-def run_session(client, session, limits, ctx, report, save):
-    """The turn loop. Returns the Stop; the caller maps exceptions to stops."""
-    first = max([t["turn"] for t in session["turns"]], default=0) + 1
-    last_turn, used = first + limits.max_turns - 1, empty_usage()
-    for turn in range(first, last_turn + 1):
-        check_cancelled(ctx.cancel)
-        if turn == last_turn:
-            mark_final_turn(session["messages"])
-        started, record = time.monotonic(), {"turn": turn, "started_at": now()}
-        report.turn_start(turn)
-        cleared = clear_old_results(session, limits)
-        if cleared:
-            record["cleared"] = {"tool_results": cleared[0], "estimated_tokens": cleared[1]}
-            report.line(f"cleared {plural(cleared[0], 'old tool result')} (about {cleared[1]} "
-                        "tokens) from what is sent; the history keeps them")
-        reply = request_turn(client, build_request(session, limits, final=turn == last_turn),
-                             limits, report, ctx.cancel)
-        content, notes = check_reply(reply.message)
-        record.update(stop_reason=reply.message.get("stop_reason"), usage=empty_usage(),
-                      request_id=reply.request_id, attempts=reply.attempts,
-                      retries=reply.retries, seconds=round(time.monotonic() - started, 3),
-                      api_seconds=round(reply.api_seconds, 3), tool_calls=[], notes=notes,
-                      **reply_facts(reply))
-        for usage in reply.usages:  # a retried cut tool call was billed too
-            add_usage(record["usage"], usage_record(session["model"], usage))
-        add_usage(used, record["usage"])
-        session["turns"].append(record)
-        if content:
-            session["messages"].append({"role": "assistant", "content": content})
-        report.turn(record)
-        stop = check_stop(reply.message, content, turn, last_turn, used, limits, reply.cut)
-        tool_uses = [] if stop else [b for b in content if b["type"] == "tool_use"]
-        if tool_uses:  # pause_turn has none: the paused content itself is the next request's end
-            results, record["tool_calls"] = run_tools(tool_uses, ctx, report)
-            session["messages"].append({"role": "user", "content": results})
-        record["seconds"] = round(time.monotonic() - started, 3)  # tools included
-        report.turn_end(record)
-        if stop:
-            return stop
-        save(session)
-    raise AssertionError("check_stop always stops at the last turn")
-
-
-def request_host(exc):
-    """The host a failed request went to, if the exception knows."""
-    for e in (exc, exc.__cause__):
-        try:
-            return e.request.url.host
-        except Exception:
-            continue
-    return None
-
-
-def api_message(exc):
-    """The server's own error message (either error shape), for stderr and the transcript."""
-    body = getattr(exc, "body", None)
-    error = body.get("error") if isinstance(body, dict) else None
-    if isinstance(error, dict):  # the API's {"type": "error", "error": {...}}, or a server's
-        kind = error.get("type") or error.get("code") or "error"
-        text = f"{kind}: {error.get('message', '')}"
-    else:
-        text = error if isinstance(error, str) else (str(exc) or type(exc).__name__)
-    host = request_host(exc) if transport_error(exc) else None
-    text += f" (talking to {host})" if host and host not in text else ""
-    status = getattr(exc, "status_code", None)
-    return f"{status} {text}" if isinstance(status, int) and status >= 400 else text
-
-
-CONTEXT_ERROR = re.compile(r"prompt is too long|context (window|length|size)|exceeds the "
-                           r"(available )?context|maximum context", re.I)
-
-
-def stop_for(exc):
-    """The Stop an exception out of the loop means: the API's or the network's, or a bug."""
-    if getattr(exc, "status_code", None) is None and not transport_error(exc) \
-            and not type(exc).__module__.startswith("anthropic"):
-        return Stop("error", f"{type(exc).__name__}: {exc}")
-    detail = api_message(exc)
-    if getattr(exc, "status_code", None) == 401:
-        detail += " (check ANTHROPIC_API_KEY)"
-    if getattr(exc, "status_code", None) == 400 and CONTEXT_ERROR.search(detail):
-        return Stop("model_context_window_exceeded", detail)
-    return Stop("api_error", detail)
-
-
-def drive(client, session, limits, ctx, report, save):
-    """Run the loop to a Stop, whatever happens; the transcript is saved either way."""
-    retries = []
-    try:
-        stop = run_session(client, session, limits, ctx, report, save)
-    except (KeyboardInterrupt, Interrupted):
-        stop = Stop("interrupted", STOPPED)
-    except Exception as exc:
-        stop, retries = stop_for(exc), getattr(exc, "retries", [])
-    session["stop"] = {"reason": stop.reason, "detail": redact(stop.detail),
-                       "exit_code": EXIT_CODES[stop.reason]}
-    if retries:  # the attempts of the turn that failed
-        session["stop"]["retries"] = retries
-    session["answer"] = final_text(session) if stop.reason in TEXT_STOPS else None
-    session["usage"] = total_usage(session)
-    session["ended_at"] = now()
-    save(session, final=True)
-    return stop
-
-
-def final_text(session):
-    """The text of the last assistant message, or None if it has none."""
-    last = session["messages"][-1] if session["messages"] else None
-    if not last or last["role"] != "assistant":
-        return None
-    text = "".join(b.get("text", "") for b in last["content"] if b.get("type") == "text")
-    return text or None
-
-
-# --- transcript and events ---
-
-def new_session(question, model, workdir, effort, run_id=None):
-    return {"version": TRANSCRIPT_VERSION, "agent_version": AGENT_VERSION,
-            "run_id": run_id or uuid.uuid4().hex, "started_at": now(), "ended_at": None,
-            "model": model, "effort": effort, "system": SYSTEM_PROMPT, "tools": TOOLS,
-            "workdir": str(workdir), "question": question,
-            "messages": [{"role": "user", "content": [{"type": "text", "text": question}]}],
-            "turns": [], "stop": None, "answer": None, "usage": empty_usage()}
-
-
-def total_usage(session):
-    total = empty_usage()
-    for record in session["turns"]:
-        add_usage(total, record["usage"])
-    return total
-
-
-class UsageError(Exception):
-    """A mistake on the command line: exit 2, nothing sent."""
-
-
-ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # made once, not per call
-
-
-def dump(document):
-    """A document as the bytes agent.py writes: one line of JSON (the C encoder), secrets
-    redacted, text that is not valid Unicode (a lone surrogate) kept as its JSON escape."""
-    text = redact(ENCODER.encode(document))
-    return text.encode("utf-8", "backslashreplace") + b"\n"
-
-
-class OutputFile:
-    """A file agent.py rewrites whole (a transcript, a trials summary): checked before the first
-    request, outside the workdir, replaced atomically and never written through a symlink."""
-
-    def __init__(self, path, workdir, flag="--transcript"):
-        path = Path(os.path.abspath(path))
-        parent = Path(os.path.realpath(path.parent))
-        self.path, self.name = path, path.name
-        if workdir is not None and (parent / self.name).is_relative_to(workdir):
-            trusted = " (and --resume would trust it)" if flag == "--transcript" else ""
-            raise UsageError(f"{flag} {path} is inside the workdir {workdir}, where the model's "
-                             f"code could rewrite it{trusted}: put it outside, e.g. next to the "
-                             "workdir")
-        try:
-            self.dir_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError as e:
-            raise UsageError(f"{flag} {path}: the directory {parent} {'does not exist' if e.errno == errno.ENOENT else e.strerror}")
-        try:
-            if stat.S_ISDIR(os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False).st_mode):
-                raise UsageError(f"{flag} {path} is a directory; give a file name")
-        except FileNotFoundError:
-            pass
-        try:
-            self.write(b"")  # proves the directory writable before anything is paid for
-            os.unlink(self.temp, dir_fd=self.dir_fd)
-        except OSError as e:
-            raise UsageError(f"{flag} {path} cannot be written: {e.strerror}")
-
-    def write(self, data, durable=False):
-        """Write `data` to a new file beside the target, then swap it in for the target. A turn's
-        save swaps the two names (RENAME_EXCHANGE) and unlinks the old file: as atomic as a
-        rename, and five times cheaper on ext4, whose rename over a file forces the new one's
-        blocks out. `durable` (the last save) fsyncs and renames, to survive a power cut too."""
-        self.temp = f".{self.name}.{os.getpid()}.{threading.get_ident()}.tmp"
-        fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW |
-                     os.O_CLOEXEC, 0o600, dir_fd=self.dir_fd)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                if durable:
-                    f.flush()
-                    os.fsync(f.fileno())
-            if not data:
-                return
-            if not durable and getattr(LIBC, "renameat2", None) and LIBC.renameat2(
-                    self.dir_fd, self.temp.encode(), self.dir_fd, self.name.encode(), 2) == 0:
-                os.unlink(self.temp, dir_fd=self.dir_fd)  # now the old transcript
-            else:  # the first save, or no RENAME_EXCHANGE here
-                os.replace(self.temp, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
-        except BaseException:
-            try:
-                os.unlink(self.temp, dir_fd=self.dir_fd)
-            except OSError:
-                pass
-            raise
-
-
-# The published schemas (python agent.py --schema transcript|events|summary), JSON Schema
-# draft 2020-12. Within a version fields are only added, so a reader should let unknown ones
-# pass; the fields added after a version's first release are optional here.
-STRING, COUNT, NUMBER, BOOL = {"type": "string"}, {"type": "integer", "minimum": 0}, \
-    {"type": "number"}, {"type": "boolean"}
-TIME = {"type": "string", "format": "date-time"}
-
-
-def nullable(schema):
-    return {"anyOf": [schema, {"type": "null"}]}
-
-
-def array(items):
-    return {"type": "array", "items": items}
-
-
-def obj(required, optional=None):
-    return {"type": "object", "required": sorted(required),
-            "properties": {**required, **(optional or {})}}
-
-
-USAGE_SCHEMA = obj({**{k: COUNT for k in COUNTS + ("tokens",)}, "cost_usd": nullable(NUMBER)})
-RETRY_SCHEMA = obj({"attempt": COUNT, "status": nullable({"type": "integer"}), "error": STRING,
-                    "delay": NUMBER})
-LABEL = {"enum": list(EXIT_CODES)}
-TRANSCRIPT_SCHEMA = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "title": f"agent.py transcript, version {TRANSCRIPT_VERSION}",
-    **obj({"version": {"const": TRANSCRIPT_VERSION}, "model": STRING,
-           "effort": nullable({"enum": list(EFFORTS)}), "system": STRING,
-           "tools": array({"type": "object"}), "workdir": STRING, "question": STRING,
-           "messages": array(obj({"role": {"enum": ["user", "assistant"]}, "content": {
-               **array({**obj({"type": STRING}), "additionalProperties": True}),  # API blocks
-               "minItems": 1}})),
-           "turns": array(obj(
-               {"turn": COUNT, "stop_reason": nullable(STRING), "usage": USAGE_SCHEMA,
-                "request_id": nullable(STRING), "seconds": NUMBER,
-                "tool_calls": array(obj({"id": STRING, "name": STRING, "is_error": BOOL,
-                                         "seconds": NUMBER},
-                                        {"declined": BOOL, "exit_code": nullable(
-                                            {"type": "integer"}), "bytes": COUNT}))},
-               {"started_at": TIME, "attempts": COUNT, "retries": array(RETRY_SCHEMA),
-                "api_seconds": NUMBER, "notes": array(STRING), "message_id": nullable(STRING),
-                "prompt_tokens": COUNT, "cache_miss": nullable({"type": "object"}),
-                "context_edits": array({"type": "object"}),
-                "cleared": obj({"tool_results": COUNT, "estimated_tokens": COUNT})})),
-           "stop": nullable(obj({"reason": LABEL, "detail": STRING},
-                                {"exit_code": {"type": "integer"},
-                                 "retries": array(RETRY_SCHEMA)})),
-           "answer": nullable(STRING), "usage": USAGE_SCHEMA},
-          {"agent_version": STRING, "run_id": STRING, "started_at": TIME,
-           "ended_at": nullable(TIME), "trial": COUNT, "cleared": array(STRING)})}
-EVENT_TYPES = {  # type -> (fields it always has, fields it may have)
-    "run.start": ({"schema_version": {"const": EVENTS_VERSION}, "agent_version": STRING,
-                   "model": STRING, "workdir": STRING, "question": nullable(STRING),
-                   "limits": {"type": "object"}, "sandbox": {"type": "object"}},
-                  {"resumed_from": STRING, "trials": COUNT}),
-    "sandbox": ({"status": STRING, "confined": BOOL}, {}),
-    "turn.start": ({"turn": COUNT}, {}),
-    "text": ({"turn": COUNT, "text": STRING}, {"thinking": BOOL}),
-    "api.retry": ({"turn": COUNT, "attempt": COUNT, "status": nullable({"type": "integer"}),
-                   "error": STRING, "delay": NUMBER}, {}),
-    "tool.start": ({"turn": COUNT, "id": STRING, "name": STRING, "input": {}}, {}),
-    "tool.end": ({"turn": COUNT, "id": STRING, "name": STRING, "is_error": BOOL,
-                  "declined": BOOL, "exit_code": nullable({"type": "integer"}), "bytes": COUNT,
-                  "seconds": NUMBER, "withheld": BOOL}, {}),
-    "turn.end": ({"turn": COUNT, "stop_reason": nullable(STRING), "usage": USAGE_SCHEMA,
-                  "request_id": nullable(STRING), "attempts": COUNT, "seconds": NUMBER,
-                  "api_seconds": NUMBER, "tool_calls": COUNT, "notes": array(STRING)}, {}),
-    "trial.start": ({"transcript": nullable(STRING)}, {}),
-    "trial.end": ({"index": COUNT, "stop": LABEL, "passed": BOOL, "turns": COUNT,
-                   "tokens": COUNT, "cost_usd": nullable(NUMBER), "seconds": NUMBER,
-                   "transcript": nullable(STRING)}, {}),
-    "trials.summary": ({"summary": {"type": "object"}}, {}),
-    "run.stop": ({"stop": nullable(LABEL), "detail": STRING, "exit_code": {"type": "integer"},
-                  "answer": nullable(STRING), "usage": nullable(USAGE_SCHEMA),
-                  "turns": nullable(COUNT), "seconds": nullable(NUMBER)}, {}),
-}
-EVENT_COMMON = {"type": {"enum": list(EVENT_TYPES)}, "seq": COUNT, "at": TIME, "run_id": STRING}
-EVENTS_SCHEMA = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "title": f"agent.py event (one JSON Lines record), version {EVENTS_VERSION}",
-    "oneOf": [{**obj({**EVENT_COMMON, "type": {"const": kind}, **always},
-                     {"trial": COUNT, **maybe})} for kind, (always, maybe) in EVENT_TYPES.items()]}
-TRIAL_SCHEMA = obj({"index": COUNT, "stop": LABEL, "turns": COUNT, "tokens": COUNT,
-                    "cost_usd": nullable(NUMBER), "seconds": NUMBER, "passed": BOOL,
-                    "transcript": nullable(STRING)})
-SPREAD = obj({"mean": nullable(NUMBER), "median": nullable(NUMBER)})
-SUMMARY_SCHEMA = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "title": f"agent.py trials summary, version {SUMMARY_VERSION}",
-    **obj({"version": {"const": SUMMARY_VERSION}, "kind": {"const": "trials"},
-           "agent_version": STRING, "requested": COUNT, "n": COUNT, "scored": COUNT,
-           "passes": COUNT, "failed": COUNT, "errored": COUNT, "pass@1": nullable(NUMBER),
-           "pass@1_wilson95": nullable({**array(NUMBER), "minItems": 2, "maxItems": 2}),
-           "pass_at_k": {"type": "object", "additionalProperties": NUMBER},
-           "pass_hat_k": {"type": "object", "additionalProperties": NUMBER},
-           "stops": {"type": "object", "additionalProperties": COUNT},
-           "per_trial": obj({k: SPREAD for k in ("turns", "tokens", "cost_usd", "seconds")}),
-           "tokens": COUNT, "cost_usd": nullable(NUMBER), "trials": array(TRIAL_SCHEMA),
-           "interrupted": BOOL, "question": STRING, "model": STRING,
-           "expect": obj({"regex": nullable(STRING), "tool": nullable(STRING),
-                          "stop": nullable(STRING)}),
-           "decline_message": STRING})}
-SCHEMAS = {"transcript": TRANSCRIPT_SCHEMA, "events": EVENTS_SCHEMA, "summary": SUMMARY_SCHEMA}
-
-
-class Saver:
-    """Keeps a transcript on disk: after every turn, before the next request (so before any
-    tool of the next turn runs), and at the end, fsynced. Each message and turn is encoded
-    once, so a save costs what is new plus one write of the file (tests/bench_loop.py: a
-    background thread for it was slower, fighting the loop for the GIL)."""
-
-    def __init__(self, output):
-        self.output = output
-        self.done = {"messages": [], "turns": []}  # their finished items, encoded once
-        self.fixed = {}  # key: (value, b'"key":value') for values that cannot change in place
-
-    def __call__(self, session, final=False):
-        if self.output:
-            self.output.write(self.encode(session), durable=final)
-
-    def encode(self, document):
-        """dump(document), byte for byte, but each message and turn is encoded once (the lists
-        only grow and only the last of each can still change), and so is a field that keeps a
-        value which cannot change in place: a save costs what is new."""
-        fields = []
-        for key, value in document.items():
-            if key in self.done:
-                done = self.done[key]
-                done.extend(dump(item)[:-1] for item in value[len(done):-1])
-                last = [dump(item)[:-1] for item in value[-1:]]
-                fields.append(dump(key)[:-1] + b":[" + b",".join(done + last) + b"]")
-                continue
-            known, encoded = self.fixed.get(key, (None, None))
-            if encoded is None or known is not value:
-                encoded = dump(key)[:-1] + b":" + dump(value)[:-1]
-                if value is TOOLS or isinstance(value, (str, int, float, type(None))):
-                    self.fixed[key] = value, encoded
-            fields.append(encoded)
-        return b"{" + b",".join(fields) + b"}\n"
-
-
-class Events:
-    """The event stream (--events): JSON Lines, each event written and flushed as it happens,
-    each with type, seq, at and run_id. Shared by concurrent trials, so it takes a lock. A
-    reader that goes away (a closed pipe) ends the stream, never the run."""
-
-    def __init__(self, stream, run_id, owned=False):
-        self.stream, self.run_id, self.seq, self.lock = stream, run_id, 0, threading.Lock()
-        self.owned = owned  # a file of its own to close, not stdout
-
-    @classmethod
-    def open(cls, path, workdir, run_id):
-        """`-` is stdout; a file is created like a transcript: outside the workdir, no symlink."""
-        if path == "-":
-            return cls(sys.stdout.buffer, run_id)
-        out = OutputFile(path, workdir, "--events")
-        fd = os.open(out.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW |
-                     os.O_CLOEXEC, 0o600, dir_fd=out.dir_fd)
-        return cls(os.fdopen(fd, "wb"), run_id, owned=True)
-
-    def emit(self, kind, trial=None, **fields):
-        with self.lock:
-            if self.stream is None:
-                return
-            self.seq += 1
-            event = {"type": kind, "seq": self.seq, "at": now(), "run_id": self.run_id}
-            event.update({"trial": trial} if trial else {}, **fields)
-            try:
-                self.stream.write(dump(event))
-                self.stream.flush()
-            except (OSError, ValueError):
-                self.stream = None
-
-    def close(self):
-        with self.lock:
-            if self.stream is not None and self.owned:
-                self.stream.close()
-            self.stream = None
-
-
-def run_stop_event(report, stop, session, started):
-    """The event that always ends a stream: how the run stopped, with its totals."""
-    report.emit("run.stop", stop=stop.reason, detail=stop.detail,
-                exit_code=EXIT_CODES[stop.reason], answer=session and session.get("answer"),
-                usage=session["usage"] if session else empty_usage(),
-                turns=len(session["turns"]) if session else 0,
-                seconds=round(time.monotonic() - started, 3))
-
-
-def is_str(value, empty=False):
-    return isinstance(value, str) and (empty or bool(value))
-
-
-BLOCK_FIELDS = {  # what --resume checks in each kind of block before sending it anywhere
-    "text": {"text": str}, "tool_use": {"id": str, "name": str, "input": dict},
-    "tool_result": {"tool_use_id": str}, "thinking": {"thinking": str, "signature": str},
-    "redacted_thinking": {"data": str}}
-
-
-def transcript_problem(session):
-    """What makes `session` unfit to resume, or None: every field resume reads, types included,
-    and the tool_use/tool_result pairing the API requires."""
-    if not isinstance(session, dict):
-        return "it is not a JSON object"
-    if session.get("version") != TRANSCRIPT_VERSION:
-        return f"its version is {session.get('version')!r}, not {TRANSCRIPT_VERSION}"
-    for key, kind in (("model", str), ("workdir", str), ("messages", list), ("turns", list)):
-        if not isinstance(session.get(key), kind) or not session[key] and kind is not list:
-            return f"{key} is missing or not a {kind.__name__}"
-    if session.get("effort") not in (None, *EFFORTS):
-        return "effort is not one of " + ", ".join(EFFORTS)
-    if not isinstance(session.get("stop"), (dict, type(None))):
-        return "stop is not an object"
-    if not session["messages"]:
-        return "it has no messages"
-    asked = set()
-    for i, m in enumerate(session["messages"]):
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant") \
-                or not isinstance(m.get("content"), list) or not m["content"]:
-            return f"messages[{i}] is not a message with a role and content"
-        for j, b in enumerate(m["content"]):
-            fields = BLOCK_FIELDS.get(b.get("type"), {}) if isinstance(b, dict) else None
-            if fields is None or not is_str(b.get("type")) or any(
-                    not isinstance(b.get(k), t) for k, t in fields.items()):
-                return f"messages[{i}].content[{j}] is not a well-formed block"
-            if b["type"] == "tool_result" and (m["role"] != "user" or b["tool_use_id"] not in asked):
-                return f"messages[{i}].content[{j}] answers a tool_use that is not just before it"
-        answered = {b.get("tool_use_id") for b in m["content"] if b["type"] == "tool_result"}
-        if asked - answered:
-            return f"messages[{i}] leaves tool_use {sorted(asked - answered)[0]} unanswered"
-        asked = {b["id"] for b in m["content"] if b["type"] == "tool_use"}
-    for i, t in enumerate(session["turns"]):
-        usage = t.get("usage") if isinstance(t, dict) else None
-        if not isinstance(t, dict) or not isinstance(t.get("turn"), int) \
-                or not isinstance(usage, dict) \
-                or any(not isinstance(usage.get(k), int) for k in COUNTS + ("tokens",)) \
-                or not isinstance(usage.get("cost_usd"), (int, float, type(None))):
-            return f"turns[{i}] is not a turn record with its usage"
-    return None
-
-
-def load_transcript(path, workdir=None):
-    """Read a saved transcript for --resume, or raise UsageError saying what is wrong."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as f:
-            session = json.loads(f.read().decode("utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"cannot resume: {path} does not exist")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UsageError(f"cannot resume: {path} is not a readable JSON transcript ({e})")
-    problem = transcript_problem(session)
-    if problem:
-        raise UsageError(f"cannot resume: {path} is not a version {TRANSCRIPT_VERSION} "
-                         f"agent.py transcript: {problem}")
-    return session
-
-
-def prepare_resume(session, question):
-    """Make the saved history valid to send again, then add the follow-up question. Returns
-    the session and how many pending tool calls were answered "not run"."""
-    messages = session["messages"]
-    last = messages[-1]
-    pending = [b for b in last["content"] if b.get("type") == "tool_use"]
-    if last["role"] == "assistant" and pending:  # the token budget leaves these unanswered
-        why = (session.get("stop") or {}).get("reason", "unknown")
-        messages.append({"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": b["id"], "is_error": True,
-             "content": f"not run: the previous session stopped ({why}) before this call ran. "
-                        "Call it again if you still need it."} for b in pending]})
-    if (session.get("stop") or {}).get("reason") == "refusal" and last["role"] == "assistant":
-        messages.pop()  # continuing after a refusal needs the refused turn removed
-    paused = (session["turns"] or [{}])[-1].get("stop_reason") == "pause_turn"
-    if question:
-        if messages[-1]["role"] == "user":
-            messages[-1]["content"].append({"type": "text", "text": question})
-        else:
-            messages.append({"role": "user", "content": [{"type": "text", "text": question}]})
-    elif messages[-1]["role"] == "assistant" and not paused:
-        reason = (session.get("stop") or {}).get("reason", "finished")
-        raise UsageError(f"the transcript is finished (stop: {reason}); give a follow-up "
-                         "question to continue it")
-    # What the model may do comes from this agent.py, never from a file: only history is data.
-    session.update(system=SYSTEM_PROMPT, tools=TOOLS, stop=None, answer=None, ended_at=None,
-                   agent_version=AGENT_VERSION)
-    session.setdefault("run_id", uuid.uuid4().hex)
-    return session, len(pending) if last["role"] == "assistant" else 0
-
-
-# --- trials: how stable is a behaviour ---
-
-def passed(session, expect):
-    """Did a trial meet every --expect condition (or, with none, stop with end_turn)?"""
-    stop = (session.get("stop") or {}).get("reason")
-    if stop in ("api_error", "error"):  # a failed session never passes, whatever it did
-        return False
-    if not any(expect.values()):
-        return stop == "end_turn"
-    if expect["regex"] and not re.search(expect["regex"], session.get("answer") or ""):
-        return False
-    if expect["tool"] and not any(c["name"] == expect["tool"]
-                                  for t in session["turns"] for c in t["tool_calls"]):
-        return False
-    return not expect["stop"] or stop == expect["stop"]
-
-
-def pass_at_k(n, c, k):
-    """Unbiased pass@k: the chance that at least one of k trials drawn from n passes."""
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-def pass_hat_k(n, c, k):
-    """pass^k: the chance that k trials drawn from n all pass."""
-    return math.comb(c, k) / math.comb(n, k)
-
-
-def trial_path(path, index):
-    """run.json -> run.1.json: where trial `index` keeps its transcript."""
-    p = Path(path)
-    return str(p.with_name(f"{p.stem}.{index}{p.suffix}"))
-
-
-INFRA_STOPS = ("api_error", "error", "interrupted")  # the harness's or the network's, not the model's
-
-
-def wilson(passes, n, z=1.96):
-    """The Wilson score interval (95%) for a pass rate of passes/n."""
-    if n == 0:
-        return None
-    p, d = passes / n, 1 + z * z / n
-    centre, half = (p + z * z / (2 * n)) / d, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return [round(max(0.0, centre - half), 6), round(min(1.0, centre + half), 6)]
-
-
-def spread(values):
-    """Mean and median of the values that are known."""
-    known = [v for v in values if v is not None]
-    return {"mean": round(statistics.fmean(known), 6) if known else None,
-            "median": round(statistics.median(known), 6) if known else None}
-
-
-def summarize(trials, requested):
-    """The summary of the trials that ran. Model failures (a trial that did not pass) are kept
-    apart from infrastructure failures (api_error, error, interrupted): pass@k and pass^k count
-    only the trials that finished without one, as tau-bench does."""
-    trials = sorted(trials, key=lambda t: t["index"])
-    scored = [t for t in trials if t["stop"] not in INFRA_STOPS]
-    n, c = len(scored), sum(t["passed"] for t in scored)
-    costs = [t["cost_usd"] for t in trials]
-    return {"version": SUMMARY_VERSION, "kind": "trials", "agent_version": AGENT_VERSION,
-            "requested": requested, "n": len(trials), "scored": n, "passes": c,
-            "failed": n - c, "errored": len(trials) - n,
-            "pass@1": c / n if n else None, "pass@1_wilson95": wilson(c, n),
-            "pass_at_k": {str(k): pass_at_k(n, c, k) for k in range(1, n + 1)},
-            "pass_hat_k": {str(k): pass_hat_k(n, c, k) for k in range(1, n + 1)},
-            "stops": {label: sum(t["stop"] == label for t in trials)
-                      for label in sorted({t["stop"] for t in trials})},
-            "per_trial": {key: spread([t[key] for t in trials])
-                          for key in ("turns", "tokens", "cost_usd", "seconds")},
-            "tokens": sum(t["tokens"] for t in trials),
-            "cost_usd": None if None in costs else round(sum(costs), 10),
-            "trials": trials}
-
-
-# --- report: one self-contained HTML file from a transcript or a trials summary ---
-#
-# Everything in a transcript is untrusted (the model wrote it, or a script rewrote it): every
-# string is HTML-escaped, and the page has no script at all and a Content-Security-Policy that
-# allows none, loads nothing (no font, image or style from anywhere) and submits nothing.
-
-CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:70em;color:#222}
-h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ddd}
-.q{font-size:1.1em;background:#f6f6f6;padding:.6em;white-space:pre-wrap}
-.cards{display:flex;flex-wrap:wrap;gap:.6em}.card{border:1px solid #ddd;border-radius:6px;
-padding:.4em .8em}.card b{display:block;font-size:1.2em}table{border-collapse:collapse}
-td,th{border-bottom:1px solid #eee;padding:.25em .6em;text-align:left;vertical-align:top}
-pre{white-space:pre-wrap;word-break:break-word;margin:.3em 0;background:#fafafa;padding:.4em}
-.ok{color:#176317}.error{color:#a11}.declined,.withheld{color:#8a5a00}.chip{display:inline-block;
-border:1px solid #ccc;border-radius:4px;padding:0 .4em;margin:.1em}.msg{margin:.6em 0}
-.role{font-weight:bold}.seg-input{fill:#4e79a7}.seg-write{fill:#f28e2b}.seg-read{fill:#59a14f}
-.seg-output{fill:#e15759}.cost{fill:none;stroke:#222;stroke-width:2}.axis{font-size:11px}
-.legend span{display:inline-block;width:.8em;height:.8em;margin:0 .3em 0 1em}
-.l-input{background:#4e79a7}.l-write{background:#f28e2b}.l-read{background:#59a14f}
-.l-output{background:#e15759}.l-cost{background:#222;height:.2em!important}
-.line-at{fill:none;stroke:#4e79a7;stroke-width:2}.line-hat{fill:none;stroke:#e15759;stroke-width:2;
-stroke-dasharray:6 4}"""
-SEGMENTS = (("input_tokens", "input", "fresh input"), ("cache_creation_input_tokens", "write",
-            "cache writes"), ("cache_read_input_tokens", "read", "cache reads"),
-            ("output_tokens", "output", "output"))
-
-
-def esc(value):
-    return html.escape(str(value), quote=True)
-
-
-def num(value, default=0):
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else default
-
-
-def money(value):
-    return "unknown" if not isinstance(value, (int, float)) else f"${value:.6f}"
-
-
-def page(title, body):
-    """The whole document: no script, nothing loaded, styles only through this nonce."""
-    nonce = uuid.uuid4().hex
-    policy = (f"default-src 'none'; style-src 'nonce-{nonce}'; img-src 'none'; script-src "
-              "'none'; base-uri 'none'; form-action 'none'")
-    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
-            f'<meta http-equiv="Content-Security-Policy" content="{policy}">'
-            f'<meta name="viewport" content="width=device-width"><title>{esc(title)}</title>'
-            f'<style nonce="{nonce}">{CSS}</style></head><body>{body}</body></html>\n')
-
-
-def token_chart(turns):
-    """Per-turn stacked bars of what each request cost in tokens, with the running cost."""
-    width, height, left, bottom = 760, 260, 60, 30
-    rows = items(turns)
-    peak = max([sum(num(fields(t.get("usage")).get(k)) for k, _, _ in SEGMENTS) for t in rows]
-               + [1])
-    costs, total = [], 0.0
-    for t in rows:
-        total += num(fields(t.get("usage")).get("cost_usd"))
-        costs.append(total)
-    step = (width - left - 20) / max(len(rows), 1)
-    bar = max(step * 0.7, 1)
-    parts = [f'<svg class="tokens" width="{width}" height="{height}" viewBox="0 0 {width} '
-             f'{height}" role="img" aria-label="tokens per turn">',
-             f'<text class="axis" x="4" y="14">{peak:,} tokens</text>',
-             f'<line x1="{left}" y1="{height - bottom}" x2="{width - 10}" y2="{height - bottom}" '
-             'stroke="#999"/>']
-    for i, t in enumerate(rows):
-        usage, y = fields(t.get("usage")), height - bottom
-        x = left + i * step + (step - bar) / 2
-        parts.append('<g class="turn">')
-        for key, cls, label in SEGMENTS:
-            h = num(usage.get(key)) / peak * (height - bottom - 20)
-            y -= h
-            parts.append(f'<rect class="bar seg-{cls}" x="{x:.1f}" y="{y:.1f}" width="{bar:.1f}" '
-                         f'height="{h:.1f}"><title>turn {esc(t.get("turn"))}: '
-                         f'{num(usage.get(key)):,} {label}</title></rect>')
-        parts.append(f'<text class="axis" x="{x + bar / 2:.1f}" y="{height - 12}" '
-                     f'text-anchor="middle">{esc(t.get("turn", i + 1))}</text></g>')
-    if total > 0:
-        points = " ".join(f"{left + i * step + step / 2:.1f},"
-                          f"{height - bottom - c / total * (height - bottom - 20):.1f}"
-                          for i, c in enumerate(costs))
-        parts.append(f'<polyline class="cost" points="{points}"><title>running cost, up to '
-                     f'{money(total)}</title></polyline>')
-        parts.append(f'<text class="axis" x="{width - 10}" y="14" text-anchor="end">'
-                     f'{money(total)}</text>')
-    legend = "".join(f'<span class="l-{cls}"></span>{label}' for _, cls, label in SEGMENTS)
-    return "".join(parts) + f'</svg><p class="legend">{legend}<span class="l-cost"></span>' \
-                            "running cost</p>"
-
-
-def block_html(block):
-    """One content block of the conversation; long and hidden things collapsed."""
-    kind = block.get("type")
-    if kind == "text":
-        return f"<pre>{esc(block.get('text', ''))}</pre>"
-    if kind == "tool_use":
-        given = block.get("input")
-        shown = given["code"] if isinstance(given, dict) and isinstance(given.get("code"), str) \
-            else json.dumps(given, ensure_ascii=False, indent=1)  # code as code, the rest as JSON
-        return (f'<div><span class="chip">{esc(block.get("name"))}</span> <code>'
-                f'{esc(block.get("id"))}</code><pre>{esc(shown)}</pre></div>')
-    if kind == "tool_result":
-        body = block.get("content")
-        body = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
-        state = "error" if block.get("is_error") else "ok"
-        return (f'<details><summary class="{state}">result for {esc(block.get("tool_use_id"))}'
-                f': {state}, {len(body):,} characters</summary><pre>{esc(body)}</pre></details>')
-    if kind == "thinking":
-        return (f"<details><summary>thinking</summary><pre>{esc(block.get('thinking', ''))}"
-                "</pre></details>")
-    return f"<details><summary>{esc(kind)}</summary><pre>{esc(json.dumps(block, ensure_ascii=False)[:5000])}</pre></details>"
-
-
-def run_report(t):
-    """The report of one run: what was asked, how it ended, what each turn cost and did."""
-    turns, usage, stop = items(t.get("turns")), fields(t.get("usage")), fields(t.get("stop"))
-    prompt = sum(num(usage.get(k)) for k, _, _ in SEGMENTS[:3])
-    share = f"{num(usage.get('cache_read_input_tokens')) / prompt:.0%}" if prompt else "n/a"
-    seconds = sum(num(x.get("seconds")) for x in turns)
-    cards = [("stop", f"{stop.get('reason', 'running')} (exit {stop.get('exit_code', '?')})"),
-             ("turns", len(turns)), ("tokens", f"{num(usage.get('tokens')):,}"),
-             ("cost", money(usage.get("cost_usd"))), ("time", f"{seconds:.1f} s"),
-             ("cache-read share of the prompt", share)]
-    body = [f"<h1>agent.py run</h1><div class=\"q\">{esc(t.get('question', ''))}</div>",
-            f"<p>model <b>{esc(t.get('model'))}</b> · workdir <code>{esc(t.get('workdir'))}"
-            f"</code> · run <code>{esc(t.get('run_id', '?'))}</code> · started "
-            f"{esc(t.get('started_at', '?'))}</p>",
-            '<div class="cards">' + "".join(f'<div class="card">{esc(k)}<b>{esc(v)}</b></div>'
-                                             for k, v in cards) + "</div>",
-            f"<p>{esc(stop.get('detail', ''))}</p>"]
-    if t.get("answer"):
-        body.append(f"<h2>Answer</h2><pre>{esc(t['answer'])}</pre>")
-    body.append("<h2>Tokens per turn</h2>" + token_chart(turns))
-    calls_input = {str(b.get("id")): json.dumps(b.get("input"), ensure_ascii=False)
-                   for m in items(t.get("messages")) for b in items(m.get("content"))
-                   if b.get("type") == "tool_use"}  # each call's input, for its preview
-    rows = []
-    for x in turns:
-        u, chips = fields(x.get("usage")), []
-        for c in items(x.get("tool_calls")):
-            state = "declined" if c.get("declined") else "error" if c.get("is_error") else "ok"
-            chips.append(f'<span class="chip {state}">{esc(c.get("name"))} '
-                         f'{esc(shorten(calls_input.get(str(c.get("id")), ""), 60))} · {state} · '
-                         f'{num(c.get("seconds")):.2f}s</span>')
-        rows.append(f"<tr><td>{esc(x.get('turn'))}</td><td>{esc(x.get('stop_reason'))}</td>"
-                    f"<td>{num(u.get('tokens')):,}</td><td>{money(u.get('cost_usd'))}</td>"
-                    f"<td>{num(x.get('seconds')):.1f}s ({num(x.get('api_seconds')):.1f}s API)"
-                    f"</td><td>{''.join(chips)}</td></tr>")
-    body.append("<h2>Turns</h2><table><tr><th>turn</th><th>stop</th><th>tokens</th><th>cost"
-                "</th><th>time</th><th>tool calls</th></tr>" + "".join(rows) + "</table>")
-    body.append("<h2>Conversation</h2>")
-    for m in items(t.get("messages")):
-        body.append(f'<div class="msg"><span class="role">{esc(m.get("role"))}</span>'
-                    + "".join(block_html(b) for b in items(m.get("content"))) + "</div>")
-    return page(f"agent.py run: {str(t.get('question', ''))[:80]}", "".join(body))
-
-
-def trials_report(summary, links):
-    """The report of --trials: pass@k and pass^k, and a row per trial linking to its report."""
-    at, hat = fields(summary.get("pass_at_k")), fields(summary.get("pass_hat_k"))
-    ks = sorted((int(k) for k in at if str(k).isdigit()))
-    rows = "".join(f"<tr><td>{k}</td><td>{num(at.get(str(k))):.3f}</td><td>"
-                   f"{num(hat.get(str(k))):.3f}</td></tr>" for k in ks)
-    width, height = 360, 180
-    plot = [f'<svg class="passk" width="{width}" height="{height}" viewBox="0 0 {width} '
-            f'{height}" role="img" aria-label="pass@k and pass^k">']
-    x = lambda k: 30 + (k - 1) / max(len(ks) - 1, 1) * (width - 50)  # noqa: E731
-    for key, values in (("at", at), ("hat", hat)):
-        pts = " ".join(f"{x(k):.1f},{height - 20 - num(values.get(str(k))) * (height - 40):.1f}"
-                       for k in ks)
-        plot.append(f'<polyline class="line-{key}" points="{pts}"/>')
-    plot += [f'<text class="axis" x="{x(k):.1f}" y="{height - 4}" text-anchor="middle">k={k}'
-             '</text>' for k in ks]
-    plot.append('<text class="axis" x="4" y="14">1.0</text><text class="axis" x="4" '
-                f'y="{height - 20}">0</text></svg><p class="legend"><span class="l-input">'
-                '</span>pass@k<span class="l-output"></span>pass^k (dashed; the lines meet '
-                'where every trial passed or none did)</p>')
-    trials = []
-    for tr in items(summary.get("trials")):
-        link = links.get(tr.get("index"))
-        name = f'<a href="{esc(link)}">trial {esc(tr.get("index"))}</a>' if link else \
-            f"trial {esc(tr.get('index'))}"
-        trials.append(f"<tr><td>{name}</td><td>{esc(tr.get('stop'))}</td><td class=\""
-                      f"{'ok' if tr.get('passed') else 'error'}\">{'pass' if tr.get('passed') else 'fail'}"
-                      f"</td><td>{esc(tr.get('turns'))}</td><td>{num(tr.get('tokens')):,}</td>"
-                      f"<td>{money(tr.get('cost_usd'))}</td></tr>")
-    interval = summary.get("pass@1_wilson95")
-    interval = [f"{num(v):.3f}" for v in interval] if isinstance(interval, list) and \
-        len(interval) == 2 else ["?", "?"]
-    p1 = summary.get("pass@1")
-    expect = {k: v for k, v in fields(summary.get("expect")).items() if v}
-    head = (f"<h1>agent.py trials</h1><div class=\"q\">{esc(summary.get('question', ''))}</div>"
-            f"<p>model <b>{esc(summary.get('model', '?'))}</b> · a trial passes when "
-            f"{esc(json.dumps(expect, ensure_ascii=False) if expect else 'it ends with end_turn')}"
-            f" · a declined call tells the model: {esc(summary.get('decline_message', '?'))}</p>"
-            f"<p>{esc(summary.get('n'))} of "
-            f"{esc(summary.get('requested'))} ran: {esc(summary.get('passes'))} passed, "
-            f"{esc(summary.get('failed'))} failed, {esc(summary.get('errored'))} errored "
-            f"(not counted in pass@k). pass@1 = {esc(f'{p1:.3f}' if isinstance(p1, float) else p1)}, 95% Wilson "
-            f"interval {esc(interval[0])}–{esc(interval[1])}.</p>")
-    return page("agent.py trials", head + "<h2>pass@k and pass^k</h2><table><tr><th>k</th><th>"
-                "pass@k</th><th>pass^k</th></tr>" + rows + "</table>" + "".join(plot)
-                + "<h2>Trials</h2><table><tr><th>trial</th><th>stop</th><th>result</th><th>"
-                "turns</th><th>tokens</th><th>cost</th></tr>" + "".join(trials) + "</table>")
-
-
-def write_report(path, output=None):
-    """--report: render a transcript or a trials summary (and each trial it names) as HTML."""
-    try:
-        document = json.loads(Path(path).read_bytes().decode("utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"--report: {path} does not exist")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UsageError(f"--report: {path} is not a readable JSON file ({e})")
-    if not isinstance(document, dict):
-        raise UsageError(f"--report: {path} is neither a transcript nor a trials summary")
-    target = Path(output or Path(path).with_suffix(".html"))
-    links, written = {}, []
-    if document.get("kind") == "trials":
-        for trial in items(document.get("trials")):
-            source, index = trial.get("transcript"), trial.get("index")
-            if isinstance(source, str) and type(index) is int and Path(source).is_file():
-                page_path = target.with_name(f"{target.stem}.{index}.html")  # an int: no path
-                try:
-                    written += write_report(source, page_path)
-                    links[index] = page_path.name
-                except UsageError:
-                    pass  # an unreadable trial transcript: its row has no link
-        text = trials_report(document, links)
-    else:
-        text = run_report(document)
-    OutputFile(target, None, "--report").write(text.encode("utf-8", "backslashreplace"))
-    return written + [str(target)]
 
 
 # --- CLI ---
-
-# Characters a terminal obeys instead of showing: C0 and C1 controls but newline and tab, bidi
-# overrides and isolates, zero-width characters, line and paragraph separators, the BOM; and
-# lone surrogates, which no terminal encoding can carry.
-INVISIBLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e"
-                       "\u2060-\u2069\ufeff\ud800-\udfff]")
-
-
-def visible(text):
-    """Text for a terminal: what would move the cursor, clear or reorder it is shown escaped."""
-    return INVISIBLE.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100
-                         else f"\\u{ord(m[0]):04x}", text)
-
-
-def shorten(text, width):
-    """At most `width` characters, cut after a whole word with an ellipsis."""
-    if len(text) <= width:
-        return text
-    cut = text[: width - 1]
-    space = cut.rfind(" ")
-    return (cut[:space] if space > width // 2 else cut).rstrip() + "…"
-
-
-class Reporter:
-    """Progress, streamed text and prompts on stderr, whole lines under a lock for trials; and
-    the same moments as events, when an event stream is open."""
-
-    lock = threading.Lock()
-
-    def __init__(self, quiet=False, prefix="", stream=None, events=None, trial=None):
-        self.quiet, self.prefix, self.stream = quiet, prefix, stream or sys.stderr
-        self.events, self.trial, self.turn_no = events, trial, None
-        self.pending = ""  # streamed text not yet ended by a newline
-        self.said = ""  # streamed text not yet sent as an event
-        self.thinking = False  # streaming the summary of the model's thinking, not its text
-
-    def write(self, text, always=False):
-        if self.quiet and not always:
-            return
-        with self.lock:
-            self.stream.write(text)
-            self.stream.flush()
-
-    def emit(self, kind, **fields):
-        """An event, after any text streamed before it."""
-        if self.events:
-            if self.said:
-                self.emit_said()
-            if kind != "text.switch":
-                self.events.emit(kind, self.trial, **fields)
-
-    def emit_said(self):
-        extra = {"thinking": True} if self.thinking else {}
-        self.events.emit("text", self.trial, turn=self.turn_no, text=self.said, **extra)
-        self.said = ""
-
-    def line(self, text, always=False):
-        self.flush_text()
-        self.write(f"{self.prefix}{visible(text)}\n", always)
-
-    def text(self, delta, thinking=False):
-        """Model text (or the summary of its thinking) as it streams; with a prefix
-        (concurrent trials) only whole lines."""
-        shown = visible(delta)
-        if thinking != self.thinking:  # a switch: say which is which, on a line of its own
-            self.emit("text.switch")  # (what was said before goes out as its own event)
-            self.thinking = thinking
-            self.flush_text()
-            shown = "[thinking] " + shown if thinking else shown
-        if self.events:  # coalesced: a paragraph, or 2000 characters, an event
-            self.said += delta
-            if len(self.said) >= 2000 or ("\n" in delta and len(self.said) >= 200):
-                self.emit_said()
-        self.pending += shown
-        if not self.prefix:
-            self.write(shown)
-            self.pending = self.pending.rpartition("\n")[2]
-            return
-        *lines, self.pending = self.pending.split("\n")
-        for line in lines:
-            self.write(f"{self.prefix}{line}\n")
-
-    def flush_text(self):
-        """End a half-written line of streamed text before anything else is printed."""
-        if self.pending:
-            self.write(f"{self.prefix}{self.pending}\n" if self.prefix else "\n")
-            self.pending = ""
-
-    def error(self, text):
-        self.line(text, always=True)
-
-    def turn_start(self, turn):
-        self.turn_no, self.thinking = turn, False
-        self.emit("turn.start", turn=turn)
-
-    def retry(self, record, attempts):
-        self.line(f"retrying in {record['delay']:.1f}s (attempt {record['attempt'] + 1} of "
-                  f"{attempts}): {record['error']}")
-        self.emit("api.retry", turn=self.turn_no, **record)
-
-    def turn(self, r):
-        """The progress line once a reply is in: tokens, cache, cost, time."""
-        u = r["usage"]
-        cost = " · cost unknown" if u["cost_usd"] is None else f" · ${u['cost_usd']:.6f}"
-        self.line(f"turn {r['turn']}: {r['stop_reason']} · in {u['input_tokens']} "
-                  f"(cache write {u['cache_creation_input_tokens']}, read "
-                  f"{u['cache_read_input_tokens']}) · out {u['output_tokens']}{cost} · "
-                  f"{r['seconds']:.1f}s")
-
-    def turn_end(self, r):
-        self.emit("turn.end", turn=r["turn"], stop_reason=r["stop_reason"], usage=r["usage"],
-                  request_id=r["request_id"], attempts=r["attempts"], seconds=r["seconds"],
-                  api_seconds=r["api_seconds"], tool_calls=len(r["tool_calls"]),
-                  notes=r["notes"])
-
-    def tool_start(self, block):
-        self.emit("tool.start", turn=self.turn_no, id=block["id"], name=block["name"],
-                  input=block.get("input"))
-
-    def tool(self, block, result, seconds, facts):
-        args = shorten(json.dumps(block.get("input"), ensure_ascii=False), 100)
-        lines = result["content"].strip().splitlines() if result.get("is_error") else []
-        outcome = "error: " + shorten(lines[-1], 100) if lines else "error" if result.get(
-            "is_error") else "ok"
-        self.line(f"  {block['name']} {args} -> {outcome} ({seconds:.2f}s)")
-        self.emit("tool.end", turn=self.turn_no, id=block["id"], name=block["name"],
-                  is_error=bool(result.get("is_error")), declined=facts["declined"],
-                  exit_code=facts["exit_code"], bytes=size(result), seconds=round(seconds, 3),
-                  withheld=facts.get("withheld", False))
-
-
-def make_approver(yes, no_sandbox, sandbox, stdin):
-    """run_python runs unasked only with --yes and a proven sandbox (or --no-sandbox)."""
-    def approve(code):
-        if yes and (no_sandbox or sandbox.confined):
-            return True
-        with Reporter.lock:  # the code as Python reads it: controls shown, not obeyed
-            sys.stderr.write(f"\n--- run_python wants to run ---\n{visible(code)}\n"
-                             "--- run it? [y/N] ")
-            sys.stderr.flush()
-            answer = stdin.readline()
-            if not answer.endswith("\n"):  # no one answered (stdin closed): end the line
-                sys.stderr.write("(no answer: declined)\n")
-        return answer.strip().lower() in ("y", "yes")
-    return approve
-
 
 class Parser(argparse.ArgumentParser):
     def error(self, message):
@@ -3009,94 +3145,6 @@ def make_client(config, limits):
                                timeout=anthropic.Timeout(limits.request_timeout, connect=10.0))
 
 
-def print_summary(summary, report):
-    say = lambda text: report.line(text, always=True)  # noqa: E731
-    low_high = summary["pass@1_wilson95"]
-    say(f"trials: {summary['n']} of {summary['requested']} ran: {summary['passes']} passed, "
-        f"{summary['failed']} failed, {summary['errored']} errored (api_error, error, "
-        "interrupted: not counted below)")
-    if summary["scored"]:
-        say(f"pass@1 = {summary['pass@1']:.3f} (95% Wilson interval {low_high[0]:.3f}-"
-            f"{low_high[1]:.3f}) over {plural(summary['scored'], 'scored trial')}")
-        say("   k   pass@k   pass^k")
-        for k in summary["pass_at_k"]:
-            say(f"{k:>4}   {summary['pass_at_k'][k]:.3f}    {summary['pass_hat_k'][k]:.3f}")
-    say("stops: " + ", ".join(f"{label} {n}" for label, n in summary["stops"].items()))
-    per = summary["per_trial"]
-    money = lambda v: "unknown" if v is None else f"${v:.6f}"  # noqa: E731
-    for key, show in (("turns", "{:.1f}"), ("tokens", "{:.0f}"), ("seconds", "{:.1f}")):
-        if per[key]["mean"] is not None:
-            say(f"per trial: {key} mean {show.format(per[key]['mean'])}, median "
-                f"{show.format(per[key]['median'])}")
-    say(f"per trial: cost mean {money(per['cost_usd']['mean'])}, median "
-        f"{money(per['cost_usd']['median'])}; total {summary['tokens']} tokens, "
-        f"{money(summary['cost_usd'])}")
-
-
-def run_trials(args, client, model, workdir, limits, ctx, output, events):
-    """Run the question --trials times as fresh sessions, --jobs at once; summarize."""
-    expect = {"regex": args.expect, "tool": args.expect_tool, "stop": args.expect_stop}
-    ctx = replace(ctx, cancel=threading.Event())
-    results, pool = [], ThreadPoolExecutor(max_workers=args.jobs)
-
-    def trial(index):
-        report = Reporter(args.quiet, prefix=f"[trial {index}] " if args.jobs > 1 else "",
-                          events=events, trial=index)
-        out = OutputFile(trial_path(output.path, index), workdir) if output else None
-        session = new_session(args.question, model, workdir, args.effort,
-                              events.run_id if events else None)
-        session["trial"] = index
-        report.emit("trial.start", transcript=str(out.path) if out else None)
-        started = time.monotonic()
-        stop = drive(client, session, limits, ctx, report, Saver(out))
-        report.line(f"stop: {stop.reason} ({stop.detail})" if report.prefix else
-                    f"trial {index}: {stop.reason} ({stop.detail})", always=True)
-        results.append({"index": index, "stop": stop.reason, "turns": len(session["turns"]),
-                        "tokens": session["usage"]["tokens"],
-                        "cost_usd": session["usage"]["cost_usd"],
-                        "seconds": round(time.monotonic() - started, 3),
-                        "passed": passed(session, expect),
-                        "transcript": str(out.path) if out else None})
-        report.emit("trial.end", **results[-1])
-
-    futures = [pool.submit(trial, i) for i in range(1, args.trials + 1)]
-    interrupted = False
-    try:
-        while not all(f.done() for f in futures):
-            wait(futures, timeout=0.2)
-            check_cancelled(None)  # a Ctrl-C or SIGTERM whose KeyboardInterrupt was lost
-    except KeyboardInterrupt:
-        interrupted = True
-        ctx.cancel.set()
-        for f in futures:
-            f.cancel()
-        wait(futures, timeout=10)
-    pool.shutdown(wait=False, cancel_futures=True)
-    summary = summarize(results, args.trials)
-    summary.update(interrupted=interrupted, question=args.question, model=model,
-                   expect=expect, decline_message=ctx.decline_message)  # what was measured
-    report = Reporter(args.quiet, events=events)
-    print_summary(summary, report)
-    if interrupted:
-        finished = sum(r["stop"] != "interrupted" for r in results)
-        report.line(f"interrupted: {finished} of {args.trials} trials finished", always=True)
-    report.emit("trials.summary", summary=summary)
-    if args.transcript == "-":
-        sys.stdout.flush()
-        sys.stdout.buffer.write(dump(summary))
-        sys.stdout.flush()
-    elif output:
-        output.write(dump(summary), durable=True)
-    if interrupted:
-        code, label = EXIT_CODES["interrupted"], "interrupted"
-    else:
-        code = 0 if summary["passes"] == summary["n"] == args.trials else EXIT_TRIALS_FAILED
-        label = None
-    report.emit("run.stop", stop=label, detail=f"{summary['passes']} of {args.trials} trials "
-                "passed", exit_code=code, answer=None, usage=None, turns=None, seconds=None)
-    return code
-
-
 def shown_on_terminal(report):
     """True when the answer already streamed to the terminal stdout would print it on again."""
     try:
@@ -3221,19 +3269,12 @@ def main(argv=None, client=None, stdin=None):
             events.close()
 
 
-def on_stop_signal(signum, frame):
-    """Ctrl-C and SIGTERM: kill the running tool, save, exit 130. The KeyboardInterrupt is lost
-    if the signal lands where Python swallows exceptions (an at-fork hook of subprocess, a
-    __del__), so the flag stays set for the loops that wait to see."""
-    STOPPING.set()
-    raise KeyboardInterrupt
-
-
 # The ~20 collections the imports and definitions above would trigger found almost nothing
 # (180 objects) and walked all the rest: 11M of the instructions to the first request (README,
 # Benchmark). What they made is frozen out of later collections' sight; then the collector on.
 gc.freeze()
 gc.enable()
+
 
 if __name__ == "__main__":
     signal.signal(signal.SIGTERM, on_stop_signal)
