@@ -52,7 +52,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from itertools import count
 from pathlib import Path
@@ -150,8 +150,9 @@ def build_request(session, limits, final):
     return request
 
 
-def run_session(client, session, limits, ctx, report, save):
-    """The turn loop. Returns the Stop; the caller maps exceptions to stops."""
+def run_session(client, session, ctx, report, save):
+    """The turn loop. Returns the Stop; `drive` maps an exception out of it to one."""
+    limits = ctx.limits
     first = max([t["turn"] for t in session["turns"]], default=0) + 1
     last_turn, used = first + limits.max_turns - 1, empty_usage()
     for turn in range(first, last_turn + 1):
@@ -193,19 +194,16 @@ def run_session(client, session, limits, ctx, report, save):
     raise AssertionError("check_stop always stops at the last turn")
 
 
-def drive(client, session, limits, ctx, report, save):
+def drive(client, session, ctx, report, save):
     """Run the loop to a Stop, whatever happens; the transcript is saved either way."""
-    retries = []
     try:
-        stop = run_session(client, session, limits, ctx, report, save)
-    except (KeyboardInterrupt, Interrupted):
-        stop = Stop("interrupted", STOPPED)
-    except Exception as exc:
-        stop, retries = stop_for(exc), getattr(exc, "retries", [])
+        stop = run_session(client, session, ctx, report, save)
+    except (KeyboardInterrupt, Interrupted, Exception) as exc:
+        stop = stop_for(exc)
     session["stop"] = {"reason": stop.reason, "detail": redact(stop.detail),
-                       "exit_code": EXIT_CODES[stop.reason]}
-    if retries:  # the attempts of the turn that failed
-        session["stop"]["retries"] = retries
+                       "exit_code": stop.exit_code}
+    if stop.retries:  # the attempts of the turn that failed
+        session["stop"]["retries"] = stop.retries
     session["answer"] = final_text(session) if stop.reason in TEXT_STOPS else None
     session["usage"] = total_usage(session)
     session["ended_at"] = now()
@@ -226,28 +224,37 @@ def final_text(session):
 # 3. How a run stops
 # ================================================================================================
 
-STOPPED = "stopped by Ctrl-C or SIGTERM"  # the detail of the interrupted stop
-
-
-# Every way a run can end: label -> exit code. check_stop decides the response-driven ones;
-# drive() maps exceptions to api_error, error and interrupted.
+# Every way a run can end: label -> exit code. The labels are the transcript's stop.reason, the
+# run.stop event's stop, and what stderr and the tests say. check_stop decides after each
+# response; stop_for decides when an exception ends the run; trials_stop how --trials ends.
 EXIT_CODES = {
     "end_turn": 0, "stop_sequence": 0,  # the model finished
     "max_turns": 3,  # the last allowed turn ran with tools off; its text is an interim answer
     "token_budget": 4, "cost_budget": 4,  # checked after a response, before its tools run
     "max_tokens": 5, "refusal": 5, "model_context_window_exceeded": 5,  # stopped unfinished
     "api_error": 1, "error": 1,  # the API refused or failed; a bug or unknown stop_reason
-    "interrupted": 130,  # Ctrl-C
+    "interrupted": 130,  # Ctrl-C or SIGTERM
 }
 TEXT_STOPS = {"end_turn", "stop_sequence", "max_turns", "max_tokens", "refusal",
               "model_context_window_exceeded"}  # stops whose final text goes to stdout
-EXIT_USAGE, EXIT_TRIALS_FAILED = 2, 6
+EXIT_USAGE = 2  # a mistake on the command line (UsageError): nothing was sent
+EXIT_TRIALS_FAILED = 6  # --trials: not every trial passed
+STOPPED = "stopped by Ctrl-C or SIGTERM"  # the detail of the interrupted stop
 
 
 @dataclass
 class Stop:
-    reason: str
-    detail: str
+    reason: str  # a label of EXIT_CODES
+    detail: str  # what happened, in words, for stderr and the transcript
+    retries: list = field(default_factory=list)  # the failed attempts of the last turn, if any
+
+    @property
+    def exit_code(self):
+        return EXIT_CODES[self.reason]
+
+
+class UsageError(Exception):
+    """A mistake on the command line: exit 2, nothing sent."""
 
 
 def check_stop(message, content, turn, last_turn, used, limits, cut=None):
@@ -282,21 +289,31 @@ def check_stop(message, content, turn, last_turn, used, limits, cut=None):
     return None
 
 
-def stop_for(exc):
-    """The Stop an exception out of the loop means: the API's or the network's, or a bug."""
-    if getattr(exc, "status_code", None) is None and not transport_error(exc) \
+def stop_for(exc, api=True):
+    """The Stop an exception means: Ctrl-C or SIGTERM, the API's or the network's refusal or
+    failure (when `api`: it came out of the loop, which talks to the API), or a bug."""
+    if isinstance(exc, (KeyboardInterrupt, Interrupted)):
+        return Stop("interrupted", STOPPED)
+    status, retries = getattr(exc, "status_code", None), getattr(exc, "retries", [])
+    if not api or status is None and not transport_error(exc) \
             and not type(exc).__module__.startswith("anthropic"):
-        return Stop("error", f"{type(exc).__name__}: {exc}")
+        return Stop("error", f"{type(exc).__name__}: {exc}", retries)
     detail = api_message(exc)
-    if getattr(exc, "status_code", None) == 401:
+    if status == 401:
         detail += " (check ANTHROPIC_API_KEY)"
-    if getattr(exc, "status_code", None) == 400 and CONTEXT_ERROR.search(detail):
-        return Stop("model_context_window_exceeded", detail)
-    return Stop("api_error", detail)
+    if status == 400 and CONTEXT_ERROR.search(detail):
+        return Stop("model_context_window_exceeded", detail, retries)
+    return Stop("api_error", detail, retries)
 
 
-class UsageError(Exception):
-    """A mistake on the command line: exit 2, nothing sent."""
+def trials_stop(summary):
+    """How --trials ends: (label, exit code, detail). Every requested trial passed: 0; some did
+    not: 6; Ctrl-C cut them short: interrupted. No one session's label stands for them all."""
+    detail = f"{summary['passes']} of {summary['requested']} trials passed"
+    if summary["interrupted"]:
+        return "interrupted", EXIT_CODES["interrupted"], detail
+    every = summary["passes"] == summary["n"] == summary["requested"]
+    return None, 0 if every else EXIT_TRIALS_FAILED, detail
 
 
 # ================================================================================================
@@ -978,14 +995,14 @@ TOOL_USE_PROMPT = dict.fromkeys(("claude-haiku-5-5", "claude-sonnet-5-5", "claud
 def count_tokens(client, model, question):
     """What one request's fixed part costs in input tokens, part by part: three calls to the
     API's count_tokens endpoint (free; nothing is generated), each adding one part."""
-    def count(**parts):
+    def counted(**parts):
         return client.messages.count_tokens(
             model=model, messages=[{"role": "user", "content": [{"type": "text",
                                                                "text": question}]}],
             **parts).input_tokens
 
-    bare, with_system, everything = count(), count(system=SYSTEM_PROMPT), \
-        count(system=SYSTEM_PROMPT, tools=TOOLS)
+    bare, with_system, everything = counted(), counted(system=SYSTEM_PROMPT), \
+        counted(system=SYSTEM_PROMPT, tools=TOOLS)
     added = TOOL_USE_PROMPT.get(base_model(model))  # from the pricing page, where it says
     rows = [("the question", bare), ("the system prompt", with_system - bare)]
     if added is not None and everything - with_system >= added:
@@ -1163,8 +1180,8 @@ def nullable(schema):
     return {"anyOf": [schema, {"type": "null"}]}
 
 
-def array(items):
-    return {"type": "array", "items": items}
+def array(schema):
+    return {"type": "array", "items": schema}
 
 
 def obj(required, optional=None):
@@ -1277,21 +1294,21 @@ class Saver:
         """dump(document), byte for byte, but each message and turn is encoded once (the lists
         only grow and only the last of each can still change), and so is a field that keeps a
         value which cannot change in place: a save costs what is new."""
-        fields = []
+        parts = []
         for key, value in document.items():
             if key in self.done:
                 done = self.done[key]
                 done.extend(dump(item)[:-1] for item in value[len(done):-1])
                 last = [dump(item)[:-1] for item in value[-1:]]
-                fields.append(dump(key)[:-1] + b":[" + b",".join(done + last) + b"]")
+                parts.append(dump(key)[:-1] + b":[" + b",".join(done + last) + b"]")
                 continue
             known, encoded = self.fixed.get(key, (None, None))
             if encoded is None or known is not value:
                 encoded = dump(key)[:-1] + b":" + dump(value)[:-1]
                 if value is TOOLS or isinstance(value, (str, int, float, type(None))):
                     self.fixed[key] = value, encoded
-            fields.append(encoded)
-        return b"{" + b",".join(fields) + b"}\n"
+            parts.append(encoded)
+        return b"{" + b",".join(parts) + b"}\n"
 
 
 class Events:
@@ -1313,13 +1330,13 @@ class Events:
                      os.O_CLOEXEC, 0o600, dir_fd=out.dir_fd)
         return cls(os.fdopen(fd, "wb"), run_id, owned=True)
 
-    def emit(self, kind, trial=None, **fields):
+    def emit(self, kind, trial=None, **data):
         with self.lock:
             if self.stream is None:
                 return
             self.seq += 1
             event = {"type": kind, "seq": self.seq, "at": now(), "run_id": self.run_id}
-            event.update({"trial": trial} if trial else {}, **fields)
+            event.update({"trial": trial} if trial else {}, **data)
             try:
                 self.stream.write(dump(event))
                 self.stream.flush()
@@ -1336,7 +1353,7 @@ class Events:
 def run_stop_event(report, stop, session, started):
     """The event that always ends a stream: how the run stopped, with its totals."""
     report.emit("run.stop", stop=stop.reason, detail=stop.detail,
-                exit_code=EXIT_CODES[stop.reason], answer=session and session.get("answer"),
+                exit_code=stop.exit_code, answer=session and session.get("answer"),
                 usage=session["usage"] if session else empty_usage(),
                 turns=len(session["turns"]) if session else 0,
                 seconds=round(time.monotonic() - started, 3))
@@ -1374,9 +1391,9 @@ def transcript_problem(session):
                 or not isinstance(m.get("content"), list) or not m["content"]:
             return f"messages[{i}] is not a message with a role and content"
         for j, b in enumerate(m["content"]):
-            fields = BLOCK_FIELDS.get(b.get("type"), {}) if isinstance(b, dict) else None
-            if fields is None or not is_str(b.get("type")) or any(
-                    not isinstance(b.get(k), t) for k, t in fields.items()):
+            wanted = BLOCK_FIELDS.get(b.get("type"), {}) if isinstance(b, dict) else None
+            if wanted is None or not is_str(b.get("type")) or any(
+                    not isinstance(b.get(k), t) for k, t in wanted.items()):
                 return f"messages[{i}].content[{j}] is not a well-formed block"
             if b["type"] == "tool_result" and (m["role"] != "user" or b["tool_use_id"] not in asked):
                 return f"messages[{i}].content[{j}] answers a tool_use that is not just before it"
@@ -1531,7 +1548,6 @@ def print_summary(summary, report):
             say(f"{k:>4}   {summary['pass_at_k'][k]:.3f}    {summary['pass_hat_k'][k]:.3f}")
     say("stops: " + ", ".join(f"{label} {n}" for label, n in summary["stops"].items()))
     per = summary["per_trial"]
-    money = lambda v: "unknown" if v is None else f"${v:.6f}"  # noqa: E731
     for key, show in (("turns", "{:.1f}"), ("tokens", "{:.0f}"), ("seconds", "{:.1f}")):
         if per[key]["mean"] is not None:
             say(f"per trial: {key} mean {show.format(per[key]['mean'])}, median "
@@ -1541,33 +1557,52 @@ def print_summary(summary, report):
         f"{money(summary['cost_usd'])}")
 
 
-def run_trials(args, client, model, workdir, limits, ctx, output, events):
-    """Run the question --trials times as fresh sessions, --jobs at once; summarize."""
-    expect = {"regex": args.expect, "tool": args.expect_tool, "stop": args.expect_stop}
+@dataclass(frozen=True)
+class TrialSpec:
+    """What --trials measures: one question, asked k times as fresh sessions (same flags,
+    limits and approvals), `jobs` at once; and what makes a trial pass."""
+    question: str
+    model: str
+    effort: str | None  # sent as output_config.effort; None: the model's default
+    k: int  # trials to run
+    jobs: int = 1  # trials at once; their lines are prefixed [trial i]
+    regex: str | None = None  # --expect: a trial passes if this is found in its answer...
+    tool: str | None = None  # --expect-tool: ... and it called this tool ...
+    stop: str | None = None  # --expect-stop: ... and stopped so (with none: with end_turn)
+    quiet: bool = False  # no progress on stderr, only the summary
+
+    @property
+    def expect(self):
+        return {"regex": self.regex, "tool": self.tool, "stop": self.stop}
+
+
+def run_trials(spec, client, ctx, output, events):
+    """Run the trials and print their summary; return it. A trial's transcript goes beside
+    `output` (run.json -> run.1.json); a Ctrl-C cancels the trials still running."""
     ctx = replace(ctx, cancel=threading.Event())
-    results, pool = [], ThreadPoolExecutor(max_workers=args.jobs)
+    results, pool = [], ThreadPoolExecutor(max_workers=spec.jobs)
 
     def trial(index):
-        report = Reporter(args.quiet, prefix=f"[trial {index}] " if args.jobs > 1 else "",
+        report = Reporter(spec.quiet, prefix=f"[trial {index}] " if spec.jobs > 1 else "",
                           events=events, trial=index)
-        out = OutputFile(trial_path(output.path, index), workdir) if output else None
-        session = new_session(args.question, model, workdir, args.effort,
+        out = OutputFile(trial_path(output.path, index), ctx.workdir) if output else None
+        session = new_session(spec.question, spec.model, ctx.workdir, spec.effort,
                               events.run_id if events else None)
         session["trial"] = index
         report.emit("trial.start", transcript=str(out.path) if out else None)
         started = time.monotonic()
-        stop = drive(client, session, limits, ctx, report, Saver(out))
+        stop = drive(client, session, ctx, report, Saver(out))
         report.line(f"stop: {stop.reason} ({stop.detail})" if report.prefix else
                     f"trial {index}: {stop.reason} ({stop.detail})", always=True)
         results.append({"index": index, "stop": stop.reason, "turns": len(session["turns"]),
                         "tokens": session["usage"]["tokens"],
                         "cost_usd": session["usage"]["cost_usd"],
                         "seconds": round(time.monotonic() - started, 3),
-                        "passed": passed(session, expect),
+                        "passed": passed(session, spec.expect),
                         "transcript": str(out.path) if out else None})
         report.emit("trial.end", **results[-1])
 
-    futures = [pool.submit(trial, i) for i in range(1, args.trials + 1)]
+    futures = [pool.submit(trial, i) for i in range(1, spec.k + 1)]
     interrupted = False
     try:
         while not all(f.done() for f in futures):
@@ -1580,29 +1615,16 @@ def run_trials(args, client, model, workdir, limits, ctx, output, events):
             f.cancel()
         wait(futures, timeout=10)
     pool.shutdown(wait=False, cancel_futures=True)
-    summary = summarize(results, args.trials)
-    summary.update(interrupted=interrupted, question=args.question, model=model,
-                   expect=expect, decline_message=ctx.decline_message)  # what was measured
-    report = Reporter(args.quiet, events=events)
+    summary = summarize(results, spec.k)
+    summary.update(interrupted=interrupted, question=spec.question, model=spec.model,
+                   expect=spec.expect, decline_message=ctx.decline_message)  # what was measured
+    report = Reporter(spec.quiet, events=events)
     print_summary(summary, report)
     if interrupted:
         finished = sum(r["stop"] != "interrupted" for r in results)
-        report.line(f"interrupted: {finished} of {args.trials} trials finished", always=True)
+        report.line(f"interrupted: {finished} of {spec.k} trials finished", always=True)
     report.emit("trials.summary", summary=summary)
-    if args.transcript == "-":
-        sys.stdout.flush()
-        sys.stdout.buffer.write(dump(summary))
-        sys.stdout.flush()
-    elif output:
-        output.write(dump(summary), durable=True)
-    if interrupted:
-        code, label = EXIT_CODES["interrupted"], "interrupted"
-    else:
-        code = 0 if summary["passes"] == summary["n"] == args.trials else EXIT_TRIALS_FAILED
-        label = None
-    report.emit("run.stop", stop=label, detail=f"{summary['passes']} of {args.trials} trials "
-                "passed", exit_code=code, answer=None, usage=None, turns=None, seconds=None)
-    return code
+    return summary
 
 
 # --- Report ---
@@ -1890,13 +1912,13 @@ class Reporter:
             self.stream.write(text)
             self.stream.flush()
 
-    def emit(self, kind, **fields):
+    def emit(self, kind, **data):
         """An event, after any text streamed before it."""
         if self.events:
             if self.said:
                 self.emit_said()
             if kind != "text.switch":
-                self.events.emit(kind, self.trial, **fields)
+                self.events.emit(kind, self.trial, **data)
 
     def emit_said(self):
         extra = {"thinking": True} if self.thinking else {}
@@ -2043,9 +2065,9 @@ def open_inside(ctx, path):
 def read_window(fd, path, offset, limit, max_bytes):
     """Lines [offset, offset+limit) (at most max_bytes), reading fixed-size chunks, never a
     whole line: the rest of the file is only counted, so memory stays bounded."""
-    kept, line, last, cut_line, size, tail = bytearray(), 1, offset - 1, False, 0, b"\n"
+    kept, line, last, cut_line, seen, tail = bytearray(), 1, offset - 1, False, 0, b"\n"
     while chunk := os.read(fd, 1 << 16):
-        size += len(chunk)
+        seen += len(chunk)
         tail = chunk[-1:]
         start = 0
         while start < len(chunk) and line < offset + limit and not cut_line:
@@ -2065,7 +2087,7 @@ def read_window(fd, path, offset, limit, max_bytes):
             line, start = line + 1, end
         line += chunk.count(b"\n", start)  # past the window: count lines, keep nothing
     total = line - (tail == b"\n")  # a last line without a newline still counts
-    if size == 0:
+    if seen == 0:
         return "(empty file)"
     if offset > total:
         raise ToolError(f"offset {offset} is past the end of {path!r}, which has {total} lines.")
@@ -2519,8 +2541,8 @@ class Sandbox:
 
     def self_test(self):
         """Run one sandboxed probe that every way out must refuse; '' when it was refused."""
-        with tempfile.TemporaryDirectory(prefix="agent-canary-") as outside:
-            canary = os.path.join(outside, "canary.txt")
+        with tempfile.TemporaryDirectory(prefix="agent-canary-") as elsewhere:
+            canary = os.path.join(elsewhere, "canary.txt")
             if Path(os.path.realpath(canary)).is_relative_to(self.workdir):
                 return "the canary cannot be placed outside the workdir"
             Path(canary).write_text("canary")
@@ -2633,10 +2655,10 @@ def private_scratch(libc, call):
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
                            ("gid_map", f"{gid} {gid} 1")):
             Path(f"/proc/self/{name}").write_text(text)
-    size = f"size={call.box.limits.scratch_mb}m,nr_inodes=65536,mode=0700".encode()
+    options = f"size={call.box.limits.scratch_mb}m,nr_inodes=65536,mode=0700".encode()
     for src, dst, kind, flags, data in (
             (None, b"/", None, MS_REC | MS_PRIVATE, None),  # nothing propagates to the host
-            (b"tmpfs", call.scratch.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, size),
+            (b"tmpfs", call.scratch.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options),
             (None, None, None, 0, None),  # (make home and shm inside the new tmpfs)
             (call.shm.encode(), b"/dev/shm", None, MS_BIND, None)):
         if dst is None:
@@ -2927,18 +2949,18 @@ def execute(code, workdir, box, timeout, output_chars, cancel=None):
                 sel.register(call.agent_end, selectors.EVENT_READ)
             while True:
                 check_cancelled(cancel)
-                now = time.monotonic()
-                if now >= deadline:
+                moment = time.monotonic()
+                if moment >= deadline:
                     timed_out = status is None
                     break
                 if status is None and not box.keeper and proc.poll() is not None:
                     status = f"{proc.returncode} 0"
                     kill_group(proc.pid)  # a grandchild holding the pipes dies with it
                 if status is not None:  # the group is dead: drain the pipes, briefly
-                    ended_at = ended_at or now
-                    if len(sel.get_map()) == 0 or now - ended_at > 2:
+                    ended_at = ended_at or moment
+                    if len(sel.get_map()) == 0 or moment - ended_at > 2:
                         break
-                for key, _ in sel.select(timeout=min(0.1, deadline - now)):
+                for key, _ in sel.select(timeout=min(0.1, deadline - moment)):
                     if key.fileobj is call.agent_end:  # the keeper's report, or its end
                         status = call.agent_end.recv(64).decode() or "gone"
                         sel.unregister(call.agent_end)
@@ -3208,12 +3230,8 @@ def main(argv=None, client=None, stdin=None):
         return EXIT_USAGE
     except SystemExit as e:  # --help
         return e.code or 0
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM before anything was sent
-        report.error("agent.py: interrupted")
-        return EXIT_CODES["interrupted"]
-    except Exception as e:  # a bug: say it in one line rather than a traceback
-        report.error(f"agent.py: internal error: {type(e).__name__}: {e}")
-        return EXIT_CODES["error"]
+    except (KeyboardInterrupt, Exception) as e:  # Ctrl-C before anything was sent, or a bug
+        return failed(report, stop_for(e, api=False))
     report.events = events
     if base_model(model) not in PRICING:
         report.error(f"note: no price is known for {model}; cost_usd will be null")
@@ -3234,7 +3252,17 @@ def main(argv=None, client=None, stdin=None):
                 **({"trials": args.trials} if args.trials else {}))
     try:
         if args.trials:
-            return run_trials(args, client, model, workdir, limits, ctx, output, events)
+            spec = TrialSpec(args.question, model, args.effort, args.trials, args.jobs,
+                             args.expect, args.expect_tool, args.expect_stop, args.quiet)
+            summary = run_trials(spec, client, ctx, output, events)
+            if args.transcript == "-":
+                print_document(summary)
+            elif output:
+                output.write(dump(summary), durable=True)
+            label, code, detail = trials_stop(summary)
+            report.emit("run.stop", stop=label, detail=detail, exit_code=code, answer=None,
+                        usage=None, turns=None, seconds=None)
+            return code
         if session is None:
             session = new_session(args.question, model, workdir, args.effort, run_id)
         else:
@@ -3244,29 +3272,39 @@ def main(argv=None, client=None, stdin=None):
                         f"far; workdir {workdir}; model {model}" + (
                             f"; {plural(unanswered, 'pending tool call')} answered 'not run'"
                             if unanswered else ""), always=True)
-        stop = drive(client, session, limits, ctx, report, Saver(output))
+        stop = drive(client, session, ctx, report, Saver(output))
         report.flush_text()
         u, turns = session["usage"], plural(len(session["turns"]), "turn")
         cost = "cost unknown" if u["cost_usd"] is None else f"${u['cost_usd']:.6f}"
-        say = report.error if EXIT_CODES[stop.reason] not in (0, 3) else report.line
+        say = report.error if stop.exit_code not in (0, 3) else report.line
         say(f"stop: {stop.reason} ({stop.detail}); {turns}, {u['tokens']} tokens, {cost}")
         if args.transcript == "-":
-            sys.stdout.flush()
-            sys.stdout.buffer.write(dump(session))
-            sys.stdout.flush()
+            print_document(session)
         elif session["answer"] and args.events != "-" and not shown_on_terminal(report):
             print(visible(session["answer"]) if sys.stdout.isatty() else session["answer"])
         run_stop_event(report, stop, session, started)
-        return EXIT_CODES[stop.reason]
+        return stop.exit_code
     except BaseException as e:  # the disk filled up, Ctrl-C outside a turn, a bug: one line
-        stop = Stop("interrupted", STOPPED) \
-            if isinstance(e, KeyboardInterrupt) else Stop("error", f"{type(e).__name__}: {e}")
-        report.error(f"agent.py: {'interrupted' if stop.reason == 'interrupted' else 'internal error: ' + stop.detail}")
+        stop = stop_for(e, api=False)
+        failed(report, stop)
         run_stop_event(report, stop, session, started)
-        return EXIT_CODES[stop.reason]
+        return stop.exit_code
     finally:
         if events:
             events.close()
+
+
+def failed(report, stop):
+    """Say in one line why agent.py stopped outside a turn; return its exit code."""
+    report.error(f"agent.py: {'interrupted' if stop.reason == 'interrupted' else 'internal error: ' + stop.detail}")
+    return stop.exit_code
+
+
+def print_document(document):
+    """A transcript or summary on stdout (--transcript -), after whatever was printed there."""
+    sys.stdout.flush()
+    sys.stdout.buffer.write(dump(document))
+    sys.stdout.flush()
 
 
 # The ~20 collections the imports and definitions above would trigger found almost nothing

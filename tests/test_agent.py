@@ -499,7 +499,7 @@ def drive(client, workdir, tmp_path, **limits):
     limits = agent.Limits(retry_base=0.0, **limits)
     ctx = agent.ToolContext(Path(os.path.realpath(workdir)), limits, unconfined(tmp_path),
                             approve=lambda c: True)
-    stop = agent.drive(client, session, limits, ctx, Silent(quiet=True), agent.Saver(None))
+    stop = agent.drive(client, session, ctx, Silent(quiet=True), agent.Saver(None))
     return stop, session
 
 
