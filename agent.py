@@ -53,6 +53,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 from datetime import datetime, timezone
 from itertools import count
 from pathlib import Path
@@ -2111,7 +2112,52 @@ def read_window(fd, path, offset, limit, max_bytes):
 # timeout, or as soon as the agent is gone (kill -9 included), and removes what the call left.
 # Before exec the script enters its own cgroup and mount namespace where the machine allows, drops
 # every capability, and is confined by Landlock (files, TCP, signals) and by a seccomp filter (the
-# syscalls that act on the host, other processes or the kernel). The tables are the policy.
+# syscalls that act on the host, other processes or the kernel). What it may do is one value:
+
+@dataclass(frozen=True)
+class SandboxPolicy:
+    """Everything run_python's code may do; what this does not grant is denied. The mechanism
+    below (Sandbox, Call, execute) is built from it and from nothing else."""
+    read_exec: tuple  # trees it may read and execute: system programs and libraries, this Python
+    read_files: tuple  # files it may read: of /etc only what programs need; the random devices
+    write_files: tuple  # files it may also write: /dev/null
+    read_write: tuple  # trees it may change (but make devices in): the workdir. Each call adds
+    #                    its own home and /dev/shm, a private tmpfs where mounts are allowed
+    env_keep: frozenset  # variables passed on from agent.py's environment, and every LC_* ...
+    env_secret: str  # ... unless the name matches this: no key, token or password is passed
+    env_set: tuple  # (name, value) set for every script; {home} is the call's private home
+    rlimits: tuple  # (RLIMIT_*, soft, hard) for each of its processes, never above agent.py's
+    max_tasks: int  # processes and threads of one call, all told (its cgroup, where allowed)
+    memory_mb: int  # memory of one call, all its processes, no swap (likewise)
+    scratch_mb: int  # the size of the call's private tmpfs
+    network: tuple  # Landlock rights handled with no port granted: no TCP, no UDP (ABI 10)
+    scopes: tuple  # Landlock scopes: no signal, no abstract unix socket beyond the call
+    syscalls: tuple  # SECCOMP_RULES: the calls refused, and why; sockets only AF_UNIX
+    unix_sockets: tuple  # UNIX_SOCKET_RULES, where Landlock cannot refuse named sockets (ABI < 9)
+
+
+def sandbox_policy(workdir, limits):
+    """The policy of a run: its workdir, this interpreter's files, the caps in `limits`."""
+    dirs, files = python_paths()
+    gib, cpu = 1 << 30, int(limits.tool_timeout) + 5
+    return SandboxPolicy(
+        read_exec=(*dirs, *SYSTEM_DIRS, *files), read_files=SYSTEM_FILES,
+        write_files=("/dev/null",), read_write=(str(workdir),),
+        env_keep=frozenset({"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME"}),
+        env_secret=r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|ANTHROPIC|AUTH",
+        env_set=(("HOME", "{home}"), ("TMPDIR", "{home}"), ("TEMP", "{home}"), ("TMP", "{home}"),
+                 ("PYTHONNOUSERSITE", "1"), ("PYTHONDONTWRITEBYTECODE", "1"),
+                 ("PYTHONSAFEPATH", "1"),  # no script dir or cwd on sys.path: no stdlib shadowed
+                 ("PYTHONIOENCODING", "utf-8"), ("MPLBACKEND", "Agg")),
+        rlimits=(("RLIMIT_CORE", 1, 1),  # 1, not 0: no core-dump pipe helper either
+                 ("RLIMIT_SIGPENDING", 256, 256),  # a count the kernel keeps per user
+                 ("RLIMIT_NOFILE", 4096, 4096),  # the machine's file table is shared
+                 ("RLIMIT_FSIZE", gib, gib), ("RLIMIT_AS", 4 * gib, 4 * gib),
+                 ("RLIMIT_CPU", cpu, cpu + 1)),
+        max_tasks=limits.max_tasks, memory_mb=limits.memory_mb, scratch_mb=limits.scratch_mb,
+        network=tuple(LANDLOCK_NET), scopes=tuple(LANDLOCK_SCOPE),
+        syscalls=SECCOMP_RULES, unix_sockets=UNIX_SOCKET_RULES)
+
 
 @dataclass
 class Execution:
@@ -2143,16 +2189,13 @@ class Clip:
         return head + (f"\n[... {cut} bytes cut ...]\n" if cut else "") + tail
 
 
-def child_env(home):
-    """The allowlisted environment run_python's child gets; nothing named like a secret."""
-    keep = {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME"}
-    secret = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|ANTHROPIC|AUTH", re.I)
+def child_env(policy, home):
+    """The environment run_python's child gets: the policy's allowlist, nothing like a secret."""
+    secret = re.compile(policy.env_secret, re.I)
     env = {k: v for k, v in os.environ.items()
-           if (k in keep or k.startswith("LC_")) and not secret.search(k)}
+           if (k in policy.env_keep or k.startswith("LC_")) and not secret.search(k)}
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
-    env.update(HOME=home, TMPDIR=home, TEMP=home, TMP=home, PYTHONNOUSERSITE="1",
-               PYTHONSAFEPATH="1",  # no script dir or cwd on sys.path: nothing shadows the stdlib
-               PYTHONDONTWRITEBYTECODE="1", PYTHONIOENCODING="utf-8", MPLBACKEND="Agg")
+    env.update((name, value.format(home=home)) for name, value in policy.env_set)
     return env
 
 
@@ -2328,14 +2371,13 @@ CLONE_NEWNS, CLONE_NEWUSER, MS_BIND, MS_REC, MS_PRIVATE = 0x20000, 0x10000000, 0
 MS_NOSUID, MS_NODEV = 0x2, 0x4
 
 
-def seccomp_filter(machine, allow_unix_sockets):
-    """SECCOMP_RULES as a BPF program: foreign arches are killed, unknown numbers get ENOSYS."""
+def seccomp_filter(machine, rules):
+    """Seccomp rules as a BPF program: foreign arches are killed, unknown numbers get ENOSYS."""
     arch, column = ARCHES[machine]
     ld, ret = (lambda k: (0x20, 0, 0, k)), (lambda k: (0x06, 0, 0, k))  # BPF_LD|W|ABS, BPF_RET
     jeq = lambda k, yes, no: (0x15, yes, no, k)  # noqa: E731  jumps are relative, 8-bit
     prog = [ld(4), jeq(arch, 1, 0), ret(SECCOMP_KILL), ld(0),
             (0x25, 0, 1, LAST_SYSCALL), ret(SECCOMP_ERRNO | ENOSYS)]  # BPF_JGT: x32 numbers too
-    rules = SECCOMP_RULES + (() if allow_unix_sockets else UNIX_SOCKET_RULES)
     for names, test, err, _why in rules:
         for nr in (SYSCALLS[name][column] for name in names.split()):
             if nr is None:
@@ -2452,17 +2494,19 @@ class Sandbox:
         self.landlock = False  # Landlock, seccomp and no capabilities for every call
         self.mounts = self.keeper and enabled  # own tmpfs and /dev/shm, unless the kernel refuses
         self.cgroup = cgroup_parents() if self.keeper else None
-        self.confined = None if enabled else False  # None until the self-test has run
+        self.tested = not enabled  # the self-test has run (with --no-sandbox there is none)
+        self.confined = False  # every call runs inside the boundary: the self-test proved it
         self.status = "sandbox: off (--no-sandbox); run_python runs unconfined"
-        self.said, self.lock, self.calls, self.macos = False, threading.Lock(), count(1), None
-        gib, cpu = 1 << 30, int(limits.tool_timeout) + 5
-        self.rlimits = [(which, *lowered(which, soft, hard)) for which, soft, hard in (
-            (resource.RLIMIT_CORE, 1, 1),  # 1, not 0: no core-dump pipe helper either
-            (resource.RLIMIT_SIGPENDING, 256, 256),  # a count the kernel keeps per user
-            (resource.RLIMIT_NOFILE, 4096, 4096),  # the machine's file table is shared
-            (resource.RLIMIT_FSIZE, gib, gib),
-            (resource.RLIMIT_AS, 4 * gib, 4 * gib),
-            (resource.RLIMIT_CPU, cpu, cpu + 1))]
+        self.said, self.lock, self.macos = False, threading.Lock(), None
+
+    @cached_property
+    def policy(self):
+        return sandbox_policy(self.workdir, self.limits)
+
+    @cached_property
+    def rlimits(self):
+        return [(getattr(resource, name), *lowered(getattr(resource, name), soft, hard))
+                for name, soft, hard in self.policy.rlimits]
 
     def plan(self):
         """Find which mechanisms this machine has and build the policy; the self-test proves it."""
@@ -2475,18 +2519,18 @@ class Sandbox:
         self.abi, why = landlock_abi(self.libc)
         if self.abi < 4:
             return self.unavailable(why or f"Landlock ABI {self.abi} cannot block TCP (needs 4)")
-        self.handled = (rights(LANDLOCK_FS, self.abi), rights(LANDLOCK_NET, self.abi),
-                        rights(LANDLOCK_SCOPE, self.abi))
+        policy = self.policy
+        self.handled = (rights(LANDLOCK_FS, self.abi),
+                        rights(LANDLOCK_NET, self.abi, policy.network),
+                        rights(LANDLOCK_SCOPE, self.abi, policy.scopes))
         named_unix = rights(LANDLOCK_FS, self.abi, {"resolve_unix"})
-        bpf = seccomp_filter(machine, allow_unix_sockets=bool(named_unix))
+        bpf = seccomp_filter(machine, policy.syscalls + (() if named_unix else policy.unix_sockets))
         self.program = ctypes.create_string_buffer(bpf, len(bpf))
         self.fprog = SockFprog(len(bpf) // 8, ctypes.addressof(self.program))
-        dirs, files = python_paths()
-        self.grants = ([(d, READ_EXEC) for d in (*dirs, *SYSTEM_DIRS)]
-                       + [(f, READ_EXEC) for f in files]
-                       + [(f, {"read_file"}) for f in SYSTEM_FILES]
-                       + [("/dev/null", {"read_file", "write_file", "truncate"}),
-                          (str(self.workdir), READ_WRITE)])
+        self.grants = ([(p, READ_EXEC) for p in policy.read_exec]
+                       + [(f, {"read_file"}) for f in policy.read_files]
+                       + [(f, {"read_file", "write_file", "truncate"}) for f in policy.write_files]
+                       + [(d, READ_WRITE) for d in policy.read_write])
         parts = ["fs"] + ["tcp"] * bool(self.handled[1]) + ["scope"] * bool(self.handled[2])
         self.kind = f"landlock ABI {self.abi} ({', '.join(parts)}) + seccomp, no capabilities"
         self.landlock = True
@@ -2494,18 +2538,19 @@ class Sandbox:
     def unavailable(self, why):
         """No working boundary: say so; run_python then asks before every call, even with --yes."""
         self.landlock, self.mounts, self.macos, self.confined = False, False, None, False
+        self.tested = True
         self.status = (f"sandbox: unavailable ({why}); run_python will ask before every call, "
                        "even with --yes (pass --no-sandbox to run it unconfined)")
 
     def ready(self):
         """Prove the boundary at the first run_python call and say once what guards it."""
         with self.lock:
-            if self.confined is None:
+            if not self.tested:
                 try:
                     self.plan()  # the first run_python call pays for this, not the run's start
                 except OSError as e:
                     self.unavailable(f"cannot build the policy: {e}")
-            if self.confined is None:
+            if not self.tested:
                 failure = self.self_test()
                 if failure and self.mounts:  # no mount namespace here: /dev/shm stays shut
                     self.mounts = False
@@ -2513,7 +2558,8 @@ class Sandbox:
                 if failure:
                     self.unavailable(failure)
                 else:
-                    self.confined, self.status = True, f"sandbox: {self.kind}; {self.extras()}"
+                    self.tested, self.confined = True, True
+                    self.status = f"sandbox: {self.kind}; {self.extras()}"
             if not self.said:
                 self.said = True
                 self.report(self.status)
@@ -2521,10 +2567,11 @@ class Sandbox:
 
     def extras(self):
         """What the cgroup and the mount namespace add, or what stays open without them."""
-        caps = (f"cgroup {self.cgroup[0]} caps a call at {self.limits.max_tasks} tasks and "
-                f"{self.limits.memory_mb} MiB" if self.cgroup
+        policy = self.policy
+        caps = (f"cgroup {self.cgroup[0]} caps a call at {policy.max_tasks} tasks and "
+                f"{policy.memory_mb} MiB" if self.cgroup
                 else "no cgroup: tasks uncapped, memory capped per process")
-        scratch = (f"home and /dev/shm a private {self.limits.scratch_mb} MiB tmpfs" if self.mounts
+        scratch = (f"home and /dev/shm a private {policy.scratch_mb} MiB tmpfs" if self.mounts
                    else "home on disk, /dev/shm not writable")
         return f"{caps}; {scratch}"
 
@@ -2655,7 +2702,7 @@ def private_scratch(libc, call):
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
                            ("gid_map", f"{gid} {gid} 1")):
             Path(f"/proc/self/{name}").write_text(text)
-    options = f"size={call.box.limits.scratch_mb}m,nr_inodes=65536,mode=0700".encode()
+    options = f"size={call.box.policy.scratch_mb}m,nr_inodes=65536,mode=0700".encode()
     for src, dst, kind, flags, data in (
             (None, b"/", None, MS_REC | MS_PRIVATE, None),  # nothing propagates to the host
             (b"tmpfs", call.scratch.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options),
@@ -2670,10 +2717,10 @@ def private_scratch(libc, call):
         call.box.add_rule(call.ruleset, path, READ_WRITE)
 
 
-def make_cgroups(cgroup, limits):
+def make_cgroups(cgroup, policy):
     """Make a call's cgroup (one per controller on v1), named at random, with its caps."""
-    memory, name = limits.memory_mb << 20, f"agent-{uuid.uuid4().hex[:16]}"
-    caps = {"pids.max": limits.max_tasks, "memory.max": memory, "memory.swap.max": 0,
+    memory, name = policy.memory_mb << 20, f"agent-{uuid.uuid4().hex[:16]}"
+    caps = {"pids.max": policy.max_tasks, "memory.max": memory, "memory.swap.max": 0,
             "memory.limit_in_bytes": memory, "memory.memsw.limit_in_bytes": memory}  # v2, v1
     made = []
     try:
@@ -2782,6 +2829,7 @@ class Call:
     def __init__(self, box, code):
         self.box, self.cgroups, self.ruleset, self.keeper_end, self.agent_end = \
             box, [], -1, -1, None
+        self.rlimits = box.rlimits  # worked out here: enter() runs in the forked child
         self.root = tempfile.mkdtemp(prefix="agent-call-")  # 0700: no other user looks in
         try:  # from here on, whatever happens (Ctrl-C included), nothing is left behind
             self.script = os.path.join(self.root, "main.py")  # the child may read, not change it
@@ -2797,9 +2845,9 @@ class Call:
             Path(self.script).write_text("\ufeff" + code, encoding="utf-8")
             if box.cgroup:
                 try:
-                    self.cgroups = make_cgroups(box.cgroup, box.limits)
+                    self.cgroups = make_cgroups(box.cgroup, box.policy)
                 except OSError as e:
-                    if box.confined is not None:  # promised on the status line: keep it
+                    if box.tested:  # promised on the status line: keep it
                         raise ToolError(f"could not make this call's cgroup ({e.strerror}); the "
                                         "script was not run without its caps")
                     box.cgroup = None  # found out by the self-test: the status line says so
@@ -2821,7 +2869,7 @@ class Call:
             Path(directory, "cgroup.procs").write_text("0")
         if box.mounts:
             private_scratch(box.libc, self)
-        for which, soft, hard in box.rlimits:
+        for which, soft, hard in self.rlimits:
             resource.setrlimit(which, (soft, hard))
         if box.landlock:
             drop_capabilities(box.libc)
@@ -2927,7 +2975,7 @@ def execute(code, workdir, box, timeout, output_chars, cancel=None):
     try:
         proc = subprocess.Popen(
             box.command(call), cwd=workdir,
-            env=child_env(call.home), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            env=child_env(box.policy, call.home), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, close_fds=True, start_new_session=True,
             preexec_fn=call.enter)
     except BaseException as e:  # Ctrl-C included: the call's directory must not stay

@@ -319,7 +319,7 @@ def ordinary_user_probe(python, nobody, wd):
 @pytest.mark.parametrize("machine", sorted(agent.ARCHES))
 def test_every_rule_answers_as_the_table_says(machine):
     arch, column = agent.ARCHES[machine]
-    prog = agent.seccomp_filter(machine, allow_unix_sockets=False)
+    prog = agent.seccomp_filter(machine, agent.SECCOMP_RULES + agent.UNIX_SOCKET_RULES)
     for names, test, errno, _why in agent.SECCOMP_RULES:
         for name in names.split():
             nr = agent.SYSCALLS[name][column]
@@ -337,7 +337,7 @@ def test_every_rule_answers_as_the_table_says(machine):
 @pytest.mark.parametrize("machine", sorted(agent.ARCHES))
 def test_the_filter_allows_the_harmless_forms(machine):
     arch, column = agent.ARCHES[machine]
-    prog = agent.seccomp_filter(machine, allow_unix_sockets=False)
+    prog = agent.seccomp_filter(machine, agent.SECCOMP_RULES + agent.UNIX_SOCKET_RULES)
     nr = lambda name: agent.SYSCALLS[name][column]  # noqa: E731
     allowed = [("clone", [17]),  # fork: SIGCHLD only
                ("clone", [0x003D0F00]),  # pthread_create's flags
@@ -349,7 +349,7 @@ def test_the_filter_allows_the_harmless_forms(machine):
         assert bpf.run(prog, nr(name), arch, args) == ("allow",), name
     assert bpf.run(prog, {"x86_64": 39, "aarch64": 172}[machine], arch) == ("allow",)  # getpid
     assert bpf.run(prog, nr("socket"), arch, [1]) == ("errno", agent.EACCES)
-    with_unix = agent.seccomp_filter(machine, allow_unix_sockets=True)
+    with_unix = agent.seccomp_filter(machine, agent.SECCOMP_RULES)
     assert bpf.run(with_unix, nr("socket"), arch, [1]) == ("allow",)
     assert bpf.run(with_unix, nr("socket"), arch, [2]) == ("errno", agent.EACCES)
     # only the low 32 bits count, as in the kernel: a high bit cannot smuggle a pid past it
@@ -360,7 +360,7 @@ def test_the_filter_allows_the_harmless_forms(machine):
 @pytest.mark.parametrize("machine", sorted(agent.ARCHES))
 def test_foreign_arches_die_and_unknown_numbers_get_enosys(machine):
     arch, _ = agent.ARCHES[machine]
-    prog = agent.seccomp_filter(machine, allow_unix_sockets=False)
+    prog = agent.seccomp_filter(machine, agent.SECCOMP_RULES + agent.UNIX_SOCKET_RULES)
     assert bpf.run(prog, 0, 0x40000003) == ("kill",)  # i386 from a 64-bit process
     assert bpf.run(prog, agent.LAST_SYSCALL + 1, arch) == ("errno", agent.ENOSYS)
     assert bpf.run(prog, 0x40000000 | 1, arch) == ("errno", agent.ENOSYS)  # x32
@@ -780,7 +780,7 @@ def test_child_env_is_an_allowlist(monkeypatch, tmp_path):
                  "DB_PASSWORD", "SSH_AUTH_SOCK", "LD_PRELOAD", "PYTHONPATH", "LC_API_KEY"):
         monkeypatch.setenv(name, "x")
     monkeypatch.setenv("LC_TIME", "C")
-    env = agent.child_env(str(tmp_path))
+    env = agent.child_env(agent.sandbox_policy(tmp_path, agent.Limits()), str(tmp_path))
     assert set(env) <= {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "LC_TIME", "TZ", "USER",
                         "LOGNAME", "HOME", "TMPDIR", "TEMP", "TMP", "PYTHONNOUSERSITE",
                         "PYTHONSAFEPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING",
