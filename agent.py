@@ -113,6 +113,7 @@ class Limits:
 # ================================================================================================
 
 def new_session(question, model, workdir, effort, run_id=None):
+    """A run as the transcript keeps it: the history, each turn's record, how it stopped."""
     return {"version": TRANSCRIPT_VERSION, "agent_version": AGENT_VERSION,
             "run_id": run_id or uuid.uuid4().hex, "started_at": now(), "ended_at": None,
             "model": model, "effort": effort, "system": SYSTEM_PROMPT, "tools": TOOLS,
@@ -129,6 +130,7 @@ def mark_final_turn(messages):
 
 
 def build_request(session, limits, final):
+    """The whole request of a turn: the API is stateless, so the whole history goes again."""
     request = {"model": session["model"], "max_tokens": limits.max_tokens,
                "system": session["system"], "tools": session["tools"],
                "messages": sent_view(session),
@@ -364,12 +366,13 @@ TOOLS = [
 
 @dataclass
 class ToolContext:
-    workdir: Path
-    limits: Limits
-    sandbox: "Sandbox"
-    approve: object  # callable: code -> True to run it
-    decline_message: str = DECLINE_MESSAGE
-    cancel: threading.Event | None = None
+    """What the loop and the tools of one run share."""
+    workdir: Path  # where the tools work: read_file cannot leave it, run_python is confined to it
+    limits: Limits  # the run's only Limits
+    sandbox: "Sandbox"  # run_python's boundary, proven at its first call
+    approve: object  # callable: code -> True to run it (make_approver)
+    decline_message: str = DECLINE_MESSAGE  # what a declined call tells the model
+    cancel: threading.Event | None = None  # set to stop this run (its trial) from outside
 
     def __post_init__(self):
         self.workdir_fd = os.open(self.workdir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
