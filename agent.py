@@ -589,18 +589,31 @@ class StreamIncomplete(Exception):
 
 
 class StreamStalled(Exception):
-    """No event arrived for --request-timeout seconds (pings do not count): retry the turn."""
+    """No event arrived for --request-timeout seconds (pings do not count), or the reply went on
+    past the time it may take: retry the turn."""
+
+
+class StreamRunaway(StreamIncomplete):
+    """The reply streamed more than its max_tokens can hold: a server that does not stop."""
+
+
+MIN_TOKEN_RATE = 10  # tokens a second a reply averages at least, after its first event: with
+#                      the defaults a reply may take 180 s + 16,000 / 10 s (about 30 minutes)
+TOKEN_CHARS = 64  # characters one token can stream, at most (the longest are ~16): a reply that
+#                   streams more than max_tokens * 64 is cut, so a turn is bounded in size too
 
 
 class Watchdog:
-    """Shuts a stream's socket once no event has come for `seconds`: a server that sends only
-    pings, or nothing, cannot hold a turn forever. poke() on every event. One thread, started
-    once, patrols every stream of the process."""
+    """Shuts a stream's socket once no event has come for `seconds`, or at `deadline`: a server
+    that sends only pings, nothing, or never stops cannot hold a turn forever. poke() on every
+    event. One thread, started once, patrols every stream of the process."""
 
     active, lock, patrolling = set(), threading.Lock(), False
 
-    def __init__(self, stream, seconds):
-        self.stream, self.seconds, self.fired, self.last = stream, seconds, False, time.monotonic()
+    def __init__(self, stream, seconds, deadline):
+        self.stream, self.seconds, self.deadline = stream, seconds, deadline
+        self.fired, self.last = None, time.monotonic()  # fired: why it shut the stream
+        self.started = self.last
         with Watchdog.lock:
             Watchdog.active.add(self)
             if not Watchdog.patrolling:
@@ -618,14 +631,19 @@ class Watchdog:
     def patrol():
         while True:
             time.sleep(0.2)
+            moment = time.monotonic()
             with Watchdog.lock:
-                due = {w for w in Watchdog.active if time.monotonic() - w.last > w.seconds}
+                due = {w for w in Watchdog.active
+                       if moment - w.last > w.seconds or moment > w.deadline}
                 Watchdog.active -= due
             for watch in due:
-                watch.fire()
+                watch.fire(moment)
 
-    def fire(self):
-        self.fired = True
+    def fire(self, moment):
+        self.fired = (f"the reply went on past {self.deadline - self.started:.0f} s, the most "
+                      f"its max_tokens may take at {MIN_TOKEN_RATE} tokens a second"
+                      if moment > self.deadline else
+                      f"no event for {self.seconds:g} s; the server may be stuck")
         try:  # shutdown, not close: it wakes a read blocked in another thread
             network = self.stream.response.extensions.get("network_stream")
             sock = network.get_extra_info("socket") if network else None
@@ -658,24 +676,42 @@ def hold_reply_class(beta):
         REPLY_CLASSES[beta] = None
 
 
-def stream_once(client, request, report, cancel, stall):
+def stream_once(client, request, report, cancel, limits):
     """Send one request, stream its text to the reporter, return (message dict, request id)."""
     messages = client.beta.messages if "betas" in request else client.messages
-    stalled = f"no event for {stall:g} s; the server may be stuck"
+    most = request["max_tokens"] * TOKEN_CHARS  # characters the reply may stream
+    lasts = limits.request_timeout + request["max_tokens"] / MIN_TOKEN_RATE  # seconds it may take
     with messages.stream(**request) as stream:
-        watch, complete = Watchdog(stream, stall), False
+        watch = Watchdog(stream, limits.request_timeout, time.monotonic() + lasts)
+        complete, streamed, writing = False, 0, None
         try:
             for event in stream:
                 watch.poke()
                 check_cancelled(cancel)
                 if event.type == "text":
                     report.text(event.text)
+                    streamed += len(event.text)
                 elif event.type == "thinking":
                     report.text(event.thinking, thinking=True)
+                    streamed += len(event.thinking)
+                elif event.type == "content_block_start":
+                    block = event.content_block
+                    writing = [getattr(block, "name", "?"), 0] if block.type == "tool_use" \
+                        else None
+                    if writing:
+                        report.writing(*writing)
+                elif event.type == "input_json" and writing:
+                    writing[1] += len(event.partial_json)
+                    streamed += len(event.partial_json)
+                    report.writing(*writing)
                 elif event.type == "message_stop":
                     complete = True
+                if streamed > most:
+                    raise StreamRunaway(f"the reply streamed over {most:,} characters, more than "
+                                        f"max_tokens {request['max_tokens']} can hold; the "
+                                        "server does not stop")
             if not complete:
-                raise StreamStalled(stalled) if watch.fired else \
+                raise StreamStalled(watch.fired) if watch.fired else \
                     StreamIncomplete("the response stream ended before message_stop")
             message = stream.get_final_message()
         except (Interrupted, KeyboardInterrupt, StreamIncomplete, StreamStalled):
@@ -685,7 +721,7 @@ def stream_once(client, request, report, cancel, stall):
                                    "a server left out or garbled an event") from e
         except Exception as e:
             if watch.fired:
-                raise StreamStalled(stalled) from e
+                raise StreamStalled(watch.fired) from e
             raise
         finally:
             watch.stop()
@@ -745,8 +781,7 @@ def request_with_retries(client, request, limits, report, cancel):
     for attempt in range(1, limits.max_attempts + 1):
         started = time.monotonic()
         try:
-            message, request_id = stream_once(client, request, report, cancel,
-                                              limits.request_timeout)
+            message, request_id = stream_once(client, request, report, cancel, limits)
             return message, request_id, attempt, retries, api_seconds + time.monotonic() - started
         except (Interrupted, KeyboardInterrupt):
             raise
@@ -1908,6 +1943,7 @@ class Reporter:
         self.pending = ""  # streamed text not yet ended by a newline
         self.said = ""  # streamed text not yet sent as an event
         self.thinking = False  # streaming the summary of the model's thinking, not its text
+        self.said_writing = 0.0  # when stderr last said how far a tool call's input has come
 
     def write(self, text, always=False):
         if self.quiet and not always:
@@ -1954,6 +1990,16 @@ class Reporter:
         *lines, self.pending = self.pending.split("\n")
         for line in lines:
             self.write(f"{self.prefix}{line}\n")
+
+    def writing(self, name, chars):
+        """A tool call's input as it streams: a line every 2 s, so that stderr never goes silent
+        while the model writes a long script (a new call starts the clock with chars 0)."""
+        moment = time.monotonic()
+        if chars == 0:
+            self.said_writing = moment
+        elif moment - self.said_writing >= 2:
+            self.said_writing = moment
+            self.line(f"  writing a {name} call: {chars:,} characters so far")
 
     def flush_text(self):
         """End a half-written line of streamed text before anything else is printed."""
