@@ -727,7 +727,8 @@ def stream_once(client, request, report, cancel, limits):
             watch.stop()
         request_id = getattr(stream, "request_id", None)
     hold_reply_class("betas" in request)
-    return (message.to_dict() if hasattr(message, "to_dict") else message), request_id
+    return (message.to_dict(warnings=False) if hasattr(message, "to_dict") else message), \
+        request_id
 
 
 def transport_error(exc):
@@ -802,9 +803,9 @@ def request_with_retries(client, request, limits, report, cancel):
 
 
 def is_cut_tool_call(message):
-    content = message.get("content") or []
-    return message.get("stop_reason") == "max_tokens" and bool(content) and \
-        content[-1].get("type") == "tool_use"
+    content = message.get("content")
+    return message.get("stop_reason") == "max_tokens" and isinstance(content, list) and \
+        bool(content) and fields(content[-1]).get("type") == "tool_use"
 
 
 @dataclass
@@ -843,25 +844,57 @@ def request_turn(client, request, limits, report, cancel):
         reply.cut = (f"the reply was cut inside a tool call at max_tokens "
                      f"{' and again at '.join(map(str, sizes))}{why_not}; the incomplete call "
                      "was not run")
+    if not isinstance(message.get("stop_reason"), (str, type(None))):  # kept, as a string
+        message = dict(message, stop_reason=json.dumps(message["stop_reason"])[:80])
     reply.message = message
     return reply
 
 
+WORD = "a non-empty string"  # what an id or a name must be
+BLOCK_FIELDS = {  # what a block of each kind must hold to be sent (a reply's, or a resumed one)
+    "text": {"text": str}, "tool_use": {"id": WORD, "name": WORD, "input": dict},
+    "tool_result": {"tool_use_id": WORD}, "thinking": {"thinking": str, "signature": str},
+    "redacted_thinking": {"data": str}}
+
+
+ROLE_BLOCKS = {  # the kinds of block each side may send; a server tool's go back as they came
+    "user": {"text", "tool_result"},
+    "assistant": {"text", "thinking", "redacted_thinking", "tool_use", "server_tool_use",
+                  "web_search_tool_result", "web_fetch_tool_result", "code_execution_tool_result",
+                  "bash_code_execution_tool_result", "text_editor_code_execution_tool_result",
+                  "tool_search_tool_result", "mcp_tool_use", "mcp_tool_result", "container_upload"}}
+
+
+def block_problem(block, role):
+    """Why a content block cannot be sent to the API as it is, in a message of `role`, or None."""
+    if not isinstance(block, dict) or not is_str(block.get("type")):
+        return "a content block that is not an object with a type"
+    if block["type"] not in ROLE_BLOCKS[role]:
+        return f"a {shorten(block['type'], 40)!r} block, which the {role} side cannot send"
+    for key, kind in BLOCK_FIELDS.get(block["type"], {}).items():
+        value = block.get(key)
+        if not (is_str(value) if kind is WORD else isinstance(value, kind)):
+            what = kind if kind is WORD else "a string" if kind is str else "an object"
+            return f"a {block['type']} block whose {key} is not {what}"
+    return None
+
+
 def check_reply(message):
-    """The reply's content as it can go back, and what had to be mended: blocks that are not
-    objects, empty text (the API rejects it), a tool_use id used twice (the repeat is dropped)."""
+    """The reply's content as it can go back, and what had to be mended: a block the API would
+    not take back (block_problem), empty text (the API rejects it), a tool_use id used twice.
+    Whatever is dropped is kept in the turn's notes, and a dropped tool call is never run."""
     content, notes, seen = message.get("content"), [], set()
     if not isinstance(content, list):
         return [], [f"the reply's content was {type(content).__name__}, not a list"] * bool(content)
     kept = []
     for block in content:
-        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
-            notes.append(f"a content block that is not an object was dropped: {str(block)[:80]}")
-        elif block["type"] == "text" and not str(block.get("text", "")).strip():
+        problem = block_problem(block, "assistant")
+        if problem:
+            notes.append(f"{problem} was dropped, not run: {shorten(repr(block), 100)}")
+        elif block["type"] == "text" and not block["text"].strip():
             continue
-        elif block["type"] == "tool_use" and (not isinstance(block.get("id"), str)
-                                             or block["id"] in seen):
-            notes.append(f"a tool_use with a repeated or missing id ({block.get('id')!r}) was "
+        elif block["type"] == "tool_use" and block["id"] in seen:
+            notes.append(f"a tool_use with a repeated or missing id ({block['id']!r}) was "
                          "dropped, not run")
         else:
             seen.add(block.get("id"))
@@ -1402,12 +1435,6 @@ def is_str(value, empty=False):
     return isinstance(value, str) and (empty or bool(value))
 
 
-BLOCK_FIELDS = {  # what --resume checks in each kind of block before sending it anywhere
-    "text": {"text": str}, "tool_use": {"id": str, "name": str, "input": dict},
-    "tool_result": {"tool_use_id": str}, "thinking": {"thinking": str, "signature": str},
-    "redacted_thinking": {"data": str}}
-
-
 def transcript_problem(session):
     """What makes `session` unfit to resume, or None: every field resume reads, types included,
     and the tool_use/tool_result pairing the API requires."""
@@ -1430,10 +1457,9 @@ def transcript_problem(session):
                 or not isinstance(m.get("content"), list) or not m["content"]:
             return f"messages[{i}] is not a message with a role and content"
         for j, b in enumerate(m["content"]):
-            wanted = BLOCK_FIELDS.get(b.get("type"), {}) if isinstance(b, dict) else None
-            if wanted is None or not is_str(b.get("type")) or any(
-                    not isinstance(b.get(k), t) for k, t in wanted.items()):
-                return f"messages[{i}].content[{j}] is not a well-formed block"
+            if block_problem(b, m["role"]):
+                return (f"messages[{i}].content[{j}] is not a well-formed block: "
+                        f"{block_problem(b, m['role'])}")
             if b["type"] == "tool_result" and (m["role"] != "user" or b["tool_use_id"] not in asked):
                 return f"messages[{i}].content[{j}] answers a tool_use that is not just before it"
         answered = {b.get("tool_use_id") for b in m["content"] if b["type"] == "tool_result"}
