@@ -2796,7 +2796,8 @@ def make_cgroups(cgroup, policy):
     """Make a call's cgroup (one per controller on v1), named at random, with its caps."""
     memory, name = policy.memory_mb << 20, f"agent-{uuid.uuid4().hex[:16]}"
     caps = {"pids.max": policy.max_tasks, "memory.max": memory, "memory.swap.max": 0,
-            "memory.limit_in_bytes": memory, "memory.memsw.limit_in_bytes": memory}  # v2, v1
+            "memory.oom.group": 1,  # v2: out of memory, the call's processes go together
+            "memory.limit_in_bytes": memory, "memory.memsw.limit_in_bytes": memory}  # v1
     made = []
     try:
         for parent in cgroup[1]:
@@ -2942,6 +2943,10 @@ class Call:
             os.setpgid(0, 0)  # a group of its own: the one the keeper kills
         for directory in self.cgroups:
             Path(directory, "cgroup.procs").write_text("0")
+        try:  # out of memory, the kernel kills the script's processes first, never the agent's:
+            Path("/proc/self/oom_score_adj").write_text("1000")  # (a container's limit may be
+        except OSError:  # below the call's cap); raising one's own score needs no privilege
+            pass
         if box.mounts:
             private_scratch(box.libc, self)
         for which, soft, hard in self.rlimits:
