@@ -1184,13 +1184,16 @@ def dump(document):
 
 
 class OutputFile:
-    """A file agent.py rewrites whole (a transcript, a trials summary): checked before the first
-    request, outside the workdir, replaced atomically and never written through a symlink."""
+    """A file agent.py writes: a transcript or trials summary (rewritten whole after every turn),
+    events, a report or an export. Checked before the first request: outside the workdir, and
+    only ever a regular file that is replaced atomically, never a symlink. A stream (events,
+    a report, an export) may also go through a FIFO or character device (a pipe, /dev/null)
+    that is already there; a transcript may not, and a directory or socket never."""
 
-    def __init__(self, path, workdir, flag="--transcript"):
+    def __init__(self, path, workdir, flag="--transcript", stream=False):
         path = Path(os.path.abspath(path))
         parent = Path(os.path.realpath(path.parent))
-        self.path, self.name = path, path.name
+        self.path, self.name, self.flag, self.device = path, path.name, flag, None
         if workdir is not None and (parent / self.name).is_relative_to(workdir):
             trusted = " (and --resume would trust it)" if flag == "--transcript" else ""
             raise UsageError(f"{flag} {path} is inside the workdir {workdir}, where the model's "
@@ -1201,15 +1204,68 @@ class OutputFile:
         except OSError as e:
             raise UsageError(f"{flag} {path}: the directory {parent} {'does not exist' if e.errno == errno.ENOENT else e.strerror}")
         try:
-            if stat.S_ISDIR(os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False).st_mode):
-                raise UsageError(f"{flag} {path} is a directory; give a file name")
+            there = os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False)
         except FileNotFoundError:
-            pass
+            there = None
+        if there and stat.S_ISLNK(there.st_mode) and stream:  # /dev/stdout, /dev/fd/63: a pipe?
+            target = os.path.realpath(path)
+            if workdir is not None and Path(target).is_relative_to(workdir):
+                raise UsageError(f"{flag} {path} leads into the workdir {workdir} ({target})")
+            try:
+                there = os.stat(target)
+            except OSError:
+                there = None
+            if there and stat.S_ISREG(there.st_mode) or not there:
+                raise UsageError(f"{flag} {path} is a symlink; agent.py writes no file through "
+                                 "one: give the file itself")
+        kind = there and stat.S_IFMT(there.st_mode)
+        if kind == stat.S_IFDIR:
+            raise UsageError(f"{flag} {path} is a directory; give a file name")
+        if kind == stat.S_IFLNK:
+            raise UsageError(f"{flag} {path} is a symlink; agent.py writes no file through one: "
+                             "give the file itself")
+        if kind in (stat.S_IFIFO, stat.S_IFCHR) and stream:
+            self.device = self.open_device(there)
+        elif kind and kind != stat.S_IFREG:
+            raise UsageError(f"{flag} {path} is not a regular file ({FILE_KINDS.get(kind, 'a special file')}); "
+                             "agent.py only replaces regular files: give a file name")
+        else:
+            try:
+                self.write(b"")  # proves the directory writable before anything is paid for
+                os.unlink(self.temp, dir_fd=self.dir_fd)
+            except OSError as e:
+                raise UsageError(f"{flag} {path} cannot be written: {e.strerror}")
+        self.identity = (there.st_dev, there.st_ino) if there else str(parent / self.name)
+
+    def open_device(self, there):
+        """A descriptor writing through the FIFO or character device at the path: never one
+        that blocks for want of a reader."""
         try:
-            self.write(b"")  # proves the directory writable before anything is paid for
-            os.unlink(self.temp, dir_fd=self.dir_fd)
+            fd = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
         except OSError as e:
-            raise UsageError(f"{flag} {path} cannot be written: {e.strerror}")
+            why = "no one reads from it" if e.errno == errno.ENXIO else e.strerror
+            raise UsageError(f"{self.flag} {self.path} cannot be written: {why}")
+        opened = os.fstat(fd)
+        if (opened.st_dev, opened.st_ino) != (there.st_dev, there.st_ino):
+            os.close(fd)
+            raise UsageError(f"{self.flag} {self.path} changed while it was opened")
+        os.set_blocking(fd, True)
+        return fd
+
+    def stream(self):
+        """A binary file to append to: the device, or a new regular file in place of the old."""
+        if self.device is not None:
+            return os.fdopen(self.device, "wb")
+        fd = os.open(self.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW |
+                     os.O_CLOEXEC, 0o600, dir_fd=self.dir_fd)
+        return os.fdopen(fd, "wb")
+
+    def put(self, data):
+        """Write a whole document once: through the device, or replacing the file."""
+        if self.device is None:
+            return self.write(data, durable=True)
+        with self.stream() as f:
+            f.write(data)
 
     def write(self, data, durable=False):
         """Write `data` to a new file beside the target, then swap it in for the target. A turn's
@@ -1238,6 +1294,34 @@ class OutputFile:
             except OSError:
                 pass
             raise
+
+
+FILE_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device",
+              stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
+
+
+def file_identity(path):
+    """What names a file for the outputs' checks: its inode if it exists, else its path."""
+    try:
+        there = os.stat(path)
+        return there.st_dev, there.st_ino
+    except OSError:
+        return str(Path(os.path.realpath(Path(path).parent)) / Path(path).name)
+
+
+def check_distinct(outputs, inputs=()):
+    """Refuse two outputs on one file, and an output on a file the command reads: each would
+    destroy the other. `outputs` and `inputs`: (flag, OutputFile or path) pairs."""
+    seen = {}
+    for flag, out in outputs:
+        if out.identity in seen:
+            raise UsageError(f"{flag} {out.path} is also {seen[out.identity]}: two outputs on "
+                             "one file would destroy each other; give another name")
+        seen[out.identity] = f"{flag} {out.path}"
+    for flag, path in inputs:
+        if file_identity(path) in seen:
+            raise UsageError(f"{seen[file_identity(path)]} would overwrite {flag} {path}, which "
+                             "it reads; give another name")
 
 
 # The published schemas (python agent.py --schema transcript|events|summary), JSON Schema
@@ -1291,7 +1375,8 @@ TRANSCRIPT_SCHEMA = {
                                  "retries": array(RETRY_SCHEMA)})),
            "answer": nullable(STRING), "usage": USAGE_SCHEMA},
           {"agent_version": STRING, "run_id": STRING, "started_at": TIME,
-           "ended_at": nullable(TIME), "trial": COUNT, "cleared": array(STRING)})}
+           "ended_at": nullable(TIME), "trial": COUNT, "cleared": array(STRING),
+           "events_lost": STRING})}
 EVENT_TYPES = {  # type -> (fields it always has, fields it may have)
     "run.start": ({"schema_version": {"const": EVENTS_VERSION}, "agent_version": STRING,
                    "model": STRING, "workdir": STRING, "question": nullable(STRING),
@@ -1343,7 +1428,7 @@ SUMMARY_SCHEMA = {
            "interrupted": BOOL, "question": STRING, "model": STRING,
            "expect": obj({"regex": nullable(STRING), "tool": nullable(STRING),
                           "stop": nullable(STRING)}),
-           "decline_message": STRING})}
+           "decline_message": STRING}, {"events_lost": STRING})}
 SCHEMAS = {"transcript": TRANSCRIPT_SCHEMA, "events": EVENTS_SCHEMA, "summary": SUMMARY_SCHEMA}
 
 
@@ -1361,6 +1446,12 @@ class Saver:
     def __call__(self, session, final=False):
         if self.output:
             self.output.write(self.encode(session), durable=final)
+
+    def events_lost(self, session, events):
+        """Once the run has ended: if the event stream was lost, the transcript says why."""
+        if events and events.lost and session.get("events_lost") != events.lost:
+            session["events_lost"] = events.lost
+            self(session, final=True)
 
     def encode(self, document):
         """dump(document), byte for byte, but each message and turn is encoded once (the lists
@@ -1386,21 +1477,20 @@ class Saver:
 class Events:
     """The event stream (--events): JSON Lines, each event written and flushed as it happens,
     each with type, seq, at and run_id. Shared by concurrent trials, so it takes a lock. A
-    reader that goes away (a closed pipe) ends the stream, never the run."""
+    stream that cannot be written (a closed pipe, a full disk) ends, never the run: `lost`
+    says why, and stderr and the transcript say so once."""
 
     def __init__(self, stream, run_id, owned=False):
         self.stream, self.run_id, self.seq, self.lock = stream, run_id, 0, threading.Lock()
         self.owned = owned  # a file of its own to close, not stdout
+        self.lost, self.told = None, False  # why no more events are written; said on stderr
 
     @classmethod
-    def open(cls, path, workdir, run_id):
-        """`-` is stdout; a file is created like a transcript: outside the workdir, no symlink."""
-        if path == "-":
+    def open(cls, out, run_id):
+        """`out` is an OutputFile, or None for stdout."""
+        if out is None:
             return cls(sys.stdout.buffer, run_id)
-        out = OutputFile(path, workdir, "--events")
-        fd = os.open(out.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW |
-                     os.O_CLOEXEC, 0o600, dir_fd=out.dir_fd)
-        return cls(os.fdopen(fd, "wb"), run_id, owned=True)
+        return cls(out.stream(), run_id, owned=True)
 
     def emit(self, kind, trial=None, **data):
         with self.lock:
@@ -1412,13 +1502,26 @@ class Events:
             try:
                 self.stream.write(dump(event))
                 self.stream.flush()
-            except (OSError, ValueError):
+            except (OSError, ValueError) as e:
                 self.stream = None
+                self.lost = (f"the event stream could not be written ({getattr(e, 'strerror', 0) or e}); "
+                             f"events from seq {self.seq} ({kind}) on were dropped")
+
+    def news(self):
+        """Why events are lost, the first time it is asked after they were; else None."""
+        with self.lock:
+            if self.lost and not self.told:
+                self.told = True
+                return self.lost
+        return None
 
     def close(self):
         with self.lock:
             if self.stream is not None and self.owned:
-                self.stream.close()
+                try:
+                    self.stream.close()
+                except OSError:
+                    pass
             self.stream = None
 
 
@@ -1476,16 +1579,62 @@ def transcript_problem(session):
     return None
 
 
-def load_transcript(path, workdir=None):
-    """Read a saved transcript for --resume, or raise UsageError saying what is wrong."""
+MAX_DOCUMENT = 1 << 28  # bytes of a JSON document agent.py reads (a 1,000-turn transcript: ~5 MB)
+
+
+def read_document(path, flag):
+    """The JSON document at `path`, read only from a regular file, so that nothing at the path
+    can make agent.py block or run out of memory; else a UsageError saying what is there."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as f:
-            session = json.loads(f.read().decode("utf-8"))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise UsageError(f"cannot resume: {path} does not exist")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UsageError(f"cannot resume: {path} is not a readable JSON transcript ({e})")
+        raise UsageError(f"{flag} {path} does not exist")
+    except OSError as e:
+        raise UsageError(f"{flag} {path} cannot be read: {e.strerror}")
+    with os.fdopen(fd, "rb") as f:
+        kind = stat.S_IFMT(os.fstat(fd).st_mode)
+        if kind != stat.S_IFREG:
+            what = "a directory" if kind == stat.S_IFDIR else FILE_KINDS.get(kind, "not a file")
+            raise UsageError(f"{flag} {path} is {what}, not a regular file")
+        data = f.read(MAX_DOCUMENT + 1)
+    if len(data) > MAX_DOCUMENT:
+        raise UsageError(f"{flag} {path} is over {MAX_DOCUMENT >> 20} MiB: not a document "
+                         "agent.py wrote")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        first = data.split(b"\n", 1)[0]
+        try:
+            lines = json.loads(first.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            lines = None
+        if isinstance(lines, dict) and "seq" in lines and "type" in lines:
+            raise UsageError(f"{flag} {path} is an event stream (--events, JSON Lines), not a "
+                             "transcript or a trials summary")
+        raise UsageError(f"{flag} {path} is not a JSON document ({e})")
+
+
+def document_kind(document):
+    """What a JSON document is, in words, to tell the user what they gave."""
+    if not isinstance(document, dict):
+        return f"a JSON {type(document).__name__.replace('dict', 'object')}, not an object"
+    if document.get("kind") == "trials":
+        return "a trials summary"
+    if str(document.get("schema_version", "")).startswith("ATIF"):
+        return "an ATIF trajectory"
+    if "seq" in document and "type" in document:
+        return "one event of an event stream"
+    if "messages" in document:
+        return "a transcript"
+    return "an empty JSON object" if not document else "a JSON object that is not a transcript"
+
+
+def load_transcript(path):
+    """Read a saved transcript for --resume, or raise UsageError saying what is wrong."""
+    session = read_document(path, "--resume")
+    kind = document_kind(session)
+    if kind != "a transcript":
+        raise UsageError(f"cannot resume: {path} is {kind}, not a transcript")
     problem = transcript_problem(session)
     if problem:
         raise UsageError(f"cannot resume: {path} is not a version {TRANSCRIPT_VERSION} "
@@ -1641,22 +1790,24 @@ class TrialSpec:
         return {"regex": self.regex, "tool": self.tool, "stop": self.stop}
 
 
-def run_trials(spec, client, ctx, output, events):
-    """Run the trials and print their summary; return it. A trial's transcript goes beside
-    `output` (run.json -> run.1.json); a Ctrl-C cancels the trials still running."""
+def run_trials(spec, client, ctx, outputs, events):
+    """Run the trials and print their summary; return it. `outputs`: each trial's transcript
+    file, if any (run.json -> run.1.json). A Ctrl-C cancels the trials still running."""
     ctx = replace(ctx, cancel=threading.Event())
     results, pool = [], ThreadPoolExecutor(max_workers=spec.jobs)
 
     def trial(index):
         report = Reporter(spec.quiet, prefix=f"[trial {index}] " if spec.jobs > 1 else "",
                           events=events, trial=index)
-        out = OutputFile(trial_path(output.path, index), ctx.workdir) if output else None
+        out = outputs.get(index)
         session = new_session(spec.question, spec.model, ctx.workdir, spec.effort,
                               events.run_id if events else None)
         session["trial"] = index
         report.emit("trial.start", transcript=str(out.path) if out else None)
         started = time.monotonic()
-        stop = drive(client, session, ctx, report, Saver(out))
+        save = Saver(out)
+        stop = drive(client, session, ctx, report, save)
+        save.events_lost(session, events)
         report.line(f"stop: {stop.reason} ({stop.detail})" if report.prefix else
                     f"trial {index}: {stop.reason} ({stop.detail})", always=True)
         results.append({"index": index, "stop": stop.reason, "turns": len(session["turns"]),
@@ -1851,8 +2002,9 @@ def run_report(t):
     return page(f"agent.py run: {str(t.get('question', ''))[:80]}", "".join(body))
 
 
-def trials_report(summary, links):
-    """The report of --trials: pass@k and pass^k, and a row per trial linking to its report."""
+def trials_report(summary):
+    """The report of --trials: pass@k and pass^k, and a row per trial with its transcript's
+    name (render that with --report too: this page opens no file of its own accord)."""
     at, hat = fields(summary.get("pass_at_k")), fields(summary.get("pass_hat_k"))
     ks = sorted((int(k) for k in at if str(k).isdigit()))
     rows = "".join(f"<tr><td>{k}</td><td>{num(at.get(str(k))):.3f}</td><td>"
@@ -1873,13 +2025,13 @@ def trials_report(summary, links):
                 'where every trial passed or none did)</p>')
     trials = []
     for tr in items(summary.get("trials")):
-        link = links.get(tr.get("index"))
-        name = f'<a href="{esc(link)}">trial {esc(tr.get("index"))}</a>' if link else \
-            f"trial {esc(tr.get('index'))}"
-        trials.append(f"<tr><td>{name}</td><td>{esc(tr.get('stop'))}</td><td class=\""
-                      f"{'ok' if tr.get('passed') else 'error'}\">{'pass' if tr.get('passed') else 'fail'}"
-                      f"</td><td>{esc(tr.get('turns'))}</td><td>{num(tr.get('tokens')):,}</td>"
-                      f"<td>{money(tr.get('cost_usd'))}</td></tr>")
+        transcript = tr.get("transcript")
+        trials.append(f"<tr><td>trial {esc(tr.get('index'))}</td><td>{esc(tr.get('stop'))}</td>"
+                      f"<td class=\"{'ok' if tr.get('passed') else 'error'}\">"
+                      f"{'pass' if tr.get('passed') else 'fail'}</td><td>{esc(tr.get('turns'))}"
+                      f"</td><td>{num(tr.get('tokens')):,}</td><td>{money(tr.get('cost_usd'))}"
+                      f"</td><td><code>{esc(transcript) if is_str(transcript) else ''}</code>"
+                      "</td></tr>")
     interval = summary.get("pass@1_wilson95")
     interval = [f"{num(v):.3f}" for v in interval] if isinstance(interval, list) and \
         len(interval) == 2 else ["?", "?"]
@@ -1897,36 +2049,29 @@ def trials_report(summary, links):
     return page("agent.py trials", head + "<h2>pass@k and pass^k</h2><table><tr><th>k</th><th>"
                 "pass@k</th><th>pass^k</th></tr>" + rows + "</table>" + "".join(plot)
                 + "<h2>Trials</h2><table><tr><th>trial</th><th>stop</th><th>result</th><th>"
-                "turns</th><th>tokens</th><th>cost</th></tr>" + "".join(trials) + "</table>")
+                "turns</th><th>tokens</th><th>cost</th><th>transcript</th></tr>" + "".join(trials) + "</table>")
 
 
 def write_report(path, output=None):
-    """--report: render a transcript or a trials summary (and each trial it names) as HTML."""
-    try:
-        document = json.loads(Path(path).read_bytes().decode("utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"--report: {path} does not exist")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UsageError(f"--report: {path} is not a readable JSON file ({e})")
-    if not isinstance(document, dict):
-        raise UsageError(f"--report: {path} is neither a transcript nor a trials summary")
-    target = Path(output or Path(path).with_suffix(".html"))
-    links, written = {}, []
-    if document.get("kind") == "trials":
-        for trial in items(document.get("trials")):
-            source, index = trial.get("transcript"), trial.get("index")
-            if isinstance(source, str) and type(index) is int and Path(source).is_file():
-                page_path = target.with_name(f"{target.stem}.{index}.html")  # an int: no path
-                try:
-                    written += write_report(source, page_path)
-                    links[index] = page_path.name
-                except UsageError:
-                    pass  # an unreadable trial transcript: its row has no link
-        text = trials_report(document, links)
-    else:
-        text = run_report(document)
-    OutputFile(target, None, "--report").write(text.encode("utf-8", "backslashreplace"))
-    return written + [str(target)]
+    """--report: render a transcript or a trials summary as HTML. It reads only `path` and
+    writes only `output` (default: beside it, .html; "-" for stdout): a summary's trials are
+    rows, not pages, since a document must not make agent.py open another file."""
+    document = read_document(path, "--report")
+    kind = document_kind(document)
+    if kind not in ("a transcript", "a trials summary"):
+        raise UsageError(f"--report {path} is {kind}; it renders a transcript or a trials "
+                         "summary")
+    text = trials_report(document) if kind == "a trials summary" else run_report(document)
+    data = text.encode("utf-8", "backslashreplace")
+    if output == "-":
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return []
+    target = OutputFile(output or Path(path).with_suffix(".html"), None, "-o", stream=True)
+    check_distinct([("-o", target)], [("--report", path)])
+    target.put(data)
+    return [str(target.path)]
 
 
 # --- Terminal: progress on stderr, text made visible ---
@@ -1985,6 +2130,9 @@ class Reporter:
                 self.emit_said()
             if kind != "text.switch":
                 self.events.emit(kind, self.trial, **data)
+            news = self.events.news()
+            if news:
+                self.error(f"agent.py: {news}")
 
     def emit_said(self):
         extra = {"thinking": True} if self.thinking else {}
@@ -3340,8 +3488,17 @@ def main(argv=None, client=None, stdin=None):
         SECRETS.update(v for v in [config["ANTHROPIC_API_KEY"]] if v and len(v) >= 8)
         model = args.model or (session or {}).get("model") or config["ANTHROPIC_MODEL"] \
             or DEFAULT_MODEL
-        target = args.transcript or args.resume
+        target = args.transcript or args.resume  # --resume goes on in the file it continues
         output = OutputFile(target, workdir) if target not in (None, "-") else None
+        trial_outputs = {i: OutputFile(trial_path(output.path, i), workdir)
+                         for i in range(1, args.trials + 1)} if args.trials and output else {}
+        events_out = OutputFile(args.events, workdir, "--events", stream=True) \
+            if args.events not in (None, "-") else None
+        check_distinct([("--transcript", output)] * bool(output)
+                       + [("--events", events_out)] * bool(events_out)
+                       + [(f"trial {i}'s transcript", o) for i, o in trial_outputs.items()])
+        if events_out and args.resume:
+            check_distinct([("--events", events_out)], [("--resume", args.resume)])
         if args.budget_usd is not None and base_model(model) not in PRICING:
             raise UsageError(f"--budget-usd needs a known price, and {model} is not in the "
                              "pricing table")
@@ -3352,7 +3509,7 @@ def main(argv=None, client=None, stdin=None):
                         clear_at_least=args.clear_at_least, context_edit=args.context_edit)
         if client is None:
             client = make_client(config, limits)
-        events = Events.open(args.events, workdir, run_id) if args.events else None
+        events = Events.open(events_out, run_id) if args.events else None
     except UsageError as e:
         report.error(f"agent.py: {e}")
         return EXIT_USAGE
@@ -3382,7 +3539,9 @@ def main(argv=None, client=None, stdin=None):
         if args.trials:
             spec = TrialSpec(args.question, model, args.effort, args.trials, args.jobs,
                              args.expect, args.expect_tool, args.expect_stop, args.quiet)
-            summary = run_trials(spec, client, ctx, output, events)
+            summary = run_trials(spec, client, ctx, trial_outputs, events)
+            if events and events.lost:
+                summary["events_lost"] = events.lost
             if args.transcript == "-":
                 print_document(summary)
             elif output:
@@ -3400,7 +3559,8 @@ def main(argv=None, client=None, stdin=None):
                         f"far; workdir {workdir}; model {model}" + (
                             f"; {plural(unanswered, 'pending tool call')} answered 'not run'"
                             if unanswered else ""), always=True)
-        stop = drive(client, session, ctx, report, Saver(output))
+        save = Saver(output)
+        stop = drive(client, session, ctx, report, save)
         report.flush_text()
         u, turns = session["usage"], plural(len(session["turns"]), "turn")
         cost = "cost unknown" if u["cost_usd"] is None else f"${u['cost_usd']:.6f}"
@@ -3411,6 +3571,7 @@ def main(argv=None, client=None, stdin=None):
         elif session["answer"] and args.events != "-" and not shown_on_terminal(report):
             print(visible(session["answer"]) if sys.stdout.isatty() else session["answer"])
         run_stop_event(report, stop, session, started)
+        save.events_lost(session, events)  # the transcript says so, if they were
         return stop.exit_code
     except BaseException as e:  # the disk filled up, Ctrl-C outside a turn, a bug: one line
         stop = stop_for(e, api=False)
