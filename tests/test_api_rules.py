@@ -1,11 +1,16 @@
-"""The fake's rule checker, held against real recorded traffic so it cannot drift from the API."""
+"""The test doubles: the request checker (api_rules.py) held against recorded traffic so it
+cannot drift from the API, what the fixtures promise, and how the tests are laid out."""
 
 import json
+import socket
+from pathlib import Path
 
 import pytest
 
+import agent
 from api_rules import check_request
 from fakes import RECORDED
+
 
 ACCEPTED_LOOPS = sorted(p.name for p in RECORDED.glob("*.jsonl")
                         if p.name not in ("stop_sequence_prefill_stream_loop.jsonl",
@@ -92,3 +97,21 @@ def test_modified_thinking_is_rejected():
     assert "cannot be modified" in check_request(bad, issued)
     bad["messages"][1]["content"].reverse()
     assert "first block must be `thinking`" in check_request(bad, issued)
+
+
+# --- a clone passes its own tests, on its own ---
+
+def test_the_recorded_traffic_is_part_of_the_project():
+    project = Path(agent.__file__).resolve().parent
+    assert RECORDED.is_relative_to(project) and (RECORDED / "SOURCES.md").is_file()
+    assert (RECORDED / "API_RULES.md").is_file() and len(list(RECORDED.glob("*.sse"))) >= 10
+
+
+def test_the_network_guard_stops_what_is_not_loopback(loopback_only):
+    with pytest.raises(OSError):
+        socket.create_connection(("192.0.2.1", 443), timeout=1)
+    with pytest.raises(OSError):
+        socket.getaddrinfo("api.anthropic.com", 443)
+    assert len(loopback_only) == 2
+    loopback_only.clear()
+
