@@ -1,21 +1,20 @@
-"""What every test gets: none of the user's config, no network beyond loopback, no request the
-real API would reject, and nothing left behind in the temp directory."""
+"""The fixtures. What every test gets: none of the user's config, no network beyond loopback, no
+request the real API would reject, and nothing left behind in the temp directory. And what
+tests ask for by name: workdir, ctx, agent_copy. Helper functions are in helpers.py."""
 
-import ipaddress
 import json
 import os
+import shutil
 import socket
 import tempfile
 import time
 from pathlib import Path
 
-import jsonschema
 import pytest
 
 import agent
 import fakes
-
-DOTENV_FILES = agent.dotenv_files  # for the tests of .env itself
+from helpers import AGENT, loopback, schema_errors, tool_context
 
 
 @pytest.fixture(autouse=True)
@@ -27,15 +26,6 @@ def no_user_config(monkeypatch, tmp_path_factory):
     monkeypatch.setattr(agent, "dotenv_files", lambda: [])
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
     agent.SECRETS.clear()
-
-
-def loopback(host):
-    if host in ("localhost", "", None):
-        return True
-    try:
-        return ipaddress.ip_address(host.split("%")[0]).is_loopback
-    except ValueError:
-        return False
 
 
 @pytest.fixture(autouse=True)
@@ -82,38 +72,13 @@ def no_rejected_requests():
     assert not rejected, f"the API would reject a request: {rejected}"
 
 
-def strict(schema):
-    """The published schema, with no field allowed that it does not name: what agent.py
-    writes today must all be documented (readers of a version should still let new ones by)."""
-    if isinstance(schema, dict):
-        schema = {k: strict(v) for k, v in schema.items()}
-        if "properties" in schema:
-            schema.setdefault("additionalProperties", False)
-    elif isinstance(schema, list):
-        schema = [strict(v) for v in schema]
-    return schema
-
-
-VALIDATORS = {name: jsonschema.Draft202012Validator(strict(schema),
-                                                    format_checker=jsonschema.FormatChecker())
-              for name, schema in agent.SCHEMAS.items()}
-
-
-def kind_of(document):
-    if isinstance(document, dict):
-        if document.get("kind") == "trials":
-            return "summary"
-        if "seq" in document and "type" in document:
-            return "events"
-        if "messages" in document:
-            return "transcript"
-    return None
-
-
-def schema_errors(document, kind=None):
-    kind = kind or kind_of(document)
-    return [f"{kind}: {'/'.join(map(str, e.absolute_path))}: {e.message}"
-            for e in VALIDATORS[kind].iter_errors(document)] if kind else []
+@pytest.fixture(autouse=True)
+def no_request_a_fake_api_rejected(request):
+    """Every request a FakeAPI of the test's (helpers.serve) saw must be one the real API would
+    accept."""
+    yield
+    for api in getattr(request.node, "apis", []):
+        assert not api.rejected, f"the API would reject a request: {api.rejected}"
 
 
 @pytest.fixture(autouse=True)
@@ -166,3 +131,18 @@ def workdir(tmp_path):
     (wd / "notes.md").write_text("# Notes\nline two\n")
     (tmp_path / "secret.txt").write_text("top secret\n")
     return wd
+
+
+@pytest.fixture
+def ctx(workdir, tmp_path):
+    """A ToolContext on the workdir: no sandbox, every run_python call approved."""
+    return tool_context(workdir, tmp_path)
+
+
+@pytest.fixture
+def agent_copy(tmp_path):
+    """agent.py alone in a directory: no .env of the user's beside it, nothing else."""
+    copy = tmp_path / "agent" / "agent.py"
+    copy.parent.mkdir()
+    shutil.copy(AGENT, copy)
+    return copy

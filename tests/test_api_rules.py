@@ -1,11 +1,17 @@
-"""The fake's rule checker, held against real recorded traffic so it cannot drift from the API."""
+"""The test doubles: the request checker (api_rules.py) held against recorded traffic so it
+cannot drift from the API, what the fixtures promise, and how the tests are laid out."""
 
+import ast
 import json
+import socket
+from pathlib import Path
 
 import pytest
 
+import agent
 from api_rules import check_request
 from fakes import RECORDED
+
 
 ACCEPTED_LOOPS = sorted(p.name for p in RECORDED.glob("*.jsonl")
                         if p.name not in ("stop_sequence_prefill_stream_loop.jsonl",
@@ -92,3 +98,52 @@ def test_modified_thinking_is_rejected():
     assert "cannot be modified" in check_request(bad, issued)
     bad["messages"][1]["content"].reverse()
     assert "first block must be `thinking`" in check_request(bad, issued)
+
+
+# --- a clone passes its own tests, on its own ---
+
+def test_the_recorded_traffic_is_part_of_the_project():
+    project = Path(agent.__file__).resolve().parent
+    assert RECORDED.is_relative_to(project) and (RECORDED / "SOURCES.md").is_file()
+    assert (RECORDED / "API_RULES.md").is_file() and len(list(RECORDED.glob("*.sse"))) >= 10
+
+
+def test_the_network_guard_stops_what_is_not_loopback(loopback_only):
+    with pytest.raises(OSError):
+        socket.create_connection(("192.0.2.1", 443), timeout=1)
+    with pytest.raises(OSError):
+        socket.getaddrinfo("api.anthropic.com", 443)
+    assert len(loopback_only) == 2
+    loopback_only.clear()
+
+
+# --- how the tests are laid out ---
+
+def imports_of_tests(source):
+    """The test modules (test_*) and conftest that `source` imports, at any depth: a test
+    module imports helpers, fakes and the other doubles, never another test module."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import) or isinstance(node, ast.ImportFrom) and not node.module:
+            names = [a.name for a in node.names]  # import test_x; from . import test_x
+        else:
+            names = [node.module] if isinstance(node, ast.ImportFrom) else []
+        found += [n for n in names if n.split(".")[0].startswith("test_")
+                  or n.split(".")[0] == "conftest"]
+    return found
+
+
+def test_the_check_of_imports_catches_each_form():
+    assert imports_of_tests("import json\nfrom helpers import run_cli\nimport fakes") == []
+    assert imports_of_tests("from test_agent import run") == ["test_agent"]
+    assert imports_of_tests("import test_events as e, os") == ["test_events"]
+    assert imports_of_tests("def f():\n    from conftest import DOTENV_FILES\n") == ["conftest"]
+    assert imports_of_tests("from . import test_trust") == ["test_trust"]
+
+
+def test_no_test_module_imports_another():
+    tests = sorted(Path(__file__).parent.glob("test_*.py"))
+    assert len(tests) >= 10
+    found = {path.name: imports_of_tests(path.read_text()) for path in tests}
+    assert not {name: imported for name, imported in found.items() if imported}, \
+        "shared helpers belong in helpers.py (functions) or conftest.py (fixtures)"

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import agent
-from conftest import schema_errors
+from helpers import schema_errors
 
 LIVE_ENV = {k: v for k, v in os.environ.items() if k.startswith("ANTHROPIC")}  # read at import,
 # before the fixture that hides the user's settings from every other test

@@ -11,7 +11,7 @@ import pytest
 
 import agent
 from fakes import FakeAPIError, FakeClient, reply, text, tool_use
-from test_agent import run
+from helpers import run_cli
 
 HOSTILE = "</pre><script>window.__pwned = 1</script><img src=x onerror=\"window.__pwned=2\">"
 
@@ -28,16 +28,16 @@ def a_run(capsys, workdir, tmp_path, name="run.json"):
         reply(tool_use("run_python", {"code": "print('<b>bold</b>')"}), input_tokens=15,
               output_tokens=50, read=751, write=300),
         reply(text(f"Done. {HOSTILE}"), input_tokens=12, output_tokens=40, read=1051, write=80))
-    code, _, _ = run(capsys, ["q <i>?</i>", "--workdir", str(workdir), "--yes", "--no-sandbox",
-                              "--transcript", str(path)], client)
+    code, _, _ = run_cli(capsys, ["q <i>?</i>", "--workdir", str(workdir), "--yes", "--no-sandbox",
+                                  "--transcript", str(path)], client)
     assert code == 0
     return path
 
 
 def report(capsys, source, *extra):
-    code = agent.main(["--report", str(source), *extra])
-    assert code == 0, capsys.readouterr().err
-    return capsys.readouterr().err
+    code, _, err = run_cli(capsys, ["--report", str(source), *extra])
+    assert code == 0, err
+    return err
 
 
 def test_a_run_report_is_self_contained_and_inert(capsys, workdir, tmp_path):
@@ -67,8 +67,8 @@ def test_a_trials_report_links_a_report_per_trial(capsys, workdir, tmp_path):
     summary = tmp_path / "trials.json"
     client = FakeClient(reply(text("42")), FakeAPIError(400, "invalid_request_error", "bad"),
                         reply(text("41")))
-    run(capsys, ["q", "--workdir", str(workdir), "--trials", "3", "--expect", "42",
-                 "--transcript", str(summary)], client)
+    run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "3", "--expect", "42",
+                     "--transcript", str(summary)], client)
     err = report(capsys, summary)
     page = (tmp_path / "trials.html").read_text()
     assert "pass@k" in page and "pass^k" in page and 'class="passk"' in page
@@ -93,9 +93,12 @@ def test_a_malformed_document_still_gives_a_page(capsys, tmp_path, document):
 
 def test_a_report_of_something_else_is_a_usage_error(capsys, tmp_path):
     (tmp_path / "list.json").write_text("[1, 2]")
+    errors = ""
     for source in (tmp_path / "list.json", tmp_path / "missing.json"):
-        assert agent.main(["--report", str(source)]) == 2
-    assert "neither a transcript" in capsys.readouterr().err
+        code, _, err = run_cli(capsys, ["--report", str(source)])
+        assert code == 2
+        errors += err
+    assert "neither a transcript" in errors
 
 
 # --- in a real browser ---

@@ -1,5 +1,6 @@
-"""run_python's boundary, attacked from outside: files, sockets, privilege, other processes,
-the kernel, what outlives a call, what runs; and that ordinary scripts still work."""
+"""Path safety and the sandbox: what read_file may open, and run_python's boundary attacked
+from outside (files, sockets, privilege, other processes, the kernel, what outlives a call,
+what runs); and that ordinary scripts still work."""
 
 import json
 import os
@@ -18,7 +19,8 @@ import pytest
 import agent
 import bpf
 from fakes import FakeClient, alive, reply, text, tool_use
-from test_agent import final_messages, run
+from helpers import call, final_messages, run_cli, tool_context
+
 
 MACHINE = agent.platform.machine()
 
@@ -49,12 +51,71 @@ def execute(box, workdir, code, timeout=20, chars=30_000, cancel=None):
     return agent.execute(code, Path(os.path.realpath(workdir)), box, timeout, chars, cancel)
 
 
+# --- path safety: what read_file opens is what it checked ---
+
+@pytest.mark.parametrize("path", ["../secret.txt", "/etc/passwd", "sub/../../secret.txt"])
+def test_read_file_refuses_paths_outside(ctx, path):
+    result = call(ctx, "read_file", path=path)
+    assert result["is_error"] and "outside the working directory" in result["content"]
+
+
+def test_read_file_resolves_symlinks_before_the_check(ctx):
+    (ctx.workdir / "link").symlink_to("/etc/passwd")
+    (ctx.workdir / "inner").symlink_to(ctx.workdir / "scores.csv")
+    assert "outside" in call(ctx, "read_file", path="link")["content"]
+    assert "Alice" in call(ctx, "read_file", path="inner")["content"]
+
+
+SWAPPER = """
+import os, sys, time
+d, parked, outside = sys.argv[1:]
+ends, swaps = time.monotonic() + 2, 0
+while time.monotonic() < ends:  # d is, in turn, the real directory and a symlink out
+    os.rename(d, parked)
+    os.symlink(outside, d)
+    os.unlink(d)
+    os.rename(parked, d)
+    swaps += 1
+print(swaps)
+"""
+
+
+def test_a_directory_swapped_for_a_symlink_never_leaks_a_file_outside(workdir, tmp_path):
+    (workdir / "d").mkdir()
+    (workdir / "d" / "f.txt").write_text("inside\n")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "f.txt").write_text("SECRET\n")
+    ctx = tool_context(workdir, tmp_path)
+    swapper = subprocess.Popen([sys.executable, "-c", SWAPPER, str(workdir / "d"),
+                                str(workdir / "parked"), str(outside)], stdout=subprocess.PIPE,
+                               text=True)  # another process, as a concurrent trial's script
+    seen = []
+    while swapper.poll() is None:
+        seen.append(call(ctx, "read_file", path="d/f.txt")["content"])
+    swaps = int(swapper.stdout.read())
+    assert swaps > 300 and len(seen) > 300, "the race never ran"
+    assert not [s for s in seen if "SECRET" in s]
+    assert any("inside" in s for s in seen)
+
+
+@pytest.mark.parametrize("path, fragment", [
+    ("a\0b", "not a usable path"), ("x" * 5000, "File name too long"), ("scores.csv/inner", "Not a directory"),
+    ("loop/x", "Too many levels of symbolic links"), ("..", "outside the working directory"),
+    ("", "not a usable path"), ("/", "outside the working directory")])
+def test_every_bad_path_is_a_tool_error(workdir, tmp_path, path, fragment):
+    (workdir / "loop").symlink_to("loop")
+    result = call(tool_context(workdir, tmp_path), "read_file", path=path)
+    assert result["is_error"] and fragment in result["content"], result["content"]
+    assert "internal tool error" not in result["content"]
+
+
 # --- files and sockets: a model-written script under --yes ---
 
 def run_script(capsys, workdir, code):
     """What one run_python call under --yes sends back to the model."""
     client = FakeClient(reply(tool_use("run_python", {"code": code})), reply(text("ok")))
-    exit_code, _, err = run(capsys, ["q", "--workdir", str(workdir), "--yes"], client)
+    exit_code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes"], client)
     assert exit_code == 0
     return final_messages(client)[-1]["content"][0], err
 
@@ -631,6 +692,16 @@ def test_modules_left_in_the_workdir_or_home_do_not_shadow_the_stdlib(box, workd
     assert run.code == 0 and run.stdout.split() == ["1", "2"], run.stderr
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="Linux sandbox")
+def test_a_coding_declaration_cannot_change_what_runs(capsys, workdir):
+    code_ = "# -*- coding: utf-7 -*-\n# +AAo-open('pwned', 'w').write('x')\nprint('shown')\n"
+    client = FakeClient(reply(tool_use("run_python", {"code": code_})), reply(text("ok")))
+    run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox"], client)
+    result = final_messages(client)[-1]["content"][0]
+    assert not (workdir / "pwned").exists()
+    assert result["is_error"] and "encoding problem: utf-7 with BOM" in result["content"]
+
+
 # --- bounded as a whole ---
 
 @needs_landlock
@@ -740,7 +811,7 @@ def test_the_status_line_names_every_layer(box):
 @needs_landlock
 def test_the_self_test_runs_at_the_first_run_python_call_not_before(capsys, workdir):
     client = FakeClient(reply(text("no tools needed")))
-    _, _, err = run(capsys, ["q", "--workdir", str(workdir), "--yes"], client)
+    _, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes"], client)
     assert "sandbox:" not in err
     _, err = run_script(capsys, workdir, "print(1)")[0], run_script(capsys, workdir, "print(1)")[1]
     assert err.count("sandbox: landlock") == 1
@@ -748,7 +819,8 @@ def test_the_self_test_runs_at_the_first_run_python_call_not_before(capsys, work
 
 def test_no_sandbox_says_so_and_yes_runs_without_asking(capsys, workdir):
     client = FakeClient(reply(tool_use("run_python", {"code": "print(1)"})), reply(text("ok")))
-    code, _, err = run(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox"], client)
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox"],
+                           client)
     assert code == 0 and "sandbox: off (--no-sandbox)" in err and "[y/N]" not in err
 
 
@@ -760,7 +832,7 @@ def test_without_a_working_sandbox_yes_still_asks(capsys, workdir, monkeypatch, 
     monkeypatch.setattr(agent, "landlock_abi", lambda libc: abi)
     client = FakeClient(reply(tool_use("run_python", {"code": "open('ran', 'w')"})),
                         reply(text("ok")))
-    code, _, err = run(capsys, ["q", "--workdir", str(workdir), "--yes"], client, stdin="n\n")
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes"], client, stdin="n\n")
     assert code == 0 and "sandbox: unavailable" in err and why in err
     assert "[y/N]" in err and not (workdir / "ran").exists()
 
@@ -786,6 +858,19 @@ def test_child_env_is_an_allowlist(monkeypatch, tmp_path):
                         "PYTHONSAFEPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING",
                         "MPLBACKEND"}
     assert env["HOME"] == env["TMPDIR"] == str(tmp_path) and env["LC_TIME"] == "C"
+
+
+def test_the_api_key_never_reaches_run_python(capsys, workdir, monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-from-env")
+    monkeypatch.setenv("MY_SERVICE_TOKEN", "tok")
+    monkeypatch.chdir(workdir)
+    (workdir / ".env").write_text("ANTHROPIC_API_KEY=sk-ant-from-dotenv\n")
+    client = FakeClient(reply(tool_use("run_python", {"code": "import os; print(dict(os.environ))"})),
+                        reply(text("ok")))
+    run_cli(capsys, ["q", "--yes"], client)
+    shown = final_messages(client)[-1]["content"][0]["content"]
+    assert "HOME" in shown and "sk-ant" not in shown and "tok" not in shown
+    assert "ANTHROPIC" not in shown and "ANTHROPIC_API_KEY" not in os.environ.get("X", "")
 
 
 def test_each_call_has_a_private_home_removed_afterwards(box, workdir):

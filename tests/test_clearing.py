@@ -1,15 +1,13 @@
-"""Long runs that stay small and cheap: clearing old tool results (client and server side),
-cache breakpoints that survive a big turn, cache-miss reasons, token counts, full costs."""
+"""Clearing old tool results: the sent view and its cache breakpoints, clearing on the client's
+side and the API's (context editing). Long runs that stay small and cheap."""
 
 import json
-
-import pytest
 
 import agent
 from api_rules import check_request
 from cache_model import PromptCache
 from fakes import FakeClient, reply, text, tool_use
-from test_agent import run
+from helpers import run_cli, serve
 
 
 def big_files(workdir, n=8, size=4000):
@@ -65,6 +63,50 @@ def test_a_breakpoint_marks_where_the_previous_request_ended(workdir):
     assert marked == [(4, "tool_result")]  # the end of the request before the last reply
 
 
+# --- caching that never silently misses ---
+
+def billed_run(capsys, workdir, monkeypatch, breakpoint):
+    """A run whose second turn adds 24 positions (text and tool calls interleaved), billed by
+    the cache stand-in; `breakpoint` False sends no breakpoint at the previous end."""
+    big_files(workdir)
+    if not breakpoint:
+        real = agent.sent_view
+
+        def without(session):
+            return [{"role": m["role"], "content": [{k: v for k, v in b.items()
+                                                     if k != "cache_control"}
+                                                    for b in m["content"]]}
+                    for m in real(session)]
+        monkeypatch.setattr(agent, "sent_view", without)
+    cache, bills = PromptCache(minimum=0), []
+
+    def billed(message):
+        def answer(body):
+            bills.append(cache.bill(body))
+            return dict(message, usage=bills[-1])
+        return answer
+
+    many = []
+    for i in range(12):
+        many += [text(f"Now doc {i}."), tool_use("read_file", {"path": f"doc{i % 8}.md"})]
+    client = FakeClient(billed(reading(0)), billed(reply(*many)), billed(reply(text("done"))))
+    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir)], client)
+    assert code == 0
+    return bills
+
+
+def test_a_turn_of_more_than_20_blocks_still_reads_the_cache(workdir, monkeypatch, capsys):
+    with_mark = billed_run(capsys, workdir, monkeypatch, breakpoint=True)
+    assert with_mark[2]["cache_read_input_tokens"] > 0
+    assert with_mark[2]["cache_read_input_tokens"] >= sum(with_mark[1][k] for k in (
+        "cache_read_input_tokens", "cache_creation_input_tokens"))  # all of turn 2's prefix
+
+
+def test_without_the_breakpoint_that_turn_would_miss(workdir, monkeypatch, capsys):
+    without = billed_run(capsys, workdir, monkeypatch, breakpoint=False)
+    assert without[2]["cache_read_input_tokens"] == 0  # so the test above can fail
+
+
 # --- clearing, client side ---
 
 def clearing_run(capsys, workdir, tmp_path, *flags, turns=7):
@@ -72,8 +114,8 @@ def clearing_run(capsys, workdir, tmp_path, *flags, turns=7):
     replies = [reading(i, input_tokens=3000 * (i + 1)) for i in range(turns)] + \
         [reply(text("done"))]
     client, path = FakeClient(*replies), tmp_path / "run.json"
-    code, _, err = run(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path),
-                                *flags], client)
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path),
+                                    *flags], client)
     assert code == 0, err
     return client, json.loads(path.read_text()), err
 
@@ -108,8 +150,8 @@ def test_clearing_is_the_same_after_resume(capsys, workdir, tmp_path):
                                     "--keep-tool-results", "2", "--clear-at-least", "500")
     path = tmp_path / "run.json"
     resumed = FakeClient(reply(text("again")))
-    code, _, _ = run(capsys, ["--resume", str(path), "more", "--clear-tool-results", "9000",
-                              "--keep-tool-results", "2"], resumed)
+    code, _, _ = run_cli(capsys, ["--resume", str(path), "more", "--clear-tool-results", "9000",
+                                  "--keep-tool-results", "2"], resumed)
     def plain(messages):  # the content: where the breakpoints sit moves, by design
         return json.dumps([[{k: v for k, v in b.items() if k != "cache_control"}
                             for b in m["content"]] for m in messages])
@@ -136,9 +178,9 @@ def test_server_side_editing_sends_the_edit_and_records_what_was_cleared(capsys,
     client = FakeClient(reading(0), dict(reading(1), context_management=applied),
                         reply(text("done")))
     path = tmp_path / "run.json"
-    code, _, _ = run(capsys, ["q", "--workdir", str(workdir), "--context-edit", "server",
-                              "--clear-tool-results", "30000", "--keep-tool-results", "2",
-                              "--transcript", str(path)], client)
+    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--context-edit", "server",
+                                  "--clear-tool-results", "30000", "--keep-tool-results", "2",
+                                  "--transcript", str(path)], client)
     saved = json.loads(path.read_text())
     assert code == 0 and all(r["_betas"] == ["context-management-2025-06-27"]
                              for r in client.requests)
@@ -152,112 +194,9 @@ def test_server_side_editing_sends_the_edit_and_records_what_was_cleared(capsys,
 
 
 def test_the_real_sdk_sends_the_beta_header(request, capsys, workdir):
-    from test_sdk_http import run as run_http, serve
     api = serve(request, reply(text("ok")))
-    code, _, _ = run_http(capsys, api, ["q", "--workdir", str(workdir), "--context-edit",
-                                        "server", "--clear-tool-results", "50000"],
-                          clear_at=50000, context_edit="server")
+    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--context-edit",
+                                  "server", "--clear-tool-results", "50000"], api=api,
+                         clear_at=50000, context_edit="server")
     assert code == 0 and api.requests[0]["context_management"]["edits"][0]["trigger"] == \
         {"type": "input_tokens", "value": 50000}
-
-
-# --- caching that never silently misses ---
-
-def billed_run(workdir, monkeypatch, breakpoint):
-    """A run whose second turn adds 24 positions (text and tool calls interleaved), billed by
-    the cache stand-in; `breakpoint` False sends no breakpoint at the previous end."""
-    big_files(workdir)
-    if not breakpoint:
-        real = agent.sent_view
-
-        def without(session):
-            return [{"role": m["role"], "content": [{k: v for k, v in b.items()
-                                                     if k != "cache_control"}
-                                                    for b in m["content"]]}
-                    for m in real(session)]
-        monkeypatch.setattr(agent, "sent_view", without)
-    cache, bills = PromptCache(minimum=0), []
-
-    def billed(message):
-        def answer(body):
-            bills.append(cache.bill(body))
-            return dict(message, usage=bills[-1])
-        return answer
-
-    many = []
-    for i in range(12):
-        many += [text(f"Now doc {i}."), tool_use("read_file", {"path": f"doc{i % 8}.md"})]
-    client = FakeClient(billed(reading(0)), billed(reply(*many)), billed(reply(text("done"))))
-    code = agent.main(["q", "--workdir", str(workdir)], client=client)
-    assert code == 0
-    return bills
-
-
-def test_a_turn_of_more_than_20_blocks_still_reads_the_cache(workdir, monkeypatch, capsys):
-    with_mark = billed_run(workdir, monkeypatch, breakpoint=True)
-    assert with_mark[2]["cache_read_input_tokens"] > 0
-    assert with_mark[2]["cache_read_input_tokens"] >= sum(with_mark[1][k] for k in (
-        "cache_read_input_tokens", "cache_creation_input_tokens"))  # all of turn 2's prefix
-
-
-def test_without_the_breakpoint_that_turn_would_miss(workdir, monkeypatch, capsys):
-    without = billed_run(workdir, monkeypatch, breakpoint=False)
-    assert without[2]["cache_read_input_tokens"] == 0  # so the test above can fail
-
-
-def test_the_reason_for_a_cache_miss_is_kept_per_turn(capsys, workdir, tmp_path):
-    why = {"cache_miss_reason": {"type": "messages_changed", "cache_missed_input_tokens": 1200}}
-    client = FakeClient(reply(tool_use("read_file", {"path": "notes.md"})),
-                        dict(reply(text("done")), diagnostics=why))
-    path = tmp_path / "run.json"
-    run(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)], client)
-    saved = json.loads(path.read_text())
-    first_id = saved["turns"][0]["message_id"]
-    assert client.requests[0]["diagnostics"] == {"previous_message_id": None}
-    assert client.requests[1]["diagnostics"] == {"previous_message_id": first_id}
-    assert saved["turns"][0]["cache_miss"] is None
-    assert saved["turns"][1]["cache_miss"] == why["cache_miss_reason"]
-
-
-# --- token counts and full costs ---
-
-def test_count_tokens_prints_the_parts_of_a_request_and_runs_nothing(capsys):
-    client = FakeClient()
-    assert agent.main(["--count-tokens", "How many rows?"], client=client) == 0
-    out = capsys.readouterr().out
-    assert client.requests == [] and len(client.counted) == 3
-    assert [list(c) for c in client.counted] == [["model", "messages"],
-                                                 ["model", "messages", "system"],
-                                                 ["model", "messages", "system", "tools"]]
-    lines = dict(line.rsplit(None, 1) for line in out.splitlines()[1:])
-    numbers = {k.strip(): int(v.replace(",", "")) for k, v in lines.items()}
-    assert numbers["the tool-use system prompt the API adds"] == 286
-    assert numbers["every request starts with"] == sum(
-        v for k, v in numbers.items() if k != "every request starts with")
-
-
-def test_count_tokens_through_the_real_sdk(request, capsys):
-    from test_sdk_http import sdk_client, serve
-    api = serve(request)
-    assert agent.main(["--count-tokens"], client=sdk_client(api)) == 0
-    out = capsys.readouterr().out
-    assert api.requests == [] and len(api.counted) == 3
-    assert api.counted[0]["messages"][0]["content"][0]["text"] == agent.EXAMPLE_QUESTION
-    assert "every request starts with" in out
-
-
-def test_compaction_iterations_are_priced_too():
-    usage = {"input_tokens": 23000, "output_tokens": 1000, "iterations": [
-        {"type": "compaction", "input_tokens": 180000, "output_tokens": 3500},
-        {"type": "message", "input_tokens": 23000, "output_tokens": 1000}]}
-    # Haiku 5.5: the compaction step is over 100k, second band: 180000*0.5 + 3500*2.5
-    #            the message step: 23000*0.10 + 1000*0.50
-    expected = (180000 * 0.5 + 3500 * 2.5 + 23000 * 0.10 + 1000 * 0.50) / 1e6
-    assert agent.cost_usd("claude-haiku-5-5", usage) == pytest.approx(expected)
-    record = agent.usage_record("claude-haiku-5-5", usage)
-    assert (record["input_tokens"], record["output_tokens"]) == (203000, 4500)
-
-
-def test_sonnet_5_5_cache_reads_cost_ten_cents():
-    usage = {"input_tokens": 0, "output_tokens": 0, "cache_read_input_tokens": 1_000_000}
-    assert agent.cost_usd("claude-sonnet-5-5", usage) == pytest.approx(0.10)

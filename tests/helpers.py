@@ -1,0 +1,179 @@
+"""What more than one test file uses: running the CLI (in-process, or as a subprocess), a local
+Messages API per test, tool contexts, and reading and checking what a run wrote.
+
+The test doubles are in their own modules: fakes.py (FakeClient and reply builders),
+fake_api.py (a loopback Messages API), api_rules.py (the request checker), cache_model.py and
+bpf.py. The fixtures are in conftest.py. No test module imports another one (test_api_rules.py
+checks that).
+"""
+
+import io
+import ipaddress
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+
+import agent
+from fake_api import FakeAPI
+from fakes import tool_use
+
+AGENT = Path(agent.__file__).resolve()
+DOTENV_FILES = agent.dotenv_files  # the real one, for the tests of .env itself (conftest.py
+# replaces it for every test)
+
+
+class Silent(agent.Reporter):
+    def line(self, *a, **k):
+        pass
+
+
+# --- the CLI, in-process or as a user runs it ---
+
+def run_cli(capsys, argv, client=None, api=None, stdin="", **limits):
+    """Run the CLI in-process; return (exit code, stdout, stderr). The model is `client` (a
+    FakeClient), or the real SDK against `api` (a FakeAPI, made with `limits`), or, with
+    neither, whatever main() makes of the config. `stdin` answers the approval prompt: a
+    string, or a file-like object."""
+    if api is not None:
+        assert client is None, "a FakeClient or a FakeAPI, not both"
+        client = sdk_client(api, **limits)
+    else:
+        assert not limits, "limits go to the SDK client made for `api`"
+    code = agent.main(argv, client=client,
+                      stdin=io.StringIO(stdin) if isinstance(stdin, str) else stdin)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+DEAD_PROXY = "http://127.0.0.1:9"  # the discard port: nothing listens, every request fails
+
+
+def agent_env(api=None, **extra):
+    """An environment with none of the user's ANTHROPIC_* and no way off loopback: any request
+    not to 127.0.0.1 goes to a proxy that is not there."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("ANTHROPIC") and "proxy" not in k.lower()}
+    env.update(HTTPS_PROXY=DEAD_PROXY, HTTP_PROXY=DEAD_PROXY, ALL_PROXY=DEAD_PROXY,
+               NO_PROXY="127.0.0.1,localhost", **extra)
+    if api is not None:
+        env.update(ANTHROPIC_API_KEY="test-key", ANTHROPIC_BASE_URL=api.url)
+    return env
+
+
+def run_agent_py(script, *args, flags=(), background=False, **kwargs):
+    """`python [flags] agent.py ARGS` in a subprocess, as a user runs it (give env=agent_env()):
+    to its end, output captured as text (a CompletedProcess); or, with background, left
+    running (a Popen, text mode)."""
+    argv = [sys.executable, *flags, str(script), *map(str, args)]
+    if background:
+        return subprocess.Popen(argv, text=True, **kwargs)
+    return subprocess.run(argv, capture_output=True, text=True, **kwargs)
+
+
+# --- a local Messages API for the real SDK ---
+
+def serve(request, *script, **options):
+    """A FakeAPI serving `script` for this test; stopped after it, and every request it rejected
+    fails the test (conftest.py)."""
+    api = FakeAPI(script, **options).__enter__()
+    request.node.apis = getattr(request.node, "apis", []) + [api]
+    request.addfinalizer(lambda: api.__exit__(None, None, None))
+    return api
+
+
+def sdk_client(api, **limits):
+    return agent.make_client({"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": api.url,
+                              "ANTHROPIC_MODEL": None}, agent.Limits(**limits))
+
+
+# --- tools and the loop, without the CLI ---
+
+def unconfined(tmp_path):
+    return agent.Sandbox(tmp_path, False, agent.Limits())
+
+
+def tool_context(workdir, tmp_path, limits=None):
+    """A ToolContext on `workdir`: no sandbox, every run_python call approved."""
+    return agent.ToolContext(Path(os.path.realpath(workdir)), limits or agent.Limits(),
+                             unconfined(tmp_path), approve=lambda code: True)
+
+
+def call(ctx, name, **args):
+    """One tool call through the dispatcher; its tool_result."""
+    return agent.call_tool(tool_use(name, args), ctx)[0]
+
+
+def drive(client, workdir, tmp_path, **limits):
+    """agent.drive on a new session, no retry delay; return (stop, session)."""
+    session = agent.new_session("q", "claude-haiku-5-5", workdir, None)
+    limits = agent.Limits(retry_base=0.0, **limits)
+    ctx = tool_context(workdir, tmp_path, limits)
+    stop = agent.drive(client, session, ctx, Silent(quiet=True), agent.Saver(None))
+    return stop, session
+
+
+# --- what a run wrote ---
+
+def final_messages(client):
+    return client.requests[-1]["messages"]
+
+
+def events_of(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def assert_well_formed(events):
+    """What every stream promises: run.start first, run.stop last, seq 1..n, one run_id."""
+    assert events[0]["type"] == "run.start" and events[-1]["type"] == "run.stop"
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert len({e["run_id"] for e in events}) == 1
+    assert [e["type"] for e in events].count("run.stop") == 1
+    for e in events:
+        assert not schema_errors(e, "events"), schema_errors(e, "events")
+
+
+def strict(schema):
+    """The published schema, with no field allowed that it does not name: what agent.py
+    writes today must all be documented (readers of a version should still let new ones by)."""
+    if isinstance(schema, dict):
+        schema = {k: strict(v) for k, v in schema.items()}
+        if "properties" in schema:
+            schema.setdefault("additionalProperties", False)
+    elif isinstance(schema, list):
+        schema = [strict(v) for v in schema]
+    return schema
+
+
+VALIDATORS = {name: jsonschema.Draft202012Validator(strict(schema),
+                                                    format_checker=jsonschema.FormatChecker())
+              for name, schema in agent.SCHEMAS.items()}
+
+
+def kind_of(document):
+    if isinstance(document, dict):
+        if document.get("kind") == "trials":
+            return "summary"
+        if "seq" in document and "type" in document:
+            return "events"
+        if "messages" in document:
+            return "transcript"
+    return None
+
+
+def schema_errors(document, kind=None):
+    kind = kind or kind_of(document)
+    return [f"{kind}: {'/'.join(map(str, e.absolute_path))}: {e.message}"
+            for e in VALIDATORS[kind].iter_errors(document)] if kind else []
+
+
+def loopback(host):
+    if host in ("localhost", "", None):
+        return True
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,352 @@
+"""API plumbing and retries: streaming, the watchdog, retry_delay, request_turn, check_reply;
+with a scripted client, with the real anthropic SDK against a local Messages API
+(fake_api.py), and against servers that deviate from the API as llama-server does."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+import agent
+from fake_api import stream_of
+from fakes import (APIConnectionError, FakeAPIError, FakeClient, Midstream, RECORDED, Truncated,
+                   recorded_loop, reply, text, tool_use)
+from helpers import AGENT, agent_env, drive, final_messages, run_cli, serve
+
+
+# --- retries, with a scripted client ---
+
+@pytest.mark.parametrize("failure", [
+    FakeAPIError(529, "overloaded_error", "Overloaded"),
+    FakeAPIError(500, "api_error", "Internal server error"),
+    FakeAPIError(429, "rate_limit_error", "slow down", {"retry-after": "0"}),
+    APIConnectionError("Connection error."),
+    Midstream(reply(text("par")), FakeAPIError(200, "overloaded_error", "Overloaded")),
+    Truncated(reply(text("half"))),
+])
+def test_transient_failures_are_retried_within_the_turn(workdir, tmp_path, failure):
+    client = FakeClient(failure, reply(text("ok")))
+    stop, session = drive(client, workdir, tmp_path)
+    assert stop.reason == "end_turn" and len(client.requests) == 2
+    assert session["turns"][0]["attempts"] == 2 and len(session["turns"]) == 1
+
+
+def test_at_most_five_requests_per_turn(workdir, tmp_path):
+    client = FakeClient(*[FakeAPIError(529, "overloaded_error", "Overloaded")] * 6)
+    stop, session = drive(client, workdir, tmp_path)
+    assert stop.reason == "api_error" and "Overloaded" in stop.detail
+    assert len(client.requests) == 5 and session["turns"] == []
+
+
+def test_other_errors_are_not_retried(workdir, tmp_path):
+    client = FakeClient(FakeAPIError(429, "rate_limit_error", "no", {"x-should-retry": "false"}))
+    stop, _ = drive(client, workdir, tmp_path)
+    assert stop.reason == "api_error" and len(client.requests) == 1
+
+
+def test_retry_after_is_honoured(workdir, tmp_path):
+    client = FakeClient(FakeAPIError(429, "rate_limit_error", "wait", {"retry-after": "0.3"}),
+                        reply(text("ok")))
+    started = time.monotonic()
+    stop, _ = drive(client, workdir, tmp_path)
+    assert stop.reason == "end_turn" and time.monotonic() - started >= 0.3
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "1e999", "soon", "-0.5"])
+def test_a_retry_after_that_is_not_a_sane_number_is_ignored(value):
+    error = FakeAPIError(529, "overloaded_error", "Overloaded", {"retry-after": value})
+    assert agent.retry_delay(error, 1, agent.Limits()) == agent.Limits.retry_base
+
+
+# --- a tool call cut at max_tokens ---
+
+def test_a_cut_tool_call_is_retried_once_with_twice_the_max_tokens(capsys, workdir):
+    cut = reply(text("Let me run"), tool_use("run_python", {"code": "open('ran','w')"}),
+                stop_reason="max_tokens")
+    client = FakeClient(cut, reply(tool_use("read_file", {"path": "notes.md"})),
+                        reply(text("done")))
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox",
+                                      "--transcript", "-"], client)
+    assert code == 0 and len(client.requests) == 3
+    first, second = client.requests[:2]
+    assert (first["max_tokens"], second["max_tokens"]) == (16000, 32000)
+    assert second["messages"] == first["messages"]  # the cut reply never entered history
+    assert not (workdir / "ran").exists()
+    saved = json.loads(out)
+    assert saved["turns"][0]["attempts"] == 2 and saved["turns"][0]["turn"] == 1
+    assert saved["turns"][0]["usage"]["input_tokens"] == 200  # both responses were billed
+
+
+def test_a_tool_call_cut_twice_stops_with_max_tokens(capsys, workdir):
+    cut = reply(tool_use("run_python", {"code": "open('ran','w')"}), stop_reason="max_tokens")
+    client = FakeClient(cut, json.loads(json.dumps(cut)))
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox",
+                                      "--max-tokens", "100000"], client)
+    assert (code, len(client.requests)) == (5, 2)
+    assert client.requests[1]["max_tokens"] == 128000  # doubled, capped at the model's limit
+    assert "cut inside a tool call at max_tokens 100000 and again at 128000" in err
+    assert not (workdir / "ran").exists()
+
+
+def test_a_tool_call_cut_at_the_models_limit_is_not_retried(capsys, workdir):
+    cut = reply(tool_use("run_python", {"code": "open('ran','w')"}), stop_reason="max_tokens")
+    client = FakeClient(cut)
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox",
+                                      "--max-tokens", "128000", "--transcript", "-"], client)
+    assert (code, len(client.requests)) == (5, 1)
+    saved = json.loads(out)
+    assert "at max_tokens 128000; the incomplete call was not run" in saved["stop"]["detail"]
+    assert saved["messages"][-1]["role"] == "user"  # the cut call was not kept
+
+
+def test_a_cut_tool_call_that_cannot_fit_is_not_retried(capsys, workdir):
+    cut = reply(tool_use("run_python", {"code": "x = 1"}), stop_reason="max_tokens",
+                input_tokens=990_000)
+    client = FakeClient(cut)
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox"],
+                           client)
+    assert (code, len(client.requests)) == (5, 1)
+    assert "not retried: its prompt of 990000 tokens and 32000 more would not fit the context " \
+           "window of 1000000" in err
+
+
+# --- what goes back of a reply: check_reply ---
+
+def test_empty_text_blocks_are_dropped_from_history(capsys, workdir):
+    client = FakeClient(reply(text(""), tool_use("read_file", {"path": "notes.md"})),
+                        reply(text("done")))
+    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir)], client)
+    assert code == 0 and [b["type"] for b in final_messages(client)[1]["content"]] == ["tool_use"]
+
+
+def test_duplicate_tool_use_ids_are_dropped_so_the_next_request_is_valid(capsys, workdir,
+                                                                         tmp_path):
+    path = tmp_path / "run.json"
+    client = FakeClient(reply(tool_use("read_file", {"path": "notes.md"}, id="toolu_D"),
+                              tool_use("read_file", {"path": "scores.csv"}, id="toolu_D")),
+                        reply(text("done")))
+    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
+                         client)
+    saved = json.loads(path.read_text())
+    assert code == 0 and len(final_messages(client)[-1]["content"]) == 1
+    assert "repeated or missing id ('toolu_D')" in saved["turns"][0]["notes"][0]
+
+
+@pytest.mark.parametrize("mangle", [
+    lambda m: m.update(content=None), lambda m: m.update(content="text"),
+    lambda m: m.update(usage={"input_tokens": "lots", "output_tokens": -3}),
+    lambda m: m["content"].append(7), lambda m: m.pop("stop_reason")])
+def test_a_malformed_reply_never_ends_in_a_traceback(capsys, workdir, tmp_path, mangle):
+    message = reply(text("partial"))
+    mangle(message)
+    path = tmp_path / "run.json"
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
+                           FakeClient(message))
+    assert "Traceback" not in err and "internal error" not in err
+    assert code in (0, 1) and json.loads(path.read_text())["stop"]["reason"] in (
+        "end_turn", "error")
+
+
+# --- the real SDK against a local Messages API ---
+
+def overloaded():
+    return {"status": 529, "body": {"type": "error", "error": {"type": "overloaded_error",
+                                                               "message": "Overloaded"}}}
+
+
+def test_a_recorded_thinking_stream_goes_back_exactly_as_the_api_accepted_it(
+        request, capsys, workdir):
+    accepted = recorded_loop("thinking_tool_use_stream_loop.jsonl")[1]["request"]["body"]
+    api = serve(request, {"sse": "thinking_tool_use_stream.sse"}, reply(text("done")))
+    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir)], api=api)
+    assert code == 0
+    sent, recorded = api.requests[1]["messages"][1]["content"], accepted["messages"][1]["content"]
+    assert sent[0] == recorded[0]  # thinking text and signature exactly as streamed
+    assert sent[1].pop("caller") == {"type": "direct"}  # in the stream; that client dropped it
+    assert sent[1] == recorded[1]
+
+
+def test_a_recorded_parallel_stream_gets_both_results_in_one_message(request, capsys, workdir):
+    api = serve(request, {"sse": "parallel_tool_use_stream.sse"}, reply(text("done")))
+    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir)], api=api)
+    uses = [b["id"] for b in api.requests[1]["messages"][1]["content"] if b["type"] == "tool_use"]
+    results = api.requests[1]["messages"][2]["content"]
+    assert code == 0 and len(uses) == 2 and [r["tool_use_id"] for r in results] == uses
+
+
+def test_overloaded_is_retried_and_the_sdk_adds_no_retries_of_its_own(request, capsys, workdir):
+    api = serve(request, overloaded(), reply(text("ok")))
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir)], api=api)
+    assert (code, out, len(api.requests)) == (0, "ok\n", 2) and "retrying" in err
+
+
+def test_five_requests_per_turn_at_most(request, capsys, workdir):
+    limited = [dict(overloaded(), headers={"retry-after": "0"}) for _ in range(6)]
+    api = serve(request, *limited)
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)], api=api)
+    assert (code, len(api.requests)) == (1, 5) and "Overloaded" in err
+
+
+def test_an_error_event_mid_stream_is_retried(request, capsys, workdir):
+    api = serve(request, {"sse": "error_overloaded_midstream.sse"}, reply(text("ok")))
+    code, out, _ = run_cli(capsys, ["q", "--workdir", str(workdir)], api=api)
+    assert (code, out, len(api.requests)) == (0, "ok\n", 2)
+
+
+def test_a_stream_without_message_stop_is_retried(request, capsys, workdir):
+    api = serve(request, dict(reply(text("half")), _cut=True), reply(text("ok")))
+    code, out, _ = run_cli(capsys, ["q", "--workdir", str(workdir)], api=api)
+    assert (code, out, len(api.requests)) == (0, "ok\n", 2)
+
+
+def test_a_recorded_cut_tool_call_is_retried_with_more_max_tokens(request, capsys, workdir):
+    api = serve(request, {"sse": "max_tokens_truncated_tool_use.sse"}, reply(text("ok")))
+    code, out, _ = run_cli(capsys, ["q", "--workdir", str(workdir)], api=api)
+    assert (code, out) == (0, "ok\n")
+    assert [r["max_tokens"] for r in api.requests] == [16000, 32000]
+    assert api.requests[0]["messages"] == api.requests[1]["messages"]
+
+
+def test_a_recorded_401_stops_with_the_apis_message(request, capsys, workdir):
+    recorded = json.loads((RECORDED / "error_authentication_401.json").read_text())
+    api = serve(request, {"status": recorded["status"], "body": recorded["body"]})
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)], api=api)
+    assert code == 1 and "invalid x-api-key" in err and "ANTHROPIC_API_KEY" in err
+    assert len(api.requests) == 1
+
+
+def test_a_server_that_only_pings_is_retried(request, capsys, workdir):
+    api = serve(request, {"pings": 30}, reply(text("ok")))
+    started = time.monotonic()
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir),
+                                      "--request-timeout", "1"], api=api, request_timeout=1)
+    assert (code, out, len(api.requests)) == (0, "ok\n", 2)
+    assert time.monotonic() - started < 10 and "no event for 1 s" in err
+
+
+def test_a_reset_mid_stream_is_retried(request, capsys, workdir):
+    api = serve(request, {"reset": reply(text("half an answer")), "after": 3}, reply(text("ok")))
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir)], api=api)
+    assert (code, out, len(api.requests)) == (0, "ok\n", 2) and "retrying" in err
+
+
+def test_a_connection_failure_names_the_host(workdir, tmp_path):
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))
+    port = dead.getsockname()[1]
+    dead.close()  # nothing listens there now
+    client = agent.make_client({"ANTHROPIC_API_KEY": "test-key",
+                                "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}"},
+                               agent.Limits())
+    stop, _ = drive(client, workdir, tmp_path, max_attempts=2)
+    assert stop.reason == "api_error" and "127.0.0.1" in stop.detail
+
+
+def test_the_sdks_reply_class_is_built_once_not_on_every_reply(workdir):
+    """The SDK's stream parametrizes ParsedMessage anew on every message_start, and pydantic
+    keeps that class only weakly: once a collection freed it, the next reply built it again
+    (about 1 ms, on most of a long session's replies). agent.py holds it once built: with a
+    full collection before every reply, each class (the beta stream's too) is built once. In
+    a new process, where no earlier test holds (or froze) the class."""
+    probe = ("import gc, json, sys\n"
+             "import agent, pydantic._internal._generics as generics\n"
+             "agent.dotenv_files = lambda: []  # none of the user's config, as in conftest.py\n"
+             "from fake_api import FakeAPI\n"
+             "from fakes import reply, text, tool_use\n"
+             "built, real = [], generics.create_generic_submodel\n"
+             "def spy(name, *rest):\n"
+             "    built.append(name)\n"
+             "    return real(name, *rest)\n"
+             "generics.create_generic_submodel = spy\n"
+             "def collected(answer):\n"
+             "    def respond(body):\n"
+             "        gc.collect()  # what any collection between two replies does\n"
+             "        return answer\n"
+             "    return respond\n"
+             "for beta in ('client', 'server'):\n"
+             "    with FakeAPI([collected(reply(tool_use('read_file', {'path': 'notes.md'}))),\n"
+             "                  collected(reply(tool_use('read_file', {'path': 'scores.csv'}))),\n"
+             "                  collected(reply(text('done')))]) as api:\n"
+             "        client = agent.make_client({'ANTHROPIC_API_KEY': 'test-key',\n"
+             "                                    'ANTHROPIC_BASE_URL': api.url}, agent.Limits())\n"
+             "        code = agent.main(['q', '--workdir', sys.argv[1], '--quiet',\n"
+             "                           '--context-edit', beta], client=client)\n"
+             "        assert code == 0 and len(api.requests) == 3 and not api.rejected\n"
+             "        assert ('context_management' in api.requests[0]) == (beta == 'server')\n"
+             "print(json.dumps([built, sorted(map(str, agent.REPLY_CLASSES.values()))]))\n")
+    path = os.pathsep.join([str(AGENT.parent), str(AGENT.parent / "tests")])
+    done = subprocess.run([sys.executable, "-c", probe, str(workdir)], capture_output=True,
+                          text=True, timeout=60, env=agent_env(PYTHONPATH=path))
+    assert done.returncode == 0, done.stderr
+    built, held = json.loads(done.stdout.splitlines()[-1])
+    assert [name for name in built if "ParsedMessage[" in name or "ParsedBetaMessage[" in name] \
+        == ["ParsedMessage[~ResponseFormatT]", "ParsedBetaMessage[~ResponseFormatT]"], built
+    assert len(held) == 2 and all("Parsed" in c for c in held)
+
+
+# --- servers that deviate from the API, as llama.cpp's llama-server does (tested by hand: README,
+# "A local model"), each played by a stand-in that deviates the same way. The harness absorbs
+# each deviation: a documented stop, a valid next request, no traceback ---
+
+def llama_ids(message, n):
+    """What llama-server's replies look like: chatcmpl- ids, tool ids without toolu_, the
+    model file as the model, and no cache_creation_input_tokens."""
+    message = json.loads(json.dumps(message))
+    message.update(id=f"chatcmpl-{n:032d}", model="models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    for block in message["content"]:
+        if block["type"] == "tool_use":
+            block["id"] = f"{n:032x}"
+    message["usage"].pop("cache_creation_input_tokens", None)
+    return message
+
+
+def test_a_closed_kept_alive_connection_is_retried_at_once(request, capsys, workdir):
+    api = serve(request, {"disconnect": True}, reply(text("ok")))
+    started = time.monotonic()
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir)], api=api)
+    assert (code, out, len(api.requests)) == (0, "ok\n", 2)
+    assert "retrying in 0.0s" in err and time.monotonic() - started < 5
+
+
+def test_a_servers_context_error_is_a_context_stop(request, capsys, workdir):
+    too_long = {"status": 400, "body": {"error": {
+        "code": 400, "message": "the request exceeds the available context size, try increasing "
+        "it", "type": "exceed_context_size_error", "n_prompt_tokens": 9120, "n_ctx": 8192}}}
+    api = serve(request, too_long)
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)], api=api)
+    assert code == 5 and "stop: model_context_window_exceeded" in err
+    assert "exceeds the available context size" in err
+
+
+def test_an_error_body_without_the_top_level_type_is_reported(request, capsys, workdir):
+    broken = {"status": 500, "body": {"error": {"code": 500, "message": "slot unavailable",
+                                                "type": "server_error"}}}
+    api = serve(request, *[dict(broken, headers={"retry-after": "0"})] * 5)
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)], api=api)
+    assert code == 1 and "server_error: slot unavailable" in err and "Traceback" not in err
+
+
+def test_llama_shaped_replies_go_through(request, capsys, workdir, tmp_path):
+    from fake_api import FakeAPI
+    api = FakeAPI([llama_ids(reply(tool_use("read_file", {"path": "notes.md"})), 1),
+                   llama_ids(reply(text("Done.")), 2)], request_id=False).__enter__()
+    request.addfinalizer(lambda: api.__exit__(None, None, None))
+    path = tmp_path / "run.json"
+    code, out, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript",
+                                    str(path)], api=api)
+    saved = json.loads(path.read_text())
+    assert (code, out) == (0, "Done.\n") and not api.rejected
+    assert [t["request_id"] for t in saved["turns"]] == [None, None]
+    assert saved["turns"][0]["message_id"].startswith("chatcmpl-")
+    assert saved["usage"]["cost_usd"] is not None
+
+
+def test_a_stream_without_message_start_is_retried(request, capsys, workdir):
+    events = stream_of(reply(text("broken"))).split("\n\n")
+    api = serve(request, {"sse_text": "\n\n".join(events[1:])}, reply(text("ok")))
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir)], api=api)
+    assert (code, out, len(api.requests)) == (0, "ok\n", 2) and "could not be read" in err

@@ -1,0 +1,289 @@
+"""The CLI and the terminal: what reaches the terminal (Reporter, visible), flags, .env and
+config, make_client and what agent.py imports, main; and agent.py as a user runs it, a
+subprocess."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import agent
+from fakes import FakeClient, alive, reply, text, tool_use
+from helpers import AGENT, DOTENV_FILES, Silent, agent_env, run_agent_py, run_cli, serve
+
+
+# --- the terminal shows the truth ---
+
+def test_streamed_text_and_tool_output_reach_the_terminal_escaped(capsys, workdir):
+    osc52 = "\x1b]52;c;ZWNobyBwd25lZA==\x07"
+    client = FakeClient(reply(text(f"copy this {osc52}\x1b[2J"),
+                              tool_use("read_file", {"path": "no\x1b[31mred.txt"})),
+                        reply(text("done")))
+    _, out, err = run_cli(capsys, ["q", "--workdir", str(workdir)], client)
+    assert "\x1b" not in err and "\x07" not in err
+    assert "\\x1b]52;c;" in err and "\\x1b[2J" in err
+
+
+def test_progress_is_cut_at_a_word_with_an_ellipsis_and_counts_turns_in_words(capsys, workdir):
+    long_code = "print('" + "word " * 60 + "')"
+    client = FakeClient(reply(tool_use("run_python", {"code": long_code})), reply(text("ok")))
+    _, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox",
+                                 "--model", "claude-next-9"], client)
+    line = next(l for l in err.splitlines() if l.startswith("  run_python"))
+    assert "word…" in line or "word …" in line.replace("word …", "word…")
+    assert "2 turns" in err and "cost unknown" in err and "$0.000000" not in err
+    assert agent.shorten("alpha beta gamma delta", 15) == "alpha beta…"
+    client = FakeClient(reply(text("42")))
+    _, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)], client)
+    assert "; 1 turn," in err
+
+
+# --- flags ---
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["q", "--max-turns", "0"], "--max-turns must be at least 1"),
+    (["q", "--workdir", "/no/such/dir"], "is not a directory"),
+    (["q", "--frobnicate"], "unrecognized arguments"),
+    (["q", "--effort", "extreme"], "invalid choice"),
+    ([], "give a question"),
+    (["q", "--budget-usd", "1", "--model", "gpt-7"], "not in the pricing table"),
+    (["q", "--transcript", "/no/such/dir/run.json"], "does not exist"),
+    (["q", "--expect", "("], "not a valid regex"),
+    (["q", "--decline-message", " "], "must not be empty"),
+    (["q", "--expect", "x"], "need --trials"),
+    (["q", "--jobs", "2"], "--jobs needs --trials"),
+    (["q", "-o", "x.html"], "goes with --report"),
+    (["-o", "x.html"], "goes with --report"),  # the flag's mistake, even with no question
+])
+def test_usage_errors_exit_2_with_one_line_and_send_nothing(capsys, argv, fragment):
+    client = FakeClient()
+    code, out, err = run_cli(capsys, argv, client)
+    assert (code, out, client.requests) == (2, "", []) and fragment in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("where", ["agent", "prefix", "root"])
+def test_a_workdir_holding_the_harness_is_refused(capsys, where):
+    workdir = {"agent": Path(agent.__file__).parent, "prefix": Path(sys.prefix), "root": "/"}[where]
+    client = FakeClient()
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)], client)
+    assert (code, client.requests) == (2, []) and "holds" in err and "--workdir" in err
+
+
+# --- .env and config ---
+
+def test_dotenv_next_to_agent_py_is_the_fallback(tmp_path, monkeypatch):
+    home, elsewhere = tmp_path / "agent", tmp_path / "elsewhere"
+    home.mkdir()
+    elsewhere.mkdir()
+    (home / ".env").write_text("ANTHROPIC_API_KEY=beside-agent\n")
+    monkeypatch.setattr(agent, "dotenv_files", DOTENV_FILES)
+    monkeypatch.setattr(agent, "__file__", str(home / "agent.py"))
+    monkeypatch.chdir(elsewhere)
+    workdir = tmp_path / "data"
+    assert agent.load_config(workdir, Silent())["ANTHROPIC_API_KEY"] == "beside-agent"
+    (elsewhere / ".env").write_text("ANTHROPIC_API_KEY=from-cwd\n")
+    assert agent.load_config(workdir, Silent())["ANTHROPIC_API_KEY"] == "from-cwd"
+
+
+def test_key_comes_from_dotenv_and_the_environment_wins(tmp_path, monkeypatch):
+    (tmp_path / ".env").write_text("ANTHROPIC_API_KEY=from-file\nANTHROPIC_MODEL=m-file\n"
+                                   "ANTHROPIC_BASE_URL=http://127.0.0.1:9\n")
+    sub = tmp_path / "a" / "b"
+    sub.mkdir(parents=True)
+    monkeypatch.setattr(agent, "dotenv_files", DOTENV_FILES)
+    monkeypatch.chdir(sub)
+    monkeypatch.setenv("ANTHROPIC_MODEL", "m-env")
+    config = agent.load_config(tmp_path / "data", Silent())
+    assert config["ANTHROPIC_API_KEY"] == "from-file" and config["ANTHROPIC_MODEL"] == "m-env"
+    assert config["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:9"  # an Anthropic-compatible server
+    assert "ANTHROPIC_API_KEY" not in os.environ  # read, never loaded into the environment
+
+
+def test_a_dotenv_inside_the_workdir_is_never_read(tmp_path, monkeypatch):
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / ".env").write_text("ANTHROPIC_BASE_URL=http://attacker.example\n"
+                                  "ANTHROPIC_API_KEY=planted\n")
+    (tmp_path / ".env").write_text("ANTHROPIC_API_KEY=the-users-key\n"
+                                   "ANTHROPIC_BASE_URL=http://127.0.0.1:9/${HOME}\n")
+    monkeypatch.setattr(agent, "dotenv_files", DOTENV_FILES)
+    monkeypatch.chdir(workdir)
+    report = Silent()
+    notes = []
+    report.error = notes.append
+    config = agent.load_config(workdir, report)
+    assert config["ANTHROPIC_API_KEY"] == "the-users-key"
+    assert config["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:9/${HOME}"  # no ${VAR} expansion
+    assert len(notes) == 1 and "inside the workdir" in notes[0]
+
+
+def test_missing_key_is_a_usage_error(capsys, workdir, monkeypatch, tmp_path):
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(agent, "__file__", str(tmp_path / "agent.py"))  # no .env beside it
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)])
+    assert code == 2 and "ANTHROPIC_API_KEY" in err and ".env.example" in err
+
+
+def test_the_placeholder_key_is_a_usage_error(capsys, workdir, monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-...")
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)])
+    assert code == 2 and "placeholder" in err and len(err.strip().splitlines()) == 1
+
+
+# --- make_client, and what agent.py imports when ---
+
+def test_dependencies_are_declared_inline_for_uv():
+    header = Path(agent.__file__).read_text().split('"""', 1)[0]
+    block = header[header.index("# /// script"):header.index("# ///\n")]
+    assert '"anthropic' in block and '"python-dotenv' in block and "dependencies" in block
+    requirements = Path(agent.__file__).with_name("requirements.txt").read_text().split()
+    assert {r.split(">")[0] for r in requirements} == {"anthropic", "python-dotenv"}
+
+
+def test_without_its_dependencies_agent_py_says_how_to_install_them(tmp_path, workdir,
+                                                                     agent_copy):
+    done = run_agent_py(agent_copy, "q", "--workdir", workdir, flags=["-S"], cwd=tmp_path,
+                        env=agent_env(ANTHROPIC_API_KEY="x" * 20), timeout=30)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "pip install -r requirements.txt" in done.stderr and "uv run" in done.stderr
+
+
+def test_help_and_usage_errors_do_not_import_the_sdk(tmp_path):
+    probe = ("import sys, agent\n"
+             "code = agent.main(['--max-turns', '0', 'q'])\n"
+             "print(code, 'anthropic' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=AGENT.parent, capture_output=True,
+                          text=True, timeout=30)
+    assert done.stdout.split() == ["2", "False"]
+    started = time.monotonic()
+    done = run_agent_py(AGENT, "--help", timeout=30)
+    assert done.returncode == 0 and "exit codes" in done.stdout
+    assert time.monotonic() - started < 2
+
+
+def test_the_sdk_is_imported_with_the_collector_off_and_frozen_after():
+    """anthropic's import makes ~200,000 objects that live for good: collections during it
+    only walk them (4% of its instructions under callgrind). Off while it runs, on after,
+    even when the import fails, and the objects frozen out of later full collections."""
+    probe = ("import gc, sys, agent\n"
+             "seen = []\n"
+             "class Spy:\n"
+             "    def find_spec(self, name, path=None, target=None):\n"
+             "        if name.startswith('anthropic.'):\n"
+             "            seen.append(gc.isenabled())\n"
+             "sys.meta_path.insert(0, Spy())\n"
+             "config = {'ANTHROPIC_API_KEY': 'test-key', 'ANTHROPIC_BASE_URL': None}\n"
+             "if sys.argv[1] == 'broken':\n"
+             "    sys.modules['anthropic'] = None  # import anthropic raises ImportError\n"
+             "try:\n"
+             "    agent.make_client(config, agent.Limits())\n"
+             "except agent.UsageError:\n"
+             "    print('usage-error')\n"
+             "print(len(seen) > 100, any(seen), gc.isenabled(), gc.get_freeze_count() > 100_000)\n")
+    done = subprocess.run([sys.executable, "-c", probe, "ok"], cwd=AGENT.parent,
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["True", "False", "True", "True"], done.stderr
+    done = subprocess.run([sys.executable, "-c", probe, "broken"], cwd=AGENT.parent,
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["usage-error", "False", "False", "True", "False"], done.stderr
+
+
+def test_agent_py_defines_itself_with_the_collector_off_and_frozen_after():
+    """What agent.py imports and defines lives as long as the process: no collection while
+    its body runs (in a real start, ~20 collections found 180 objects and walked the rest),
+    the collector on again after, and all of it frozen out of later full collections. Imports
+    and compiling are done first, apart, so that a collection they trigger is not counted."""
+    probe = ("import ast, gc, sys, types\n"
+             "path = sys.argv[1]\n"
+             "source = open(path, encoding='utf-8').read()\n"
+             "for node in ast.parse(source).body:\n"
+             "    if isinstance(node, (ast.Import, ast.ImportFrom)):\n"
+             "        for name in [node.module] if isinstance(node, ast.ImportFrom) else \\\n"
+             "                [a.name for a in node.names]:\n"
+             "            __import__(name)\n"
+             "code = compile(source, path, 'exec')\n"
+             "module = types.ModuleType('agent')\n"
+             "module.__file__ = path\n"
+             "sys.modules['agent'] = module\n"
+             "seen = []\n"
+             "gc.callbacks.append(lambda phase, info: phase == 'start' and seen.append(1))\n"
+             "exec(code, module.__dict__)\n"
+             "print(len(seen), gc.isenabled(), any(o is module.main for o in gc.get_objects()))\n")
+    done = subprocess.run([sys.executable, "-c", probe, str(AGENT)], capture_output=True,
+                          text=True, timeout=60, env=agent_env())
+    assert done.stdout.split() == ["0", "True", "False"], (done.stdout, done.stderr)
+
+
+# --- as a user runs it: a subprocess ---
+
+def test_subprocess_end_to_end(request, workdir, tmp_path, agent_copy):
+    api = serve(request, reply(tool_use("read_file", {"path": "scores.csv"})),
+                reply(tool_use("run_python", {"code": "print(sum([88, 72, 95]) / 3)"})),
+                reply(tool_use("run_python", {"code": "print(open('../secret.txt').read())"})),
+                reply(text("平均分是 85。")))
+    transcript = tmp_path / "run.json"
+    done = run_agent_py(agent_copy, "scores.csv 里平均分是多少？", "--workdir", workdir, "--yes",
+                        "--transcript", transcript, env=agent_env(api), cwd=tmp_path, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "平均分是 85。\n"
+    assert "sandbox:" in done.stderr and "Traceback" not in done.stderr
+    saved = json.loads(transcript.read_text())
+    assert saved["stop"]["reason"] == "end_turn" and len(saved["turns"]) == 4
+    assert all(t["request_id"].startswith("req_local_") for t in saved["turns"])
+    assert "85.0" in saved["messages"][4]["content"][0]["content"]
+    if "landlock" in done.stderr:  # the sandbox, seen from outside under --yes
+        refused = saved["messages"][6]["content"][0]
+        assert refused["is_error"] and "PermissionError" in refused["content"]
+        assert "top secret" not in refused["content"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_subprocess_ctrl_c_kills_the_tool_and_keeps_the_transcript(request, workdir, tmp_path,
+                                                                   signum, agent_copy):
+    code = ("import os, subprocess, time\n"
+            "child = subprocess.Popen(['sleep', '60'])\n"
+            "open('pids', 'w').write(f'{os.getpid()} {child.pid}')\n"
+            "time.sleep(60)\n")
+    api = serve(request, reply(tool_use("run_python", {"code": code})))
+    transcript = tmp_path / "run.json"
+    proc = run_agent_py(agent_copy, "q", "--workdir", workdir, "--yes", "--transcript",
+                        transcript, background=True, env=agent_env(api), cwd=tmp_path,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    pids = workdir / "pids"
+    deadline = time.monotonic() + 30
+    while not (pids.exists() and pids.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signum)
+    started = time.monotonic()
+    out, err = proc.communicate(timeout=15)
+    assert proc.returncode == 130 and time.monotonic() - started < 5, err
+    assert "Traceback" not in err
+    assert json.loads(transcript.read_text())["stop"]["reason"] == "interrupted"
+    time.sleep(0.2)
+    assert not [pid for pid in map(int, pids.read_text().split()) if alive(pid)]
+
+
+def test_subprocess_without_a_key_is_one_clear_line(tmp_path, workdir, agent_copy):
+    done = run_agent_py(agent_copy, "hi", "--workdir", workdir, env=agent_env(), cwd=tmp_path,
+                        timeout=30, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "ANTHROPIC_API_KEY" in done.stderr and ".env.example" in done.stderr
+
+
+def test_a_planted_dotenv_cannot_redirect_the_next_run(request, tmp_path, workdir, agent_copy):
+    good = serve(request, reply(text("from the real server")))
+    evil = serve(request)
+    (tmp_path / ".env").write_text(f"ANTHROPIC_API_KEY=test-key\nANTHROPIC_BASE_URL={good.url}\n")
+    (workdir / ".env").write_text(f"ANTHROPIC_BASE_URL={evil.url}\nANTHROPIC_API_KEY=x\n")
+    done = run_agent_py(agent_copy, "q", cwd=workdir, env=agent_env(), timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "from the real server\n"
+    assert len(good.requests) == 1 and evil.requests == []
+    assert "not reading" in done.stderr and str(workdir / ".env") in done.stderr

@@ -1,0 +1,311 @@
+"""Sections 1 to 3 of agent.py: config and Limits (the key as a secret), the loop (session,
+request, turn loop, drive) and how a run stops (EXIT_CODES, check_stop, stop_for): one test
+per stop label, and the golden transcript."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+import agent
+from fakes import FakeAPIError, FakeClient, RECORDED, recorded_loop, reply, text, tool_use
+from helpers import events_of, final_messages, run_cli
+
+
+# --- config: the key is a secret, whatever route it takes ---
+
+KEY = "sk-ant-api03-THIS-IS-THE-TEST-KEY-0123456789"
+
+
+def test_the_key_is_redacted_from_every_route(capsys, workdir, tmp_path, monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+    (workdir / "leak.txt").write_text(f"key={KEY}\n")
+    transcript = tmp_path / "run.json"
+    client = FakeClient(
+        reply(tool_use("read_file", {"path": "leak.txt"}),
+              tool_use("run_python", {"code": "print(open('leak.txt').read())"}),
+              tool_use("run_python", {"code": "raise SystemExit(open('leak.txt').read())"})),
+        reply(text("done")))
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox",
+                                      "--transcript", str(transcript)], client)
+    results = final_messages(client)[-1]["content"]
+    assert code == 0 and all("[redacted secret]" in r["content"] for r in results)
+    assert KEY not in json.dumps(client.requests) and KEY not in transcript.read_text()
+    assert KEY not in out + err
+
+
+# --- the loop: what goes over the wire ---
+
+def test_every_request_sends_system_tools_history_and_caching(capsys, workdir):
+    client = FakeClient(reply(tool_use("read_file", {"path": "scores.csv"})),
+                        reply(text("done")))
+    run_cli(capsys, ["q", "--workdir", str(workdir), "--effort", "low"], client)
+    for request in client.requests:
+        assert request["system"] == agent.SYSTEM_PROMPT and request["tools"] == agent.TOOLS
+        assert request["cache_control"] == {"type": "ephemeral"}
+        assert request["output_config"] == {"effort": "low"}
+        assert request["max_tokens"] == 16000
+    assert len(client.requests[1]["messages"]) == 3  # question, tool_use, results
+
+
+def test_parallel_calls_from_a_recorded_reply_get_one_message_in_order(capsys, workdir):
+    first = recorded_loop("parallel_tool_use_four_calls_loop.jsonl")[0]["response"]["body"]
+    client = FakeClient(first, reply(text("done")))
+    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir)], client)
+    ids = [b["id"] for b in first["content"] if b["type"] == "tool_use"]
+    results = final_messages(client)[-1]
+    assert code == 0 and len(ids) == 4
+    assert [b["tool_use_id"] for b in results["content"]] == ids
+    assert all(b["is_error"] and "no tool" in b["content"] for b in results["content"])
+
+
+@pytest.mark.parametrize("name", ["thinking_signature_tool_use_loop.jsonl",
+                                  "redacted_thinking_loop.jsonl"])
+def test_thinking_blocks_go_back_byte_for_byte(capsys, workdir, name):
+    first = recorded_loop(name)[0]["response"]["body"]
+    if first["stop_reason"] != "tool_use":  # the redacted loop answers in text: ask a follow-up
+        first = dict(first, stop_reason="tool_use",
+                     content=first["content"] + [tool_use("read_file", {"path": "notes.md"})])
+    client = FakeClient(first, reply(text("done")))
+    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir)], client)
+    sent = final_messages(client)[1]["content"]
+    expected = [b for b in first["content"] if not (b["type"] == "text" and not b["text"])]
+    assert code == 0 and json.dumps(sent) == json.dumps(expected)
+
+
+def test_pause_turn_sends_the_paused_content_back_as_the_last_message(capsys, workdir):
+    paused = json.loads((RECORDED / "pause_turn.json").read_text())["response"]["body"]
+    done = json.loads((RECORDED / "pause_turn_continuation_response.json").read_text())
+    done = done["body"]
+    client = FakeClient(paused, done)
+    code, out, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", "-"], client)
+    assert code == 0 and len(client.requests) == 2
+    last = client.requests[1]["messages"][-1]
+    assert last["role"] == "assistant"
+    assert json.dumps(last["content"]) == json.dumps(agent.check_reply(paused)[0])
+    assert [t["stop_reason"] for t in json.loads(out)["turns"]] == ["pause_turn", "end_turn"]
+
+
+@pytest.mark.parametrize("model, shown", [("claude-sonnet-5-5", True), ("claude-opus-5-5", True),
+                                          ("claude-haiku-5-5", False)])
+def test_between_tool_notes_are_asked_for_and_shown(capsys, workdir, tmp_path, model, shown):
+    thinking = {"type": "thinking", "thinking": "The scores are in scores.csv; read it.",
+                "signature": "sig"}
+    client = FakeClient(reply(thinking, tool_use("read_file", {"path": "scores.csv"})),
+                        reply(text("85")))
+    path = tmp_path / "e.jsonl"
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--model", model, "--events",
+                                    str(path)], client)
+    asked = [r.get("thinking") for r in client.requests]
+    assert code == 0
+    assert asked == ([{"type": "adaptive", "display": "summarized"}] * 2 if shown else
+                     [None, None])
+    assert "[thinking] The scores are in scores.csv; read it." in err
+    said = [e for e in events_of(path) if e["type"] == "text"]
+    assert said[0] == dict(said[0], thinking=True, text=thinking["thinking"])
+    assert said[-1]["text"] == "85" and "thinking" not in said[-1]
+
+
+def normalise(transcript):
+    """Drop what changes between runs: ids, times, paths."""
+    text_ = json.dumps(transcript, ensure_ascii=False)
+    text_ = text_.replace(transcript["workdir"], "<workdir>")
+    data = json.loads(text_)
+    data.update(run_id="<id>", started_at="<time>", ended_at="<time>")
+    for turn in data["turns"]:
+        turn.update(request_id="<id>", seconds=0, api_seconds=0, started_at="<time>",
+                    message_id="<id>")
+        for call_ in turn["tool_calls"]:
+            call_["seconds"] = 0
+    return data
+
+
+def test_golden_transcript(capsys, workdir, tmp_path):
+    path = tmp_path / "run.json"
+    client = FakeClient(
+        reply(text("Reading."), tool_use("read_file", {"path": "scores.csv"}, id="toolu_A"),
+              tool_use("read_file", {"path": "winter.md"}, id="toolu_B"),
+              input_tokens=700, output_tokens=50),
+        reply(tool_use("run_python", {"code": "print((88+72+95)/3)"}, id="toolu_C"),
+              input_tokens=20, output_tokens=30, write=800, read=0),
+        reply(text("The average is 85."), input_tokens=10, output_tokens=12, read=850))
+    code, _, _ = run_cli(capsys, ["scores.csv 里平均分是多少？", "--workdir", str(workdir), "--yes",
+                                  "--transcript", str(path)], client)
+    assert code == 0
+    golden = Path(__file__).with_name("golden_transcript.json")
+    got = normalise(json.loads(path.read_text()))
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text(json.dumps(got, ensure_ascii=False, indent=1) + "\n")
+    assert got == json.loads(golden.read_text())
+
+
+# --- how a run stops: one test per label ---
+
+def test_end_turn(capsys, workdir):
+    client = FakeClient(reply(tool_use("read_file", {"path": "scores.csv"})),
+                        reply(text("The average is 85.")))
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir)], client)
+    assert (code, out) == (0, "The average is 85.\n")
+    assert len(client.requests) == 2
+    assert final_messages(client)[-1]["content"][0]["content"].startswith("name,score")
+    assert "stop: end_turn" in err
+
+
+def test_stop_sequence(capsys, workdir):
+    client = FakeClient(reply(text("The beautiful city of "), stop_reason="stop_sequence"))
+    code, out, _ = run_cli(capsys, ["q", "--workdir", str(workdir)], client)
+    assert (code, out, len(client.requests)) == (0, "The beautiful city of \n", 1)
+
+
+def test_max_turns_last_turn_has_tools_off_and_prints_an_interim_answer(capsys, workdir):
+    client = FakeClient(reply(tool_use("read_file", {"path": "scores.csv"})),
+                        reply(tool_use("read_file", {"path": "notes.md"})),
+                        reply(text("Interim: I read two files.")))
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--max-turns", "3"], client)
+    assert (code, out) == (3, "Interim: I read two files.\n")
+    assert len(client.requests) == 3
+    assert [r.get("tool_choice") for r in client.requests] == [None, None, {"type": "none"}]
+    last_user = final_messages(client)[-1]["content"]
+    assert last_user[0]["type"] == "tool_result" and "# Notes" in last_user[0]["content"]
+    assert last_user[-1] == {"type": "text", "text": agent.FINAL_TURN_NOTE}
+    assert "stop: max_turns" in err
+
+
+def test_max_turns_one_is_a_single_request_with_tools_off(capsys, workdir):
+    client = FakeClient(reply(text("Without tools: unknown.")))
+    code, out, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--max-turns", "1"], client)
+    assert (code, out, len(client.requests)) == (3, "Without tools: unknown.\n", 1)
+    assert client.requests[0]["tool_choice"] == {"type": "none"}
+    assert client.requests[0]["messages"][0]["content"][-1]["text"] == agent.FINAL_TURN_NOTE
+
+
+def test_token_budget_stops_before_the_tools_run(capsys, workdir, tmp_path):
+    transcript = tmp_path / "run.json"
+    client = FakeClient(reply(tool_use("run_python", {"code": "open('ran', 'w')"}),
+                              input_tokens=900, output_tokens=200))
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--token-budget", "1000",
+                                      "--yes", "--no-sandbox", "--transcript", str(transcript)],
+                             client)
+    assert (code, out, len(client.requests)) == (4, "", 1)
+    assert not (workdir / "ran").exists()
+    saved = json.loads(transcript.read_text())
+    assert saved["stop"]["reason"] == "token_budget"
+    assert saved["messages"][-1]["role"] == "assistant"  # the dangling tool_use stays
+    assert saved["messages"][-1]["content"][0]["type"] == "tool_use"
+    assert saved["turns"][0]["tool_calls"] == []
+
+
+def test_an_answer_that_crosses_the_budget_is_still_an_answer(capsys, workdir):
+    client = FakeClient(reply(text("42"), input_tokens=5000))
+    code, out, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--token-budget", "10"],
+                           client)
+    assert (code, out) == (0, "42\n")
+
+
+def test_token_budget_counts_cache_tokens(capsys, workdir):
+    client = FakeClient(reply(tool_use("read_file", {"path": "a"}), input_tokens=1,
+                              output_tokens=1, write=500, read=600))
+    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--token-budget", "1100"],
+                         client)
+    assert code == 4
+
+
+def test_cost_budget(capsys, workdir):
+    client = FakeClient(reply(tool_use("read_file", {"path": "a"}), input_tokens=10_000))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--budget-usd", "0.0005"],
+                           client)
+    assert (code, len(client.requests)) == (4, 1)
+    assert "stop: cost_budget" in err
+
+
+def test_max_tokens_prints_the_partial_text(capsys, workdir):
+    client = FakeClient(reply(text("The answer is"), stop_reason="max_tokens"))
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir)], client)
+    assert (code, out, len(client.requests)) == (5, "The answer is\n", 1)
+
+
+def test_refusal(capsys, workdir):
+    client = FakeClient(reply(text(""), stop_reason="refusal"))
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir)], client)
+    assert (code, out, len(client.requests)) == (5, "", 1)
+    assert "stop: refusal" in err
+
+
+def test_model_context_window_exceeded(capsys, workdir):
+    client = FakeClient(reply(text("Partial"), stop_reason="model_context_window_exceeded"))
+    code, out, _ = run_cli(capsys, ["q", "--workdir", str(workdir)], client)
+    assert (code, out) == (5, "Partial\n")
+
+
+def test_api_error_keeps_the_turns_done(capsys, workdir, tmp_path):
+    transcript = tmp_path / "run.json"
+    client = FakeClient(reply(tool_use("read_file", {"path": "scores.csv"})),
+                        FakeAPIError(400, "invalid_request_error", "max_tokens: Field required"))
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript",
+                                      str(transcript)], client)
+    assert (code, out, len(client.requests)) == (1, "", 2)
+    assert "max_tokens: Field required" in err and "Traceback" not in err
+    saved = json.loads(transcript.read_text())
+    assert saved["stop"]["reason"] == "api_error" and len(saved["turns"]) == 1
+    assert saved["messages"][-1]["content"][0]["type"] == "tool_result"
+
+
+def test_401_names_the_key(capsys, workdir):
+    client = FakeClient(FakeAPIError(401, "authentication_error", "invalid x-api-key"))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)], client)
+    assert code == 1 and "invalid x-api-key" in err and "ANTHROPIC_API_KEY" in err
+
+
+def test_unknown_stop_reason_is_an_error(capsys, workdir):
+    client = FakeClient(reply(text("?"), stop_reason="compaction_v9"))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)], client)
+    assert code == 1 and "stop: error" in err and "compaction_v9" in err
+
+
+def test_interrupted(capsys, workdir, tmp_path):
+    transcript = tmp_path / "run.json"
+
+    def ctrl_c(request):
+        raise KeyboardInterrupt
+
+    client = FakeClient(reply(tool_use("read_file", {"path": "scores.csv"})), ctrl_c)
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript",
+                                    str(transcript)], client)
+    assert code == 130 and "Traceback" not in err
+    saved = json.loads(transcript.read_text())
+    assert saved["stop"]["reason"] == "interrupted" and len(saved["turns"]) == 1
+
+
+def test_every_label_has_an_exit_code_and_the_help_lists_them():
+    labels = {"end_turn", "stop_sequence", "max_turns", "token_budget", "cost_budget",
+              "max_tokens", "refusal", "model_context_window_exceeded", "api_error", "error",
+              "interrupted"}
+    assert set(agent.EXIT_CODES) == labels
+    for label in labels:
+        assert label in agent.EPILOG
+
+
+def test_a_tool_use_stop_without_a_tool_call_ends_the_run(capsys, workdir):
+    client = FakeClient(reply(text("I would call a tool here."), stop_reason="tool_use"))
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir)], client)
+    assert (code, out, len(client.requests)) == (0, "I would call a tool here.\n", 1)
+    assert "held no tool call" in err
+
+
+def test_a_tools_off_turn_that_still_calls_a_tool_ends_cleanly(capsys, workdir, tmp_path):
+    path = tmp_path / "run.json"
+    stubborn = reply(text("Let me look first."), tool_use("read_file", {"path": "notes.md"}))
+    client = FakeClient(stubborn)  # the stand-in ignores tool_choice: none
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--max-turns", "1",
+                                      "--transcript", str(path)], client)
+    saved = json.loads(path.read_text())
+    assert client.requests[0]["tool_choice"] == {"type": "none"}
+    assert (code, out) == (3, "Let me look first.\n")
+    assert "ignored tool_choice none, and its 1 tool call was not run" in saved["stop"]["detail"]
+    assert "not run" in err
+    assert saved["turns"][0]["tool_calls"] == []  # never run
+    resumed = FakeClient(reply(text("Without it: no idea.")))
+    code, _, _ = run_cli(capsys, ["--resume", str(path), "go on"], resumed)
+    answer = resumed.requests[0]["messages"][-1]["content"][0]
+    assert code == 0 and answer["type"] == "tool_result" and "not run" in answer["content"]

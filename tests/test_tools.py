@@ -1,0 +1,311 @@
+"""Section 4 of agent.py: the tools. read_file, run_python, the dispatcher (call_tool,
+run_tools) and the approval prompt, on tmp_path."""
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import agent
+from fakes import FakeClient, reply, text, tool_use
+from helpers import Silent, call, final_messages, run_cli, tool_context
+
+
+# --- read_file ---
+
+def test_read_file_returns_the_text(ctx):
+    result = call(ctx, "read_file", path="scores.csv")
+    assert result == {"type": "tool_result", "tool_use_id": result["tool_use_id"],
+                      "content": "name,score\nAlice,88\nBob,72\nChen,95\n"}
+
+
+def test_read_file_accepts_an_absolute_path_inside(ctx):
+    assert "Alice" in call(ctx, "read_file", path=str(ctx.workdir / "scores.csv"))["content"]
+
+
+def test_missing_file_suggests_listing_with_run_python(ctx):
+    result = call(ctx, "read_file", path="winter.md")
+    assert result["is_error"] and "run_python" in result["content"]
+    assert "os.listdir" in result["content"]
+
+
+def test_directory_is_an_error_that_says_how_to_list_it(ctx):
+    (ctx.workdir / "reports").mkdir()
+    result = call(ctx, "read_file", path="reports")
+    assert result["is_error"] and "is a directory" in result["content"]
+
+
+def test_non_utf8_is_an_error(ctx):
+    (ctx.workdir / "blob.bin").write_bytes(b"\xff\xfe\x00binary")
+    result = call(ctx, "read_file", path="blob.bin")
+    assert result["is_error"] and "not UTF-8" in result["content"]
+
+
+def test_fifo_and_device_are_refused_without_blocking(ctx):
+    os.mkfifo(ctx.workdir / "pipe")
+    os.mknod(ctx.workdir / "null", 0o600 | 0o020000, os.makedev(1, 3))  # a char device
+    results = {}
+    worker = threading.Thread(target=lambda: results.update(
+        fifo=call(ctx, "read_file", path="pipe"), dev=call(ctx, "read_file", path="null")))
+    worker.start()
+    worker.join(timeout=3)
+    assert not worker.is_alive(), "read_file blocked on a FIFO"
+    assert results["fifo"]["is_error"] and "not a regular file" in results["fifo"]["content"]
+    assert results["dev"]["is_error"] and "not a regular file" in results["dev"]["content"]
+
+
+def test_offset_and_limit_select_lines(ctx):
+    (ctx.workdir / "long.txt").write_text("".join(f"line {i}\n" for i in range(1, 11)))
+    result = call(ctx, "read_file", path="long.txt", offset=3, limit=2)["content"]
+    assert result.startswith("line 3\nline 4\n")
+    assert "lines 3-4 of 10" in result and "offset=5" in result
+
+
+def test_a_long_file_comes_back_cut_with_where_to_continue(ctx):
+    (ctx.workdir / "big.txt").write_text("".join(f"row {i}\n" for i in range(1, 5001)))
+    result = call(ctx, "read_file", path="big.txt")["content"]
+    assert result.count("\n") == 2000 + 1 and "row 2000\n" in result and "row 2001" not in result
+    assert "lines 1-2000 of 5000" in result and "offset=2001" in result
+    rest = call(ctx, "read_file", path="big.txt", offset=4001)["content"]
+    assert rest.startswith("row 4001\n") and rest.endswith("row 5000\n")
+
+
+def test_a_file_over_100_kb_is_cut_by_bytes(ctx):
+    (ctx.workdir / "wide.txt").write_text(("x" * 999 + "\n") * 300)  # 300 KB in 300 lines
+    result = call(ctx, "read_file", path="wide.txt")["content"]
+    body, note = result.rsplit("\n[read_file:", 1)
+    assert len(body.encode()) <= 100_000 and "of 300" in note
+
+
+def test_limit_cannot_exceed_one_calls_worth(ctx):
+    (ctx.workdir / "big.txt").write_text("".join(f"row {i}\n" for i in range(1, 5001)))
+    result = call(ctx, "read_file", path="big.txt", limit=4000)["content"]
+    assert "lines 1-2000 of 5000" in result
+
+
+def test_offset_past_the_end_says_how_long_the_file_is(ctx):
+    result = call(ctx, "read_file", path="notes.md", offset=50)
+    assert result["is_error"] and "has 2 lines" in result["content"]
+
+
+def test_read_file_counts_lines_across_chunks(workdir, tmp_path):
+    lines = [f"line {i} " + "x" * (i % 7000) for i in range(1, 3001)]
+    (workdir / "big.txt").write_text("\n".join(lines))  # no newline at the end
+    ctx = tool_context(workdir, tmp_path)
+    first = call(ctx, "read_file", path="big.txt", offset=2999)["content"]
+    assert first == lines[2998] + "\n" + lines[2999]
+    cut = call(ctx, "read_file", path="big.txt", offset=1500, limit=300)["content"]
+    body, note = cut.rsplit("\n[read_file: ", 1)
+    assert body.split("\n")[0] == lines[1499] and "of 3000" in note
+    assert len(body.encode()) <= 100_000
+
+
+def test_reading_a_huge_file_without_newlines_keeps_memory_bounded(tmp_path):
+    wd = tmp_path / "work"
+    wd.mkdir()
+    with open(wd / "huge.txt", "wb") as f:
+        f.truncate(512 << 20)  # 512 MiB of NUL bytes, sparse: no line end anywhere
+    probe = f"""
+import resource, sys
+sys.path.insert(0, {str(Path(agent.__file__).parent)!r})
+import agent
+from pathlib import Path
+ctx = agent.ToolContext(Path({str(wd)!r}), agent.Limits(), None, approve=None)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+results = [agent.call_tool({{"id": "t", "name": "read_file", "input": {{"path": "huge.txt"}}}}, ctx)[0]
+           for _ in range(2)]
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before, results[0]["content"][-90:])
+"""
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120)
+    grown_kb, note = done.stdout.split(maxsplit=1)
+    assert "lines 1-1 of 1 (line 1 cut at 100000 bytes)" in note, done.stderr
+    assert int(grown_kb) < 20_000, f"peak RSS grew {grown_kb} KB reading 512 MiB twice"
+
+
+# --- run_python ---
+
+def test_run_python_returns_exit_code_and_both_streams(ctx):
+    result = call(ctx, "run_python", code="import sys; print('out'); print('err', file=sys.stderr)")
+    assert "is_error" not in result
+    assert "exit code: 0" in result["content"]
+    assert "--- stdout ---\nout" in result["content"] and "--- stderr ---\nerr" in result["content"]
+
+
+def test_run_python_runs_in_the_workdir_with_this_interpreter(ctx):
+    result = call(ctx, "run_python", code="import os, sys; print(os.getcwd()); print(sys.executable)")
+    assert str(ctx.workdir) in result["content"] and os.sys.executable in result["content"]
+
+
+def test_non_zero_exit_sends_output_and_code_back(ctx):
+    result = call(ctx, "run_python", code="print('partial'); raise SystemExit(3)")
+    assert result["is_error"] and "exit code: 3" in result["content"]
+    assert "partial" in result["content"]
+
+
+def test_timeout_is_an_error_that_says_how_long(ctx):
+    ctx = agent.ToolContext(ctx.workdir, agent.Limits(tool_timeout=0.5), ctx.sandbox,
+                            ctx.approve)
+    started = time.monotonic()
+    result = call(ctx, "run_python", code="import time; print('start', flush=True); time.sleep(30)")
+    assert time.monotonic() - started < 5
+    assert result["is_error"] and "timed out after 0.5 s" in result["content"]
+    assert "start" in result["content"]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # meant to be
+def test_a_sigterm_that_python_swallows_still_stops_the_running_script(ctx, monkeypatch):
+    """A signal can land in an at-fork hook (subprocess runs them) or a __del__, where the
+    handler's KeyboardInterrupt is reported and dropped: seen as a SIGTERM that left the agent
+    waiting for its script. The handler's flag must stop the wait all the same."""
+    monkeypatch.setattr(agent, "STOPPING", threading.Event())
+    previous = signal.signal(signal.SIGTERM, agent.on_stop_signal)
+
+    class Swallows:
+        def __del__(self):
+            signal.raise_signal(signal.SIGTERM)  # the KeyboardInterrupt dies here
+
+    try:
+        Swallows()
+        assert agent.STOPPING.is_set()
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            agent.execute("import time; time.sleep(30)", ctx.workdir, ctx.sandbox, 20, 1000)
+        assert time.monotonic() - started < 5
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_declined_call_still_gets_a_result_telling_the_model_to_ask(ctx):
+    ctx = agent.ToolContext(ctx.workdir, ctx.limits, ctx.sandbox, approve=lambda code: False)
+    result = call(ctx, "run_python", code="open('ran', 'w')")
+    assert result["is_error"] and "declined" in result["content"]
+    assert "Do not retry" in result["content"] and "ask" in result["content"]
+    assert not (ctx.workdir / "ran").exists()
+
+
+# --- the dispatcher: call_tool and run_tools ---
+
+def test_unknown_tool_lists_the_real_ones(ctx):
+    result = call(ctx, "write_file", path="x")
+    assert result["is_error"] and "read_file, run_python" in result["content"]
+
+
+@pytest.mark.parametrize("args, fragment", [
+    ({}, "missing the required argument 'path'"),
+    ({"path": 5}, "'path' must be a string"),
+    ({"path": "a", "offset": True}, "'offset' must be a integer"),
+    ({"path": "a", "offset": 0}, "at least 1"),
+    ({"path": "a", "mode": "r"}, "no argument 'mode'"),
+])
+def test_arguments_are_checked_even_though_the_schema_says_required(ctx, args, fragment):
+    result, _ = agent.call_tool(tool_use("read_file", args), ctx)
+    assert result["is_error"] and fragment in result["content"]
+
+
+def test_input_that_is_not_an_object_is_an_error(ctx):
+    result, _ = agent.call_tool(tool_use("run_python", "print(1)"), ctx)
+    assert result["is_error"] and "takes an object" in result["content"]
+
+
+def test_a_crashing_tool_becomes_an_error_result(ctx, monkeypatch):
+    monkeypatch.setitem(agent.TOOL_FUNCTIONS, "read_file", lambda ctx, path: 1 / 0)
+    result = call(ctx, "read_file", path="x")
+    assert result["is_error"] and "ZeroDivisionError" in result["content"]
+
+
+def test_results_keep_call_order_and_reads_run_concurrently(ctx, monkeypatch):
+    barrier, order = threading.Barrier(3, timeout=3), []
+
+    def slow_read(ctx, path):
+        barrier.wait()  # only passes if all three reads are in flight at once
+        return f"read {path}"
+
+    def ordered_python(ctx, code):
+        order.append(code)
+        return f"ran {code}"
+
+    monkeypatch.setitem(agent.TOOL_FUNCTIONS, "read_file", slow_read)
+    monkeypatch.setitem(agent.TOOL_FUNCTIONS, "run_python", ordered_python)
+    blocks = [tool_use("run_python", {"code": "1"}), tool_use("read_file", {"path": "a"}),
+              tool_use("read_file", {"path": "b"}), tool_use("run_python", {"code": "2"}),
+              tool_use("read_file", {"path": "c"})]
+    results, calls = agent.run_tools(blocks, ctx, Silent())
+    assert [r["tool_use_id"] for r in results] == [b["id"] for b in blocks]
+    assert [r["content"] for r in results] == ["ran 1", "read a", "read b", "ran 2", "read c"]
+    assert order == ["1", "2"]
+    assert [c["name"] for c in calls] == [b["name"] for b in blocks]
+    assert all(not c["is_error"] and c["seconds"] >= 0 for c in calls)
+
+
+def test_four_hundred_reads_in_one_turn_stay_within_the_budget(capsys, workdir):
+    for i in range(5):
+        (workdir / f"f{i}.txt").write_text(("%d" % i) * 90_000)
+    calls = [tool_use("read_file", {"path": f"f{i % 5}.txt"}) for i in range(400)]
+    client = FakeClient(reply(*calls), reply(text("done")))
+    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir)], client)
+    results = final_messages(client)[-1]["content"]
+    sent = sum(len(r["content"].encode()) for r in results)
+    assert code == 0 and len(results) == 400
+    assert sent <= agent.Limits.turn_bytes + 400 * 300
+    assert len(json.dumps(client.requests[-1])) < 1_000_000  # far below the API's 32 MB
+    skipped = [r for r in results if "Read fewer files at once" in r["content"]]
+    assert len(skipped) >= 395 and all(r["is_error"] for r in skipped)
+    assert results[0]["content"] == "0" * 90_000  # the first ones went through, in order
+
+
+class SlowStdin(io.StringIO):
+    def readline(self, *args):
+        time.sleep(1.0)  # the user thinking it over
+        return "y\n"
+
+
+def test_tool_time_leaves_out_the_wait_for_approval(capsys, workdir, tmp_path):
+    path = tmp_path / "run.json"
+    client = FakeClient(reply(tool_use("run_python", {"code": "print(1)"})), reply(text("ok")))
+    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--no-sandbox", "--transcript",
+                                  str(path)], client, stdin=SlowStdin())
+    call = json.loads(path.read_text())["turns"][0]["tool_calls"][0]
+    assert code == 0 and call["seconds"] < 0.9
+
+
+# --- the approval prompt ---
+
+def test_without_yes_the_code_is_shown_and_y_runs_it(capsys, workdir):
+    client = FakeClient(reply(tool_use("run_python", {"code": "print(6*7)"})), reply(text("42")))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)], client, stdin="y\n")
+    assert code == 0 and "print(6*7)" in err and "[y/N]" in err
+    assert "42" in final_messages(client)[-1]["content"][0]["content"]
+
+
+@pytest.mark.parametrize("stdin", ["n\n", "", "sure\n"])
+def test_anything_but_yes_declines(capsys, workdir, stdin):
+    client = FakeClient(reply(tool_use("run_python", {"code": "open('ran', 'w')"})),
+                        reply(text("ok")))
+    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir)], client, stdin=stdin)
+    result = final_messages(client)[-1]["content"][0]
+    assert code == 0 and result["is_error"] and "declined" in result["content"]
+    assert not (workdir / "ran").exists()
+
+
+def test_decline_message_can_be_replaced(capsys, workdir):
+    client = FakeClient(reply(tool_use("run_python", {"code": "1"})), reply(text("ok")))
+    run_cli(capsys, ["q", "--workdir", str(workdir), "--decline-message", "declined"], client,
+            stdin="n\n")
+    assert final_messages(client)[-1]["content"][0]["content"] == "declined"
+
+
+def test_the_approval_prompt_shows_what_would_be_hidden(capsys, workdir):
+    code_ = "print('harmless')\rimport os; os.remove('scores.csv')  \x1b[2K\u202e# ok"
+    client = FakeClient(reply(tool_use("run_python", {"code": code_})), reply(text("ok")))
+    _, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)], client, stdin="n\n")
+    assert "\\r" in err and "\\x1b[2K" in err and "\\u202e" in err
+    assert "\x1b" not in err and "\r" not in err and "\u202e" not in err
+    assert (workdir / "scores.csv").exists()

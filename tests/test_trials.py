@@ -1,0 +1,170 @@
+"""Trials: how stable a behaviour is. pass@k and pass^k, the summary that keeps infrastructure
+failures apart, trials' events, trials at once (--jobs), and how trials stop."""
+
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import agent
+from fakes import FakeAPIError, FakeClient, reply, text, tool_use
+from helpers import assert_well_formed, events_of, run_cli, schema_errors
+
+
+# --- scoring ---
+
+def test_pass_at_k_and_pass_hat_k_by_hand():
+    # n=5, c=3: pass@2 = 1 - C(2,2)/C(5,2) = 0.9; pass^2 = C(3,2)/C(5,2) = 0.3
+    assert [agent.pass_at_k(5, 3, k) for k in range(1, 6)] == pytest.approx([0.6, 0.9, 1, 1, 1])
+    assert [agent.pass_hat_k(5, 3, k) for k in range(1, 6)] == pytest.approx([0.6, 0.3, 0.1, 0, 0])
+
+
+def test_wilson_interval_by_hand():
+    # 8 of 10: centre (0.8 + 1.92/10) / 1.38416 = 0.7167; half 1.96*sqrt(.016+.000960)/1.38416
+    assert agent.wilson(8, 10) == pytest.approx([0.4902, 0.9433], abs=1e-4)
+    assert agent.wilson(0, 0) is None and agent.wilson(0, 5)[0] == 0.0
+
+
+# --- the summary ---
+
+def test_trials_summary_and_transcripts(capsys, workdir, tmp_path):
+    path = tmp_path / "run.json"
+    answers = ["42", "41", "42", "nope", "42"]
+    client = FakeClient(*[reply(text(a)) for a in answers])
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "5", "--expect",
+                                      r"\b42\b", "--transcript", str(path)], client)
+    summary = json.loads(path.read_text())
+    assert (code, out) == (6, "")
+    assert summary["n"] == 5 and summary["passes"] == 3 and summary["pass@1"] == 0.6
+    assert summary["pass_at_k"]["2"] == pytest.approx(0.9)
+    assert summary["pass_hat_k"]["3"] == pytest.approx(0.1)
+    assert [t["passed"] for t in summary["trials"]] == [True, False, True, False, True]
+    for t in summary["trials"]:
+        assert t["transcript"] == str(tmp_path / f"run.{t['index']}.json")
+        assert json.loads(Path(t["transcript"]).read_text())["answer"] == answers[t["index"] - 1]
+        assert set(t) >= {"index", "stop", "turns", "tokens", "cost_usd", "passed"}
+    assert "pass@k" in err and "pass^k" in err
+    assert [len(r["messages"]) for r in client.requests] == [1] * 5  # fresh history each
+
+
+def test_trials_all_passing_exit_0_and_dash_prints_the_summary(capsys, workdir):
+    client = FakeClient(reply(tool_use("read_file", {"path": "notes.md"})), reply(text("a")),
+                        reply(tool_use("read_file", {"path": "notes.md"})), reply(text("b")))
+    code, out, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "2",
+                                    "--expect-tool", "read_file", "--expect-stop", "end_turn",
+                                    "--transcript", "-"], client)
+    assert code == 0 and json.loads(out)["passes"] == 2
+
+
+def test_a_trial_failing_on_an_api_error_counts_as_failed(capsys, workdir):
+    client = FakeClient(reply(tool_use("read_file", {"path": "notes.md"})),
+                        FakeAPIError(400, "invalid_request_error", "bad"),
+                        reply(tool_use("read_file", {"path": "notes.md"})), reply(text("ok")))
+    code, out, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "2",
+                                    "--expect-tool", "read_file", "--transcript", "-"], client)
+    summary = json.loads(out)
+    assert code == 6 and [t["stop"] for t in summary["trials"]] == ["api_error", "end_turn"]
+
+
+def test_the_summary_keeps_infrastructure_failures_apart(capsys, workdir, tmp_path):
+    path = tmp_path / "s.json"
+    client = FakeClient(reply(text("42")), FakeAPIError(400, "invalid_request_error", "bad"),
+                        reply(text("41")), reply(text("42")))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "4", "--expect",
+                                    r"\b42\b", "--transcript", str(path)], client)
+    s = json.loads(path.read_text())
+    assert code == 6 and (s["n"], s["scored"], s["passes"], s["failed"], s["errored"]) == \
+        (4, 3, 2, 1, 1)
+    assert s["pass@1"] == pytest.approx(2 / 3) and s["pass_at_k"]["3"] == 1.0
+    assert "4" not in s["pass_at_k"]  # over the 3 scored trials only
+    low, high = s["pass@1_wilson95"]
+    assert low == pytest.approx(0.2077, abs=1e-3) and high == pytest.approx(0.9385, abs=1e-3)
+    assert s["stops"] == {"api_error": 1, "end_turn": 3}
+    assert (s["question"], s["model"], s["expect"]) == (
+        "q", "claude-haiku-5-5", {"regex": r"\b42\b", "tool": None, "stop": None})
+    assert s["decline_message"] == agent.DECLINE_MESSAGE
+    assert s["per_trial"]["turns"] == {"mean": 0.75, "median": 1.0}
+    assert "1 errored" in err and "Wilson" in err and "median" in err
+
+
+def test_trials_events_carry_the_trial_and_end_with_the_summary(capsys, workdir, tmp_path):
+    path, summary_path = tmp_path / "e.jsonl", tmp_path / "s.json"
+    client = FakeClient(reply(text("42")), FakeAPIError(400, "invalid_request_error", "bad"),
+                        reply(text("41")))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "3", "--expect",
+                                    "42", "--events", str(path), "--transcript",
+                                    str(summary_path)], client)
+    events = events_of(path)
+    assert_well_formed(events)
+    kinds = [e["type"] for e in events]
+    assert kinds.count("trial.start") == kinds.count("trial.end") == 3
+    assert kinds[-2:] == ["trials.summary", "run.stop"] and events[-1]["exit_code"] == code == 6
+    for e in events:
+        if e["type"] in ("turn.start", "turn.end", "text", "trial.start", "trial.end"):
+            assert e["trial"] in (1, 2, 3)
+    summary = json.loads(summary_path.read_text())
+    assert events[-2]["summary"] == summary and not schema_errors(summary, "summary")
+
+
+# --- running and stopping them ---
+
+def test_jobs_run_trials_at_once_without_interleaving_lines(capsys, workdir):
+    barrier = threading.Barrier(2, timeout=5)
+
+    def together(request):
+        barrier.wait()  # both trials must be in flight at the same time
+        return reply(text("line one\nline two"))
+
+    client = FakeClient(together, together)
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "2", "--jobs",
+                                    "2"], client)
+    assert code == 0
+    trial_lines = [l for l in err.splitlines() if "line one" in l or "line two" in l]
+    assert len(trial_lines) == 4 and all(l.startswith("[trial ") for l in trial_lines)
+
+
+def test_trials_stop_on_a_signal_whose_keyboardinterrupt_python_swallowed(capsys, workdir,
+                                                                        monkeypatch):
+    """The handler's flag alone (its KeyboardInterrupt dropped in a __del__ or an at-fork
+    hook, see on_stop_signal) must end trials as it ends a session: exit 130, not the next
+    trial started and cut short as a failure."""
+    monkeypatch.setattr(agent, "STOPPING", threading.Event())
+
+    def slow(request):
+        agent.STOPPING.set()  # what on_stop_signal does before its exception is lost
+        time.sleep(1.0)
+        return reply(text("late"))
+
+    client = FakeClient(reply(text("first")), slow, reply(text("never")))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "3"], client)
+    assert code == 130 and "interrupted: " in err
+
+
+def test_ctrl_c_stops_trials_and_keeps_what_finished(capsys, workdir, tmp_path, monkeypatch):
+    """Ctrl-C under the handler `python agent.py` installs: were its KeyboardInterrupt dropped
+    in a finalizer, its flag would still stop the trials."""
+    path = tmp_path / "run.json"
+    monkeypatch.setattr(agent, "STOPPING", threading.Event())
+
+    def slow(request):
+        threading.Timer(0.2, signal.raise_signal, (signal.SIGINT,)).start()
+        time.sleep(1.0)
+        return reply(text("late"))
+
+    client = FakeClient(reply(text("first")), slow, reply(text("never")))
+    started, previous = time.monotonic(), signal.signal(signal.SIGINT, agent.on_stop_signal)
+    try:
+        code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "3",
+                                        "--transcript", str(path)], client)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert code == 130 and time.monotonic() - started < 8
+    assert "interrupted: 1 of 3 trials finished" in err
+    summary = json.loads(path.read_text())
+    assert summary["interrupted"] is True and summary["n"] == 2  # one finished, one cut short
+    assert (summary["scored"], summary["errored"], summary["passes"]) == (1, 1, 1)
+    assert json.loads((tmp_path / "run.2.json").read_text())["stop"]["reason"] == "interrupted"
+    assert not (tmp_path / "run.3.json").exists()
