@@ -32,6 +32,7 @@ import argparse
 import ctypes
 import errno
 import html
+import io
 import json
 import math
 import os
@@ -50,6 +51,7 @@ import sys
 import tempfile
 import threading
 import time
+import unicodedata
 import uuid
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
@@ -430,9 +432,8 @@ def make_approver(yes, no_sandbox, sandbox, stdin):
     def approve(code):
         if yes and (no_sandbox or sandbox.confined):
             return True
-        with Reporter.lock:  # the code as Python reads it: controls shown, not obeyed
-            sys.stderr.write(f"\n--- run_python wants to run ---\n{visible(code)}\n"
-                             "--- run it? [y/N] ")
+        with Reporter.lock:  # every character of the code shown, no two programs alike
+            sys.stderr.write(approval_question(code, *terminal_size()))
             sys.stderr.flush()
             answer = stdin.readline()
             if not answer.endswith("\n"):  # no one answered (stdin closed): end the line
@@ -1212,10 +1213,10 @@ class OutputFile:
             if workdir is not None and Path(target).is_relative_to(workdir):
                 raise UsageError(f"{flag} {path} leads into the workdir {workdir} ({target})")
             try:
-                there = os.stat(target)
+                there = os.stat(path)  # through /proc's links too, which name no path
             except OSError:
                 there = None
-            if there and stat.S_ISREG(there.st_mode) or not there:
+            if not there or stat.S_IFMT(there.st_mode) not in (stat.S_IFIFO, stat.S_IFCHR):
                 raise UsageError(f"{flag} {path} is a symlink; agent.py writes no file through "
                                  "one: give the file itself")
         kind = there and stat.S_IFMT(there.st_mode)
@@ -2080,17 +2081,89 @@ def plural(n, word):
     return f"{n} {word}{'s' * (n != 1)}"
 
 
-# Characters a terminal obeys instead of showing: C0 and C1 controls but newline and tab, bidi
-# overrides and isolates, zero-width characters, line and paragraph separators, the BOM; and
-# lone surrogates, which no terminal encoding can carry.
-INVISIBLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e"
-                       "\u2060-\u2069\ufeff\ud800-\udfff]")
+# Characters a terminal obeys instead of showing, or draws as nothing: C0 and C1 controls but
+# newline and tab, bidi marks, overrides and isolates, line and paragraph separators, lone
+# surrogates (which no terminal encoding can carry), and every default-ignorable code point:
+# zero-width characters, the soft hyphen, variation selectors, tag characters, the BOM, the
+# Hangul and braille fillers.
+INVISIBLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\xad\u034f\u061c\u115f\u1160\u17b4\u17b5"
+                       "\u180b-\u180f\u200b-\u200f\u2028-\u202e\u2060-\u206f\u2800\u3164"
+                       "\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8\ud800-\udfff\U0001bca0-\U0001bca3"
+                       "\U0001d173-\U0001d17a\U000e0000-\U000e0fff]")
 
 
 def visible(text):
-    """Text for a terminal: what would move the cursor, clear or reorder it is shown escaped."""
+    """Text for a terminal: what would move the cursor, clear or reorder it, or hide in it, is
+    shown escaped."""
     return INVISIBLE.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100
-                         else f"\\u{ord(m[0]):04x}", text)
+                         else f"\\u{ord(m[0]):04x}" if ord(m[0]) < 0x10000
+                         else f"\\U{ord(m[0]):08x}", text)
+
+
+# What the approval question shows as it is, besides printable ASCII: Chinese, Japanese and Korean
+# text and the punctuation it is written with, so that a question in Chinese stays readable. Not
+# the kana drawn like a Han character or like each other (エ 工, カ 力, タ 夕, ト 卜, ニ 二, ハ 八,
+# ロ 口, ー 一, ヘ へ), nor the compatibility ideographs that copy unified ones.
+READABLE = re.compile("[\u3001-\u3003\u3008-\u3011\u3014-\u301b\u3041-\u3096\u30a1-\u30fa"
+                      "\u30fd\u30fe\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7a3\uff01\uff08\uff09"
+                      "\uff0c\uff1a\uff1b\uff1f\U00020000-\U0003134f]")
+LOOKALIKE_KANA = set("エカタトニハロヘベペ")
+SHOWN_AS = {"\t": "\u2409", " ": "\u2420"}  # a tab, and a space that ends a line: ␉ and ␠
+
+
+def shown_code(code):
+    """Code as the approval question shows it: no two programs that differ look the same. Every
+    character but printable ASCII and READABLE text appears as its code point, ⟦U+0430⟧ (so a
+    Cyrillic а cannot pass for a Latin a, nor a zero-width space for nothing); tabs and spaces
+    that end a line are drawn (␉ ␠); each line is numbered, the empty last one too. Returns the
+    lines and the names of the characters that were replaced."""
+    lines, named = [], {}
+    for line in code.split("\n"):
+        end = len(line.rstrip(" "))
+        shown = []
+        for i, ch in enumerate(line):
+            if ch == "\t" or ch == " " and i >= end:
+                shown.append(SHOWN_AS[ch])
+            elif " " <= ch <= "~" or READABLE.match(ch) and ch not in LOOKALIKE_KANA:
+                shown.append(ch)
+            else:
+                shown.append(f"\u27e6U+{ord(ch):04X}\u27e7")
+                named[ch] = named.get(ch, 0) + 1
+        lines.append("".join(shown))
+    return [f"{n:>4}\u2502 {line}" for n, line in enumerate(lines, 1)], named
+
+
+def terminal_size():
+    """(rows, columns) of the terminal stderr shows on; 24 x 80 when it is not one."""
+    try:
+        size = os.get_terminal_size(sys.stderr.fileno())
+        return size.lines, size.columns
+    except (OSError, ValueError, AttributeError):
+        return 24, 80
+
+
+def display_width(text):
+    """Columns `text` takes on a terminal: wide and full-width characters take two."""
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
+def approval_question(code, rows, columns):
+    """What stderr shows before run_python's [y/N] question. When the code is longer than the
+    screen, its header comes again right above the question, saying how much has scrolled off."""
+    lines, named = shown_code(code)
+    legend = [f"  \u27e6U+{ord(ch):04X}\u27e7 is {unicodedata.name(ch, 'an unnamed character')}"
+              f"{f' ({n} times)' if n > 1 else ''}" for ch, n in sorted(named.items())]
+    if len(legend) > 12:
+        legend = legend[:11] + [f"  and {len(legend) - 11} more characters shown by code point"]
+    head = f"--- run_python wants to run {plural(len(lines), 'line')} ---"
+    body = lines + (["--- characters shown by their code point:"] + legend if legend else [])
+    tall = sum(max(1, -(-display_width(line) // max(columns, 20))) for line in body)
+    text = "\n" + head + "\n" + "\n".join(body) + "\n"
+    if tall + 3 > rows:  # the header has scrolled away: say it again, with what is off screen
+        text += (f"--- run_python wants to run the {plural(len(lines), 'line')} above; "
+                 f"{plural(tall + 3 - rows, 'row')} of them scrolled off the top of the screen "
+                 "(scroll up to read them) ---\n")
+    return text + "--- run it? [y/N] "
 
 
 def shorten(text, width):
@@ -3392,31 +3465,57 @@ def check_workdir(workdir, given=True):
                              "directory of the data, e.g. --workdir workspace")
 
 
-def dotenv_files():
-    """Where a .env may be: the current directory and its parents, then beside agent.py."""
-    cwd = Path.cwd()
-    return [d / ".env" for d in (cwd, *cwd.parents)] + [Path(__file__).resolve().with_name(".env")]
+def dotenv_path():
+    """The one .env agent.py reads: beside agent.py. Never one in the current directory or above
+    it, where a run_python script of some earlier run could have written it."""
+    return Path(__file__).resolve().with_name(".env")
 
 
 def load_config(workdir, report):
-    """API settings: the environment, else the first .env outside the workdir, read as plain
-    values (no ${VAR} expansion) and never loaded into os.environ."""
+    """API settings: the environment, else the .env beside agent.py, read as plain values (no
+    ${VAR} expansion) and never loaded into os.environ. That file counts only if it is a
+    regular file with no other name (not a symlink or a hard link, which could lead to a file
+    the model's code wrote) outside the workdir: no file a script could have written decides
+    where the key and the data go."""
     names = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL")
+    text = read_dotenv(dotenv_path(), workdir, report)
     found = {}
-    for path in dotenv_files():
-        if not path.is_file():
-            continue
-        if workdir and Path(os.path.realpath(path)).is_relative_to(workdir):
-            report.error(f"note: not reading {path}: it is inside the workdir, where the model's "
-                         "code could have written it")
-            continue
+    if text:
         try:
             from dotenv import dotenv_values
         except ImportError:
             raise UsageError(INSTALL.format(python=sys.executable))
-        found = dotenv_values(path, interpolate=False)
-        break
+        found = dotenv_values(stream=io.StringIO(text), interpolate=False)
     return {n: os.environ.get(n) or found.get(n) for n in names}
+
+
+def read_dotenv(path, workdir, report):
+    """The text of the .env at `path`, or None when there is none or it does not count (stderr
+    says why)."""
+    if path is None:
+        return None
+    why = None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY |
+                     os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        why = "it is a symlink" if e.errno == errno.ELOOP else e.strerror
+    else:
+        with os.fdopen(fd, "rb") as f:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                why = "it is not a regular file"
+            elif info.st_nlink != 1:
+                why = f"it has {info.st_nlink} names (hard links)"
+            elif workdir and Path(os.path.realpath(path)).is_relative_to(workdir):
+                why = "it is inside the workdir"
+            else:
+                return f.read(1 << 20).decode("utf-8", "replace")
+    report.error(f"note: not reading {path}: {why}, so the model's code could have written it "
+                 "(set ANTHROPIC_* in the environment, or make it a plain file beside agent.py)")
+    return None
 
 
 def make_client(config, limits):

@@ -23,7 +23,7 @@ def no_user_config(monkeypatch, tmp_path_factory):
     for name in list(os.environ):
         if name.startswith("ANTHROPIC"):
             monkeypatch.delenv(name)
-    monkeypatch.setattr(agent, "dotenv_files", lambda: [])
+    monkeypatch.setattr(agent, "dotenv_path", lambda: None)
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
     agent.SECRETS.clear()
 

@@ -22,7 +22,7 @@ from fake_api import FakeAPI
 from fakes import tool_use
 
 AGENT = Path(agent.__file__).resolve()
-DOTENV_FILES = agent.dotenv_files  # the real one, for the tests of .env itself (conftest.py
+DOTENV_PATH = agent.dotenv_path  # the real one, for the tests of .env itself (conftest.py
 # replaces it for every test)
 
 

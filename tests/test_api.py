@@ -254,7 +254,7 @@ def test_the_sdks_reply_class_is_built_once_not_on_every_reply(workdir):
     a new process, where no earlier test holds (or froze) the class."""
     probe = ("import gc, json, sys\n"
              "import agent, pydantic._internal._generics as generics\n"
-             "agent.dotenv_files = lambda: []  # none of the user's config, as in conftest.py\n"
+             "agent.dotenv_path = lambda: None  # none of the user's config, as in conftest.py\n"
              "from fake_api import FakeAPI\n"
              "from fakes import reply, text, tool_use\n"
              "built, real = [], generics.create_generic_submodel\n"
