@@ -1,6 +1,4 @@
-"""Path safety and the sandbox: what read_file may open, and run_python's boundary attacked
-from outside (files, sockets, privilege, other processes, the kernel, what outlives a call,
-what runs); and that ordinary scripts still work."""
+"""Path safety and the sandbox: run_python's boundary attacked from outside; scripts still work."""
 
 import json
 import os

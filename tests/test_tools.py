@@ -1,5 +1,4 @@
-"""Section 4 of agent.py: the tools. read_file, run_python, the dispatcher (call_tool,
-run_tools) and the approval prompt, on tmp_path."""
+"""The tools: read_file, run_python, the dispatcher (call_tool, run_tools), the approval prompt."""
 
 import io
 import json
