@@ -1,6 +1,4 @@
-"""API plumbing and retries: streaming, the watchdog, retry_delay, request_turn, check_reply;
-with a scripted client, with the real anthropic SDK against a local Messages API
-(fake_api.py), and against servers that deviate from the API as llama-server does."""
+"""API plumbing and retries: streaming, watchdog, retry_delay, request_turn, check_reply."""
 
 import json
 import os
@@ -288,9 +286,9 @@ def test_the_sdks_reply_class_is_built_once_not_on_every_reply(workdir):
     assert len(held) == 2 and all("Parsed" in c for c in held)
 
 
-# --- servers that deviate from the API, as llama.cpp's llama-server does (tested by hand: README,
-# "A local model"), each played by a stand-in that deviates the same way. The harness absorbs
-# each deviation: a documented stop, a valid next request, no traceback ---
+# --- servers that deviate from the API, as llama.cpp's llama-server does ---
+# (tested by hand: README, "A local model"). Each deviation is played by a stand-in that deviates
+# the same way; the harness absorbs it: a documented stop, a valid next request, no traceback.
 
 def llama_ids(message, n):
     """What llama-server's replies look like: chatcmpl- ids, tool ids without toolu_, the
@@ -331,10 +329,8 @@ def test_an_error_body_without_the_top_level_type_is_reported(request, capsys, w
 
 
 def test_llama_shaped_replies_go_through(request, capsys, workdir, tmp_path):
-    from fake_api import FakeAPI
-    api = FakeAPI([llama_ids(reply(tool_use("read_file", {"path": "notes.md"})), 1),
-                   llama_ids(reply(text("Done.")), 2)], request_id=False).__enter__()
-    request.addfinalizer(lambda: api.__exit__(None, None, None))
+    api = serve(request, llama_ids(reply(tool_use("read_file", {"path": "notes.md"})), 1),
+                llama_ids(reply(text("Done.")), 2), request_id=False)
     path = tmp_path / "run.json"
     code, out, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript",
                                     str(path)], api=api)

@@ -1,5 +1,4 @@
-"""The test doubles: the request checker (api_rules.py) held against recorded traffic so it
-cannot drift from the API, what the fixtures promise, and how the tests are laid out."""
+"""The test doubles: the request checker held against recorded traffic; fixtures; the layout."""
 
 import ast
 import json

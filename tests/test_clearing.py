@@ -1,5 +1,4 @@
-"""Clearing old tool results: the sent view and its cache breakpoints, clearing on the client's
-side and the API's (context editing). Long runs that stay small and cheap."""
+"""Clearing old tool results: the sent view and its cache breakpoints, client and server side."""
 
 import json
 

@@ -1,6 +1,4 @@
-"""The CLI and the terminal: what reaches the terminal (Reporter, visible), flags, .env and
-config, make_client and what agent.py imports, main; and agent.py as a user runs it, a
-subprocess."""
+"""Terminal output (Reporter, visible) and the CLI: flags, .env, make_client, main, subprocess."""
 
 import json
 import os

@@ -1,5 +1,4 @@
-"""Usage and cost: prices by band, cache writes and reads, compaction, what a run reports of
-them, why the cache missed, and token counts."""
+"""Usage and cost: prices, what a run reports of them, why the cache missed, token counts."""
 
 import json
 

@@ -1,6 +1,4 @@
-"""Sections 1 to 3 of agent.py: config and Limits (the key as a secret), the loop (session,
-request, turn loop, drive) and how a run stops (EXIT_CODES, check_stop, stop_for): one test
-per stop label, and the golden transcript."""
+"""Config and Limits, the loop, how a run stops: one test per stop label; the golden transcript."""
 
 import json
 import os

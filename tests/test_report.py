@@ -1,5 +1,4 @@
-"""The one-file HTML report: from a transcript or a trials summary, untrusted content kept inert,
-checked as text and in a real headless browser."""
+"""Report: the one-file HTML report, its untrusted content kept inert, in a real browser too."""
 
 import json
 import os

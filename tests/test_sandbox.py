@@ -1,6 +1,4 @@
-"""Path safety and the sandbox: what read_file may open, and run_python's boundary attacked
-from outside (files, sockets, privilege, other processes, the kernel, what outlives a call,
-what runs); and that ordinary scripts still work."""
+"""Path safety and the sandbox: run_python's boundary attacked from outside; scripts still work."""
 
 import json
 import os
@@ -10,16 +8,18 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 import agent
 import bpf
 from fakes import FakeClient, alive, reply, text, tool_use
-from helpers import call, final_messages, run_cli, tool_context
+from helpers import AGENT, call, final_messages, run_cli, tool_context
 
 
 MACHINE = agent.platform.machine()
@@ -336,25 +336,42 @@ def test_the_child_holds_no_capability(probed):
     assert probed["no_new_privs"] == 1
 
 
-@needs_root
-@needs_landlock
-def test_the_same_holds_when_the_agent_is_an_ordinary_user():
-    """The probe again, with agent.py run as `nobody` by the system's own Python."""
+@pytest.fixture
+def as_nobody(request):
+    """What a test that runs agent.py as `nobody` needs, where nobody can read it: the checkout
+    may be in a 0700 home or temp directory, so agent.py is copied to a directory of its own in
+    /tmp (root's, sticky and open to all, as /tmp is), beside a directory that nobody owns. All
+    of it is removed after the test however it ends, what nobody made there included."""
     python = shutil.which("python3", path="/usr/bin:/bin")
     if python is None:
         pytest.skip("no /usr/bin/python3 an ordinary user can run")
-    nobody = pwd.getpwnam("nobody")
-    wd = Path(agent.tempfile.mkdtemp(prefix="agent-test-nobody-", dir="/tmp"))
-    (wd / "scores.csv").write_text("name,score\n")
-    os.chown(wd, nobody.pw_uid, nobody.pw_gid)
+    if not os.stat("/tmp").st_mode & 0o001:
+        pytest.skip("/tmp is closed to other users: nowhere to put what nobody runs")
     try:
-        ordinary_user_probe(python, nobody, wd)
-    finally:
-        shutil.rmtree(wd)
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no user `nobody` here")
+    top = Path(tempfile.mkdtemp(prefix="agent-test-nobody-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(top))
+    top.chmod(0o1777)  # nobody may remove what it owns in it, and nothing else
+    shutil.copyfile(AGENT, top / "agent.py")
+    (top / "agent.py").chmod(0o644)
+    (top / "nobody").mkdir()
+    os.chown(top / "nobody", nobody.pw_uid, nobody.pw_gid)
+    return SimpleNamespace(python=python, user=nobody, agent_dir=top, dir=top / "nobody")
 
 
-def ordinary_user_probe(python, nobody, wd):
-    driver = (f"import sys, json; sys.path.insert(0, {str(Path(agent.__file__).parent)!r})\n"
+@needs_root
+@needs_landlock
+def test_the_same_holds_when_the_agent_is_an_ordinary_user(as_nobody):
+    """The probe again, with agent.py run as `nobody` by the system's own Python."""
+    (as_nobody.dir / "scores.csv").write_text("name,score\n")
+    ordinary_user_probe(as_nobody)
+
+
+def ordinary_user_probe(as_nobody):
+    python, nobody, wd = as_nobody.python, as_nobody.user, as_nobody.dir
+    driver = (f"import sys, json; sys.path.insert(0, {str(as_nobody.agent_dir)!r})\n"
               "import agent\nfrom pathlib import Path\n"
               f"box = agent.Sandbox(Path({str(wd)!r}), True, agent.Limits())\n"
               "ok = box.ready()\n"
@@ -551,18 +568,13 @@ def test_a_pkill_of_agent_py_hits_the_keeper_too_and_still_nothing_survives(work
 
 
 @needs_root
-def test_remove_tree_as_an_ordinary_user_takes_directories_without_permission():
-    python = shutil.which("python3", path="/usr/bin:/bin")
-    if python is None:
-        pytest.skip("no /usr/bin/python3 an ordinary user can run")
-    nobody = pwd.getpwnam("nobody")
-    root = Path(agent.tempfile.mkdtemp(prefix="agent-test-rm-", dir="/tmp"))
-    os.chown(root, nobody.pw_uid, nobody.pw_gid)
+def test_remove_tree_as_an_ordinary_user_takes_directories_without_permission(as_nobody):
+    python, nobody, root = as_nobody.python, as_nobody.user, as_nobody.dir
     make = ("import os, sys\nos.chdir(sys.argv[1])\n"
             "for i in range(50):\n    os.mkdir(f'z{i}', 0)\n"  # no r, w or x: not even its own
             "os.mkdir('d'); os.mkdir('d/inner'); os.chmod('d', 0o500)\n"
             "for i in range(20):\n    os.makedirs(f'n{i}/m'); os.chmod(f'n{i}/m', 0)\n")
-    remove = f"import sys; sys.path.insert(0, {str(Path(agent.__file__).parent)!r}); " \
+    remove = f"import sys; sys.path.insert(0, {str(as_nobody.agent_dir)!r}); " \
              "import agent; agent.remove_tree(sys.argv[1])"
     for script in (make, remove):
         subprocess.run([python, "-c", script, str(root)], check=True, timeout=60,

@@ -1,5 +1,4 @@
-"""Transcript, events, schemas and resume: what a run writes while it happens and after it, and
-what --resume trusts of a transcript (nothing the model's code could have written)."""
+"""Transcript, events, schemas and resume: what a run writes, and what --resume trusts of it."""
 
 import json
 import os

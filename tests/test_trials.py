@@ -1,5 +1,4 @@
-"""Trials: how stable a behaviour is. pass@k and pass^k, the summary that keeps infrastructure
-failures apart, trials' events, trials at once (--jobs), and how trials stop."""
+"""Trials: pass@k and pass^k, the summary, trials' events, --jobs, and how trials stop."""
 
 import json
 import signal
