@@ -432,14 +432,19 @@ def make_approver(yes, no_sandbox, sandbox, stdin):
     def approve(code):
         if yes and (no_sandbox or sandbox.confined):
             return True
-        with Reporter.lock:  # every character of the code shown, no two programs alike
-            sys.stderr.write(approval_question(code, *terminal_size()))
-            sys.stderr.flush()
-            answer = stdin.readline()
-            if not answer.endswith("\n"):  # no one answered (stdin closed): end the line
-                sys.stderr.write("(no answer: declined)\n")
-        return answer.strip().lower() in ("y", "yes")
+        return agreed(approval_question(code, *terminal_size()), stdin)
     return approve
+
+
+def agreed(question, stdin):
+    """Ask on stderr; True only for y or yes. No answer (stdin closed) is a no."""
+    with Reporter.lock:
+        sys.stderr.write(question if question.endswith("] ") else question + " [y/N] ")
+        sys.stderr.flush()
+        answer = stdin.readline()
+        if not answer.endswith("\n"):  # no one answered: end the line
+            sys.stderr.write("(no answer)\n")
+    return answer.strip().lower() in ("y", "yes")
 
 
 TOOL_FUNCTIONS = {"read_file": read_file, "run_python": run_python}
@@ -1592,11 +1597,12 @@ def read_document(path, flag):
         raise UsageError(f"{flag} {path} does not exist")
     except OSError as e:
         raise UsageError(f"{flag} {path} cannot be read: {e.strerror}")
+    kind = stat.S_IFMT(os.fstat(fd).st_mode)
+    if kind != stat.S_IFREG:
+        os.close(fd)
+        what = "a directory" if kind == stat.S_IFDIR else FILE_KINDS.get(kind, "not a file")
+        raise UsageError(f"{flag} {path} is {what}, not a regular file")
     with os.fdopen(fd, "rb") as f:
-        kind = stat.S_IFMT(os.fstat(fd).st_mode)
-        if kind != stat.S_IFREG:
-            what = "a directory" if kind == stat.S_IFDIR else FILE_KINDS.get(kind, "not a file")
-            raise UsageError(f"{flag} {path} is {what}, not a regular file")
         data = f.read(MAX_DOCUMENT + 1)
     if len(data) > MAX_DOCUMENT:
         raise UsageError(f"{flag} {path} is over {MAX_DOCUMENT >> 20} MiB: not a document "
@@ -3449,8 +3455,9 @@ INSTALL = ("agent.py needs the anthropic and python-dotenv packages, which {pyth
 PLACEHOLDER_KEY = "sk-ant-..."  # what .env.example holds
 
 
-def check_workdir(workdir, given=True):
-    """Refuse a workdir that holds what runs agent.py: the model's code could rewrite it."""
+def check_workdir(workdir, where):
+    """Refuse a workdir that holds what runs agent.py: the model's code could rewrite it.
+    `where` says where the workdir came from, for the message."""
     harness = [("agent.py", __file__), ("the Python interpreter", sys.executable),
                ("the environment agent.py runs in", sys.prefix),
                ("the Python it is built on", sys.base_prefix)]
@@ -3458,9 +3465,7 @@ def check_workdir(workdir, given=True):
     for what, path in harness:
         real = Path(os.path.realpath(path))
         if real.is_relative_to(workdir):
-            where = f"--workdir {workdir}" if given else f"the workdir {workdir} (the current " \
-                "directory, as no --workdir was given)"
-            raise UsageError(f"{where} holds {what} ({real}), which the model's code "
+            raise UsageError(f"{where}, {workdir}, holds {what} ({real}), which the model's code "
                              "could rewrite before the next run: pass --workdir with the "
                              "directory of the data, e.g. --workdir workspace")
 
@@ -3503,7 +3508,7 @@ def read_dotenv(path, workdir, report):
     except OSError as e:
         why = "it is a symlink" if e.errno == errno.ELOOP else e.strerror
     else:
-        with os.fdopen(fd, "rb") as f:
+        try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
                 why = "it is not a regular file"
@@ -3512,7 +3517,9 @@ def read_dotenv(path, workdir, report):
             elif workdir and Path(os.path.realpath(path)).is_relative_to(workdir):
                 why = "it is inside the workdir"
             else:
-                return f.read(1 << 20).decode("utf-8", "replace")
+                return os.read(fd, 1 << 20).decode("utf-8", "replace")
+        finally:
+            os.close(fd)
     report.error(f"note: not reading {path}: {why}, so the model's code could have written it "
                  "(set ANTHROPIC_* in the environment, or make it a plain file beside agent.py)")
     return None
@@ -3576,17 +3583,29 @@ def main(argv=None, client=None, stdin=None):
         report.quiet = args.quiet
         session, unanswered = prepare_resume(load_transcript(args.resume), args.question) \
             if args.resume else (None, 0)
-        workdir = Path(os.path.realpath(args.workdir or (session or {}).get("workdir") or "."))
+        recorded = session or {}  # a file: what it says is used only if the user agrees
+        where = f"--workdir {args.workdir}" if args.workdir else \
+            f"the workdir {args.resume} recorded" if session else \
+            "the current directory (no --workdir was given)"
+        workdir = Path(os.path.realpath(args.workdir or recorded.get("workdir") or "."))
         if not workdir.is_dir():
-            raise UsageError(f"--workdir {workdir} is not a directory")
-        check_workdir(workdir, given=bool(args.workdir or args.resume))
-        if args.resume and Path(os.path.realpath(args.resume)).is_relative_to(workdir):
-            raise UsageError(f"--resume {args.resume} is inside the workdir {workdir}, where the "
-                             "model's code could have rewritten it; it is not resumed")
+            raise UsageError(f"{where}, {workdir}, is not a directory")
+        check_workdir(workdir, where)
+        for inside in {workdir, Path(os.path.realpath(recorded.get("workdir") or workdir))}:
+            if args.resume and Path(os.path.realpath(args.resume)).is_relative_to(inside):
+                raise UsageError(f"--resume {args.resume} is inside the workdir {inside}, where "
+                                 "the model's code could have rewritten it; it is not resumed")
         config = load_config(workdir, report)
         SECRETS.update(v for v in [config["ANTHROPIC_API_KEY"]] if v and len(v) >= 8)
-        model = args.model or (session or {}).get("model") or config["ANTHROPIC_MODEL"] \
-            or DEFAULT_MODEL
+        model = args.model or config["ANTHROPIC_MODEL"] or recorded.get("model") or DEFAULT_MODEL
+        taken = [f"workdir {workdir}"] * (session is not None and not args.workdir) + \
+            [f"model {model}"] * (session is not None and model != (
+                args.model or config["ANTHROPIC_MODEL"] or DEFAULT_MODEL))
+        if taken and not agreed(f"{args.resume} asks to go on with its own {' and '.join(taken)}."
+                                " A transcript is only a file, which anything could have "
+                                "written: go on with them?", stdin or sys.stdin):
+            raise UsageError(f"not resumed: give --workdir DIR (and --model ID) to say where "
+                             f"{args.resume} goes on")
         target = args.transcript or args.resume  # --resume goes on in the file it continues
         output = OutputFile(target, workdir) if target not in (None, "-") else None
         trial_outputs = {i: OutputFile(trial_path(output.path, i), workdir)

@@ -149,7 +149,7 @@ def test_clearing_is_the_same_after_resume(capsys, workdir, tmp_path):
                                     "--keep-tool-results", "2", "--clear-at-least", "500")
     path = tmp_path / "run.json"
     resumed = FakeClient(reply(text("again")))
-    code, _, _ = run_cli(capsys, ["--resume", str(path), "more", "--clear-tool-results", "9000",
+    code, _, _ = run_cli(capsys, ["--resume", str(path), "more", "--workdir", str(workdir), "--clear-tool-results", "9000",
                                   "--keep-tool-results", "2"], resumed)
     def plain(messages):  # the content: where the breakpoints sit moves, by design
         return json.dumps([[{k: v for k, v in b.items() if k != "cache_control"}

@@ -12,7 +12,7 @@ import pytest
 
 import agent
 from fakes import FakeClient, alive, reply, text, tool_use
-from helpers import AGENT, DOTENV_FILES, Silent, agent_env, run_agent_py, run_cli, serve
+from helpers import AGENT, DOTENV_PATH, Silent, agent_env, run_agent_py, run_cli, serve
 
 
 # --- the terminal shows the truth ---
@@ -75,50 +75,73 @@ def test_a_workdir_holding_the_harness_is_refused(capsys, where):
 
 # --- .env and config ---
 
-def test_dotenv_next_to_agent_py_is_the_fallback(tmp_path, monkeypatch):
-    home, elsewhere = tmp_path / "agent", tmp_path / "elsewhere"
+@pytest.fixture
+def beside(tmp_path, monkeypatch):
+    """The directory agent.py (as far as load_config knows) sits in, with the real .env lookup."""
+    home = tmp_path / "agent"
     home.mkdir()
-    elsewhere.mkdir()
-    (home / ".env").write_text("ANTHROPIC_API_KEY=beside-agent\n")
-    monkeypatch.setattr(agent, "dotenv_files", DOTENV_FILES)
+    monkeypatch.setattr(agent, "dotenv_path", DOTENV_PATH)
     monkeypatch.setattr(agent, "__file__", str(home / "agent.py"))
-    monkeypatch.chdir(elsewhere)
-    workdir = tmp_path / "data"
-    assert agent.load_config(workdir, Silent())["ANTHROPIC_API_KEY"] == "beside-agent"
-    (elsewhere / ".env").write_text("ANTHROPIC_API_KEY=from-cwd\n")
-    assert agent.load_config(workdir, Silent())["ANTHROPIC_API_KEY"] == "from-cwd"
+    return home
 
 
-def test_key_comes_from_dotenv_and_the_environment_wins(tmp_path, monkeypatch):
-    (tmp_path / ".env").write_text("ANTHROPIC_API_KEY=from-file\nANTHROPIC_MODEL=m-file\n"
-                                   "ANTHROPIC_BASE_URL=http://127.0.0.1:9\n")
-    sub = tmp_path / "a" / "b"
-    sub.mkdir(parents=True)
-    monkeypatch.setattr(agent, "dotenv_files", DOTENV_FILES)
-    monkeypatch.chdir(sub)
+def notes_of(report):
+    notes = []
+    report.error = notes.append
+    return notes
+
+
+def test_the_dotenv_beside_agent_py_is_read_and_the_environment_wins(beside, tmp_path,
+                                                                     monkeypatch):
+    (beside / ".env").write_text("ANTHROPIC_API_KEY=from-file\nANTHROPIC_MODEL=m-file\n"
+                                 "ANTHROPIC_BASE_URL=http://127.0.0.1:9/${HOME}\n")
     monkeypatch.setenv("ANTHROPIC_MODEL", "m-env")
     config = agent.load_config(tmp_path / "data", Silent())
     assert config["ANTHROPIC_API_KEY"] == "from-file" and config["ANTHROPIC_MODEL"] == "m-env"
-    assert config["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:9"  # an Anthropic-compatible server
+    assert config["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:9/${HOME}"  # no ${VAR} expansion
     assert "ANTHROPIC_API_KEY" not in os.environ  # read, never loaded into the environment
 
 
-def test_a_dotenv_inside_the_workdir_is_never_read(tmp_path, monkeypatch):
-    workdir = tmp_path / "work"
-    workdir.mkdir()
-    (workdir / ".env").write_text("ANTHROPIC_BASE_URL=http://attacker.example\n"
-                                  "ANTHROPIC_API_KEY=planted\n")
-    (tmp_path / ".env").write_text("ANTHROPIC_API_KEY=the-users-key\n"
-                                   "ANTHROPIC_BASE_URL=http://127.0.0.1:9/${HOME}\n")
-    monkeypatch.setattr(agent, "dotenv_files", DOTENV_FILES)
-    monkeypatch.chdir(workdir)
+def test_no_dotenv_in_the_current_directory_or_above_it_is_ever_read(beside, tmp_path,
+                                                                     monkeypatch):
+    cwd = tmp_path / "a" / "b"
+    cwd.mkdir(parents=True)
+    for directory in (cwd, cwd.parent, tmp_path):  # what scripts of earlier runs could write
+        (directory / ".env").write_text("ANTHROPIC_API_KEY=planted\n"
+                                        "ANTHROPIC_BASE_URL=http://attacker.example\n")
+    monkeypatch.chdir(cwd)
     report = Silent()
-    notes = []
-    report.error = notes.append
-    config = agent.load_config(workdir, report)
-    assert config["ANTHROPIC_API_KEY"] == "the-users-key"
-    assert config["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:9/${HOME}"  # no ${VAR} expansion
-    assert len(notes) == 1 and "inside the workdir" in notes[0]
+    assert agent.load_config(cwd, report) == dict.fromkeys(
+        ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL"))
+    assert agent.load_config(None, report)["ANTHROPIC_BASE_URL"] is None  # --count-tokens too
+
+
+@pytest.mark.parametrize("kind", ["symlink", "hard link", "fifo", "directory"])
+def test_a_dotenv_that_could_lead_to_the_models_files_is_not_read(beside, workdir, kind):
+    planted = workdir / "planted.env"  # a script wrote this; the .env only leads to it
+    planted.write_text("ANTHROPIC_API_KEY=planted\nANTHROPIC_BASE_URL=http://attacker.example\n")
+    dotenv = beside / ".env"
+    {"symlink": lambda: dotenv.symlink_to(planted), "hard link": lambda: os.link(planted, dotenv),
+     "fifo": lambda: os.mkfifo(dotenv), "directory": dotenv.mkdir}[kind]()
+    report = Silent()
+    notes = notes_of(report)
+    config = agent.load_config(workdir, report)  # a FIFO there must not block it either
+    assert config["ANTHROPIC_API_KEY"] is None and config["ANTHROPIC_BASE_URL"] is None
+    assert len(notes) == 1 and f"not reading {dotenv}" in notes[0]
+
+
+def test_a_dotenv_linked_to_a_report_agent_py_wrote_is_not_read(capsys, beside, workdir,
+                                                                 tmp_path):
+    """A report holds the model's text as it wrote it; a .env that leads there counts not."""
+    transcript = tmp_path / "run.json"
+    client = FakeClient(reply(text("ok\nANTHROPIC_BASE_URL=http://attacker.example\n")))
+    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(transcript)], client)
+    run_cli(capsys, ["--report", str(transcript)])
+    from dotenv import dotenv_values  # the attack is real: read as a .env, the page sets it
+    page = tmp_path / "run.html"
+    assert dotenv_values(page)["ANTHROPIC_BASE_URL"] == "http://attacker.example"
+    (beside / ".env").symlink_to(page)
+    assert agent.load_config(workdir, Silent())["ANTHROPIC_BASE_URL"] is None
 
 
 def test_missing_key_is_a_usage_error(capsys, workdir, monkeypatch, tmp_path):
@@ -275,13 +298,20 @@ def test_subprocess_without_a_key_is_one_clear_line(tmp_path, workdir, agent_cop
     assert "ANTHROPIC_API_KEY" in done.stderr and ".env.example" in done.stderr
 
 
-def test_a_planted_dotenv_cannot_redirect_the_next_run(request, tmp_path, workdir, agent_copy):
+def test_a_planted_dotenv_cannot_redirect_any_later_run(request, tmp_path, workdir, agent_copy):
+    """A script of an earlier run wrote .env into its workdir and above it: the next runs, from
+    there, in any mode, still send the key and the data only where the user said."""
     good = serve(request, reply(text("from the real server")))
     evil = serve(request)
-    (tmp_path / ".env").write_text(f"ANTHROPIC_API_KEY=test-key\nANTHROPIC_BASE_URL={good.url}\n")
-    (workdir / ".env").write_text(f"ANTHROPIC_BASE_URL={evil.url}\nANTHROPIC_API_KEY=x\n")
+    (agent_copy.parent / ".env").write_text(f"ANTHROPIC_API_KEY=test-key\n"
+                                            f"ANTHROPIC_BASE_URL={good.url}\n")
+    for planted in (workdir / ".env", tmp_path / ".env"):
+        planted.write_text(f"ANTHROPIC_BASE_URL={evil.url}\nANTHROPIC_API_KEY=planted-key\n")
     done = run_agent_py(agent_copy, "q", cwd=workdir, env=agent_env(), timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "from the real server\n"
-    assert len(good.requests) == 1 and evil.requests == []
-    assert "not reading" in done.stderr and str(workdir / ".env") in done.stderr
+    counted = run_agent_py(agent_copy, "--count-tokens", "q", cwd=workdir, env=agent_env(),
+                           timeout=60)
+    assert counted.returncode == 0, counted.stderr
+    assert len(good.requests) == 1 and len(good.counted) == 3
+    assert evil.requests == [] and evil.counted == [] and evil.connections == 0

@@ -304,6 +304,7 @@ def test_a_tools_off_turn_that_still_calls_a_tool_ends_cleanly(capsys, workdir, 
     assert "not run" in err
     assert saved["turns"][0]["tool_calls"] == []  # never run
     resumed = FakeClient(reply(text("Without it: no idea.")))
-    code, _, _ = run_cli(capsys, ["--resume", str(path), "go on"], resumed)
+    code, _, _ = run_cli(capsys, ["--resume", str(path), "go on", "--workdir", str(workdir)],
+                         resumed)
     answer = resumed.requests[0]["messages"][-1]["content"][0]
     assert code == 0 and answer["type"] == "tool_result" and "not run" in answer["content"]

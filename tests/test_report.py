@@ -62,26 +62,63 @@ def test_the_report_shows_the_token_growth(capsys, workdir, tmp_path):
     assert "cache-read share" in page and "running cost" in page
 
 
-def test_a_trials_report_links_a_report_per_trial(capsys, workdir, tmp_path):
+def test_a_trials_report_names_each_trials_transcript_and_writes_one_page(capsys, workdir,
+                                                                          tmp_path):
     summary = tmp_path / "trials.json"
     client = FakeClient(reply(text("42")), FakeAPIError(400, "invalid_request_error", "bad"),
                         reply(text("41")))
     run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "3", "--expect", "42",
                      "--transcript", str(summary)], client)
+    before = set(tmp_path.iterdir())
     err = report(capsys, summary)
     page = (tmp_path / "trials.html").read_text()
+    assert set(tmp_path.iterdir()) - before == {tmp_path / "trials.html"}  # that page alone
     assert "pass@k" in page and "pass^k" in page and 'class="passk"' in page
     for i in (1, 2, 3):
-        assert f'href="trials.{i}.html"' in page and (tmp_path / f"trials.{i}.html").exists()
-    assert "1 errored" in page and err.count("report:") == 4
+        assert f"<code>{tmp_path / f'trials.{i}.json'}</code>" in page and "href=" not in page
+    assert "1 errored" in page and err.count("report:") == 1
     assert "claude-haiku-5-5" in page and '{&quot;regex&quot;: &quot;42&quot;}' in page
+
+
+def test_a_document_never_makes_report_open_another_file(capsys, workdir, tmp_path,
+                                                         monkeypatch):
+    """A summary names a transcript (its own trial's, or any file at all): --report renders the
+    name, never opens or copies the file, and writes only the page it was told to."""
+    secret = a_run(capsys, workdir, tmp_path, "secret.json")
+    (tmp_path / "secret.html").unlink(missing_ok=True)
+    summary = tmp_path / "trials.json"
+    summary.write_text(json.dumps({
+        "version": 2, "kind": "trials", "n": 2, "requested": 2,
+        "trials": [{"index": 1, "transcript": str(secret)},
+                   {"index": 2, "transcript": "/etc/shadow"}]}))
+    opened, real_open = [], os.open
+
+    def watch(path, *args, **kwargs):
+        opened.append(os.fspath(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", watch)
+    before = set(tmp_path.iterdir())
+    report(capsys, summary, "-o", str(tmp_path / "page.html"))
+    page = (tmp_path / "page.html").read_text()
+    assert str(secret) in page and "window.__pwned" not in page  # its name, not its content
+    assert not [p for p in opened if "secret" in p or p == "/etc/shadow"], opened
+    assert set(tmp_path.iterdir()) - before == {tmp_path / "page.html"}
+
+
+def test_report_never_writes_over_what_it_reads_and_dash_is_stdout(capsys, workdir, tmp_path):
+    source = a_run(capsys, workdir, tmp_path)
+    kept = source.read_bytes()
+    code, _, err = run_cli(capsys, ["--report", str(source), "-o", str(source)])
+    assert code == 2 and "would overwrite --report" in err and source.read_bytes() == kept
+    code, out, err = run_cli(capsys, ["--report", str(source), "-o", "-"])
+    assert code == 0 and out.startswith("<!doctype html>") and not (tmp_path / "-").exists()
 
 
 @pytest.mark.parametrize("document", [
     {"messages": "no", "turns": [1, None, {"usage": "x"}], "stop": ["?"], "question": 5},
     {"kind": "trials", "trials": [None, {"index": "<b>", "transcript": "/etc/passwd"}],
-     "pass_at_k": {"x": "y"}},
-    {}])
+     "pass_at_k": {"x": "y"}}])
 def test_a_malformed_document_still_gives_a_page(capsys, tmp_path, document):
     source = tmp_path / "odd.json"
     source.write_text(json.dumps(document))
@@ -90,14 +127,16 @@ def test_a_malformed_document_still_gives_a_page(capsys, tmp_path, document):
     assert page.startswith("<!doctype html>") and "<script" not in page
 
 
-def test_a_report_of_something_else_is_a_usage_error(capsys, tmp_path):
-    (tmp_path / "list.json").write_text("[1, 2]")
-    errors = ""
-    for source in (tmp_path / "list.json", tmp_path / "missing.json"):
-        code, _, err = run_cli(capsys, ["--report", str(source)])
-        assert code == 2
-        errors += err
-    assert "neither a transcript" in errors
+@pytest.mark.parametrize("content, fragment", [
+    ("[1, 2]", "is a JSON list"), ("{}", "is an empty JSON object"), (None, "does not exist"),
+    ('{"type": "run.start", "seq": 1}\n{"type": "run.stop", "seq": 2}\n', "an event stream"),
+    ('{"schema_version": "ATIF-v1.8", "steps": []}', "is an ATIF trajectory")])
+def test_a_report_of_something_else_says_what_it_was_given(capsys, tmp_path, content, fragment):
+    source = tmp_path / "given.json"
+    if content is not None:
+        source.write_text(content)
+    code, _, err = run_cli(capsys, ["--report", str(source)])
+    assert code == 2 and fragment in err and not (tmp_path / "given.html").exists()
 
 
 # --- in a real browser ---

@@ -2,6 +2,7 @@
 
 import io
 import json
+import random
 import os
 import signal
 import subprocess
@@ -312,6 +313,76 @@ def test_the_approval_prompt_shows_what_would_be_hidden(capsys, workdir):
     code_ = "print('harmless')\rimport os; os.remove('scores.csv')  \x1b[2K\u202e# ok"
     client = FakeClient(reply(tool_use("run_python", {"code": code_})), reply(text("ok")))
     _, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)], client, stdin="n\n")
-    assert "\\r" in err and "\\x1b[2K" in err and "\\u202e" in err
+    assert "\u27e6U+000D\u27e7" in err and "\u27e6U+001B\u27e7[2K" in err
+    assert "\u27e6U+202E\u27e7 is RIGHT-TO-LEFT OVERRIDE" in err
     assert "\x1b" not in err and "\r" not in err and "\u202e" not in err
     assert (workdir / "scores.csv").exists()
+
+
+DRAWN_AS_NOTHING = {  # one of each kind the question must make visible
+    "zero-width space": "\u200b", "soft hyphen": "\xad", "variation selector": "\ufe0f",
+    "tag character": "\U000e0041", "Hangul filler": "\u3164", "word joiner": "\u2060",
+    "combining grapheme joiner": "\u034f", "Mongolian vowel separator": "\u180e",
+    "braille blank": "\u2800", "halfwidth Hangul filler": "\uffa0", "BOM": "\ufeff",
+    "ideographic space": "\u3000", "no-break space": "\xa0", "line separator": "\u2028",
+}
+
+
+@pytest.mark.parametrize("name", sorted(DRAWN_AS_NOTHING))
+def test_the_approval_prompt_shows_every_character_drawn_as_nothing(name):
+    char = DRAWN_AS_NOTHING[name]
+    question = agent.approval_question(f"x = 'a{char}b'\n", 24, 80)
+    assert char not in question and f"\u27e6U+{ord(char):04X}\u27e7" in question
+
+
+LOOK_ALIKES = [  # pairs of programs that differ, which a terminal draws alike
+    ("print('paypal')", "print('p\u0430yp\u0430l')"),  # Cyrillic а
+    ("import os", "imp\u03bfrt os"),  # Greek ο
+    ("x = 1", "x = \uff11"),  # a full-width digit
+    ("if a: pass", "if a:\u00a0pass"),  # a no-break space
+    ("s = '口'", "s = '\u30ed'"),  # katakana ro, drawn like the Han 'mouth'
+    ("s = '一'", "s = '\u30fc'"),  # the long-vowel mark, like the Han 'one'
+    ("s = 'へ'", "s = '\u30d8'"),  # katakana he, like hiragana he
+    ("s = '豈'", "s = '\uf900'"),  # a compatibility ideograph, a copy of a unified one
+    ("    x = 1", "\tx = 1"),  # a tab
+    ("x = 1", "x = 1 "),  # a space that ends a line
+    ("x = 1", "x = 1\n"),  # a final newline
+    ("a = 1\nb = 2", "a = 1\u2028b = 2"),  # a line separator
+    ("s = '\u27e6U+0430\u27e7'", "s = '\u0430'"),  # the escape itself, written out
+]
+
+
+@pytest.mark.parametrize("a, b", LOOK_ALIKES)
+def test_two_programs_that_differ_never_look_the_same_at_the_question(a, b):
+    assert agent.approval_question(a, 24, 80) != agent.approval_question(b, 24, 80)
+
+
+def test_the_question_is_one_to_one_over_a_hostile_alphabet():
+    """No two of 20,000 random programs over look-alikes, invisibles and controls render alike."""
+    alphabet = "ao0O1l \t\n'\"\\\u0430\u043e\u03bf\u200b\u2060\ufe0f\xad\u3000\xa0\u202e" \
+               "\r\x1b\u27e6\u27e7U+\u2420\u2409\u2502口ロ一ー平均"
+    rng, seen = random.Random(19), {}
+    for _ in range(20_000):
+        code_ = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 8)))
+        shown = agent.approval_question(code_, 24, 80)
+        assert seen.setdefault(shown, code_) == code_, (seen[shown], code_)
+
+
+def test_cjk_text_stays_readable_at_the_question(capsys, workdir):
+    code_ = "print('scores.csv 里平均分是多少？')  # 「平均」、한국어、ひらがな"
+    client = FakeClient(reply(tool_use("run_python", {"code": code_})), reply(text("ok")))
+    _, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)], client, stdin="n\n")
+    assert "   1\u2502 " + code_ in err and "code point" not in err
+
+
+def test_code_longer_than_the_screen_is_asked_about_with_its_header_again():
+    long = "\n".join(f"x{i} = {i}" for i in range(60))
+    question = agent.approval_question(long, 24, 80)
+    above = question.splitlines()[-2:]  # what a 24-row screen shows right above the question
+    assert above[0] == ("--- run_python wants to run the 60 lines above; 39 rows of them "
+                        "scrolled off the top of the screen (scroll up to read them) ---")
+    assert above[1] == "--- run it? [y/N] "
+    assert "above" not in agent.approval_question("x = 1", 24, 80)
+    wide = agent.approval_question("s = '" + "平" * 200 + "'", 24, 80)  # wraps onto 6 rows
+    assert "lines above" not in wide and "lines above" in agent.approval_question(
+        "s = '" + "平" * 200 + "'\n" * 18, 24, 80)  # 19 lines on 24 rows: too tall, wrapped

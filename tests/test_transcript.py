@@ -3,8 +3,10 @@
 import json
 import os
 import signal
+import stat
 import subprocess
 import time
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -54,7 +56,7 @@ def test_the_transcript_has_every_field_its_schema_names(capsys, workdir, tmp_pa
                      str(path)], client)
     saved = json.loads(path.read_text())
     schema = agent.TRANSCRIPT_SCHEMA
-    assert set(schema["properties"]) - {"trial", "cleared"} <= set(saved)  # those when used
+    assert set(schema["properties"]) - {"trial", "cleared", "events_lost"} <= set(saved)  # used
     turn = schema["properties"]["turns"]["items"]
     assert set(turn["properties"]) - {"context_edits", "cleared"} <= set(saved["turns"][0])
     call = saved["turns"][0]["tool_calls"][0]
@@ -115,7 +117,8 @@ def test_each_save_writes_what_dump_would_write(capsys, workdir, tmp_path, monke
     code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path),
                                   "--max-turns", "4"], client)
     assert code == 3  # the last turn: its note was appended to the last message
-    code, _, _ = run_cli(capsys, ["--resume", str(path), "and now?"], client)
+    code, _, _ = run_cli(capsys, ["--resume", str(path), "and now?", "--workdir", str(workdir)],
+                         client)
     assert code == 0 and len(saves) == 5  # three turns, two stops
     assert all(got == want for got, want in saves)
     assert json.loads(path.read_text())["answer"] == "again"
@@ -177,10 +180,101 @@ def test_the_transcript_is_never_written_through_a_symlink(capsys, workdir, tmp_
     victim.write_text("precious\n")
     link = tmp_path / "run.json"
     link.symlink_to(victim)
-    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(link)],
-                         FakeClient(reply(text("done"))))
-    assert code == 0 and victim.read_text() == "precious\n"
-    assert not link.is_symlink() and json.loads(link.read_text())["answer"] == "done"
+    client = FakeClient(reply(text("done")))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(link)],
+                           client)
+    assert (code, client.requests) == (2, []) and "is a symlink" in err
+    assert victim.read_text() == "precious\n" and link.is_symlink()
+
+
+@pytest.fixture
+def node(tmp_path):
+    """Make a FIFO or (as root) a character device like /dev/null, in tmp_path: what an output
+    must never replace, without putting the machine's own /dev/null at stake."""
+    def make(kind):
+        path = tmp_path / kind
+        if kind == "fifo":
+            os.mkfifo(path)
+        else:
+            if os.geteuid() != 0:
+                pytest.skip("making a device node needs root")
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, {"null": 3, "full": 7}[kind]))
+        return path
+    return make
+
+
+@pytest.mark.parametrize("flag", ["--transcript", "--events", "-o"])
+@pytest.mark.parametrize("kind", ["fifo", "null"])
+def test_an_output_never_replaces_a_device_or_fifo(capsys, workdir, tmp_path, node, flag, kind):
+    """A transcript onto one is refused before anything is sent; events and a report are
+    written through it (a FIFO nobody reads is refused, never waited on). The node stays."""
+    path = node(kind)
+    before = os.stat(path)
+    client = FakeClient(reply(text("done")))
+    if flag == "-o":
+        source = tmp_path / "run.json"
+        run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(source)], client)
+        code, _, err = run_cli(capsys, ["--report", str(source), "-o", str(path)])
+    else:
+        code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), flag, str(path)], client)
+    after = os.stat(path)
+    assert (after.st_ino, stat.S_IFMT(after.st_mode)) == (before.st_ino, stat.S_IFMT(before.st_mode))
+    if flag == "--transcript" or kind == "fifo":  # no one reads the FIFO
+        assert code == 2 and client.requests == [] or flag == "-o" and code == 2, err
+        assert "not a regular file" in err or "no one reads from it" in err
+    else:
+        assert code == 0, err
+
+
+def test_events_go_through_a_pipe_someone_reads(capsys, workdir, tmp_path, node):
+    fifo = node("fifo")
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--events", str(fifo)],
+                               FakeClient(reply(text("done"))))
+        received = os.read(reader, 1 << 20).decode()
+    finally:
+        os.close(reader)
+    assert code == 0, err
+    assert [json.loads(line)["type"] for line in received.splitlines()][-1] == "run.stop"
+
+
+@pytest.mark.parametrize("flags", [
+    ["--events", "{p}", "--transcript", "{p}"],
+    ["--events", "{dir}/run.1.json", "--transcript", "{dir}/run.json", "--trials", "2"],
+    ["--events", "{p}", "--resume", "{p}"],
+])
+def test_two_outputs_on_one_file_are_refused_and_nothing_is_lost(capsys, workdir, tmp_path,
+                                                                 flags):
+    p = tmp_path / "run.json"
+    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(p)],
+            FakeClient(reply(text("done"))))
+    (tmp_path / "run.1.json").write_text("the first trial's\n")
+    kept = {f: f.read_bytes() for f in tmp_path.iterdir() if f.is_file()}
+    client = FakeClient(reply(text("again")))
+    argv = [f.format(p=p, dir=tmp_path) for f in flags]
+    code, _, err = run_cli(capsys, argv + ["more" if "--resume" in argv else "q", "--workdir",
+                                           str(workdir)], client)
+    assert (code, client.requests) == (2, []) and "would" in err, err
+    assert {f: f.read_bytes() for f in tmp_path.iterdir() if f.is_file()} == kept
+
+
+def test_events_that_cannot_be_written_are_said_once_and_kept_in_the_transcript(
+        capsys, workdir, tmp_path):
+    read, write = os.pipe()
+    os.close(read)  # a reader that went away: every write is EPIPE
+    path = tmp_path / "run.json"
+    try:
+        code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--events",
+                                        f"/dev/fd/{write}", "--transcript", str(path)],
+                               FakeClient(reply(tool_use("read_file", {"path": "notes.md"})),
+                                          reply(text("done"))))
+    finally:
+        os.close(write)
+    assert code == 0 and err.count("event stream could not be written") == 1, err
+    saved = json.loads(path.read_text())
+    assert "events from seq 1 (run.start) on were dropped" in saved["events_lost"]
+    assert not schema_errors(saved, "transcript")
 
 
 @pytest.mark.parametrize("target, fragment", [
@@ -325,7 +419,8 @@ def test_resume_answers_a_dangling_tool_use_and_keeps_numbering(capsys, workdir,
     path = tmp_path / "run.json"
     budget_stopped(capsys, workdir, path)
     client = FakeClient(reply(text("Resumed answer.")))
-    code, out, _ = run_cli(capsys, ["--resume", str(path), "go on"], client)
+    code, out, _ = run_cli(capsys, ["--resume", str(path), "go on", "--workdir", str(workdir)],
+                           client)
     assert (code, out) == (0, "Resumed answer.\n")
     sent = client.requests[0]["messages"]
     assert sent[-1]["content"][0] == {
@@ -342,7 +437,8 @@ def test_resume_without_a_question_continues_a_budget_stop(capsys, workdir, tmp_
     path = tmp_path / "run.json"
     budget_stopped(capsys, workdir, path)
     client = FakeClient(reply(text("ok")))
-    code, _, _ = run_cli(capsys, ["--resume", str(path), "--transcript", str(tmp_path / "b.json")],
+    code, _, _ = run_cli(capsys, ["--resume", str(path), "--transcript", str(tmp_path / "b.json"),
+                                  "--workdir", str(workdir)],
                          client)
     assert code == 0 and (tmp_path / "b.json").exists()
     assert json.loads(path.read_text())["stop"]["reason"] == "token_budget"  # left alone
@@ -353,7 +449,8 @@ def test_resumed_limits_count_afresh(capsys, workdir, tmp_path):
     budget_stopped(capsys, workdir, path)
     client = FakeClient(reply(tool_use("read_file", {"path": "notes.md"}), input_tokens=900),
                         reply(text("ok")))
-    code, _, _ = run_cli(capsys, ["--resume", str(path), "--token-budget", "1000"], client)
+    code, _, _ = run_cli(capsys, ["--resume", str(path), "--token-budget", "1000", "--workdir",
+                                  str(workdir)], client)
     assert code == 0 and len(client.requests) == 2
 
 
@@ -362,7 +459,8 @@ def test_resume_after_a_refusal_drops_the_refused_turn(capsys, workdir, tmp_path
     run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
             FakeClient(reply(text("I can't help with that part"), stop_reason="refusal")))
     client = FakeClient(reply(text("ok")))
-    code, _, _ = run_cli(capsys, ["--resume", str(path), "something else"], client)
+    code, _, _ = run_cli(capsys, ["--resume", str(path), "something else", "--workdir",
+                                  str(workdir)], client)
     sent = client.requests[0]["messages"]
     assert code == 0 and [m["role"] for m in sent] == ["user"]
     assert sent[0]["content"][-1] == text("something else")
@@ -370,35 +468,66 @@ def test_resume_after_a_refusal_drops_the_refused_turn(capsys, workdir, tmp_path
 
 @pytest.mark.parametrize("content, fragment", [
     (None, "does not exist"),
-    ("{not json", "not a readable JSON"),
+    ("{not json", "is not a JSON document"),
     ('{"version": 1, "messages": []}', "not a version 1"),
     ('{"version": 1, "model": "m", "turns": [], "messages": [{"role": "user", "content": '
      '[{"type": "tool_use"}]}]}', "not a version 1"),
     ('{"version": 1, "model": "m", "turns": [{}], "messages": [{"role": "user", "content": '
      '[{"type": "text", "text": "q"}]}]}', "not a version 1"),
-    ('[1, 2]', "not a version 1"),
+    ('[1, 2]', "is a JSON list, not an object"),
+    ("{}", "is an empty JSON object, not a transcript"),
+    ('{"version": 2, "kind": "trials", "trials": []}', "is a trials summary, not a transcript"),
+    ('{"type": "run.start", "seq": 1}\n{"type": "run.stop", "seq": 2}\n',
+     "is an event stream (--events, JSON Lines)"),
 ])
-def test_resume_of_a_bad_file_is_a_usage_error(capsys, tmp_path, content, fragment):
+def test_resume_of_a_bad_file_says_what_it_was_given(capsys, tmp_path, content, fragment):
     path = tmp_path / "bad.json"
     if content is not None:
         path.write_text(content)
     client = FakeClient()
     code, _, err = run_cli(capsys, ["--resume", str(path), "more"], client)
     assert (code, client.requests) == (2, []) and fragment in err
+    assert len(err.strip().splitlines()) == 1
 
 
-def test_resume_keeps_the_transcripts_model_unless_told(capsys, workdir, tmp_path):
+@pytest.mark.parametrize("kind", ["fifo", "directory", "device", "huge"])
+def test_resume_reads_only_a_regular_file_and_nothing_there_makes_it_block(tmp_path, kind,
+                                                                         agent_copy):
+    """Whatever sits at the path, agent.py answers at once (a FIFO nobody writes to would
+    block an open or a read forever; /dev/zero never ends; a sparse file is all too big)."""
+    path = tmp_path / "run.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "huge":
+        with open(path, "wb") as f:
+            f.truncate(agent.MAX_DOCUMENT + 1)
+    else:
+        path = Path("/dev/zero")
+    done = run_agent_py(agent_copy, "--resume", path, "more", env=agent_env(), timeout=20,
+                        stdin=subprocess.DEVNULL)
+    what = {"fifo": "is a FIFO", "directory": "is a directory", "device": "character device",
+            "huge": "is over 256 MiB"}[kind]
+    assert done.returncode == 2 and what in done.stderr, done.stderr
+
+
+def test_resume_takes_the_transcripts_model_only_if_the_user_agrees(capsys, workdir, tmp_path):
     path = tmp_path / "run.json"
     budget_stopped(capsys, workdir, path)
     saved = json.loads(path.read_text())
     saved["model"] = "claude-opus-5-5"
     path.write_text(json.dumps(saved))
+    given = ["--resume", str(path), "more", "--workdir", str(workdir)]
+    client = FakeClient()
+    code, _, err = run_cli(capsys, given, client, stdin="")  # no answer: not resumed
+    assert (code, client.requests) == (2, []) and "model claude-opus-5-5" in err
     client = FakeClient(reply(text("a")))
-    run_cli(capsys, ["--resume", str(path), "more"], client)
+    run_cli(capsys, given, client, stdin="y\n")
     assert client.requests[0]["model"] == "claude-opus-5-5"
     client = FakeClient(reply(text("b")))
-    run_cli(capsys, ["--resume", str(path), "more", "--model", "claude-sonnet-5-5"], client)
-    assert client.requests[0]["model"] == "claude-sonnet-5-5"
+    code, _, err = run_cli(capsys, given + ["--model", "claude-sonnet-5-5"], client, stdin="")
+    assert code == 0 and client.requests[0]["model"] == "claude-sonnet-5-5" and "[y/N]" not in err
     assert json.loads(path.read_text())["model"] == "claude-sonnet-5-5"
 
 
@@ -424,6 +553,77 @@ def test_resuming_a_transcript_inside_the_workdir_is_refused(capsys, workdir, tm
     assert (code, client.requests) == (2, []) and "inside the workdir" in err
 
 
+@pytest.fixture
+def home(tmp_path):
+    """Somewhere a forged transcript would like the run to work: the user's home."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519").write_text("PRIVATE KEY\n")
+    (home / ".bashrc").write_text("# the user's\n")
+    return home
+
+
+def forged_in(capsys, workdir, tmp_path, home):
+    """A transcript a script left behind, naming the user's home as its workdir."""
+    path = tmp_path / "run.json"
+    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
+            FakeClient(reply(text("done"))))
+    forged = json.loads(path.read_text())
+    forged["workdir"] = str(home)
+    path.write_text(json.dumps(forged))
+    return path
+
+
+@pytest.mark.parametrize("answer", ["", "n\n"])
+def test_a_transcript_cannot_choose_where_the_run_works(capsys, workdir, tmp_path, home, answer):
+    path = forged_in(capsys, workdir, tmp_path, home)
+    reads = FakeClient(reply(tool_use("read_file", {"path": ".ssh/id_ed25519"})),
+                       reply(tool_use("run_python", {"code": "open('.bashrc', 'a').write('x')"})),
+                       reply(text("done")))
+    code, _, err = run_cli(capsys, ["--resume", str(path), "continue", "--yes"], reads,
+                           stdin=answer)  # --yes is not consent to the transcript's workdir
+    assert (code, reads.requests) == (2, [])
+    assert f"workdir {home}" in err and "[y/N]" in err and "not resumed" in err
+    assert (home / ".bashrc").read_text() == "# the user's\n"
+
+
+def test_the_transcripts_workdir_is_used_once_the_user_agrees(capsys, workdir, tmp_path, home):
+    path = forged_in(capsys, workdir, tmp_path, home)
+    client = FakeClient(reply(tool_use("read_file", {"path": ".bashrc"})), reply(text("ok")))
+    code, _, err = run_cli(capsys, ["--resume", str(path), "continue"], client, stdin="y\n")
+    assert code == 0 and "the user's" in client.requests[1]["messages"][-1]["content"][0]["content"]
+    client = FakeClient(reply(text("ok")))
+    code, _, err = run_cli(capsys, ["--resume", str(path), "more", "--workdir", str(workdir)],
+                           client, stdin="")  # given on the command line: nothing to ask
+    assert code == 0 and "[y/N]" not in err
+
+
+def test_resume_with_a_deleted_workdir_names_the_transcripts(capsys, tmp_path):
+    workdir = tmp_path / "gone"
+    workdir.mkdir()
+    path = tmp_path / "run.json"
+    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
+            FakeClient(reply(text("done"))))
+    workdir.rmdir()
+    code, _, err = run_cli(capsys, ["--resume", str(path), "more"], FakeClient())
+    assert code == 2 and f"the workdir {path} recorded, {workdir}, is not a directory" in err
+    assert "--workdir " + str(workdir) not in err
+
+
+def test_a_transcript_inside_its_recorded_workdir_is_refused(capsys, workdir, tmp_path):
+    path = tmp_path / "run.json"
+    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
+            FakeClient(reply(text("done"))))
+    moved = workdir / "run.json"
+    path.rename(moved)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    client = FakeClient()
+    code, _, err = run_cli(capsys, ["--resume", str(moved), "more", "--workdir", str(elsewhere),
+                                    "--transcript", str(tmp_path / "new.json")], client)
+    assert (code, client.requests) == (2, []) and "inside the workdir" in err
+
+
 def finished_transcript(capsys, workdir, tmp_path):
     path = tmp_path / "run.json"
     run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
@@ -439,7 +639,7 @@ def test_resume_takes_system_and_tools_from_agent_py_and_says_where(capsys, work
                        "input_schema": {"type": "object"}}]
     path.write_text(json.dumps(saved))
     client = FakeClient(reply(text("ok")))
-    code, _, err = run_cli(capsys, ["--resume", str(path), "more"], client)
+    code, _, err = run_cli(capsys, ["--resume", str(path), "more"], client, stdin="y\n")
     assert code == 0 and client.requests[0]["system"] == agent.SYSTEM_PROMPT
     assert client.requests[0]["tools"] == agent.TOOLS
     assert f"resuming {path}: 2 turns so far; workdir {os.path.realpath(workdir)}" in err
