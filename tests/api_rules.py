@@ -89,6 +89,9 @@ def check_request(body, issued=None, betas=()):
                         "optional final assistant message")
         if isinstance(content, list):
             for j, block in enumerate(content):
+                shape = block_shape_error(f"messages.{i}.content.{j}", block, m["role"])
+                if shape:
+                    return shape
                 if block.get("cache_control"):
                     breakpoints += 1
                     if block.get("type") in ("thinking", "redacted_thinking"):
@@ -173,10 +176,40 @@ def check_request(body, issued=None, betas=()):
     return None
 
 
+BLOCK_TAGS = {  # API_RULES.md section 10: the kinds of block each role may send
+    "user": {"text", "image", "document", "search_result", "tool_result"},
+    "assistant": {"text", "thinking", "redacted_thinking", "tool_use", "server_tool_use",
+                  "web_search_tool_result", "web_fetch_tool_result", "code_execution_tool_result",
+                  "bash_code_execution_tool_result", "text_editor_code_execution_tool_result",
+                  "tool_search_tool_result", "mcp_tool_use", "mcp_tool_result",
+                  "container_upload"}}
+
+
+def block_shape_error(where, block, role):
+    """The API's validation message for a content block of the wrong shape (section 10)."""
+    if not isinstance(block, dict):
+        return f"{where}: Input should be a valid dictionary or object to extract fields from"
+    kind = block.get("type")
+    if kind not in BLOCK_TAGS.get(role, ()):
+        return (f"{where}: Input tag '{kind}' found using 'type' does not match any of the "
+                f"expected tags: {', '.join(repr(t) for t in sorted(BLOCK_TAGS[role]))}")
+    if kind == "text" and not isinstance(block.get("text"), str):
+        return f"{where}.text.text: Input should be a valid string"
+    if kind == "tool_use":
+        for key in ("id", "name", "input"):
+            if key not in block:
+                return f"{where}.tool_use.{key}: Field required"
+        if not isinstance(block["name"], str) or not block["name"]:
+            return f"{where}.tool_use.name: String should have at least 1 character"
+        if not isinstance(block["input"], dict):
+            return f"{where}.tool_use.input: Input should be a valid dictionary"
+    return None
+
+
 def remember(issued, message):
     """Note a reply the fake sent, so its thinking blocks and pause can be recognised later."""
-    content = [b for b in message.get("content", [])
-               if not (b.get("type") == "text" and not b.get("text", "").strip())]
+    content = [b for b in message.get("content", []) if isinstance(b, dict)
+               and not (b.get("type") == "text" and not str(b.get("text", "")).strip())]
     for block in content:
         if block.get("type") in ("thinking", "redacted_thinking"):
             issued.setdefault("thinking", set()).add(json.dumps(block, sort_keys=True))

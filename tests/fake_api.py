@@ -8,6 +8,10 @@ api_rules.check_request says the real API would reject. Script items:
   {"sse": "file.sse"} or {"sse_text": ...}  a recorded stream, sent byte for byte
   {"status": 529, "body": {...}, "headers": {...}}   an HTTP error
   {"pings": seconds}                         headers, then only ping events for that long
+  {"drip": message, "every": seconds}        message's stream (or SSE text), an event every
+                                             `seconds`
+  {"endless": text, "every": seconds}        a text block that never ends: `text` again and
+                                             again, every `seconds`, until the client goes
   {"reset": message, "after": n}             n events of message's stream, then a TCP reset
   {"disconnect": True}                        the request read, then the connection closed unanswered
   callable(request_body) -> one of the above
@@ -82,20 +86,24 @@ def message_of(sse_text):
             message["content"].append(event["content_block"])
         elif event["type"] == "content_block_delta":
             block, delta = message["content"][event["index"]], event["delta"]
-            if delta["type"] == "text_delta":
-                block["text"] += delta["text"]
-            elif delta["type"] == "thinking_delta":
-                block["thinking"] += delta["thinking"]
-            elif delta["type"] == "signature_delta":
-                block["signature"] = delta["signature"]
-            elif delta["type"] == "input_json_delta":
-                buffers[event["index"]] = buffers.get(event["index"], "") + delta["partial_json"]
+            try:  # a malformed stream: the fake only has to remember what it can
+                if delta["type"] == "text_delta":
+                    block["text"] += delta["text"]
+                elif delta["type"] == "thinking_delta":
+                    block["thinking"] += delta["thinking"]
+                elif delta["type"] == "signature_delta":
+                    block["signature"] = delta["signature"]
+                elif delta["type"] == "input_json_delta":
+                    buffers[event["index"]] = buffers.get(event["index"], "") + \
+                        delta["partial_json"]
+            except (TypeError, KeyError):
+                continue
         elif event["type"] == "message_delta":
             message["stop_reason"] = event["delta"].get("stop_reason")
     for index, raw in buffers.items():
         try:
             message["content"][index]["input"] = json.loads(raw) if raw else {}
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, TypeError):
             pass
     return message
 
@@ -107,6 +115,7 @@ class FakeAPI:
         self.script, self.requests, self.rejected, self.issued = list(script), [], [], {}
         self.ids, self.request_id = itertools.count(1), request_id
         self.lock, self.connections, self.counted = threading.Lock(), 0, []
+        self.stopping = False  # set on exit: an endless stream stops too
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -139,6 +148,7 @@ class FakeAPI:
         return self
 
     def __exit__(self, *exc):
+        self.stopping = True
         self.server.shutdown()
         self.server.server_close()
 
@@ -179,7 +189,7 @@ class FakeAPI:
             item = item(body)
         if "status" in item:
             return self.send(handler, item["status"], item["body"], headers=item.get("headers"))
-        if "pings" in item or "reset" in item:
+        if "pings" in item or "reset" in item or "drip" in item or "endless" in item:
             return self.misbehave(handler, item)
         if item.get("disconnect"):  # as a server does that closed a kept-alive connection
             handler.close_connection = True
@@ -193,12 +203,34 @@ class FakeAPI:
         self.send(handler, 200, stream_of(item, complete=not item.get("_cut")), "text/event-stream")
 
     def misbehave(self, handler, item):
-        """A stream that never finishes: pings only, or a few events and then a TCP reset."""
+        """A stream that is slow or never finishes: pings only, events far apart, text without
+        end, or a few events and then a TCP reset."""
         handler.send_response(200)
         handler.send_header("content-type", "text/event-stream")
         handler.end_headers()
         handler.close_connection = True
         try:
+            if "drip" in item:  # a message, or a stream's text as it is sent
+                text = item["drip"] if isinstance(item["drip"], str) else stream_of(item["drip"])
+                remember(self.issued, message_of(text))
+                for event in text.split("\n\n")[:-1]:
+                    handler.wfile.write((event + "\n\n").encode())
+                    handler.wfile.flush()
+                    time.sleep(item["every"])
+                return
+            if "endless" in item:
+                start = stream_of({"id": "msg_endless", "type": "message", "role": "assistant",
+                                   "model": "m", "content": [{"type": "text", "text": ""}],
+                                   "stop_reason": "end_turn", "usage": {}}).split("\n\n")[:2]
+                handler.wfile.write(("\n\n".join(start) + "\n\n").encode())
+                delta = sse("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                                    "delta": {"type": "text_delta",
+                                                              "text": item["endless"]}})
+                while not self.stopping:
+                    handler.wfile.write(delta.encode())
+                    handler.wfile.flush()
+                    time.sleep(item["every"])
+                return
             if "pings" in item:
                 ends = time.monotonic() + item["pings"]
                 while time.monotonic() < ends:

@@ -10,7 +10,7 @@ import time
 import pytest
 
 import agent
-from fake_api import stream_of
+from fake_api import sse, stream_of
 from fakes import (APIConnectionError, FakeAPIError, FakeClient, Midstream, RECORDED, Truncated,
                    recorded_loop, reply, text, tool_use)
 from helpers import AGENT, agent_env, drive, final_messages, run_cli, serve
@@ -224,6 +224,120 @@ def test_a_server_that_only_pings_is_retried(request, capsys, workdir):
                                       "--request-timeout", "1"], api=api, request_timeout=1)
     assert (code, out, len(api.requests)) == (0, "ok\n", 2)
     assert time.monotonic() - started < 10 and "no event for 1 s" in err
+
+
+def test_a_reply_that_never_stops_is_cut_at_the_size_max_tokens_allows(request, capsys,
+                                                                       workdir, tmp_path):
+    """A server that sends text forever, fast: each attempt is cut once the reply has streamed
+    more than max_tokens can hold, and the turn ends, with its stop recorded."""
+    api = serve(request, *[{"endless": "word " * 20, "every": 0.001}] * 5)
+    path = tmp_path / "run.json"
+    started = time.monotonic()
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--request-timeout", "3",
+                                    "--max-tokens", "100", "--transcript", str(path)],
+                           api=api, request_timeout=3, retry_base=0.01)
+    seconds = time.monotonic() - started
+    saved = json.loads(path.read_text())
+    assert code == 1 and saved["stop"]["reason"] == "api_error" and len(api.requests) == 5
+    assert "more than max_tokens 100 can hold" in saved["stop"]["detail"]
+    assert seconds < 20, seconds  # the issue saw 45 s and more with these flags
+
+
+def test_a_reply_that_never_stops_slowly_is_cut_at_its_time(request, capsys, workdir, tmp_path):
+    """Slow enough never to look stalled (an event every 0.2 s), never enough text to be cut
+    by size: the reply may take request_timeout + max_tokens / 10 s, no more."""
+    api = serve(request, {"endless": "x", "every": 0.2}, reply(text("ok")))
+    limits = dict(request_timeout=1, max_tokens=20, retry_base=0.0)
+    started = time.monotonic()
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--request-timeout", "1",
+                                      "--max-tokens", "20"], api=api, **limits)
+    seconds = time.monotonic() - started
+    assert (code, out) == (0, "ok\n") and "went on past 3 s" in err
+    assert 2.5 < seconds < 8, seconds
+
+
+def test_a_long_tool_call_shows_its_growing_size_on_stderr(request, capsys, workdir):
+    """A model writing a long script takes minutes: stderr says every 2 s how far it has come."""
+    written = json.dumps({"code": "print(1)\n" * 40})
+    pieces = [written[i:i + 10] for i in range(0, len(written), 10)]  # ~40 deltas, 4 s
+    slow = {"drip": garbled(({"type": "tool_use", "id": "toolu_w", "name": "run_python",
+                              "input": {}}, [json_delta(p) for p in pieces]))["sse_text"],
+            "every": 0.1}
+    api = serve(request, slow, reply(text("ok")))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)], api=api, stdin="n\n")
+    sizes = [int(line.split(": ")[1].split()[0].replace(",", "")) for line in err.splitlines()
+             if line.startswith("  writing a run_python call: ")]
+    assert code == 0 and len(sizes) >= 1 and sizes == sorted(sizes) and 0 < sizes[-1] < len(written)
+
+
+def garbled(*blocks, stop="tool_use"):
+    """A reply's stream as a server might garble it: each block as (its start, its deltas)."""
+    start = {"id": "msg_bad", "type": "message", "role": "assistant", "model": "m",
+             "content": [], "stop_reason": None, "usage": {"input_tokens": 5, "output_tokens": 1}}
+    out = [sse("message_start", {"type": "message_start", "message": start})]
+    for i, (first, deltas) in enumerate(blocks):
+        out.append(sse("content_block_start", {"type": "content_block_start", "index": i,
+                                               "content_block": first}))
+        out += [sse("content_block_delta", {"type": "content_block_delta", "index": i,
+                                            "delta": d}) for d in deltas]
+        out.append(sse("content_block_stop", {"type": "content_block_stop", "index": i}))
+    out.append(sse("message_delta", {"type": "message_delta", "delta": {
+        "stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": 3}}))
+    out.append(sse("message_stop", {"type": "message_stop"}))
+    return {"sse_text": "".join(out)}
+
+
+def json_delta(text_):
+    return {"type": "input_json_delta", "partial_json": text_}
+
+
+GOOD_CALL = ({"type": "tool_use", "id": "toolu_good", "name": "read_file", "input": {}},
+             [json_delta('{"path": "notes.md"}')])
+UNREADABLE = {"a block that is a string": ("str", []), "a block that is a list": ([1, 2], [])}
+MALFORMED = {
+    "a block of an unknown type": ({"type": "weird", "x": 1}, []),
+    "a tool_result from the model": ({"type": "tool_result", "tool_use_id": "toolu_good",
+                                      "content": "made up"}, []),
+    "a text that is not a string": ({"type": "text", "text": 5}, []),
+    "a tool call without a name": ({"type": "tool_use", "id": "toolu_x", "input": {}},
+                                   [json_delta("{}")]),
+    "a tool call with an empty name": ({"type": "tool_use", "id": "toolu_x", "name": "",
+                                        "input": {}}, [json_delta("{}")]),
+    "a tool call whose name is a number": ({"type": "tool_use", "id": "toolu_x", "name": 5,
+                                            "input": {}}, [json_delta("{}")]),
+    "a tool call whose input is a list": ({"type": "tool_use", "id": "toolu_x",
+                                           "name": "run_python", "input": {}},
+                                          [json_delta('["rm -rf"]')]),
+}
+
+
+@pytest.mark.parametrize("what", sorted(UNREADABLE))
+def test_a_stream_the_sdk_cannot_read_is_retried(request, capsys, workdir, tmp_path, what):
+    api = serve(request, garbled(UNREADABLE[what], GOOD_CALL), reply(text("done")))
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir)], api=api)
+    assert (code, out) == (0, "done\n") and "the stream could not be read" in err
+    assert "internal error" not in err and api.rejected == [] and len(api.requests) == 2
+
+
+@pytest.mark.parametrize("what", sorted(MALFORMED))
+def test_a_malformed_block_is_dropped_never_run_and_the_run_goes_on(request, capsys, workdir,
+                                                                    tmp_path, what):
+    """Through the real SDK: the turn and its note are recorded, the next request is one the
+    API accepts (the fake rejects any other), and --resume takes the transcript back."""
+    api = serve(request, garbled(MALFORMED[what], GOOD_CALL), reply(text("done")),
+                reply(text("resumed")))
+    path = tmp_path / "run.json"
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path),
+                                      "--yes", "--no-sandbox"], api=api)
+    saved = json.loads(path.read_text())
+    assert (code, out, saved["stop"]["reason"]) == (0, "done\n", "end_turn"), err
+    assert "internal error" not in err and "Warning" not in err
+    assert len(saved["turns"][0]["notes"]) == 1 and "dropped, not run" in saved["turns"][0]["notes"][0]
+    assert [c["id"] for c in saved["turns"][0]["tool_calls"]] == ["toolu_good"]
+    assert api.rejected == [] and len(api.requests) == 2
+    code, out, _ = run_cli(capsys, ["--resume", str(path), "more", "--workdir", str(workdir)],
+                           api=api)
+    assert (code, out) == (0, "resumed\n") and api.rejected == []
 
 
 def test_a_reset_mid_stream_is_retried(request, capsys, workdir):

@@ -758,6 +758,67 @@ def test_memory_of_one_call_is_capped_together(workdir):
     assert run.oom and "-9" in run.stdout, (run.stdout, run.stderr)
 
 
+UNDER_A_SMALLER_LIMIT = """
+import json, os, sys
+sys.path.insert(0, sys.argv[3])
+import agent
+from pathlib import Path
+Path(sys.argv[1], "cgroup.procs").write_text(str(os.getpid()))  # a container's limit, smaller
+ballast = bytearray(160 << 20)  # than the call's cap; the agent the biggest process in it
+for i in range(0, len(ballast), 4096):
+    ballast[i] = 1
+workdir = Path(sys.argv[2])
+box = agent.Sandbox(workdir, True, agent.Limits())
+box.ready()
+code = ("import os, time\\n"
+        "kids = []\\n"
+        "for _ in range(10):  # each smaller than the agent, together far over the limit\\n"
+        "    pid = os.fork()\\n"
+        "    if pid == 0:\\n"
+        "        b = bytearray(50 << 20)\\n"
+        "        for i in range(0, len(b), 4096): b[i] = 1\\n"
+        "        time.sleep(4)\\n"
+        "        os._exit(0)\\n"
+        "    kids.append(pid)\\n"
+        "print(sorted(os.waitstatus_to_exitcode(os.waitpid(k, 0)[1]) for k in kids))\\n")
+run = agent.execute(code, workdir, box, 60, 2000)
+print(json.dumps({"code": run.code, "stdout": run.stdout, "stderr": run.stderr[-500:]}))
+"""
+
+
+@needs_landlock
+def test_out_of_memory_the_kernel_kills_the_calls_processes_never_the_agent(workdir, tmp_path):
+    """The agent runs under a memory limit below the call's 4 GiB cap, as in a container, and
+    the script spreads its memory over processes each smaller than the agent. The kernel kills
+    the script's processes (oom_score_adj 1000), never the agent or its keeper, and nothing of
+    the call outlives it."""
+    if os.geteuid() != 0 or not agent.cgroup_parents():
+        pytest.skip("needs root and a memory cgroup to put the agent in")
+    kind, dirs = agent.cgroup_parents()
+    parent = Path(dirs[-1]) / f"oom-test-{os.getpid()}"  # the memory controller's, on v1
+    parent.mkdir()
+    try:
+        (parent / ("memory.limit_in_bytes" if kind == "v1" else "memory.max")).write_text(
+            str(400 << 20))
+        if (parent / "memory.memsw.limit_in_bytes").exists():
+            (parent / "memory.memsw.limit_in_bytes").write_text(str(400 << 20))
+        done = subprocess.run([sys.executable, "-c", UNDER_A_SMALLER_LIMIT, str(parent),
+                               str(workdir), str(AGENT.parent)],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"the agent was killed: {done.returncode} {done.stderr}"
+        run = json.loads(done.stdout.splitlines()[-1])
+        assert -9 in json.loads(run["stdout"].split("--- stdout ---")[-1].strip() or "[]") or \
+            run["code"] == -9, run  # the call's own processes were the ones killed
+        deadline = time.monotonic() + 10
+        while (parent / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not (parent / "cgroup.procs").read_text().strip()  # nothing of the call is left
+    finally:
+        for child in parent.glob("agent-*"):
+            child.rmdir()
+        parent.rmdir()
+
+
 # --- ordinary scripts still work ---
 
 @needs_landlock
