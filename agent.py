@@ -186,6 +186,8 @@ def run_session(client, session, ctx, report, save):
         session["turns"].append(record)
         if content:
             session["messages"].append({"role": "assistant", "content": content})
+        else:
+            record["in_history"] = False  # nothing of the reply could go back
         report.turn(record)
         stop = check_stop(reply.message, content, turn, last_turn, used, limits, reply.cut)
         tool_uses = [] if stop else [b for b in content if b["type"] == "tool_use"]
@@ -1376,7 +1378,8 @@ TRANSCRIPT_SCHEMA = {
                 "api_seconds": NUMBER, "notes": array(STRING), "message_id": nullable(STRING),
                 "prompt_tokens": COUNT, "cache_miss": nullable({"type": "object"}),
                 "context_edits": array({"type": "object"}),
-                "cleared": obj({"tool_results": COUNT, "estimated_tokens": COUNT})})),
+                "cleared": obj({"tool_results": COUNT, "estimated_tokens": COUNT}),
+                "in_history": {"const": False}})),
            "stop": nullable(obj({"reason": LABEL, "detail": STRING},
                                 {"exit_code": {"type": "integer"},
                                  "retries": array(RETRY_SCHEMA)})),
@@ -1664,6 +1667,7 @@ def prepare_resume(session, question):
                         "Call it again if you still need it."} for b in pending]})
     if (session.get("stop") or {}).get("reason") == "refusal" and last["role"] == "assistant":
         messages.pop()  # continuing after a refusal needs the refused turn removed
+        session["turns"][-1]["in_history"] = False
     paused = (session["turns"] or [{}])[-1].get("stop_reason") == "pause_turn"
     if question:
         if messages[-1]["role"] == "user":
@@ -1805,8 +1809,7 @@ def run_trials(spec, client, ctx, outputs, events):
     results, pool = [], ThreadPoolExecutor(max_workers=spec.jobs)
 
     def trial(index):
-        report = Reporter(spec.quiet, prefix=f"[trial {index}] " if spec.jobs > 1 else "",
-                          events=events, trial=index)
+        report = Reporter(spec.quiet, prefix=f"[trial {index}] ", events=events, trial=index)
         out = outputs.get(index)
         session = new_session(spec.question, spec.model, ctx.workdir, spec.effort,
                               events.run_id if events else None)
@@ -1816,8 +1819,7 @@ def run_trials(spec, client, ctx, outputs, events):
         save = Saver(out)
         stop = drive(client, session, ctx, report, save)
         save.events_lost(session, events)
-        report.line(f"stop: {stop.reason} ({stop.detail})" if report.prefix else
-                    f"trial {index}: {stop.reason} ({stop.detail})", always=True)
+        report.line(f"stop: {stop.reason} ({stop.detail})", always=True)
         results.append({"index": index, "stop": stop.reason, "turns": len(session["turns"]),
                         "tokens": session["usage"]["tokens"],
                         "cost_usd": session["usage"]["cost_usd"],
@@ -2080,6 +2082,13 @@ def write_report(path, output=None):
     check_distinct([("-o", target)], [("--report", path)])
     target.put(data)
     return [str(target.path)]
+
+
+# --- Export: ATIF, the Agent Trajectory Interchange Format ---
+
+def export_atif(path, output):
+    """--export atif: not written yet (its helper session fills this section)."""
+    raise UsageError("--export atif is not built yet")
 
 
 # --- Terminal: progress on stderr, text made visible ---
@@ -3339,7 +3348,19 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see --help)")
 
 
-EPILOG = """exit codes:
+DESCRIPTION = """Answer a question about the files in a directory with Claude, through a
+hand-written agent loop with two tools: read_file, and run_python in an OS sandbox.
+
+The API key comes from ANTHROPIC_API_KEY, else from the .env beside agent.py (copy
+.env.example); ANTHROPIC_BASE_URL points agent.py at another Anthropic-compatible server, and
+ANTHROPIC_MODEL sets the default model. No other .env is ever read."""
+
+EPILOG = """examples:
+  agent.py "scores.csv 里平均分是多少？" --workdir workspace
+  agent.py --replay workspace/example.transcript.json --workdir workspace   (no key needed)
+  agent.py "Compare spring.md and fall.md." --workdir workspace --transcript run.json --events -
+
+exit codes:
   0    answered: end_turn, stop_sequence
   1    api_error, error
   2    usage error (nothing sent)
@@ -3347,7 +3368,7 @@ EPILOG = """exit codes:
   4    token_budget, cost_budget: stopped before running the pending tool calls
   5    max_tokens, refusal, model_context_window_exceeded: stdout has the partial text
   6    --trials: some trials failed
-  130  interrupted (Ctrl-C)"""
+  130  interrupted (Ctrl-C or SIGTERM)"""
 
 
 def tokens_or_off(value):
@@ -3361,61 +3382,105 @@ def tokens_or_off(value):
 
 
 def parse_args(argv):
-    p = Parser(prog="agent.py", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-               description="Answer a question about the files in a directory with Claude.")
-    add = p.add_argument
-    add("question", nargs="?", help="the question (with --resume: a follow-up)")
-    add("--workdir", metavar="DIR", help="directory the tools work in (default: the current one)")
-    add("--model", metavar="ID", help=f"model id (default: $ANTHROPIC_MODEL, else {DEFAULT_MODEL})")
-    add("--max-turns", type=int, metavar="N", default=Limits.max_turns,
-        help=f"requests per run (default: {Limits.max_turns})")
-    add("--token-budget", type=int, metavar="N", default=Limits.token_budget,
-        help=f"input + cache + output tokens per run (default: {Limits.token_budget:,})")
-    add("--budget-usd", type=float, metavar="X", help="dollars per run, priced like the bill "
-                                                      "(default: no dollar limit)")
-    add("--max-tokens", type=int, metavar="N", default=Limits.max_tokens,
-        help=f"output tokens per response (default: {Limits.max_tokens:,})")
-    add("--effort", choices=EFFORTS, help="sent as output_config.effort (default: the model's)")
-    add("--yes", action="store_true", help="run run_python without asking, once the sandbox "
-                                           "is proven (default: ask every time)")
-    add("--no-sandbox", action="store_true", help="run run_python unconfined (default: sandboxed)")
-    add("--transcript", metavar="PATH", help="write the transcript JSON here, outside the "
-                                             "workdir; '-' for stdout (default: none)")
-    add("--resume", metavar="PATH", help="continue a saved transcript")
-    add("--tool-timeout", type=float, metavar="SECONDS", default=Limits.tool_timeout,
-        help=f"seconds per run_python call (default: {Limits.tool_timeout:g})")
-    add("--request-timeout", type=float, metavar="SECONDS", default=Limits.request_timeout,
-        help="seconds a streamed reply may go without an event before the turn is retried "
-             f"(default: {Limits.request_timeout:g})")
-    add("--quiet", action="store_true", help="no progress on stderr (default: progress)")
-    add("--trials", type=int, metavar="K", help="run the question K times; report pass@k, pass^k")
-    add("--jobs", type=int, metavar="N", default=1, help="trials run at once (default: 1)")
-    add("--expect", metavar="REGEX", help="a trial passes if this regex is in the answer")
-    add("--expect-tool", metavar="NAME", choices=list(TOOL_FUNCTIONS), help="... and it used this tool")
-    add("--expect-stop", metavar="LABEL", choices=list(EXIT_CODES), help="... and stopped so")
-    add("--decline-message", metavar="TEXT", help="what a declined run_python call tells the "
-        "model (default: not to retry it, and to ask the user how to proceed)")
-    add("--clear-tool-results", type=tokens_or_off, metavar="TOKENS|off",
-        default=Limits.clear_at, help="once a prompt reaches TOKENS, send old tool results as "
-        f"a one-line placeholder (default: {Limits.clear_at:,})")
-    add("--keep-tool-results", type=int, metavar="N", default=Limits.keep_results,
-        help=f"the newest tool results, never cleared (default: {Limits.keep_results})")
-    add("--clear-at-least", type=int, metavar="TOKENS", default=Limits.clear_at_least,
-        help="clear only when that frees this many tokens, since a clearing breaks the cache "
-             f"once (default: {Limits.clear_at_least:,})")
-    add("--context-edit", choices=("client", "server"), default=Limits.context_edit,
-        help="who clears: agent.py, or the API's context editing (beta) (default: client)")
-    add("--count-tokens", action="store_true", help="print what the system prompt, the tools "
-        "and QUESTION cost in input tokens (the API's count_tokens), and exit")
-    add("--events", metavar="PATH", help="write the run's events as JSON Lines here, outside the "
-                                         "workdir; '-' for stdout (default: none)")
-    add("--schema", choices=list(SCHEMAS), help="print the JSON Schema of a transcript, an event "
-                                                "or a trials summary, and exit")
-    add("--report", metavar="JSON", help="write an HTML report of a transcript or trials summary, "
-                                         "and exit")
-    add("-o", "--output", metavar="HTML", help="where --report writes (default: JSON's name, .html)")
+    p = Parser(prog="agent.py", epilog=EPILOG, description=DESCRIPTION, allow_abbrev=False,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
+    run = p.add_argument_group("run")
+    run.add_argument("question", nargs="?", help="the question; - reads it from stdin (with "
+                     "--resume: an optional follow-up)")
+    run.add_argument("--workdir", metavar="DIR", help="the directory the tools work in (default: "
+                     "the current one); one that holds agent.py or its Python is refused")
+    run.add_argument("--model", metavar="ID", help="model id (default: $ANTHROPIC_MODEL, else "
+                     f"{DEFAULT_MODEL})")
+    run.add_argument("--effort", choices=EFFORTS, help="sent as output_config.effort (default: "
+                     "the model's)")
+    run.add_argument("--yes", action="store_true", help="run run_python without asking, once "
+                     "the sandbox is proven (default: ask every time)")
+    run.add_argument("--no-sandbox", action="store_true", help="run run_python unconfined "
+                     "(default: sandboxed)")
+    run.add_argument("--resume", metavar="PATH", help="continue a saved transcript")
+    run.add_argument("--replay", metavar="PATH", help="run a saved transcript's model turns "
+                     "again against the real tools: no key, no connection")
+    limits = p.add_argument_group("limits")
+    limits.add_argument("--max-turns", type=int, metavar="N", default=Limits.max_turns,
+                        help=f"requests per run (default: {Limits.max_turns})")
+    limits.add_argument("--token-budget", type=int, metavar="N", default=Limits.token_budget,
+                        help="input + cache + output tokens per run (default: "
+                             f"{Limits.token_budget:,})")
+    limits.add_argument("--budget-usd", type=float, metavar="X", help="dollars per run, "
+                        "priced like the bill (default: no dollar limit)")
+    limits.add_argument("--max-tokens", type=int, metavar="N", default=Limits.max_tokens,
+                        help=f"output tokens per response (default: {Limits.max_tokens:,})")
+    limits.add_argument("--tool-timeout", type=float, metavar="SECONDS",
+                        default=Limits.tool_timeout, help="seconds per run_python call "
+                        f"(default: {Limits.tool_timeout:g})")
+    limits.add_argument("--request-timeout", type=float, metavar="SECONDS",
+                        default=Limits.request_timeout, help="seconds a streamed reply may go "
+                        "without an event before the turn is retried (default: "
+                        f"{Limits.request_timeout:g})")
+    outputs = p.add_argument_group("outputs")
+    outputs.add_argument("--transcript", metavar="PATH", help="write the transcript JSON here, "
+                         "outside the workdir; - for stdout (default: none)")
+    outputs.add_argument("--events", metavar="PATH", help="write the run's events as JSON Lines "
+                         "here, outside the workdir; - for stdout (default: none)")
+    outputs.add_argument("--otel", action="store_true", help="send the run as OpenTelemetry "
+                         "traces over OTLP, as OTEL_EXPORTER_OTLP_* say (optional packages)")
+    outputs.add_argument("--quiet", action="store_true", help="no progress on stderr (default: "
+                         "progress)")
+    trials = p.add_argument_group("trials: how stable is a behaviour")
+    trials.add_argument("--trials", type=int, metavar="K", help="run the question K times; "
+                        "report pass@k and pass^k")
+    trials.add_argument("--jobs", type=int, metavar="N", default=1, help="trials run at once "
+                        "(default: 1)")
+    trials.add_argument("--expect", metavar="REGEX", help="a trial passes if this regex is in "
+                        "the answer")
+    trials.add_argument("--expect-tool", metavar="NAME", choices=list(TOOL_FUNCTIONS),
+                        help="... and it used this tool")
+    trials.add_argument("--expect-stop", metavar="LABEL", choices=list(EXIT_CODES),
+                        help="... and stopped so")
+    trials.add_argument("--decline-message", metavar="TEXT", help="what a declined run_python "
+                        "call tells the model (default: not to retry it, and to ask the user how "
+                        "to proceed)")
+    context = p.add_argument_group("context: clearing old tool results")
+    context.add_argument("--clear-tool-results", type=tokens_or_off, metavar="TOKENS|off",
+                         default=Limits.clear_at, help="once a prompt reaches TOKENS, send old "
+                         "tool results as a one-line placeholder (default: "
+                         f"{Limits.clear_at:,})")
+    context.add_argument("--keep-tool-results", type=int, metavar="N",
+                         default=Limits.keep_results, help="the newest tool results, never "
+                         f"cleared (default: {Limits.keep_results})")
+    context.add_argument("--clear-at-least", type=int, metavar="TOKENS",
+                         default=Limits.clear_at_least, help="clear only when that frees this "
+                         "many tokens, since a clearing breaks the cache once (default: "
+                         f"{Limits.clear_at_least:,})")
+    context.add_argument("--context-edit", choices=("client", "server"),
+                         default=Limits.context_edit, help="who clears: agent.py, or the API's "
+                         "context editing (beta) (default: client)")
+    inspect = p.add_argument_group("inspection: print or convert, send nothing (but "
+                                   "--count-tokens)")
+    inspect.add_argument("--count-tokens", action="store_true", help="print what the system "
+                         "prompt, the tools and QUESTION cost in input tokens (the API's "
+                         "count_tokens), and exit")
+    inspect.add_argument("--schema", choices=list(SCHEMAS), help="print the JSON Schema of a "
+                         "transcript, an event or a trials summary, and exit")
+    inspect.add_argument("--report", metavar="JSON", help="write an HTML report of a transcript "
+                         "or trials summary, and exit")
+    inspect.add_argument("--export", nargs=2, metavar=("FORMAT", "JSON"), help="convert a "
+                         "transcript or trials summary: atif (the Agent Trajectory Interchange "
+                         "Format, v1.8), and exit")
+    inspect.add_argument("-o", "--output", metavar="PATH", help="where --report or --export "
+                         "writes; - for stdout (default: beside JSON)")
     args = p.parse_args(argv)
-    if args.schema or args.report or args.count_tokens:
+    inspecting = [flag for flag, given in (("--schema", args.schema), ("--report", args.report),
+                                           ("--export", args.export)) if given]
+    if len(inspecting) > 1:
+        raise UsageError(f"{' and '.join(inspecting)} cannot be combined: give one")
+    if args.output and not (args.report or args.export):
+        raise UsageError("-o/--output goes with --report or --export")
+    if inspecting and args.question is not None:
+        raise UsageError(f"{inspecting[0]} takes no question, and {args.question!r} was given")
+    if args.export and args.export[0] != "atif":
+        raise UsageError(f"--export knows one format, atif, not {args.export[0]!r}")
+    if inspecting or args.count_tokens:
         return args
     for name in ("max_turns", "token_budget", "max_tokens", "jobs", "trials", "clear_tool_results",
                  "clear_at_least"):
@@ -3426,10 +3491,12 @@ def parse_args(argv):
         value = getattr(args, name)
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise UsageError(f"--{name.replace('_', '-')} must be a positive number")
-    if args.output and not args.report:
-        raise UsageError("-o/--output goes with --report")
-    if args.resume is None and not (args.question or "").strip():
-        raise UsageError("give a question, or --resume PATH")
+    if args.replay and (args.resume or args.trials or args.question is not None):
+        raise UsageError("--replay runs the recorded question and turns again: give it no "
+                         "question, --resume or --trials")
+    if args.resume is None and args.replay is None and not (args.question or "").strip():
+        raise UsageError("give a question (- reads it from stdin), --resume PATH or --replay "
+                         "PATH")
     if args.expect:
         try:
             re.compile(args.expect)
@@ -3578,9 +3645,20 @@ def main(argv=None, client=None, stdin=None):
             for written in write_report(args.report, args.output):
                 report.line(f"report: {written}", always=True)
             return 0
+        if args.export:
+            for written in export_atif(args.export[1], args.output):
+                report.line(f"atif: {written}", always=True)
+            return 0
+        if args.question == "-":
+            args.question = (stdin or sys.stdin).read().strip()
+            if not args.question:
+                raise UsageError("the question is - but stdin held none")
         if args.count_tokens:
             config = load_config(None, report)
             model = args.model or config["ANTHROPIC_MODEL"] or DEFAULT_MODEL
+            if args.question is None:
+                report.line(f"no question given: counting the example {EXAMPLE_QUESTION!r}",
+                            always=True)
             print(count_tokens(client or make_client(config, Limits()), model,
                                args.question or EXAMPLE_QUESTION))
             return 0
@@ -3643,8 +3721,8 @@ def main(argv=None, client=None, stdin=None):
     if base_model(model) not in PRICING:
         report.error(f"note: no price is known for {model}; cost_usd will be null")
 
-    def sandbox_status(status):  # what guards run_python is never hidden
-        report.line(status, always=True)
+    def sandbox_status(status):  # on stderr unless --quiet; in the events always
+        report.line(status)
         report.emit("sandbox", status=status, confined=bool(sandbox.confined))
 
     sandbox = Sandbox(workdir, not args.no_sandbox, limits, sandbox_status)

@@ -12,6 +12,7 @@ api_rules.check_request says the real API would reject. Script items:
                                              `seconds`
   {"endless": text, "every": seconds}        a text block that never ends: `text` again and
                                              again, every `seconds`, until the client goes
+                                             (or 60 s have passed, so that no test can hang)
   {"reset": message, "after": n}             n events of message's stream, then a TCP reset
   {"disconnect": True}                        the request read, then the connection closed unanswered
   callable(request_body) -> one of the above
@@ -226,7 +227,8 @@ class FakeAPI:
                 delta = sse("content_block_delta", {"type": "content_block_delta", "index": 0,
                                                     "delta": {"type": "text_delta",
                                                               "text": item["endless"]}})
-                while not self.stopping:
+                ends = time.monotonic() + item.get("for", 60)  # a test of old code fails, no hang
+                while not self.stopping and time.monotonic() < ends:
                     handler.wfile.write(delta.encode())
                     handler.wfile.flush()
                     time.sleep(item["every"])

@@ -58,7 +58,8 @@ def test_the_transcript_has_every_field_its_schema_names(capsys, workdir, tmp_pa
     schema = agent.TRANSCRIPT_SCHEMA
     assert set(schema["properties"]) - {"trial", "cleared", "events_lost"} <= set(saved)  # used
     turn = schema["properties"]["turns"]["items"]
-    assert set(turn["properties"]) - {"context_edits", "cleared"} <= set(saved["turns"][0])
+    assert set(turn["properties"]) - {"context_edits", "cleared", "in_history"} <= set(
+        saved["turns"][0])  # those three when they happen
     call = saved["turns"][0]["tool_calls"][0]
     assert set(turn["properties"]["tool_calls"]["items"]["properties"]) <= set(call)
     assert (call["exit_code"], call["declined"], call["is_error"]) == (3, False, True)
