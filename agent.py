@@ -34,6 +34,7 @@ import errno
 import html
 import io
 import json
+import logging
 import math
 import os
 import platform
@@ -1802,14 +1803,15 @@ class TrialSpec:
         return {"regex": self.regex, "tool": self.tool, "stop": self.stop}
 
 
-def run_trials(spec, client, ctx, outputs, events):
+def run_trials(spec, client, ctx, outputs, events, telemetry=None):
     """Run the trials and print their summary; return it. `outputs`: each trial's transcript
     file, if any (run.json -> run.1.json). A Ctrl-C cancels the trials still running."""
     ctx = replace(ctx, cancel=threading.Event())
     results, pool = [], ThreadPoolExecutor(max_workers=spec.jobs)
 
     def trial(index):
-        report = Reporter(spec.quiet, prefix=f"[trial {index}] ", events=events, trial=index)
+        report = Reporter(spec.quiet, prefix=f"[trial {index}] ", events=events, trial=index,
+                          telemetry=telemetry)
         out = outputs.get(index)
         session = new_session(spec.question, spec.model, ctx.workdir, spec.effort,
                               events.run_id if events else None)
@@ -1817,7 +1819,9 @@ def run_trials(spec, client, ctx, outputs, events):
         report.emit("trial.start", transcript=str(out.path) if out else None)
         started = time.monotonic()
         save = Saver(out)
+        report.trace("begin", session)
         stop = drive(client, session, ctx, report, save)
+        report.trace("end", stop, session)
         save.events_lost(session, events)
         report.line(f"stop: {stop.reason} ({stop.detail})", always=True)
         results.append({"index": index, "stop": stop.reason, "turns": len(session["turns"]),
@@ -2091,6 +2095,264 @@ def export_atif(path, output):
     raise UsageError("--export atif is not built yet")
 
 
+# --- Telemetry: the run as OpenTelemetry GenAI traces (--otel) ---
+#
+# One invoke_agent span per run (per trial), and under it a chat span per turn and an
+# execute_tool span per tool call, with the attributes of the OpenTelemetry GenAI semantic
+# conventions (docs/telemetry.md). The SDK and its OTLP exporter are optional packages,
+# imported only with --otel; they are configured by the standard OTEL_EXPORTER_OTLP_* variables.
+# Message content and tool arguments and results are recorded only when the user opts in with
+# OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT, as the conventions ask.
+
+OTEL_INSTALL = ("--otel needs the OpenTelemetry SDK and its OTLP exporter: .venv/bin/pip install "
+                "opentelemetry-sdk opentelemetry-exporter-otlp-proto-http")
+OTEL_GRACE = 3.0  # seconds the end of a run may wait for the last spans to reach the collector
+
+
+class Telemetry:
+    """Spans for the moments the Reporter sees. Thread-safe: trials and parallel reads share it.
+    It never ends a run: a failure to record or send is said once on stderr."""
+
+    def __init__(self, provider, exporter, content=False):
+        from opentelemetry import trace
+        self.trace, self.provider, self.exporter, self.content = trace, provider, exporter, content
+        self.tracer = provider.get_tracer("agent.py", AGENT_VERSION)
+        self.lock, self.runs, self.failed = threading.Lock(), {}, None
+
+    @classmethod
+    def start(cls, report):
+        """The OTLP exporter the environment describes, or a UsageError saying what is missing."""
+        protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or \
+            os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
+        try:
+            from opentelemetry.sdk.resources import Resource
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+            if protocol == "grpc":
+                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+            elif protocol == "http/protobuf":
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            else:
+                raise UsageError(f"--otel: OTEL_EXPORTER_OTLP_PROTOCOL {protocol!r} is not one "
+                                 "the Python exporters speak: use http/protobuf or grpc")
+        except ImportError:
+            raise UsageError(OTEL_INSTALL + (" opentelemetry-exporter-otlp-proto-grpc"
+                                             if protocol == "grpc" else ""))
+        logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)  # failures: one line, ours
+        exporter = Counted(OTLPSpanExporter())
+        resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME")
+                                    or "agent.py", "service.version": AGENT_VERSION})
+        provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+        where = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or \
+            (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318").rstrip(
+                "/") + "/v1/traces"
+        capture = os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "")
+        content = capture.strip().upper() in ("TRUE", "SPAN_ONLY", "SPAN_AND_EVENT")
+        report.line(f"otel: traces to {where} ({protocol}); message content "
+                    f"{'recorded' if content else 'not recorded'}")
+        return cls(provider, exporter, content)
+
+    def span(self, name, kind, parent, attributes):
+        context = self.trace.set_span_in_context(parent) if parent else None
+        return self.tracer.start_span(name, context=context, attributes=attributes,
+                                      kind=getattr(self.trace.SpanKind, kind))
+
+    def begin(self, trial, session):
+        """A run (a trial) starts: its invoke_agent span."""
+        run_id = session["run_id"] + (f".{trial}" if trial else "")
+        attributes = {"gen_ai.operation.name": "invoke_agent", "gen_ai.provider.name": "anthropic",
+                      "gen_ai.agent.name": "agent.py", "gen_ai.agent.version": AGENT_VERSION,
+                      "gen_ai.conversation.id": run_id, "gen_ai.request.model": session["model"]}
+        if trial:
+            attributes["agent_py.trial"] = trial
+        if self.content:
+            attributes.update({"input.value": redact(str(session.get("question"))),
+                               "gen_ai.system_instructions": as_json(
+                                   [{"type": "text", "content": session["system"]}]),
+                               "gen_ai.tool.definitions": as_json(tool_definitions())})
+        with self.lock:
+            self.runs[trial] = {"span": self.span("invoke_agent agent.py", "INTERNAL", None,
+                                                  attributes),
+                                "session": session, "chat": None, "tools": {}, "retries": 0,
+                                "conversation": run_id}
+
+    def turn_start(self, trial, turn):
+        run = self.runs.get(trial)
+        if run:
+            model = run["session"]["model"]
+            run["chat"] = self.span(f"chat {model}", "CLIENT", run["span"], {
+                "gen_ai.operation.name": "chat", "gen_ai.provider.name": "anthropic",
+                "gen_ai.request.model": model, "gen_ai.request.stream": True,
+                "gen_ai.conversation.id": run["conversation"],
+                "agent_py.turn": turn})
+
+    def retry(self, trial, record):
+        run = self.runs.get(trial)
+        if run and run["chat"]:
+            run["retries"] += 1
+            run["chat"].add_event("api.retry", {k: v for k, v in record.items() if v is not None})
+
+    def reply(self, trial, record):
+        """The reply of a turn is in: its chat span ends."""
+        run = self.runs.get(trial)
+        if not run or not run["chat"]:
+            return
+        chat, run["chat"] = run["chat"], None
+        chat.set_attributes({**usage_attributes(record["usage"]),
+                             "gen_ai.response.finish_reasons": [str(record["stop_reason"])],
+                             "agent_py.attempts": record["attempts"],
+                             "agent_py.retries": len(record["retries"])})
+        for key, value in (("gen_ai.response.id", record.get("message_id")),
+                           ("anthropic.request.id", record.get("request_id")),
+                           ("agent_py.cost_usd", record["usage"]["cost_usd"])):
+            if value is not None:
+                chat.set_attribute(key, value)
+        if self.content:
+            messages = run["session"]["messages"]
+            replied = record.get("in_history") is not False  # the reply is the last message
+            parts = [p for m in genai_messages(messages[-1:] if replied else []) for p in m["parts"]]
+            chat.set_attributes({
+                "gen_ai.input.messages": as_json(genai_messages(messages[:-1] if replied
+                                                                else messages)),
+                "gen_ai.output.messages": as_json([{"role": "assistant", "parts": parts,
+                                                    "finish_reason": str(record["stop_reason"])}])})
+        chat.end()
+
+    def tool_start(self, trial, block):
+        run = self.runs.get(trial)
+        if run:
+            attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": block["name"],
+                          "gen_ai.tool.call.id": block["id"], "gen_ai.tool.type": "function"}
+            if self.content:
+                attributes["gen_ai.tool.call.arguments"] = as_json(block.get("input"))
+            with self.lock:
+                run["tools"][block["id"]] = self.span(f"execute_tool {block['name']}", "INTERNAL",
+                                                      run["span"], attributes)
+
+    def tool_end(self, trial, block, result, facts):
+        run = self.runs.get(trial)
+        with self.lock:
+            span = run and run["tools"].pop(block["id"], None)
+        if not span:
+            return  # a result withheld for the turn's budget comes after its span ended
+        span.set_attributes({"agent_py.is_error": bool(result.get("is_error")),
+                             "agent_py.declined": facts["declined"], "agent_py.bytes": size(result)})
+        if facts["exit_code"] is not None:
+            span.set_attribute("agent_py.exit_code", facts["exit_code"])
+        if self.content:
+            span.set_attribute("gen_ai.tool.call.result", result["content"])
+        if result.get("is_error"):
+            self.failed_span(span, "declined" if facts["declined"] else "tool_error")
+        span.end()
+
+    def end(self, trial, stop, session):
+        """A run (a trial) ended: whatever is still open ends with it, as its stop says."""
+        with self.lock:
+            run = self.runs.pop(trial, None)
+        if not run:
+            return
+        for open_span in [run["chat"], *run["tools"].values()]:
+            if open_span:
+                self.failed_span(open_span, stop.reason)
+                open_span.end()
+        span = run["span"]
+        span.set_attributes({**usage_attributes(session["usage"]), "agent_py.stop": stop.reason,
+                             "agent_py.exit_code": stop.exit_code,
+                             "agent_py.turns": len(session["turns"]),
+                             "agent_py.retries": run["retries"] + len(stop.retries)})
+        if session["usage"]["cost_usd"] is not None:
+            span.set_attribute("agent_py.cost_usd", session["usage"]["cost_usd"])
+        if self.content and session.get("answer"):
+            span.set_attribute("output.value", redact(session["answer"]))
+        if stop.reason in INFRA_STOPS:
+            self.failed_span(span, stop.reason)
+        span.end()
+
+    def failed_span(self, span, kind):
+        span.set_attribute("error.type", kind)
+        span.set_status(self.trace.Status(self.trace.StatusCode.ERROR, kind))
+
+    def finish(self, report):
+        """Send what is left, waiting OTEL_GRACE seconds at most; say once if any was lost."""
+        ending = threading.Thread(target=self.provider.shutdown, daemon=True)
+        ending.start()
+        ending.join(OTEL_GRACE)
+        if ending.is_alive():  # the collector is slow or away: stop its retries, go on
+            self.exporter.shutdown()
+        lost = self.exporter.failed + (len(self.runs) if ending.is_alive() else 0)
+        if self.failed or lost or ending.is_alive():
+            why = self.failed or self.exporter.why or "the collector did not answer in time"
+            report.error(f"agent.py: --otel: {plural(lost, 'span')} or more did not reach the "
+                         f"collector ({why})")
+
+
+class Counted:
+    """The OTLP exporter, counting the spans it could not send and why."""
+
+    def __init__(self, exporter):
+        self.inner, self.failed, self.why = exporter, 0, None
+
+    def export(self, spans):
+        try:
+            result = self.inner.export(spans)
+        except Exception as e:
+            result, self.why = None, f"{type(e).__name__}: {e}"
+        if getattr(result, "name", "") != "SUCCESS":
+            self.failed += len(spans)
+            self.why = self.why or "the collector refused them or could not be reached"
+        return result
+
+    def shutdown(self):
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis=30000):
+        return True
+
+
+def as_json(value):
+    """A content attribute: JSON text, secrets redacted (the conventions' string form)."""
+    return redact(json.dumps(value, ensure_ascii=False))
+
+
+def usage_attributes(usage):
+    """A usage record as the conventions count it for Anthropic: input tokens include the
+    cache's reads and writes, which also get attributes of their own."""
+    return {"gen_ai.usage.input_tokens": usage["input_tokens"] + usage[
+                "cache_read_input_tokens"] + usage["cache_creation_input_tokens"],
+            "gen_ai.usage.output_tokens": usage["output_tokens"],
+            "gen_ai.usage.cache_read.input_tokens": usage["cache_read_input_tokens"],
+            "gen_ai.usage.cache_creation.input_tokens": usage["cache_creation_input_tokens"]}
+
+
+def tool_definitions():
+    return [{"type": "function", "name": t["name"], "description": t["description"],
+             "parameters": t["input_schema"]} for t in TOOLS]
+
+
+def genai_messages(messages):
+    """History in the conventions' message form: text, reasoning and tool-call parts; each tool
+    result a message of its own, with role tool."""
+    out = []
+    for m in messages:
+        parts, results = [], []
+        for b in m["content"]:
+            kind = b.get("type")
+            if kind == "text":
+                parts.append({"type": "text", "content": b["text"]})
+            elif kind == "thinking":
+                parts.append({"type": "reasoning", "content": b["thinking"]})
+            elif kind == "tool_use":
+                parts.append({"type": "tool_call", "id": b["id"], "name": b["name"],
+                              "arguments": b.get("input")})
+            elif kind == "tool_result":
+                results.append({"role": "tool", "parts": [{"type": "tool_call_response",
+                                                           "id": b["tool_use_id"],
+                                                           "response": b.get("content")}]})
+        out += results + ([{"role": m["role"], "parts": parts}] if parts else [])
+    return out
+
+
 # --- Terminal: progress on stderr, text made visible ---
 
 def plural(n, word):
@@ -2197,9 +2459,11 @@ class Reporter:
 
     lock = threading.Lock()
 
-    def __init__(self, quiet=False, prefix="", stream=None, events=None, trial=None):
+    def __init__(self, quiet=False, prefix="", stream=None, events=None, trial=None,
+                 telemetry=None):
         self.quiet, self.prefix, self.stream = quiet, prefix, stream or sys.stderr
         self.events, self.trial, self.turn_no = events, trial, None
+        self.telemetry = telemetry  # --otel: the same moments as spans
         self.pending = ""  # streamed text not yet ended by a newline
         self.said = ""  # streamed text not yet sent as an event
         self.thinking = False  # streaming the summary of the model's thinking, not its text
@@ -2222,6 +2486,15 @@ class Reporter:
             news = self.events.news()
             if news:
                 self.error(f"agent.py: {news}")
+
+    def trace(self, moment, *args):
+        """Tell the telemetry (--otel), if any; a failure there never ends the run."""
+        if self.telemetry and not self.telemetry.failed:
+            try:
+                getattr(self.telemetry, moment)(self.trial, *args)
+            except Exception as e:
+                self.telemetry.failed = f"{type(e).__name__}: {e}"
+                self.error(f"agent.py: --otel stopped recording: {self.telemetry.failed}")
 
     def emit_said(self):
         extra = {"thinking": True} if self.thinking else {}
@@ -2276,11 +2549,13 @@ class Reporter:
     def turn_start(self, turn):
         self.turn_no, self.thinking = turn, False
         self.emit("turn.start", turn=turn)
+        self.trace("turn_start", turn)
 
     def retry(self, record, attempts):
         self.line(f"retrying in {record['delay']:.1f}s (attempt {record['attempt'] + 1} of "
                   f"{attempts}): {record['error']}")
         self.emit("api.retry", turn=self.turn_no, **record)
+        self.trace("retry", record)
 
     def turn(self, r):
         """The progress line once a reply is in: tokens, cache, cost, time."""
@@ -2290,6 +2565,7 @@ class Reporter:
                   f"(cache write {u['cache_creation_input_tokens']}, read "
                   f"{u['cache_read_input_tokens']}) · out {u['output_tokens']}{cost} · "
                   f"{r['seconds']:.1f}s")
+        self.trace("reply", r)
 
     def turn_end(self, r):
         self.emit("turn.end", turn=r["turn"], stop_reason=r["stop_reason"], usage=r["usage"],
@@ -2300,6 +2576,7 @@ class Reporter:
     def tool_start(self, block):
         self.emit("tool.start", turn=self.turn_no, id=block["id"], name=block["name"],
                   input=block.get("input"))
+        self.trace("tool_start", block)
 
     def tool(self, block, result, seconds, facts):
         args = shorten(json.dumps(block.get("input"), ensure_ascii=False), 100)
@@ -2311,6 +2588,7 @@ class Reporter:
                   is_error=bool(result.get("is_error")), declined=facts["declined"],
                   exit_code=facts["exit_code"], bytes=size(result), seconds=round(seconds, 3),
                   withheld=facts.get("withheld", False))
+        self.trace("tool_end", block, result, facts)
 
 
 # --- Path safety and the sandbox ---
@@ -3593,7 +3871,7 @@ def read_dotenv(path, workdir, report):
     return None
 
 
-def make_client(config, limits):
+def make_client(config, limits, otel=False):
     key = config["ANTHROPIC_API_KEY"]  # checked before the 2 s import, so it says so at once
     if not key:
         raise UsageError("no API key: set ANTHROPIC_API_KEY in the environment or in .env "
@@ -3615,9 +3893,11 @@ def make_client(config, limits):
     # A server's malformed reply makes the SDK's models warn as they serialize it; agent.py
     # mends such replies itself (check_reply) and says so in the turn's notes, not on stderr.
     warnings.filterwarnings("ignore", "Pydantic serializer warnings", UserWarning)
-    return anthropic.Anthropic(api_key=key, max_retries=0,
-                               base_url=config["ANTHROPIC_BASE_URL"] or None,
-                               timeout=anthropic.Timeout(limits.request_timeout, connect=10.0))
+    options = dict(api_key=key, max_retries=0, base_url=config["ANTHROPIC_BASE_URL"] or None,
+                   timeout=anthropic.Timeout(limits.request_timeout, connect=10.0))
+    if otel:  # agent.py's own chat spans, and no trace context sent to the API
+        options["open_telemetry"] = False
+    return anthropic.Anthropic(**options)
 
 
 def shown_on_terminal(report):
@@ -3632,7 +3912,7 @@ def shown_on_terminal(report):
 
 def main(argv=None, client=None, stdin=None):
     """Parse flags, run one session (or trials), print the answer; return the exit code."""
-    report, events, run_id = Reporter(), None, uuid.uuid4().hex
+    report, events, telemetry, run_id = Reporter(), None, None, uuid.uuid4().hex
     STOPPING.clear()
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="backslashreplace")  # a lone surrogate must not crash it
@@ -3708,7 +3988,8 @@ def main(argv=None, client=None, stdin=None):
                         clear_at=args.clear_tool_results, keep_results=args.keep_tool_results,
                         clear_at_least=args.clear_at_least, context_edit=args.context_edit)
         if client is None:
-            client = make_client(config, limits)
+            client = make_client(config, limits, otel=args.otel)
+        telemetry = Telemetry.start(report) if args.otel else None
         events = Events.open(events_out, run_id) if args.events else None
     except UsageError as e:
         report.error(f"agent.py: {e}")
@@ -3717,7 +3998,7 @@ def main(argv=None, client=None, stdin=None):
         return e.code or 0
     except (KeyboardInterrupt, Exception) as e:  # Ctrl-C before anything was sent, or a bug
         return failed(report, stop_for(e, api=False))
-    report.events = events
+    report.events, report.telemetry = events, telemetry
     if base_model(model) not in PRICING:
         report.error(f"note: no price is known for {model}; cost_usd will be null")
 
@@ -3739,7 +4020,7 @@ def main(argv=None, client=None, stdin=None):
         if args.trials:
             spec = TrialSpec(args.question, model, args.effort, args.trials, args.jobs,
                              args.expect, args.expect_tool, args.expect_stop, args.quiet)
-            summary = run_trials(spec, client, ctx, trial_outputs, events)
+            summary = run_trials(spec, client, ctx, trial_outputs, events, telemetry)
             if events and events.lost:
                 summary["events_lost"] = events.lost
             if args.transcript == "-":
@@ -3760,7 +4041,9 @@ def main(argv=None, client=None, stdin=None):
                             f"; {plural(unanswered, 'pending tool call')} answered 'not run'"
                             if unanswered else ""), always=True)
         save = Saver(output)
+        report.trace("begin", session)
         stop = drive(client, session, ctx, report, save)
+        report.trace("end", stop, session)
         report.flush_text()
         u, turns = session["usage"], plural(len(session["turns"]), "turn")
         cost = "cost unknown" if u["cost_usd"] is None else f"${u['cost_usd']:.6f}"
@@ -3779,6 +4062,8 @@ def main(argv=None, client=None, stdin=None):
         run_stop_event(report, stop, session, started)
         return stop.exit_code
     finally:
+        if telemetry:
+            telemetry.finish(report)
         if events:
             events.close()
 

@@ -117,6 +117,7 @@ class FakeAPI:
         self.ids, self.request_id = itertools.count(1), request_id
         self.lock, self.connections, self.counted = threading.Lock(), 0, []
         self.stopping = False  # set on exit: an endless stream stops too
+        self.headers = []  # of every request, names in lower case
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -130,6 +131,7 @@ class FakeAPI:
                 api.connections += 1
 
             def do_POST(self):
+                api.headers.append({k.lower(): v for k, v in self.headers.items()})
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
                 if self.path.startswith("/v1/messages/count_tokens"):
                     return api.count(self, body)

@@ -1,0 +1,207 @@
+"""Telemetry (--otel): the run as OpenTelemetry GenAI spans, in memory and over OTLP/HTTP."""
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+import agent
+from fakes import FakeAPIError, FakeClient, reply, text, tool_use
+from helpers import AGENT, agent_env, run_agent_py, run_cli, serve
+from otlp_receiver import OTLPReceiver, attributes
+
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+CAPTURE = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+
+
+@pytest.fixture
+def spans(monkeypatch):
+    """--otel with the SDK's in-memory exporter in place of OTLP: the finished spans, by name."""
+    memories, real_start = [], agent.Telemetry.start
+
+    def start(report):
+        telemetry = real_start(report)  # what the environment says (content or not), then
+        memories.append(InMemorySpanExporter())  # spans kept in memory instead of sent (one
+        provider = TracerProvider()  # exporter a run: the end of a run shuts its own down)
+        provider.add_span_processor(SimpleSpanProcessor(memories[-1]))
+        return agent.Telemetry(provider, agent.Counted(memories[-1]), telemetry.content)
+
+    monkeypatch.setattr(agent.Telemetry, "start", staticmethod(start))
+    return lambda: [span for memory in memories for span in memory.get_finished_spans()]
+
+
+def run(capsys, workdir, client, *flags, stdin=""):
+    return run_cli(capsys, ["q", "--workdir", str(workdir), "--otel", *flags], client,
+                   stdin=stdin)
+
+
+def two_turns():
+    return FakeClient(reply(tool_use("read_file", {"path": "notes.md"}),
+                            tool_use("read_file", {"path": "missing.md"}), input_tokens=100,
+                            write=700, output_tokens=30),
+                      reply(text("The notes say two lines."), input_tokens=20, read=700,
+                            write=90, output_tokens=12))
+
+
+def test_one_invoke_agent_span_a_chat_span_per_turn_and_a_tool_span_per_call(capsys, workdir,
+                                                                              spans):
+    code, _, _ = run(capsys, workdir, two_turns())
+    assert code == 0
+    got = spans()
+    root = [s for s in got if s.name == "invoke_agent agent.py"]
+    chats = [s for s in got if s.name == "chat claude-haiku-5-5"]
+    tools = [s for s in got if s.name == "execute_tool read_file"]
+    assert (len(root), len(chats), len(tools), len(got)) == (1, 2, 2, 5)
+    root = root[0]
+    assert root.parent is None and all(s.parent.span_id == root.context.span_id
+                                       for s in chats + tools)
+    assert {s.kind.name for s in chats} == {"CLIENT"} and root.kind.name == "INTERNAL"
+    a = root.attributes
+    assert (a["gen_ai.operation.name"], a["gen_ai.provider.name"], a["gen_ai.agent.name"]) == (
+        "invoke_agent", "anthropic", "agent.py")
+    assert (a["agent_py.stop"], a["agent_py.exit_code"], a["agent_py.turns"]) == ("end_turn", 0, 2)
+    assert a["agent_py.cost_usd"] == pytest.approx(agent.cost_usd("claude-haiku-5-5", {
+        "input_tokens": 120, "output_tokens": 42, "cache_creation_input_tokens": 790,
+        "cache_read_input_tokens": 700}))
+    first = chats[0].attributes
+    assert first["gen_ai.operation.name"] == "chat" and first["gen_ai.request.model"] == \
+        "claude-haiku-5-5"
+    assert first["gen_ai.response.finish_reasons"] == ("tool_use",)
+    assert first["gen_ai.response.id"].startswith("msg_")
+    # for Anthropic, input tokens count the cache's reads and writes too (the conventions)
+    assert (first["gen_ai.usage.input_tokens"], first["gen_ai.usage.cache_creation.input_tokens"],
+            first["gen_ai.usage.cache_read.input_tokens"], first["gen_ai.usage.output_tokens"]) \
+        == (800, 700, 0, 30)
+    assert chats[1].attributes["gen_ai.usage.input_tokens"] == 20 + 700 + 90
+    assert a["gen_ai.usage.input_tokens"] == 800 + 810
+    ok, missing = sorted(tools, key=lambda s: s.attributes["agent_py.is_error"])
+    assert ok.attributes["gen_ai.tool.name"] == "read_file" and \
+        ok.attributes["gen_ai.tool.call.id"].startswith("toolu_")
+    assert ok.status.status_code.name == "UNSET" and missing.status.status_code.name == "ERROR"
+    assert missing.attributes["error.type"] == "tool_error"
+
+
+def test_content_only_when_the_user_opts_in(capsys, workdir, spans, monkeypatch):
+    agent.SECRETS.add("sk-secret-key-123456")
+    (workdir / "notes.md").write_text("the key is sk-secret-key-123456\n")
+    run(capsys, workdir, two_turns())
+    content = ("gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.tool.call.arguments",
+               "gen_ai.tool.call.result", "gen_ai.system_instructions", "input.value")
+    assert not [k for s in spans() for k in s.attributes if k in content]
+    monkeypatch.setenv(CAPTURE, "SPAN_ONLY")
+    code, _, err = run(capsys, workdir, two_turns())
+    assert code == 0 and "--otel" not in err, err
+    got = [s for s in spans() if s.name.startswith("chat")][-1].attributes
+    sent = json.loads(got["gen_ai.input.messages"])
+    assert sent[0] == {"role": "user", "parts": [{"type": "text", "content": "q"}]}
+    assert [m["role"] for m in sent[1:]] == ["assistant", "tool", "tool"]  # a message a result
+    assert json.loads(got["gen_ai.output.messages"])[0]["parts"][0]["content"] == \
+        "The notes say two lines."
+    result = [s for s in spans() if s.name == "execute_tool read_file"][-2].attributes
+    text_ = " ".join(str(v) for s in spans() for v in s.attributes.values())
+    assert "sk-secret-key-123456" not in text_ and "[redacted secret]" in text_
+    assert json.loads(result["gen_ai.tool.call.arguments"]) in ({"path": "notes.md"},
+                                                                {"path": "missing.md"})
+
+
+def test_retries_stop_and_trial_are_attributes(capsys, workdir, spans):
+    client = FakeClient(FakeAPIError(529, "overloaded_error", "Overloaded", {"retry-after": "0"}),
+                        reply(text("ok")), reply(text("ok")),
+                        FakeAPIError(400, "invalid_request_error", "bad"))
+    code, _, _ = run(capsys, workdir, client, "--trials", "3")
+    roots = sorted((s for s in spans() if s.name == "invoke_agent agent.py"),
+                   key=lambda s: s.attributes["agent_py.trial"])
+    assert code == 6 and [s.attributes["agent_py.trial"] for s in roots] == [1, 2, 3]
+    assert len({s.attributes["gen_ai.conversation.id"] for s in roots}) == 3
+    assert roots[0].attributes["agent_py.retries"] == 1
+    chat = [s for s in spans() if s.name.startswith("chat") and s.parent.span_id ==
+            roots[0].context.span_id][0]
+    assert [e.name for e in chat.events] == ["api.retry"] and chat.attributes["agent_py.retries"] == 1
+    failed = roots[2]
+    assert failed.attributes["agent_py.stop"] == "api_error"
+    assert failed.status.status_code.name == "ERROR" and failed.attributes["error.type"] == \
+        "api_error"
+
+
+def otel_env(collector_url, **extra):
+    return {"OTEL_EXPORTER_OTLP_ENDPOINT": collector_url, **extra}
+
+
+def test_over_otlp_http_to_a_collector_configured_by_the_standard_variables(request, tmp_path,
+                                                                            workdir, agent_copy):
+    api = serve(request, reply(tool_use("read_file", {"path": "notes.md"})), reply(text("done")))
+    with OTLPReceiver() as collector:
+        done = run_agent_py(agent_copy, "q", "--workdir", workdir, "--otel", timeout=60,
+                            env=agent_env(api, **otel_env(
+                                collector.endpoint,
+                                OTEL_EXPORTER_OTLP_HEADERS="x-team=agents,authorization=Bearer%20t0k",
+                                OTEL_SERVICE_NAME="my-agent")))
+        assert done.returncode == 0, done.stderr
+        got = collector.spans()
+    names = sorted(span.name for _, span in got)
+    assert names == ["chat claude-haiku-5-5"] * 2 + [
+        "execute_tool read_file", "invoke_agent agent.py"]
+    assert {res["service.name"] for res, _ in got} == {"my-agent"}
+    assert collector.headers[0]["x-team"] == "agents" and \
+        collector.headers[0]["authorization"] == "Bearer t0k"
+    tool = next(span for _, span in got if span.name == "execute_tool read_file")
+    assert attributes(tool)["gen_ai.tool.name"] == "read_file"
+    assert not [h for h in api.headers if "traceparent" in h]  # no trace context to the API
+
+
+@pytest.mark.parametrize("collector", ["refuses", "never answers"])
+def test_an_unreachable_collector_costs_a_bounded_delay_and_one_line(request, workdir,
+                                                                    agent_copy, collector):
+    api = serve(request, reply(text("done")), reply(text("done")))
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    if collector == "never answers":
+        silent.listen(8)  # accepts, never reads, never answers
+    port = silent.getsockname()[1]
+    if collector == "refuses":
+        silent.close()
+    try:
+        started = time.monotonic()
+        plain = run_agent_py(agent_copy, "q", "--workdir", workdir, env=agent_env(api),
+                             timeout=60)
+        alone = time.monotonic() - started
+        started = time.monotonic()
+        done = run_agent_py(agent_copy, "q", "--workdir", workdir, "--otel", timeout=60,
+                            env=agent_env(api, **otel_env(f"http://127.0.0.1:{port}")))
+        with_otel = time.monotonic() - started
+    finally:
+        silent.close()
+    assert plain.returncode == done.returncode == 0 and done.stdout == "done\n"
+    assert with_otel - alone < agent.OTEL_GRACE + 3, (alone, with_otel)
+    said = [line for line in done.stderr.splitlines() if "--otel" in line]
+    assert len(said) == 1 and said[0].startswith("agent.py: --otel:"), done.stderr
+    assert "Traceback" not in done.stderr and "Failed to export" not in done.stderr
+
+
+def test_without_the_packages_otel_is_a_usage_error_naming_the_install(tmp_path, workdir):
+    blocked = ("import sys; sys.modules['opentelemetry.sdk'] = None; sys.argv[0] = %r; "
+               "sys.path.insert(0, %r); import agent; "
+               "sys.exit(agent.main(['q', '--workdir', %r, '--otel'], client=object()))"
+               % (str(AGENT), str(AGENT.parent), str(workdir)))
+    done = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True,
+                          env=agent_env(ANTHROPIC_API_KEY="test-key"), timeout=60)
+    assert done.returncode == 2 and "pip install opentelemetry-sdk" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_the_sdk_is_imported_only_with_otel(request, workdir, agent_copy):
+    api = serve(request, reply(text("done")))
+    probe = ("import runpy, sys; sys.argv = [%r, 'q', '--workdir', %r]\n"
+             "try:\n    runpy.run_path(%r, run_name='__main__')\n"
+             "except SystemExit:\n    pass\n"
+             "print('opentelemetry.sdk' in sys.modules)" % (str(agent_copy), str(workdir),
+                                                            str(agent_copy)))
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env=agent_env(api), timeout=60)
+    assert done.stdout.strip().splitlines()[-1] == "False", done.stderr
