@@ -192,13 +192,16 @@ def run_session(client, session, ctx, report, save):
         report.turn(record)
         stop = check_stop(reply.message, content, turn, last_turn, used, limits, reply.cut)
         tool_uses = [] if stop else [b for b in content if b["type"] == "tool_use"]
+        stopped = None  # a Ctrl-C or SIGTERM while the tools ran: recorded, then the run ends
         if tool_uses:  # pause_turn has none: the paused content itself is the next request's end
-            results, record["tool_calls"] = run_tools(tool_uses, ctx, report)
+            results, record["tool_calls"], stopped = run_tools(tool_uses, ctx, report)
             session["messages"].append({"role": "user", "content": results})
         record["seconds"] = round(time.monotonic() - started, 3)  # tools included
         report.turn_end(record)
         if stop:
             return stop
+        if stopped:
+            raise stopped
         save(session)
     raise AssertionError("check_stop always stops at the last turn")
 
@@ -514,25 +517,40 @@ def size(result):
 
 def run_tools(blocks, ctx, report):
     """Run a turn's tool calls: reads concurrently, the rest in order; results in call order,
-    within the turn's budget of bytes (the calls past it are answered with an error)."""
+    within the turn's budget of bytes (the calls past it are answered with an error). Returns
+    the results, what the transcript keeps of each call, and the Ctrl-C or SIGTERM that stopped
+    them, if one did: every call is answered even then, the one it cut short saying so."""
     results, facts, seconds = [None] * len(blocks), [None] * len(blocks), [0.0] * len(blocks)
 
     def timed(i):
         report.tool_start(blocks[i])
         started, asked = time.monotonic(), getattr(ctx.asking, "seconds", 0.0)
-        results[i], facts[i] = call_tool(blocks[i], ctx)
-        waited = getattr(ctx.asking, "seconds", 0.0) - asked  # the user's time, not the tool's
-        seconds[i] = time.monotonic() - started - waited
-        report.tool(blocks[i], results[i], seconds[i], facts[i])
+        try:
+            results[i], facts[i] = call_tool(blocks[i], ctx)
+        except (KeyboardInterrupt, Interrupted):
+            results[i], facts[i] = unfinished(blocks[i], "while it ran, before it finished")
+            raise
+        finally:
+            waited = getattr(ctx.asking, "seconds", 0.0) - asked  # the user's time, not the tool's
+            seconds[i] = time.monotonic() - started - waited
+            if results[i] is not None:
+                report.tool(blocks[i], results[i], seconds[i], facts[i])
 
-    reads = [i for i, b in enumerate(blocks) if b["name"] == "read_file"]
-    if len(reads) > 1:
-        with ThreadPoolExecutor(max_workers=min(8, len(reads))) as pool:
-            for future in [pool.submit(timed, i) for i in reads]:
-                future.result()
-    for i, block in enumerate(blocks):  # run_python has side effects: one at a time, in order
-        if results[i] is None:
-            timed(i)
+    stopped = None
+    try:
+        reads = [i for i, b in enumerate(blocks) if b["name"] == "read_file"]
+        if len(reads) > 1:
+            with ThreadPoolExecutor(max_workers=min(8, len(reads))) as pool:
+                for future in [pool.submit(timed, i) for i in reads]:
+                    future.result()
+        for i, block in enumerate(blocks):  # run_python has side effects: one at a time, in order
+            if results[i] is None:
+                timed(i)
+    except (KeyboardInterrupt, Interrupted) as e:
+        stopped = e
+        for i, block in enumerate(blocks):
+            if results[i] is None:
+                results[i], facts[i] = unfinished(block, "before it ran: it was not run")
     spent = 0
     for i, block in enumerate(blocks):
         if spent + size(results[i]) > ctx.limits.turn_bytes:
@@ -542,7 +560,14 @@ def run_tools(blocks, ctx, report):
     calls = [{"id": b["id"], "name": b["name"], "is_error": bool(r.get("is_error")),
               "declined": f["declined"], "exit_code": f["exit_code"], "bytes": size(r),
               "seconds": round(s, 3)} for b, r, f, s in zip(blocks, results, facts, seconds)]
-    return results, calls
+    return results, calls, stopped
+
+
+def unfinished(block, when):
+    """The answer to a call that Ctrl-C or SIGTERM cut short, or kept from running."""
+    return ({"type": "tool_result", "tool_use_id": block["id"], "is_error": True,
+             "content": f"interrupted: {STOPPED} {when}."},
+            {"exit_code": None, "declined": False})
 
 
 # ================================================================================================

@@ -272,11 +272,12 @@ def test_subprocess_ctrl_c_kills_the_tool_and_keeps_the_transcript(request, work
             "child = subprocess.Popen(['sleep', '60'])\n"
             "open('pids', 'w').write(f'{os.getpid()} {child.pid}')\n"
             "time.sleep(60)\n")
-    api = serve(request, reply(tool_use("run_python", {"code": code})))
-    transcript = tmp_path / "run.json"
+    api = serve(request, reply(tool_use("run_python", {"code": code}, id="toolu_slow"),
+                               tool_use("read_file", {"path": "notes.md"}, id="toolu_after")))
+    transcript, events = tmp_path / "run.json", tmp_path / "events.jsonl"
     proc = run_agent_py(agent_copy, "q", "--workdir", workdir, "--yes", "--transcript",
-                        transcript, background=True, env=agent_env(api), cwd=tmp_path,
-                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                        transcript, "--events", events, background=True, env=agent_env(api),
+                        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     pids = workdir / "pids"
     deadline = time.monotonic() + 30
     while not (pids.exists() and pids.read_text()) and time.monotonic() < deadline:
@@ -286,7 +287,19 @@ def test_subprocess_ctrl_c_kills_the_tool_and_keeps_the_transcript(request, work
     out, err = proc.communicate(timeout=15)
     assert proc.returncode == 130 and time.monotonic() - started < 5, err
     assert "Traceback" not in err
-    assert json.loads(transcript.read_text())["stop"]["reason"] == "interrupted"
+    saved = json.loads(transcript.read_text())
+    assert saved["stop"]["reason"] == "interrupted"
+    # the killed call is on stderr, in the events and in the turn; the call after it answered
+    assert "run_python" in err and "-> error: interrupted: stopped by Ctrl-C or SIGTERM while " \
+        "it ran" in err
+    ends = [e for e in map(json.loads, events.read_text().splitlines()) if e["type"] == "tool.end"]
+    assert [(e["id"], e["is_error"]) for e in ends] == [("toolu_slow", True)]
+    assert [(c["id"], c["is_error"]) for c in saved["turns"][0]["tool_calls"]] == [
+        ("toolu_slow", True), ("toolu_after", True)]
+    answers = saved["messages"][-1]["content"]
+    assert [b["tool_use_id"] for b in answers] == ["toolu_slow", "toolu_after"]
+    assert "before it ran: it was not run" in answers[1]["content"]
+    assert agent.transcript_problem(saved) is None  # --resume takes it as it is
     time.sleep(0.2)
     assert not [pid for pid in map(int, pids.read_text().split()) if alive(pid)]
 

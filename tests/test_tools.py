@@ -244,7 +244,7 @@ def test_results_keep_call_order_and_reads_run_concurrently(ctx, monkeypatch):
     blocks = [tool_use("run_python", {"code": "1"}), tool_use("read_file", {"path": "a"}),
               tool_use("read_file", {"path": "b"}), tool_use("run_python", {"code": "2"}),
               tool_use("read_file", {"path": "c"})]
-    results, calls = agent.run_tools(blocks, ctx, Silent())
+    results, calls, _ = agent.run_tools(blocks, ctx, Silent())
     assert [r["tool_use_id"] for r in results] == [b["id"] for b in blocks]
     assert [r["content"] for r in results] == ["ran 1", "read a", "read b", "ran 2", "read c"]
     assert order == ["1", "2"]
