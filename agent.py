@@ -53,6 +53,7 @@ import tempfile
 import threading
 import time
 import unicodedata
+import urllib.parse
 import uuid
 import warnings
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -61,6 +62,11 @@ from functools import cached_property
 from datetime import datetime, timezone
 from itertools import count
 from pathlib import Path
+
+if sys.version_info < (3, 11):  # checked before the first line an older Python cannot run
+    sys.stderr.write(f"agent.py: needs Python 3.11 or newer, and {sys.executable} is "
+                     f"{sys.version.split()[0]}: run it with python3.11 (or uv run agent.py)\n")
+    sys.exit(2)
 
 
 # ================================================================================================
@@ -779,8 +785,22 @@ def closed_idle_connection(exc):
     return type(cause).__name__ == "RemoteProtocolError" and "without sending" in str(cause)
 
 
+def unreachable(exc):
+    """Why the server cannot be reached at all, or None: a refused connection or a host that
+    does not exist is not mended by another try a second later (nothing listens there)."""
+    while exc is not None:
+        if isinstance(exc, ConnectionRefusedError):
+            return "connection refused: is the server running?"
+        if isinstance(exc, socket.gaierror):
+            return f"no such host: {exc.strerror}"
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def retry_delay(exc, attempt, limits):
     """Seconds to wait before retrying after `exc`, or None if it is not worth retrying."""
+    if unreachable(exc):
+        return None
     response = getattr(exc, "response", None)
     headers = getattr(response, "headers", None) or {}
     status = getattr(exc, "status_code", None)
@@ -865,6 +885,10 @@ def request_turn(client, request, limits, report, cancel):
     window, prompt = CONTEXT_WINDOW.get(model), prompt_tokens(reply.usages[0])
     why_not = (f"; not retried: its prompt of {prompt} tokens and {bigger} more would not fit "
                f"the context window of {window}" if window and prompt + bigger > window else "")
+    written = number(fields(message.get("usage")).get("output_tokens"))
+    if not why_not and 0 < written < request["max_tokens"]:  # a server's full context says so
+        why_not = (f"; not retried: it stopped at {written} output tokens, below max_tokens "
+                   f"{request['max_tokens']}, so the server's context, not max_tokens, was full")
     if is_cut_tool_call(message) and bigger > request["max_tokens"] and not why_not:
         report.line(f"the reply was cut inside a tool call at max_tokens "
                     f"{request['max_tokens']}; retrying the turn with {bigger}")
@@ -950,10 +974,11 @@ def reply_facts(reply):
 
 
 def request_host(exc):
-    """The host a failed request went to, if the exception knows."""
+    """Where a failed request went (scheme://host:port), if the exception knows."""
     for e in (exc, exc.__cause__):
         try:
-            return e.request.url.host
+            url = e.request.url
+            return f"{url.scheme}://{url.host}{f':{url.port}' if url.port else ''}"
         except Exception:
             continue
     return None
@@ -969,6 +994,8 @@ def api_message(exc):
     else:
         text = error if isinstance(error, str) else (str(exc) or type(exc).__name__)
     host = request_host(exc) if transport_error(exc) else None
+    if host and unreachable(exc):
+        return f"cannot reach {host} ({unreachable(exc)})"
     text += f" (talking to {host})" if host and host not in text else ""
     status = getattr(exc, "status_code", None)
     return f"{status} {text}" if isinstance(status, int) and status >= 400 else text
@@ -3904,6 +3931,15 @@ def make_client(config, limits, otel=False):
     if key == PLACEHOLDER_KEY or key.endswith("..."):
         raise UsageError("ANTHROPIC_API_KEY is still the placeholder from .env.example: put "
                          "your own key there")
+    url = config["ANTHROPIC_BASE_URL"]
+    try:
+        parts = urllib.parse.urlsplit(url or "https://api.anthropic.com")
+        parts.port  # raises on a port that is not a number in range
+    except ValueError as e:
+        raise UsageError(f"ANTHROPIC_BASE_URL {url!r} is not a URL ({e})")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"ANTHROPIC_BASE_URL {url!r} is not an http(s) URL with a host, e.g. "
+                         "http://127.0.0.1:8080")
     # The import makes some 200,000 objects that live as long as the process. Collections
     # while it runs find no garbage and only walk them (README, Benchmark); frozen after it,
     # they are out of sight of the full collections that walked them all later (150 ms each).

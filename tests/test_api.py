@@ -64,7 +64,7 @@ def test_a_retry_after_that_is_not_a_sane_number_is_ignored(value):
 
 def test_a_cut_tool_call_is_retried_once_with_twice_the_max_tokens(capsys, workdir):
     cut = reply(text("Let me run"), tool_use("run_python", {"code": "open('ran','w')"}),
-                stop_reason="max_tokens")
+                stop_reason="max_tokens", output_tokens=16000)  # it hit max_tokens
     client = FakeClient(cut, reply(tool_use("read_file", {"path": "notes.md"})),
                         reply(text("done")))
     code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox",
@@ -80,8 +80,10 @@ def test_a_cut_tool_call_is_retried_once_with_twice_the_max_tokens(capsys, workd
 
 
 def test_a_tool_call_cut_twice_stops_with_max_tokens(capsys, workdir):
-    cut = reply(tool_use("run_python", {"code": "open('ran','w')"}), stop_reason="max_tokens")
-    client = FakeClient(cut, json.loads(json.dumps(cut)))
+    def cut(body):  # a reply that writes until max_tokens, whatever it is
+        return reply(tool_use("run_python", {"code": "open('ran','w')"}), stop_reason="max_tokens",
+                     output_tokens=body["max_tokens"])
+    client = FakeClient(cut, cut)
     code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox",
                                       "--max-tokens", "100000"], client)
     assert (code, len(client.requests)) == (5, 2)
@@ -91,7 +93,8 @@ def test_a_tool_call_cut_twice_stops_with_max_tokens(capsys, workdir):
 
 
 def test_a_tool_call_cut_at_the_models_limit_is_not_retried(capsys, workdir):
-    cut = reply(tool_use("run_python", {"code": "open('ran','w')"}), stop_reason="max_tokens")
+    cut = reply(tool_use("run_python", {"code": "open('ran','w')"}), stop_reason="max_tokens",
+                output_tokens=128000)
     client = FakeClient(cut)
     code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox",
                                       "--max-tokens", "128000", "--transcript", "-"], client)
@@ -103,7 +106,7 @@ def test_a_tool_call_cut_at_the_models_limit_is_not_retried(capsys, workdir):
 
 def test_a_cut_tool_call_that_cannot_fit_is_not_retried(capsys, workdir):
     cut = reply(tool_use("run_python", {"code": "x = 1"}), stop_reason="max_tokens",
-                input_tokens=990_000)
+                input_tokens=990_000, output_tokens=16000)
     client = FakeClient(cut)
     code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox"],
                            client)
@@ -203,9 +206,10 @@ def test_a_stream_without_message_stop_is_retried(request, capsys, workdir):
 
 def test_a_recorded_cut_tool_call_is_retried_with_more_max_tokens(request, capsys, workdir):
     api = serve(request, {"sse": "max_tokens_truncated_tool_use.sse"}, reply(text("ok")))
-    code, out, _ = run_cli(capsys, ["q", "--workdir", str(workdir)], api=api)
+    code, out, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--max-tokens", "124"],
+                           api=api)  # the recording's: it wrote 124 output tokens
     assert (code, out) == (0, "ok\n")
-    assert [r["max_tokens"] for r in api.requests] == [16000, 32000]
+    assert [r["max_tokens"] for r in api.requests] == [124, 248]
     assert api.requests[0]["messages"] == api.requests[1]["messages"]
 
 
@@ -460,3 +464,44 @@ def test_a_stream_without_message_start_is_retried(request, capsys, workdir):
     api = serve(request, {"sse_text": "\n\n".join(events[1:])}, reply(text("ok")))
     code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir)], api=api)
     assert (code, out, len(api.requests)) == (0, "ok\n", 2) and "could not be read" in err
+
+
+@pytest.mark.parametrize("url", ["not-a-url", "127.0.0.1:8080", "ftp://127.0.0.1",
+                                 "http://", "http://127.0.0.1:99999"])
+def test_a_malformed_base_url_is_a_usage_error_before_anything_is_sent(capsys, workdir, url,
+                                                                       monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", url)
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)])
+    assert code == 2 and f"ANTHROPIC_BASE_URL {url!r}" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("where", ["refused", "no such host"])
+def test_an_unreachable_server_is_named_at_once_not_after_retries(capsys, workdir, where,
+                                                                  loopback_only):
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))
+    port = dead.getsockname()[1]
+    dead.close()  # nothing listens there now
+    url = f"http://127.0.0.1:{port}" if where == "refused" else "http://no-such-host.invalid"
+    client = agent.make_client({"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": url},
+                               agent.Limits())
+    started = time.monotonic()
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)], client)
+    loopback_only.clear()  # the lookup of no-such-host.invalid was the test's own doing
+    assert code == 1 and time.monotonic() - started < 2 and "retrying" not in err
+    assert f"cannot reach {url}" in err
+    assert ("is the server running?" if where == "refused" else "no such host") in err
+
+
+def test_a_cut_tool_call_below_max_tokens_is_a_full_context_not_retried(capsys, workdir):
+    """llama-server reports a full context as max_tokens: fewer output tokens than max_tokens
+    say that doubling max_tokens cannot help, and stderr does not pretend it would."""
+    cut = reply(tool_use("run_python", {"code": "x = 1"}), stop_reason="max_tokens",
+                output_tokens=700)
+    client = FakeClient(cut)
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox"],
+                           client)
+    assert (code, len(client.requests)) == (5, 1) and "retrying the turn" not in err
+    assert "stopped at 700 output tokens, below max_tokens 16000, so the server's context, not " \
+           "max_tokens, was full" in err

@@ -328,3 +328,25 @@ def test_a_planted_dotenv_cannot_redirect_any_later_run(request, tmp_path, workd
     assert counted.returncode == 0, counted.stderr
     assert len(good.requests) == 1 and len(good.counted) == 3
     assert evil.requests == [] and evil.counted == [] and evil.connections == 0
+
+
+OLDER_PYTHONS = sorted(p for p in Path(os.path.expanduser("~/.pyenv/versions")).glob(
+    "3.[89]*/bin/python") if p.exists()) + sorted(Path(os.path.expanduser(
+        "~/.pyenv/versions")).glob("3.10*/bin/python"))
+
+
+def test_agent_py_reads_as_python_3_8_up_to_its_version_check():
+    """Older Pythons must reach the check, not stop at a line they cannot parse."""
+    import ast
+    ast.parse(AGENT.read_text(), feature_version=(3, 8))
+
+
+@pytest.mark.parametrize("python", OLDER_PYTHONS or [None], ids=str)
+def test_an_older_python_gets_one_line_naming_the_version_needed(python, workdir):
+    if python is None:
+        pytest.skip("no Python older than 3.11 on this machine (pyenv's are looked for)")
+    done = subprocess.run([str(python), str(AGENT), "q", "--workdir", str(workdir)],
+                          capture_output=True, text=True, env=agent_env(), timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("agent.py: needs Python 3.11 or newer") and \
+        len(done.stderr.splitlines()) == 1
