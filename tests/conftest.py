@@ -5,6 +5,7 @@ tests ask for by name: workdir, ctx, agent_copy. Helper functions are in helpers
 import json
 import os
 import shutil
+import signal
 import socket
 import tempfile
 import time
@@ -15,6 +16,24 @@ import pytest
 import agent
 import fakes
 from helpers import AGENT, loopback, schema_errors, tool_context
+
+
+@pytest.fixture(autouse=True)
+def no_test_hangs(request):
+    """A test that would hang (an open of a FIFO nobody reads, a stream that never ends) fails
+    after 4 minutes instead, with the place it hung: no test takes near that long."""
+    if request.node.get_closest_marker("live"):
+        yield
+        return
+
+    def expire(signum, frame):
+        raise TimeoutError("the test ran for 240 s: something in it hangs")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(240)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture(autouse=True)
