@@ -2466,8 +2466,8 @@ def shown_code(code):
 def terminal_size():
     """(rows, columns) of the terminal stderr shows on; 24 x 80 when it is not one."""
     try:
-        size = os.get_terminal_size(sys.stderr.fileno())
-        return size.lines, size.columns
+        shape = os.get_terminal_size(sys.stderr.fileno())
+        return shape.lines, shape.columns
     except (OSError, ValueError, AttributeError):
         return 24, 80
 

@@ -57,12 +57,69 @@ def test_progress_is_cut_at_a_word_with_an_ellipsis_and_counts_turns_in_words(ca
     (["q", "--jobs", "2"], "--jobs needs --trials"),
     (["q", "-o", "x.html"], "goes with --report"),
     (["-o", "x.html"], "goes with --report"),  # the flag's mistake, even with no question
+    (["q", "--no"], "unrecognized arguments: --no"),  # no abbreviation of --no-sandbox
+    (["q", "--max-turn", "3"], "unrecognized arguments: --max-turn"),
+    (["q", "--report", "run.json"], "takes no question"),
+    (["q", "--schema", "transcript"], "takes no question"),
+    (["q", "--export", "atif", "run.json"], "takes no question"),
+    (["--export", "otlp", "run.json"], "one format, atif"),
+    (["--replay", "run.json", "q"], "give it no question"),
 ])
 def test_usage_errors_exit_2_with_one_line_and_send_nothing(capsys, argv, fragment):
     client = FakeClient()
     code, out, err = run_cli(capsys, argv, client)
     assert (code, out, client.requests) == (2, "", []) and fragment in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_dash_question_is_read_from_stdin_and_an_empty_one_refused(capsys, workdir):
+    client = FakeClient(reply(text("4")))
+    code, out, _ = run_cli(capsys, ["-", "--workdir", str(workdir)], client,
+                           stdin="  what is 2 + 2?\n")
+    assert (code, out) == (0, "4\n")
+    assert client.requests[0]["messages"][0]["content"][0]["text"] == "what is 2 + 2?"
+    client = FakeClient()
+    code, out, err = run_cli(capsys, ["-", "--workdir", str(workdir)], client, stdin="\n")
+    assert (code, out, client.requests) == (2, "", []) and "stdin held none" in err
+
+
+def test_count_tokens_without_a_question_says_what_it_counted(capsys):
+    client = FakeClient()
+    code, out, err = run_cli(capsys, ["--count-tokens"], client)
+    assert code == 0 and f"for {agent.EXAMPLE_QUESTION!r}" in out
+    assert f"counting the example {agent.EXAMPLE_QUESTION!r}" in err
+    assert client.counted[0]["messages"][0]["content"][0]["text"] == agent.EXAMPLE_QUESTION
+    code, out, err = run_cli(capsys, ["--count-tokens", "q"], client)
+    assert code == 0 and "for 'q'" in out and "example" not in err
+
+
+def test_quiet_silences_the_sandbox_line_too(capsys, workdir):
+    for quiet in (False, True):
+        client = FakeClient(reply(tool_use("run_python", {"code": "print(6 * 7)"})),
+                            reply(text("42")))
+        code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox"]
+                                 + ["--quiet"] * quiet, client)
+        assert (code, out) == (0, "42\n")
+        assert ("sandbox: off" in err) is not quiet, err
+
+
+def test_every_line_of_a_trial_carries_its_number(capsys, workdir):
+    client = FakeClient(reply(tool_use("read_file", {"path": "notes.md"})), reply(text("a\nb")),
+                        reply(text("c")))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "2"], client)
+    assert code == 0
+    lines = [l for l in err.splitlines() if l.strip()]
+    summary = next(i for i, l in enumerate(lines) if l.startswith("trials: "))
+    assert all(l.startswith(("[trial 1] ", "[trial 2] ")) for l in lines[:summary]), lines
+    assert {l[:9] for l in lines[:summary]} == {"[trial 1]", "[trial 2]"}
+
+
+def test_an_events_path_error_comes_before_the_sdk_is_imported(tmp_path, workdir, agent_copy):
+    done = run_agent_py(agent_copy, "q", "--workdir", workdir, "--events",
+                        tmp_path / "no" / "such" / "e.jsonl", flags=("-X", "importtime"),
+                        env=agent_env(ANTHROPIC_API_KEY="test-key"), timeout=60)
+    assert done.returncode == 2 and "does not exist" in done.stderr
+    assert "| anthropic" not in done.stderr  # -X importtime lists every module imported
 
 
 @pytest.mark.parametrize("where", ["agent", "prefix", "root"])

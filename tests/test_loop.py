@@ -1,5 +1,8 @@
-"""Config and Limits, the loop, how a run stops: one test per stop label; the golden transcript."""
+"""The file's story, config and Limits, the loop, how a run stops: one test per stop label; the
+golden transcript."""
 
+import ast
+import builtins
 import json
 import os
 from pathlib import Path
@@ -9,6 +12,52 @@ import pytest
 import agent
 from fakes import FakeAPIError, FakeClient, RECORDED, recorded_loop, reply, text, tool_use
 from helpers import events_of, final_messages, run_cli
+
+
+# --- the file reads as the loop it teaches ---
+
+SOURCE = Path(agent.__file__).read_text()
+TREE = ast.parse(SOURCE)
+LEARNERS_PATH = ("TOOLS", "read_file", "run_python", "EXIT_CODES", "check_stop", "run_session")
+
+
+def defined_at(name):
+    """(first line, last line) of the module-level definition of `name`."""
+    for node in TREE.body:
+        targets = [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
+        if getattr(node, "name", None) == name or name in targets or \
+                isinstance(getattr(node, "target", None), ast.Name) and node.target.id == name:
+            return node.lineno, node.end_lineno
+    raise AssertionError(f"{name} is not defined at module level")
+
+
+def test_the_learners_path_comes_first_and_ends_before_line_700():
+    divider = SOURCE.splitlines().index("# The machinery. Everything above is the agent; "
+                                        "everything below keeps it bounded, recorded and") + 1
+    ends = {name: defined_at(name)[1] for name in LEARNERS_PATH}
+    assert max(ends.values()) < min(700, divider), ends
+    first_code = next(n for n in TREE.body if not isinstance(n, (ast.Expr, ast.Import,
+                                                                  ast.ImportFrom, ast.If)))
+    assert first_code.lineno < min(defined_at(name)[0] for name in LEARNERS_PATH)
+
+
+def test_no_local_name_hides_a_module_level_one():
+    """A reader who sees `size` or `outside` inside a function should find the module's own."""
+    module = {n.name for n in TREE.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    module |= {t.id for n in TREE.body if isinstance(n, ast.Assign) for t in n.targets
+               if isinstance(t, ast.Name)}
+    hidden = []
+    for function in ast.walk(TREE):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        arguments = function.args
+        names = {a.arg for a in arguments.args + arguments.kwonlyargs + arguments.posonlyargs}
+        names |= {a.arg for a in (arguments.vararg, arguments.kwarg) if a}
+        names |= {n.id for n in ast.walk(function) if isinstance(n, ast.Name)
+                  and isinstance(n.ctx, ast.Store)}
+        hidden += [(getattr(function, "name", "lambda"), function.lineno, name)
+                   for name in sorted(names & (module - set(dir(builtins))))]
+    assert hidden == []
 
 
 # --- config: the key is a secret, whatever route it takes ---
