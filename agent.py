@@ -2263,7 +2263,7 @@ def atif_steps(session):
                 steps.append({"source": "user", "message": block["text"]})
     steps += [agent_step(turn, []) for turn in turns]  # replies not in the history, at the end
     unanswered = sum(answer_the_rest(step, session.get("stop")) for step in steps)
-    if iso_time(session.get("started_at")):
+    if steps[0]["source"] == "user" and iso_time(session.get("started_at")):
         steps[0]["timestamp"] = session["started_at"]
     return [{"step_id": i, **step} for i, step in enumerate(steps, 1)], unanswered
 

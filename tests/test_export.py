@@ -203,6 +203,35 @@ def test_a_call_the_run_never_answered_is_answered_not_run(capsys, workdir, tmp_
     assert document["extra"]["stop"]["reason"] == "token_budget"
 
 
+def test_a_transcript_cut_off_mid_run_still_exports(capsys, workdir, tmp_path):
+    """As a kill -9 leaves it: no stop yet, the last call unanswered, totals not yet summed."""
+    source = tmp_path / "run.json"
+    budget_stopped(capsys, workdir, source)
+    transcript = json.loads(source.read_text())
+    transcript.update(stop=None, answer=None, ended_at=None, usage=agent.empty_usage())
+    source.write_text(json.dumps(transcript))
+    document = trajectory_of(capsys, source)
+    [result] = document["steps"][1]["observation"]["results"]
+    assert result["content"] == "not run: the transcript ends before it ran"
+    assert document["final_metrics"]["total_prompt_tokens"] == 2000  # from the turns
+
+
+def test_a_refused_turn_not_in_the_history_is_still_a_step(capsys, workdir, tmp_path):
+    source = tmp_path / "run.json"
+    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(source)],
+            FakeClient(reply(text("I can't help with that"), stop_reason="refusal",
+                             input_tokens=30)))
+    code, _, _ = run_cli(capsys, ["--resume", str(source), "something else", "--workdir",
+                                  str(workdir)], FakeClient(reply(text("ok"))))
+    transcript = json.loads(source.read_text())
+    assert code == 0 and transcript["turns"][0]["in_history"] is False
+    document = matches(trajectory_of(capsys, source), transcript)
+    refused = [s for s in document["steps"] if s["source"] == "agent"][0]
+    assert refused["message"] == "" and refused["extra"]["in_history"] is False
+    assert refused["extra"]["stop_reason"] == "refusal"
+    assert refused["metrics"]["prompt_tokens"] == 30
+
+
 def test_a_resumed_run_has_a_user_step_per_question_in_order(capsys, workdir, tmp_path):
     source = tmp_path / "run.json"
     budget_stopped(capsys, workdir, source)
