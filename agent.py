@@ -2168,11 +2168,11 @@ def export_atif(path, output):
     document = read_document(path, "--export")
     kind = document_kind(document)
     if kind == "a transcript":
-        inputs = [("--export", path)]
+        indexes, inputs = None, [("--export", path)]
         sessions = [checked_transcript(document, path, "export")]
     elif kind == "a trials summary":
-        inputs = [(f"trial {i}'s transcript", trial_path(path, i))
-                  for i in trial_indexes(path, document)]
+        indexes = trial_indexes(path, document)
+        inputs = [(f"trial {i}'s transcript", trial_path(path, i)) for i in indexes]
         sessions = [load_transcript(p, flag, "export") for flag, p in inputs]
         inputs.append(("--export", path))
     else:
@@ -2184,8 +2184,7 @@ def export_atif(path, output):
             print_document(t)
         return []
     base = output or Path(path).with_suffix(".atif.json")
-    names = [base] if kind == "a transcript" else [trial_path(base, i) for i in
-                                                   trial_indexes(path, document)]
+    names = [trial_path(base, i) for i in indexes] if indexes else [base]
     targets = [OutputFile(name, None, "-o", stream=True) for name in names]
     check_distinct([("-o", target) for target in targets], inputs)
     for target, t in zip(targets, trajectories):
