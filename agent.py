@@ -1693,15 +1693,21 @@ def document_kind(document):
     return "an empty JSON object" if not document else "a JSON object that is not a transcript"
 
 
-def load_transcript(path):
-    """Read a saved transcript for --resume, or raise UsageError saying what is wrong."""
-    session = read_document(path, "--resume")
+def load_transcript(path, flag="--resume", doing="resume"):
+    """Read a saved transcript for --resume (or --export), or raise UsageError saying what is
+    wrong."""
+    return checked_transcript(read_document(path, flag), path, doing)
+
+
+def checked_transcript(session, path, doing):
+    """`session`, read from `path`, if it is a transcript fit to resume (or export); else a
+    UsageError saying what it is."""
     kind = document_kind(session)
     if kind != "a transcript":
-        raise UsageError(f"cannot resume: {path} is {kind}, not a transcript")
+        raise UsageError(f"cannot {doing}: {path} is {kind}, not a transcript")
     problem = transcript_problem(session)
     if problem:
-        raise UsageError(f"cannot resume: {path} is not a version {TRANSCRIPT_VERSION} "
+        raise UsageError(f"cannot {doing}: {path} is not a version {TRANSCRIPT_VERSION} "
                          f"agent.py transcript: {problem}")
     return session
 
@@ -2141,10 +2147,206 @@ def write_report(path, output=None):
 
 
 # --- Export: ATIF, the Agent Trajectory Interchange Format ---
+#
+# --export atif RUN.json turns a transcript into an ATIF v1.8 trajectory (docs/export.md), the
+# format Harbor and other tools read: the question as a user step, each turn as an agent step
+# (its text, thinking and tool calls, their results as its observation, its usage as its
+# metrics), totals as final_metrics. What ATIF has no field for goes into an `extra`. A trials
+# summary becomes one trajectory per trial, each read from where --trials wrote it beside the
+# summary (run.json -> run.1.json), never from a path the summary names: a document must not
+# make agent.py open another file of its choosing.
+
+ATIF_VERSION = "ATIF-v1.8"
+RUN_FACTS = ("run_id", "workdir", "started_at", "ended_at", "stop", "answer", "trial",
+             "cleared", "events_lost")  # what a trajectory's extra keeps of the run
+
 
 def export_atif(path, output):
-    """--export atif: not written yet (its helper session fills this section)."""
-    raise UsageError("--export atif is not built yet")
+    """--export atif: write the trajectory of a transcript, or one per trial of a trials
+    summary, to `output` (default: beside it, .atif.json; trial i's with .i before the
+    extension; "-" for stdout, one trajectory a line). Returns the paths written."""
+    document = read_document(path, "--export")
+    kind = document_kind(document)
+    if kind == "a transcript":
+        indexes, inputs = None, [("--export", path)]
+        sessions = [checked_transcript(document, path, "export")]
+    elif kind == "a trials summary":
+        indexes = trial_indexes(path, document)
+        inputs = [(f"trial {i}'s transcript", trial_path(path, i)) for i in indexes]
+        sessions = [load_transcript(p, flag, "export") for flag, p in inputs]
+        inputs.append(("--export", path))
+    else:
+        raise UsageError(f"--export {path} is {kind}; it exports a transcript or a trials "
+                         "summary")
+    trajectories = [trajectory(session) for session in sessions]
+    if output == "-":
+        for t in trajectories:
+            print_document(t)
+        return []
+    base = output or Path(path).with_suffix(".atif.json")
+    names = [trial_path(base, i) for i in indexes] if indexes else [base]
+    targets = [OutputFile(name, None, "-o", stream=True) for name in names]
+    check_distinct([("-o", target) for target in targets], inputs)
+    for target, t in zip(targets, trajectories):
+        target.put(dump(t))
+    return [str(target.path) for target in targets]
+
+
+def trial_indexes(path, summary):
+    """The indexes of a summary's trials that kept a transcript; a UsageError if none did."""
+    indexes = []
+    for trial in items(summary.get("trials")):
+        index = trial.get("index")
+        if not isinstance(index, int) or isinstance(index, bool) or index < 1:
+            raise UsageError(f"--export {path}: a trial's index is {index!r}, not a number "
+                             "from 1")
+        if trial.get("transcript") is not None:
+            indexes.append(index)
+    if not indexes:
+        raise UsageError(f"--export {path} is a trials summary whose trials kept no "
+                         "transcript (run --trials with --transcript PATH to keep them)")
+    return indexes
+
+
+def trajectory(session):
+    """One transcript as an ATIF trajectory."""
+    steps, unanswered = atif_steps(session)
+    document = {"schema_version": ATIF_VERSION, "agent": atif_agent(session), "steps": steps,
+                "final_metrics": final_metrics(session, steps),
+                "extra": {k: session[k] for k in RUN_FACTS if k in session}}
+    if is_str(session.get("run_id")):
+        document["session_id"] = session["run_id"]
+    if unanswered:
+        document["notes"] = (f"{plural(unanswered, 'tool call')} had no result in the "
+                             "transcript (the run stopped first): each is answered 'not run' "
+                             "here, with not_in_transcript in its extra")
+    return document
+
+
+def atif_agent(session):
+    """The agent block: agent.py, the version that wrote the transcript, its model and tools;
+    its system prompt and effort in extra."""
+    version = session.get("agent_version")
+    return {"name": "agent.py", "version": version if is_str(version) else "unknown",
+            "model_name": session["model"],
+            "tool_definitions": tool_definitions(items(session.get("tools"))),
+            "extra": {"system_prompt": session.get("system"), "effort": session.get("effort"),
+                      "transcript_version": session["version"]}}
+
+
+def atif_steps(session):
+    """The history as ATIF steps, in order: each question a user step, each turn an agent step
+    whose observation answers every one of its tool calls (a call the transcript holds no
+    result for is answered 'not run'). Returns the steps and how many calls had no result."""
+    steps, turns, agent = [], list(session["turns"]), None
+    calls = {b["id"]: b for m in session["messages"] for b in m["content"]
+             if b["type"] == "tool_use"}
+    facts = {c.get("id"): c for t in turns for c in items(t.get("tool_calls"))}
+    cleared = set(session.get("cleared") or ())
+    for message in session["messages"]:
+        if message["role"] == "assistant":
+            while turns and turns[0].get("in_history") is False:  # a reply not in the history
+                steps.append(agent_step(turns.pop(0), []))
+            agent = agent_step(turns.pop(0) if turns else {}, message["content"])
+            steps.append(agent)
+            continue
+        for block in message["content"]:
+            if block["type"] == "tool_result":
+                agent["observation"]["results"].append(observation_result(
+                    block, facts.get(block["tool_use_id"], {}),
+                    placeholder(block, calls)["content"] if block["tool_use_id"] in cleared
+                    else None))
+            elif block["text"] == FINAL_TURN_NOTE:
+                steps.append({"source": "system", "message": block["text"]})
+            else:
+                steps.append({"source": "user", "message": block["text"]})
+    steps += [agent_step(turn, []) for turn in turns]  # replies not in the history, at the end
+    unanswered = sum(answer_the_rest(step, session.get("stop")) for step in steps)
+    if steps[0]["source"] == "user" and iso_time(session.get("started_at")):
+        steps[0]["timestamp"] = session["started_at"]
+    return [{"step_id": i, **step} for i, step in enumerate(steps, 1)], unanswered
+
+
+def agent_step(turn, content):
+    """One turn as an agent step: the reply's text as its message, its thinking as reasoning,
+    its tool calls, the turn's usage as metrics. The rest of the turn's record (stop reason,
+    request id, seconds, retries, notes...) goes into extra, with the kinds of any other
+    block (redacted thinking, a server tool's) the reply held; what it kept of each tool call
+    goes with the call's result."""
+    step = {"source": "agent", "message": "".join(b["text"] for b in content
+                                                  if b["type"] == "text")}
+    if iso_time(turn.get("started_at")):
+        step["timestamp"] = turn["started_at"]
+    thinking = [b["thinking"] for b in content if b["type"] == "thinking"]
+    if thinking:
+        step["reasoning_content"] = "\n\n".join(thinking)
+    uses = [b for b in content if b["type"] == "tool_use"]
+    if uses:
+        step["tool_calls"] = [{"tool_call_id": b["id"], "function_name": b["name"],
+                               "arguments": b["input"]} for b in uses]
+        step["observation"] = {"results": []}
+    if isinstance(turn.get("usage"), dict):
+        step["metrics"] = step_metrics(turn["usage"])
+    step["extra"] = {k: v for k, v in turn.items()
+                     if k not in ("usage", "started_at", "tool_calls")}
+    others = [b["type"] for b in content if b["type"] not in ("text", "thinking", "tool_use")]
+    if others:
+        step["extra"]["other_blocks"] = others
+    return step
+
+
+def observation_result(block, facts, cleared_as=None):
+    """A tool result, naming its call. Its extra: is_error, what the turn recorded of the call
+    (`facts`: declined, exit code, bytes, seconds), and, for a result that clearing later sent
+    as a placeholder, cleared and that placeholder (the content is the whole result, as the
+    model first saw it)."""
+    content = block.get("content")
+    extra = {**{k: v for k, v in facts.items() if k not in ("id", "name")},
+             "is_error": bool(block.get("is_error"))}
+    if cleared_as is not None:
+        extra.update(cleared=True, placeholder=cleared_as)
+    return {"source_call_id": block["tool_use_id"], "extra": extra,
+            "content": content if isinstance(content, str) else
+            json.dumps(content, ensure_ascii=False)}
+
+
+def answer_the_rest(step, stop):
+    """Answer each tool call of `step` that has no result (the run stopped before it ran) with
+    a 'not run' one; return how many it answered."""
+    answered = {r["source_call_id"] for r in step.get("observation", {}).get("results", [])}
+    missing = [c for c in step.get("tool_calls", []) if c["tool_call_id"] not in answered]
+    why = f"the run stopped ({stop['reason']})" if stop else "the transcript ends"
+    for c in missing:
+        step["observation"]["results"].append({
+            "source_call_id": c["tool_call_id"], "content": f"not run: {why} before it ran",
+            "extra": {"is_error": True, "not_in_transcript": True}})
+    return len(missing)
+
+
+def step_metrics(usage):
+    """A usage record as ATIF metrics: the prompt counts every input token, cache reads
+    (cached_tokens, a part of it) and cache writes too; the writes, which ATIF has no field
+    for, go into extra."""
+    return {"prompt_tokens": prompt_tokens(usage), "completion_tokens": usage["output_tokens"],
+            "cached_tokens": usage["cache_read_input_tokens"], "cost_usd": usage["cost_usd"],
+            "extra": {"cache_creation_input_tokens": usage["cache_creation_input_tokens"]}}
+
+
+def final_metrics(session, steps):
+    """The totals over every turn, as the transcript's usage counts them, and the steps."""
+    totals = step_metrics(total_usage(session))
+    extra = totals.pop("extra")
+    return {**{f"total_{k}": v for k, v in totals.items()}, "total_steps": len(steps),
+            "extra": extra}
+
+
+def iso_time(value):
+    """`value` if it is an ISO 8601 time (a normalised transcript may hold a stand-in)."""
+    try:
+        datetime.fromisoformat(value.replace("Z", "+00:00"))
+        return value
+    except (AttributeError, TypeError, ValueError):
+        return None
 
 
 # --- Telemetry: the run as OpenTelemetry GenAI traces (--otel) ---
@@ -2377,9 +2579,10 @@ def usage_attributes(usage):
             "gen_ai.usage.cache_creation.input_tokens": usage["cache_creation_input_tokens"]}
 
 
-def tool_definitions():
-    return [{"type": "function", "name": t["name"], "description": t["description"],
-             "parameters": t["input_schema"]} for t in TOOLS]
+def tool_definitions(tools=TOOLS):
+    """Tools in the OpenAI function form both the conventions and ATIF use."""
+    return [{"type": "function", "name": t.get("name"), "description": t.get("description"),
+             "parameters": t.get("input_schema")} for t in tools]
 
 
 def genai_messages(messages):
