@@ -1785,8 +1785,9 @@ def recording_problem(recording):
         return ("was continued with --resume and a follow-up question; only a run from its "
                 "first question can be replayed")
     replies = sum(m["role"] == "assistant" for m in recording["messages"])
-    if replies != sum(t.get("in_history") is not False for t in recording["turns"]):
-        return f"has {plural(replies, 'reply')} in its messages for its {plural(len(recording['turns']), 'turn')}"
+    kept = sum(t.get("in_history") is not False for t in recording["turns"])
+    if replies != kept:
+        return f"has {replies} replies in its messages, and its turns say {kept} were kept"
     return None
 
 
