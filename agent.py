@@ -22,8 +22,9 @@ How to read this file. The first 500 lines are the agent; read them in order:
 
 After the divider comes the machinery, to skip until you need a part of it: API plumbing
 and retries, usage and cost, clearing old tool results, the transcript, events, schemas and
-resume, trials, the HTML report, terminal output, path safety and the sandbox (its whole
-policy is one value, `SandboxPolicy`), and the command line.
+resume, replay (a recorded run, without a key), trials, the HTML report, terminal output,
+path safety and the sandbox (its whole policy is one value, `SandboxPolicy`), and the
+command line.
 """
 
 import gc
@@ -1821,7 +1822,7 @@ def replay_session(recording, workdir, run_id, source):
     session = new_session(recording["question"], recording["model"], workdir,
                           recording.get("effort"), run_id)
     session["system"] = recording["system"]
-    if isinstance(recording.get("produced_by"), dict):
+    if is_str(fields(recording.get("produced_by")).get("kind")):  # who wrote the replies
         session["produced_by"] = recording["produced_by"]
     session["replay"] = {"source": str(source), "differences": []}
     return session
@@ -1904,7 +1905,7 @@ def result_diff(recorded, now):
     (-recorded, +now), at most DIFF_LINES of at most DIFF_WIDTH characters each."""
     def lines(result):
         if result is None:
-            return ["(no result was recorded for this call)"]
+            return ["(no result for this call)"]
         content = result.get("content")
         text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
         return [f"is_error: {json.dumps(bool(result.get('is_error')))}"] + text.splitlines()
@@ -1960,10 +1961,11 @@ class ReplayCheck:
 
     def summary(self, session):
         differed = len(session["replay"]["differences"])
-        say = self.report.error if differed else self.report.line
-        say(f"replay: {differed} of {plural(self.calls, 'tool result')} differ from "
-            f"{session['replay']['source']}" if differed else
-            f"replay: {plural(self.calls, 'tool result')}, each as recorded")
+        if differed:
+            self.report.error(f"replay: {differed} of {plural(self.calls, 'tool result')} "
+                              f"differ from {session['replay']['source']}")
+        else:
+            self.report.line(f"replay: {plural(self.calls, 'tool result')}, each as recorded")
         left = len(self.client.replies) - self.client.given
         if left:
             self.report.error(f"replay: the run stopped with {left} recorded "
