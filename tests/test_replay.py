@@ -66,6 +66,21 @@ def test_a_replay_gives_the_recorded_answer_stop_and_history(capsys, workdir, tm
         ["read_file", "read_file", "run_python"]
 
 
+def test_the_question_model_system_prompt_and_thinking_are_the_recordings(capsys, workdir,
+                                                                          tmp_path):
+    thinking = {"type": "thinking", "thinking": "The scores first.", "signature": "sig"}
+    path, recorded = record(capsys, workdir, tmp_path,
+                            reply(thinking, tool_use("read_file", {"path": "scores.csv"})),
+                            reply(text("done")), flags=["--model", "claude-sonnet-5-5"])
+    recorded["system"] = "A prompt of an older agent.py."
+    path.write_text(json.dumps(recorded))
+    code, _, err, new = replay(capsys, path, workdir, tmp_path)
+    assert code == 0 and "[thinking] The scores first." in err
+    assert (new["question"], new["model"], new["system"]) == \
+        ("q", "claude-sonnet-5-5", "A prompt of an older agent.py.")
+    assert new["messages"] == recorded["messages"]
+
+
 def test_a_changed_file_is_reported_per_call_and_kept_in_the_transcript(capsys, workdir,
                                                                         tmp_path):
     path, _ = record(capsys, workdir, tmp_path)
@@ -97,6 +112,15 @@ def test_a_difference_is_bounded_and_made_visible(capsys, workdir, tmp_path):
     assert code == 0 and "\x1b" not in err and "\\x1b[2Jline 0" in err
 
 
+def test_an_error_that_is_no_longer_one_is_a_difference(capsys, workdir, tmp_path):
+    path, recorded = record(capsys, workdir, tmp_path)
+    recorded["messages"][2]["content"][1]["is_error"] = True  # notes.md's read, same text
+    path.write_text(json.dumps(recorded))
+    code, _, err, new = replay(capsys, path, workdir, tmp_path, "--yes")
+    assert [d["diff"] for d in new["replay"]["differences"]] == \
+        [["-is_error: true", "+is_error: false"]]
+
+
 def test_a_declined_call_differs_from_the_recorded_run(capsys, workdir, tmp_path):
     path, _ = record(capsys, workdir, tmp_path)
     code, _, err, new = replay(capsys, path, workdir, tmp_path, stdin="n\n")  # --yes is absent
@@ -119,6 +143,7 @@ def test_a_declined_call_differs_from_the_recorded_run(capsys, workdir, tmp_path
                                         input_tokens=600)], "cost_budget"),
     ([], [reply(tool_use("read_file", {"path": "scores.csv"})),
           reply(text("cut"), stop_reason="max_tokens")], "max_tokens"),
+    ([], [reply(tool_use("read_file", {"path": "scores.csv"})), reply(text(" "))], "end_turn"),
 ])
 def test_a_limit_stops_the_replay_where_it_stopped_the_recording(capsys, workdir, tmp_path,
                                                                  flags, replies, label):
@@ -131,6 +156,8 @@ def test_a_limit_stops_the_replay_where_it_stopped_the_recording(capsys, workdir
     if label in ("max_turns", "max_tokens"):  # a budget's detail names the replay's budget
         assert new["stop"] == recorded["stop"]
     assert new["messages"] == recorded["messages"]  # the final turn's note too, for max_turns
+    assert [t.get("in_history") for t in new["turns"]] == \
+        [t.get("in_history") for t in recorded["turns"]]  # a blank reply is kept out of both
     assert "replay: 1 tool result, each as recorded" in err and "not replayed" not in err
 
 
