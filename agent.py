@@ -22,14 +22,16 @@ How to read this file. The first 500 lines are the agent; read them in order:
 
 After the divider comes the machinery, to skip until you need a part of it: API plumbing
 and retries, usage and cost, clearing old tool results, the transcript, events, schemas and
-resume, trials, the HTML report, terminal output, path safety and the sandbox (its whole
-policy is one value, `SandboxPolicy`), and the command line.
+resume, replay (a recorded run, without a key), trials, the HTML report, terminal output,
+path safety and the sandbox (its whole policy is one value, `SandboxPolicy`), and the
+command line.
 """
 
 import gc
 gc.disable()  # on again at the end of this file, which says why
 import argparse
 import ctypes
+import difflib
 import errno
 import html
 import io
@@ -312,6 +314,8 @@ def stop_for(exc, api=True):
     failure (when `api`: it came out of the loop, which talks to the API), or a bug."""
     if isinstance(exc, (KeyboardInterrupt, Interrupted)):
         return Stop("interrupted", STOPPED)
+    if isinstance(exc, ReplayEnded):  # --replay asked past the recording: it knows the Stop
+        return exc.stop
     status, retries = getattr(exc, "status_code", None), getattr(exc, "retries", [])
     if not api or status is None and not transport_error(exc) \
             and not type(exc).__module__.startswith("anthropic"):
@@ -1411,6 +1415,7 @@ USAGE_SCHEMA = obj({**{k: COUNT for k in COUNTS + ("tokens",)}, "cost_usd": null
 RETRY_SCHEMA = obj({"attempt": COUNT, "status": nullable({"type": "integer"}), "error": STRING,
                     "delay": NUMBER})
 LABEL = {"enum": list(EXIT_CODES)}
+PRODUCED_BY = obj({"kind": STRING}, {"model": STRING, "script": STRING, "note": STRING})
 TRANSCRIPT_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": f"agent.py transcript, version {TRANSCRIPT_VERSION}",
@@ -1439,12 +1444,14 @@ TRANSCRIPT_SCHEMA = {
            "answer": nullable(STRING), "usage": USAGE_SCHEMA},
           {"agent_version": STRING, "run_id": STRING, "started_at": TIME,
            "ended_at": nullable(TIME), "trial": COUNT, "cleared": array(STRING),
-           "events_lost": STRING})}
+           "events_lost": STRING, "produced_by": PRODUCED_BY, "replay": obj(
+               {"source": STRING, "differences": array(obj(
+                   {"turn": COUNT, "id": STRING, "name": STRING, "diff": array(STRING)}))})})}
 EVENT_TYPES = {  # type -> (fields it always has, fields it may have)
     "run.start": ({"schema_version": {"const": EVENTS_VERSION}, "agent_version": STRING,
                    "model": STRING, "workdir": STRING, "question": nullable(STRING),
                    "limits": {"type": "object"}, "sandbox": {"type": "object"}},
-                  {"resumed_from": STRING, "trials": COUNT}),
+                  {"resumed_from": STRING, "replayed_from": STRING, "trials": COUNT}),
     "sandbox": ({"status": STRING, "confined": BOOL}, {}),
     "turn.start": ({"turn": COUNT}, {}),
     "text": ({"turn": COUNT, "text": STRING}, {"thinking": BOOL}),
@@ -1693,14 +1700,14 @@ def document_kind(document):
     return "an empty JSON object" if not document else "a JSON object that is not a transcript"
 
 
-def load_transcript(path, flag="--resume", doing="resume"):
-    """Read a saved transcript for --resume (or --export), or raise UsageError saying what is
-    wrong."""
-    return checked_transcript(read_document(path, flag), path, doing)
+def load_transcript(path, flag="--resume", doing=None):
+    """Read a saved transcript for --resume (or --replay, --export), or raise UsageError saying
+    what is wrong."""
+    return checked_transcript(read_document(path, flag), path, doing or flag[2:])
 
 
 def checked_transcript(session, path, doing):
-    """`session`, read from `path`, if it is a transcript fit to resume (or export); else a
+    """`session`, read from `path`, if it is a transcript fit to resume (replay, export); else a
     UsageError saying what it is."""
     kind = document_kind(session)
     if kind != "a transcript":
@@ -1742,6 +1749,233 @@ def prepare_resume(session, question):
                    agent_version=AGENT_VERSION)
     session.setdefault("run_id", uuid.uuid4().hex)
     return session, len(pending) if last["role"] == "assistant" else 0
+
+
+# --- Replay: a recorded run without a key ---
+#
+# python agent.py --replay RUN.json --workdir DIR runs a transcript's recorded model turns again,
+# against the real tools in the real sandbox: ReplayClient stands in for the SDK's client and
+# answers each request with the next recorded reply, so the loop above runs unchanged, and
+# nothing is sent. ReplayCheck says, per call, where a tool result now differs from the
+# recorded one. The run ends as the recording did: replay_limits makes the same limit stop the
+# same turn, and a request past the last reply stops with the recorded stop (ReplayEnded).
+
+class ReplayEnded(Exception):
+    """A request the recording has no reply for: the run stops with `stop` (see stop_for)."""
+
+    def __init__(self, stop):
+        super().__init__(stop.detail)
+        self.stop = stop
+
+
+def load_recording(path):
+    """A transcript --replay can run, or a UsageError saying what the file is."""
+    recording = load_transcript(path, "--replay")
+    problem = recording_problem(recording)
+    if problem:
+        raise UsageError(f"cannot replay: {path} {problem}")
+    return recording
+
+
+def recording_problem(recording):
+    """Why a transcript (already fit to resume) cannot be replayed, or None."""
+    if not is_str(recording.get("question")) or not is_str(recording.get("system"), empty=True):
+        return "has no question or no system prompt"
+    stop = recording["stop"]
+    if stop is not None and (stop.get("reason") not in EXIT_CODES or not is_str(stop.get(
+            "detail"), empty=True)):
+        return "has a stop that is not a label with its detail"
+    asked = [b for m in recording["messages"][1:] if m["role"] == "user" for b in m["content"]
+             if b["type"] == "text" and b["text"] != FINAL_TURN_NOTE]
+    if asked:
+        return ("was continued with --resume and a follow-up question; only a run from its "
+                "first question can be replayed")
+    replies = sum(m["role"] == "assistant" for m in recording["messages"])
+    kept = sum(t.get("in_history") is not False for t in recording["turns"])
+    if replies != kept:
+        return f"has {replies} replies in its messages, and its turns say {kept} were kept"
+    return None
+
+
+def recorded_replies(recording):
+    """Each turn's reply, as the API sent it: the content kept in the history (none, for a
+    turn whose reply was not), the stop_reason, the message id and the usage counts."""
+    kept = iter(m["content"] for m in recording["messages"] if m["role"] == "assistant")
+    return [{"id": t.get("message_id"), "type": "message", "role": "assistant",
+             "model": recording["model"], "stop_reason": t.get("stop_reason"),
+             "content": [] if t.get("in_history") is False else next(kept),
+             "usage": {k: t["usage"][k] for k in COUNTS}} for t in recording["turns"]]
+
+
+def replay_limits(recording, limits):
+    """`limits` with the bounds that end a run set so that the recorded replies end as the
+    recording did: its number of turns if it stopped at max_turns, else two more (a request
+    past the replies is then never the final one); a budget its replies reach at their last
+    turn if it stopped on that budget, else one they never reach."""
+    used, reason = empty_usage(), (recording["stop"] or {}).get("reason")
+    for turn in recording["turns"]:  # priced as the loop will price them
+        add_usage(used, usage_record(recording["model"], turn["usage"]))
+    turns = len(recording["turns"])
+    return replace(limits, max_turns=turns if reason == "max_turns" else turns + 2,
+                   token_budget=used["tokens"] + (reason != "token_budget"),
+                   budget_usd=used["cost_usd"] if reason == "cost_budget" else None)
+
+
+def replay_session(recording, workdir, run_id, source):
+    """The new run's session: the recorded question, model, effort and system prompt; the
+    recording's `produced_by`; and a `replay` field for the differences ReplayCheck finds."""
+    session = new_session(recording["question"], recording["model"], workdir,
+                          recording.get("effort"), run_id)
+    session["system"] = recording["system"]
+    if is_str(fields(recording.get("produced_by")).get("kind")):  # who wrote the replies
+        session["produced_by"] = recording["produced_by"]
+    session["replay"] = {"source": str(source), "differences": []}
+    return session
+
+
+def made_by(recording):
+    """Who wrote a recording's replies, in words, from its produced_by field."""
+    made = fields(recording.get("produced_by"))
+    if made.get("kind") == "scripted":
+        return f"a scripted model ({made.get('script', 'a script')})"
+    return f"the model {made.get('model') or recording['model']}"
+
+
+class ReplayClient:
+    """Stands in for anthropic.Anthropic in stream_once: messages.stream(**request) answers with
+    the next recorded reply (its text and thinking stream to stderr as a live reply's would).
+    It sends nothing and needs no key. Past the last reply it raises ReplayEnded: with the
+    recorded stop if the recording ended there without a reply (Ctrl-C, an API error), else
+    with an error saying that the replay asks for more than was recorded."""
+
+    def __init__(self, recording, source):
+        self.replies, self.source = recorded_replies(recording), source
+        self.recorded_stop, self.given = recording["stop"], 0
+        self.messages = self.beta = self  # client.messages.stream, client.beta.messages.stream
+
+    def stream(self, **request):
+        if self.given == len(self.replies):
+            raise ReplayEnded(self.ended())
+        self.given += 1
+        return ReplayStream(self.replies[self.given - 1])
+
+    def ended(self):
+        """The Stop of a request past the last recorded reply."""
+        stop, where = self.recorded_stop, f"{self.source} has no reply after turn {self.given}"
+        if stop and stop["reason"] in INFRA_STOPS:  # the recorded run ended here, not a reply
+            return Stop(stop["reason"], f"{stop['detail']} (the recorded stop: {where})")
+        why = f"it stopped with {stop['reason']}" if stop else \
+            "it has no stop: the run that made it was cut off"
+        return Stop("error", f"the replay asks for more replies than were recorded: {where} "
+                             f"({why})")
+
+
+class ReplayStream:
+    """One recorded reply, read as stream_once reads the SDK's stream."""
+
+    request_id = None  # no request was made
+
+    def __init__(self, message):
+        self.message = json.loads(json.dumps(message))  # the loop's own copy, as if it came
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def __iter__(self):
+        for block in self.message["content"]:
+            if block.get("type") == "thinking":
+                yield ReplayEvent("thinking", thinking=block["thinking"])
+            elif block.get("type") == "text":
+                yield ReplayEvent("text", text=block["text"])
+        yield ReplayEvent("message_stop")
+
+    def get_final_message(self):
+        return self.message
+
+
+class ReplayEvent:
+    def __init__(self, type, **data):
+        self.type = type
+        self.__dict__.update(data)
+
+
+DIFF_LINES, DIFF_WIDTH = 12, 160  # the most a difference shows, in lines and characters a line
+
+
+def result_diff(recorded, replayed):
+    """How a tool result differs from the recorded one, as the changed lines of a unified diff
+    (-recorded, +replayed), at most DIFF_LINES of at most DIFF_WIDTH characters each."""
+    def lines(result):
+        if result is None:
+            return ["(no result for this call)"]
+        content = result.get("content")
+        text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+        return [f"is_error: {json.dumps(bool(result.get('is_error')))}"] + text.splitlines()
+
+    diff = [shorten(line, DIFF_WIDTH) for line in list(difflib.unified_diff(
+        lines(recorded), lines(replayed), lineterm="", n=0))[2:] if not line.startswith("@@")]
+    if len(diff) > DIFF_LINES:
+        diff[DIFF_LINES - 1:] = [f"… and {len(diff) - DIFF_LINES + 1} more changed lines"]
+    return diff
+
+
+class ReplayCheck:
+    """Wraps the transcript's save (the loop saves after every turn, and at the stop): first
+    compares each tool result of the turns since the last save with the recorded one, says on
+    stderr where they differ, and keeps the difference in the session's `replay` field. At the
+    stop, says how many differed, and whether the replay stopped before the recording did."""
+
+    def __init__(self, recording, client, report, save):
+        self.recorded = {b["tool_use_id"]: b for m in recording["messages"]
+                         if m["role"] == "user" for b in m["content"]
+                         if b["type"] == "tool_result"}
+        self.client, self.report, self.save = client, report, save
+        self.checked, self.seen, self.calls = 0, 0, 0  # turns and messages compared; calls
+
+    def __call__(self, session, final=False):
+        results = {b["tool_use_id"]: b for m in session["messages"][self.seen:]
+                   if m["role"] == "user" for b in m["content"] if b["type"] == "tool_result"}
+        for record in session["turns"][self.checked:]:
+            for call in record["tool_calls"]:
+                self.compare(session["replay"], record["turn"], call, results.get(call["id"]))
+        self.checked, self.seen = len(session["turns"]), len(session["messages"])
+        if final:
+            self.summary(session)
+        self.save(session, final)
+
+    def compare(self, replay, turn, call, result):
+        """Say so, and keep it, if this call's result is not the recorded one."""
+        self.calls += 1
+        then = self.recorded.get(call["id"])
+        if then and result and then.get("content") == result["content"] \
+                and bool(then.get("is_error")) == bool(result.get("is_error")):
+            return
+        diff = result_diff(then, result)
+        replay["differences"].append({"turn": turn, "id": call["id"], "name": call["name"],
+                                      "diff": diff})
+        self.report.error(f"  replay: turn {turn}, {call['name']} {call['id']}: the result "
+                          "differs from the recording")
+        for line in diff:
+            self.report.error(f"    {line}")
+        if len(replay["differences"]) == 1 and self.client.given < len(self.client.replies):
+            self.report.error("    (the recorded replies that follow answered the recorded "
+                              "result; they are replayed as they were)")
+
+    def summary(self, session):
+        differed = len(session["replay"]["differences"])
+        if differed:
+            self.report.error(f"replay: {differed} of {plural(self.calls, 'tool result')} "
+                              f"differ from {session['replay']['source']}")
+        else:
+            self.report.line(f"replay: {plural(self.calls, 'tool result')}, each as recorded")
+        left = len(self.client.replies) - self.client.given
+        if left:
+            self.report.error(f"replay: the run stopped with {left} recorded "
+                              f"{'reply' if left == 1 else 'replies'} not replayed: it stopped "
+                              "before the recording did")
 
 
 # --- Trials ---
@@ -3890,7 +4124,7 @@ ANTHROPIC_MODEL sets the default model. No other .env is ever read."""
 
 EPILOG = """examples:
   agent.py "scores.csv 里平均分是多少？" --workdir workspace
-  agent.py --replay workspace/example.transcript.json --workdir workspace   (no key needed)
+  agent.py --replay workspace/example-run.json --workdir workspace   (no key needed)
   agent.py "Compare spring.md and fall.md." --workdir workspace --transcript run.json --events -
 
 exit codes:
@@ -4024,9 +4258,10 @@ def parse_args(argv):
         value = getattr(args, name)
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise UsageError(f"--{name.replace('_', '-')} must be a positive number")
-    if args.replay and (args.resume or args.trials or args.question is not None):
+    if args.replay and (args.resume or args.trials or args.question is not None or args.model
+                        or args.effort):
         raise UsageError("--replay runs the recorded question and turns again: give it no "
-                         "question, --resume or --trials")
+                         "question, --model, --effort, --resume or --trials")
     if args.resume is None and args.replay is None and not (args.question or "").strip():
         raise UsageError("give a question (- reads it from stdin), --resume PATH or --replay "
                          "PATH")
@@ -4209,9 +4444,11 @@ def main(argv=None, client=None, stdin=None):
         report.quiet = args.quiet
         session, unanswered = prepare_resume(load_transcript(args.resume), args.question) \
             if args.resume else (None, 0)
-        recorded = session or {}  # a file: what it says is used only if the user agrees
+        replay = load_recording(args.replay) if args.replay else None
+        recorded = session or replay or {}  # a file: what it says is used only if the user agrees
+        source = args.resume or args.replay
         where = f"--workdir {args.workdir}" if args.workdir else \
-            f"the workdir {args.resume} recorded" if session else \
+            f"the workdir {source} recorded" if recorded else \
             "the current directory (no --workdir was given)"
         workdir = Path(os.path.realpath(args.workdir or recorded.get("workdir") or "."))
         if not workdir.is_dir():
@@ -4221,17 +4458,19 @@ def main(argv=None, client=None, stdin=None):
             if args.resume and Path(os.path.realpath(args.resume)).is_relative_to(inside):
                 raise UsageError(f"--resume {args.resume} is inside the workdir {inside}, where "
                                  "the model's code could have rewritten it; it is not resumed")
-        config = load_config(workdir, report)
+        config = load_config(workdir, report) if not replay else dict.fromkeys(  # no key
+            ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL"))
         SECRETS.update(v for v in [config["ANTHROPIC_API_KEY"]] if v and len(v) >= 8)
         model = args.model or config["ANTHROPIC_MODEL"] or recorded.get("model") or DEFAULT_MODEL
-        taken = [f"workdir {workdir}"] * (session is not None and not args.workdir) + \
+        taken = [f"workdir {workdir}"] * (bool(recorded) and not args.workdir) + \
             [f"model {model}"] * (session is not None and model != (
                 args.model or config["ANTHROPIC_MODEL"] or DEFAULT_MODEL))
-        if taken and not agreed(f"{args.resume} asks to go on with its own {' and '.join(taken)}."
+        if taken and not agreed(f"{source} asks to go on with its own {' and '.join(taken)}."
                                 " A transcript is only a file, which anything could have "
                                 "written: go on with them?", stdin or sys.stdin):
-            raise UsageError(f"not resumed: give --workdir DIR (and --model ID) to say where "
-                             f"{args.resume} goes on")
+            raise UsageError(f"not replayed: give --workdir DIR to say where {source} runs"
+                             if replay else f"not resumed: give --workdir DIR (and --model ID) "
+                             f"to say where {source} goes on")
         target = args.transcript or args.resume  # --resume goes on in the file it continues
         output = OutputFile(target, workdir) if target not in (None, "-") else None
         trial_outputs = {i: OutputFile(trial_path(output.path, i), workdir)
@@ -4243,6 +4482,10 @@ def main(argv=None, client=None, stdin=None):
                        + [(f"trial {i}'s transcript", o) for i, o in trial_outputs.items()])
         if events_out and args.resume:
             check_distinct([("--events", events_out)], [("--resume", args.resume)])
+        if args.replay:
+            check_distinct([("--transcript", output)] * bool(output)
+                           + [("--events", events_out)] * bool(events_out),
+                           [("--replay", args.replay)])
         if args.budget_usd is not None and base_model(model) not in PRICING:
             raise UsageError(f"--budget-usd needs a known price, and {model} is not in the "
                              "pricing table")
@@ -4251,6 +4494,8 @@ def main(argv=None, client=None, stdin=None):
                         tool_timeout=args.tool_timeout, request_timeout=args.request_timeout,
                         clear_at=args.clear_tool_results, keep_results=args.keep_tool_results,
                         clear_at_least=args.clear_at_least, context_edit=args.context_edit)
+        if replay:  # the recording's replies, and the limits under which they end as it did
+            limits, client = replay_limits(replay, limits), ReplayClient(replay, args.replay)
         if client is None:
             client = make_client(config, limits, otel=args.otel)
         telemetry = Telemetry.start(report) if args.otel else None
@@ -4275,10 +4520,12 @@ def main(argv=None, client=None, stdin=None):
     ctx = ToolContext(workdir, limits, sandbox, approve, args.decline_message or DECLINE_MESSAGE)
     started = time.monotonic()
     report.emit("run.start", schema_version=EVENTS_VERSION, agent_version=AGENT_VERSION,
-                model=model, workdir=str(workdir), question=args.question,
+                model=model, workdir=str(workdir),
+                question=replay["question"] if replay else args.question,
                 limits=asdict(limits), sandbox={"enabled": not args.no_sandbox,
                                                 "status": "proven at the first run_python call"},
                 **({"resumed_from": args.resume} if args.resume else {}),
+                **({"replayed_from": args.replay} if args.replay else {}),
                 **({"trials": args.trials} if args.trials else {}))
     try:
         if args.trials:
@@ -4295,7 +4542,12 @@ def main(argv=None, client=None, stdin=None):
             report.emit("run.stop", stop=label, detail=detail, exit_code=code, answer=None,
                         usage=None, turns=None, seconds=None)
             return code
-        if session is None:
+        if replay:
+            session = replay_session(replay, workdir, run_id, args.replay)
+            report.line(f"replaying {args.replay}: {plural(len(replay['turns']), 'turn')} "
+                        f"recorded from {made_by(replay)}; workdir {workdir}; nothing is sent",
+                        always=True)
+        elif session is None:
             session = new_session(args.question, model, workdir, args.effort, run_id)
         else:
             session.update(model=model, workdir=str(workdir), run_id=run_id,
@@ -4306,7 +4558,8 @@ def main(argv=None, client=None, stdin=None):
                             if unanswered else ""), always=True)
         save = Saver(output)
         report.trace("begin", session)
-        stop = drive(client, session, ctx, report, save)
+        stop = drive(client, session, ctx, report,
+                     ReplayCheck(replay, client, report, save) if replay else save)
         report.trace("end", stop, session)
         report.flush_text()
         u, turns = session["usage"], plural(len(session["turns"]), "turn")

@@ -1,0 +1,316 @@
+"""--replay: a recorded run's model turns, run again against the real tools and sandbox, with no
+key and no connection; the differences per call; the recorded stop; the shipped example."""
+
+import json
+import os
+import socket
+import subprocess
+
+import pytest
+
+import agent
+import make_example
+from fakes import FakeAPIError, FakeClient, reply, text, tool_use
+from helpers import AGENT, agent_env, assert_well_formed, events_of, run_agent_py, run_cli
+
+ROOT = AGENT.parent
+SUM = "import csv; print(sum(int(r['score']) for r in csv.DictReader(open('scores.csv'))))"
+
+
+def three_turns():
+    """A scripted model: two reads at once, a script in the sandbox, an answer."""
+    return [reply(text("Reading."), tool_use("read_file", {"path": "scores.csv"}, id="toolu_A"),
+                  tool_use("read_file", {"path": "notes.md"}, id="toolu_B"), input_tokens=700),
+            reply(tool_use("run_python", {"code": SUM}, id="toolu_C"), input_tokens=800),
+            reply(text("The scores add up to 255."), input_tokens=900)]
+
+
+def record(capsys, workdir, tmp_path, *replies, flags=()):
+    """Run `replies` through the CLI on `workdir`; return the transcript's path and content."""
+    path = tmp_path / "recorded.json"
+    run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--transcript", str(path),
+                     *flags], FakeClient(*(replies or three_turns())))
+    return path, json.loads(path.read_text())
+
+
+def replay(capsys, path, workdir, tmp_path, *flags, stdin=""):
+    """Replay `path` on `workdir` (with a client that must not be asked); return the exit code,
+    stdout, stderr and the new transcript."""
+    new, client = tmp_path / "replayed.json", FakeClient()
+    code, out, err = run_cli(capsys, ["--replay", str(path), "--workdir", str(workdir),
+                                      "--transcript", str(new), *map(str, flags)], client,
+                             stdin=stdin)
+    assert client.requests == []
+    return code, out, err, json.loads(new.read_text()) if new.exists() else None
+
+
+# --- the same run again ---
+
+def test_a_replay_gives_the_recorded_answer_stop_and_history(capsys, workdir, tmp_path):
+    path, recorded = record(capsys, workdir, tmp_path)
+    assert recorded["stop"]["reason"] == "end_turn"
+    events = tmp_path / "events.jsonl"
+    code, out, err, new = replay(capsys, path, workdir, tmp_path, "--yes", "--events", events)
+    assert (code, out) == (0, "The scores add up to 255.\n")
+    assert f"replaying {path}: 3 turns recorded from the model claude-haiku-5-5" in err
+    assert "replay: 3 tool results, each as recorded" in err and "differs" not in err
+    assert new["stop"] == recorded["stop"] and new["answer"] == recorded["answer"]
+    assert new["messages"] == recorded["messages"] and new["usage"] == recorded["usage"]
+    assert [t["message_id"] for t in new["turns"]] == [t["message_id"] for t in recorded["turns"]]
+    assert new["replay"] == {"source": str(path), "differences": []}
+    assert new["run_id"] != recorded["run_id"] and "produced_by" not in new
+    stream = events_of(events)
+    assert_well_formed(stream)
+    assert stream[0]["replayed_from"] == str(path) and stream[0]["question"] == "q"
+    assert [e["name"] for e in stream if e["type"] == "tool.end"] == \
+        ["read_file", "read_file", "run_python"]
+
+
+def test_the_question_model_system_prompt_and_thinking_are_the_recordings(capsys, workdir,
+                                                                          tmp_path):
+    thinking = {"type": "thinking", "thinking": "The scores first.", "signature": "sig"}
+    path, recorded = record(capsys, workdir, tmp_path,
+                            reply(thinking, tool_use("read_file", {"path": "scores.csv"})),
+                            reply(text("done")), flags=["--model", "claude-sonnet-5-5"])
+    recorded["system"] = "A prompt of an older agent.py."
+    path.write_text(json.dumps(recorded))
+    code, _, err, new = replay(capsys, path, workdir, tmp_path)
+    assert code == 0 and "[thinking] The scores first." in err
+    assert (new["question"], new["model"], new["system"]) == \
+        ("q", "claude-sonnet-5-5", "A prompt of an older agent.py.")
+    assert new["messages"] == recorded["messages"]
+
+
+def test_a_changed_file_is_reported_per_call_and_kept_in_the_transcript(capsys, workdir,
+                                                                        tmp_path):
+    path, _ = record(capsys, workdir, tmp_path)
+    (workdir / "scores.csv").write_text("name,score\nAlice,88\nBob,70\nChen,95\n")
+    code, out, err, new = replay(capsys, path, workdir, tmp_path, "--yes")
+    assert (code, out) == (0, "The scores add up to 255.\n")  # the recorded replies, as they were
+    lines = err.splitlines()
+    said = lines.index("  replay: turn 1, read_file toolu_A: the result differs from the "
+                       "recording")
+    assert lines[said + 1:said + 3] == ["    -Bob,72", "    +Bob,70"]
+    assert "(the recorded replies that follow answered the recorded result" in err
+    assert "replay: turn 2, run_python toolu_C: the result differs" in err
+    assert "    -255" in err and "    +253" in err
+    assert "read_file toolu_B" not in err  # notes.md did not change
+    assert "replay: 2 of 3 tool results differ from " + str(path) in err
+    assert new["replay"]["differences"] == [
+        {"turn": 1, "id": "toolu_A", "name": "read_file",
+         "diff": ["-Bob,72", "+Bob,70"]},
+        {"turn": 2, "id": "toolu_C", "name": "run_python", "diff": ["-255", "+253"]}]
+
+
+def test_a_difference_is_bounded_and_made_visible(capsys, workdir, tmp_path):
+    path, _ = record(capsys, workdir, tmp_path)
+    (workdir / "notes.md").write_text("".join(f"\x1b[2Jline {i} {'x' * 300}\n" for i in range(40)))
+    code, _, err, new = replay(capsys, path, workdir, tmp_path, "--yes")
+    (diff,) = [d["diff"] for d in new["replay"]["differences"] if d["id"] == "toolu_B"]
+    assert len(diff) == agent.DIFF_LINES and diff[-1] == "… and 31 more changed lines"
+    assert all(len(line) <= agent.DIFF_WIDTH for line in diff)
+    assert code == 0 and "\x1b" not in err and "\\x1b[2Jline 0" in err
+
+
+def test_an_error_that_is_no_longer_one_is_a_difference(capsys, workdir, tmp_path):
+    path, recorded = record(capsys, workdir, tmp_path)
+    recorded["messages"][2]["content"][1]["is_error"] = True  # notes.md's read, same text
+    path.write_text(json.dumps(recorded))
+    code, _, err, new = replay(capsys, path, workdir, tmp_path, "--yes")
+    assert [d["diff"] for d in new["replay"]["differences"]] == \
+        [["-is_error: true", "+is_error: false"]]
+
+
+def test_a_declined_call_differs_from_the_recorded_run(capsys, workdir, tmp_path):
+    path, _ = record(capsys, workdir, tmp_path)
+    code, _, err, new = replay(capsys, path, workdir, tmp_path, stdin="n\n")  # --yes is absent
+    assert code == 0 and "run it? [y/N]" in err
+    assert [d["id"] for d in new["replay"]["differences"]] == ["toolu_C"]
+    assert "+The user declined to run this code." in err
+
+
+# --- how a replay ends: as the recording did ---
+
+@pytest.mark.parametrize("flags, replies, label", [
+    (["--max-turns", "2"], [reply(tool_use("read_file", {"path": "scores.csv"})),
+                            reply(text("So far: 88, 72, 95."))], "max_turns"),
+    (["--token-budget", "1500"], [reply(tool_use("read_file", {"path": "scores.csv"})),
+                                  reply(tool_use("read_file", {"path": "notes.md"}),
+                                        input_tokens=1500)], "token_budget"),
+    (["--budget-usd", "0.0001"], [reply(tool_use("read_file", {"path": "scores.csv"}),
+                                        input_tokens=600),
+                                  reply(tool_use("read_file", {"path": "notes.md"}),
+                                        input_tokens=600)], "cost_budget"),
+    ([], [reply(tool_use("read_file", {"path": "scores.csv"})),
+          reply(text("cut"), stop_reason="max_tokens")], "max_tokens"),
+    ([], [reply(tool_use("read_file", {"path": "scores.csv"})), reply(text(" "))], "end_turn"),
+])
+def test_a_limit_stops_the_replay_where_it_stopped_the_recording(capsys, workdir, tmp_path,
+                                                                 flags, replies, label):
+    """The recording's limits are not in it: replay_limits sets them so that the same turn
+    stops the same way, whatever this command line says."""
+    path, recorded = record(capsys, workdir, tmp_path, *replies, flags=flags)
+    assert recorded["stop"]["reason"] == label and len(recorded["turns"]) == 2
+    code, out, err, new = replay(capsys, path, workdir, tmp_path, "--max-turns", "1")
+    assert code == agent.EXIT_CODES[label] and new["stop"]["reason"] == label
+    if label in ("max_turns", "max_tokens"):  # a budget's detail names the replay's budget
+        assert new["stop"] == recorded["stop"]
+    assert new["messages"] == recorded["messages"]  # the final turn's note too, for max_turns
+    assert [t.get("in_history") for t in new["turns"]] == \
+        [t.get("in_history") for t in recorded["turns"]]  # a blank reply is kept out of both
+    assert "replay: 1 tool result, each as recorded" in err and "not replayed" not in err
+
+
+@pytest.mark.parametrize("ending, label", [
+    (KeyboardInterrupt(), "interrupted"),
+    (FakeAPIError(529, "overloaded_error", "Overloaded", {"x-should-retry": "false"}),
+     "api_error"),
+])
+def test_a_recording_that_ended_without_a_reply_ends_with_its_recorded_stop(
+        capsys, workdir, tmp_path, ending, label):
+    def end(request):
+        raise ending
+
+    path, recorded = record(capsys, workdir, tmp_path,
+                            reply(tool_use("read_file", {"path": "scores.csv"})), end)
+    assert recorded["stop"]["reason"] == label and len(recorded["turns"]) == 1
+    code, out, err, new = replay(capsys, path, workdir, tmp_path)
+    assert code == agent.EXIT_CODES[label]
+    assert new["stop"]["reason"] == label and new["stop"]["detail"] == (
+        f"{recorded['stop']['detail']} (the recorded stop: {path} has no reply after turn 1)")
+    assert f"stop: {label} ({recorded['stop']['detail']} (the recorded stop" in err
+    assert new["messages"] == recorded["messages"]
+
+
+def test_a_recording_cut_off_before_its_stop_ends_the_replay_with_an_error(capsys, workdir,
+                                                                          tmp_path):
+    path, recorded = record(capsys, workdir, tmp_path)
+    del recorded["messages"][-1], recorded["turns"][-1]  # as a kill -9 leaves it: no stop
+    recorded["stop"] = None
+    path.write_text(json.dumps(recorded))
+    code, out, err, new = replay(capsys, path, workdir, tmp_path, "--yes")
+    assert (code, out) == (1, "") and new["stop"]["reason"] == "error"
+    assert new["stop"]["detail"] == (f"the replay asks for more replies than were recorded: "
+                                     f"{path} has no reply after turn 2 (it has no stop: the "
+                                     "run that made it was cut off)")
+    assert "replay: 3 tool results, each as recorded" in err
+
+
+def test_a_replay_that_wants_more_than_was_recorded_says_so(capsys, workdir, tmp_path):
+    path, recorded = record(capsys, workdir, tmp_path)
+    del recorded["messages"][-1], recorded["turns"][-1]  # it says end_turn, yet calls a tool
+    path.write_text(json.dumps(recorded))
+    code, _, _, new = replay(capsys, path, workdir, tmp_path, "--yes")
+    assert code == 1 and new["stop"]["detail"].endswith("(it stopped with end_turn)")
+
+
+def test_a_replay_that_stops_before_the_recording_did_says_so(capsys, workdir, tmp_path):
+    path, recorded = record(capsys, workdir, tmp_path)
+    recorded["turns"][0]["stop_reason"] = "end_turn"  # edited: the first reply now ends the run
+    path.write_text(json.dumps(recorded))
+    code, _, err, new = replay(capsys, path, workdir, tmp_path, "--yes")
+    assert code == 0 and new["stop"]["reason"] == "end_turn" and len(new["turns"]) == 1
+    assert "replay: the run stopped with 2 recorded replies not replayed" in err
+
+
+# --- what it is given ---
+
+RESUMED = "resumed"
+
+
+@pytest.mark.parametrize("content, fragment", [
+    (None, "--replay {path} does not exist"),
+    ("{}", "cannot replay: {path} is an empty JSON object, not a transcript"),
+    ('{"version": 2, "kind": "trials", "trials": []}', "is a trials summary, not a transcript"),
+    ('{"type": "run.start", "seq": 1}\n{"type": "run.stop", "seq": 2}\n',
+     "--replay {path} is an event stream (--events, JSON Lines)"),
+    ("<!doctype html><title>report</title>", "--replay {path} is not a JSON document"),
+    ("directory", "--replay {path} is a directory, not a regular file"),
+    (RESUMED, "was continued with --resume and a follow-up question"),
+])
+def test_a_wrong_file_is_a_usage_error_saying_what_it_was_given(capsys, workdir, tmp_path,
+                                                                content, fragment):
+    path = tmp_path / "given.json"
+    if content == "directory":
+        path.mkdir()
+    elif content == RESUMED:
+        path, _ = record(capsys, workdir, tmp_path, reply(text("done")))
+        run_cli(capsys, ["--resume", str(path), "and more?", "--workdir", str(workdir)],
+                FakeClient(reply(text("more"))))
+    elif content is not None:
+        path.write_text(content)
+    code, out, err, new = replay(capsys, path, workdir, tmp_path)
+    assert (code, out, new) == (2, "", None)
+    assert fragment.format(path=path) in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("flags", [["q"], ["--model", "claude-opus-5-5"], ["--trials", "2"],
+                                   ["--resume", "other.json"]])
+def test_replay_takes_no_question_model_resume_or_trials(capsys, flags):
+    code, _, err = run_cli(capsys, ["--replay", "run.json", *flags], FakeClient())
+    assert code == 2 and "--replay runs the recorded question and turns again" in err
+
+
+def test_the_recorded_workdir_is_used_only_once_the_user_agrees(capsys, workdir, tmp_path):
+    path, _ = record(capsys, workdir, tmp_path)
+    for answer in ("", "n\n"):  # --yes is no consent to it
+        code, _, err = run_cli(capsys, ["--replay", str(path), "--yes"], FakeClient(),
+                               stdin=answer)
+        assert code == 2 and f"asks to go on with its own workdir {workdir}" in err
+        assert "not replayed: give --workdir DIR" in err and "turn 1" not in err
+    code, out, err = run_cli(capsys, ["--replay", str(path), "--yes"], FakeClient(), stdin="y\n")
+    assert (code, out) == (0, "The scores add up to 255.\n") and "each as recorded" in err
+
+
+def test_the_new_transcript_may_not_overwrite_the_recording(capsys, workdir, tmp_path):
+    path, _ = record(capsys, workdir, tmp_path)
+    code, _, err = run_cli(capsys, ["--replay", str(path), "--workdir", str(workdir),
+                                    "--transcript", str(path)], FakeClient())
+    assert code == 2 and "would overwrite --replay" in err
+
+
+def test_a_replay_needs_no_key_and_connects_nowhere(capsys, workdir, tmp_path):
+    """As a user runs it: no ANTHROPIC_API_KEY, and a base URL and proxies that lead to a
+    socket that listens and counts: nothing reaches it, and the SDK is never imported."""
+    path, _ = record(capsys, workdir, tmp_path)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    there = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    env = dict(agent_env(ANTHROPIC_BASE_URL=there), HTTPS_PROXY=there, HTTP_PROXY=there,
+               ALL_PROXY=there, NO_PROXY="")
+    done = run_agent_py(AGENT, "--replay", path, "--workdir", workdir, "--yes", flags=["-X",
+                        "importtime"], env=env, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0 and "each as recorded" in done.stderr, done.stderr
+    imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()
+                if line.startswith("import time:")]
+    assert "json" in imported and not [m for m in imported if m.startswith("anthropic")]
+    with pytest.raises(BlockingIOError):
+        listener.accept()
+    listener.close()
+
+
+# --- the example the README runs ---
+
+def test_the_readme_command_replays_the_shipped_example(tmp_path):
+    """python agent.py --replay workspace/example-run.json --workdir workspace, from the root
+    of the repository, as a newcomer types it (and answers y to run the script)."""
+    example = json.loads((ROOT / "workspace" / "example-run.json").read_text())
+    done = run_agent_py("agent.py", "--replay", "workspace/example-run.json", "--workdir",
+                        "workspace", cwd=ROOT, env=agent_env(), input="y\n", timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == example["answer"] + "\n"
+    assert "a scripted model (tests/make_example.py)" in done.stderr
+    assert "--- run it? [y/N]" in done.stderr
+    assert "replay: 3 tool results, each as recorded" in done.stderr
+
+
+def test_the_shipped_example_is_what_its_script_makes_now(tmp_path):
+    """So it cannot rot: a change to agent.py that changes the example's run shows here, and
+    python tests/make_example.py brings it up to date."""
+    shipped = json.loads((ROOT / "workspace" / "example-run.json").read_text())
+    made = make_example.make(tmp_path / "example.json")
+    assert make_example.stable(made) == make_example.stable(shipped)
+    assert shipped["produced_by"] == {"kind": "scripted", "script": "tests/make_example.py",
+                                      "note": make_example.PRODUCED_BY["note"]}
+    assert shipped["workdir"] == "workspace" and str(ROOT) not in json.dumps(shipped)
+    assert os.path.getsize(tmp_path / "example.json") > 0
