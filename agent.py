@@ -105,7 +105,7 @@ class Limits:
     max_tokens: int = 16_000  # output cap per response; doubled once for a cut tool call
     max_attempts: int = 5  # HTTP requests per turn, retries included
     request_timeout: float = 180.0  # seconds a streamed reply may go without an event, pings aside
-    clear_at: int | None = 80_000  # prompt tokens that trigger clearing old tool results; None: never
+    clear_at: int | None = 80_000  # prompt tokens that trigger clearing old results; None: never
     keep_results: int = 3  # the newest tool results, never cleared
     clear_at_least: int = 10_000  # tokens a clearing must free, or it waits: it breaks the cache
     context_edit: str = "client"  # who clears: agent.py ("client") or the API ("server", beta)
@@ -285,8 +285,8 @@ def check_stop(message, content, turn, last_turn, used, limits, cut=None):
         ignored = (f"; the server ignored tool_choice none, and its "
                    f"{plural(calls, 'tool call')} {'was' if calls == 1 else 'were'} not run"
                    if calls else "")
-        return Stop("max_turns", f"reached the limit of {plural(limits.max_turns, 'turn')}; the last one "
-                                 f"ran with tools off{ignored}")
+        return Stop("max_turns", f"reached the limit of {plural(limits.max_turns, 'turn')}; "
+                                 f"the last one ran with tools off{ignored}")
     if reason in ("end_turn", "stop_sequence"):
         return Stop(reason, "the model finished")
     if reason == "max_tokens":
@@ -360,9 +360,12 @@ TOOLS = [
         "input_schema": {
             "type": "object",
             "properties": {
-                "path": {"type": "string", "description": "Path relative to the working directory."},
-                "offset": {"type": "integer", "minimum": 1, "description": "First line to return (1-based)."},
-                "limit": {"type": "integer", "minimum": 1, "description": "Number of lines to return."},
+                "path": {"type": "string",
+                         "description": "Path relative to the working directory."},
+                "offset": {"type": "integer", "minimum": 1,
+                           "description": "First line to return (1-based)."},
+                "limit": {"type": "integer", "minimum": 1,
+                          "description": "Number of lines to return."},
             },
             "required": ["path"],
         },
@@ -505,7 +508,8 @@ def call_tool(block, ctx):
     except Interrupted:
         raise
     except Exception as e:  # a bug in a tool must not end the loop
-        result["content"], result["is_error"] = f"internal tool error: {type(e).__name__}: {e}", True
+        result["content"] = f"internal tool error: {type(e).__name__}: {e}"
+        result["is_error"] = True
         facts["exit_code"] = None
     result["content"] = redact(result["content"])  # whatever route a secret took to get here
     return result, facts
