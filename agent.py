@@ -45,6 +45,7 @@ import resource
 import select
 import selectors
 import signal
+import site
 import socket
 import stat
 import statistics
@@ -459,7 +460,7 @@ def make_approver(yes, no_sandbox, sandbox, stdin):
 def agreed(question, stdin):
     """Ask on stderr; True only for y or yes. No answer (stdin closed) is a no."""
     with Reporter.lock:
-        sys.stderr.write(question if question.endswith("] ") else question + " [y/N] ")
+        sys.stderr.write(visible(question if question.endswith("] ") else question + " [y/N] "))
         sys.stderr.flush()
         answer = stdin.readline()
         if not answer.endswith("\n"):  # no one answered: end the line
@@ -2874,8 +2875,9 @@ def visible(text):
 # What the approval question shows as it is, besides printable ASCII: Chinese, Japanese and Korean
 # text and the punctuation it is written with, so that a question in Chinese stays readable. Not
 # the kana drawn like a Han character or like each other (エ 工, カ 力, タ 夕, ト 卜, ニ 二, ハ 八,
-# ロ 口, ー 一, ヘ へ), nor the compatibility ideographs that copy unified ones.
-READABLE = re.compile("[\u3001-\u3003\u3008-\u3011\u3014-\u301b\u3041-\u3096\u30a1-\u30fa"
+# ロ 口, ー 一, ヘ へ), nor the compatibility ideographs that copy unified ones, nor the brackets
+# drawn like the question's own escape brackets ⟦ ⟧ (〘 〙 〚 〛).
+READABLE = re.compile("[\u3001-\u3003\u3008-\u3011\u3014-\u3017\u3041-\u3096\u30a1-\u30fa"
                       "\u30fd\u30fe\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7a3\uff01\uff08\uff09"
                       "\uff0c\uff1a\uff1b\uff1f\U00020000-\U0003134f]")
 LOOKALIKE_KANA = set("エカタトニハロヘベペ")
@@ -3527,7 +3529,6 @@ def rights(table, abi, names=None):
 
 def python_paths():
     """The running interpreter's own files: stdlib and site-packages dirs, binary, libraries."""
-    import site
     import sysconfig
     dirs = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
     dirs.update(site.getsitepackages())
@@ -4302,6 +4303,8 @@ def check_workdir(workdir, where):
                ("the environment agent.py runs in", sys.prefix),
                ("the Python it is built on", sys.base_prefix)]
     harness += [("a directory agent.py imports from", p) for p in sys.path if p]
+    harness += [("Python's user base, whose site-packages .pth files run at every Python start "
+                 "(unsandboxed: one could redirect the next run's key)", site.getuserbase())]
     for what, path in harness:
         real = Path(os.path.realpath(path))
         if real.is_relative_to(workdir):

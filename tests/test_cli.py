@@ -130,6 +130,19 @@ def test_a_workdir_holding_the_harness_is_refused(capsys, where):
     assert (code, client.requests) == (2, []) and "holds" in err and "--workdir" in err
 
 
+def test_a_workdir_holding_pythons_user_site_is_refused(capsys, tmp_path, monkeypatch):
+    """A script writing ~/.local/lib/python3.X/site-packages/x.pth would run, unsandboxed, in
+    every later Python: it could set ANTHROPIC_BASE_URL for the next run of agent.py."""
+    import site
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setattr(site, "USER_BASE", str(home / ".local"))  # not made yet: not on sys.path
+    client = FakeClient(reply(tool_use("run_python", {"code": "print(1)"})), reply(text("ok")))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(home), "--yes"], client)
+    assert (code, client.requests) == (2, [])
+    assert "Python's user base" in err and ".pth" in err and str(home / ".local") in err
+
+
 # --- .env and config ---
 
 @pytest.fixture

@@ -357,6 +357,18 @@ def test_two_programs_that_differ_never_look_the_same_at_the_question(a, b):
     assert agent.approval_question(a, 24, 80) != agent.approval_question(b, 24, 80)
 
 
+def test_nothing_shown_as_it_is_can_pass_for_the_escape_brackets():
+    """〚〛 (and 〘〙) are drawn like ⟦⟧: a real Cyrillic а where the harm is, and a fake
+    〚U+0430〛 where it is not, would read the same as the other way round."""
+    a = "open('/d\u0430ta').write(''); s = '\u301aU+0430\u301b'"
+    b = "open('/d\u301aU+0430\u301bta').write(''); s = '\u0430'"
+    drawn = str.maketrans("\u301a\u301b\u3018\u3019", "\u27e6\u27e7\u27e6\u27e7")
+    assert agent.approval_question(a, 24, 80).translate(drawn) != \
+        agent.approval_question(b, 24, 80).translate(drawn)
+    for ch in "\u301a\u301b\u3018\u3019":
+        assert f"\u27e6U+{ord(ch):04X}\u27e7" in agent.approval_question(f"s = '{ch}'", 24, 80)
+
+
 def test_the_question_is_one_to_one_over_a_hostile_alphabet():
     """No two of 20,000 random programs over look-alikes, invisibles and controls render alike."""
     alphabet = "ao0O1l \t\n'\"\\\u0430\u043e\u03bf\u200b\u2060\ufe0f\xad\u3000\xa0\u202e" \

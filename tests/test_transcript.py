@@ -589,6 +589,24 @@ def test_a_transcript_cannot_choose_where_the_run_works(capsys, workdir, tmp_pat
     assert (home / ".bashrc").read_text() == "# the user's\n"
 
 
+def test_the_consent_question_cannot_be_redrawn_by_the_transcript(capsys, workdir, tmp_path):
+    """A forged model name (or workdir name) holding ESC[2K and a carriage return would erase
+    the line naming what the user is asked about, and draw a harmless one in its place."""
+    home = tmp_path / "home\x1b[1A\x1b[2K\rnothing to see"
+    home.mkdir()
+    path = forged_in(capsys, workdir, tmp_path, home)
+    forged = json.loads(path.read_text())
+    forged["model"] = "claude\x1b[2K\r\x9b2Kharmless\u202e"
+    path.write_text(json.dumps(forged))
+    for argv in (["--resume", str(path), "go on"], ["--replay", str(path)]):
+        client = FakeClient()
+        code, _, err = run_cli(capsys, argv, client, stdin="")
+        assert (code, client.requests) == (2, [])
+        question = err[:err.index("[y/N]")]
+        assert not set(question) & set("\x1b\r\x9b\u202e"), repr(question)
+        assert "\\x1b[1A\\x1b[2K\\x0dnothing to see" in question
+
+
 def test_the_transcripts_workdir_is_used_once_the_user_agrees(capsys, workdir, tmp_path, home):
     path = forged_in(capsys, workdir, tmp_path, home)
     client = FakeClient(reply(tool_use("read_file", {"path": ".bashrc"})), reply(text("ok")))
