@@ -620,8 +620,10 @@ def on_stop_signal(signum, frame):
 # --- API plumbing and retries ---
 
 def number(value):
-    """A token count as a server sent it, or 0 when it sent something else."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+    """A token count as a server sent it, or 0 when it sent something else (not a count, or
+    past 2**53, which no count reaches and a float could not hold)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) \
+        and 0 <= value <= 1 << 53 else 0
 
 
 def fields(value):
@@ -1139,10 +1141,14 @@ def count_tokens(client, model, question):
     """What one request's fixed part costs in input tokens, part by part: three calls to the
     API's count_tokens endpoint (free; nothing is generated), each adding one part."""
     def counted(**parts):
-        return client.messages.count_tokens(
+        value = getattr(client.messages.count_tokens(
             model=model, messages=[{"role": "user", "content": [{"type": "text",
                                                                "text": question}]}],
-            **parts).input_tokens
+            **parts), "input_tokens", None)
+        if number(value) != value or value is True:
+            raise ValueError(f"the server's count_tokens reply held no token count "
+                             f"(input_tokens: {shorten(repr(value), 40)})")
+        return value
 
     bare, with_system, everything = counted(), counted(system=SYSTEM_PROMPT), \
         counted(system=SYSTEM_PROMPT, tools=TOOLS)
@@ -1625,8 +1631,14 @@ def transcript_problem(session):
             return f"{key} is missing or not a {kind.__name__}"
     if session.get("effort") not in (None, *EFFORTS):
         return "effort is not one of " + ", ".join(EFFORTS)
-    if not isinstance(session.get("stop"), (dict, type(None))):
-        return "stop is not an object"
+    stop = session.get("stop")
+    if stop is not None and (not isinstance(stop, dict) or not isinstance(stop.get("reason"), str)
+                             or stop["reason"] not in EXIT_CODES
+                             or not isinstance(stop.get("detail"), str)):
+        return "stop is not an object with a stop label and its detail"
+    cleared = session.get("cleared", [])
+    if not isinstance(cleared, list) or not all(isinstance(c, str) for c in cleared):
+        return "cleared is not a list of tool call ids"
     if not session["messages"]:
         return "it has no messages"
     asked = set()
@@ -1651,15 +1663,23 @@ def transcript_problem(session):
                 or any(not isinstance(usage.get(k), int) for k in COUNTS + ("tokens",)) \
                 or not isinstance(usage.get("cost_usd"), (int, float, type(None))):
             return f"turns[{i}] is not a turn record with its usage"
+        calls = t.get("tool_calls", [])
+        if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(
+                c.get("id"), str) for c in calls):
+            return f"turns[{i}].tool_calls is not a list of tool calls with their ids"
+        if not isinstance(t.get("prompt_tokens", 0), (int, type(None))):
+            return f"turns[{i}].prompt_tokens is not a count"
     return None
 
 
-MAX_DOCUMENT = 1 << 28  # bytes of a JSON document agent.py reads (a 1,000-turn transcript: ~5 MB)
+MAX_DOCUMENT = 1 << 26  # bytes of a JSON document agent.py reads (a 1,000-turn transcript: ~5 MB)
+MAX_CONTAINERS = 2_000_000  # its objects and lists: 64 MiB of {} would take ~7 GB to parse
 
 
 def read_document(path, flag):
     """The JSON document at `path`, read only from a regular file, so that nothing at the path
-    can make agent.py block or run out of memory; else a UsageError saying what is there."""
+    can make agent.py block or run out of memory or recursion; else a UsageError saying what is
+    there."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -1676,18 +1696,51 @@ def read_document(path, flag):
     if len(data) > MAX_DOCUMENT:
         raise UsageError(f"{flag} {path} is over {MAX_DOCUMENT >> 20} MiB: not a document "
                          "agent.py wrote")
+    if data.count(b"{") + data.count(b"[") > MAX_CONTAINERS:
+        raise UsageError(f"{flag} {path} holds over {MAX_CONTAINERS:,} objects and lists: not "
+                         "a document agent.py wrote")
     try:
-        return json.loads(data.decode("utf-8"))
+        return json.loads(data.decode("utf-8"), parse_int=bounded_int,
+                          parse_float=bounded_float, parse_constant=no_constant)
+    except RecursionError:
+        raise UsageError(f"{flag} {path} is nested too deeply: not a document agent.py wrote")
+    except Unbounded as e:
+        raise UsageError(f"{flag} {path} holds a number too large ({e}): not a document "
+                         "agent.py wrote")
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         first = data.split(b"\n", 1)[0]
         try:
             lines = json.loads(first.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
             lines = None
         if isinstance(lines, dict) and "seq" in lines and "type" in lines:
             raise UsageError(f"{flag} {path} is an event stream (--events, JSON Lines), not a "
                              "transcript or a trials summary")
         raise UsageError(f"{flag} {path} is not a JSON document ({e})")
+
+
+class Unbounded(Exception):
+    """A number in a document that no count, cost or time agent.py writes could be."""
+
+
+def bounded_int(text):
+    """An integer of a document: at most 2**53 (what JSON promises to carry exactly)."""
+    if len(text) > 17 or abs(int(text)) > 1 << 53:
+        raise Unbounded(f"{shorten(text, 24)}, {len(text)} digits")
+    return int(text)
+
+
+def bounded_float(text):
+    """A float of a document: finite."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise Unbounded(shorten(text, 24))
+    return value
+
+
+def no_constant(name):
+    """NaN and Infinity: not JSON, and never in what agent.py writes."""
+    raise json.JSONDecodeError(f"{name} is not JSON", name, 0)
 
 
 def document_kind(document):
@@ -4445,8 +4498,13 @@ def main(argv=None, client=None, stdin=None):
             if args.question is None:
                 report.line(f"no question given: counting the example {EXAMPLE_QUESTION!r}",
                             always=True)
-            print(count_tokens(client or make_client(config, Limits()), model,
-                               args.question or EXAMPLE_QUESTION))
+            client = client or make_client(config, Limits())
+            try:
+                print(count_tokens(client, model, args.question or EXAMPLE_QUESTION))
+            except Exception as e:  # the server's answer, or its refusal: one line
+                stop = stop_for(e)
+                report.error(f"agent.py: --count-tokens: {stop.reason}: {stop.detail}")
+                return stop.exit_code
             return 0
         report.quiet = args.quiet
         session, unanswered = prepare_resume(load_transcript(args.resume), args.question) \

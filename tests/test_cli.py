@@ -7,11 +7,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 import agent
-from fakes import FakeClient, alive, reply, text, tool_use
+from fakes import FakeAPIError, FakeClient, alive, reply, text, tool_use
 from helpers import AGENT, DOTENV_PATH, Silent, agent_env, run_agent_py, run_cli, serve
 
 
@@ -91,6 +92,25 @@ def test_count_tokens_without_a_question_says_what_it_counted(capsys):
     assert client.counted[0]["messages"][0]["content"][0]["text"] == agent.EXAMPLE_QUESTION
     code, out, err = run_cli(capsys, ["--count-tokens", "q"], client)
     assert code == 0 and "for 'q'" in out and "example" not in err
+
+
+@pytest.mark.parametrize("answer", [{"input_tokens": "\x1b[2J5"}, {}, {"input_tokens": None},
+                                    {"input_tokens": 1e308}, {"input_tokens": True},
+                                    FakeAPIError(401, "authentication_error", "invalid x-api-key")])
+def test_count_tokens_says_in_one_line_when_the_server_gives_no_count(capsys, monkeypatch,
+                                                                     answer):
+    client = FakeClient()
+
+    def count_tokens(**request):
+        if isinstance(answer, Exception):
+            raise answer
+        return SimpleNamespace(**answer)
+    monkeypatch.setattr(client, "count_tokens", count_tokens)
+    code, out, err = run_cli(capsys, ["--count-tokens", "q"], client)
+    assert (code, out) == (1, "") and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("agent.py: --count-tokens: ") and "internal error" not in err
+    assert "\x1b" not in err
+    assert ("api_error" if isinstance(answer, Exception) else "no token count") in err
 
 
 def test_quiet_silences_the_sandbox_line_too(capsys, workdir):

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -492,6 +493,39 @@ def test_resume_of_a_bad_file_says_what_it_was_given(capsys, tmp_path, content, 
     assert len(err.strip().splitlines()) == 1
 
 
+HOSTILE_DOCUMENTS = {
+    "nested 200,000 deep": ("[" * 200_000 + "]" * 200_000, "nested too deeply"),
+    "a 5,000-digit number": ('{"version": 1, "n": ' + "9" * 5000 + "}", "a number too large"),
+    "a 400-digit token count": (None, "a number too large"),
+    "an infinite cost": ('{"version": 1, "cost_usd": 1e400}', "a number too large"),
+    "NaN": ('{"version": 1, "cost_usd": NaN}', "not a JSON document"),
+    "2.5 million empty objects": ("[" + "{}," * 2_500_000 + "{}]", "objects and lists"),
+}
+
+
+@pytest.mark.parametrize("flag", ["--resume", "--replay", "--report", "--export"])
+@pytest.mark.parametrize("name", HOSTILE_DOCUMENTS)
+def test_a_hostile_document_is_a_usage_error_in_every_mode(capsys, workdir, tmp_path, flag, name):
+    """Deep nesting, huge numbers and millions of tiny objects: each would end agent.py with a
+    RecursionError, a ValueError or an OverflowError, or take gigabytes to parse."""
+    content, fragment = HOSTILE_DOCUMENTS[name]
+    path = tmp_path / "doc.json"
+    if content is None:  # a transcript agent.py wrote, with one count made absurd
+        run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
+                FakeClient(reply(text("done"))))
+        content = re.sub(r'"input_tokens": ?100', '"input_tokens": ' + "9" * 400,
+                         path.read_text())
+        assert "9" * 400 in content
+    path.write_text(content)
+    argv = {"--resume": ["--resume", str(path), "more"], "--replay": ["--replay", str(path)],
+            "--report": ["--report", str(path)], "--export": ["--export", "atif", str(path)]}
+    client = FakeClient()
+    code, out, err = run_cli(capsys, argv[flag] + ["--workdir", str(workdir)] * (
+        flag in ("--resume", "--replay")), client)
+    assert (code, out, client.requests) == (2, "", []), err
+    assert fragment in err and "internal error" not in err and len(err.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("kind", ["fifo", "directory", "device", "huge"])
 def test_resume_reads_only_a_regular_file_and_nothing_there_makes_it_block(tmp_path, kind,
                                                                          agent_copy):
@@ -510,7 +544,7 @@ def test_resume_reads_only_a_regular_file_and_nothing_there_makes_it_block(tmp_p
     done = run_agent_py(agent_copy, "--resume", path, "more", env=agent_env(), timeout=20,
                         stdin=subprocess.DEVNULL)
     what = {"fifo": "is a FIFO", "directory": "is a directory", "device": "character device",
-            "huge": "is over 256 MiB"}[kind]
+            "huge": f"is over {agent.MAX_DOCUMENT >> 20} MiB"}[kind]
     assert done.returncode == 2 and what in done.stderr, done.stderr
 
 
@@ -680,6 +714,13 @@ FORGERIES = {
     "turn usage missing": lambda s: s["turns"][0].pop("usage"),
     "turn number a string": lambda s: s["turns"][0].update(turn="1"),
     "usage count a float": lambda s: s["turns"][0]["usage"].update(input_tokens=1.5),
+    "stop without a label": lambda s: s.update(stop={"detail": "x"}),
+    "stop label a list": lambda s: s.update(stop={"reason": ["end_turn"], "detail": "x"}),
+    "stop label unknown": lambda s: s.update(stop={"reason": "done", "detail": "x"}),
+    "cleared a number": lambda s: s.update(cleared=5),
+    "cleared holds a list": lambda s: s.update(cleared=[[1]]),
+    "tool call id an object": lambda s: s["turns"][0]["tool_calls"][0].update(id={}),
+    "prompt tokens a string": lambda s: s["turns"][-1].update(prompt_tokens="9"),
 }
 
 
@@ -689,7 +730,10 @@ def test_a_forged_transcript_is_a_usage_error_with_nothing_sent(capsys, workdir,
     path, saved = finished_transcript(capsys, workdir, tmp_path)
     FORGERIES[forgery](saved)
     path.write_text(json.dumps(saved))
-    client = FakeClient()
-    code, _, err = run_cli(capsys, ["--resume", str(path), "more"], client)
-    assert (code, client.requests) == (2, []) and "cannot resume" in err
-    assert len(err.strip().splitlines()) == 1
+    for argv, says in ((["--resume", str(path), "more"], "cannot resume"),
+                       (["--replay", str(path), "--workdir", str(workdir)], "cannot replay"),
+                       (["--export", "atif", str(path), "-o", "-"], "cannot export")):
+        client = FakeClient()
+        code, out, err = run_cli(capsys, argv, client)
+        assert (code, out, client.requests) == (2, "", []) and says in err, err
+        assert len(err.strip().splitlines()) == 1
