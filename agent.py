@@ -1563,7 +1563,7 @@ class Events:
 
     def __init__(self, stream, run_id, owned=False):
         self.stream, self.run_id, self.seq, self.lock = stream, run_id, 0, threading.Lock()
-        self.owned = owned  # a file of its own to close, not stdout
+        self.owned = owned  # a file of its own to close, not stdout (which may be a terminal)
         self.lost, self.told = None, False  # why no more events are written; said on stderr
 
     @classmethod
@@ -1581,7 +1581,7 @@ class Events:
             event = {"type": kind, "seq": self.seq, "at": now(), "run_id": self.run_id}
             event.update({"trial": trial} if trial else {}, **data)
             try:
-                self.stream.write(dump(event))
+                self.stream.write(dump(event) if self.owned else for_terminal(dump(event)))
                 self.stream.flush()
             except (OSError, ValueError) as e:
                 self.stream = None
@@ -2429,7 +2429,7 @@ def write_report(path, output=None):
     data = text.encode("utf-8", "backslashreplace")
     if output == "-":
         sys.stdout.flush()
-        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.write(for_terminal(data, html=True))
         sys.stdout.flush()
         return []
     target = OutputFile(output or Path(path).with_suffix(".html"), None, "-o", stream=True)
@@ -2923,6 +2923,19 @@ def visible(text):
     return INVISIBLE.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100
                          else f"\\u{ord(m[0]):04x}" if ord(m[0]) < 0x10000
                          else f"\\U{ord(m[0]):08x}", text)
+
+
+def for_terminal(data, html=False):
+    """JSON (or HTML) bytes bound for stdout: when stdout is a terminal, each character
+    `visible` would escape is written as the escape that means the same there, \\uXXXX (or
+    &#xXXXX;), so a transcript or report shown raw cannot reorder or drive the terminal. In a
+    pipe or a file, the bytes are left as they are."""
+    if not sys.stdout.isatty():
+        return data
+    text = data.decode("utf-8", "surrogateescape")
+    escape = (lambda m: f"&#x{ord(m[0]):x};") if html else \
+        (lambda m: json.dumps(m[0])[1:-1])  # only inside JSON strings can such a character be
+    return INVISIBLE.sub(escape, text).encode("utf-8", "surrogateescape")
 
 
 # What the approval question shows as it is, besides printable ASCII: Chinese, Japanese and Korean
@@ -4659,7 +4672,7 @@ def failed(report, stop):
 def print_document(document):
     """A transcript or summary on stdout (--transcript -), after whatever was printed there."""
     sys.stdout.flush()
-    sys.stdout.buffer.write(dump(document))
+    sys.stdout.buffer.write(for_terminal(dump(document)))
     sys.stdout.flush()
 
 

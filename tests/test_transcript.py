@@ -6,6 +6,7 @@ import re
 import signal
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -684,6 +685,50 @@ def finished_transcript(capsys, workdir, tmp_path):
             FakeClient(reply(tool_use("read_file", {"path": "notes.md"}, id="toolu_R")),
                    reply(text("done"))))
     return path, json.loads(path.read_text())
+
+
+RLO_CSI = "\u202e\u009b2J"  # right-to-left override; the 8-bit CSI: ESC [ on some terminals
+
+
+def on_a_terminal(agent_copy, *args, cwd):
+    """agent.py's stdout as a terminal shows it: (exit code, what was written there)."""
+    import pty
+    master, slave = pty.openpty()
+    done = subprocess.run([sys.executable, str(agent_copy), *map(str, args)], stdout=slave,
+                          stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=cwd,
+                          env=agent_env(), timeout=60)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the terminal's other side is closed and drained
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    return done.returncode, out.decode("utf-8")
+
+
+def test_json_and_html_on_a_terminal_carry_no_raw_bidi_or_c1(capsys, workdir, tmp_path,
+                                                             agent_copy):
+    """What the model wrote (an answer with U+202E and U+009B) reaches a terminal escaped in
+    --transcript -, --events -, --export -o - and --report -o -; through a pipe, as it is."""
+    path = tmp_path / "run.json"
+    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
+            FakeClient(reply(text(f"evil{RLO_CSI}answer"))))
+    for args in (["--export", "atif", path, "-o", "-"], ["--report", path, "-o", "-"],
+                 ["--replay", path, "--workdir", workdir, "--transcript", "-"],
+                 ["--replay", path, "--workdir", workdir, "--events", "-"]):
+        code, shown = on_a_terminal(agent_copy, *args, cwd=tmp_path)
+        assert code == 0 and "evil" in shown
+        assert not set(shown) & {"\u202e", "\u009b"}, (args, shown[shown.index("evil") - 20:][:80])
+        piped = run_agent_py(agent_copy, *args, cwd=tmp_path, env=agent_env(), timeout=60)
+        assert piped.returncode == 0 and f"evil{RLO_CSI}answer" in piped.stdout  # unchanged
+        if args[0] != "--report":
+            line = shown.strip().splitlines()[-1] if "--events" in args else shown
+            assert "\\u202e" in json.dumps(json.loads(line)) or "\\u202e" in shown
 
 
 def test_resume_takes_system_and_tools_from_agent_py_and_says_where(capsys, workdir, tmp_path):
