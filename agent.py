@@ -2428,9 +2428,7 @@ def write_report(path, output=None):
     text = trials_report(document) if kind == "a trials summary" else run_report(document)
     data = text.encode("utf-8", "backslashreplace")
     if output == "-":
-        sys.stdout.flush()
-        sys.stdout.buffer.write(for_terminal(data, html=True))
-        sys.stdout.flush()
+        to_stdout(for_terminal(data, html=True))
         return []
     target = OutputFile(output or Path(path).with_suffix(".html"), None, "-o", stream=True)
     check_distinct([("-o", target)], [("--report", path)])
@@ -4491,7 +4489,7 @@ def main(argv=None, client=None, stdin=None):
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
         if args.schema:
-            print(json.dumps(SCHEMAS[args.schema], indent=2))
+            to_stdout(json.dumps(SCHEMAS[args.schema], indent=2))
             return 0
         if args.report:
             for written in write_report(args.report, args.output):
@@ -4513,7 +4511,7 @@ def main(argv=None, client=None, stdin=None):
                             always=True)
             client = client or make_client(config, Limits())
             try:
-                print(count_tokens(client, model, args.question or EXAMPLE_QUESTION))
+                to_stdout(count_tokens(client, model, args.question or EXAMPLE_QUESTION))
             except Exception as e:  # the server's answer, or its refusal: one line
                 stop = stop_for(e)
                 report.error(f"agent.py: --count-tokens: {stop.reason}: {stop.detail}")
@@ -4647,7 +4645,7 @@ def main(argv=None, client=None, stdin=None):
         if args.transcript == "-":
             print_document(session)
         elif session["answer"] and args.events != "-" and not shown_on_terminal(report):
-            print(visible(session["answer"]) if sys.stdout.isatty() else session["answer"])
+            to_stdout(visible(session["answer"]) if sys.stdout.isatty() else session["answer"])
         run_stop_event(report, stop, session, started)
         save.events_lost(session, events)  # the transcript says so, if they were
         return stop.exit_code
@@ -4671,9 +4669,21 @@ def failed(report, stop):
 
 def print_document(document):
     """A transcript or summary on stdout (--transcript -), after whatever was printed there."""
-    sys.stdout.flush()
-    sys.stdout.buffer.write(for_terminal(dump(document)))
-    sys.stdout.flush()
+    to_stdout(for_terminal(dump(document)))
+
+
+def to_stdout(data):
+    """Bytes or a line of text on stdout. A reader that goes away (`| head`) ends the output,
+    not the run: what is left goes nowhere, and the run ends as it would have."""
+    try:
+        sys.stdout.flush()
+        if isinstance(data, str):
+            sys.stdout.write(data + "\n")
+        else:
+            sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 # The ~20 collections the imports and definitions above would trigger found almost nothing

@@ -354,6 +354,29 @@ def test_run_stop_is_last_after_an_internal_error(capsys, workdir, tmp_path, mon
     assert code == 1 and events[-1]["stop"] == "error" and "ZeroDivisionError" in err
 
 
+@pytest.mark.parametrize("args", [["--replay", "RUN", "--workdir", "WORK", "--events",
+                                    "EVENTS", "--quiet"], ["--schema", "transcript"]])
+def test_a_reader_that_goes_away_ends_the_output_not_the_run(capsys, workdir, tmp_path,
+                                                            agent_copy, args):
+    """`agent.py ... | head -c 5`: the answer cannot all be printed, and the run still ended as
+    it did: its exit code, its transcript and its events agree, and stderr blames no bug."""
+    recording = tmp_path / "rec.json"
+    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(recording)],
+            FakeClient(reply(text("the answer " * 20_000))))
+    events = tmp_path / "e.jsonl"
+    args = [{"RUN": recording, "WORK": workdir, "EVENTS": events}.get(a, a) for a in args]
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first byte
+    done = subprocess.run([sys.executable, str(agent_copy), *map(str, args)], stdout=write,
+                          stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                          env=agent_env(), cwd=tmp_path, timeout=60)
+    os.close(write)
+    assert done.returncode == 0 and "internal error" not in done.stderr, done.stderr[-300:]
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+    if "--events" in args:
+        assert events_of(events)[-1]["stop"] == "end_turn"
+
+
 def test_events_on_stdout_are_all_stdout_carries(capsys, workdir):
     client = FakeClient(reply(tool_use("read_file", {"path": "notes.md"})), reply(text("42")))
     code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--events", "-"], client)
