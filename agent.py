@@ -2648,8 +2648,9 @@ def iso_time(value):
 # Message content and tool arguments and results are recorded only when the user opts in with
 # OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT, as the conventions ask.
 
-OTEL_INSTALL = ("--otel needs the OpenTelemetry SDK and its OTLP exporter: .venv/bin/pip install "
-                "opentelemetry-sdk opentelemetry-exporter-otlp-proto-http")
+OTEL_INSTALL = ("--otel needs the OpenTelemetry SDK and its OTLP exporter, which {python} "
+                "cannot import: {python} -m pip install opentelemetry-sdk "
+                "opentelemetry-exporter-otlp-proto-http")
 OTEL_GRACE = 3.0  # seconds the end of a run may wait for the last spans to reach the collector
 
 
@@ -2662,6 +2663,7 @@ class Telemetry:
         self.trace, self.provider, self.exporter, self.content = trace, provider, exporter, content
         self.tracer = provider.get_tracer("agent.py", AGENT_VERSION)
         self.lock, self.runs, self.failed = threading.Lock(), {}, None
+        self.started = count(1)  # next() is the number of spans started so far, plus one
 
     @classmethod
     def start(cls, report):
@@ -2680,10 +2682,11 @@ class Telemetry:
                 raise UsageError(f"--otel: OTEL_EXPORTER_OTLP_PROTOCOL {protocol!r} is not one "
                                  "the Python exporters speak: use http/protobuf or grpc")
         except ImportError:
-            raise UsageError(OTEL_INSTALL + (" opentelemetry-exporter-otlp-proto-grpc"
-                                             if protocol == "grpc" else ""))
-        logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)  # failures: one line, ours
+            raise UsageError(OTEL_INSTALL.format(python=sys.executable) + (
+                " opentelemetry-exporter-otlp-proto-grpc" if protocol == "grpc" else ""))
         exporter = Counted(OTLPSpanExporter())
+        heard = logging.getLogger("opentelemetry")  # its failures: one line of ours, at the end
+        heard.handlers, heard.propagate = [exporter], False
         resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME")
                                     or "agent.py", "service.version": AGENT_VERSION})
         provider = TracerProvider(resource=resource, shutdown_on_exit=False)
@@ -2695,9 +2698,11 @@ class Telemetry:
         content = capture.strip().upper() in ("TRUE", "SPAN_ONLY", "SPAN_AND_EVENT")
         report.line(f"otel: traces to {where} ({protocol}); message content "
                     f"{'recorded' if content else 'not recorded'}")
+        exporter.where = where
         return cls(provider, exporter, content)
 
     def span(self, name, kind, parent, attributes):
+        next(self.started)
         context = self.trace.set_span_in_context(parent) if parent else None
         return self.tracer.start_span(name, context=context, attributes=attributes,
                                       kind=getattr(self.trace.SpanKind, kind))
@@ -2824,28 +2829,37 @@ class Telemetry:
         ending.join(OTEL_GRACE)
         if ending.is_alive():  # the collector is slow or away: stop its retries, go on
             self.exporter.shutdown()
-        lost = self.exporter.failed + (len(self.runs) if ending.is_alive() else 0)
-        if self.failed or lost or ending.is_alive():
-            why = self.failed or self.exporter.why or "the collector did not answer in time"
-            report.error(f"agent.py: --otel: {plural(lost, 'span')} or more did not reach the "
-                         f"collector ({why})")
+        started = next(self.started) - 1
+        lost = started - self.exporter.sent
+        if self.failed or lost:
+            why = self.failed or self.exporter.why or (
+                f"no answer within {OTEL_GRACE:g} s" if ending.is_alive()
+                else "the collector refused them")
+            report.error(f"agent.py: --otel: {lost} of {plural(started, 'span')} did not reach "
+                         f"the collector at {self.exporter.where} ({why})")
 
 
-class Counted:
-    """The OTLP exporter, counting the spans it could not send and why."""
+class Counted(logging.Handler):
+    """The OTLP exporter, counting the spans it sent; and the handler of its log, keeping the
+    last failure it reported (a refused connection, a status) to say why spans were lost."""
 
     def __init__(self, exporter):
-        self.inner, self.failed, self.why = exporter, 0, None
+        super().__init__(logging.WARNING)
+        self.inner, self.sent, self.why, self.where = exporter, 0, None, None
 
     def export(self, spans):
         try:
             result = self.inner.export(spans)
         except Exception as e:
             result, self.why = None, f"{type(e).__name__}: {e}"
-        if getattr(result, "name", "") != "SUCCESS":
-            self.failed += len(spans)
-            self.why = self.why or "the collector refused them or could not be reached"
+        if getattr(result, "name", "") == "SUCCESS":
+            self.sent += len(spans)
         return result
+
+    def emit(self, record):
+        message = record.getMessage()
+        errno_said = re.search(r"\[Errno -?\d+\] [^'\")]+", message)
+        self.why = errno_said[0] if errno_said else shorten(message, 160)
 
     def shutdown(self):
         self.inner.shutdown()

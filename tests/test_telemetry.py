@@ -1,6 +1,7 @@
 """Telemetry (--otel): the run as OpenTelemetry GenAI spans, in memory and over OTLP/HTTP."""
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -29,8 +30,10 @@ def spans(monkeypatch):
         telemetry = real_start(report)  # what the environment says (content or not), then
         memories.append(InMemorySpanExporter())  # spans kept in memory instead of sent (one
         provider = TracerProvider()  # exporter a run: the end of a run shuts its own down)
-        provider.add_span_processor(SimpleSpanProcessor(memories[-1]))
-        return agent.Telemetry(provider, agent.Counted(memories[-1]), telemetry.content)
+        counted = agent.Counted(memories[-1])
+        counted.where = "memory"
+        provider.add_span_processor(SimpleSpanProcessor(counted))
+        return agent.Telemetry(provider, counted, telemetry.content)
 
     monkeypatch.setattr(agent.Telemetry, "start", staticmethod(start))
     return lambda: [span for memory in memories for span in memory.get_finished_spans()]
@@ -181,6 +184,10 @@ def test_an_unreachable_collector_costs_a_bounded_delay_and_one_line(request, wo
     assert with_otel - alone < agent.OTEL_GRACE + 3, (alone, with_otel)
     said = [line for line in done.stderr.splitlines() if "--otel" in line]
     assert len(said) == 1 and said[0].startswith("agent.py: --otel:"), done.stderr
+    lost = re.search(r"--otel: (\d+) of (\d+) spans did not reach the collector at "
+                     rf"http://127.0.0.1:{port}/v1/traces \((.+)\)$", said[0])
+    assert lost and 0 < int(lost[1]) <= int(lost[2]) and int(lost[2]) >= 2, said[0]  # run, chat
+    assert "Connection refused" in lost[3] if collector == "refuses" else lost[3], said[0]
     assert "Traceback" not in done.stderr and "Failed to export" not in done.stderr
 
 
@@ -192,6 +199,7 @@ def test_without_the_packages_otel_is_a_usage_error_naming_the_install(tmp_path,
     done = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True,
                           env=agent_env(ANTHROPIC_API_KEY="test-key"), timeout=60)
     assert done.returncode == 2 and "pip install opentelemetry-sdk" in done.stderr
+    assert f"{sys.executable} -m pip install" in done.stderr  # the pip of this interpreter
     assert len(done.stderr.strip().splitlines()) == 1
 
 
