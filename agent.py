@@ -34,6 +34,7 @@ import ctypes
 import difflib
 import errno
 import html
+import importlib.util
 import io
 import json
 import logging
@@ -428,8 +429,9 @@ def read_file(ctx, path, offset=1, limit=None):
 def run_python(ctx, code):
     """Run `code` in the sandbox, after the user approves; return exit code and output."""
     ctx.sandbox.ready()  # proves the boundary (once) before anyone is asked to rely on it
-    asked = time.monotonic()
+    asked, ctx.asking.now = time.monotonic(), True  # a Ctrl-C now comes before the code ran
     approved = ctx.approve(code)
+    ctx.asking.now = False
     ctx.asking.seconds = getattr(ctx.asking, "seconds", 0.0) + time.monotonic() - asked
     if not approved:
         raise ToolError(ctx.decline_message, declined=True)
@@ -543,7 +545,9 @@ def run_tools(blocks, ctx, report):
         try:
             results[i], facts[i] = call_tool(blocks[i], ctx)
         except (KeyboardInterrupt, Interrupted):
-            results[i], facts[i] = unfinished(blocks[i], "while it ran, before it finished")
+            results[i], facts[i] = unfinished(blocks[i], "at its approval question: it was not "
+                                              "run" if getattr(ctx.asking, "now", False) else
+                                              "while it ran, before it finished")
             raise
         finally:
             waited = getattr(ctx.asking, "seconds", 0.0) - asked  # the user's time, not the tool's
@@ -2988,9 +2992,11 @@ def terminal_size():
     """(rows, columns) of the terminal stderr shows on; 24 x 80 when it is not one."""
     try:
         shape = os.get_terminal_size(sys.stderr.fileno())
-        return shape.lines, shape.columns
+        if shape.lines and shape.columns:  # a terminal of no size (a bare pty) is not one
+            return shape.lines, shape.columns
     except (OSError, ValueError, AttributeError):
-        return 24, 80
+        pass
+    return 24, 80
 
 
 def display_width(text):
@@ -4447,6 +4453,8 @@ def read_dotenv(path, workdir, report):
 
 
 def make_client(config, limits, otel=False):
+    if importlib.util.find_spec("anthropic") is None:  # first what to install, then the key
+        raise UsageError(INSTALL.format(python=sys.executable))
     key = config["ANTHROPIC_API_KEY"]  # checked before the 2 s import, so it says so at once
     if not key:
         raise UsageError("no API key: set ANTHROPIC_API_KEY in the environment or in .env "

@@ -394,6 +394,22 @@ def test_subprocess_ctrl_c_kills_the_tool_and_keeps_the_transcript(request, work
     assert not [pid for pid in map(int, pids.read_text().split()) if alive(pid)]
 
 
+BASE_PYTHON = Path(sys.base_prefix) / "bin" / "python3"  # the venv's Python, without its packages
+
+
+@pytest.mark.skipif(not BASE_PYTHON.exists() or subprocess.run(
+    [str(BASE_PYTHON), "-c", "import anthropic"], capture_output=True).returncode == 0,
+    reason="needs a Python without the anthropic package")
+def test_without_its_packages_agent_py_says_so_before_asking_for_a_key(tmp_path, workdir,
+                                                                       agent_copy):
+    done = subprocess.run([str(BASE_PYTHON), str(agent_copy), "hi", "--workdir", str(workdir)],
+                          capture_output=True, text=True, env=agent_env(), cwd=tmp_path,
+                          timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "needs the anthropic and python-dotenv packages" in done.stderr
+    assert "pip install -r requirements.txt" in done.stderr and "API key" not in done.stderr
+
+
 def test_subprocess_without_a_key_is_one_clear_line(tmp_path, workdir, agent_copy):
     done = run_agent_py(agent_copy, "hi", "--workdir", workdir, env=agent_env(), cwd=tmp_path,
                         timeout=30, stdin=subprocess.DEVNULL)

@@ -357,6 +357,32 @@ def test_two_programs_that_differ_never_look_the_same_at_the_question(a, b):
     assert agent.approval_question(a, 24, 80) != agent.approval_question(b, 24, 80)
 
 
+class CtrlC:
+    """A terminal where the user presses Ctrl-C instead of answering."""
+
+    def readline(self):
+        raise KeyboardInterrupt
+
+
+def test_ctrl_c_at_the_approval_question_says_the_call_was_not_run(capsys, workdir, tmp_path):
+    path = tmp_path / "run.json"
+    client = FakeClient(reply(tool_use("run_python", {"code": "open('x', 'w')"}, id="toolu_Q")))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--no-sandbox",
+                                    "--transcript", str(path)], client, stdin=CtrlC())
+    answer = json.loads(path.read_text())["messages"][-1]["content"][0]
+    assert code == 130 and answer["tool_use_id"] == "toolu_Q" and answer["is_error"]
+    assert "at its approval question: it was not run" in answer["content"]
+    assert "while it ran" not in answer["content"] and not (workdir / "x").exists()
+
+
+def test_a_terminal_of_no_size_counts_as_a_screen_of_24_rows(monkeypatch):
+    """`script` gives its pty 0 rows and 0 columns: no count of rows scrolled off from that."""
+    monkeypatch.setattr(os, "get_terminal_size", lambda fd: os.terminal_size((0, 0)))
+    assert agent.terminal_size() == (24, 80)
+    monkeypatch.setattr(os, "get_terminal_size", lambda fd: os.terminal_size((120, 50)))
+    assert agent.terminal_size() == (50, 120)
+
+
 def test_nothing_shown_as_it_is_can_pass_for_the_escape_brackets():
     """〚〛 (and 〘〙) are drawn like ⟦⟧: a real Cyrillic а where the harm is, and a fake
     〚U+0430〛 where it is not, would read the same as the other way round."""
