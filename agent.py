@@ -1430,7 +1430,8 @@ USAGE_SCHEMA = obj({**{k: COUNT for k in COUNTS + ("tokens",)}, "cost_usd": null
 RETRY_SCHEMA = obj({"attempt": COUNT, "status": nullable({"type": "integer"}), "error": STRING,
                     "delay": NUMBER})
 LABEL = {"enum": list(EXIT_CODES)}
-PRODUCED_BY = obj({"kind": STRING}, {"model": STRING, "script": STRING, "note": STRING})
+PRODUCED_BY = obj({"kind": STRING}, {"model": STRING, "script": STRING, "note": STRING,
+                                      "turns": COUNT})
 TRANSCRIPT_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": f"agent.py transcript, version {TRANSCRIPT_VERSION}",
@@ -1785,6 +1786,9 @@ def prepare_resume(session, question):
     """Make the saved history valid to send again, then add the follow-up question. Returns
     the session and how many pending tool calls were answered "not run"."""
     messages = session["messages"]
+    if isinstance(session.get("produced_by"), dict):  # the turns so far; the rest are the model's
+        session["produced_by"].setdefault("turns", len(session["turns"]))
+    session.pop("replay", None)  # it told of a replay run; this one is not
     last = messages[-1]
     pending = [b for b in last["content"] if b.get("type") == "tool_use"]
     if last["role"] == "assistant" and pending:  # the token budget leaves these unanswered
@@ -2326,6 +2330,21 @@ def block_html(block):
     return f"<details><summary>{esc(kind)}</summary><pre>{esc(json.dumps(block, ensure_ascii=False)[:5000])}</pre></details>"
 
 
+def provenance(t):
+    """Where a run's replies came from, when not from a live run of its model: the replies of
+    a scripted model or a recording (produced_by), a replay of a recording (replay)."""
+    made, replayed = fields(t.get("produced_by")), fields(t.get("replay"))
+    said = ""
+    if made:
+        by = made.get("script") or made.get("model") or "?"
+        upto = f", turns 1-{made['turns']}" if isinstance(made.get("turns"), int) else ""
+        said += f" · replies by a {esc(made.get('kind'))} model ({esc(by)}{upto})"
+    if replayed:
+        said += (f" · a replay of <code>{esc(replayed.get('source'))}</code>, "
+                 f"{len(items(replayed.get('differences')))} tool results differing")
+    return said
+
+
 def run_report(t):
     """The report of one run: what was asked, how it ended, what each turn cost and did."""
     turns, usage, stop = items(t.get("turns")), fields(t.get("usage")), fields(t.get("stop"))
@@ -2339,7 +2358,7 @@ def run_report(t):
     body = [f"<h1>agent.py run</h1><div class=\"q\">{esc(t.get('question', ''))}</div>",
             f"<p>model <b>{esc(t.get('model'))}</b> · workdir <code>{esc(t.get('workdir'))}"
             f"</code> · run <code>{esc(t.get('run_id', '?'))}</code> · started "
-            f"{esc(t.get('started_at', '?'))}</p>",
+            f"{esc(t.get('started_at', '?'))}{provenance(t)}</p>",
             '<div class="cards">' + "".join(f'<div class="card">{esc(k)}<b>{esc(v)}</b></div>'
                                              for k, v in cards) + "</div>",
             f"<p>{esc(stop.get('detail', ''))}</p>"]
@@ -2452,7 +2471,7 @@ def write_report(path, output=None):
 
 ATIF_VERSION = "ATIF-v1.8"
 RUN_FACTS = ("run_id", "workdir", "started_at", "ended_at", "stop", "answer", "trial",
-             "cleared", "events_lost")  # what a trajectory's extra keeps of the run
+             "cleared", "events_lost", "produced_by", "replay")  # a trajectory's extra
 
 
 def export_atif(path, output):

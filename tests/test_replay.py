@@ -11,7 +11,8 @@ import pytest
 import agent
 import make_example
 from fakes import FakeAPIError, FakeClient, reply, text, tool_use
-from helpers import AGENT, agent_env, assert_well_formed, events_of, run_agent_py, run_cli
+from helpers import (AGENT, agent_env, assert_well_formed, events_of, run_agent_py, run_cli,
+                     schema_errors)
 
 ROOT = AGENT.parent
 SUM = "import csv; print(sum(int(r['score']) for r in csv.DictReader(open('scores.csv'))))"
@@ -314,3 +315,33 @@ def test_the_shipped_example_is_what_its_script_makes_now(tmp_path):
                                       "note": make_example.PRODUCED_BY["note"]}
     assert shipped["workdir"] == "workspace" and str(ROOT) not in json.dumps(shipped)
     assert os.path.getsize(tmp_path / "example.json") > 0
+
+
+# --- where a run came from travels with it ---
+
+def test_provenance_survives_resume_report_and_export(capsys, workdir, tmp_path):
+    """The shipped example's replay, then resumed with a real (here: fake) model: the file
+    says which turns were scripted, keeps no stale replay record, and the report and the
+    ATIF export both say where the run came from."""
+    example = json.loads((ROOT / "workspace" / "example-run.json").read_text())
+    recorded = tmp_path / "example.json"
+    recorded.write_text(json.dumps(dict(example, workdir=str(workdir))))
+    for name in ("scores.csv", "spring.md"):
+        (workdir / name).write_text((ROOT / "workspace" / name).read_text())
+    code, _, _, replayed = replay(capsys, recorded, workdir, tmp_path, "--yes")
+    assert code == 0 and replayed["produced_by"]["kind"] == "scripted" and "replay" in replayed
+    page = tmp_path / "replayed.html"
+    run_cli(capsys, ["--report", str(tmp_path / "replayed.json"), "-o", str(page)])
+    assert "scripted" in page.read_text() and "make_example.py" in page.read_text()
+    code, out, _ = run_cli(capsys, ["--export", "atif", str(tmp_path / "replayed.json"),
+                                    "-o", "-"])
+    extra = json.loads(out)["extra"]
+    assert extra["produced_by"]["kind"] == "scripted" and "replay" in extra
+    turns = len(replayed["turns"])
+    code, _, _ = run_cli(capsys, ["--resume", str(tmp_path / "replayed.json"), "And the median?",
+                                  "--workdir", str(workdir)], FakeClient(reply(text("79.5"))))
+    resumed = json.loads((tmp_path / "replayed.json").read_text())
+    assert code == 0 and len(resumed["turns"]) == turns + 1
+    assert resumed["produced_by"]["turns"] == turns  # the scripted ones; the rest, the model's
+    assert "replay" not in resumed  # it described the replay, not this run
+    assert schema_errors(resumed, "transcript") == []
