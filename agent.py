@@ -12,7 +12,7 @@ the tool calls it asks for (read_file concurrently; run_python one at a time, in
 sandbox, once the user approves); and sends all the results back in one message, until the
 model answers or `check_stop` ends the run. Every turn is saved to a transcript.
 
-How to read this file. The first 500 lines are the agent; read them in order:
+How to read this file. The first 600 lines are the agent; read them in order:
 
   1. Config and limits   what the model is told, and `Limits`: every bound of a run
   2. The loop            `run_session` (the turn loop) and `drive`, which runs it to a stop
@@ -20,11 +20,11 @@ How to read this file. The first 500 lines are the agent; read them in order:
   4. The tools           `read_file`, `run_python` and the approval step beside it; and
                          `call_tool`, which turns every failure into an is_error result
 
-After the divider comes the machinery, to skip until you need a part of it: API plumbing
-and retries, usage and cost, clearing old tool results, the transcript, events, schemas and
-resume, replay (a recorded run, without a key), trials, the HTML report, terminal output,
-path safety and the sandbox (its whole policy is one value, `SandboxPolicy`), and the
-command line.
+After the divider comes the machinery, to skip until you need a part of it: stopping on
+Ctrl-C, API plumbing and retries, usage and cost, clearing old tool results, the transcript,
+events, schemas and resume, replay (a recorded run, without a key), trials, the HTML report,
+the ATIF export, OpenTelemetry traces, terminal output, path safety and the sandbox (its whole
+policy is one value, `SandboxPolicy`), and the command line.
 """
 
 import gc
@@ -1719,8 +1719,8 @@ def read_document(path, flag):
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
             lines = None
         if isinstance(lines, dict) and "seq" in lines and "type" in lines:
-            raise UsageError(f"{flag} {path} is an event stream (--events, JSON Lines), not a "
-                             "transcript or a trials summary")
+            raise UsageError(f"{flag} {path} is an event stream (--events, JSON Lines), not "
+                             f"the one JSON document {flag} reads")
         raise UsageError(f"{flag} {path} is not a JSON document ({e})")
 
 
@@ -4574,7 +4574,8 @@ def main(argv=None, client=None, stdin=None):
         for inside in {workdir, Path(os.path.realpath(recorded.get("workdir") or workdir))}:
             if args.resume and Path(os.path.realpath(args.resume)).is_relative_to(inside):
                 raise UsageError(f"--resume {args.resume} is inside the workdir {inside}, where "
-                                 "the model's code could have rewritten it; it is not resumed")
+                                 "the model's code could have rewritten it; it is not resumed "
+                                 "(move it out of the workdir if you trust it)")
         config = load_config(workdir, report) if not replay else dict.fromkeys(  # no key
             ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL"))
         SECRETS.update(v for v in [config["ANTHROPIC_API_KEY"]] if v and len(v) >= 8)
