@@ -13,16 +13,14 @@ left out). Then `python agent.py --help` against `python -c 'import anthropic'`.
     .venv/bin/python tests/bench_loop.py [--turns 100] [--rounds 5]
 
 Without --compare: (a) a session through agent.main in this process, with --transcript and
---events and without, next to a bare SDK loop sending the same requests, as a script has it
-and holding the SDK's reply class as agent.py does (rounds alternated, each way first in
-turn; ratio of medians; wall time, and the CPU time of this process, since the stand-in runs
+--events and without, next to a bare SDK loop sending the same requests (rounds alternated,
+each way first in turn; ratio of medians; wall time, and the CPU time of this process, since the stand-in runs
 in a process of its own), (b) input tokens billed with prompt caching and without, and (c)
 the bytes sent per request as the session grows. That stand-in bills as the API's prompt
 cache does (tests/cache_model.py; tokens are bytes / 4).
 """
 
 import argparse
-import gc
 import io
 import json
 import multiprocessing
@@ -103,8 +101,7 @@ def quartiles(values):
 
 
 def client_for(url):
-    """A client as a bare script makes it. Not agent.make_client: its gc.freeze(), run again
-    at every round, would make whatever is alive then immortal, the SDK's reply class too."""
+    """A client as a bare script makes it."""
     import anthropic
     return anthropic.Anthropic(api_key="bench", base_url=url, max_retries=0)
 
@@ -127,15 +124,10 @@ def harness_round(turns, workspace, keep=True):
     return (seconds, cpu), api.requests, api.bills
 
 
-def bare_round(requests, held=False):
-    """The same requests through the SDK with no harness around them: the floor. As a bare
-    script has it, the SDK rebuilds its reply class whenever a collection freed it; `held`
-    keeps it as agent.py does (hold_reply_class), for agent.py's own overhead like for like."""
+def bare_round(requests):
+    """The same requests through the SDK with no harness around them: the floor."""
     with StandIn(len(requests)) as api:
         client = client_for(api.url)
-        if not held:  # not kept alive by the hold of the rounds before either
-            agent.REPLY_CLASSES.clear()
-            gc.collect()
         started, cpu = time.perf_counter(), time.process_time()
         for body in requests:
             body = {k: v for k, v in body.items() if k != "stream"}
@@ -143,8 +135,6 @@ def bare_round(requests, held=False):
                 for _ in stream:
                     pass
                 stream.get_final_message()
-            if held:
-                agent.hold_reply_class(False)
         seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     return seconds, cpu
 
@@ -376,33 +366,27 @@ def main():
     _, requests, bills = harness_round(args.turns[0], workspace)
     ways = {"with": lambda: harness_round(args.turns[0], workspace)[0],
             "without": lambda: harness_round(args.turns[0], workspace, keep=False)[0],
-            "bare": lambda: bare_round(requests), "held": lambda: bare_round(requests, held=True)}
+            "bare": lambda: bare_round(requests)}
     times = {name: [] for name in ways}
     for i in range(args.rounds):  # alternated, so that the machine's drift hits all alike,
-        for name in list(ways)[i % 4:] + list(ways)[:i % 4]:  # each first in turn: no place
+        for name in list(ways)[i % 3:] + list(ways)[:i % 3]:  # each first in turn: no place
             times[name].append(ways[name]())  # in a round favours one
-    harness, plain, bare, held = times.values()
+    harness, plain, bare = times.values()
     n = len(requests)
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
           f"{platform.python_version()}, {time.strftime('%Y-%m-%d')}")
-    (h, hc), (p, pc), (b, bc), (k, kc) = ((statistics.median(s for s, _ in x),
-                                           statistics.median(c for _, c in x))
-                                          for x in (harness, plain, bare, held))
+    (h, hc), (p, pc), (b, bc) = ((statistics.median(s for s, _ in x),
+                                  statistics.median(c for _, c in x)) for x in (harness, plain, bare))
     print(f"(a) {n} requests, {args.rounds} rounds (alternated, order rotated), medians: "
           f"agent.py with --transcript and --events {h / n * 1000:.2f} ms/turn, without them "
-          f"{p / n * 1000:.2f} ms/turn; bare SDK loop {b / n * 1000:.2f} ms/request, holding "
-          f"the SDK's reply class as agent.py does {k / n * 1000:.2f}; the transcript and events "
-          f"cost {(h - p) / n * 1000:+.2f} ms/turn")
-    for floor, fs, fc, name in ((bare, b, bc, "the bare loop"),
-                                (held, k, kc, "the bare loop holding the class (like for like)")):
-        print(f"    ratios to {name}: {h / fs:.3f} with them, {p / fs:.3f} without; CPU time "
-              f"of this process (the stand-in runs in another) {hc / fc:.3f} and {pc / fc:.3f}")
-        for which, rounds in (("with", harness), ("without", plain)):
-            low, mid, high = quartiles([r[0] / f[0] for r, f in zip(rounds, floor)])
-            print(f"        round by round, {which} them (each against the round next to it): "
-                  f"median {mid:.3f}, quartiles {low:.3f}-{high:.3f}")
-    print(f"    CPU ms/turn: {hc / n * 1000:.2f} and {pc / n * 1000:.2f}; bare {bc / n * 1000:.2f}"
-          f", holding the class {kc / n * 1000:.2f}")
+          f"{p / n * 1000:.2f} ms/turn; bare SDK loop {b / n * 1000:.2f} ms/request; the "
+          f"transcript and events cost {(h - p) / n * 1000:+.2f} ms/turn")
+    print(f"    ratios to the bare loop: {h / b:.3f} with them, {p / b:.3f} without; CPU time "
+          f"of this process (the stand-in runs in another) {hc / bc:.3f} and {pc / bc:.3f}")
+    for which, rounds in (("with", harness), ("without", plain)):
+        low, mid, high = quartiles([r[0] / f[0] for r, f in zip(rounds, bare)])
+        print(f"        round by round, {which} them (each against the round next to it): "
+              f"median {mid:.3f}, quartiles {low:.3f}-{high:.3f}")
     uncached = sum(total for total, _, _ in bills)
     read = sum(u["cache_read_input_tokens"] for _, u, _ in bills)
     write = sum(u["cache_creation_input_tokens"] for _, u, _ in bills)
