@@ -27,12 +27,11 @@ the ATIF export, OpenTelemetry traces, terminal output, path safety and the sand
 policy is one value, `SandboxPolicy`), and the command line.
 """
 
-import gc
-gc.disable()  # on again at the end of this file, which says why
 import argparse
 import ctypes
 import difflib
 import errno
+import gc
 import html
 import importlib.util
 import io
@@ -711,27 +710,6 @@ class Watchdog:
             pass
 
 
-REPLY_CLASSES = {}  # beta or not: the SDK's reply class, held so that no reply builds it again
-
-
-def hold_reply_class(beta):
-    """The SDK's stream parametrizes ParsedMessage (ParsedBetaMessage) anew on every
-    message_start, and pydantic caches that class only weakly: once a collection freed it, the
-    next reply built it again: about 1 ms, on over half the replies of a long session (README,
-    Benchmark). Held once a reply built it; with another SDK version, nothing is held."""
-    if beta in REPLY_CLASSES:  # every reply asks: a dict lookup, once it is held
-        return
-    module = sys.modules.get("anthropic.lib.streaming._beta_messages" if beta else
-                             "anthropic.lib.streaming._messages")
-    if module is None:
-        return
-    try:  # the class the stream asks for, found in pydantic's cache
-        REPLY_CLASSES[beta] = getattr(module, "ParsedBetaMessage" if beta else
-                                      "ParsedMessage")[module.ResponseFormatT]
-    except Exception:
-        REPLY_CLASSES[beta] = None
-
-
 def stream_once(client, request, report, cancel, limits):
     """Send one request, stream its text to the reporter, return (message dict, request id)."""
     messages = client.beta.messages if "betas" in request else client.messages
@@ -783,7 +761,6 @@ def stream_once(client, request, report, cancel, limits):
         finally:
             watch.stop()
         request_id = getattr(stream, "request_id", None)
-    hold_reply_class("betas" in request)
     return (message.to_dict() if hasattr(message, "to_dict") else message), request_id
 
 
@@ -1364,6 +1341,8 @@ class OutputFile:
                     os.fsync(f.fileno())
             if not data:
                 return
+            # bench_loop --compare, 100 turns: 1.15x the bare loop's CPU time a turn with
+            # os.replace alone, 1.03x with this (docs/benchmarks.md)
             if not durable and getattr(LIBC, "renameat2", None) and LIBC.renameat2(
                     self.dir_fd, self.temp.encode(), self.dir_fd, self.name.encode(), 2) == 0:
                 os.unlink(self.temp, dir_fd=self.dir_fd)  # now the old transcript
@@ -1523,8 +1502,8 @@ class Saver:
     tool of the next turn runs), and at the end, fsynced. Each message and turn is encoded
     once, so a save costs what is new plus one write of the file (tests/bench_loop.py: a
     background thread for it was slower, fighting the loop for the GIL)."""
-    # bench_loop --compare: 1.12x the bare loop with dump(session) in place of encode(), 0.79x
-    # with it, at 100 turns (docs/benchmarks.md)
+    # bench_loop --compare, 100 turns: 1.27x the bare loop's CPU time a turn with
+    # dump(session) in place of encode(), 1.03x with it (docs/benchmarks.md)
 
     def __init__(self, output):
         self.output = output
@@ -4492,12 +4471,12 @@ def make_client(config, limits, otel=False):
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UsageError(f"ANTHROPIC_BASE_URL {url!r} is not an http(s) URL with a host, e.g. "
                          "http://127.0.0.1:8080")
-    # The import makes some 200,000 objects that live as long as the process. Collections
-    # while it runs find no garbage and only walk them (README, Benchmark); frozen after it,
-    # they are out of sight of the full collections that walked them all later (150 ms each).
+    # The SDK's 200,000 objects live as long as the process: frozen, the collections of a long
+    # run no longer walk them (bench_loop --compare, 100 turns: 1.32x the bare loop's CPU time
+    # a turn without this, 0.97x with; docs/benchmarks.md).
     gc.disable()
     try:
-        import anthropic  # here, not at the top: --help 0.08x import anthropic, 0.76x at the top
+        import anthropic  # here, not at the top: --help 0.085x import anthropic, 0.83x at the top
     except ImportError:
         raise UsageError(INSTALL.format(python=sys.executable))
     finally:
@@ -4730,11 +4709,6 @@ def to_stdout(data):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-# The ~20 collections the imports and definitions above would trigger found almost nothing
-# (180 objects) and walked all the rest: 11M of the instructions to the first request (README,
-# Benchmark). What they made is frozen out of later collections' sight; then the collector on.
-gc.freeze()
-gc.enable()
 
 
 if __name__ == "__main__":

@@ -144,13 +144,9 @@ def bare_round(requests):
 # What taking an optimisation out means, as (text, replacement) edits to a copy of agent.py;
 # each text must be found there exactly once. The copies run as a user runs agent.py.
 REMOVALS = {
-    "gc-module": [  # agent.py defines itself with the collector off, then freezes it all
-        ("gc.disable()  # on again at the end of this file, which says why\n", ""),
-        ("\ngc.freeze()\ngc.enable()\n", "\n")],
     "gc-sdk": [  # `import anthropic` with the collector off, then frozen
         ("    gc.disable()\n    try:\n        import anthropic", "    try:\n        import anthropic"),
         ("    finally:\n        gc.freeze()\n        gc.enable()\n", "")],
-    "hold_reply_class": [("    hold_reply_class(\"betas\" in request)\n", "")],
     "rename_exchange": [("if not durable and getattr(LIBC, \"renameat2\", None) and",
                          "if False and")],
     "saver": [("self.output.write(self.encode(session), durable=final)",  # dump() it whole

@@ -1,10 +1,7 @@
 """API plumbing and retries: streaming, watchdog, retry_delay, request_turn, check_reply."""
 
 import json
-import os
 import socket
-import subprocess
-import sys
 import time
 
 import pytest
@@ -13,7 +10,7 @@ import agent
 from fake_api import sse, stream_of
 from fakes import (APIConnectionError, FakeAPIError, FakeClient, Midstream, RECORDED, Truncated,
                    recorded_loop, reply, text, tool_use)
-from helpers import AGENT, agent_env, drive, final_messages, run_cli, serve
+from helpers import drive, final_messages, run_cli, serve
 
 
 # --- retries, with a scripted client ---
@@ -360,48 +357,6 @@ def test_a_connection_failure_names_the_host(workdir, tmp_path):
                                agent.Limits())
     stop, _ = drive(client, workdir, tmp_path, max_attempts=2)
     assert stop.reason == "api_error" and "127.0.0.1" in stop.detail
-
-
-def test_the_sdks_reply_class_is_built_once_not_on_every_reply(workdir):
-    """The SDK's stream parametrizes ParsedMessage anew on every message_start, and pydantic
-    keeps that class only weakly: once a collection freed it, the next reply built it again
-    (about 1 ms, on most of a long session's replies). agent.py holds it once built: with a
-    full collection before every reply, each class (the beta stream's too) is built once. In
-    a new process, where no earlier test holds (or froze) the class."""
-    probe = ("import gc, json, sys\n"
-             "import agent, pydantic._internal._generics as generics\n"
-             "agent.dotenv_path = lambda: None  # none of the user's config, as in conftest.py\n"
-             "from fake_api import FakeAPI\n"
-             "from fakes import reply, text, tool_use\n"
-             "built, real = [], generics.create_generic_submodel\n"
-             "def spy(name, *rest):\n"
-             "    built.append(name)\n"
-             "    return real(name, *rest)\n"
-             "generics.create_generic_submodel = spy\n"
-             "def collected(answer):\n"
-             "    def respond(body):\n"
-             "        gc.collect()  # what any collection between two replies does\n"
-             "        return answer\n"
-             "    return respond\n"
-             "for beta in ('client', 'server'):\n"
-             "    with FakeAPI([collected(reply(tool_use('read_file', {'path': 'notes.md'}))),\n"
-             "                  collected(reply(tool_use('read_file', {'path': 'scores.csv'}))),\n"
-             "                  collected(reply(text('done')))]) as api:\n"
-             "        client = agent.make_client({'ANTHROPIC_API_KEY': 'test-key',\n"
-             "                                    'ANTHROPIC_BASE_URL': api.url}, agent.Limits())\n"
-             "        code = agent.main(['q', '--workdir', sys.argv[1], '--quiet',\n"
-             "                           '--context-edit', beta], client=client)\n"
-             "        assert code == 0 and len(api.requests) == 3 and not api.rejected\n"
-             "        assert ('context_management' in api.requests[0]) == (beta == 'server')\n"
-             "print(json.dumps([built, sorted(map(str, agent.REPLY_CLASSES.values()))]))\n")
-    path = os.pathsep.join([str(AGENT.parent), str(AGENT.parent / "tests")])
-    done = subprocess.run([sys.executable, "-c", probe, str(workdir)], capture_output=True,
-                          text=True, timeout=60, env=agent_env(PYTHONPATH=path))
-    assert done.returncode == 0, done.stderr
-    built, held = json.loads(done.stdout.splitlines()[-1])
-    assert [name for name in built if "ParsedMessage[" in name or "ParsedBetaMessage[" in name] \
-        == ["ParsedMessage[~ResponseFormatT]", "ParsedBetaMessage[~ResponseFormatT]"], built
-    assert len(held) == 2 and all("Parsed" in c for c in held)
 
 
 # --- servers that deviate from the API, as llama.cpp's llama-server does ---

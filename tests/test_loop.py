@@ -39,6 +39,7 @@ def test_the_learners_path_comes_first_and_ends_before_line_700():
     first_code = next(n for n in TREE.body if not isinstance(n, (ast.Expr, ast.Import,
                                                                   ast.ImportFrom, ast.If)))
     assert first_code.lineno < min(defined_at(name)[0] for name in LEARNERS_PATH)
+    assert "gc." not in SOURCE[:SOURCE.index("# The machinery.")]  # no optimisation in the story
 
 
 def test_no_local_name_hides_a_module_level_one():
