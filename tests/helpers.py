@@ -19,7 +19,7 @@ import jsonschema
 
 import agent
 from fake_api import FakeAPI
-from fakes import tool_use
+from fakes import FakeClient, reply, text, tool_use
 
 AGENT = Path(agent.__file__).resolve()
 DOTENV_PATH = agent.dotenv_path  # the real one, for the tests of .env itself (conftest.py
@@ -177,3 +177,12 @@ def loopback(host):
         return ipaddress.ip_address(host.split("%")[0]).is_loopback
     except ValueError:
         return False
+
+
+def budget_stopped(capsys, workdir, path):
+    """A run the token budget stops with its tool call (toolu_X) unanswered, saved at `path`."""
+    client = FakeClient(reply(text("Let me read."), tool_use("read_file", {"path": "scores.csv"},
+                                                            id="toolu_X"), input_tokens=2000))
+    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--token-budget", "1000",
+                                  "--transcript", str(path)], client)
+    assert code == 4

@@ -12,7 +12,7 @@ import pytest
 
 import agent
 from fakes import FakeAPIError, FakeClient, reply, text, tool_use
-from helpers import run_cli
+from helpers import budget_stopped, run_cli
 
 THINKING = {"type": "thinking", "thinking": "Read both files, then compute.",
             "signature": "c2lnbmF0dXJl"}
@@ -180,15 +180,6 @@ def test_cleared_results_are_whole_and_say_they_were_cleared(capsys, workdir, tm
     assert document["extra"]["cleared"] == transcript["cleared"]
     assert [s["extra"].get("cleared") for s in document["steps"] if s["source"] == "agent"] \
         == [t.get("cleared") for t in transcript["turns"]]
-
-
-def budget_stopped(capsys, workdir, path):
-    """A run the token budget stops with its tool call unanswered."""
-    client = FakeClient(reply(text("Let me read."), tool_use("read_file", {"path": "scores.csv"},
-                                                            id="toolu_X"), input_tokens=2000))
-    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--token-budget", "1000",
-                                  "--transcript", str(path)], client)
-    assert code == 4
 
 
 def test_a_call_the_run_never_answered_is_answered_not_run(capsys, workdir, tmp_path):

@@ -16,8 +16,8 @@ import pytest
 import agent
 from api_rules import check_request
 from fakes import Chunked, FakeAPIError, FakeClient, reply, text, tool_use
-from helpers import (agent_env, assert_well_formed, events_of, run_agent_py, run_cli,
-                     schema_errors, serve)
+from helpers import (agent_env, assert_well_formed, budget_stopped, events_of, run_agent_py,
+                     run_cli, schema_errors, serve)
 
 
 # --- transcript ---
@@ -433,14 +433,6 @@ def test_the_strict_check_catches_an_undocumented_field():
 
 
 # --- resume ---
-
-def budget_stopped(capsys, workdir, path):
-    client = FakeClient(reply(tool_use("read_file", {"path": "scores.csv"}, id="toolu_X"),
-                              input_tokens=2000))
-    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--token-budget", "1000",
-                                  "--transcript", str(path)], client)
-    assert code == 4
-
 
 def test_resume_answers_a_dangling_tool_use_and_keeps_numbering(capsys, workdir, tmp_path):
     path = tmp_path / "run.json"
