@@ -70,7 +70,9 @@ def live(runs, name):
     argv = [sys.executable, str(ROOT / "agent.py"), question, "--workdir", str(workdir),
             "--transcript", str(out / "run.json"), "--events", str(out / "events.jsonl"), *extra]
     started = time.monotonic()
-    done = subprocess.run(argv, env=env, cwd=out, capture_output=True, text=True, timeout=1800,
+    runs_of_it = int(extra[extra.index("--trials") + 1]) if "--trials" in extra else 1
+    done = subprocess.run(argv, env=env, cwd=out, capture_output=True, text=True,
+                          timeout=1800 * runs_of_it,  # a tiny local model may write for 17 min
                           stdin=subprocess.DEVNULL if stdin is None else None,
                           input=stdin if stdin is not None else None)
     (out / "stderr.txt").write_text(done.stderr)
