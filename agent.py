@@ -461,11 +461,11 @@ def make_approver(yes, no_sandbox, sandbox, stdin):
 def agreed(question, stdin):
     """Ask on stderr; True only for y or yes. No answer (stdin closed) is a no."""
     with Reporter.lock:
-        sys.stderr.write(visible(question if question.endswith("] ") else question + " [y/N] "))
-        sys.stderr.flush()
+        if not to_stderr(visible(question if question.endswith("] ") else question + " [y/N] ")):
+            return False  # a question no one can see is not agreed to
         answer = stdin.readline()
         if not answer.endswith("\n"):  # no one answered: end the line
-            sys.stderr.write("(no answer)\n")
+            to_stderr("(no answer)\n")
     return answer.strip().lower() in ("y", "yes")
 
 
@@ -3052,8 +3052,7 @@ class Reporter:
         if self.quiet and not always:
             return
         with self.lock:
-            self.stream.write(text)
-            self.stream.flush()
+            to_stderr(text, self.stream)
 
     def emit(self, kind, **data):
         """An event, after any text streamed before it."""
@@ -4693,6 +4692,20 @@ def failed(report, stop):
 def print_document(document):
     """A transcript or summary on stdout (--transcript -), after whatever was printed there."""
     to_stdout(for_terminal(dump(document)))
+
+
+def to_stderr(text, stream=None):
+    """Text on stderr (or `stream`); True if it could be written. A reader that went away
+    (`2>&1 | head`) ends the progress, not the run: what is left goes nowhere."""
+    stream = stream or sys.stderr
+    try:
+        stream.write(text)
+        stream.flush()
+        return True
+    except BrokenPipeError:
+        if stream is sys.stderr:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
+        return False
 
 
 def to_stdout(data):

@@ -377,6 +377,27 @@ def test_a_reader_that_goes_away_ends_the_output_not_the_run(capsys, workdir, tm
         assert events_of(events)[-1]["stop"] == "end_turn"
 
 
+def test_a_stderr_reader_that_goes_away_ends_the_progress_not_the_run(capsys, workdir, tmp_path,
+                                                                      agent_copy):
+    """`agent.py ... 2>&1 | head`: progress can no longer be shown; the run goes on and ends as
+    it would have, its answer on stdout, its stop and run.stop recorded (before: api_error,
+    usage zeroed, no run.stop)."""
+    recording, new, events = tmp_path / "rec.json", tmp_path / "new.json", tmp_path / "e.jsonl"
+    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(recording)],
+            FakeClient(reply(text("the answer " * 20_000))))
+    read, write = os.pipe()
+    os.close(read)
+    done = subprocess.run([sys.executable, str(agent_copy), "--replay", str(recording),
+                           "--workdir", str(workdir), "--transcript", str(new), "--events",
+                           str(events)], stdout=subprocess.PIPE, stderr=write, text=True,
+                          stdin=subprocess.DEVNULL, env=agent_env(), cwd=tmp_path, timeout=60)
+    os.close(write)
+    saved = json.loads(new.read_text())
+    assert done.returncode == 0 and done.stdout.startswith("the answer the answer")
+    assert saved["stop"]["reason"] == "end_turn" and saved["usage"]["input_tokens"] == 100
+    assert events_of(events)[-1]["type"] == "run.stop"
+
+
 def test_events_on_stdout_are_all_stdout_carries(capsys, workdir):
     client = FakeClient(reply(tool_use("read_file", {"path": "notes.md"})), reply(text("42")))
     code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--events", "-"], client)
