@@ -2317,9 +2317,10 @@ def provenance(t):
     made, replayed = fields(t.get("produced_by")), fields(t.get("replay"))
     said = ""
     if made:
+        who = "a scripted model" if made.get("kind") == "scripted" else "the model"
         by = made.get("script") or made.get("model") or "?"
         upto = f", turns 1-{made['turns']}" if isinstance(made.get("turns"), int) else ""
-        said += f" · replies by a {esc(made.get('kind'))} model ({esc(by)}{upto})"
+        said += f" · replies by {who} ({esc(by)}{upto})"
     if replayed:
         said += (f" · a replay of <code>{esc(replayed.get('source'))}</code>, "
                  f"{len(items(replayed.get('differences')))} tool results differing")
