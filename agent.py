@@ -1549,7 +1549,8 @@ class Events:
 
     def __init__(self, stream, run_id, owned=False):
         self.stream, self.run_id, self.seq, self.lock = stream, run_id, 0, threading.Lock()
-        self.owned = owned  # a file of its own to close, not stdout (which may be a terminal)
+        self.owned = owned  # a file of its own to close, not stdout
+        self.shown = not owned and sys.stdout.isatty()  # stdout on a terminal: escaped there
         self.lost, self.told = None, False  # why no more events are written; said on stderr
 
     @classmethod
@@ -1567,7 +1568,7 @@ class Events:
             event = {"type": kind, "seq": self.seq, "at": now(), "run_id": self.run_id}
             event.update({"trial": trial} if trial else {}, **data)
             try:
-                self.stream.write(dump(event) if self.owned else for_terminal(dump(event)))
+                self.stream.write(for_terminal(dump(event)) if self.shown else dump(event))
                 self.stream.flush()
             except (OSError, ValueError) as e:
                 self.stream = None
@@ -1828,10 +1829,6 @@ def recording_problem(recording):
     """Why a transcript (already fit to resume) cannot be replayed, or None."""
     if not is_str(recording.get("question")) or not is_str(recording.get("system"), empty=True):
         return "has no question or no system prompt"
-    stop = recording["stop"]
-    if stop is not None and (stop.get("reason") not in EXIT_CODES or not is_str(stop.get(
-            "detail"), empty=True)):
-        return "has a stop that is not a label with its detail"
     asked = [b for m in recording["messages"][1:] if m["role"] == "user" for b in m["content"]
              if b["type"] == "text" and b["text"] != FINAL_TURN_NOTE]
     if asked:

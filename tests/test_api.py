@@ -137,7 +137,8 @@ def test_duplicate_tool_use_ids_are_dropped_so_the_next_request_is_valid(capsys,
 @pytest.mark.parametrize("mangle", [
     lambda m: m.update(content=None), lambda m: m.update(content="text"),
     lambda m: m.update(usage={"input_tokens": "lots", "output_tokens": -3}),
-    lambda m: m["content"].append(7), lambda m: m.pop("stop_reason")])
+    lambda m: m["content"].append(7), lambda m: m.pop("stop_reason"),
+    lambda m: m["usage"].update(input_tokens=10 ** 400)])  # priced as a float: OverflowError
 def test_a_malformed_reply_never_ends_in_a_traceback(capsys, workdir, tmp_path, mangle):
     message = reply(text("partial"))
     mangle(message)
@@ -145,8 +146,11 @@ def test_a_malformed_reply_never_ends_in_a_traceback(capsys, workdir, tmp_path, 
     code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
                            FakeClient(message))
     assert "Traceback" not in err and "internal error" not in err
-    assert code in (0, 1) and json.loads(path.read_text())["stop"]["reason"] in (
-        "end_turn", "error")
+    saved = json.loads(path.read_text())
+    assert code in (0, 1) and saved["stop"]["reason"] in ("end_turn", "error")
+    streamable = isinstance(message.get("content"), list) and all(
+        isinstance(b, dict) for b in message["content"])  # what a stream of events can carry
+    assert len(saved["turns"]) == streamable  # then the turn is recorded, whatever it held
 
 
 # --- the real SDK against a local Messages API ---
