@@ -513,7 +513,7 @@ def call_tool(block, ctx):
         result["content"] = f"internal tool error: {type(e).__name__}: {e}"
         result["is_error"] = True
         facts["exit_code"] = None
-    result["content"] = redact(result["content"])  # whatever route a secret took to get here
+    result["content"] = clean(redact(result["content"]))  # no secret, by whatever route it came
     return result, facts
 
 
@@ -897,7 +897,7 @@ def request_turn(client, request, limits, report, cancel):
                      "was not run")
     if not isinstance(message.get("stop_reason"), (str, type(None))):  # kept, as a string
         message = dict(message, stop_reason=json.dumps(message["stop_reason"])[:80])
-    reply.message = message
+    reply.message = clean(message)  # a server's "\\ud800" is not text: kept as U+FFFD
     return reply
 
 
@@ -1236,9 +1236,33 @@ ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # made on
 
 def dump(document):
     """A document as the bytes agent.py writes: one line of JSON (the C encoder), secrets
-    redacted, text that is not valid Unicode (a lone surrogate) kept as its JSON escape."""
-    text = redact(ENCODER.encode(document))
-    return text.encode("utf-8", "backslashreplace") + b"\n"
+    redacted, text that is not valid Unicode (a lone surrogate) written as U+FFFD."""
+    return utf8(redact(ENCODER.encode(document))) + b"\n"
+
+
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # in a str, never part of a valid character
+
+
+def utf8(text):
+    """`text` as UTF-8, each lone surrogate (a byte that was not UTF-8, a server's stray
+    \\ud800) written as U+FFFD: nothing agent.py writes holds text that is not Unicode."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return LONE_SURROGATE.sub("\ufffd", text).encode("utf-8")
+
+
+def clean(value):
+    """A value from outside (a reply, a document read back, an error's text) with each lone
+    surrogate in its strings replaced by U+FFFD, so that every writer, OTel's included, gets
+    text."""
+    if isinstance(value, str):
+        return value if value.isascii() else LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {clean(k): clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [clean(v) for v in value]
+    return value
 
 
 class OutputFile:
@@ -1687,8 +1711,8 @@ def read_document(path, flag):
         raise UsageError(f"{flag} {path} holds over {MAX_CONTAINERS:,} objects and lists: not "
                          "a document agent.py wrote")
     try:
-        return json.loads(data.decode("utf-8"), parse_int=bounded_int,
-                          parse_float=bounded_float, parse_constant=no_constant)
+        return clean(json.loads(data.decode("utf-8"), parse_int=bounded_int,
+                                parse_float=bounded_float, parse_constant=no_constant))
     except RecursionError:
         raise UsageError(f"{flag} {path} is nested too deeply: not a document agent.py wrote")
     except Unbounded as e:
@@ -2428,7 +2452,7 @@ def write_report(path, output=None):
         raise UsageError(f"--report {path} is {kind}; it renders a transcript or a trials "
                          "summary")
     text = trials_report(document) if kind == "a trials summary" else run_report(document)
-    data = text.encode("utf-8", "backslashreplace")
+    data = utf8(text)
     if output == "-":
         to_stdout(for_terminal(data, html=True))
         return []
@@ -2872,7 +2896,7 @@ class Counted(logging.Handler):
 
 def as_json(value):
     """A content attribute: JSON text, secrets redacted (the conventions' string form)."""
-    return redact(json.dumps(value, ensure_ascii=False))
+    return clean(redact(json.dumps(value, ensure_ascii=False)))
 
 
 def usage_attributes(usage):
@@ -4350,6 +4374,9 @@ def parse_args(argv):
                         or args.effort):
         raise UsageError("--replay runs the recorded question and turns again: give it no "
                          "question, --model, --effort, --resume or --trials")
+    for what, value in (("the question", args.question), ("--model", args.model),
+                        ("--expect", args.expect), ("--decline-message", args.decline_message)):
+        check_text(value, what)
     if args.resume is None and args.replay is None and not (args.question or "").strip():
         raise UsageError("give a question (- reads it from stdin), --resume PATH or --replay "
                          "PATH")
@@ -4371,6 +4398,38 @@ def parse_args(argv):
     if args.keep_tool_results < 0:
         raise UsageError("--keep-tool-results must be at least 0")
     return args
+
+
+def check_text(value, what, where=""):
+    """`value` if it is text; a UsageError if it is not valid UTF-8 (Python hands such bytes of
+    the command line or the environment over as lone surrogates), which agent.py can neither
+    send nor record."""
+    try:
+        value is None or value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        byte = os.fsencode(value[e.start])[0] if "\udc80" <= value[e.start] <= "\udcff" \
+            else None
+        not_utf8(what, byte, value[:e.start], where)
+    return value
+
+
+def not_utf8(what, byte, before, where=""):
+    said = f"byte 0x{byte:02x}" if byte is not None else "a lone surrogate"
+    raise UsageError(f"{what} is not valid UTF-8: {said} after {shorten(before, 40)!r}; give it "
+                     f"as UTF-8 text (iconv -t UTF-8 converts a file){where}")
+
+
+def read_question(stdin):
+    """The question on stdin (-): its bytes, which must be UTF-8, when it has them."""
+    raw = getattr(stdin, "buffer", None)
+    if raw is None:
+        return check_text(stdin.read(), "the question", " on stdin")
+    data = raw.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        before = data[:e.start].decode("utf-8", "replace")
+        not_utf8("the question", data[e.start], before, " on stdin")
 
 
 INSTALL = ("agent.py needs the anthropic and python-dotenv packages, which {python} cannot "
@@ -4417,7 +4476,7 @@ def load_config(workdir, report):
         except ImportError:
             raise UsageError(INSTALL.format(python=sys.executable))
         found = dotenv_values(stream=io.StringIO(text), interpolate=False)
-    return {n: os.environ.get(n) or found.get(n) for n in names}
+    return {n: check_text(os.environ.get(n) or found.get(n), n) for n in names}
 
 
 def read_dotenv(path, workdir, report):
@@ -4521,7 +4580,7 @@ def main(argv=None, client=None, stdin=None):
                 report.line(f"atif: {written}", always=True)
             return 0
         if args.question == "-":
-            args.question = (stdin or sys.stdin).read().strip()
+            args.question = read_question(stdin or sys.stdin).strip()
             if not args.question:
                 raise UsageError("the question is - but stdin held none")
         if args.count_tokens:
