@@ -33,6 +33,7 @@ import difflib
 import errno
 import gc
 import html
+import http
 import importlib.util
 import io
 import json
@@ -810,7 +811,8 @@ def retry_delay(exc, attempt, limits):
     elif status < 400:  # an error event inside a 200 stream
         transient = kind in ("overloaded_error", "api_error", "rate_limit_error", "timeout_error")
     else:
-        transient = status in (408, 409, 429) or status >= 500
+        transient = status in (408, 409, 429) or status >= 500 and status not in (501, 505)
+        #           ^ not implemented, or HTTP version not supported: no retry will mend that
     if not transient:
         return None
     try:
@@ -977,20 +979,80 @@ def request_host(exc):
 
 
 def api_message(exc):
-    """The server's own error message (either error shape), for stderr and the transcript."""
+    """The server's error in one line, for stderr and the transcript: the API's own message
+    (either error shape), or, from a server that answered something else, its status, the URL
+    asked and a short clean excerpt (foreign_error)."""
     body = getattr(exc, "body", None)
     error = body.get("error") if isinstance(body, dict) else None
+    status = getattr(exc, "status_code", None)
+    asked = asked_url(exc) if isinstance(status, int) and status >= 400 else None
     if isinstance(error, dict):  # the API's {"type": "error", "error": {...}}, or a server's
         kind = error.get("type") or error.get("code") or "error"
-        text = f"{kind}: {error.get('message', '')}"
+        text = f"{kind}: {one_line(str(error.get('message', '')), 300)}"
+        if asked and (status == 404 or "/v1/v1/" in asked):  # a wrong path: say which
+            text += f", from {asked}"
+    elif asked:
+        return clean(foreign_error(exc, status, body, asked))
     else:
         text = error if isinstance(error, str) else (str(exc) or type(exc).__name__)
     host = request_host(exc) if transport_error(exc) else None
     if host and unreachable(exc):
         return f"cannot reach {host} ({unreachable(exc)})"
     text += f" (talking to {host})" if host and host not in text else ""
-    status = getattr(exc, "status_code", None)
-    return f"{status} {text}" if isinstance(status, int) and status >= 400 else text
+    text += f": {wrong_root(asked)}" if wrong_root(asked) else ""
+    return clean(f"{status} {text}" if isinstance(status, int) and status >= 400 else text)
+
+
+def asked_url(exc):
+    """The URL a failed request asked, without credentials or query, or None."""
+    try:
+        url = exc.request.url
+        host = f"[{url.host}]" if ":" in url.host else url.host
+        return f"{url.scheme}://{host}{f':{url.port}' if url.port else ''}{url.path}"
+    except Exception:
+        return None
+
+
+def wrong_root(asked):
+    """The mistake other SDKs teach: a base URL ending in /v1, to which this SDK adds /v1/messages."""
+    if not asked or "/v1/v1/" not in asked:
+        return ""
+    return f"ANTHROPIC_BASE_URL is the server's root, without /v1 ({asked.split('/v1/v1/')[0]})"
+
+
+def foreign_error(exc, status, body, asked):
+    """A status whose body is not the API's JSON error: a web server, a proxy's page, nothing.
+    One line: the status, the URL asked, what the body was (a short excerpt, tags and controls
+    taken out), and, unless the API itself answered, whether the base URL is a Messages API."""
+    try:
+        reason = http.HTTPStatus(status).phrase  # not the server's own phrase: it could say anything
+    except ValueError:
+        reason = ""
+    headers = getattr(getattr(exc, "response", None), "headers", None) or {}
+    raw = body if isinstance(body, str) else "" if body is None else json.dumps(body)
+    is_page = "html" in str(headers.get("content-type", "")).lower() or \
+        raw.lstrip()[:1] == "<"
+    if is_page:
+        raw = re.sub(r"(?is)<(head|script|style)\b.*?</\1\s*>|<!--.*?-->|<[^>]*>", " ", raw)
+        raw = html.unescape(raw)
+    excerpt = one_line(raw, 100)
+    what = ("an empty body" if not excerpt else
+            "an HTML page" if is_page else "a body") + ", not the API's JSON error"
+    line = f"{status}{f' {reason}' if reason else ''} from {asked}: {what}"
+    line += f" ({excerpt})" if excerpt else ""
+    root = wrong_root(asked)
+    if root:
+        return f"{line}; {root}"
+    base = asked.split("/v1/messages")[0]
+    if urllib.parse.urlsplit(base).hostname == "api.anthropic.com":
+        return line
+    return f"{line}; is ANTHROPIC_BASE_URL ({base}) an Anthropic Messages API server?"
+
+
+def one_line(text, width):
+    """Text as one line of at most `width` characters: whitespace runs and what a terminal
+    would obey (controls, bidi marks) made single spaces."""
+    return shorten(" ".join(INVISIBLE.sub(" ", clean(text)).split()), width)
 
 
 CONTEXT_ERROR = re.compile(r"prompt is too long|context (window|length|size)|exceeds the "
