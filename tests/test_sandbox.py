@@ -714,6 +714,18 @@ def test_a_coding_declaration_cannot_change_what_runs(capsys, workdir):
     assert result["is_error"] and "encoding problem: utf-7 with BOM" in result["content"]
 
 
+@needs_landlock
+def test_a_file_name_that_is_not_utf8_survives_a_scripts_print(capsys, workdir):
+    """os.listdir gives such a name with a lone surrogate: printed, it must not end the script,
+    and the model gets text that names the file the way Python source can write it again."""
+    os.close(os.open(os.path.join(os.fsencode(workdir), b"caf\xe9.csv"), os.O_CREAT | os.O_WRONLY))
+    result, _ = run_script(capsys, workdir, "import os\nprint(*sorted(os.listdir('.')))\n"
+                                            "print(open('caf\\udce9.csv').read() == '')\n")
+    assert not result.get("is_error"), result["content"]
+    assert "caf\\udce9.csv" in result["content"] and "True" in result["content"]
+    result["content"].encode("utf-8")  # valid text: no lone surrogate reaches the model
+
+
 # --- bounded as a whole ---
 
 @needs_landlock
