@@ -126,11 +126,11 @@ class Limits:
 # 2. The loop
 # ================================================================================================
 
-def new_session(question, model, workdir, effort, run_id=None):
+def new_session(question, model, workdir, effort, run_id=None, system=SYSTEM_PROMPT):
     """A run as the transcript keeps it: the history, each turn's record, how it stopped."""
     return {"version": TRANSCRIPT_VERSION, "agent_version": AGENT_VERSION,
             "run_id": run_id or uuid.uuid4().hex, "started_at": now(), "ended_at": None,
-            "model": model, "effort": effort, "system": SYSTEM_PROMPT, "tools": TOOLS,
+            "model": model, "effort": effort, "system": system, "tools": TOOLS,
             "workdir": str(workdir), "question": question,
             "messages": [{"role": "user", "content": [{"type": "text", "text": question}]}],
             "turns": [], "stop": None, "answer": None, "usage": empty_usage()}
@@ -1181,7 +1181,7 @@ TOOL_USE_PROMPT = dict.fromkeys(("claude-haiku-5-5", "claude-sonnet-5-5", "claud
                                 286)  # tokens the API adds with tools (pricing page, 2026-12-02)
 
 
-def count_tokens(client, model, question):
+def count_tokens(client, model, question, system=SYSTEM_PROMPT):
     """What one request's fixed part costs in input tokens, part by part: three calls to the
     API's count_tokens endpoint (free; nothing is generated), each adding one part."""
     def counted(**parts):
@@ -1194,8 +1194,8 @@ def count_tokens(client, model, question):
                              f"(input_tokens: {shorten(repr(value), 40)})")
         return value
 
-    bare, with_system, everything = counted(), counted(system=SYSTEM_PROMPT), \
-        counted(system=SYSTEM_PROMPT, tools=TOOLS)
+    bare, with_system, everything = counted(), counted(system=system), \
+        counted(system=system, tools=TOOLS)
     added = TOOL_USE_PROMPT.get(base_model(model))  # from the pricing page, where it says
     rows = [("the question", bare), ("the system prompt", with_system - bare)]
     if added is not None and everything - with_system >= added:
@@ -1880,10 +1880,19 @@ def prepare_resume(session, question):
         raise UsageError(f"the transcript is finished (stop: {reason}); give a follow-up "
                          "question to continue it")
     # What the model may do comes from this agent.py, never from a file: only history is data.
-    session.update(system=SYSTEM_PROMPT, tools=TOOLS, stop=None, answer=None, ended_at=None,
-                   agent_version=AGENT_VERSION)
+    # Its system prompt too, unless the user agrees to the recorded one (main, own_prompt).
+    session.update(system=own_prompt(session) or SYSTEM_PROMPT, tools=TOOLS, stop=None,
+                   answer=None, ended_at=None, agent_version=AGENT_VERSION)
     session.setdefault("run_id", uuid.uuid4().hex)
     return session, len(pending) if last["role"] == "assistant" else 0
+
+
+def own_prompt(session):
+    """The system prompt a transcript was made with, if it is not agent.py's (--system-prompt):
+    --resume goes on with it only if the user agrees. None for agent.py's, or none at all."""
+    system = session.get("system")
+    return system if isinstance(system, str) and system.strip() and system != SYSTEM_PROMPT \
+        else None
 
 
 # --- Replay: a recorded run without a key ---
@@ -2220,6 +2229,7 @@ class TrialSpec:
     tool: str | None = None  # --expect-tool: ... and it called this tool ...
     stop: str | None = None  # --expect-stop: ... and stopped so (with none: with end_turn)
     quiet: bool = False  # no progress on stderr, only the summary
+    system: str = SYSTEM_PROMPT  # the system prompt every trial is sent (--system-prompt)
 
     @property
     def expect(self):
@@ -2237,7 +2247,7 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None):
                           telemetry=telemetry)
         out = outputs.get(index)
         session = new_session(spec.question, spec.model, ctx.workdir, spec.effort,
-                              events.run_id if events else None)
+                              events.run_id if events else None, spec.system)
         session["trial"] = index
         report.emit("trial.start", transcript=str(out.path) if out else None)
         started = time.monotonic()
@@ -4345,11 +4355,14 @@ def tokens_or_off(value):
 def parse_args(argv):
     p = Parser(prog="agent.py", epilog=EPILOG, description=DESCRIPTION, allow_abbrev=False,
                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"agent.py {AGENT_VERSION}",
+                   help="print agent.py's version, and exit")
     run = p.add_argument_group("run")
     run.add_argument("question", nargs="?", help="the question; - reads it from stdin (with "
                      "--resume: an optional follow-up)")
     run.add_argument("--workdir", metavar="DIR", help="the directory the tools work in (default: "
-                     "the current one); one that holds agent.py or its Python is refused")
+                     "the current one); one that holds agent.py or its Python is refused, "
+                     "unless --no-sandbox")
     run.add_argument("--model", metavar="ID", help="model id (default: $ANTHROPIC_MODEL, else "
                      f"{DEFAULT_MODEL})")
     run.add_argument("--effort", choices=EFFORTS, help="sent as output_config.effort (default: "
@@ -4361,6 +4374,9 @@ def parse_args(argv):
     run.add_argument("--resume", metavar="PATH", help="continue a saved transcript")
     run.add_argument("--replay", metavar="PATH", help="run a saved transcript's model turns "
                      "again against the real tools: no key, no connection")
+    run.add_argument("--system-prompt", metavar="FILE", help="the system prompt, from this UTF-8 "
+                     "file (default: agent.py's, for questions about files); recorded in the "
+                     "transcript, and kept by --resume")
     limits = p.add_argument_group("limits")
     limits.add_argument("--max-turns", type=int, metavar="N", default=Limits.max_turns,
                         help=f"requests per run (default: {Limits.max_turns})")
@@ -4453,9 +4469,9 @@ def parse_args(argv):
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise UsageError(f"--{name.replace('_', '-')} must be a positive number")
     if args.replay and (args.resume or args.trials or args.question is not None or args.model
-                        or args.effort):
+                        or args.effort or args.system_prompt):
         raise UsageError("--replay runs the recorded question and turns again: give it no "
-                         "question, --model, --effort, --resume or --trials")
+                         "question, --model, --effort, --system-prompt, --resume or --trials")
     for what, value in (("the question", args.question), ("--model", args.model),
                         ("--expect", args.expect), ("--decline-message", args.decline_message)):
         check_text(value, what)
@@ -4514,15 +4530,57 @@ def read_question(stdin):
         not_utf8("the question", data[e.start], before, " on stdin")
 
 
+MAX_SYSTEM_PROMPT = 1 << 20  # bytes of a --system-prompt file: more than any context window holds
+
+
+def read_system_prompt(path):
+    """The text of --system-prompt FILE, read only from a regular file (nothing at the path can
+    make agent.py block), as UTF-8; else a UsageError saying what is there."""
+    flag = f"--system-prompt {path}"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise UsageError(f"{flag} does not exist")
+    except OSError as e:
+        raise UsageError(f"{flag} cannot be read: {e.strerror}")
+    kind = stat.S_IFMT(os.fstat(fd).st_mode)
+    if kind != stat.S_IFREG:
+        os.close(fd)
+        what = "a directory" if kind == stat.S_IFDIR else FILE_KINDS.get(kind, "not a file")
+        raise UsageError(f"{flag} is {what}, not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            data = f.read(MAX_SYSTEM_PROMPT + 1)
+        except OSError as e:
+            raise UsageError(f"{flag} cannot be read: {e.strerror}")
+    if len(data) > MAX_SYSTEM_PROMPT:
+        raise UsageError(f"{flag} is over {MAX_SYSTEM_PROMPT >> 20} MiB: too long for a system "
+                         "prompt")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{flag} is not UTF-8 text: byte 0x{data[e.start]:02x} at offset "
+                         f"{e.start} (iconv -t UTF-8 converts it)")
+    if not text.strip():
+        raise UsageError(f"{flag} holds no text: give a file with the prompt (without "
+                         "--system-prompt, agent.py's own is used)")
+    return text
+
+
 INSTALL = ("agent.py needs the anthropic and python-dotenv packages, which {python} cannot "
            "import: python3 -m venv .venv && .venv/bin/pip install -r requirements.txt, then "
            "run .venv/bin/python agent.py ...; or run it with uv run agent.py ...")
 PLACEHOLDER_KEY = "sk-ant-..."  # what .env.example holds
 
 
-def check_workdir(workdir, where):
-    """Refuse a workdir that holds what runs agent.py: the model's code could rewrite it.
-    `where` says where the workdir came from, for the message."""
+def check_workdir(workdir, where, confined=True):
+    """Refuse a workdir that holds what runs agent.py: the sandbox lets the model's code write
+    anywhere in the workdir, so it could rewrite what runs the next time, unconfined and with
+    the key. `where` says where the workdir came from, for the message. Without the sandbox
+    (`confined` False, --no-sandbox) its code can write wherever agent.py can, whatever the
+    workdir: refusing one protects nothing there, so a throwaway container's / is allowed."""
+    if not confined:
+        return
     harness = [("agent.py", __file__), ("the Python interpreter", sys.executable),
                ("the environment agent.py runs in", sys.prefix),
                ("the Python it is built on", sys.base_prefix)]
@@ -4534,7 +4592,8 @@ def check_workdir(workdir, where):
         if real.is_relative_to(workdir):
             raise UsageError(f"{where}, {workdir}, holds {what} ({real}), which the model's code "
                              "could rewrite before the next run: pass --workdir with the "
-                             "directory of the data, e.g. --workdir workspace")
+                             "directory of the data, e.g. --workdir workspace (in a throwaway "
+                             "container, --no-sandbox allows it)")
 
 
 def dotenv_path():
@@ -4665,6 +4724,7 @@ def main(argv=None, client=None, stdin=None):
             args.question = read_question(stdin or sys.stdin).strip()
             if not args.question:
                 raise UsageError("the question is - but stdin held none")
+        system = read_system_prompt(args.system_prompt) if args.system_prompt else None
         if args.count_tokens:
             config = load_config(None, report)
             model = args.model or config["ANTHROPIC_MODEL"] or DEFAULT_MODEL
@@ -4673,7 +4733,8 @@ def main(argv=None, client=None, stdin=None):
                             always=True)
             client = client or make_client(config, Limits())
             try:
-                to_stdout(count_tokens(client, model, args.question or EXAMPLE_QUESTION))
+                to_stdout(count_tokens(client, model, args.question or EXAMPLE_QUESTION,
+                                       system or SYSTEM_PROMPT))
             except Exception as e:  # the server's answer, or its refusal: one line
                 stop = stop_for(e)
                 report.error(f"agent.py: --count-tokens: {stop.reason}: {stop.detail}")
@@ -4691,7 +4752,7 @@ def main(argv=None, client=None, stdin=None):
         workdir = Path(os.path.realpath(args.workdir or recorded.get("workdir") or "."))
         if not workdir.is_dir():
             raise UsageError(f"{where}, {workdir}, is not a directory")
-        check_workdir(workdir, where)
+        check_workdir(workdir, where, confined=not args.no_sandbox)
         for inside in {workdir, Path(os.path.realpath(recorded.get("workdir") or workdir))}:
             if args.resume and Path(os.path.realpath(args.resume)).is_relative_to(inside):
                 raise UsageError(f"--resume {args.resume} is inside the workdir {inside}, where "
@@ -4701,20 +4762,27 @@ def main(argv=None, client=None, stdin=None):
             ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL"))
         SECRETS.update(v for v in [config["ANTHROPIC_API_KEY"]] if v and len(v) >= 8)
         model = args.model or config["ANTHROPIC_MODEL"] or recorded.get("model") or DEFAULT_MODEL
+        prompt = own_prompt(session) if session is not None and system is None else None
         taken = [f"workdir {workdir}"] * (bool(recorded) and not args.workdir) + \
             [f"model {model}"] * (session is not None and model != (
-                args.model or config["ANTHROPIC_MODEL"] or DEFAULT_MODEL))
+                args.model or config["ANTHROPIC_MODEL"] or DEFAULT_MODEL)) + \
+            ([f"system prompt {shorten(prompt, 60)!r} ({len(prompt):,} characters)"] if prompt
+             else [])
         if taken and not agreed(f"{source} asks to go on with its own {' and '.join(taken)}."
                                 " A transcript is only a file, which anything could have "
                                 "written: go on with them?", stdin or sys.stdin):
             raise UsageError(f"not replayed: give --workdir DIR to say where {source} runs"
-                             if replay else f"not resumed: give --workdir DIR (and --model ID) "
-                             f"to say where {source} goes on")
+                             if replay else f"not resumed: give --workdir DIR (and --model ID" +
+                             ", --system-prompt FILE" * bool(prompt) +
+                             f") to say how {source} goes on")
+        if session is not None and system:
+            session["system"] = system
         target = args.transcript or args.resume  # --resume goes on in the file it continues
-        output = OutputFile(target, workdir) if target not in (None, "-") else None
-        trial_outputs = {i: OutputFile(trial_path(output.path, i), workdir)
+        reach = None if args.no_sandbox else workdir  # where the model's code can write, if not
+        output = OutputFile(target, reach) if target not in (None, "-") else None  # everywhere
+        trial_outputs = {i: OutputFile(trial_path(output.path, i), reach)
                          for i in range(1, args.trials + 1)} if args.trials and output else {}
-        events_out = OutputFile(args.events, workdir, "--events", stream=True) \
+        events_out = OutputFile(args.events, reach, "--events", stream=True) \
             if args.events not in (None, "-") else None
         check_distinct([("--transcript", output)] * bool(output)
                        + [("--events", events_out)] * bool(events_out)
@@ -4769,7 +4837,8 @@ def main(argv=None, client=None, stdin=None):
     try:
         if args.trials:
             spec = TrialSpec(args.question, model, args.effort, args.trials, args.jobs,
-                             args.expect, args.expect_tool, args.expect_stop, args.quiet)
+                             args.expect, args.expect_tool, args.expect_stop, args.quiet,
+                             system or SYSTEM_PROMPT)
             summary = run_trials(spec, client, ctx, trial_outputs, events, telemetry)
             if events and events.lost:
                 summary["events_lost"] = events.lost
@@ -4787,7 +4856,8 @@ def main(argv=None, client=None, stdin=None):
                         f"recorded from {made_by(replay)}; workdir {workdir}; nothing is sent",
                         always=True)
         elif session is None:
-            session = new_session(args.question, model, workdir, args.effort, run_id)
+            session = new_session(args.question, model, workdir, args.effort, run_id,
+                                  system or SYSTEM_PROMPT)
         else:
             session.update(model=model, workdir=str(workdir), run_id=run_id,
                            effort=args.effort or session.get("effort"))
