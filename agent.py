@@ -4606,7 +4606,8 @@ def load_config(workdir, report):
     """API settings: the environment, else the .env beside agent.py, read as plain values (no
     ${VAR} expansion) and never loaded into os.environ. That file counts only if it is a
     regular file with no other name (not a symlink or a hard link, which could lead to a file
-    the model's code wrote) outside the workdir: no file a script could have written decides
+    the model's code wrote) outside the workdir, owned by the user running agent.py (or root)
+    and writable by no one else: no file a script or another user could have written decides
     where the key and the data go."""
     names = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL")
     text = read_dotenv(dotenv_path(), workdir, report)
@@ -4625,7 +4626,7 @@ def read_dotenv(path, workdir, report):
     says why)."""
     if path is None:
         return None
-    why = None
+    why, who = None, "the model's code"
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY |
                      os.O_CLOEXEC)
@@ -4640,15 +4641,34 @@ def read_dotenv(path, workdir, report):
                 why = "it is not a regular file"
             elif info.st_nlink != 1:
                 why = f"it has {info.st_nlink} names (hard links)"
+            elif info.st_uid not in (os.geteuid(), 0):  # whoever owns it can rewrite it
+                who = "another user"
+                why = (f"it is owned by {user_name(info.st_uid)}, not by you "
+                       f"({user_name(os.geteuid())}) or root")
+            elif info.st_mode & 0o022:  # (an ACL granting a user write shows in the group bits)
+                who = "another user"
+                why = (f"it is writable by {'its group' if info.st_mode & 0o020 else 'anyone'} "
+                       f"({stat.filemode(info.st_mode)})")
             elif workdir and Path(os.path.realpath(path)).is_relative_to(workdir):
                 why = "it is inside the workdir"
             else:
                 return os.read(fd, 1 << 20).decode("utf-8", "replace")
         finally:
             os.close(fd)
-    report.error(f"note: not reading {path}: {why}, so the model's code could have written it "
-                 "(set ANTHROPIC_* in the environment, or make it a plain file beside agent.py)")
+    fix = "chown it to yourself and chmod go-w it" if who == "another user" else \
+        "make it a plain file beside agent.py"
+    report.error(f"note: not reading {path}: {why}, so {who} could have written it "
+                 f"(set ANTHROPIC_* in the environment, or {fix})")
     return None
+
+
+def user_name(uid):
+    """`nobody (uid 65534)`, or the uid alone when it has no name."""
+    import pwd
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def make_client(config, limits, otel=False):
