@@ -44,6 +44,7 @@ import re
 import resource
 import select
 import selectors
+import shlex
 import signal
 import site
 import socket
@@ -4269,26 +4270,26 @@ def tokens_or_off(value):
 def parse_args(argv):
     p = Parser(prog="agent.py", epilog=EPILOG, description=DESCRIPTION, allow_abbrev=False,
                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--version", action="version", version=f"agent.py {AGENT_VERSION}",
+    p.add_argument("-V", "--version", action="version", version=f"agent.py {AGENT_VERSION}",
                    help="print agent.py's version, and exit")
     run = p.add_argument_group("run")
     run.add_argument("question", nargs="?", help="the question; - reads it from stdin (with "
                      "--resume: an optional follow-up)")
-    run.add_argument("--workdir", metavar="DIR", help="the directory the tools work in (default: "
+    run.add_argument("-C", "--workdir", metavar="DIR", help="the directory the tools work in (default: "
                      "the current one); one that holds agent.py or its Python is refused, "
                      "unless --no-sandbox")
-    run.add_argument("--model", metavar="ID", help="model id (default: $ANTHROPIC_MODEL, else "
+    run.add_argument("-m", "--model", metavar="ID", help="model id (default: $ANTHROPIC_MODEL, else "
                      f"{DEFAULT_MODEL})")
     run.add_argument("--effort", choices=EFFORTS, help="sent as output_config.effort (default: "
                      "the model's)")
-    run.add_argument("--yes", action="store_true", help="run run_python without asking, once "
+    run.add_argument("-y", "--yes", action="store_true", help="run run_python without asking, once "
                      "the sandbox is proven (default: ask every time)")
     run.add_argument("--no-sandbox", action="store_true", help="run run_python unconfined "
                      "(default: sandboxed)")
-    run.add_argument("--resume", metavar="PATH", help="continue a saved transcript")
+    run.add_argument("-r", "--resume", metavar="PATH", help="continue a saved transcript")
     run.add_argument("--replay", metavar="PATH", help="run a saved transcript's model turns "
                      "again against the real tools: no key, no connection")
-    run.add_argument("--system-prompt", metavar="FILE", help="the system prompt, from this UTF-8 "
+    run.add_argument("-s", "--system-prompt", metavar="FILE", help="the system prompt, from this UTF-8 "
                      "file (default: agent.py's, for questions about files); recorded in the "
                      "transcript, and kept by --resume")
     limits = p.add_argument_group("limits")
@@ -4315,7 +4316,7 @@ def parse_args(argv):
                          "here, outside the workdir; - for stdout (default: none)")
     outputs.add_argument("--otel", action="store_true", help="send the run as OpenTelemetry "
                          "traces over OTLP, as OTEL_EXPORTER_OTLP_* say (optional packages)")
-    outputs.add_argument("--quiet", action="store_true", help="no progress on stderr (default: "
+    outputs.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr (default: "
                          "progress)")
     trials = p.add_argument_group("trials: how stable is a behaviour")
     trials.add_argument("--trials", type=int, metavar="K", help="run the question K times; "
@@ -4360,7 +4361,13 @@ def parse_args(argv):
                          "Format, v1.8), and exit")
     inspect.add_argument("-o", "--output", metavar="PATH", help="where --report or --export "
                          "writes; - for stdout (default: beside JSON)")
-    args = p.parse_args(argv)
+    args, extra = p.parse_known_args(argv)
+    if extra:  # argparse's own message; for words alone, what they most likely are
+        words = [a for a in extra if not a.startswith("-") or a == "-"]
+        hint = f"; a question of several words goes in quotes: agent.py " \
+               f"{shlex.quote(' '.join([args.question, *words]))} ..." \
+            if words == extra and args.question is not None else " (see --help)"
+        raise UsageError(f"unrecognized arguments: {' '.join(extra)}{hint}")
     inspecting = [flag for flag, given in (("--schema", args.schema), ("--report", args.report),
                                            ("--export", args.export)) if given]
     if len(inspecting) > 1:
