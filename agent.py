@@ -256,6 +256,7 @@ EXIT_CODES = {
     "max_tokens": 5, "refusal": 5, "model_context_window_exceeded": 5,  # stopped unfinished
     "api_error": 1, "error": 1,  # the API refused or failed; a bug or unknown stop_reason
     "interrupted": 130,  # Ctrl-C or SIGTERM
+    "replay_differs": 7,  # --replay --strict: a tool result is not the recorded one
 }
 TEXT_STOPS = {"end_turn", "stop_sequence", "max_turns", "max_tokens", "refusal",
               "model_context_window_exceeded"}  # stops whose final text goes to stdout
@@ -318,6 +319,8 @@ def stop_for(exc, api=True):
         return Stop("interrupted", STOPPED)
     if isinstance(exc, ReplayEnded):  # --replay asked past the recording: it knows the Stop
         return exc.stop
+    if isinstance(exc, ReplayDiffers):  # --strict: the replies that follow answered other results
+        return Stop("replay_differs", str(exc))
     status, retries = getattr(exc, "status_code", None), getattr(exc, "retries", [])
     if not api or status is None and not transport_error(exc) \
             and not type(exc).__module__.startswith("anthropic"):
@@ -1827,6 +1830,16 @@ class ReplayEnded(Exception):
         self.stop = stop
 
 
+class ReplayDiffers(Exception):
+    """--replay --strict: a turn's tool results differ from the recording, so the recorded
+    replies that follow answered results this run did not get. The next request raises it."""
+
+    def __init__(self, turn, differed, calls, source):
+        super().__init__(f"turn {turn}: {differed} of {plural(calls, 'tool result')} "
+                         f"{'differs' if differed == 1 else 'differ'} from {source}, and the "
+                         "recorded replies after it answered the recorded results (--strict)")
+
+
 def load_recording(path):
     """A transcript --replay can run, or a UsageError saying what the file is."""
     recording = load_transcript(path, "--replay")
@@ -1905,10 +1918,12 @@ class ReplayClient:
 
     def __init__(self, recording, source):
         self.replies, self.source = recorded_replies(recording), source
-        self.recorded_stop, self.given = recording["stop"], 0
+        self.recorded_stop, self.given, self.differs = recording["stop"], 0, None
         self.messages = self.beta = self  # client.messages.stream, client.beta.messages.stream
 
     def stream(self, **request):
+        if self.differs:  # --strict, and the last turn's results were not the recorded ones
+            raise self.differs
         if self.given == len(self.replies):
             raise ReplayEnded(self.ended())
         self.given += 1
@@ -1983,31 +1998,36 @@ class ReplayCheck:
     stderr where they differ, and keeps the difference in the session's `replay` field. At the
     stop, says how many differed, and whether the replay stopped before the recording did."""
 
-    def __init__(self, recording, client, report, save):
+    def __init__(self, recording, client, report, save, strict=False):
         self.recorded = {b["tool_use_id"]: b for m in recording["messages"]
                          if m["role"] == "user" for b in m["content"]
                          if b["type"] == "tool_result"}
-        self.client, self.report, self.save = client, report, save
+        self.client, self.report, self.save, self.strict = client, report, save, strict
         self.checked, self.seen, self.calls = 0, 0, 0  # turns and messages compared; calls
 
     def __call__(self, session, final=False):
         results = {b["tool_use_id"]: b for m in session["messages"][self.seen:]
                    if m["role"] == "user" for b in m["content"] if b["type"] == "tool_result"}
         for record in session["turns"][self.checked:]:
-            for call in record["tool_calls"]:
-                self.compare(session["replay"], record["turn"], call, results.get(call["id"]))
+            differed = sum(not self.compare(session["replay"], record["turn"], call,
+                                            results.get(call["id"]))
+                           for call in record["tool_calls"])
+            if differed and self.strict and not self.client.differs:  # the next request stops
+                self.client.differs = ReplayDiffers(record["turn"], differed,
+                                                    len(record["tool_calls"]),
+                                                    session["replay"]["source"])
         self.checked, self.seen = len(session["turns"]), len(session["messages"])
         if final:
             self.summary(session)
         self.save(session, final)
 
     def compare(self, replay, turn, call, result):
-        """Say so, and keep it, if this call's result is not the recorded one."""
+        """Say so, and keep it, if this call's result is not the recorded one. True if it is."""
         self.calls += 1
         then = self.recorded.get(call["id"])
         if then and result and then.get("content") == result["content"] \
                 and bool(then.get("is_error")) == bool(result.get("is_error")):
-            return
+            return True
         diff = result_diff(then, result)
         replay["differences"].append({"turn": turn, "id": call["id"], "name": call["name"],
                                       "diff": diff})
@@ -2015,9 +2035,11 @@ class ReplayCheck:
                           "differs from the recording")
         for line in diff:
             self.report.error(f"    {line}")
-        if len(replay["differences"]) == 1 and self.client.given < len(self.client.replies):
+        if len(replay["differences"]) == 1 and self.client.given < len(self.client.replies) \
+                and not self.strict:
             self.report.error("    (the recorded replies that follow answered the recorded "
                               "result; they are replayed as they were)")
+        return False
 
     def summary(self, session):
         differed = len(session["replay"]["differences"])
@@ -2027,7 +2049,7 @@ class ReplayCheck:
         else:
             self.report.line(f"replay: {plural(self.calls, 'tool result')}, each as recorded")
         left = len(self.client.replies) - self.client.given
-        if left:
+        if left and not self.client.differs:  # else the stop says why
             self.report.error(f"replay: the run stopped with {left} recorded "
                               f"{'reply' if left == 1 else 'replies'} not replayed: it stopped "
                               "before the recording did")
@@ -4254,6 +4276,7 @@ exit codes:
   4    token_budget, cost_budget: stopped before running the pending tool calls
   5    max_tokens, refusal, model_context_window_exceeded: stdout has the partial text
   6    --trials: some trials failed
+  7    replay_differs: --replay --strict, and a tool result differs from the recording
   130  interrupted (Ctrl-C or SIGTERM)"""
 
 
@@ -4289,6 +4312,9 @@ def parse_args(argv):
     run.add_argument("-r", "--resume", metavar="PATH", help="continue a saved transcript")
     run.add_argument("--replay", metavar="PATH", help="run a saved transcript's model turns "
                      "again against the real tools: no key, no connection")
+    run.add_argument("--strict", action="store_true", help="with --replay: stop at the first "
+                     "turn whose tool results differ from the recording, and exit 7 "
+                     "(replay_differs): a regression check for CI")
     run.add_argument("-s", "--system-prompt", metavar="FILE", help="the system prompt, from this UTF-8 "
                      "file (default: agent.py's, for questions about files); recorded in the "
                      "transcript, and kept by --resume")
@@ -4393,6 +4419,8 @@ def parse_args(argv):
                         or args.effort or args.system_prompt):
         raise UsageError("--replay runs the recorded question and turns again: give it no "
                          "question, --model, --effort, --system-prompt, --resume or --trials")
+    if args.strict and not args.replay:
+        raise UsageError("--strict goes with --replay")
     if args.resume is None and args.replay is None and not (args.question or "").strip():
         raise UsageError("give a question (- reads it from stdin), --resume PATH or --replay "
                          "PATH")
@@ -4754,7 +4782,7 @@ def main(argv=None, client=None, stdin=None):
         save = Saver(output)
         report.trace("begin", session)
         stop = drive(client, session, ctx, report,
-                     ReplayCheck(replay, client, report, save) if replay else save)
+                     ReplayCheck(replay, client, report, save, args.strict) if replay else save)
         report.trace("end", stop, session)
         report.flush_text()
         u, turns = session["usage"], plural(len(session["turns"]), "turn")
