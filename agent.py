@@ -1444,7 +1444,7 @@ TRANSCRIPT_SCHEMA = {
            "answer": nullable(STRING), "usage": USAGE_SCHEMA},
           {"agent_version": STRING, "run_id": STRING, "started_at": TIME,
            "ended_at": nullable(TIME), "trial": COUNT, "cleared": array(STRING),
-           "events_lost": STRING, "produced_by": PRODUCED_BY, "replay": obj(
+           "events_lost": STRING, "produced_by": PRODUCED_BY, "base_url": STRING, "replay": obj(
                {"source": STRING, "differences": array(obj(
                    {"turn": COUNT, "id": STRING, "name": STRING, "diff": array(STRING)}))})})}
 EVENT_TYPES = {  # type -> (fields it always has, fields it may have)
@@ -1498,7 +1498,7 @@ SUMMARY_SCHEMA = {
            "interrupted": BOOL, "question": STRING, "model": STRING,
            "expect": obj({"regex": nullable(STRING), "tool": nullable(STRING),
                           "stop": nullable(STRING)}),
-           "decline_message": STRING}, {"events_lost": STRING})}
+           "decline_message": STRING}, {"events_lost": STRING, "base_url": STRING})}
 SCHEMAS = {"transcript": TRANSCRIPT_SCHEMA, "events": EVENTS_SCHEMA, "summary": SUMMARY_SCHEMA}
 
 
@@ -1897,6 +1897,8 @@ def replay_session(recording, workdir, run_id, source):
     session["system"] = recording["system"]
     if is_str(fields(recording.get("produced_by")).get("kind")):  # who wrote the replies
         session["produced_by"] = recording["produced_by"]
+    if is_str(recording.get("base_url")):  # the server that sent them
+        session["base_url"] = server_url(recording["base_url"]) or recording["base_url"]
     session["replay"] = {"source": str(source), "differences": []}
     return session
 
@@ -2167,6 +2169,7 @@ class TrialSpec:
     stop: str | None = None  # --expect-stop: ... and stopped so (with none: with end_turn)
     quiet: bool = False  # no progress on stderr, only the summary
     system: str = SYSTEM_PROMPT  # the system prompt every trial is sent (--system-prompt)
+    server: str | None = None  # ANTHROPIC_BASE_URL as recorded (server_url); None: Anthropic's
 
     @property
     def expect(self):
@@ -2186,6 +2189,8 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None):
         session = new_session(spec.question, spec.model, ctx.workdir, spec.effort,
                               events.run_id if events else None, spec.system)
         session["trial"] = index
+        if spec.server:
+            session["base_url"] = spec.server
         report.emit("trial.start", transcript=str(out.path) if out else None)
         started = time.monotonic()
         save = Saver(out)
@@ -2218,6 +2223,8 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None):
     summary = summarize(results, spec.k)
     summary.update(interrupted=interrupted, question=spec.question, model=spec.model,
                    expect=spec.expect, decline_message=ctx.decline_message)  # what was measured
+    if spec.server:
+        summary["base_url"] = spec.server
     report = Reporter(spec.quiet, events=events)
     print_summary(summary, report)
     if interrupted:
@@ -2358,6 +2365,22 @@ def provenance(t):
     return said
 
 
+def server_said(t):
+    """The server a run talked to (base_url), for the report's header; none for Anthropic's
+    API, the SDK's default, which transcripts do not name."""
+    return f" · server <code>{esc(t['base_url'])}</code>" if is_str(t.get("base_url")) else ""
+
+
+def priced_as(t):
+    """What a cost means when the run talked to a server that is not Anthropic's API: agent.py
+    prices tokens by the model's name, as that API would bill them (PRICING)."""
+    url = t.get("base_url")
+    if not is_str(url) or urllib.parse.urlsplit(url).hostname == ANTHROPIC_HOST:
+        return ""
+    return (f"<p>The cost is priced as {esc(t.get('model', 'the model'))} would be on "
+            f"Anthropic's API, not by {esc(url)}, which may bill otherwise, or nothing.</p>")
+
+
 def run_report(t):
     """The report of one run: what was asked, how it ended, what each turn cost and did."""
     turns, usage, stop = items(t.get("turns")), fields(t.get("usage")), fields(t.get("stop"))
@@ -2371,10 +2394,10 @@ def run_report(t):
     body = [f"<h1>agent.py run</h1><div class=\"q\">{esc(t.get('question', ''))}</div>",
             f"<p>model <b>{esc(t.get('model'))}</b> · workdir <code>{esc(t.get('workdir'))}"
             f"</code> · run <code>{esc(t.get('run_id', '?'))}</code> · started "
-            f"{esc(t.get('started_at', '?'))}{provenance(t)}</p>",
+            f"{esc(t.get('started_at', '?'))}{provenance(t)}{server_said(t)}</p>",
             '<div class="cards">' + "".join(f'<div class="card">{esc(k)}<b>{esc(v)}</b></div>'
                                              for k, v in cards) + "</div>",
-            f"<p>{esc(stop.get('detail', ''))}</p>"]
+            f"<p>{esc(stop.get('detail', ''))}</p>{priced_as(t)}"]
     if t.get("answer"):
         body.append(f"<h2>Answer</h2><pre>{esc(t['answer'])}</pre>")
     body.append("<h2>Tokens per turn</h2>" + token_chart(turns))
@@ -2438,14 +2461,14 @@ def trials_report(summary):
     p1 = summary.get("pass@1")
     expect = {k: v for k, v in fields(summary.get("expect")).items() if v}
     head = (f"<h1>agent.py trials</h1><div class=\"q\">{esc(summary.get('question', ''))}</div>"
-            f"<p>model <b>{esc(summary.get('model', '?'))}</b> · a trial passes when "
+            f"<p>model <b>{esc(summary.get('model', '?'))}</b>{server_said(summary)} · a trial passes when "
             f"{esc(json.dumps(expect, ensure_ascii=False) if expect else 'it ends with end_turn')}"
             f" · a declined call tells the model: {esc(summary.get('decline_message', '?'))}</p>"
             f"<p>{esc(summary.get('n'))} of "
             f"{esc(summary.get('requested'))} ran: {esc(summary.get('passes'))} passed, "
             f"{esc(summary.get('failed'))} failed, {esc(summary.get('errored'))} errored "
             f"(not counted in pass@k). pass@1 = {esc(f'{p1:.3f}' if isinstance(p1, float) else p1)}, 95% Wilson "
-            f"interval {esc(interval[0])}–{esc(interval[1])}.</p>")
+            f"interval {esc(interval[0])}–{esc(interval[1])}.</p>{priced_as(summary)}")
     return page("agent.py trials", head + "<h2>pass@k and pass^k</h2><table><tr><th>k</th><th>"
                 "pass@k</th><th>pass^k</th></tr>" + rows + "</table>" + "".join(plot)
                 + "<h2>Trials</h2><table><tr><th>trial</th><th>stop</th><th>result</th><th>"
@@ -2484,7 +2507,7 @@ def write_report(path, output=None):
 
 ATIF_VERSION = "ATIF-v1.8"
 RUN_FACTS = ("run_id", "workdir", "started_at", "ended_at", "stop", "answer", "trial",
-             "cleared", "events_lost", "produced_by", "replay")  # a trajectory's extra
+             "cleared", "events_lost", "produced_by", "replay", "base_url")  # its extra
 
 
 def export_atif(path, output):
@@ -4605,6 +4628,25 @@ def make_client(config, limits, otel=False):
     return anthropic.Anthropic(**options)
 
 
+ANTHROPIC_HOST = "api.anthropic.com"  # the SDK's default server, which prices are for
+
+
+def server_url(url):
+    """ANTHROPIC_BASE_URL as a transcript records it: scheme, host, port and path, never the
+    user:password@ of the URL or its query and fragment, which can carry keys. None if it is
+    not a URL."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return None
+    if not host:
+        return None
+    host = f"[{host}]" if ":" in host else host
+    return urllib.parse.urlunsplit((parts.scheme, host + (f":{port}" if port else ""),
+                                    parts.path, "", ""))
+
+
 def shown_on_terminal(report):
     """True when the answer already streamed to the terminal stdout would print it on again."""
     try:
@@ -4675,6 +4717,7 @@ def main(argv=None, client=None, stdin=None):
         config = load_config(workdir, report) if not replay else dict.fromkeys(  # no key
             ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL"))
         SECRETS.update(v for v in [config["ANTHROPIC_API_KEY"]] if v and len(v) >= 8)
+        server = server_url(config["ANTHROPIC_BASE_URL"] or "")  # recorded; None: Anthropic's
         model = args.model or config["ANTHROPIC_MODEL"] or recorded.get("model") or DEFAULT_MODEL
         prompt = own_prompt(session) if session is not None and system is None else None
         taken = [f"workdir {workdir}"] * (bool(recorded) and not args.workdir) + \
@@ -4752,7 +4795,7 @@ def main(argv=None, client=None, stdin=None):
         if args.trials:
             spec = TrialSpec(args.question, model, args.effort, args.trials, args.jobs,
                              args.expect, args.expect_tool, args.expect_stop, args.quiet,
-                             system or SYSTEM_PROMPT)
+                             system or SYSTEM_PROMPT, server)
             summary = run_trials(spec, client, ctx, trial_outputs, events, telemetry)
             if events and events.lost:
                 summary["events_lost"] = events.lost
@@ -4772,9 +4815,14 @@ def main(argv=None, client=None, stdin=None):
         elif session is None:
             session = new_session(args.question, model, workdir, args.effort, run_id,
                                   system or SYSTEM_PROMPT)
+            if server:
+                session["base_url"] = server
         else:
             session.update(model=model, workdir=str(workdir), run_id=run_id,
                            effort=args.effort or session.get("effort"))
+            session.pop("base_url", None)  # the server of this run, not the last one's
+            if server:
+                session["base_url"] = server
             report.line(f"resuming {args.resume}: {plural(len(session['turns']), 'turn')} so "
                         f"far; workdir {workdir}; model {model}" + (
                             f"; {plural(unanswered, 'pending tool call')} answered 'not run'"
