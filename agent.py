@@ -33,6 +33,7 @@ import difflib
 import errno
 import gc
 import html
+import http
 import importlib.util
 import io
 import json
@@ -518,7 +519,7 @@ def call_tool(block, ctx):
         result["content"] = f"internal tool error: {type(e).__name__}: {e}"
         result["is_error"] = True
         facts["exit_code"] = None
-    result["content"] = redact(result["content"])  # whatever route a secret took to get here
+    result["content"] = clean(redact(result["content"]))  # no secret, by whatever route it came
     return result, facts
 
 
@@ -815,7 +816,8 @@ def retry_delay(exc, attempt, limits):
     elif status < 400:  # an error event inside a 200 stream
         transient = kind in ("overloaded_error", "api_error", "rate_limit_error", "timeout_error")
     else:
-        transient = status in (408, 409, 429) or status >= 500
+        transient = status in (408, 409, 429) or status >= 500 and status not in (501, 505)
+        #           ^ not implemented, or HTTP version not supported: no retry will mend that
     if not transient:
         return None
     try:
@@ -902,7 +904,7 @@ def request_turn(client, request, limits, report, cancel):
                      "was not run")
     if not isinstance(message.get("stop_reason"), (str, type(None))):  # kept, as a string
         message = dict(message, stop_reason=json.dumps(message["stop_reason"])[:80])
-    reply.message = message
+    reply.message = clean(message)  # a server's "\\ud800" is not text: kept as U+FFFD
     return reply
 
 
@@ -982,20 +984,80 @@ def request_host(exc):
 
 
 def api_message(exc):
-    """The server's own error message (either error shape), for stderr and the transcript."""
+    """The server's error in one line, for stderr and the transcript: the API's own message
+    (either error shape), or, from a server that answered something else, its status, the URL
+    asked and a short clean excerpt (foreign_error)."""
     body = getattr(exc, "body", None)
     error = body.get("error") if isinstance(body, dict) else None
+    status = getattr(exc, "status_code", None)
+    asked = asked_url(exc) if isinstance(status, int) and status >= 400 else None
     if isinstance(error, dict):  # the API's {"type": "error", "error": {...}}, or a server's
         kind = error.get("type") or error.get("code") or "error"
-        text = f"{kind}: {error.get('message', '')}"
+        text = f"{kind}: {one_line(str(error.get('message', '')), 300)}"
+        if asked and (status == 404 or "/v1/v1/" in asked):  # a wrong path: say which
+            text += f", from {asked}"
+    elif asked:
+        return clean(foreign_error(exc, status, body, asked))
     else:
         text = error if isinstance(error, str) else (str(exc) or type(exc).__name__)
     host = request_host(exc) if transport_error(exc) else None
     if host and unreachable(exc):
         return f"cannot reach {host} ({unreachable(exc)})"
     text += f" (talking to {host})" if host and host not in text else ""
-    status = getattr(exc, "status_code", None)
-    return f"{status} {text}" if isinstance(status, int) and status >= 400 else text
+    text += f": {wrong_root(asked)}" if wrong_root(asked) else ""
+    return clean(f"{status} {text}" if isinstance(status, int) and status >= 400 else text)
+
+
+def asked_url(exc):
+    """The URL a failed request asked, without credentials or query, or None."""
+    try:
+        url = exc.request.url
+        host = f"[{url.host}]" if ":" in url.host else url.host
+        return f"{url.scheme}://{host}{f':{url.port}' if url.port else ''}{url.path}"
+    except Exception:
+        return None
+
+
+def wrong_root(asked):
+    """The mistake other SDKs teach: a base URL ending in /v1, to which this SDK adds /v1/messages."""
+    if not asked or "/v1/v1/" not in asked:
+        return ""
+    return f"ANTHROPIC_BASE_URL is the server's root, without /v1 ({asked.split('/v1/v1/')[0]})"
+
+
+def foreign_error(exc, status, body, asked):
+    """A status whose body is not the API's JSON error: a web server, a proxy's page, nothing.
+    One line: the status, the URL asked, what the body was (a short excerpt, tags and controls
+    taken out), and, unless the API itself answered, whether the base URL is a Messages API."""
+    try:
+        reason = http.HTTPStatus(status).phrase  # not the server's own phrase: it could say anything
+    except ValueError:
+        reason = ""
+    headers = getattr(getattr(exc, "response", None), "headers", None) or {}
+    raw = body if isinstance(body, str) else "" if body is None else json.dumps(body)
+    is_page = "html" in str(headers.get("content-type", "")).lower() or \
+        raw.lstrip()[:1] == "<"
+    if is_page:
+        raw = re.sub(r"(?is)<(head|script|style)\b.*?</\1\s*>|<!--.*?-->|<[^>]*>", " ", raw)
+        raw = html.unescape(raw)
+    excerpt = one_line(raw, 100)
+    what = ("an empty body" if not excerpt else
+            "an HTML page" if is_page else "a body") + ", not the API's JSON error"
+    line = f"{status}{f' {reason}' if reason else ''} from {asked}: {what}"
+    line += f" ({excerpt})" if excerpt else ""
+    root = wrong_root(asked)
+    if root:
+        return f"{line}; {root}"
+    base = asked.split("/v1/messages")[0]
+    if urllib.parse.urlsplit(base).hostname == "api.anthropic.com":
+        return line
+    return f"{line}; is ANTHROPIC_BASE_URL ({base}) an Anthropic Messages API server?"
+
+
+def one_line(text, width):
+    """Text as one line of at most `width` characters: whitespace runs and what a terminal
+    would obey (controls, bidi marks) made single spaces."""
+    return shorten(" ".join(INVISIBLE.sub(" ", clean(text)).split()), width)
 
 
 CONTEXT_ERROR = re.compile(r"prompt is too long|context (window|length|size)|exceeds the "
@@ -1241,9 +1303,33 @@ ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # made on
 
 def dump(document):
     """A document as the bytes agent.py writes: one line of JSON (the C encoder), secrets
-    redacted, text that is not valid Unicode (a lone surrogate) kept as its JSON escape."""
-    text = redact(ENCODER.encode(document))
-    return text.encode("utf-8", "backslashreplace") + b"\n"
+    redacted, text that is not valid Unicode (a lone surrogate) written as U+FFFD."""
+    return utf8(redact(ENCODER.encode(document))) + b"\n"
+
+
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # in a str, never part of a valid character
+
+
+def utf8(text):
+    """`text` as UTF-8, each lone surrogate (a byte that was not UTF-8, a server's stray
+    \\ud800) written as U+FFFD: nothing agent.py writes holds text that is not Unicode."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return LONE_SURROGATE.sub("\ufffd", text).encode("utf-8")
+
+
+def clean(value):
+    """A value from outside (a reply, a document read back, an error's text) with each lone
+    surrogate in its strings replaced by U+FFFD, so that every writer, OTel's included, gets
+    text."""
+    if isinstance(value, str):
+        return value if value.isascii() else LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {clean(k): clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [clean(v) for v in value]
+    return value
 
 
 class OutputFile:
@@ -1692,8 +1778,8 @@ def read_document(path, flag):
         raise UsageError(f"{flag} {path} holds over {MAX_CONTAINERS:,} objects and lists: not "
                          "a document agent.py wrote")
     try:
-        return json.loads(data.decode("utf-8"), parse_int=bounded_int,
-                          parse_float=bounded_float, parse_constant=no_constant)
+        return clean(json.loads(data.decode("utf-8"), parse_int=bounded_int,
+                                parse_float=bounded_float, parse_constant=no_constant))
     except RecursionError:
         raise UsageError(f"{flag} {path} is nested too deeply: not a document agent.py wrote")
     except Unbounded as e:
@@ -2485,7 +2571,7 @@ def write_report(path, output=None):
         raise UsageError(f"--report {path} is {kind}; it renders a transcript or a trials "
                          "summary")
     text = trials_report(document) if kind == "a trials summary" else run_report(document)
-    data = text.encode("utf-8", "backslashreplace")
+    data = utf8(text)
     if output == "-":
         to_stdout(for_terminal(data, html=True))
         return []
@@ -2929,7 +3015,7 @@ class Counted(logging.Handler):
 
 def as_json(value):
     """A content attribute: JSON text, secrets redacted (the conventions' string form)."""
-    return redact(json.dumps(value, ensure_ascii=False))
+    return clean(redact(json.dumps(value, ensure_ascii=False)))
 
 
 def usage_attributes(usage):
@@ -4444,6 +4530,9 @@ def parse_args(argv):
                          "question, --model, --effort, --system-prompt, --resume or --trials")
     if args.strict and not args.replay:
         raise UsageError("--strict goes with --replay")
+    for what, value in (("the question", args.question), ("--model", args.model),
+                        ("--expect", args.expect), ("--decline-message", args.decline_message)):
+        check_text(value, what)
     if args.resume is None and args.replay is None and not (args.question or "").strip():
         raise UsageError("give a question (- reads it from stdin), --resume PATH or --replay "
                          "PATH")
@@ -4465,6 +4554,38 @@ def parse_args(argv):
     if args.keep_tool_results < 0:
         raise UsageError("--keep-tool-results must be at least 0")
     return args
+
+
+def check_text(value, what, where=""):
+    """`value` if it is text; a UsageError if it is not valid UTF-8 (Python hands such bytes of
+    the command line or the environment over as lone surrogates), which agent.py can neither
+    send nor record."""
+    try:
+        value is None or value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        byte = os.fsencode(value[e.start])[0] if "\udc80" <= value[e.start] <= "\udcff" \
+            else None
+        not_utf8(what, byte, value[:e.start], where)
+    return value
+
+
+def not_utf8(what, byte, before, where=""):
+    said = f"byte 0x{byte:02x}" if byte is not None else "a lone surrogate"
+    raise UsageError(f"{what} is not valid UTF-8: {said} after {shorten(before, 40)!r}; give it "
+                     f"as UTF-8 text (iconv -t UTF-8 converts a file){where}")
+
+
+def read_question(stdin):
+    """The question on stdin (-): its bytes, which must be UTF-8, when it has them."""
+    raw = getattr(stdin, "buffer", None)
+    if raw is None:
+        return check_text(stdin.read(), "the question", " on stdin")
+    data = raw.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        before = data[:e.start].decode("utf-8", "replace")
+        not_utf8("the question", data[e.start], before, " on stdin")
 
 
 MAX_SYSTEM_PROMPT = 1 << 20  # bytes of a --system-prompt file: more than any context window holds
@@ -4554,7 +4675,7 @@ def load_config(workdir, report):
         except ImportError:
             raise UsageError(INSTALL.format(python=sys.executable))
         found = dotenv_values(stream=io.StringIO(text), interpolate=False)
-    return {n: os.environ.get(n) or found.get(n) for n in names}
+    return {n: check_text(os.environ.get(n) or found.get(n), n) for n in names}
 
 
 def read_dotenv(path, workdir, report):
@@ -4677,7 +4798,7 @@ def main(argv=None, client=None, stdin=None):
                 report.line(f"atif: {written}", always=True)
             return 0
         if args.question == "-":
-            args.question = (stdin or sys.stdin).read().strip()
+            args.question = read_question(stdin or sys.stdin).strip()
             if not args.question:
                 raise UsageError("the question is - but stdin held none")
         system = read_system_prompt(args.system_prompt) if args.system_prompt else None

@@ -1,5 +1,6 @@
 """Terminal output (Reporter, visible) and the CLI: flags, .env, make_client, main, subprocess."""
 
+import io
 import json
 import os
 import re
@@ -83,6 +84,34 @@ def test_a_dash_question_is_read_from_stdin_and_an_empty_one_refused(capsys, wor
     client = FakeClient()
     code, out, err = run_cli(capsys, ["-", "--workdir", str(workdir)], client, stdin="\n")
     assert (code, out, client.requests) == (2, "", []) and "stdin held none" in err
+
+
+@pytest.mark.parametrize("how", ["argument", "stdin"])
+def test_a_question_that_is_not_utf8_is_a_usage_error_before_anything_is_sent(capsys, workdir,
+                                                                             how):
+    """Python hands such an argument over with a lone surrogate (\\udce9 for byte 0xe9): it
+    must not be sent, nor recorded as text that is not Unicode."""
+    client = FakeClient(reply(text("never")))
+    argv, stdin = (["caf\udce9 ?"], "") if how == "argument" else \
+        (["-"], io.TextIOWrapper(io.BytesIO(b"caf\xe9 ?\n"), encoding="utf-8"))
+    code, out, err = run_cli(capsys, argv + ["--workdir", str(workdir)], client, stdin=stdin)
+    assert (code, out, client.requests) == (2, "", [])
+    assert err == ("agent.py: the question is not valid UTF-8: byte 0xe9 after 'caf'; give it as "
+                   f"UTF-8 text (iconv -t UTF-8 converts a file){' on stdin' * (how == 'stdin')}"
+                   "\n"), err
+
+
+def test_a_question_that_is_not_utf8_is_refused_as_a_user_gives_it(request, workdir, tmp_path,
+                                                                   agent_copy):
+    api = serve(request)
+    for argv, given in (([b"caf\xe9 ?"], None), (["-"], b"caf\xe9 ?\n")):
+        done = subprocess.run([sys.executable, str(agent_copy), *argv, "--workdir", str(workdir),
+                               "--transcript", str(tmp_path / "run.json"), "--events",
+                               str(tmp_path / "events.jsonl")], input=given or b"",
+                              capture_output=True, env=agent_env(api), timeout=60)
+        assert done.returncode == 2 and b"not valid UTF-8" in done.stderr, done.stderr
+        assert len(done.stderr.splitlines()) == 1 and done.stdout == b""
+    assert api.requests == [] and not (tmp_path / "run.json").exists()
 
 
 def test_count_tokens_without_a_question_says_what_it_counted(capsys):

@@ -16,7 +16,8 @@ import pytest
 import agent
 from api_rules import check_request
 from fakes import Chunked, FakeAPIError, FakeClient, reply, text, tool_use
-from helpers import (agent_env, assert_well_formed, budget_stopped, events_of, run_agent_py,
+from helpers import (agent_env, assert_well_formed, budget_stopped, events_of, lone_surrogates,
+                     run_agent_py, surrogate_run, with_lone_surrogates,
                      run_cli, schema_errors, serve)
 
 
@@ -183,8 +184,28 @@ def test_text_that_is_not_valid_unicode_keeps_the_transcript(capsys, workdir, tm
                              client)
     saved = json.loads(path.read_text(encoding="utf-8"))
     assert "Traceback" not in err, err
-    assert code == 0 and saved["answer"] == "bad \ud800 surrogate"
+    assert code == 0 and saved["answer"] == "bad \ufffd surrogate"
     assert "surrogate" in out
+
+
+def test_no_transcript_or_event_holds_a_lone_surrogate(capsys, tmp_path):
+    """From a workdir's name, a server's reply and error, a file name in a tool call, and a
+    transcript read back by --resume: every string is text, a lone surrogate written U+FFFD."""
+    events = tmp_path / "events.jsonl"
+    code, transcript, err = surrogate_run(capsys, tmp_path, "--events", str(events))
+    assert code == 0 and "Traceback" not in err, err
+    for path in (transcript, events):
+        assert not lone_surrogates(path.read_bytes()), path
+    saved = json.loads(transcript.read_text())
+    assert saved["answer"] == "done \ufffd" and saved["workdir"].endswith("/w\ufffd")
+    assert saved["turns"][0]["retries"][0]["error"] == "529 overloaded_error: busy \ufffd"
+    forged = with_lone_surrogates(transcript)
+    (tmp_path / "work2").mkdir()
+    client = FakeClient(reply(text("on")))
+    code, _, err = run_cli(capsys, ["--resume", str(forged), "more", "--workdir",
+                                    str(tmp_path / "work2"), "--events", str(events)], client)
+    assert code == 0, err
+    assert not lone_surrogates(forged.read_bytes()) and not lone_surrogates(events.read_bytes())
 
 
 # --- where a transcript may be written ---
