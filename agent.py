@@ -1286,9 +1286,14 @@ SECRETS = set()  # values agent.py read as secrets (the API key): never sent or 
 
 
 def redact(text):
-    """`text` with every secret agent.py holds replaced by a marker."""
+    """`text` (str, or UTF-8 bytes) with every secret agent.py holds replaced by a marker. Every
+    door out redacts: the files (dump, OutputFile.put), stdout and stderr (to_stdout,
+    to_stderr), the collector (Counted), and every cut (shorten), so no prefix of a key is left
+    where its whole would have been caught."""
     for secret in SECRETS:
-        if secret in text:
+        if isinstance(text, bytes):
+            text = text.replace(utf8(secret), b"[redacted secret]")
+        elif secret in text:
             text = text.replace(secret, "[redacted secret]")
     return text
 
@@ -1411,6 +1416,7 @@ class OutputFile:
 
     def put(self, data):
         """Write a whole document once: through the device, or replacing the file."""
+        data = redact(data)
         if self.device is None:
             return self.write(data, durable=True)
         with self.stream() as f:
@@ -3165,7 +3171,9 @@ def approval_question(code, rows, columns):
 
 
 def shorten(text, width):
-    """At most `width` characters, cut after a whole word with an ellipsis."""
+    """At most `width` characters, cut after a whole word with an ellipsis (secrets redacted
+    first: a cut key could not be found whole later)."""
+    text = redact(text)
     if len(text) <= width:
         return text
     cut = text[: width - 1]
@@ -4679,9 +4687,26 @@ def load_config(workdir, report):
     return {n: check_text(os.environ.get(n) or found.get(n), n) for n in names}
 
 
+def learn_secrets():
+    """Fill SECRETS, which every writer redacts (redact): the API key, from the environment and
+    from the .env beside agent.py (if it counts), in every mode, whether or not this run uses
+    it: a --replay sends nothing, yet what it writes must hold the key no more than a live
+    run's output does."""
+    keys = [os.environ.get("ANTHROPIC_API_KEY")]
+    text = read_dotenv(dotenv_path(), None, None)
+    if text:
+        try:
+            from dotenv import dotenv_values
+            keys.append(dotenv_values(stream=io.StringIO(text), interpolate=False).get(
+                "ANTHROPIC_API_KEY"))
+        except ImportError:  # load_config says what to install, if the run needs the file
+            pass
+    SECRETS.update(k for k in keys if k and len(k) >= 8)  # a shorter one would redact words
+
+
 def read_dotenv(path, workdir, report):
     """The text of the .env at `path`, or None when there is none or it does not count (stderr
-    says why)."""
+    says why, unless `report` is None)."""
     if path is None:
         return None
     why, who = None, "the model's code"
@@ -4715,8 +4740,9 @@ def read_dotenv(path, workdir, report):
             os.close(fd)
     fix = "chown it to yourself and chmod go-w it" if who == "another user" else \
         "make it a plain file beside agent.py"
-    report.error(f"note: not reading {path}: {why}, so {who} could have written it "
-                 f"(set ANTHROPIC_* in the environment, or {fix})")
+    if report:
+        report.error(f"note: not reading {path}: {why}, so {who} could have written it "
+                     f"(set ANTHROPIC_* in the environment, or {fix})")
     return None
 
 
@@ -4809,6 +4835,7 @@ def main(argv=None, client=None, stdin=None):
         if args.schema:
             to_stdout(json.dumps(SCHEMAS[args.schema], indent=2))
             return 0
+        learn_secrets()  # before any file is read: whatever it holds, the key is never written
         if args.report:
             for written in write_report(args.report, args.output):
                 report.line(f"report: {written}", always=True)
@@ -4857,7 +4884,6 @@ def main(argv=None, client=None, stdin=None):
                                  "(move it out of the workdir if you trust it)")
         config = load_config(workdir, report) if not replay else dict.fromkeys(  # no key
             ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL"))
-        SECRETS.update(v for v in [config["ANTHROPIC_API_KEY"]] if v and len(v) >= 8)
         server = server_url(config["ANTHROPIC_BASE_URL"] or "")  # recorded; None: Anthropic's
         model = args.model or config["ANTHROPIC_MODEL"] or recorded.get("model") or DEFAULT_MODEL
         prompt = own_prompt(session) if session is not None and system is None else None
@@ -5013,7 +5039,7 @@ def to_stderr(text, stream=None):
     (`2>&1 | head`) ends the progress, not the run: what is left goes nowhere."""
     stream = stream or sys.stderr
     try:
-        stream.write(text)
+        stream.write(redact(text))
         stream.flush()
         return True
     except BrokenPipeError:
@@ -5025,6 +5051,7 @@ def to_stderr(text, stream=None):
 def to_stdout(data):
     """Bytes or a line of text on stdout. A reader that goes away (`| head`) ends the output,
     not the run: what is left goes nowhere, and the run ends as it would have."""
+    data = redact(data)
     try:
         sys.stdout.flush()
         if isinstance(data, str):
