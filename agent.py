@@ -3388,7 +3388,7 @@ def execute(code, workdir, box, timeout, output_chars, cancel=None):
                         else:
                             sel.unregister(key.fd)
     finally:
-        call.finish(proc)
+        call.finish(proc, status not in (None, "gone"))
     code, oom = (None, 0) if status in (None, "gone") else map(int, status.split())
     return Execution(code, clips[1].text(), clips[2].text(), timed_out, bool(oom))
 
@@ -3417,7 +3417,9 @@ class Call:
             self.shm = os.path.join(self.scratch, "shm")
             self.agent_end, keeper_end = socket.socketpair()
             self.keeper_end = keeper_end.detach()
-            for directory in (self.scratch, self.home, self.shm):
+            # Where mounts work, home and shm are made in the call's own tmpfs: on disk only
+            # the mount point (FIGURE)
+            for directory in (self.scratch,) if box.mounts else (self.scratch, self.home):
                 os.mkdir(directory, 0o700)
             # With a BOM Python reads the file as UTF-8 or not at all: a coding declaration
             # (utf-7, say) cannot make it run other text than the text approved and shown.
@@ -3487,8 +3489,11 @@ class Call:
             if script:
                 self.keep(script)  # never returns
             os.setpgid(0, 0)  # a group of its own: the one the keeper kills
+        # On v1, "tasks" moves this one thread (all a forked child has) without the lock on every
+        # thread group that "cgroup.procs" takes, and its wait for a grace period: FIGURE
+        joined = "tasks" if box.cgroup and box.cgroup[0] == "v1" else "cgroup.procs"
         for directory in self.cgroups:
-            Path(directory, "cgroup.procs").write_text("0")
+            Path(directory, joined).write_text("0")
         try:  # out of memory, the kernel kills the script's processes first, never the agent's:
             Path("/proc/self/oom_score_adj").write_text("1000")  # (a container's limit may be
         except OSError:  # below the call's cap); raising one's own score needs no privilege
@@ -3545,8 +3550,15 @@ class Call:
                 if pid == script:
                     status = os.waitstatus_to_exitcode(code)
             if pidfd in ended and status is not None:
+                report = f"{status} {oom_kills(self.cgroups)}".encode()
+                cleanup(None, self.cgroups)  # before the report: the call is over when it comes,
+                for directory in (self.home, self.shm, self.scratch):  # its home gone (on disk
+                    try:  # it may hold files: then they go, with the script, after the report)
+                        os.rmdir(directory)
+                    except OSError:
+                        pass
                 try:
-                    os.write(fd, f"{status} {oom_kills(self.cgroups)}".encode())
+                    os.write(fd, report)
                 except OSError:
                     pass
             cleanup(self.root, self.cgroups)
@@ -3564,16 +3576,18 @@ class Call:
                 os.close(fd)
         self.keeper_end = self.ruleset = -1
 
-    def finish(self, proc):
+    def finish(self, proc, reported):
         """Tell the keeper the call is over (it kills what is left and cleans up); reap it. A
-        keeper still removing a big mess is left to finish in the background."""
+        keeper that `reported` the script's end has already removed its cgroups and home and
+        only removes the rest: it is reaped in the background, as is one still removing a big
+        mess (FIGURE)."""
         self.agent_end.close()
         if not self.box.keeper:
             kill_group(proc.pid)
         proc.stdout.close()
         proc.stderr.close()
         try:
-            proc.wait(timeout=1)
+            proc.wait(timeout=0 if reported and self.box.keeper else 1)
         except subprocess.TimeoutExpired:
             threading.Thread(target=lambda: (proc.wait(), self.release()), daemon=True).start()
             return
