@@ -3296,8 +3296,11 @@ class SandboxPolicy:
     read_exec: tuple  # trees it may read and execute: system programs and libraries, this Python
     read_files: tuple  # files it may read: of /etc only what programs need; the random devices
     write_files: tuple  # files it may also write: /dev/null
-    read_write: tuple  # trees it may change (but make devices in): the workdir. Each call adds
-    #                    its own home and /dev/shm, a private tmpfs where mounts are allowed
+    read_write: tuple  # trees it may change (but make devices in): the workdir
+    own_read_write: tuple  # its call's own trees, made for the call and gone after it: "home"
+    #                        and "shm", in a private tmpfs where mounts are allowed
+    own_read: tuple  # its call's own files it may read, not change: "script", the approved code
+    shm: str  # where it sees its own "shm": /dev/shm (without a mount namespace, nowhere)
     env_keep: frozenset  # variables passed on from agent.py's environment, and every LC_* ...
     env_secret: str  # ... unless the name matches this: no key, token or password is passed
     env_set: tuple  # (name, value) set for every script; {home} is the call's private home
@@ -3311,13 +3314,17 @@ class SandboxPolicy:
     unix_sockets: tuple  # UNIX_SOCKET_RULES, where Landlock cannot refuse named sockets (ABI < 9)
 
 
-def sandbox_policy(workdir, limits):
-    """The policy of a run: its workdir, this interpreter's files, the caps in `limits`."""
-    dirs, files = python_paths()
+def sandbox_policy(workdir, limits, system=None):
+    """The policy of a run: its workdir, this interpreter's files, the caps in `limits`; the
+    system's own files are Linux's, or macOS's (`system` "Darwin")."""
+    macos = (system or platform.system()) == "Darwin"
+    dirs, files = python_paths(macos)
     gib, cpu = 1 << 30, int(limits.tool_timeout) + 5
     return SandboxPolicy(
-        read_exec=(*dirs, *SYSTEM_DIRS, *files), read_files=SYSTEM_FILES,
+        read_exec=(*dirs, *(MACOS_DIRS if macos else SYSTEM_DIRS), *files),
+        read_files=MACOS_FILES if macos else SYSTEM_FILES,
         write_files=("/dev/null",), read_write=(str(workdir),),
+        own_read_write=("home", "shm"), own_read=("script",), shm="/dev/shm",
         env_keep=frozenset({"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME"}),
         env_secret=r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|ANTHROPIC|AUTH",
         env_set=(("HOME", "{home}"), ("TMPDIR", "{home}"), ("TEMP", "{home}"), ("TMP", "{home}"),
@@ -3415,6 +3422,7 @@ class Call:
             self.scratch = os.path.join(self.root, "scratch")  # a capped tmpfs, where mounts work
             self.home = os.path.join(self.scratch, "home")
             self.shm = os.path.join(self.scratch, "shm")
+            self.own = {"home": self.home, "shm": self.shm, "script": self.script}
             self.agent_end, keeper_end = socket.socketpair()
             self.keeper_end = keeper_end.detach()
             # Where mounts work, home and shm are made in the call's own tmpfs: on disk only
@@ -3446,8 +3454,10 @@ class Call:
         fd = syscall(box.libc, "landlock_create_ruleset",
                      ctypes.create_string_buffer(attr, len(attr)), len(attr), 0)
         try:
-            for path, names in box.grants + [(self.home, READ_WRITE), (self.shm, READ_WRITE),
-                                              (self.script, {"read_file"})]:
+            policy = box.policy
+            for path, names in (box.grants
+                                + [(self.own[name], READ_WRITE) for name in policy.own_read_write]
+                                + [(self.own[name], {"read_file"}) for name in policy.own_read]):
                 self.add_rule(fd, path, names)
         except BaseException:
             os.close(fd)
@@ -3473,12 +3483,11 @@ class Call:
         """The argv that runs the script: this interpreter, wrapped on macOS."""
         box = self.box
         argv = [sys.executable, self.script]
-        if box.macos:
-            params = {"WORKDIR": str(box.workdir), "TMPDIR": os.path.realpath(self.root),
-                      "PY_PREFIX": os.path.realpath(sys.prefix),
-                      "PY_BASE": os.path.realpath(sys.base_prefix)}
+        if box.macos:  # the profile names the call's own paths; they are given here
+            params = [f"OWN_{name.upper()}={os.path.realpath(path)}"
+                      for name, path in self.own.items()]
             argv = ["/usr/bin/sandbox-exec", "-p", box.macos] + [
-                x for k, v in params.items() for x in ("-D", f"{k}={v}")] + argv
+                x for param in params for x in ("-D", param)] + argv
         return argv
 
     def enter(self):
@@ -3632,8 +3641,9 @@ def child_env(policy, home):
 
 
 def private_scratch(libc, call):
-    """Give the script a mount namespace of its own with a fresh, capped tmpfs: its home, and
-    its /dev/shm. The kernel frees both when the call's last process exits."""
+    """Give the script a mount namespace of its own with a fresh, capped tmpfs holding the
+    policy's own trees: its home, and its shm, seen at /dev/shm. The kernel frees the tmpfs when
+    the call's last process exits."""
     uid, gid, root = os.getuid(), os.getgid(), os.geteuid() == 0
     if libc.unshare(CLONE_NEWNS | (0 if root else CLONE_NEWUSER)) != 0:
         raise OSError(ctypes.get_errno(), "unshare failed")
@@ -3641,19 +3651,21 @@ def private_scratch(libc, call):
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
                            ("gid_map", f"{gid} {gid} 1")):
             Path(f"/proc/self/{name}").write_text(text)
-    options = f"size={call.box.policy.scratch_mb}m,nr_inodes=65536,mode=0700".encode()
+    policy = call.box.policy
+    options = f"size={policy.scratch_mb}m,nr_inodes=65536,mode=0700".encode()
+    shm = "shm" in policy.own_read_write and policy.shm
     for src, dst, kind, flags, data in (
             (None, b"/", None, MS_REC | MS_PRIVATE, None),  # nothing propagates to the host
             (b"tmpfs", call.scratch.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options),
-            (None, None, None, 0, None),  # (make home and shm inside the new tmpfs)
-            (call.shm.encode(), b"/dev/shm", None, MS_BIND, None)):
-        if dst is None:
-            os.mkdir(call.home, 0o700)
-            os.mkdir(call.shm, 0o700)
-        elif libc.mount(src, dst, kind, flags, data) != 0:
+            (None, None, None, 0, None),  # (make the own trees inside the new tmpfs)
+            (call.shm.encode(), shm and shm.encode(), None, MS_BIND, None)):
+        if src is None and dst is None:
+            for name in policy.own_read_write:
+                os.mkdir(call.own[name], 0o700)
+        elif dst and libc.mount(src, dst, kind, flags, data) != 0:
             raise OSError(ctypes.get_errno(), f"mount {dst.decode()} failed")
-    for path in (call.home, call.shm):  # new inodes: the parent's ruleset cannot know them
-        call.add_rule(call.ruleset, path, READ_WRITE)
+    for name in policy.own_read_write:  # new inodes: the parent's ruleset cannot know them
+        call.add_rule(call.ruleset, call.own[name], READ_WRITE)
 
 
 def drop_capabilities(libc):
@@ -3814,7 +3826,8 @@ class Sandbox:
         """Find which mechanisms this machine has and build the policy; the self-test proves it."""
         system, machine = platform.system(), platform.machine()
         if system == "Darwin" and os.path.exists("/usr/bin/sandbox-exec"):
-            self.macos, self.kind = MACOS_PROFILE, "sandbox-exec (deny by default, no network)"
+            self.macos = macos_profile(self.policy)
+            self.kind = "sandbox-exec (deny by default, no network)"
             return
         if system != "Linux" or machine not in ARCHES:
             return self.unavailable(f"no sandbox for {system} {machine}")
@@ -3922,18 +3935,30 @@ if {linux}:
         leaks.append("hold a capability")
 print("LEAK: " + ", ".join(leaks) if leaks else "OK")
 """
-MACOS_PROFILE = """(version 1)
-(deny default)
-(allow process-fork process-exec signal (target same-sandbox))
-(allow file-read-metadata sysctl-read ipc-posix-sem ipc-posix-shm)
-(allow file-read* file-map-executable (subpath "/usr/lib") (subpath "/usr/share")
-  (subpath "/usr/bin") (subpath "/bin") (subpath "/System") (subpath "/Library/Apple")
-  (subpath (param "PY_PREFIX")) (subpath (param "PY_BASE")))
-(allow file-read* (literal "/private/etc/localtime") (literal "/dev/urandom")
-  (literal "/dev/random") (literal "/dev/null"))
-(allow file-write* (literal "/dev/null"))
-(allow file-read* file-write* (subpath (param "WORKDIR")) (subpath (param "TMPDIR")))
-"""
+def macos_profile(policy):
+    """The sandbox-exec profile, built from the policy as the Landlock ruleset is: deny by
+    default, then each field's paths (realpaths: /tmp is /private/tmp there). The call's own
+    paths are parameters, OWN_HOME, OWN_SHM and OWN_SCRIPT, given for each call (Call.command)."""
+    def quoted(path):
+        return '"' + os.path.realpath(path).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    def allow(operations, rules):
+        return [f"(allow {operations}\n  " + "\n  ".join(rules) + ")"] if rules else []
+
+    def paths(names):  # a tree is a subpath, a file a literal; what is not here is left out
+        return [f"({'subpath' if os.path.isdir(p) else 'literal'} {quoted(p)})"
+                for p in names if os.path.exists(p)]
+    own = lambda kind, names: [f'({kind} (param "OWN_{n.upper()}"))' for n in names]  # noqa: E731
+    return "\n".join(
+        ["(version 1)", "(deny default)", "(allow process-fork process-exec)",
+         "(allow signal (target same-sandbox))" if "signal" in policy.scopes else "(allow signal)",
+         "(allow file-read-metadata sysctl-read"
+         + (" ipc-posix-sem ipc-posix-shm)" if "shm" in policy.own_read_write else ")")]
+        + ([] if policy.network else ["(allow network*)"])
+        + allow("file-read* file-map-executable", paths(policy.read_exec))
+        + allow("file-read*", paths(policy.read_files) + own("literal", policy.own_read))
+        + allow("file-read* file-write*", paths(policy.write_files) + paths(policy.read_write)
+                + own("subpath", policy.own_read_write))) + "\n"
 
 
 def lowered(which, soft, hard):
@@ -3952,22 +3977,27 @@ def landlock_abi(libc):
                    1: "Landlock is blocked (container seccomp profile?)"}.get(e.errno, e.strerror)
 
 
-def python_paths():
-    """The running interpreter's own files: stdlib and site-packages dirs, binary, libraries."""
+def python_paths(macos=False):
+    """The running interpreter's own files: stdlib and site-packages dirs, binary, libraries;
+    on macOS its whole prefixes (no /proc to list the libraries it loaded)."""
     import sysconfig
     dirs = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
     dirs.update(site.getsitepackages())
+    if macos:
+        dirs.update((sys.prefix, sys.base_prefix))
     dirs = {os.path.realpath(d) for d in dirs if d and os.path.isdir(d)}
     files = {os.path.realpath(sys.executable)}
     venv_cfg = Path(sys.executable).parent.parent / "pyvenv.cfg"  # unresolved: the venv's
     if venv_cfg.is_file():
         files.add(str(venv_cfg))
-    with open("/proc/self/maps") as maps:  # shared libraries this interpreter has loaded
-        for line in maps:
-            path = line.split(maxsplit=5)[-1].strip()
-            if ".so" in os.path.basename(path) and os.path.isfile(path):
-                files.add(path)
-    inside = lambda p: any(p.startswith(d + "/") for d in (*dirs, *SYSTEM_DIRS))  # noqa: E731
+    if not macos:
+        with open("/proc/self/maps") as maps:  # shared libraries this interpreter has loaded
+            for line in maps:
+                path = line.split(maxsplit=5)[-1].strip()
+                if ".so" in os.path.basename(path) and os.path.isfile(path):
+                    files.add(path)
+    system = MACOS_DIRS if macos else SYSTEM_DIRS
+    inside = lambda p: any(p.startswith(d + "/") for d in (*dirs, *system))  # noqa: E731
     return sorted(dirs), sorted(f for f in files if not inside(f))
 
 
@@ -4050,6 +4080,8 @@ SYSTEM_DIRS = ("/usr/bin", "/bin", "/usr/lib", "/usr/lib64", "/lib", "/lib64",
 SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/etc/mime.types", "/etc/hosts",
                 "/etc/host.conf", "/etc/nsswitch.conf", "/etc/gai.conf", "/dev/urandom",
                 "/dev/random", "/dev/zero")
+MACOS_DIRS = ("/usr/lib", "/usr/share", "/usr/bin", "/bin", "/System", "/Library/Apple")  # and
+MACOS_FILES = ("/private/etc/localtime", "/dev/urandom", "/dev/random")  # the same, on macOS
 
 
 # Syscall numbers: name -> (x86_64, aarch64), None where the architecture has no such call; from

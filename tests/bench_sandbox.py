@@ -91,6 +91,11 @@ def main():
         ways = {"sandbox": call(agent, boxed),
                 "no-sandbox": call(agent, agent.Sandbox(workdir, False, agent.Limits())),
                 "plain subprocess": command([sys.executable, "-c", "pass"])}
+        if boxed.cgroup and hasattr(agent, "cgroup_parents"):  # the most a cgroup made once per
+            uncapped = agent.Sandbox(workdir, True, agent.Limits())  # run could save: all of it
+            uncapped.ready()
+            uncapped.cgroup = None
+            ways["sandbox without a cgroup"] = call(agent, uncapped)
         for name in args.without:
             module = agent_copy(tmp, [name])
             box = module.Sandbox(workdir, True, module.Limits())
