@@ -39,6 +39,9 @@ REMOVALS = {
     "tasks": [  # join the call's v1 cgroups through cgroup.procs, as before
         ('joined = "tasks" if box.cgroup and box.cgroup[0] == "v1" else "cgroup.procs"',
          'joined = "cgroup.procs"')],
+    "home-in-tmpfs": [  # home and shm made on disk too, under the call's tmpfs
+        ("for directory in (self.scratch,) if box.mounts else (self.scratch, self.home):",
+         "for directory in (self.scratch, self.home, self.shm):")],
     "report-first": [  # the agent waits for the keeper to remove everything and exit
         ("proc.wait(timeout=0 if reported and self.box.keeper else 1)", "proc.wait(timeout=1)")],
 }
@@ -135,6 +138,12 @@ def main():
             print(f"    {name:32} {statistics.median(times[name]):6.1f} ms  "
                   f"{ratio(name, 'plain subprocess')}")
         print(f"    sandbox / no-sandbox {ratio('sandbox', 'no-sandbox')}")
+        for name in args.without:  # what each optimisation is worth: the call without it, to
+            for kind in ("sandbox", "no-sandbox"):  # the call with it, round by round
+                print(f"    {kind} without {name} / {kind}: {ratio(f'{kind} without {name}', kind)}")
+        if "sandbox without a cgroup" in times:
+            print(f"    sandbox without a cgroup / sandbox: "
+                  f"{ratio('sandbox without a cgroup', 'sandbox')}")
         if bwrap:
             print(f"the peer's figure: bwrap --unshare-all --die-with-parent --ro-bind / / --dev "
                   f"/dev --proc /proc python -c pass {statistics.median(times['bwrap']):.1f} ms: "
