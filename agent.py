@@ -33,6 +33,7 @@ import difflib
 import errno
 import gc
 import html
+import http
 import importlib.util
 import io
 import json
@@ -125,11 +126,11 @@ class Limits:
 # 2. The loop
 # ================================================================================================
 
-def new_session(question, model, workdir, effort, run_id=None):
+def new_session(question, model, workdir, effort, run_id=None, system=SYSTEM_PROMPT):
     """A run as the transcript keeps it: the history, each turn's record, how it stopped."""
     return {"version": TRANSCRIPT_VERSION, "agent_version": AGENT_VERSION,
             "run_id": run_id or uuid.uuid4().hex, "started_at": now(), "ended_at": None,
-            "model": model, "effort": effort, "system": SYSTEM_PROMPT, "tools": TOOLS,
+            "model": model, "effort": effort, "system": system, "tools": TOOLS,
             "workdir": str(workdir), "question": question,
             "messages": [{"role": "user", "content": [{"type": "text", "text": question}]}],
             "turns": [], "stop": None, "answer": None, "usage": empty_usage()}
@@ -514,7 +515,7 @@ def call_tool(block, ctx):
         result["content"] = f"internal tool error: {type(e).__name__}: {e}"
         result["is_error"] = True
         facts["exit_code"] = None
-    result["content"] = redact(result["content"])  # whatever route a secret took to get here
+    result["content"] = clean(redact(result["content"]))  # no secret, by whatever route it came
     return result, facts
 
 
@@ -811,7 +812,8 @@ def retry_delay(exc, attempt, limits):
     elif status < 400:  # an error event inside a 200 stream
         transient = kind in ("overloaded_error", "api_error", "rate_limit_error", "timeout_error")
     else:
-        transient = status in (408, 409, 429) or status >= 500
+        transient = status in (408, 409, 429) or status >= 500 and status not in (501, 505)
+        #           ^ not implemented, or HTTP version not supported: no retry will mend that
     if not transient:
         return None
     try:
@@ -898,7 +900,7 @@ def request_turn(client, request, limits, report, cancel):
                      "was not run")
     if not isinstance(message.get("stop_reason"), (str, type(None))):  # kept, as a string
         message = dict(message, stop_reason=json.dumps(message["stop_reason"])[:80])
-    reply.message = message
+    reply.message = clean(message)  # a server's "\\ud800" is not text: kept as U+FFFD
     return reply
 
 
@@ -978,20 +980,80 @@ def request_host(exc):
 
 
 def api_message(exc):
-    """The server's own error message (either error shape), for stderr and the transcript."""
+    """The server's error in one line, for stderr and the transcript: the API's own message
+    (either error shape), or, from a server that answered something else, its status, the URL
+    asked and a short clean excerpt (foreign_error)."""
     body = getattr(exc, "body", None)
     error = body.get("error") if isinstance(body, dict) else None
+    status = getattr(exc, "status_code", None)
+    asked = asked_url(exc) if isinstance(status, int) and status >= 400 else None
     if isinstance(error, dict):  # the API's {"type": "error", "error": {...}}, or a server's
         kind = error.get("type") or error.get("code") or "error"
-        text = f"{kind}: {error.get('message', '')}"
+        text = f"{kind}: {one_line(str(error.get('message', '')), 300)}"
+        if asked and (status == 404 or "/v1/v1/" in asked):  # a wrong path: say which
+            text += f", from {asked}"
+    elif asked:
+        return clean(foreign_error(exc, status, body, asked))
     else:
         text = error if isinstance(error, str) else (str(exc) or type(exc).__name__)
     host = request_host(exc) if transport_error(exc) else None
     if host and unreachable(exc):
         return f"cannot reach {host} ({unreachable(exc)})"
     text += f" (talking to {host})" if host and host not in text else ""
-    status = getattr(exc, "status_code", None)
-    return f"{status} {text}" if isinstance(status, int) and status >= 400 else text
+    text += f": {wrong_root(asked)}" if wrong_root(asked) else ""
+    return clean(f"{status} {text}" if isinstance(status, int) and status >= 400 else text)
+
+
+def asked_url(exc):
+    """The URL a failed request asked, without credentials or query, or None."""
+    try:
+        url = exc.request.url
+        host = f"[{url.host}]" if ":" in url.host else url.host
+        return f"{url.scheme}://{host}{f':{url.port}' if url.port else ''}{url.path}"
+    except Exception:
+        return None
+
+
+def wrong_root(asked):
+    """The mistake other SDKs teach: a base URL ending in /v1, to which this SDK adds /v1/messages."""
+    if not asked or "/v1/v1/" not in asked:
+        return ""
+    return f"ANTHROPIC_BASE_URL is the server's root, without /v1 ({asked.split('/v1/v1/')[0]})"
+
+
+def foreign_error(exc, status, body, asked):
+    """A status whose body is not the API's JSON error: a web server, a proxy's page, nothing.
+    One line: the status, the URL asked, what the body was (a short excerpt, tags and controls
+    taken out), and, unless the API itself answered, whether the base URL is a Messages API."""
+    try:
+        reason = http.HTTPStatus(status).phrase  # not the server's own phrase: it could say anything
+    except ValueError:
+        reason = ""
+    headers = getattr(getattr(exc, "response", None), "headers", None) or {}
+    raw = body if isinstance(body, str) else "" if body is None else json.dumps(body)
+    is_page = "html" in str(headers.get("content-type", "")).lower() or \
+        raw.lstrip()[:1] == "<"
+    if is_page:
+        raw = re.sub(r"(?is)<(head|script|style)\b.*?</\1\s*>|<!--.*?-->|<[^>]*>", " ", raw)
+        raw = html.unescape(raw)
+    excerpt = one_line(raw, 100)
+    what = ("an empty body" if not excerpt else
+            "an HTML page" if is_page else "a body") + ", not the API's JSON error"
+    line = f"{status}{f' {reason}' if reason else ''} from {asked}: {what}"
+    line += f" ({excerpt})" if excerpt else ""
+    root = wrong_root(asked)
+    if root:
+        return f"{line}; {root}"
+    base = asked.split("/v1/messages")[0]
+    if urllib.parse.urlsplit(base).hostname == "api.anthropic.com":
+        return line
+    return f"{line}; is ANTHROPIC_BASE_URL ({base}) an Anthropic Messages API server?"
+
+
+def one_line(text, width):
+    """Text as one line of at most `width` characters: whitespace runs and what a terminal
+    would obey (controls, bidi marks) made single spaces."""
+    return shorten(" ".join(INVISIBLE.sub(" ", clean(text)).split()), width)
 
 
 CONTEXT_ERROR = re.compile(r"prompt is too long|context (window|length|size)|exceeds the "
@@ -1119,7 +1181,7 @@ TOOL_USE_PROMPT = dict.fromkeys(("claude-haiku-5-5", "claude-sonnet-5-5", "claud
                                 286)  # tokens the API adds with tools (pricing page, 2026-12-02)
 
 
-def count_tokens(client, model, question):
+def count_tokens(client, model, question, system=SYSTEM_PROMPT):
     """What one request's fixed part costs in input tokens, part by part: three calls to the
     API's count_tokens endpoint (free; nothing is generated), each adding one part."""
     def counted(**parts):
@@ -1132,8 +1194,8 @@ def count_tokens(client, model, question):
                              f"(input_tokens: {shorten(repr(value), 40)})")
         return value
 
-    bare, with_system, everything = counted(), counted(system=SYSTEM_PROMPT), \
-        counted(system=SYSTEM_PROMPT, tools=TOOLS)
+    bare, with_system, everything = counted(), counted(system=system), \
+        counted(system=system, tools=TOOLS)
     added = TOOL_USE_PROMPT.get(base_model(model))  # from the pricing page, where it says
     rows = [("the question", bare), ("the system prompt", with_system - bare)]
     if added is not None and everything - with_system >= added:
@@ -1237,9 +1299,33 @@ ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # made on
 
 def dump(document):
     """A document as the bytes agent.py writes: one line of JSON (the C encoder), secrets
-    redacted, text that is not valid Unicode (a lone surrogate) kept as its JSON escape."""
-    text = redact(ENCODER.encode(document))
-    return text.encode("utf-8", "backslashreplace") + b"\n"
+    redacted, text that is not valid Unicode (a lone surrogate) written as U+FFFD."""
+    return utf8(redact(ENCODER.encode(document))) + b"\n"
+
+
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # in a str, never part of a valid character
+
+
+def utf8(text):
+    """`text` as UTF-8, each lone surrogate (a byte that was not UTF-8, a server's stray
+    \\ud800) written as U+FFFD: nothing agent.py writes holds text that is not Unicode."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return LONE_SURROGATE.sub("\ufffd", text).encode("utf-8")
+
+
+def clean(value):
+    """A value from outside (a reply, a document read back, an error's text) with each lone
+    surrogate in its strings replaced by U+FFFD, so that every writer, OTel's included, gets
+    text."""
+    if isinstance(value, str):
+        return value if value.isascii() else LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {clean(k): clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [clean(v) for v in value]
+    return value
 
 
 class OutputFile:
@@ -1688,8 +1774,8 @@ def read_document(path, flag):
         raise UsageError(f"{flag} {path} holds over {MAX_CONTAINERS:,} objects and lists: not "
                          "a document agent.py wrote")
     try:
-        return json.loads(data.decode("utf-8"), parse_int=bounded_int,
-                          parse_float=bounded_float, parse_constant=no_constant)
+        return clean(json.loads(data.decode("utf-8"), parse_int=bounded_int,
+                                parse_float=bounded_float, parse_constant=no_constant))
     except RecursionError:
         raise UsageError(f"{flag} {path} is nested too deeply: not a document agent.py wrote")
     except Unbounded as e:
@@ -1794,10 +1880,19 @@ def prepare_resume(session, question):
         raise UsageError(f"the transcript is finished (stop: {reason}); give a follow-up "
                          "question to continue it")
     # What the model may do comes from this agent.py, never from a file: only history is data.
-    session.update(system=SYSTEM_PROMPT, tools=TOOLS, stop=None, answer=None, ended_at=None,
-                   agent_version=AGENT_VERSION)
+    # Its system prompt too, unless the user agrees to the recorded one (main, own_prompt).
+    session.update(system=own_prompt(session) or SYSTEM_PROMPT, tools=TOOLS, stop=None,
+                   answer=None, ended_at=None, agent_version=AGENT_VERSION)
     session.setdefault("run_id", uuid.uuid4().hex)
     return session, len(pending) if last["role"] == "assistant" else 0
+
+
+def own_prompt(session):
+    """The system prompt a transcript was made with, if it is not agent.py's (--system-prompt):
+    --resume goes on with it only if the user agrees. None for agent.py's, or none at all."""
+    system = session.get("system")
+    return system if isinstance(system, str) and system.strip() and system != SYSTEM_PROMPT \
+        else None
 
 
 # --- Replay: a recorded run without a key ---
@@ -2134,6 +2229,7 @@ class TrialSpec:
     tool: str | None = None  # --expect-tool: ... and it called this tool ...
     stop: str | None = None  # --expect-stop: ... and stopped so (with none: with end_turn)
     quiet: bool = False  # no progress on stderr, only the summary
+    system: str = SYSTEM_PROMPT  # the system prompt every trial is sent (--system-prompt)
 
     @property
     def expect(self):
@@ -2151,7 +2247,7 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None):
                           telemetry=telemetry)
         out = outputs.get(index)
         session = new_session(spec.question, spec.model, ctx.workdir, spec.effort,
-                              events.run_id if events else None)
+                              events.run_id if events else None, spec.system)
         session["trial"] = index
         report.emit("trial.start", transcript=str(out.path) if out else None)
         started = time.monotonic()
@@ -2429,7 +2525,7 @@ def write_report(path, output=None):
         raise UsageError(f"--report {path} is {kind}; it renders a transcript or a trials "
                          "summary")
     text = trials_report(document) if kind == "a trials summary" else run_report(document)
-    data = text.encode("utf-8", "backslashreplace")
+    data = utf8(text)
     if output == "-":
         to_stdout(for_terminal(data, html=True))
         return []
@@ -2873,7 +2969,7 @@ class Counted(logging.Handler):
 
 def as_json(value):
     """A content attribute: JSON text, secrets redacted (the conventions' string form)."""
-    return redact(json.dumps(value, ensure_ascii=False))
+    return clean(redact(json.dumps(value, ensure_ascii=False)))
 
 
 def usage_attributes(usage):
@@ -4305,11 +4401,14 @@ def tokens_or_off(value):
 def parse_args(argv):
     p = Parser(prog="agent.py", epilog=EPILOG, description=DESCRIPTION, allow_abbrev=False,
                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"agent.py {AGENT_VERSION}",
+                   help="print agent.py's version, and exit")
     run = p.add_argument_group("run")
     run.add_argument("question", nargs="?", help="the question; - reads it from stdin (with "
                      "--resume: an optional follow-up)")
     run.add_argument("--workdir", metavar="DIR", help="the directory the tools work in (default: "
-                     "the current one); one that holds agent.py or its Python is refused")
+                     "the current one); one that holds agent.py or its Python is refused, "
+                     "unless --no-sandbox")
     run.add_argument("--model", metavar="ID", help="model id (default: $ANTHROPIC_MODEL, else "
                      f"{DEFAULT_MODEL})")
     run.add_argument("--effort", choices=EFFORTS, help="sent as output_config.effort (default: "
@@ -4321,6 +4420,9 @@ def parse_args(argv):
     run.add_argument("--resume", metavar="PATH", help="continue a saved transcript")
     run.add_argument("--replay", metavar="PATH", help="run a saved transcript's model turns "
                      "again against the real tools: no key, no connection")
+    run.add_argument("--system-prompt", metavar="FILE", help="the system prompt, from this UTF-8 "
+                     "file (default: agent.py's, for questions about files); recorded in the "
+                     "transcript, and kept by --resume")
     limits = p.add_argument_group("limits")
     limits.add_argument("--max-turns", type=int, metavar="N", default=Limits.max_turns,
                         help=f"requests per run (default: {Limits.max_turns})")
@@ -4413,9 +4515,12 @@ def parse_args(argv):
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise UsageError(f"--{name.replace('_', '-')} must be a positive number")
     if args.replay and (args.resume or args.trials or args.question is not None or args.model
-                        or args.effort):
+                        or args.effort or args.system_prompt):
         raise UsageError("--replay runs the recorded question and turns again: give it no "
-                         "question, --model, --effort, --resume or --trials")
+                         "question, --model, --effort, --system-prompt, --resume or --trials")
+    for what, value in (("the question", args.question), ("--model", args.model),
+                        ("--expect", args.expect), ("--decline-message", args.decline_message)):
+        check_text(value, what)
     if args.resume is None and args.replay is None and not (args.question or "").strip():
         raise UsageError("give a question (- reads it from stdin), --resume PATH or --replay "
                          "PATH")
@@ -4439,15 +4544,89 @@ def parse_args(argv):
     return args
 
 
+def check_text(value, what, where=""):
+    """`value` if it is text; a UsageError if it is not valid UTF-8 (Python hands such bytes of
+    the command line or the environment over as lone surrogates), which agent.py can neither
+    send nor record."""
+    try:
+        value is None or value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        byte = os.fsencode(value[e.start])[0] if "\udc80" <= value[e.start] <= "\udcff" \
+            else None
+        not_utf8(what, byte, value[:e.start], where)
+    return value
+
+
+def not_utf8(what, byte, before, where=""):
+    said = f"byte 0x{byte:02x}" if byte is not None else "a lone surrogate"
+    raise UsageError(f"{what} is not valid UTF-8: {said} after {shorten(before, 40)!r}; give it "
+                     f"as UTF-8 text (iconv -t UTF-8 converts a file){where}")
+
+
+def read_question(stdin):
+    """The question on stdin (-): its bytes, which must be UTF-8, when it has them."""
+    raw = getattr(stdin, "buffer", None)
+    if raw is None:
+        return check_text(stdin.read(), "the question", " on stdin")
+    data = raw.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        before = data[:e.start].decode("utf-8", "replace")
+        not_utf8("the question", data[e.start], before, " on stdin")
+
+
+MAX_SYSTEM_PROMPT = 1 << 20  # bytes of a --system-prompt file: more than any context window holds
+
+
+def read_system_prompt(path):
+    """The text of --system-prompt FILE, read only from a regular file (nothing at the path can
+    make agent.py block), as UTF-8; else a UsageError saying what is there."""
+    flag = f"--system-prompt {path}"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise UsageError(f"{flag} does not exist")
+    except OSError as e:
+        raise UsageError(f"{flag} cannot be read: {e.strerror}")
+    kind = stat.S_IFMT(os.fstat(fd).st_mode)
+    if kind != stat.S_IFREG:
+        os.close(fd)
+        what = "a directory" if kind == stat.S_IFDIR else FILE_KINDS.get(kind, "not a file")
+        raise UsageError(f"{flag} is {what}, not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            data = f.read(MAX_SYSTEM_PROMPT + 1)
+        except OSError as e:
+            raise UsageError(f"{flag} cannot be read: {e.strerror}")
+    if len(data) > MAX_SYSTEM_PROMPT:
+        raise UsageError(f"{flag} is over {MAX_SYSTEM_PROMPT >> 20} MiB: too long for a system "
+                         "prompt")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{flag} is not UTF-8 text: byte 0x{data[e.start]:02x} at offset "
+                         f"{e.start} (iconv -t UTF-8 converts it)")
+    if not text.strip():
+        raise UsageError(f"{flag} holds no text: give a file with the prompt (without "
+                         "--system-prompt, agent.py's own is used)")
+    return text
+
+
 INSTALL = ("agent.py needs the anthropic and python-dotenv packages, which {python} cannot "
            "import: python3 -m venv .venv && .venv/bin/pip install -r requirements.txt, then "
            "run .venv/bin/python agent.py ...; or run it with uv run agent.py ...")
 PLACEHOLDER_KEY = "sk-ant-..."  # what .env.example holds
 
 
-def check_workdir(workdir, where):
-    """Refuse a workdir that holds what runs agent.py: the model's code could rewrite it.
-    `where` says where the workdir came from, for the message."""
+def check_workdir(workdir, where, confined=True):
+    """Refuse a workdir that holds what runs agent.py: the sandbox lets the model's code write
+    anywhere in the workdir, so it could rewrite what runs the next time, unconfined and with
+    the key. `where` says where the workdir came from, for the message. Without the sandbox
+    (`confined` False, --no-sandbox) its code can write wherever agent.py can, whatever the
+    workdir: refusing one protects nothing there, so a throwaway container's / is allowed."""
+    if not confined:
+        return
     harness = [("agent.py", __file__), ("the Python interpreter", sys.executable),
                ("the environment agent.py runs in", sys.prefix),
                ("the Python it is built on", sys.base_prefix)]
@@ -4459,7 +4638,8 @@ def check_workdir(workdir, where):
         if real.is_relative_to(workdir):
             raise UsageError(f"{where}, {workdir}, holds {what} ({real}), which the model's code "
                              "could rewrite before the next run: pass --workdir with the "
-                             "directory of the data, e.g. --workdir workspace")
+                             "directory of the data, e.g. --workdir workspace (in a throwaway "
+                             "container, --no-sandbox allows it)")
 
 
 def dotenv_path():
@@ -4483,7 +4663,7 @@ def load_config(workdir, report):
         except ImportError:
             raise UsageError(INSTALL.format(python=sys.executable))
         found = dotenv_values(stream=io.StringIO(text), interpolate=False)
-    return {n: os.environ.get(n) or found.get(n) for n in names}
+    return {n: check_text(os.environ.get(n) or found.get(n), n) for n in names}
 
 
 def read_dotenv(path, workdir, report):
@@ -4587,9 +4767,10 @@ def main(argv=None, client=None, stdin=None):
                 report.line(f"atif: {written}", always=True)
             return 0
         if args.question == "-":
-            args.question = (stdin or sys.stdin).read().strip()
+            args.question = read_question(stdin or sys.stdin).strip()
             if not args.question:
                 raise UsageError("the question is - but stdin held none")
+        system = read_system_prompt(args.system_prompt) if args.system_prompt else None
         if args.count_tokens:
             config = load_config(None, report)
             model = args.model or config["ANTHROPIC_MODEL"] or DEFAULT_MODEL
@@ -4598,7 +4779,8 @@ def main(argv=None, client=None, stdin=None):
                             always=True)
             client = client or make_client(config, Limits())
             try:
-                to_stdout(count_tokens(client, model, args.question or EXAMPLE_QUESTION))
+                to_stdout(count_tokens(client, model, args.question or EXAMPLE_QUESTION,
+                                       system or SYSTEM_PROMPT))
             except Exception as e:  # the server's answer, or its refusal: one line
                 stop = stop_for(e)
                 report.error(f"agent.py: --count-tokens: {stop.reason}: {stop.detail}")
@@ -4616,7 +4798,7 @@ def main(argv=None, client=None, stdin=None):
         workdir = Path(os.path.realpath(args.workdir or recorded.get("workdir") or "."))
         if not workdir.is_dir():
             raise UsageError(f"{where}, {workdir}, is not a directory")
-        check_workdir(workdir, where)
+        check_workdir(workdir, where, confined=not args.no_sandbox)
         for inside in {workdir, Path(os.path.realpath(recorded.get("workdir") or workdir))}:
             if args.resume and Path(os.path.realpath(args.resume)).is_relative_to(inside):
                 raise UsageError(f"--resume {args.resume} is inside the workdir {inside}, where "
@@ -4626,20 +4808,27 @@ def main(argv=None, client=None, stdin=None):
             ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL"))
         SECRETS.update(v for v in [config["ANTHROPIC_API_KEY"]] if v and len(v) >= 8)
         model = args.model or config["ANTHROPIC_MODEL"] or recorded.get("model") or DEFAULT_MODEL
+        prompt = own_prompt(session) if session is not None and system is None else None
         taken = [f"workdir {workdir}"] * (bool(recorded) and not args.workdir) + \
             [f"model {model}"] * (session is not None and model != (
-                args.model or config["ANTHROPIC_MODEL"] or DEFAULT_MODEL))
+                args.model or config["ANTHROPIC_MODEL"] or DEFAULT_MODEL)) + \
+            ([f"system prompt {shorten(prompt, 60)!r} ({len(prompt):,} characters)"] if prompt
+             else [])
         if taken and not agreed(f"{source} asks to go on with its own {' and '.join(taken)}."
                                 " A transcript is only a file, which anything could have "
                                 "written: go on with them?", stdin or sys.stdin):
             raise UsageError(f"not replayed: give --workdir DIR to say where {source} runs"
-                             if replay else f"not resumed: give --workdir DIR (and --model ID) "
-                             f"to say where {source} goes on")
+                             if replay else f"not resumed: give --workdir DIR (and --model ID" +
+                             ", --system-prompt FILE" * bool(prompt) +
+                             f") to say how {source} goes on")
+        if session is not None and system:
+            session["system"] = system
         target = args.transcript or args.resume  # --resume goes on in the file it continues
-        output = OutputFile(target, workdir) if target not in (None, "-") else None
-        trial_outputs = {i: OutputFile(trial_path(output.path, i), workdir)
+        reach = None if args.no_sandbox else workdir  # where the model's code can write, if not
+        output = OutputFile(target, reach) if target not in (None, "-") else None  # everywhere
+        trial_outputs = {i: OutputFile(trial_path(output.path, i), reach)
                          for i in range(1, args.trials + 1)} if args.trials and output else {}
-        events_out = OutputFile(args.events, workdir, "--events", stream=True) \
+        events_out = OutputFile(args.events, reach, "--events", stream=True) \
             if args.events not in (None, "-") else None
         check_distinct([("--transcript", output)] * bool(output)
                        + [("--events", events_out)] * bool(events_out)
@@ -4694,7 +4883,8 @@ def main(argv=None, client=None, stdin=None):
     try:
         if args.trials:
             spec = TrialSpec(args.question, model, args.effort, args.trials, args.jobs,
-                             args.expect, args.expect_tool, args.expect_stop, args.quiet)
+                             args.expect, args.expect_tool, args.expect_stop, args.quiet,
+                             system or SYSTEM_PROMPT)
             summary = run_trials(spec, client, ctx, trial_outputs, events, telemetry)
             if events and events.lost:
                 summary["events_lost"] = events.lost
@@ -4712,7 +4902,8 @@ def main(argv=None, client=None, stdin=None):
                         f"recorded from {made_by(replay)}; workdir {workdir}; nothing is sent",
                         always=True)
         elif session is None:
-            session = new_session(args.question, model, workdir, args.effort, run_id)
+            session = new_session(args.question, model, workdir, args.effort, run_id,
+                                  system or SYSTEM_PROMPT)
         else:
             session.update(model=model, workdir=str(workdir), run_id=run_id,
                            effort=args.effort or session.get("effort"))
