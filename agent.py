@@ -2547,7 +2547,8 @@ def trials_report(summary):
     p1 = summary.get("pass@1")
     expect = {k: v for k, v in fields(summary.get("expect")).items() if v}
     head = (f"<h1>agent.py trials</h1><div class=\"q\">{esc(summary.get('question', ''))}</div>"
-            f"<p>model <b>{esc(summary.get('model', '?'))}</b>{server_said(summary)} · a trial passes when "
+            f"<p>model <b>{esc(summary.get('model', '?'))}</b>{server_said(summary)} · a trial "
+            "passes when "
             f"{esc(json.dumps(expect, ensure_ascii=False) if expect else 'it ends with end_turn')}"
             f" · a declined call tells the model: {esc(summary.get('decline_message', '?'))}</p>"
             f"<p>{esc(summary.get('n'))} of "
@@ -4454,15 +4455,15 @@ def parse_args(argv):
     run = p.add_argument_group("run")
     run.add_argument("question", nargs="?", help="the question; - reads it from stdin (with "
                      "--resume: an optional follow-up)")
-    run.add_argument("-C", "--workdir", metavar="DIR", help="the directory the tools work in (default: "
-                     "the current one); one that holds agent.py or its Python is refused, "
-                     "unless --no-sandbox")
-    run.add_argument("-m", "--model", metavar="ID", help="model id (default: $ANTHROPIC_MODEL, else "
-                     f"{DEFAULT_MODEL})")
+    run.add_argument("-C", "--workdir", metavar="DIR", help="the directory the tools work in "
+                     "(default: the current one); one that holds agent.py or its Python is "
+                     "refused, unless --no-sandbox")
+    run.add_argument("-m", "--model", metavar="ID", help="model id (default: $ANTHROPIC_MODEL, "
+                     f"else {DEFAULT_MODEL})")
     run.add_argument("--effort", choices=EFFORTS, help="sent as output_config.effort (default: "
                      "the model's)")
-    run.add_argument("-y", "--yes", action="store_true", help="run run_python without asking, once "
-                     "the sandbox is proven (default: ask every time)")
+    run.add_argument("-y", "--yes", action="store_true", help="run run_python without asking, "
+                     "once the sandbox is proven (default: ask every time)")
     run.add_argument("--no-sandbox", action="store_true", help="run run_python unconfined "
                      "(default: sandboxed)")
     run.add_argument("-r", "--resume", metavar="PATH", help="continue a saved transcript")
@@ -4471,9 +4472,9 @@ def parse_args(argv):
     run.add_argument("--strict", action="store_true", help="with --replay: stop at the first "
                      "turn whose tool results differ from the recording, and exit 7 "
                      "(replay_differs): a regression check for CI")
-    run.add_argument("-s", "--system-prompt", metavar="FILE", help="the system prompt, from this UTF-8 "
-                     "file (default: agent.py's, for questions about files); recorded in the "
-                     "transcript, and kept by --resume")
+    run.add_argument("-s", "--system-prompt", metavar="FILE", help="the system prompt, from "
+                     "this UTF-8 file (default: agent.py's, for questions about files); recorded "
+                     "in the transcript, and kept by --resume")
     limits = p.add_argument_group("limits")
     limits.add_argument("--max-turns", type=int, metavar="N", default=Limits.max_turns,
                         help=f"requests per run (default: {Limits.max_turns})")
@@ -4498,8 +4499,8 @@ def parse_args(argv):
                          "here, outside the workdir; - for stdout (default: none)")
     outputs.add_argument("--otel", action="store_true", help="send the run as OpenTelemetry "
                          "traces over OTLP, as OTEL_EXPORTER_OTLP_* say (optional packages)")
-    outputs.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr (default: "
-                         "progress)")
+    outputs.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr "
+                         "(default: progress)")
     trials = p.add_argument_group("trials: how stable is a behaviour")
     trials.add_argument("--trials", type=int, metavar="K", help="run the question K times; "
                         "report pass@k and pass^k")
@@ -4888,18 +4889,20 @@ def main(argv=None, client=None, stdin=None):
         server = server_url(config["ANTHROPIC_BASE_URL"] or "")  # recorded; None: Anthropic's
         model = args.model or config["ANTHROPIC_MODEL"] or recorded.get("model") or DEFAULT_MODEL
         prompt = own_prompt(session) if session is not None and system is None else None
-        taken = [f"workdir {workdir}"] * (bool(recorded) and not args.workdir) + \
-            [f"model {model}"] * (session is not None and model != (
-                args.model or config["ANTHROPIC_MODEL"] or DEFAULT_MODEL)) + \
-            ([f"system prompt {shorten(prompt, 60)!r} ({len(prompt):,} characters)"] if prompt
-             else [])
-        if taken and not agreed(f"{source} asks to go on with its own {' and '.join(taken)}."
-                                " A transcript is only a file, which anything could have "
-                                "written: go on with them?", stdin or sys.stdin):
+        taken = {"--workdir DIR": f"workdir {workdir}"} if recorded and not args.workdir else {}
+        if session is not None and model != (args.model or config["ANTHROPIC_MODEL"] or
+                                             DEFAULT_MODEL):
+            taken["--model ID"] = f"model {model}"
+        if prompt:
+            taken["--system-prompt FILE"] = (f"system prompt {shorten(prompt, 60)!r} "
+                                             f"({len(prompt):,} characters)")
+        if taken and not agreed(f"{source} asks to go on with its own "
+                                f"{' and '.join(taken.values())}. A transcript is only a file, "
+                                "which anything could have written: go on with them?",
+                                stdin or sys.stdin):
             raise UsageError(f"not replayed: give --workdir DIR to say where {source} runs"
-                             if replay else f"not resumed: give --workdir DIR (and --model ID" +
-                             ", --system-prompt FILE" * bool(prompt) +
-                             f") to say how {source} goes on")
+                             if replay else f"not resumed: give {' and '.join(taken)} to say "
+                             f"how {source} goes on")
         if session is not None and system:
             session["system"] = system
         target = args.transcript or args.resume  # --resume goes on in the file it continues
