@@ -1298,16 +1298,18 @@ def redact(text):
     return text
 
 
-def secret_start(text):
-    """How many characters at the end of `text` could begin a secret: a stream holds them back
-    until the next piece says whether the secret follows (then redact finds it whole)."""
-    longest = 0
+def secret_start(text, least=1, ends=False):
+    """How many characters (at least `least`) at the end of `text` could begin a secret: a
+    stream holds them back until the next piece says whether the secret follows (then redact
+    finds it whole). With `ends`, of a reversed text: how many could end one."""
+    longest = least - 1
     for secret in SECRETS:
+        secret = secret[::-1] if ends else secret
         for n in range(min(len(secret) - 1, len(text)), longest, -1):
             if text.endswith(secret[:n]):
                 longest = n
                 break
-    return longest
+    return longest if longest >= least else 0
 
 
 def now():
@@ -3399,10 +3401,13 @@ class Reporter:
                 self.telemetry.failed = f"{type(e).__name__}: {e}"
                 self.error(f"agent.py: --otel stopped recording: {self.telemetry.failed}")
 
-    def emit_said(self):
+    def emit_said(self, whole=True):
+        """The text streamed so far as an event; mid-stream (not `whole`), an end that could
+        begin a secret waits for the next event, where redact finds the secret whole."""
         extra = {"thinking": True} if self.thinking else {}
-        self.events.emit("text", self.trial, turn=self.turn_no, text=self.said, **extra)
-        self.said = ""
+        held = 0 if whole else secret_start(self.said)
+        said, self.said = (self.said[:-held], self.said[-held:]) if held else (self.said, "")
+        self.events.emit("text", self.trial, turn=self.turn_no, text=said, **extra)
 
     def line(self, text, always=False):
         self.flush_text()
@@ -3420,7 +3425,7 @@ class Reporter:
         if self.events:  # coalesced: a paragraph, or 2000 characters, an event
             self.said += delta
             if len(self.said) >= 2000 or ("\n" in delta and len(self.said) >= 200):
-                self.emit_said()
+                self.emit_said(whole=False)
         self.pending += shown
         if not self.prefix:  # the end that could begin a secret waits for the next delta
             shown, self.held = self.held + shown, ""
@@ -4028,6 +4033,9 @@ class Clip:
     def text(self):
         cut = self.total - len(self.head) - len(self.tail)
         head, tail = self.head.decode("utf-8", "replace"), self.tail.decode("utf-8", "replace")
+        if cut:  # a secret cut in two here would be found whole in neither part: cut it out
+            start, end = secret_start(head, least=8), secret_start(tail[::-1], least=8, ends=True)
+            head, tail, cut = head[:len(head) - start], tail[end:], cut + start + end
         return head + (f"\n[... {cut} bytes cut ...]\n" if cut else "") + tail
 
 
