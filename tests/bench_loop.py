@@ -149,8 +149,8 @@ REMOVALS = {
         ("    finally:\n        gc.freeze()\n        gc.enable()\n", "")],
     "rename_exchange": [("if not durable and getattr(LIBC, \"renameat2\", None) and",
                          "if False and")],
-    "saver": [("self.output.write(self.encode(session), durable=final)",  # dump() it whole
-               "self.output.write(dump(session), durable=final)")],
+    "saver": [("data = self.encode(session)",  # dump() it whole
+               "data = dump(session)")],
     "lazy-import": [("\nimport argparse\n", "\nimport anthropic\nimport argparse\n")],
 }
 # The SDK's stream, as a bare script writes it, replaying what agent.py sent (--compare).
