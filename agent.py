@@ -1913,26 +1913,31 @@ def keep_run(run_id, workdir, report, trials=0):
     except OSError as e:
         why = f"{runs_dir()} cannot be used: {e.strerror}"
     else:
+        run = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{run_id[:8]}"
+        name, made = f"{run}.trials.json" if trials else f"{run}.json", False
         try:
-            if real.is_relative_to(workdir) or workdir.is_relative_to(real):
-                why = (f"the runs directory {real} and the workdir {workdir} overlap, so the "
-                       "model's code could read and rewrite kept runs: set XDG_STATE_HOME, or "
-                       "give --workdir a directory of data only")
+            if real.is_relative_to(workdir) or workdir.is_relative_to(real):  # moved since
+                why = f"{real} and the workdir {workdir} overlap"  # check_runs_apart
             else:
-                run = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{run_id[:8]}"
-                name = f"{run}.trials.json" if trials else f"{run}.json"
                 os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
                                  os.O_CLOEXEC, 0o600, dir_fd=fd))
+                made = True
                 kept = KeptRun(run, OutputFile(real / name, workdir, "the kept run"), report)
+                if not os.path.samestat(os.fstat(kept.output.dir_fd), os.fstat(fd)):
+                    raise UsageError(f"{real} changed while it was opened")
                 if trials:
                     return kept, {i: KeptRun(f"{run}.{i}", OutputFile(
                         trial_path(real / name, i), workdir, "the kept run"), report)
                         for i in range(1, trials + 1)}
                 return kept
-        except UsageError as e:
-            why = str(e)
-        except OSError as e:
-            why = f"{real} cannot be written: {e.strerror}"
+        except (UsageError, OSError) as e:
+            why = str(e) if isinstance(e, UsageError) else f"another run has its id, {run}" \
+                if isinstance(e, FileExistsError) else f"{real} cannot be written: {e.strerror}"
+            try:
+                if made:  # never another run's, which O_EXCL found there
+                    os.unlink(name, dir_fd=fd)
+            except OSError:
+                pass
         finally:
             os.close(fd)
     report.error(f"note: this run is not kept: {why}")

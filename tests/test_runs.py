@@ -7,6 +7,8 @@ import os
 import pwd
 import re
 import stat
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -242,6 +244,21 @@ def test_a_trials_run_keeps_its_summary_and_each_trial(capsys, workdir):
     assert code == 0 and out == "c\n" and went_on != run
     assert (runs() / f"{run}.trials.1.json").read_bytes() == trial  # a kept trial stays as it ran
     assert json.loads((runs() / f"{went_on}.json").read_text())["answer"] == "c"
+
+
+def test_a_run_never_takes_another_runs_file(capsys, workdir, monkeypatch):
+    """Two runs with one id (the same second, the same 8 hex digits): the second is not kept,
+    and the first's file is left as it was (O_EXCL), not replaced or removed."""
+    monkeypatch.setattr(agent.uuid, "uuid4", lambda: uuid.UUID("0badc0de" + "0" * 24))
+    runs().mkdir(parents=True, mode=0o700)
+    now = time.time()
+    for second in range(3):
+        name = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now + second)) + "-0badc0de.json"
+        (runs() / name).write_text("precious")
+    code, out, err, run = ask(capsys, workdir, "42")
+    assert code == 0 and out == "42\n" and run is None
+    assert "note: this run is not kept: another run has its id, " in err
+    assert {p.read_text() for p in runs().iterdir()} == {"precious"} and len(kept_files()) == 3
 
 
 def test_a_run_that_cannot_be_kept_any_more_goes_on(capsys, workdir, monkeypatch):
