@@ -306,6 +306,8 @@ def compare(args, root):
             run["bare SDK loop"] = [sys.executable, "-c", BARE_LOOP, replay, "{url}"]
             run["with all, --otel"] = run["with all"] + ["--otel"]
             run["with all, --no-keep"] = run["with all"] + ["--no-keep"]
+            run["kept only"] = run["with all"][:-4]  # no --transcript, no --events
+            run["nothing kept"] = run["kept only"] + ["--no-keep"]
             otel = dict(env, OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint)
             times = {name: [] for name in run}
             for i in range(args.rounds):
@@ -323,9 +325,10 @@ def compare(args, root):
             print("    --otel against the same run without it:" + "   ".join(
                 ratios([r[kind] for r in times["with all, --otel"]],
                        [r[kind] for r in times["with all"]]) for kind in (0, 1)))
-            print("    the kept run against the same run with --no-keep:" + "   ".join(
-                ratios([r[kind] for r in times["with all"]],
-                       [r[kind] for r in times["with all, --no-keep"]]) for kind in (0, 1)))
+            for kept, plain in (("with all", "with all, --no-keep"), ("kept only", "nothing kept")):
+                print(f"    {kept} against {plain}:" + "   ".join(ratios(
+                    [r[kind] for r in times[kept]], [r[kind] for r in times[plain]])
+                    for kind in (0, 1)))
         if not args.starts:
             return
         helps = {name: [sys.executable, str(path), "--help"] for name, path in copies.items()}
