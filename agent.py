@@ -1242,30 +1242,40 @@ def dump(document):
 
 
 class OutputFile:
-    """A file agent.py writes: a transcript or trials summary (rewritten whole after every turn),
-    events, a report or an export. Checked before the first request: outside the workdir, and
-    only ever a regular file that is replaced atomically, never a symlink. A stream (events,
-    a report, an export) may also go through a FIFO or character device (a pipe, /dev/null)
-    that is already there; a transcript may not, and a directory or socket never."""
+    """Every file agent.py writes goes through this one writer: a transcript or trials summary
+    (rewritten whole after every turn), events (streamed), a report or an export. Checked before
+    the first request, so that an output goes only where the user meant:
 
-    def __init__(self, path, workdir, flag="--transcript", stream=False):
+    - outside the workdir, in a directory reached through no symlink another user made;
+    - an existing file is replaced (a new file beside it, then a rename), never truncated or
+      written in place: a hard link's other name keeps its content, and whoever holds the old
+      file open reads nothing new; a file that belongs to another user is left alone;
+    - never through a symlink at the path itself, except that a stream the user names may go
+      through their own FIFO or character device (a pipe, /dev/null, /dev/stdout, a terminal,
+      which then gets its controls escaped); never one another user owns, and never for a path
+      the user did not name (`named=False`: the default beside an input, a trial's transcript).
+
+    The new file is created with O_EXCL under a random name: nothing planted there is opened."""
+
+    def __init__(self, path, workdir, flag="--transcript", stream=False, named=True):
         path = Path(os.path.abspath(path))
-        parent = Path(os.path.realpath(path.parent))
-        self.path, self.name, self.flag, self.device = path, path.name, flag, None
+        self.path, self.name, self.flag, self.device, self.tty = path, path.name, flag, None, False
+        parent = real_directory(path, flag)
         if workdir is not None and (parent / self.name).is_relative_to(workdir):
             trusted = " (and --resume would trust it)" if flag == "--transcript" else ""
             raise UsageError(f"{flag} {path} is inside the workdir {workdir}, where the model's "
                              f"code could rewrite it{trusted}: put it outside, e.g. next to the "
                              "workdir")
         try:
-            self.dir_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            self.dir_fd = open_directory(parent)
         except OSError as e:
             raise UsageError(f"{flag} {path}: the directory {parent} {'does not exist' if e.errno == errno.ENOENT else e.strerror}")
         try:
             there = os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False)
         except FileNotFoundError:
             there = None
-        if there and stat.S_ISLNK(there.st_mode) and stream:  # /dev/stdout, /dev/fd/63: a pipe?
+        if there and stat.S_ISLNK(there.st_mode) and stream and named \
+                and there.st_uid in (os.geteuid(), 0):  # /dev/stdout, /dev/fd/63: a pipe?
             target = os.path.realpath(path)
             if workdir is not None and Path(target).is_relative_to(workdir):
                 raise UsageError(f"{flag} {path} leads into the workdir {workdir} ({target})")
@@ -1282,15 +1292,19 @@ class OutputFile:
         if kind == stat.S_IFLNK:
             raise UsageError(f"{flag} {path} is a symlink; agent.py writes no file through one: "
                              "give the file itself")
-        if kind in (stat.S_IFIFO, stat.S_IFCHR) and stream:
+        if there and there.st_uid not in (os.geteuid(), 0):
+            raise UsageError(f"{flag} {path} is {FILE_KINDS.get(kind, 'a file')} that belongs to "
+                             f"another user (uid {there.st_uid}); agent.py writes into or over "
+                             "no one else's file: give another name")
+        if kind in (stat.S_IFIFO, stat.S_IFCHR) and stream and named:
             self.device = self.open_device(there)
         elif kind and kind != stat.S_IFREG:
-            raise UsageError(f"{flag} {path} is not a regular file ({FILE_KINDS.get(kind, 'a special file')}); "
+            unnamed = "" if named else ", and it is no path you named"
+            raise UsageError(f"{flag} {path} is not a regular file ({FILE_KINDS.get(kind, 'a special file')}{unnamed}); "
                              "agent.py only replaces regular files: give a file name")
         else:
             try:
                 self.write(b"")  # proves the directory writable before anything is paid for
-                os.unlink(self.temp, dir_fd=self.dir_fd)
             except OSError as e:
                 raise UsageError(f"{flag} {path} cannot be written: {e.strerror}")
         self.identity = (there.st_dev, there.st_ino) if there else str(parent / self.name)
@@ -1308,14 +1322,21 @@ class OutputFile:
             os.close(fd)
             raise UsageError(f"{self.flag} {self.path} changed while it was opened")
         os.set_blocking(fd, True)
+        self.tty = os.isatty(fd)  # the user's own terminal: written to as stdout would be
         return fd
 
     def stream(self):
-        """A binary file to append to: the device, or a new regular file in place of the old."""
+        """A binary file to append to: the device, or a new regular file that has already
+        taken the old one's place (so a reader following the name sees it grow)."""
         if self.device is not None:
             return os.fdopen(self.device, "wb")
-        fd = os.open(self.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW |
-                     os.O_CLOEXEC, 0o600, dir_fd=self.dir_fd)
+        fd = self.create()
+        try:
+            os.replace(self.temp, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+        except BaseException:
+            os.close(fd)
+            self.discard()
+            raise
         return os.fdopen(fd, "wb")
 
     def put(self, data):
@@ -1323,16 +1344,33 @@ class OutputFile:
         if self.device is None:
             return self.write(data, durable=True)
         with self.stream() as f:
-            f.write(data)
+            f.write(for_terminal(data, html=data.startswith(b"<"), terminal=True)
+                    if self.tty else data)
+
+    def create(self):
+        """A new, empty file beside the target, under a name no one could have guessed, made
+        here (O_EXCL): a file, FIFO or hard link planted at that name is never opened."""
+        for _ in range(100):
+            self.temp = temp_name(self.name)
+            try:
+                return os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
+                               os.O_CLOEXEC, 0o600, dir_fd=self.dir_fd)
+            except FileExistsError:
+                continue
+        raise OSError(errno.EEXIST, "no free name for a new file beside it")
+
+    def discard(self):
+        try:
+            os.unlink(self.temp, dir_fd=self.dir_fd)
+        except OSError:
+            pass
 
     def write(self, data, durable=False):
         """Write `data` to a new file beside the target, then swap it in for the target. A turn's
         save swaps the two names (RENAME_EXCHANGE) and unlinks the old file: as atomic as a
         rename, and five times cheaper on ext4, whose rename over a file forces the new one's
         blocks out. `durable` (the last save) fsyncs and renames, to survive a power cut too."""
-        self.temp = f".{self.name}.{os.getpid()}.{threading.get_ident()}.tmp"
-        fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW |
-                     os.O_CLOEXEC, 0o600, dir_fd=self.dir_fd)
+        fd = self.create()
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -1340,6 +1378,7 @@ class OutputFile:
                     f.flush()
                     os.fsync(f.fileno())
             if not data:
+                self.discard()
                 return
             # bench_loop --compare, 100 turns: 1.15x the bare loop's CPU time a turn with
             # os.replace alone, 1.03x with this (docs/benchmarks.md)
@@ -1349,11 +1388,60 @@ class OutputFile:
             else:  # the first save, or no RENAME_EXCHANGE here
                 os.replace(self.temp, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
         except BaseException:
-            try:
-                os.unlink(self.temp, dir_fd=self.dir_fd)
-            except OSError:
-                pass
+            self.discard()
             raise
+
+
+def temp_name(name):
+    """The name of the new file written beside `name` before it takes its place."""
+    return f".{name}.{uuid.uuid4().hex[:16]}.tmp"
+
+
+def real_directory(path, flag):
+    """The real path of the directory `path` is in, resolved as the kernel would, but refusing
+    a symlink on the way that another user (not this one, not root) made: it could lead an
+    output wherever its maker chose. What does not exist is left for the open to name."""
+    me, hops, real = os.geteuid(), 0, Path("/")
+    todo = list(reversed(path.parent.parts[1:]))  # still to resolve, the next one last
+    while todo:
+        part = todo.pop()
+        if part == "..":
+            real = real.parent
+            continue
+        step = real / part
+        try:
+            there = os.lstat(step)
+        except OSError:
+            return step.joinpath(*reversed(todo))
+        if not stat.S_ISLNK(there.st_mode):
+            real = step
+            continue
+        if there.st_uid not in (me, 0):
+            raise UsageError(f"{flag} {path}: {step} is a symlink that another user (uid "
+                             f"{there.st_uid}) made; agent.py follows no one else's link to "
+                             "write: give the real path")
+        hops += 1
+        if hops > 40:
+            raise UsageError(f"{flag} {path}: too many levels of symlinks")
+        target = Path(os.readlink(step))
+        if target.is_absolute():
+            real = Path("/")
+        todo.extend(reversed([p for p in target.parts if p != "/"]))
+    return real
+
+
+def open_directory(real):
+    """A descriptor of the directory at `real` (a real path), reached through no symlink at
+    all, so nothing swapped in since real_directory looked can lead elsewhere."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+    try:
+        return openat2(-100, str(real), flags, RESOLVE_NO_SYMLINKS)  # AT_FDCWD; absolute anyway
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UsageError(f"{real} changed into a symlink while it was being opened")
+        if e.errno != errno.ENOSYS:
+            raise
+    return os.open(real, flags | os.O_NOFOLLOW)
 
 
 FILE_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device",
@@ -1547,10 +1635,10 @@ class Events:
     stream that cannot be written (a closed pipe, a full disk) ends, never the run: `lost`
     says why, and stderr and the transcript say so once."""
 
-    def __init__(self, stream, run_id, owned=False):
+    def __init__(self, stream, run_id, owned=False, tty=False):
         self.stream, self.run_id, self.seq, self.lock = stream, run_id, 0, threading.Lock()
         self.owned = owned  # a file of its own to close, not stdout
-        self.shown = not owned and sys.stdout.isatty()  # stdout on a terminal: escaped there
+        self.shown = tty or not owned and sys.stdout.isatty()  # on a terminal: escaped there
         self.lost, self.told = None, False  # why no more events are written; said on stderr
 
     @classmethod
@@ -1558,7 +1646,7 @@ class Events:
         """`out` is an OutputFile, or None for stdout."""
         if out is None:
             return cls(sys.stdout.buffer, run_id)
-        return cls(out.stream(), run_id, owned=True)
+        return cls(out.stream(), run_id, owned=True, tty=out.tty)
 
     def emit(self, kind, trial=None, **data):
         with self.lock:
@@ -1568,7 +1656,8 @@ class Events:
             event = {"type": kind, "seq": self.seq, "at": now(), "run_id": self.run_id}
             event.update({"trial": trial} if trial else {}, **data)
             try:
-                self.stream.write(for_terminal(dump(event)) if self.shown else dump(event))
+                data = dump(event)
+                self.stream.write(for_terminal(data, terminal=True) if self.shown else data)
                 self.stream.flush()
             except (OSError, ValueError) as e:
                 self.stream = None
@@ -2432,7 +2521,8 @@ def write_report(path, output=None):
     if output == "-":
         to_stdout(for_terminal(data, html=True))
         return []
-    target = OutputFile(output or Path(path).with_suffix(".html"), None, "-o", stream=True)
+    target = OutputFile(output or Path(path).with_suffix(".html"), None, "-o", stream=True,
+                        named=output is not None)
     check_distinct([("-o", target)], [("--report", path)])
     target.put(data)
     return [str(target.path)]
@@ -2477,7 +2567,8 @@ def export_atif(path, output):
         return []
     base = output or Path(path).with_suffix(".atif.json")
     names = [trial_path(base, i) for i in indexes] if indexes else [base]
-    targets = [OutputFile(name, None, "-o", stream=True) for name in names]
+    targets = [OutputFile(name, None, "-o", stream=True, named=output is not None and not indexes)
+               for name in names]
     check_distinct([("-o", target) for target in targets], inputs)
     for target, t in zip(targets, trajectories):
         target.put(dump(t))
@@ -2939,12 +3030,13 @@ def visible(text):
                          else f"\\U{ord(m[0]):08x}", text)
 
 
-def for_terminal(data, html=False):
-    """JSON (or HTML) bytes bound for stdout: when stdout is a terminal, each character
-    `visible` would escape is written as the escape that means the same there, \\uXXXX (or
-    &#xXXXX;), so a transcript or report shown raw cannot reorder or drive the terminal. In a
-    pipe or a file, the bytes are left as they are."""
-    if not sys.stdout.isatty():
+def for_terminal(data, html=False, terminal=None):
+    """JSON (or HTML) bytes bound for stdout (or for `terminal`, a terminal the user named as
+    an output): when it is a terminal, each character `visible` would escape is written as the
+    escape that means the same there, \\uXXXX (or &#xXXXX;), so a transcript or report shown
+    raw cannot reorder or drive the terminal. In a pipe or a file, the bytes are left as they
+    are."""
+    if not (sys.stdout.isatty() if terminal is None else terminal):
         return data
     text = data.decode("utf-8", "surrogateescape")
     escape = (lambda m: f"&#x{ord(m[0]):x};") if html else \
@@ -3169,7 +3261,7 @@ class Reporter:
 
 # --- Path safety and the sandbox ---
 
-RESOLVE_NO_MAGICLINKS, RESOLVE_BENEATH = 0x02, 0x08  # openat2(2)
+RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x02, 0x04, 0x08  # openat2(2)
 LIBC = ctypes.CDLL(None, use_errno=True)
 
 
@@ -4571,7 +4663,7 @@ def main(argv=None, client=None, stdin=None):
                              f"to say where {source} goes on")
         target = args.transcript or args.resume  # --resume goes on in the file it continues
         output = OutputFile(target, workdir) if target not in (None, "-") else None
-        trial_outputs = {i: OutputFile(trial_path(output.path, i), workdir)
+        trial_outputs = {i: OutputFile(trial_path(output.path, i), workdir, named=False)
                          for i in range(1, args.trials + 1)} if args.trials and output else {}
         events_out = OutputFile(args.events, workdir, "--events", stream=True) \
             if args.events not in (None, "-") else None
