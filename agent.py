@@ -23,8 +23,8 @@ How to read this file. The first 600 lines are the agent; read them in order:
 After the divider comes the machinery, to skip until you need a part of it: stopping on
 Ctrl-C, API plumbing and retries, usage and cost, clearing old tool results, the transcript,
 events, schemas and resume, replay (a recorded run, without a key), trials, the HTML report,
-the ATIF export, OpenTelemetry traces, terminal output, path safety and the sandbox (its whole
-policy is one value, `SandboxPolicy`), and the command line.
+the ATIF export, OpenTelemetry traces, terminal output, path safety, the sandbox (its whole
+policy is one value, `SandboxPolicy`; read in the order a call runs), and the command line.
 """
 
 import argparse
@@ -33,6 +33,7 @@ import difflib
 import errno
 import gc
 import html
+import http
 import importlib.util
 import io
 import json
@@ -125,11 +126,11 @@ class Limits:
 # 2. The loop
 # ================================================================================================
 
-def new_session(question, model, workdir, effort, run_id=None):
+def new_session(question, model, workdir, effort, run_id=None, system=SYSTEM_PROMPT):
     """A run as the transcript keeps it: the history, each turn's record, how it stopped."""
     return {"version": TRANSCRIPT_VERSION, "agent_version": AGENT_VERSION,
             "run_id": run_id or uuid.uuid4().hex, "started_at": now(), "ended_at": None,
-            "model": model, "effort": effort, "system": SYSTEM_PROMPT, "tools": TOOLS,
+            "model": model, "effort": effort, "system": system, "tools": TOOLS,
             "workdir": str(workdir), "question": question,
             "messages": [{"role": "user", "content": [{"type": "text", "text": question}]}],
             "turns": [], "stop": None, "answer": None, "usage": empty_usage()}
@@ -454,6 +455,7 @@ def make_approver(yes, no_sandbox, sandbox, stdin):
     def approve(code):
         if yes and (no_sandbox or sandbox.confined):
             return True
+        # The question is approval_question, under "Terminal output": no two programs look alike.
         return agreed(approval_question(code, *terminal_size()), stdin)
     return approve
 
@@ -513,7 +515,7 @@ def call_tool(block, ctx):
         result["content"] = f"internal tool error: {type(e).__name__}: {e}"
         result["is_error"] = True
         facts["exit_code"] = None
-    result["content"] = redact(result["content"])  # whatever route a secret took to get here
+    result["content"] = clean(redact(result["content"]))  # no secret, by whatever route it came
     return result, facts
 
 
@@ -810,7 +812,8 @@ def retry_delay(exc, attempt, limits):
     elif status < 400:  # an error event inside a 200 stream
         transient = kind in ("overloaded_error", "api_error", "rate_limit_error", "timeout_error")
     else:
-        transient = status in (408, 409, 429) or status >= 500
+        transient = status in (408, 409, 429) or status >= 500 and status not in (501, 505)
+        #           ^ not implemented, or HTTP version not supported: no retry will mend that
     if not transient:
         return None
     try:
@@ -897,7 +900,7 @@ def request_turn(client, request, limits, report, cancel):
                      "was not run")
     if not isinstance(message.get("stop_reason"), (str, type(None))):  # kept, as a string
         message = dict(message, stop_reason=json.dumps(message["stop_reason"])[:80])
-    reply.message = message
+    reply.message = clean(message)  # a server's "\\ud800" is not text: kept as U+FFFD
     return reply
 
 
@@ -977,20 +980,80 @@ def request_host(exc):
 
 
 def api_message(exc):
-    """The server's own error message (either error shape), for stderr and the transcript."""
+    """The server's error in one line, for stderr and the transcript: the API's own message
+    (either error shape), or, from a server that answered something else, its status, the URL
+    asked and a short clean excerpt (foreign_error)."""
     body = getattr(exc, "body", None)
     error = body.get("error") if isinstance(body, dict) else None
+    status = getattr(exc, "status_code", None)
+    asked = asked_url(exc) if isinstance(status, int) and status >= 400 else None
     if isinstance(error, dict):  # the API's {"type": "error", "error": {...}}, or a server's
         kind = error.get("type") or error.get("code") or "error"
-        text = f"{kind}: {error.get('message', '')}"
+        text = f"{kind}: {one_line(str(error.get('message', '')), 300)}"
+        if asked and (status == 404 or "/v1/v1/" in asked):  # a wrong path: say which
+            text += f", from {asked}"
+    elif asked:
+        return clean(foreign_error(exc, status, body, asked))
     else:
         text = error if isinstance(error, str) else (str(exc) or type(exc).__name__)
     host = request_host(exc) if transport_error(exc) else None
     if host and unreachable(exc):
         return f"cannot reach {host} ({unreachable(exc)})"
     text += f" (talking to {host})" if host and host not in text else ""
-    status = getattr(exc, "status_code", None)
-    return f"{status} {text}" if isinstance(status, int) and status >= 400 else text
+    text += f": {wrong_root(asked)}" if wrong_root(asked) else ""
+    return clean(f"{status} {text}" if isinstance(status, int) and status >= 400 else text)
+
+
+def asked_url(exc):
+    """The URL a failed request asked, without credentials or query, or None."""
+    try:
+        url = exc.request.url
+        host = f"[{url.host}]" if ":" in url.host else url.host
+        return f"{url.scheme}://{host}{f':{url.port}' if url.port else ''}{url.path}"
+    except Exception:
+        return None
+
+
+def wrong_root(asked):
+    """The mistake other SDKs teach: a base URL ending in /v1, to which this SDK adds /v1/messages."""
+    if not asked or "/v1/v1/" not in asked:
+        return ""
+    return f"ANTHROPIC_BASE_URL is the server's root, without /v1 ({asked.split('/v1/v1/')[0]})"
+
+
+def foreign_error(exc, status, body, asked):
+    """A status whose body is not the API's JSON error: a web server, a proxy's page, nothing.
+    One line: the status, the URL asked, what the body was (a short excerpt, tags and controls
+    taken out), and, unless the API itself answered, whether the base URL is a Messages API."""
+    try:
+        reason = http.HTTPStatus(status).phrase  # not the server's own phrase: it could say anything
+    except ValueError:
+        reason = ""
+    headers = getattr(getattr(exc, "response", None), "headers", None) or {}
+    raw = body if isinstance(body, str) else "" if body is None else json.dumps(body)
+    is_page = "html" in str(headers.get("content-type", "")).lower() or \
+        raw.lstrip()[:1] == "<"
+    if is_page:
+        raw = re.sub(r"(?is)<(head|script|style)\b.*?</\1\s*>|<!--.*?-->|<[^>]*>", " ", raw)
+        raw = html.unescape(raw)
+    excerpt = one_line(raw, 100)
+    what = ("an empty body" if not excerpt else
+            "an HTML page" if is_page else "a body") + ", not the API's JSON error"
+    line = f"{status}{f' {reason}' if reason else ''} from {asked}: {what}"
+    line += f" ({excerpt})" if excerpt else ""
+    root = wrong_root(asked)
+    if root:
+        return f"{line}; {root}"
+    base = asked.split("/v1/messages")[0]
+    if urllib.parse.urlsplit(base).hostname == "api.anthropic.com":
+        return line
+    return f"{line}; is ANTHROPIC_BASE_URL ({base}) an Anthropic Messages API server?"
+
+
+def one_line(text, width):
+    """Text as one line of at most `width` characters: whitespace runs and what a terminal
+    would obey (controls, bidi marks) made single spaces."""
+    return shorten(" ".join(INVISIBLE.sub(" ", clean(text)).split()), width)
 
 
 CONTEXT_ERROR = re.compile(r"prompt is too long|context (window|length|size)|exceeds the "
@@ -1118,7 +1181,7 @@ TOOL_USE_PROMPT = dict.fromkeys(("claude-haiku-5-5", "claude-sonnet-5-5", "claud
                                 286)  # tokens the API adds with tools (pricing page, 2026-12-02)
 
 
-def count_tokens(client, model, question):
+def count_tokens(client, model, question, system=SYSTEM_PROMPT):
     """What one request's fixed part costs in input tokens, part by part: three calls to the
     API's count_tokens endpoint (free; nothing is generated), each adding one part."""
     def counted(**parts):
@@ -1131,8 +1194,8 @@ def count_tokens(client, model, question):
                              f"(input_tokens: {shorten(repr(value), 40)})")
         return value
 
-    bare, with_system, everything = counted(), counted(system=SYSTEM_PROMPT), \
-        counted(system=SYSTEM_PROMPT, tools=TOOLS)
+    bare, with_system, everything = counted(), counted(system=system), \
+        counted(system=system, tools=TOOLS)
     added = TOOL_USE_PROMPT.get(base_model(model))  # from the pricing page, where it says
     rows = [("the question", bare), ("the system prompt", with_system - bare)]
     if added is not None and everything - with_system >= added:
@@ -1236,9 +1299,33 @@ ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # made on
 
 def dump(document):
     """A document as the bytes agent.py writes: one line of JSON (the C encoder), secrets
-    redacted, text that is not valid Unicode (a lone surrogate) kept as its JSON escape."""
-    text = redact(ENCODER.encode(document))
-    return text.encode("utf-8", "backslashreplace") + b"\n"
+    redacted, text that is not valid Unicode (a lone surrogate) written as U+FFFD."""
+    return utf8(redact(ENCODER.encode(document))) + b"\n"
+
+
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # in a str, never part of a valid character
+
+
+def utf8(text):
+    """`text` as UTF-8, each lone surrogate (a byte that was not UTF-8, a server's stray
+    \\ud800) written as U+FFFD: nothing agent.py writes holds text that is not Unicode."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return LONE_SURROGATE.sub("\ufffd", text).encode("utf-8")
+
+
+def clean(value):
+    """A value from outside (a reply, a document read back, an error's text) with each lone
+    surrogate in its strings replaced by U+FFFD, so that every writer, OTel's included, gets
+    text."""
+    if isinstance(value, str):
+        return value if value.isascii() else LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {clean(k): clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [clean(v) for v in value]
+    return value
 
 
 class OutputFile:
@@ -1776,8 +1863,8 @@ def read_document(path, flag):
         raise UsageError(f"{flag} {path} holds over {MAX_CONTAINERS:,} objects and lists: not "
                          "a document agent.py wrote")
     try:
-        return json.loads(data.decode("utf-8"), parse_int=bounded_int,
-                          parse_float=bounded_float, parse_constant=no_constant)
+        return clean(json.loads(data.decode("utf-8"), parse_int=bounded_int,
+                                parse_float=bounded_float, parse_constant=no_constant))
     except RecursionError:
         raise UsageError(f"{flag} {path} is nested too deeply: not a document agent.py wrote")
     except Unbounded as e:
@@ -1882,10 +1969,19 @@ def prepare_resume(session, question):
         raise UsageError(f"the transcript is finished (stop: {reason}); give a follow-up "
                          "question to continue it")
     # What the model may do comes from this agent.py, never from a file: only history is data.
-    session.update(system=SYSTEM_PROMPT, tools=TOOLS, stop=None, answer=None, ended_at=None,
-                   agent_version=AGENT_VERSION)
+    # Its system prompt too, unless the user agrees to the recorded one (main, own_prompt).
+    session.update(system=own_prompt(session) or SYSTEM_PROMPT, tools=TOOLS, stop=None,
+                   answer=None, ended_at=None, agent_version=AGENT_VERSION)
     session.setdefault("run_id", uuid.uuid4().hex)
     return session, len(pending) if last["role"] == "assistant" else 0
+
+
+def own_prompt(session):
+    """The system prompt a transcript was made with, if it is not agent.py's (--system-prompt):
+    --resume goes on with it only if the user agrees. None for agent.py's, or none at all."""
+    system = session.get("system")
+    return system if isinstance(system, str) and system.strip() and system != SYSTEM_PROMPT \
+        else None
 
 
 # --- Replay: a recorded run without a key ---
@@ -2222,6 +2318,7 @@ class TrialSpec:
     tool: str | None = None  # --expect-tool: ... and it called this tool ...
     stop: str | None = None  # --expect-stop: ... and stopped so (with none: with end_turn)
     quiet: bool = False  # no progress on stderr, only the summary
+    system: str = SYSTEM_PROMPT  # the system prompt every trial is sent (--system-prompt)
 
     @property
     def expect(self):
@@ -2239,7 +2336,7 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None):
                           telemetry=telemetry)
         out = outputs.get(index)
         session = new_session(spec.question, spec.model, ctx.workdir, spec.effort,
-                              events.run_id if events else None)
+                              events.run_id if events else None, spec.system)
         session["trial"] = index
         report.emit("trial.start", transcript=str(out.path) if out else None)
         started = time.monotonic()
@@ -2517,7 +2614,7 @@ def write_report(path, output=None):
         raise UsageError(f"--report {path} is {kind}; it renders a transcript or a trials "
                          "summary")
     text = trials_report(document) if kind == "a trials summary" else run_report(document)
-    data = text.encode("utf-8", "backslashreplace")
+    data = utf8(text)
     if output == "-":
         to_stdout(for_terminal(data, html=True))
         return []
@@ -2963,7 +3060,7 @@ class Counted(logging.Handler):
 
 def as_json(value):
     """A content attribute: JSON text, secrets redacted (the conventions' string form)."""
-    return redact(json.dumps(value, ensure_ascii=False))
+    return clean(redact(json.dumps(value, ensure_ascii=False)))
 
 
 def usage_attributes(usage):
@@ -3259,7 +3356,7 @@ class Reporter:
         self.trace("tool_end", block, result, facts)
 
 
-# --- Path safety and the sandbox ---
+# --- Path safety: read_file never leaves the workdir ---
 
 RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x02, 0x04, 0x08  # openat2(2)
 LIBC = ctypes.CDLL(None, use_errno=True)
@@ -3364,6 +3461,14 @@ def read_window(fd, path, offset, limit, max_bytes):
     return text
 
 
+# --- The sandbox: where run_python's code runs ---
+#
+# Read in the order a call runs: the policy (everything the script may do, one value); execute,
+# the function run_python enters; what each call sets up, in the order it happens, down to the
+# exec of the script; what runs while it runs and after; then what is set up once per run (the
+# plan and the self-test, at the first call); last the tables the policy is made of (Landlock
+# rights, syscalls, the seccomp rules) as data.
+#
 # Each run_python call gets a directory of its own (the script, which the child can read but not
 # change, and a private home) and runs as agent -> keeper -> script. The keeper is a fork of the
 # agent that owns the script's process group: it kills the group when the script ends, at the
@@ -3419,6 +3524,63 @@ def sandbox_policy(workdir, limits):
         syscalls=SECCOMP_RULES, unix_sockets=UNIX_SOCKET_RULES)
 
 
+# A call, from run_python to the exec of its script, in the order it happens.
+
+def execute(code, workdir, box, timeout, output_chars, cancel=None):
+    """Run a script in the sandbox with bounded time and output; nothing of it outlives the call."""
+    call = Call(box, code)
+    try:
+        proc = subprocess.Popen(
+            call.command(), cwd=workdir,
+            env=child_env(box.policy, call.home), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, close_fds=True, start_new_session=True,
+            preexec_fn=call.enter)
+    except BaseException as e:  # Ctrl-C included: the call's directory must not stay
+        call.release()
+        if isinstance(e, (OSError, subprocess.SubprocessError)):
+            raise ToolError(f"could not start the sandboxed interpreter: {e}")
+        raise
+    try:  # from here the keeper is told when the call is over, however it ends
+        call.started()
+        clips = {1: Clip(output_chars // 4), 2: Clip(output_chars // 4)}
+        status, ended_at, timed_out = None, None, False
+        streams = {proc.stdout.fileno(): clips[1], proc.stderr.fileno(): clips[2]}
+        deadline = time.monotonic() + timeout
+        with selectors.DefaultSelector() as sel:
+            for pipe in (proc.stdout, proc.stderr):
+                os.set_blocking(pipe.fileno(), False)
+                sel.register(pipe.fileno(), selectors.EVENT_READ)
+            if box.keeper:
+                sel.register(call.agent_end, selectors.EVENT_READ)
+            while True:
+                check_cancelled(cancel)
+                moment = time.monotonic()
+                if moment >= deadline:
+                    timed_out = status is None
+                    break
+                if status is None and not box.keeper and proc.poll() is not None:
+                    status = f"{proc.returncode} 0"
+                    kill_group(proc.pid)  # a grandchild holding the pipes dies with it
+                if status is not None:  # the group is dead: drain the pipes, briefly
+                    ended_at = ended_at or moment
+                    if len(sel.get_map()) == 0 or moment - ended_at > 2:
+                        break
+                for key, _ in sel.select(timeout=min(0.1, deadline - moment)):
+                    if key.fileobj is call.agent_end:  # the keeper's report, or its end
+                        status = call.agent_end.recv(64).decode() or "gone"
+                        sel.unregister(call.agent_end)
+                    else:
+                        data = os.read(key.fd, 65536)
+                        if data:
+                            streams[key.fd].add(data)
+                        else:
+                            sel.unregister(key.fd)
+    finally:
+        call.finish(proc)
+    code, oom = (None, 0) if status in (None, "gone") else map(int, status.split())
+    return Execution(code, clips[1].text(), clips[2].text(), timed_out, bool(oom))
+
+
 @dataclass
 class Execution:
     code: int | None  # exit code, negative for a signal; None when it timed out
@@ -3426,661 +3588,6 @@ class Execution:
     stderr: str
     timed_out: bool
     oom: bool = False  # the call went over its memory cap and the kernel killed a process
-
-
-class Clip:
-    """Keeps the first and last `half` bytes of a stream and counts what falls between."""
-
-    def __init__(self, half):
-        self.half, self.head, self.tail, self.total = half, bytearray(), bytearray(), 0
-
-    def add(self, data):
-        self.total += len(data)
-        room = self.half - len(self.head)
-        if room > 0:
-            self.head += data[:room]
-            data = data[room:]
-        self.tail += data
-        del self.tail[: max(0, len(self.tail) - self.half)]
-
-    def text(self):
-        cut = self.total - len(self.head) - len(self.tail)
-        head, tail = self.head.decode("utf-8", "replace"), self.tail.decode("utf-8", "replace")
-        return head + (f"\n[... {cut} bytes cut ...]\n" if cut else "") + tail
-
-
-def child_env(policy, home):
-    """The environment run_python's child gets: the policy's allowlist, nothing like a secret."""
-    secret = re.compile(policy.env_secret, re.I)
-    env = {k: v for k, v in os.environ.items()
-           if (k in policy.env_keep or k.startswith("LC_")) and not secret.search(k)}
-    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
-    env.update((name, value.format(home=home)) for name, value in policy.env_set)
-    return env
-
-
-# Landlock rights: name -> (bit, the ABI that introduced it), from include/uapi/linux/landlock.h.
-# The ruleset handles every right the running kernel knows: what no rule grants is denied.
-LANDLOCK_FS = {
-    "execute": (0, 1), "write_file": (1, 1), "read_file": (2, 1), "read_dir": (3, 1),
-    "remove_dir": (4, 1), "remove_file": (5, 1), "make_char": (6, 1), "make_dir": (7, 1),
-    "make_reg": (8, 1), "make_sock": (9, 1), "make_fifo": (10, 1), "make_block": (11, 1),
-    "make_sym": (12, 1),
-    "refer": (13, 2),  # link or rename across directories
-    "truncate": (14, 3),
-    "ioctl_dev": (15, 5),  # ioctl on device files
-    "resolve_unix": (16, 9),  # connect to a named unix socket (docker.sock, D-Bus, ssh-agent)
-}
-LANDLOCK_NET = {"bind_tcp": (0, 4), "connect_tcp": (1, 4),  # handled, no port granted:
-                "bind_udp": (2, 10), "connect_send_udp": (3, 10)}  # no TCP, no UDP
-LANDLOCK_SCOPE = {"abstract_unix_socket": (0, 6), "signal": (1, 6)}  # not beyond the sandbox
-FILE_RIGHTS = {"execute", "write_file", "read_file", "truncate", "ioctl_dev"}  # all a file rule takes
-READ_EXEC = {"execute", "read_file", "read_dir"}
-READ_WRITE = set(LANDLOCK_FS) - {"make_char", "make_block", "ioctl_dev"}  # everything but devices
-
-# What the child may read and execute besides the Python it runs (found at startup): programs a
-# script may start and the libraries they load; of /etc only the files below; never /proc or $HOME.
-SYSTEM_DIRS = ("/usr/bin", "/bin", "/usr/lib", "/usr/lib64", "/lib", "/lib64",
-               "/usr/share/zoneinfo")
-SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/etc/mime.types", "/etc/hosts",
-                "/etc/host.conf", "/etc/nsswitch.conf", "/etc/gai.conf", "/dev/urandom",
-                "/dev/random", "/dev/zero")
-
-# Syscall numbers: name -> (x86_64, aarch64), None where the architecture has no such call; from
-# arch/x86/entry/syscalls/syscall_64.tbl and include/uapi/asm-generic/unistd.h, Linux 6.18.
-SYSCALLS = {
-    "ioctl": (16, 29), "shmget": (29, 194), "shmat": (30, 196), "shmctl": (31, 195),
-    "socket": (41, 198), "clone": (56, 220), "semget": (64, 190), "semop": (65, 193),
-    "semctl": (66, 191), "shmdt": (67, 197), "msgget": (68, 186), "msgsnd": (69, 189),
-    "msgrcv": (70, 188), "msgctl": (71, 187), "chmod": (90, None), "fchmod": (91, 52),
-    "chown": (92, None), "fchown": (93, 55), "lchown": (94, None), "ptrace": (101, 117),
-    "syslog": (103, 116), "setpgid": (109, 154), "setsid": (112, 157), "capget": (125, 90),
-    "capset": (126, 91), "utime": (132, None), "mknod": (133, None), "uselib": (134, None),
-    "ustat": (136, None), "sysfs": (139, None), "setpriority": (141, 140),
-    "sched_setparam": (142, 118), "sched_setscheduler": (144, 119), "vhangup": (153, 58),
-    "modify_ldt": (154, None), "pivot_root": (155, 41), "_sysctl": (156, None),
-    "adjtimex": (159, 171), "chroot": (161, 51), "acct": (163, 89), "settimeofday": (164, 170),
-    "mount": (165, 40), "umount2": (166, 39), "swapon": (167, 224), "swapoff": (168, 225),
-    "reboot": (169, 142), "sethostname": (170, 161), "setdomainname": (171, 162),
-    "iopl": (172, None), "ioperm": (173, None), "create_module": (174, None),
-    "init_module": (175, 105), "delete_module": (176, 106), "get_kernel_syms": (177, None),
-    "query_module": (178, None), "quotactl": (179, 60), "nfsservctl": (180, 42),
-    "setxattr": (188, 5), "lsetxattr": (189, 6), "fsetxattr": (190, 7), "removexattr": (197, 14),
-    "lremovexattr": (198, 15), "fremovexattr": (199, 16), "sched_setaffinity": (203, 122),
-    "lookup_dcookie": (212, 18), "clock_settime": (227, 112), "utimes": (235, None),
-    "mq_open": (240, 180), "mq_unlink": (241, 181), "mq_timedsend": (242, 182),
-    "mq_timedreceive": (243, 183), "mq_notify": (244, 184), "mq_getsetattr": (245, 185),
-    "kexec_load": (246, 104), "add_key": (248, 217), "request_key": (249, 218),
-    "keyctl": (250, 219), "ioprio_set": (251, 30), "inotify_add_watch": (254, 27),
-    "migrate_pages": (256, 238), "mknodat": (259, 33), "fchownat": (260, 54),
-    "futimesat": (261, None), "fchmodat": (268, 53), "unshare": (272, 97),
-    "move_pages": (279, 239), "utimensat": (280, 88), "semtimedop": (220, 192),
-    "perf_event_open": (298, 241), "fanotify_init": (300, 262), "fanotify_mark": (301, 263),
-    "prlimit64": (302, 261), "name_to_handle_at": (303, 264), "open_by_handle_at": (304, 265),
-    "clock_adjtime": (305, 266), "setns": (308, 268), "process_vm_readv": (310, 270),
-    "process_vm_writev": (311, 271), "kcmp": (312, 272), "finit_module": (313, 273),
-    "sched_setattr": (314, 274), "kexec_file_load": (320, 294), "bpf": (321, 280),
-    "userfaultfd": (323, 282), "io_uring_setup": (425, 425), "io_uring_enter": (426, 426),
-    "io_uring_register": (427, 427), "open_tree": (428, 428), "move_mount": (429, 429),
-    "fsopen": (430, 430), "fsconfig": (431, 431), "fsmount": (432, 432), "fspick": (433, 433),
-    "pidfd_open": (434, 434), "clone3": (435, 435), "pidfd_getfd": (438, 438),
-    "process_madvise": (440, 440), "mount_setattr": (442, 442), "quotactl_fd": (443, 443),
-    "landlock_create_ruleset": (444, 444), "landlock_add_rule": (445, 445),
-    "landlock_restrict_self": (446, 446), "process_mrelease": (448, 448),
-    "fchmodat2": (452, 452), "statmount": (457, 457), "listmount": (458, 458),
-    "lsm_set_self_attr": (460, 460), "setxattrat": (463, 463), "removexattrat": (466, 466),
-    "open_tree_attr": (467, 467), "file_setattr": (469, 469), "socketpair": (53, 199),
-    "bind": (49, 200), "fcntl": (72, 25), "io_setup": (206, 0), "inotify_init": (253, None),
-    "inotify_init1": (294, 26),
-}
-ARCHES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}  # AUDIT_ARCH_*, column above
-LAST_SYSCALL = 469  # the newest call in the table: newer ones get ENOSYS, as from an older kernel
-
-CLONE_ESCAPES = (0x8000  # CLONE_PARENT: a child of the agent, outside the keeper's reach
-                 | 0x20000 | 0x02000000 | 0x04000000 | 0x08000000  # CLONE_NEW{NS,CGROUP,UTS,IPC}
-                 | 0x10000000 | 0x20000000 | 0x40000000)  # CLONE_NEW{USER,PID,NET}
-S_IFMT, S_IFCHR, S_IFBLK, AF_UNIX, ALL = 0o170000, 0o020000, 0o060000, 1, 0xFFFFFFFF
-EPERM, EACCES, ENOSYS = 1, 13, 38
-
-# The seccomp policy, checked top to bottom: (syscalls, test, errno, what it would let a script
-# do). A test (arg, mask, op, value) matches when (arg & mask) op value, on the low 32 bits the
-# kernel reads for every argument tested here; op "&" matches when any bit of mask is set. Every
-# other call is allowed: files and sockets are Landlock's, resources the rlimits' and cgroup's.
-# The list came from walking the whole syscall table and asking of each: does it act on something
-# outside this process and its files (the host, the kernel, other processes, shared objects)?
-SECCOMP_RULES = (
-    ("reboot kexec_load kexec_file_load", None, EPERM, "power off the host, boot another kernel"),
-    ("init_module finit_module delete_module create_module query_module get_kernel_syms",
-     None, EPERM, "load or unload kernel code"),
-    ("bpf perf_event_open userfaultfd", None, EPERM,
-     "run programs in the kernel, read performance counters, stall kernel threads"),
-    ("mount umount2 pivot_root chroot swapon swapoff open_tree open_tree_attr move_mount "
-     "fsopen fsconfig fsmount fspick mount_setattr statmount listmount",
-     None, EPERM, "change or inspect the host's mounts"),
-    ("unshare setns", None, EPERM, "enter or make namespaces (and regain capabilities in them)"),
-    ("clone", (0, CLONE_ESCAPES, "&", 0), EPERM, "make a sibling of the agent or new namespaces"),
-    ("clone3", None, ENOSYS, "its flags are in memory the filter cannot read; glibc then "
-                             "falls back to clone, whose flags it can"),
-    ("settimeofday clock_settime clock_adjtime adjtimex sethostname setdomainname", None,
-     EPERM, "set the host's clock or name"),
-    ("syslog acct quotactl quotactl_fd vhangup lookup_dcookie iopl ioperm modify_ldt uselib "
-     "_sysctl sysfs ustat nfsservctl lsm_set_self_attr", None, EPERM,
-     "read the kernel log, change host-wide settings, touch I/O ports"),
-    ("keyctl add_key request_key", None, EPERM, "read or add kernel keys"),
-    ("ptrace process_vm_readv process_vm_writev kcmp pidfd_open pidfd_getfd process_madvise "
-     "process_mrelease", None, EPERM, "inspect or reach into another process"),
-    ("prlimit64 sched_setaffinity sched_setscheduler sched_setparam sched_setattr "
-     "migrate_pages move_pages", (0, ALL, "!=", 0), EPERM,
-     "change another process's limits, CPUs, scheduling or memory (0 means itself)"),
-    ("setpriority", (0, ALL, "!=", 0), EPERM, "renice a group or a user (PRIO_PROCESS only)"),
-    ("setpriority", (1, ALL, "!=", 0), EPERM, "renice another process"),
-    ("ioprio_set", (0, ALL, "!=", 1), EPERM, "set the I/O priority of a group or a user"),
-    ("ioprio_set", (1, ALL, "!=", 0), EPERM, "set another process's I/O priority"),
-    ("setsid setpgid", None, EPERM, "leave the process group the keeper kills"),
-    ("fanotify_init fanotify_mark inotify_init inotify_init1 inotify_add_watch", None, EPERM,
-     "watch file activity, the machine's included (and use up the user's inotify instances)"),
-    ("fcntl", (1, ALL, "==", 1026), EPERM, "F_NOTIFY: watch a directory, the machine's too"),
-    ("fcntl", (1, ALL, "==", 1024), EPERM, "F_SETLEASE: stall another program's open of a "
-                                            "file it owns, as root does every root file"),
-    ("io_setup", None, EPERM, "take the machine's whole quota of AIO events"),
-    ("msgget msgsnd msgrcv msgctl semget semop semtimedop semctl shmget shmat shmdt shmctl "
-     "mq_open mq_unlink mq_timedsend mq_timedreceive mq_notify mq_getsetattr", None, EPERM,
-     "IPC objects shared with other programs that outlive the call"),
-    ("io_uring_setup io_uring_enter io_uring_register", None, EPERM,
-     "file and socket operations this filter cannot see"),
-    ("name_to_handle_at open_by_handle_at", None, EPERM, "open files by handle, past path checks"),
-    ("chmod fchmod fchmodat fchmodat2 chown fchown lchown fchownat utime utimes futimesat "
-     "utimensat setxattr lsetxattr fsetxattr removexattr lremovexattr fremovexattr setxattrat "
-     "removexattrat file_setattr", None, EPERM,
-     "change the mode, owner, times or attributes of files it may only read (Landlock cannot)"),
-    ("mknod", (1, S_IFMT, "==", S_IFCHR), EPERM, "make a character device"),
-    ("mknod", (1, S_IFMT, "==", S_IFBLK), EPERM, "make a block device"),
-    ("mknodat", (2, S_IFMT, "==", S_IFCHR), EPERM, "make a character device"),
-    ("mknodat", (2, S_IFMT, "==", S_IFBLK), EPERM, "make a block device"),
-    ("ioctl", (1, ALL, "==", 0x40086602), EPERM, "FS_IOC_SETFLAGS: chattr +i on a read-only fd"),
-    ("ioctl", (1, ALL, "==", 0x40046602), EPERM, "FS_IOC32_SETFLAGS, the same"),
-    ("ioctl", (1, ALL, "==", 0x401C5820), EPERM, "FS_IOC_FSSETXATTR: inode flags, project id"),
-    ("ioctl", (1, ALL, "==", 0x40087602), EPERM, "FS_IOC_SETVERSION: the inode generation"),
-    ("ioctl", (1, ALL, "==", 0x40047602), EPERM, "FS_IOC32_SETVERSION, the same"),
-    ("ioctl", (1, ALL, "==", 0x800C6613), EPERM, "FS_IOC_SET_ENCRYPTION_POLICY on a directory"),
-    ("ioctl", (1, ALL, "==", 0xC0506617), EPERM, "FS_IOC_ADD_ENCRYPTION_KEY: a key that stays"),
-    ("ioctl", (1, ALL, "==", 0xC0406618), EPERM, "FS_IOC_REMOVE_ENCRYPTION_KEY"),
-    ("ioctl", (1, ALL, "==", 0xC0406619), EPERM, "FS_IOC_REMOVE_ENCRYPTION_KEY_ALL_USERS"),
-    ("ioctl", (1, ALL, "==", 0x40806685), EPERM, "FS_IOC_ENABLE_VERITY: a file made read-only"),
-    ("ioctl", (1, ALL, "==", 0x6609), EPERM, "EXT4_IOC_MIGRATE: rewrite a file's block map"),
-    ("ioctl", (1, ALL, "==", 0x660C), EPERM, "EXT4_IOC_ALLOC_DA_BLKS: force a file's blocks"),
-    ("ioctl", (1, ALL, "==", 0x5412), EPERM, "TIOCSTI: type into a terminal"),
-    ("ioctl", (1, ALL, "==", 0x541C), EPERM, "TIOCLINUX: the console's selection and keys"),
-    ("socket socketpair", (0, ALL, "!=", AF_UNIX), EACCES,
-     "open a network, netlink or raw socket (or load the module of one)"),
-)
-UNIX_SOCKET_RULES = (  # where Landlock cannot govern named unix sockets (below ABI 9)
-    ("socket", None, EACCES, "connect to a named unix socket (docker.sock, D-Bus, ssh-agent)"),
-    ("socketpair", (1, 0xF, "==", 2), EACCES, "a datagram pair: its sendto reaches any named "
-                                              "socket (/dev/log, systemd's notify socket)"),
-    ("socketpair", (1, 0xF, "==", 3), EACCES, "SOCK_RAW, which AF_UNIX turns into the same"),
-    ("bind", None, EACCES, "take an abstract socket name the host's programs use"),
-)
-
-LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446
-PR_SET_PDEATHSIG, PR_CAPBSET_READ, PR_CAPBSET_DROP, PR_SET_SECCOMP = 1, 23, 24, 22
-PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 36, 38, 47
-SECCOMP_MODE_FILTER, CAP_VERSION_3, MAX_FD = 2, 0x20080522, 1 << 16
-SECCOMP_ALLOW, SECCOMP_KILL, SECCOMP_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
-CLONE_NEWNS, CLONE_NEWUSER, MS_BIND, MS_REC, MS_PRIVATE = 0x20000, 0x10000000, 0x1000, 0x4000, 1 << 18
-MS_NOSUID, MS_NODEV = 0x2, 0x4
-
-
-def seccomp_filter(machine, rules):
-    """Seccomp rules as a BPF program: foreign arches are killed, unknown numbers get ENOSYS."""
-    arch, column = ARCHES[machine]
-    ld, ret = (lambda k: (0x20, 0, 0, k)), (lambda k: (0x06, 0, 0, k))  # BPF_LD|W|ABS, BPF_RET
-    jeq = lambda k, yes, no: (0x15, yes, no, k)  # noqa: E731  jumps are relative, 8-bit
-    prog = [ld(4), jeq(arch, 1, 0), ret(SECCOMP_KILL), ld(0),
-            (0x25, 0, 1, LAST_SYSCALL), ret(SECCOMP_ERRNO | ENOSYS)]  # BPF_JGT: x32 numbers too
-    for names, test, err, _why in rules:
-        for nr in (SYSCALLS[name][column] for name in names.split()):
-            if nr is None:
-                continue
-            if test is None:  # each rule returns right after its test: no long jumps
-                prog += [jeq(nr, 0, 1), ret(SECCOMP_ERRNO | err)]
-                continue
-            arg, mask, op, value = test
-            body = [ld(16 + 8 * arg)]  # seccomp_data.args[arg], low word (little-endian)
-            if op == "&":
-                body.append((0x45, 0, 1, mask))  # BPF_JSET
-            else:
-                if mask != ALL:
-                    body.append((0x54, 0, 0, mask))  # BPF_ALU|AND
-                body.append(jeq(value, 0, 1) if op == "==" else jeq(value, 1, 0))
-            body += [ret(SECCOMP_ERRNO | err), ld(0)]  # reload the number for the next rule
-            prog += [jeq(nr, 0, len(body))] + body
-    prog.append(ret(SECCOMP_ALLOW))
-    return b"".join(struct.pack("HBBI", *ins) for ins in prog)
-
-
-class PathBeneath(ctypes.Structure):
-    _pack_ = 1
-    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
-
-
-class SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-
-def libc_call():
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
-    libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
-    return libc
-
-
-def syscall(libc, name, *args):
-    """Make a raw syscall by name; raise OSError on failure."""
-    nr = SYSCALLS[name][ARCHES[platform.machine()][1]]
-    args = [ctypes.c_long(a) if isinstance(a, int) else a for a in args]
-    result = libc.syscall(ctypes.c_long(nr), *args)
-    if result < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{name}: {os.strerror(err)}")
-    return result
-
-
-def landlock_abi(libc):
-    """The kernel's Landlock ABI version, or a reason it has none."""
-    try:
-        return syscall(libc, "landlock_create_ruleset", None, 0, 1), ""
-    except OSError as e:
-        return 0, {38: "the kernel has no Landlock", 95: "Landlock is disabled at boot",
-                   1: "Landlock is blocked (container seccomp profile?)"}.get(e.errno, e.strerror)
-
-
-def rights(table, abi, names=None):
-    """The bit mask of the rights in `names` (all by default) that Landlock ABI `abi` knows."""
-    return sum(1 << bit for name, (bit, since) in table.items()
-               if since <= abi and (names is None or name in names))
-
-
-def python_paths():
-    """The running interpreter's own files: stdlib and site-packages dirs, binary, libraries."""
-    import sysconfig
-    dirs = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    dirs.update(site.getsitepackages())
-    dirs = {os.path.realpath(d) for d in dirs if d and os.path.isdir(d)}
-    files = {os.path.realpath(sys.executable)}
-    venv_cfg = Path(sys.executable).parent.parent / "pyvenv.cfg"  # unresolved: the venv's
-    if venv_cfg.is_file():
-        files.add(str(venv_cfg))
-    with open("/proc/self/maps") as maps:  # shared libraries this interpreter has loaded
-        for line in maps:
-            path = line.split(maxsplit=5)[-1].strip()
-            if ".so" in os.path.basename(path) and os.path.isfile(path):
-                files.add(path)
-    inside = lambda p: any(p.startswith(d + "/") for d in (*dirs, *SYSTEM_DIRS))  # noqa: E731
-    return sorted(dirs), sorted(f for f in files if not inside(f))
-
-
-def cgroup_parents():
-    """Where the agent may make a cgroup that caps tasks and memory: ("v1"|"v2", dirs) or None."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    where = {}
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        for name in controllers.split(","):
-            where[name] = path.rstrip("/")
-    v1 = [f"/sys/fs/cgroup/{c}{where[c]}" for c in ("pids", "memory") if c in where]
-    if len(v1) == 2 and all(os.access(d, os.W_OK) for d in v1):
-        return "v1", v1
-    v2 = f"/sys/fs/cgroup{where.get('', '/-')}"  # "0::/path" on a unified hierarchy
-    try:
-        delegated = set(Path(v2, "cgroup.subtree_control").read_text().split())
-    except OSError:
-        return None
-    return ("v2", [v2]) if {"pids", "memory"} <= delegated and os.access(v2, os.W_OK) else None
-
-
-class Sandbox:
-    """run_python's boundary for one run: planned and proven at the first call, then reused."""
-
-    def __init__(self, workdir, enabled, limits, report=None):
-        self.workdir, self.limits, self.report = workdir, limits, report or (lambda line: None)
-        self.keeper = sys.platform == "linux"  # elsewhere the agent kills the group itself
-        self.libc = libc_call() if self.keeper else None
-        self.landlock = False  # Landlock, seccomp and no capabilities for every call
-        self.mounts = self.keeper and enabled  # own tmpfs and /dev/shm, unless the kernel refuses
-        self.cgroup = cgroup_parents() if self.keeper else None
-        self.tested = not enabled  # the self-test has run (with --no-sandbox there is none)
-        self.confined = False  # every call runs inside the boundary: the self-test proved it
-        self.status = "sandbox: off (--no-sandbox); run_python runs unconfined"
-        self.said, self.lock, self.macos = False, threading.Lock(), None
-
-    @cached_property
-    def policy(self):
-        return sandbox_policy(self.workdir, self.limits)
-
-    @cached_property
-    def rlimits(self):
-        return [(getattr(resource, name), *lowered(getattr(resource, name), soft, hard))
-                for name, soft, hard in self.policy.rlimits]
-
-    def plan(self):
-        """Find which mechanisms this machine has and build the policy; the self-test proves it."""
-        system, machine = platform.system(), platform.machine()
-        if system == "Darwin" and os.path.exists("/usr/bin/sandbox-exec"):
-            self.macos, self.kind = MACOS_PROFILE, "sandbox-exec (deny by default, no network)"
-            return
-        if system != "Linux" or machine not in ARCHES:
-            return self.unavailable(f"no sandbox for {system} {machine}")
-        self.abi, why = landlock_abi(self.libc)
-        if self.abi < 4:
-            return self.unavailable(why or f"Landlock ABI {self.abi} cannot block TCP (needs 4)")
-        policy = self.policy
-        self.handled = (rights(LANDLOCK_FS, self.abi),
-                        rights(LANDLOCK_NET, self.abi, policy.network),
-                        rights(LANDLOCK_SCOPE, self.abi, policy.scopes))
-        named_unix = rights(LANDLOCK_FS, self.abi, {"resolve_unix"})
-        bpf = seccomp_filter(machine, policy.syscalls + (() if named_unix else policy.unix_sockets))
-        self.program = ctypes.create_string_buffer(bpf, len(bpf))
-        self.fprog = SockFprog(len(bpf) // 8, ctypes.addressof(self.program))
-        self.grants = ([(p, READ_EXEC) for p in policy.read_exec]
-                       + [(f, {"read_file"}) for f in policy.read_files]
-                       + [(f, {"read_file", "write_file", "truncate"}) for f in policy.write_files]
-                       + [(d, READ_WRITE) for d in policy.read_write])
-        parts = ["fs"] + ["tcp"] * bool(self.handled[1]) + ["scope"] * bool(self.handled[2])
-        self.kind = f"landlock ABI {self.abi} ({', '.join(parts)}) + seccomp, no capabilities"
-        self.landlock = True
-
-    def unavailable(self, why):
-        """No working boundary: say so; run_python then asks before every call, even with --yes."""
-        self.landlock, self.mounts, self.macos, self.confined = False, False, None, False
-        self.tested = True
-        self.status = (f"sandbox: unavailable ({why}); run_python will ask before every call, "
-                       "even with --yes (pass --no-sandbox to run it unconfined)")
-
-    def ready(self):
-        """Prove the boundary at the first run_python call and say once what guards it."""
-        with self.lock:
-            if not self.tested:
-                try:
-                    self.plan()  # the first run_python call pays for this, not the run's start
-                except OSError as e:
-                    self.unavailable(f"cannot build the policy: {e}")
-            if not self.tested:
-                failure = self.self_test()
-                if failure and self.mounts:  # no mount namespace here: /dev/shm stays shut
-                    self.mounts = False
-                    failure = self.self_test()
-                if failure:
-                    self.unavailable(failure)
-                else:
-                    self.tested, self.confined = True, True
-                    self.status = f"sandbox: {self.kind}; {self.extras()}"
-            if not self.said:
-                self.said = True
-                self.report(self.status)
-        return self.confined
-
-    def extras(self):
-        """What the cgroup and the mount namespace add, or what stays open without them."""
-        policy = self.policy
-        caps = (f"cgroup {self.cgroup[0]} caps a call at {policy.max_tasks} tasks and "
-                f"{policy.memory_mb} MiB" if self.cgroup
-                else "no cgroup: tasks uncapped, memory capped per process")
-        scratch = (f"home and /dev/shm a private {policy.scratch_mb} MiB tmpfs" if self.mounts
-                   else "home on disk, /dev/shm not writable")
-        return f"{caps}; {scratch}"
-
-    def command(self, call):
-        """The argv that runs a call's script: this interpreter, wrapped on macOS."""
-        argv = [sys.executable, call.script]
-        if self.macos:
-            params = {"WORKDIR": str(self.workdir), "TMPDIR": os.path.realpath(call.root),
-                      "PY_PREFIX": os.path.realpath(sys.prefix),
-                      "PY_BASE": os.path.realpath(sys.base_prefix)}
-            argv = ["/usr/bin/sandbox-exec", "-p", self.macos] + [
-                x for k, v in params.items() for x in ("-D", f"{k}={v}")] + argv
-        return argv
-
-    def self_test(self):
-        """Run one sandboxed probe that every way out must refuse; '' when it was refused."""
-        with tempfile.TemporaryDirectory(prefix="agent-canary-") as elsewhere:
-            canary = os.path.join(elsewhere, "canary.txt")
-            if Path(os.path.realpath(canary)).is_relative_to(self.workdir):
-                return "the canary cannot be placed outside the workdir"
-            Path(canary).write_text("canary")
-            column = ARCHES.get(platform.machine(), (0, 0))[1]
-            code = SELF_TEST.format(canary=canary, agent=os.getpid(), linux=self.keeper,
-                                    prlimit=SYSCALLS["prlimit64"][column],
-                                    capget=SYSCALLS["capget"][column])
-            try:
-                run = execute(code, self.workdir, self, 20, 2000)
-            except ToolError as e:
-                return f"self-test could not start: {e}"
-        out = run.stdout.strip()
-        if out != "OK":
-            return (f"self-test could {out[6:]}" if out.startswith("LEAK")
-                    else f"self-test failed: {(run.stderr.strip() or out)[-200:]}")
-        return ""
-
-    def ruleset(self, call):
-        """A Landlock ruleset for one call: the shared grants plus the call's own directory."""
-        fs, net, scope = self.handled
-        attr = struct.pack("QQQ", fs, net, scope)[: 8 if self.abi < 4 else 16 if self.abi < 6 else 24]
-        fd = syscall(self.libc, "landlock_create_ruleset",
-                     ctypes.create_string_buffer(attr, len(attr)), len(attr), 0)
-        try:
-            for path, names in self.grants + [(call.home, READ_WRITE), (call.shm, READ_WRITE),
-                                               (call.script, {"read_file"})]:
-                self.add_rule(fd, path, names)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-
-    def add_rule(self, ruleset, path, names):
-        """Grant `names` beneath `path` (or on the file), as far as this kernel knows them."""
-        try:
-            parent = os.open(path, os.O_PATH | os.O_CLOEXEC)
-        except OSError:
-            return  # not on this machine
-        try:
-            if not stat.S_ISDIR(os.fstat(parent).st_mode):
-                names = names & FILE_RIGHTS
-            rule = PathBeneath(rights(LANDLOCK_FS, self.abi, names) & self.handled[0], parent)
-            syscall(self.libc, "landlock_add_rule", ruleset, 1, ctypes.byref(rule), 0)
-        finally:
-            os.close(parent)
-
-
-MACOS_PROFILE = """(version 1)
-(deny default)
-(allow process-fork process-exec signal (target same-sandbox))
-(allow file-read-metadata sysctl-read ipc-posix-sem ipc-posix-shm)
-(allow file-read* file-map-executable (subpath "/usr/lib") (subpath "/usr/share")
-  (subpath "/usr/bin") (subpath "/bin") (subpath "/System") (subpath "/Library/Apple")
-  (subpath (param "PY_PREFIX")) (subpath (param "PY_BASE")))
-(allow file-read* (literal "/private/etc/localtime") (literal "/dev/urandom")
-  (literal "/dev/random") (literal "/dev/null"))
-(allow file-write* (literal "/dev/null"))
-(allow file-read* file-write* (subpath (param "WORKDIR")) (subpath (param "TMPDIR")))
-"""
-
-
-SELF_TEST = """import ctypes, os
-libc, leaks = ctypes.CDLL(None, use_errno=True), []
-try:
-    open({canary!r}).read()
-    leaks.append("read a file outside the workdir")
-except PermissionError:
-    pass
-try:
-    os.kill({agent}, 0)
-    leaks.append("signal the agent")
-except PermissionError:
-    pass
-if {linux}:
-    long = ctypes.c_long
-    if libc.syscall(long({prlimit}), long({agent}), long(0), None, (ctypes.c_uint64 * 2)()) == 0:
-        leaks.append("reach the agent's limits")
-    caps = (ctypes.c_uint32 * 6)()
-    libc.syscall(long({capget}), (ctypes.c_uint32 * 2)(0x20080522, 0), caps)
-    admin = libc.prctl(23, ctypes.c_ulong(21), 0, 0, 0)  # CAP_SYS_ADMIN in the bounding set?
-    if any(caps) or (os.geteuid() == 0 and admin == 1):
-        leaks.append("hold a capability")
-print("LEAK: " + ", ".join(leaks) if leaks else "OK")
-"""
-
-
-def lowered(which, soft, hard):
-    """An rlimit no higher than the agent's own: raising one needs a privilege."""
-    current = resource.getrlimit(which)[1]
-    hard = hard if current == resource.RLIM_INFINITY else min(hard, current)
-    return min(soft, hard), hard
-
-
-def drop_capabilities(libc):
-    """Empty every capability set, so that not even root's child holds a privilege."""
-    for cap in range(64):  # EINVAL past the last one; EPERM for a non-root agent, whose child
-        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # cannot gain any: no_new_privs stops exec
-    libc.prctl(PR_CAP_AMBIENT, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
-    header = (ctypes.c_uint32 * 2)(CAP_VERSION_3, 0)
-    syscall(libc, "capset", header, (ctypes.c_uint32 * 6)())  # effective, permitted, inheritable
-
-
-def private_scratch(libc, call):
-    """Give the script a mount namespace of its own with a fresh, capped tmpfs: its home, and
-    its /dev/shm. The kernel frees both when the call's last process exits."""
-    uid, gid, root = os.getuid(), os.getgid(), os.geteuid() == 0
-    if libc.unshare(CLONE_NEWNS | (0 if root else CLONE_NEWUSER)) != 0:
-        raise OSError(ctypes.get_errno(), "unshare failed")
-    if not root:  # the only id mapping an unprivileged process may write: its own
-        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
-                           ("gid_map", f"{gid} {gid} 1")):
-            Path(f"/proc/self/{name}").write_text(text)
-    options = f"size={call.box.policy.scratch_mb}m,nr_inodes=65536,mode=0700".encode()
-    for src, dst, kind, flags, data in (
-            (None, b"/", None, MS_REC | MS_PRIVATE, None),  # nothing propagates to the host
-            (b"tmpfs", call.scratch.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options),
-            (None, None, None, 0, None),  # (make home and shm inside the new tmpfs)
-            (call.shm.encode(), b"/dev/shm", None, MS_BIND, None)):
-        if dst is None:
-            os.mkdir(call.home, 0o700)
-            os.mkdir(call.shm, 0o700)
-        elif libc.mount(src, dst, kind, flags, data) != 0:
-            raise OSError(ctypes.get_errno(), f"mount {dst.decode()} failed")
-    for path in (call.home, call.shm):  # new inodes: the parent's ruleset cannot know them
-        call.box.add_rule(call.ruleset, path, READ_WRITE)
-
-
-def make_cgroups(cgroup, policy):
-    """Make a call's cgroup (one per controller on v1), named at random, with its caps."""
-    memory, name = policy.memory_mb << 20, f"agent-{uuid.uuid4().hex[:16]}"
-    caps = {"pids.max": policy.max_tasks, "memory.max": memory, "memory.swap.max": 0,
-            "memory.oom.group": 1,  # v2: out of memory, the call's processes go together
-            "memory.limit_in_bytes": memory, "memory.memsw.limit_in_bytes": memory}  # v1
-    made = []
-    try:
-        for parent in cgroup[1]:
-            os.mkdir(os.path.join(parent, name))
-            made.append(os.path.join(parent, name))  # only what this call made is removed
-            for file, value in caps.items():
-                if os.path.exists(os.path.join(made[-1], file)):
-                    Path(made[-1], file).write_text(str(value))
-    except OSError:
-        cleanup(None, made)
-        raise
-    return made
-
-
-def oom_kills(cgroups):
-    """How many of the call's processes the kernel killed for going over its memory cap."""
-    for directory in cgroups:
-        for name in ("memory.events", "memory.oom_control"):  # v2, v1
-            try:
-                lines = Path(directory, name).read_text().splitlines()
-            except OSError:
-                continue
-            for line in lines:
-                if line.startswith("oom_kill "):
-                    return int(line.split()[1])
-    return 0
-
-
-def opened_dir(dir_fd, name):
-    """Make `name` (under dir_fd) ours to walk, if it is a directory and not a symlink: 0700,
-    set through a descriptor, so a name swapped for a symlink cannot redirect the chmod."""
-    try:
-        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:
-        return False
-    try:
-        if not stat.S_ISDIR(os.fstat(fd).st_mode):
-            return False
-        os.chmod(f"/proc/self/fd/{fd}", 0o700)  # a script may have taken r, w or x away
-        return True
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-
-
-def remove_tree(root):
-    """Remove a directory tree however a script shaped it (any depth, any name length, no
-    permission): each subdirectory is moved up to the top before it is emptied, so the walk
-    never goes deeper than one level and never follows a symlink."""
-    try:
-        top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        queue, moved = [None], count()
-        while queue:
-            name = queue.pop()
-            try:
-                fd = top if name is None else os.open(
-                    name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=top)
-            except OSError:
-                continue
-            try:
-                for entry in list(os.scandir(fd)):
-                    try:
-                        if opened_dir(fd, entry.name):
-                            flat = f".gone-{next(moved)}"
-                            os.rename(entry.name, flat, src_dir_fd=fd, dst_dir_fd=top)
-                            queue.append(flat)
-                        else:
-                            os.unlink(entry.name, dir_fd=fd)
-                    except OSError:
-                        pass
-            finally:
-                if fd != top:
-                    os.close(fd)
-            if name is not None:
-                try:
-                    os.rmdir(name, dir_fd=top)
-                except OSError:
-                    pass
-    finally:
-        os.close(top)
-    try:
-        os.rmdir(root)
-    except OSError:
-        pass
-
-
-def cleanup(root, cgroups):
-    """Remove a call's directory and cgroups; already gone is fine, and so is failing."""
-    for directory in cgroups:  # first: they cannot fail on what the directory holds
-        try:
-            os.rmdir(directory)
-        except OSError:
-            pass
-    if root:
-        remove_tree(root)
 
 
 class Call:
@@ -4112,10 +3619,53 @@ class Call:
                                         "script was not run without its caps")
                     box.cgroup = None  # found out by the self-test: the status line says so
             if box.landlock:
-                self.ruleset = box.ruleset(self)
+                self.ruleset = self.make_ruleset()
         except BaseException:
             self.release()
             raise
+
+    def make_ruleset(self):
+        """A Landlock ruleset for one call: the shared grants plus the call's own directory."""
+        box = self.box
+        fs, net, scope = box.handled
+        attr = struct.pack("QQQ", fs, net, scope)[: 8 if box.abi < 4 else 16 if box.abi < 6 else 24]
+        fd = syscall(box.libc, "landlock_create_ruleset",
+                     ctypes.create_string_buffer(attr, len(attr)), len(attr), 0)
+        try:
+            for path, names in box.grants + [(self.home, READ_WRITE), (self.shm, READ_WRITE),
+                                              (self.script, {"read_file"})]:
+                self.add_rule(fd, path, names)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def add_rule(self, ruleset, path, names):
+        """Grant `names` beneath `path` (or on the file), as far as this kernel knows them."""
+        try:
+            parent = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            return  # not on this machine
+        box = self.box
+        try:
+            if not stat.S_ISDIR(os.fstat(parent).st_mode):
+                names = names & FILE_RIGHTS
+            rule = PathBeneath(rights(LANDLOCK_FS, box.abi, names) & box.handled[0], parent)
+            syscall(box.libc, "landlock_add_rule", ruleset, 1, ctypes.byref(rule), 0)
+        finally:
+            os.close(parent)
+
+    def command(self):
+        """The argv that runs the script: this interpreter, wrapped on macOS."""
+        box = self.box
+        argv = [sys.executable, self.script]
+        if box.macos:
+            params = {"WORKDIR": str(box.workdir), "TMPDIR": os.path.realpath(self.root),
+                      "PY_PREFIX": os.path.realpath(sys.prefix),
+                      "PY_BASE": os.path.realpath(sys.base_prefix)}
+            argv = ["/usr/bin/sandbox-exec", "-p", box.macos] + [
+                x for k, v in params.items() for x in ("-D", f"{k}={v}")] + argv
+        return argv
 
     def enter(self):
         """preexec_fn, in the forked child: split off the keeper, then confine the script."""
@@ -4225,6 +3775,93 @@ class Call:
         cleanup(self.root, self.cgroups)
 
 
+def make_cgroups(cgroup, policy):
+    """Make a call's cgroup (one per controller on v1), named at random, with its caps."""
+    memory, name = policy.memory_mb << 20, f"agent-{uuid.uuid4().hex[:16]}"
+    caps = {"pids.max": policy.max_tasks, "memory.max": memory, "memory.swap.max": 0,
+            "memory.oom.group": 1,  # v2: out of memory, the call's processes go together
+            "memory.limit_in_bytes": memory, "memory.memsw.limit_in_bytes": memory}  # v1
+    made = []
+    try:
+        for parent in cgroup[1]:
+            os.mkdir(os.path.join(parent, name))
+            made.append(os.path.join(parent, name))  # only what this call made is removed
+            for file, value in caps.items():
+                if os.path.exists(os.path.join(made[-1], file)):
+                    Path(made[-1], file).write_text(str(value))
+    except OSError:
+        cleanup(None, made)
+        raise
+    return made
+
+
+def child_env(policy, home):
+    """The environment run_python's child gets: the policy's allowlist, nothing like a secret."""
+    secret = re.compile(policy.env_secret, re.I)
+    env = {k: v for k, v in os.environ.items()
+           if (k in policy.env_keep or k.startswith("LC_")) and not secret.search(k)}
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    env.update((name, value.format(home=home)) for name, value in policy.env_set)
+    return env
+
+
+def private_scratch(libc, call):
+    """Give the script a mount namespace of its own with a fresh, capped tmpfs: its home, and
+    its /dev/shm. The kernel frees both when the call's last process exits."""
+    uid, gid, root = os.getuid(), os.getgid(), os.geteuid() == 0
+    if libc.unshare(CLONE_NEWNS | (0 if root else CLONE_NEWUSER)) != 0:
+        raise OSError(ctypes.get_errno(), "unshare failed")
+    if not root:  # the only id mapping an unprivileged process may write: its own
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
+                           ("gid_map", f"{gid} {gid} 1")):
+            Path(f"/proc/self/{name}").write_text(text)
+    options = f"size={call.box.policy.scratch_mb}m,nr_inodes=65536,mode=0700".encode()
+    for src, dst, kind, flags, data in (
+            (None, b"/", None, MS_REC | MS_PRIVATE, None),  # nothing propagates to the host
+            (b"tmpfs", call.scratch.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options),
+            (None, None, None, 0, None),  # (make home and shm inside the new tmpfs)
+            (call.shm.encode(), b"/dev/shm", None, MS_BIND, None)):
+        if dst is None:
+            os.mkdir(call.home, 0o700)
+            os.mkdir(call.shm, 0o700)
+        elif libc.mount(src, dst, kind, flags, data) != 0:
+            raise OSError(ctypes.get_errno(), f"mount {dst.decode()} failed")
+    for path in (call.home, call.shm):  # new inodes: the parent's ruleset cannot know them
+        call.add_rule(call.ruleset, path, READ_WRITE)
+
+
+def drop_capabilities(libc):
+    """Empty every capability set, so that not even root's child holds a privilege."""
+    for cap in range(64):  # EINVAL past the last one; EPERM for a non-root agent, whose child
+        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # cannot gain any: no_new_privs stops exec
+    libc.prctl(PR_CAP_AMBIENT, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
+    header = (ctypes.c_uint32 * 2)(CAP_VERSION_3, 0)
+    syscall(libc, "capset", header, (ctypes.c_uint32 * 6)())  # effective, permitted, inheritable
+
+
+# While the script runs, and after: its output, the end of its group, what it left.
+
+class Clip:
+    """Keeps the first and last `half` bytes of a stream and counts what falls between."""
+
+    def __init__(self, half):
+        self.half, self.head, self.tail, self.total = half, bytearray(), bytearray(), 0
+
+    def add(self, data):
+        self.total += len(data)
+        room = self.half - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        self.tail += data
+        del self.tail[: max(0, len(self.tail) - self.half)]
+
+    def text(self):
+        cut = self.total - len(self.head) - len(self.tail)
+        head, tail = self.head.decode("utf-8", "replace"), self.tail.decode("utf-8", "replace")
+        return head + (f"\n[... {cut} bytes cut ...]\n" if cut else "") + tail
+
+
 def kill_group(pid):
     """SIGKILL a process group; it may already be gone."""
     try:
@@ -4233,59 +3870,538 @@ def kill_group(pid):
         pass
 
 
-def execute(code, workdir, box, timeout, output_chars, cancel=None):
-    """Run a script in the sandbox with bounded time and output; nothing of it outlives the call."""
-    call = Call(box, code)
+def oom_kills(cgroups):
+    """How many of the call's processes the kernel killed for going over its memory cap."""
+    for directory in cgroups:
+        for name in ("memory.events", "memory.oom_control"):  # v2, v1
+            try:
+                lines = Path(directory, name).read_text().splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    return 0
+
+
+def cleanup(root, cgroups):
+    """Remove a call's directory and cgroups; already gone is fine, and so is failing."""
+    for directory in cgroups:  # first: they cannot fail on what the directory holds
+        try:
+            os.rmdir(directory)
+        except OSError:
+            pass
+    if root:
+        remove_tree(root)
+
+
+def remove_tree(root):
+    """Remove a directory tree however a script shaped it (any depth, any name length, no
+    permission): each subdirectory is moved up to the top before it is emptied, so the walk
+    never goes deeper than one level and never follows a symlink."""
     try:
-        proc = subprocess.Popen(
-            box.command(call), cwd=workdir,
-            env=child_env(box.policy, call.home), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, close_fds=True, start_new_session=True,
-            preexec_fn=call.enter)
-    except BaseException as e:  # Ctrl-C included: the call's directory must not stay
-        call.release()
-        if isinstance(e, (OSError, subprocess.SubprocessError)):
-            raise ToolError(f"could not start the sandboxed interpreter: {e}")
-        raise
-    try:  # from here the keeper is told when the call is over, however it ends
-        call.started()
-        clips = {1: Clip(output_chars // 4), 2: Clip(output_chars // 4)}
-        status, ended_at, timed_out = None, None, False
-        streams = {proc.stdout.fileno(): clips[1], proc.stderr.fileno(): clips[2]}
-        deadline = time.monotonic() + timeout
-        with selectors.DefaultSelector() as sel:
-            for pipe in (proc.stdout, proc.stderr):
-                os.set_blocking(pipe.fileno(), False)
-                sel.register(pipe.fileno(), selectors.EVENT_READ)
-            if box.keeper:
-                sel.register(call.agent_end, selectors.EVENT_READ)
-            while True:
-                check_cancelled(cancel)
-                moment = time.monotonic()
-                if moment >= deadline:
-                    timed_out = status is None
-                    break
-                if status is None and not box.keeper and proc.poll() is not None:
-                    status = f"{proc.returncode} 0"
-                    kill_group(proc.pid)  # a grandchild holding the pipes dies with it
-                if status is not None:  # the group is dead: drain the pipes, briefly
-                    ended_at = ended_at or moment
-                    if len(sel.get_map()) == 0 or moment - ended_at > 2:
-                        break
-                for key, _ in sel.select(timeout=min(0.1, deadline - moment)):
-                    if key.fileobj is call.agent_end:  # the keeper's report, or its end
-                        status = call.agent_end.recv(64).decode() or "gone"
-                        sel.unregister(call.agent_end)
-                    else:
-                        data = os.read(key.fd, 65536)
-                        if data:
-                            streams[key.fd].add(data)
+        top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        queue, moved = [None], count()
+        while queue:
+            name = queue.pop()
+            try:
+                fd = top if name is None else os.open(
+                    name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=top)
+            except OSError:
+                continue
+            try:
+                for entry in list(os.scandir(fd)):
+                    try:
+                        if opened_dir(fd, entry.name):
+                            flat = f".gone-{next(moved)}"
+                            os.rename(entry.name, flat, src_dir_fd=fd, dst_dir_fd=top)
+                            queue.append(flat)
                         else:
-                            sel.unregister(key.fd)
+                            os.unlink(entry.name, dir_fd=fd)
+                    except OSError:
+                        pass
+            finally:
+                if fd != top:
+                    os.close(fd)
+            if name is not None:
+                try:
+                    os.rmdir(name, dir_fd=top)
+                except OSError:
+                    pass
     finally:
-        call.finish(proc)
-    code, oom = (None, 0) if status in (None, "gone") else map(int, status.split())
-    return Execution(code, clips[1].text(), clips[2].text(), timed_out, bool(oom))
+        os.close(top)
+    try:
+        os.rmdir(root)
+    except OSError:
+        pass
+
+
+def opened_dir(dir_fd, name):
+    """Make `name` (under dir_fd) ours to walk, if it is a directory and not a symlink: 0700,
+    set through a descriptor, so a name swapped for a symlink cannot redirect the chmod."""
+    try:
+        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISDIR(os.fstat(fd).st_mode):
+            return False
+        os.chmod(f"/proc/self/fd/{fd}", 0o700)  # a script may have taken r, w or x away
+        return True
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
+# Once per run, at the first call: the plan (which mechanisms this machine has) and the
+# self-test that proves the boundary before anyone relies on it.
+
+class Sandbox:
+    """run_python's boundary for one run: planned and proven at the first call, then reused."""
+
+    def __init__(self, workdir, enabled, limits, report=None):
+        self.workdir, self.limits, self.report = workdir, limits, report or (lambda line: None)
+        self.keeper = sys.platform == "linux"  # elsewhere the agent kills the group itself
+        self.libc = libc_call() if self.keeper else None
+        self.landlock = False  # Landlock, seccomp and no capabilities for every call
+        self.mounts = self.keeper and enabled  # own tmpfs and /dev/shm, unless the kernel refuses
+        self.cgroup = cgroup_parents() if self.keeper else None
+        self.tested = not enabled  # the self-test has run (with --no-sandbox there is none)
+        self.confined = False  # every call runs inside the boundary: the self-test proved it
+        self.status = "sandbox: off (--no-sandbox); run_python runs unconfined"
+        self.said, self.lock, self.macos = False, threading.Lock(), None
+
+    @cached_property
+    def policy(self):
+        return sandbox_policy(self.workdir, self.limits)
+
+    @cached_property
+    def rlimits(self):
+        return [(getattr(resource, name), *lowered(getattr(resource, name), soft, hard))
+                for name, soft, hard in self.policy.rlimits]
+
+    def plan(self):
+        """Find which mechanisms this machine has and build the policy; the self-test proves it."""
+        system, machine = platform.system(), platform.machine()
+        if system == "Darwin" and os.path.exists("/usr/bin/sandbox-exec"):
+            self.macos, self.kind = MACOS_PROFILE, "sandbox-exec (deny by default, no network)"
+            return
+        if system != "Linux" or machine not in ARCHES:
+            return self.unavailable(f"no sandbox for {system} {machine}")
+        self.abi, why = landlock_abi(self.libc)
+        if self.abi < 4:
+            return self.unavailable(why or f"Landlock ABI {self.abi} cannot block TCP (needs 4)")
+        policy = self.policy
+        self.handled = (rights(LANDLOCK_FS, self.abi),
+                        rights(LANDLOCK_NET, self.abi, policy.network),
+                        rights(LANDLOCK_SCOPE, self.abi, policy.scopes))
+        named_unix = rights(LANDLOCK_FS, self.abi, {"resolve_unix"})
+        bpf = seccomp_filter(machine, policy.syscalls + (() if named_unix else policy.unix_sockets))
+        self.program = ctypes.create_string_buffer(bpf, len(bpf))
+        self.fprog = SockFprog(len(bpf) // 8, ctypes.addressof(self.program))
+        self.grants = ([(p, READ_EXEC) for p in policy.read_exec]
+                       + [(f, {"read_file"}) for f in policy.read_files]
+                       + [(f, {"read_file", "write_file", "truncate"}) for f in policy.write_files]
+                       + [(d, READ_WRITE) for d in policy.read_write])
+        parts = ["fs"] + ["tcp"] * bool(self.handled[1]) + ["scope"] * bool(self.handled[2])
+        self.kind = f"landlock ABI {self.abi} ({', '.join(parts)}) + seccomp, no capabilities"
+        self.landlock = True
+
+    def unavailable(self, why):
+        """No working boundary: say so; run_python then asks before every call, even with --yes."""
+        self.landlock, self.mounts, self.macos, self.confined = False, False, None, False
+        self.tested = True
+        self.status = (f"sandbox: unavailable ({why}); run_python will ask before every call, "
+                       "even with --yes (pass --no-sandbox to run it unconfined)")
+
+    def ready(self):
+        """Prove the boundary at the first run_python call and say once what guards it."""
+        with self.lock:
+            if not self.tested:
+                try:
+                    self.plan()  # the first run_python call pays for this, not the run's start
+                except OSError as e:
+                    self.unavailable(f"cannot build the policy: {e}")
+            if not self.tested:
+                failure = self.self_test()
+                if failure and self.mounts:  # no mount namespace here: /dev/shm stays shut
+                    self.mounts = False
+                    failure = self.self_test()
+                if failure:
+                    self.unavailable(failure)
+                else:
+                    self.tested, self.confined = True, True
+                    self.status = f"sandbox: {self.kind}; {self.extras()}"
+            if not self.said:
+                self.said = True
+                self.report(self.status)
+        return self.confined
+
+    def extras(self):
+        """What the cgroup and the mount namespace add, or what stays open without them."""
+        policy = self.policy
+        caps = (f"cgroup {self.cgroup[0]} caps a call at {policy.max_tasks} tasks and "
+                f"{policy.memory_mb} MiB" if self.cgroup
+                else "no cgroup: tasks uncapped, memory capped per process")
+        scratch = (f"home and /dev/shm a private {policy.scratch_mb} MiB tmpfs" if self.mounts
+                   else "home on disk, /dev/shm not writable")
+        return f"{caps}; {scratch}"
+
+    def self_test(self):
+        """Run one sandboxed probe that every way out must refuse; '' when it was refused."""
+        with tempfile.TemporaryDirectory(prefix="agent-canary-") as elsewhere:
+            canary = os.path.join(elsewhere, "canary.txt")
+            if Path(os.path.realpath(canary)).is_relative_to(self.workdir):
+                return "the canary cannot be placed outside the workdir"
+            Path(canary).write_text("canary")
+            column = ARCHES.get(platform.machine(), (0, 0))[1]
+            code = SELF_TEST.format(canary=canary, agent=os.getpid(), linux=self.keeper,
+                                    prlimit=SYSCALLS["prlimit64"][column],
+                                    capget=SYSCALLS["capget"][column])
+            try:
+                run = execute(code, self.workdir, self, 20, 2000)
+            except ToolError as e:
+                return f"self-test could not start: {e}"
+        out = run.stdout.strip()
+        if out != "OK":
+            return (f"self-test could {out[6:]}" if out.startswith("LEAK")
+                    else f"self-test failed: {(run.stderr.strip() or out)[-200:]}")
+        return ""
+
+
+SELF_TEST = """import ctypes, os
+libc, leaks = ctypes.CDLL(None, use_errno=True), []
+try:
+    open({canary!r}).read()
+    leaks.append("read a file outside the workdir")
+except PermissionError:
+    pass
+try:
+    os.kill({agent}, 0)
+    leaks.append("signal the agent")
+except PermissionError:
+    pass
+if {linux}:
+    long = ctypes.c_long
+    if libc.syscall(long({prlimit}), long({agent}), long(0), None, (ctypes.c_uint64 * 2)()) == 0:
+        leaks.append("reach the agent's limits")
+    caps = (ctypes.c_uint32 * 6)()
+    libc.syscall(long({capget}), (ctypes.c_uint32 * 2)(0x20080522, 0), caps)
+    admin = libc.prctl(23, ctypes.c_ulong(21), 0, 0, 0)  # CAP_SYS_ADMIN in the bounding set?
+    if any(caps) or (os.geteuid() == 0 and admin == 1):
+        leaks.append("hold a capability")
+print("LEAK: " + ", ".join(leaks) if leaks else "OK")
+"""
+MACOS_PROFILE = """(version 1)
+(deny default)
+(allow process-fork process-exec signal (target same-sandbox))
+(allow file-read-metadata sysctl-read ipc-posix-sem ipc-posix-shm)
+(allow file-read* file-map-executable (subpath "/usr/lib") (subpath "/usr/share")
+  (subpath "/usr/bin") (subpath "/bin") (subpath "/System") (subpath "/Library/Apple")
+  (subpath (param "PY_PREFIX")) (subpath (param "PY_BASE")))
+(allow file-read* (literal "/private/etc/localtime") (literal "/dev/urandom")
+  (literal "/dev/random") (literal "/dev/null"))
+(allow file-write* (literal "/dev/null"))
+(allow file-read* file-write* (subpath (param "WORKDIR")) (subpath (param "TMPDIR")))
+"""
+
+
+def lowered(which, soft, hard):
+    """An rlimit no higher than the agent's own: raising one needs a privilege."""
+    current = resource.getrlimit(which)[1]
+    hard = hard if current == resource.RLIM_INFINITY else min(hard, current)
+    return min(soft, hard), hard
+
+
+def landlock_abi(libc):
+    """The kernel's Landlock ABI version, or a reason it has none."""
+    try:
+        return syscall(libc, "landlock_create_ruleset", None, 0, 1), ""
+    except OSError as e:
+        return 0, {38: "the kernel has no Landlock", 95: "Landlock is disabled at boot",
+                   1: "Landlock is blocked (container seccomp profile?)"}.get(e.errno, e.strerror)
+
+
+def python_paths():
+    """The running interpreter's own files: stdlib and site-packages dirs, binary, libraries."""
+    import sysconfig
+    dirs = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    dirs.update(site.getsitepackages())
+    dirs = {os.path.realpath(d) for d in dirs if d and os.path.isdir(d)}
+    files = {os.path.realpath(sys.executable)}
+    venv_cfg = Path(sys.executable).parent.parent / "pyvenv.cfg"  # unresolved: the venv's
+    if venv_cfg.is_file():
+        files.add(str(venv_cfg))
+    with open("/proc/self/maps") as maps:  # shared libraries this interpreter has loaded
+        for line in maps:
+            path = line.split(maxsplit=5)[-1].strip()
+            if ".so" in os.path.basename(path) and os.path.isfile(path):
+                files.add(path)
+    inside = lambda p: any(p.startswith(d + "/") for d in (*dirs, *SYSTEM_DIRS))  # noqa: E731
+    return sorted(dirs), sorted(f for f in files if not inside(f))
+
+
+def cgroup_parents():
+    """Where the agent may make a cgroup that caps tasks and memory: ("v1"|"v2", dirs) or None."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    where = {}
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        for name in controllers.split(","):
+            where[name] = path.rstrip("/")
+    v1 = [f"/sys/fs/cgroup/{c}{where[c]}" for c in ("pids", "memory") if c in where]
+    if len(v1) == 2 and all(os.access(d, os.W_OK) for d in v1):
+        return "v1", v1
+    v2 = f"/sys/fs/cgroup{where.get('', '/-')}"  # "0::/path" on a unified hierarchy
+    try:
+        delegated = set(Path(v2, "cgroup.subtree_control").read_text().split())
+    except OSError:
+        return None
+    return ("v2", [v2]) if {"pids", "memory"} <= delegated and os.access(v2, os.W_OK) else None
+
+
+def seccomp_filter(machine, rules):
+    """Seccomp rules as a BPF program: foreign arches are killed, unknown numbers get ENOSYS."""
+    arch, column = ARCHES[machine]
+    ld, ret = (lambda k: (0x20, 0, 0, k)), (lambda k: (0x06, 0, 0, k))  # BPF_LD|W|ABS, BPF_RET
+    jeq = lambda k, yes, no: (0x15, yes, no, k)  # noqa: E731  jumps are relative, 8-bit
+    prog = [ld(4), jeq(arch, 1, 0), ret(SECCOMP_KILL), ld(0),
+            (0x25, 0, 1, LAST_SYSCALL), ret(SECCOMP_ERRNO | ENOSYS)]  # BPF_JGT: x32 numbers too
+    for names, test, err, _why in rules:
+        for nr in (SYSCALLS[name][column] for name in names.split()):
+            if nr is None:
+                continue
+            if test is None:  # each rule returns right after its test: no long jumps
+                prog += [jeq(nr, 0, 1), ret(SECCOMP_ERRNO | err)]
+                continue
+            arg, mask, op, value = test
+            body = [ld(16 + 8 * arg)]  # seccomp_data.args[arg], low word (little-endian)
+            if op == "&":
+                body.append((0x45, 0, 1, mask))  # BPF_JSET
+            else:
+                if mask != ALL:
+                    body.append((0x54, 0, 0, mask))  # BPF_ALU|AND
+                body.append(jeq(value, 0, 1) if op == "==" else jeq(value, 1, 0))
+            body += [ret(SECCOMP_ERRNO | err), ld(0)]  # reload the number for the next rule
+            prog += [jeq(nr, 0, len(body))] + body
+    prog.append(ret(SECCOMP_ALLOW))
+    return b"".join(struct.pack("HBBI", *ins) for ins in prog)
+
+
+# The tables the policy and the mechanism are made of: data, one line per right or rule.
+
+# Landlock rights: name -> (bit, the ABI that introduced it), from include/uapi/linux/landlock.h.
+# The ruleset handles every right the running kernel knows: what no rule grants is denied.
+LANDLOCK_FS = {
+    "execute": (0, 1), "write_file": (1, 1), "read_file": (2, 1), "read_dir": (3, 1),
+    "remove_dir": (4, 1), "remove_file": (5, 1), "make_char": (6, 1), "make_dir": (7, 1),
+    "make_reg": (8, 1), "make_sock": (9, 1), "make_fifo": (10, 1), "make_block": (11, 1),
+    "make_sym": (12, 1),
+    "refer": (13, 2),  # link or rename across directories
+    "truncate": (14, 3),
+    "ioctl_dev": (15, 5),  # ioctl on device files
+    "resolve_unix": (16, 9),  # connect to a named unix socket (docker.sock, D-Bus, ssh-agent)
+}
+LANDLOCK_NET = {"bind_tcp": (0, 4), "connect_tcp": (1, 4),  # handled, no port granted:
+                "bind_udp": (2, 10), "connect_send_udp": (3, 10)}  # no TCP, no UDP
+LANDLOCK_SCOPE = {"abstract_unix_socket": (0, 6), "signal": (1, 6)}  # not beyond the sandbox
+FILE_RIGHTS = {"execute", "write_file", "read_file", "truncate", "ioctl_dev"}  # all a file rule takes
+READ_EXEC = {"execute", "read_file", "read_dir"}
+READ_WRITE = set(LANDLOCK_FS) - {"make_char", "make_block", "ioctl_dev"}  # everything but devices
+
+
+# What the child may read and execute besides the Python it runs (found at startup): programs a
+# script may start and the libraries they load; of /etc only the files below; never /proc or $HOME.
+SYSTEM_DIRS = ("/usr/bin", "/bin", "/usr/lib", "/usr/lib64", "/lib", "/lib64",
+               "/usr/share/zoneinfo")
+SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/etc/mime.types", "/etc/hosts",
+                "/etc/host.conf", "/etc/nsswitch.conf", "/etc/gai.conf", "/dev/urandom",
+                "/dev/random", "/dev/zero")
+
+
+# Syscall numbers: name -> (x86_64, aarch64), None where the architecture has no such call; from
+# arch/x86/entry/syscalls/syscall_64.tbl and include/uapi/asm-generic/unistd.h, Linux 6.18.
+SYSCALLS = {
+    "ioctl": (16, 29), "shmget": (29, 194), "shmat": (30, 196), "shmctl": (31, 195),
+    "socket": (41, 198), "clone": (56, 220), "semget": (64, 190), "semop": (65, 193),
+    "semctl": (66, 191), "shmdt": (67, 197), "msgget": (68, 186), "msgsnd": (69, 189),
+    "msgrcv": (70, 188), "msgctl": (71, 187), "chmod": (90, None), "fchmod": (91, 52),
+    "chown": (92, None), "fchown": (93, 55), "lchown": (94, None), "ptrace": (101, 117),
+    "syslog": (103, 116), "setpgid": (109, 154), "setsid": (112, 157), "capget": (125, 90),
+    "capset": (126, 91), "utime": (132, None), "mknod": (133, None), "uselib": (134, None),
+    "ustat": (136, None), "sysfs": (139, None), "setpriority": (141, 140),
+    "sched_setparam": (142, 118), "sched_setscheduler": (144, 119), "vhangup": (153, 58),
+    "modify_ldt": (154, None), "pivot_root": (155, 41), "_sysctl": (156, None),
+    "adjtimex": (159, 171), "chroot": (161, 51), "acct": (163, 89), "settimeofday": (164, 170),
+    "mount": (165, 40), "umount2": (166, 39), "swapon": (167, 224), "swapoff": (168, 225),
+    "reboot": (169, 142), "sethostname": (170, 161), "setdomainname": (171, 162),
+    "iopl": (172, None), "ioperm": (173, None), "create_module": (174, None),
+    "init_module": (175, 105), "delete_module": (176, 106), "get_kernel_syms": (177, None),
+    "query_module": (178, None), "quotactl": (179, 60), "nfsservctl": (180, 42),
+    "setxattr": (188, 5), "lsetxattr": (189, 6), "fsetxattr": (190, 7), "removexattr": (197, 14),
+    "lremovexattr": (198, 15), "fremovexattr": (199, 16), "sched_setaffinity": (203, 122),
+    "lookup_dcookie": (212, 18), "clock_settime": (227, 112), "utimes": (235, None),
+    "mq_open": (240, 180), "mq_unlink": (241, 181), "mq_timedsend": (242, 182),
+    "mq_timedreceive": (243, 183), "mq_notify": (244, 184), "mq_getsetattr": (245, 185),
+    "kexec_load": (246, 104), "add_key": (248, 217), "request_key": (249, 218),
+    "keyctl": (250, 219), "ioprio_set": (251, 30), "inotify_add_watch": (254, 27),
+    "migrate_pages": (256, 238), "mknodat": (259, 33), "fchownat": (260, 54),
+    "futimesat": (261, None), "fchmodat": (268, 53), "unshare": (272, 97),
+    "move_pages": (279, 239), "utimensat": (280, 88), "semtimedop": (220, 192),
+    "perf_event_open": (298, 241), "fanotify_init": (300, 262), "fanotify_mark": (301, 263),
+    "prlimit64": (302, 261), "name_to_handle_at": (303, 264), "open_by_handle_at": (304, 265),
+    "clock_adjtime": (305, 266), "setns": (308, 268), "process_vm_readv": (310, 270),
+    "process_vm_writev": (311, 271), "kcmp": (312, 272), "finit_module": (313, 273),
+    "sched_setattr": (314, 274), "kexec_file_load": (320, 294), "bpf": (321, 280),
+    "userfaultfd": (323, 282), "io_uring_setup": (425, 425), "io_uring_enter": (426, 426),
+    "io_uring_register": (427, 427), "open_tree": (428, 428), "move_mount": (429, 429),
+    "fsopen": (430, 430), "fsconfig": (431, 431), "fsmount": (432, 432), "fspick": (433, 433),
+    "pidfd_open": (434, 434), "clone3": (435, 435), "pidfd_getfd": (438, 438),
+    "process_madvise": (440, 440), "mount_setattr": (442, 442), "quotactl_fd": (443, 443),
+    "landlock_create_ruleset": (444, 444), "landlock_add_rule": (445, 445),
+    "landlock_restrict_self": (446, 446), "process_mrelease": (448, 448),
+    "fchmodat2": (452, 452), "statmount": (457, 457), "listmount": (458, 458),
+    "lsm_set_self_attr": (460, 460), "setxattrat": (463, 463), "removexattrat": (466, 466),
+    "open_tree_attr": (467, 467), "file_setattr": (469, 469), "socketpair": (53, 199),
+    "bind": (49, 200), "fcntl": (72, 25), "io_setup": (206, 0), "inotify_init": (253, None),
+    "inotify_init1": (294, 26),
+}
+ARCHES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}  # AUDIT_ARCH_*, column above
+LAST_SYSCALL = 469  # the newest call in the table: newer ones get ENOSYS, as from an older kernel
+CLONE_ESCAPES = (0x8000  # CLONE_PARENT: a child of the agent, outside the keeper's reach
+                 | 0x20000 | 0x02000000 | 0x04000000 | 0x08000000  # CLONE_NEW{NS,CGROUP,UTS,IPC}
+                 | 0x10000000 | 0x20000000 | 0x40000000)  # CLONE_NEW{USER,PID,NET}
+S_IFMT, S_IFCHR, S_IFBLK, AF_UNIX, ALL = 0o170000, 0o020000, 0o060000, 1, 0xFFFFFFFF
+EPERM, EACCES, ENOSYS = 1, 13, 38
+
+
+# The seccomp policy, checked top to bottom: (syscalls, test, errno, what it would let a script
+# do). A test (arg, mask, op, value) matches when (arg & mask) op value, on the low 32 bits the
+# kernel reads for every argument tested here; op "&" matches when any bit of mask is set. Every
+# other call is allowed: files and sockets are Landlock's, resources the rlimits' and cgroup's.
+# The list came from walking the whole syscall table and asking of each: does it act on something
+# outside this process and its files (the host, the kernel, other processes, shared objects)?
+SECCOMP_RULES = (
+    ("reboot kexec_load kexec_file_load", None, EPERM, "power off the host, boot another kernel"),
+    ("init_module finit_module delete_module create_module query_module get_kernel_syms",
+     None, EPERM, "load or unload kernel code"),
+    ("bpf perf_event_open userfaultfd", None, EPERM,
+     "run programs in the kernel, read performance counters, stall kernel threads"),
+    ("mount umount2 pivot_root chroot swapon swapoff open_tree open_tree_attr move_mount "
+     "fsopen fsconfig fsmount fspick mount_setattr statmount listmount",
+     None, EPERM, "change or inspect the host's mounts"),
+    ("unshare setns", None, EPERM, "enter or make namespaces (and regain capabilities in them)"),
+    ("clone", (0, CLONE_ESCAPES, "&", 0), EPERM, "make a sibling of the agent or new namespaces"),
+    ("clone3", None, ENOSYS, "its flags are in memory the filter cannot read; glibc then "
+                             "falls back to clone, whose flags it can"),
+    ("settimeofday clock_settime clock_adjtime adjtimex sethostname setdomainname", None,
+     EPERM, "set the host's clock or name"),
+    ("syslog acct quotactl quotactl_fd vhangup lookup_dcookie iopl ioperm modify_ldt uselib "
+     "_sysctl sysfs ustat nfsservctl lsm_set_self_attr", None, EPERM,
+     "read the kernel log, change host-wide settings, touch I/O ports"),
+    ("keyctl add_key request_key", None, EPERM, "read or add kernel keys"),
+    ("ptrace process_vm_readv process_vm_writev kcmp pidfd_open pidfd_getfd process_madvise "
+     "process_mrelease", None, EPERM, "inspect or reach into another process"),
+    ("prlimit64 sched_setaffinity sched_setscheduler sched_setparam sched_setattr "
+     "migrate_pages move_pages", (0, ALL, "!=", 0), EPERM,
+     "change another process's limits, CPUs, scheduling or memory (0 means itself)"),
+    ("setpriority", (0, ALL, "!=", 0), EPERM, "renice a group or a user (PRIO_PROCESS only)"),
+    ("setpriority", (1, ALL, "!=", 0), EPERM, "renice another process"),
+    ("ioprio_set", (0, ALL, "!=", 1), EPERM, "set the I/O priority of a group or a user"),
+    ("ioprio_set", (1, ALL, "!=", 0), EPERM, "set another process's I/O priority"),
+    ("setsid setpgid", None, EPERM, "leave the process group the keeper kills"),
+    ("fanotify_init fanotify_mark inotify_init inotify_init1 inotify_add_watch", None, EPERM,
+     "watch file activity, the machine's included (and use up the user's inotify instances)"),
+    ("fcntl", (1, ALL, "==", 1026), EPERM, "F_NOTIFY: watch a directory, the machine's too"),
+    ("fcntl", (1, ALL, "==", 1024), EPERM, "F_SETLEASE: stall another program's open of a "
+                                            "file it owns, as root does every root file"),
+    ("io_setup", None, EPERM, "take the machine's whole quota of AIO events"),
+    ("msgget msgsnd msgrcv msgctl semget semop semtimedop semctl shmget shmat shmdt shmctl "
+     "mq_open mq_unlink mq_timedsend mq_timedreceive mq_notify mq_getsetattr", None, EPERM,
+     "IPC objects shared with other programs that outlive the call"),
+    ("io_uring_setup io_uring_enter io_uring_register", None, EPERM,
+     "file and socket operations this filter cannot see"),
+    ("name_to_handle_at open_by_handle_at", None, EPERM, "open files by handle, past path checks"),
+    ("chmod fchmod fchmodat fchmodat2 chown fchown lchown fchownat utime utimes futimesat "
+     "utimensat setxattr lsetxattr fsetxattr removexattr lremovexattr fremovexattr setxattrat "
+     "removexattrat file_setattr", None, EPERM,
+     "change the mode, owner, times or attributes of files it may only read (Landlock cannot)"),
+    ("mknod", (1, S_IFMT, "==", S_IFCHR), EPERM, "make a character device"),
+    ("mknod", (1, S_IFMT, "==", S_IFBLK), EPERM, "make a block device"),
+    ("mknodat", (2, S_IFMT, "==", S_IFCHR), EPERM, "make a character device"),
+    ("mknodat", (2, S_IFMT, "==", S_IFBLK), EPERM, "make a block device"),
+    ("ioctl", (1, ALL, "==", 0x40086602), EPERM, "FS_IOC_SETFLAGS: chattr +i on a read-only fd"),
+    ("ioctl", (1, ALL, "==", 0x40046602), EPERM, "FS_IOC32_SETFLAGS, the same"),
+    ("ioctl", (1, ALL, "==", 0x401C5820), EPERM, "FS_IOC_FSSETXATTR: inode flags, project id"),
+    ("ioctl", (1, ALL, "==", 0x40087602), EPERM, "FS_IOC_SETVERSION: the inode generation"),
+    ("ioctl", (1, ALL, "==", 0x40047602), EPERM, "FS_IOC32_SETVERSION, the same"),
+    ("ioctl", (1, ALL, "==", 0x800C6613), EPERM, "FS_IOC_SET_ENCRYPTION_POLICY on a directory"),
+    ("ioctl", (1, ALL, "==", 0xC0506617), EPERM, "FS_IOC_ADD_ENCRYPTION_KEY: a key that stays"),
+    ("ioctl", (1, ALL, "==", 0xC0406618), EPERM, "FS_IOC_REMOVE_ENCRYPTION_KEY"),
+    ("ioctl", (1, ALL, "==", 0xC0406619), EPERM, "FS_IOC_REMOVE_ENCRYPTION_KEY_ALL_USERS"),
+    ("ioctl", (1, ALL, "==", 0x40806685), EPERM, "FS_IOC_ENABLE_VERITY: a file made read-only"),
+    ("ioctl", (1, ALL, "==", 0x6609), EPERM, "EXT4_IOC_MIGRATE: rewrite a file's block map"),
+    ("ioctl", (1, ALL, "==", 0x660C), EPERM, "EXT4_IOC_ALLOC_DA_BLKS: force a file's blocks"),
+    ("ioctl", (1, ALL, "==", 0x5412), EPERM, "TIOCSTI: type into a terminal"),
+    ("ioctl", (1, ALL, "==", 0x541C), EPERM, "TIOCLINUX: the console's selection and keys"),
+    ("socket socketpair", (0, ALL, "!=", AF_UNIX), EACCES,
+     "open a network, netlink or raw socket (or load the module of one)"),
+)
+UNIX_SOCKET_RULES = (  # where Landlock cannot govern named unix sockets (below ABI 9)
+    ("socket", None, EACCES, "connect to a named unix socket (docker.sock, D-Bus, ssh-agent)"),
+    ("socketpair", (1, 0xF, "==", 2), EACCES, "a datagram pair: its sendto reaches any named "
+                                              "socket (/dev/log, systemd's notify socket)"),
+    ("socketpair", (1, 0xF, "==", 3), EACCES, "SOCK_RAW, which AF_UNIX turns into the same"),
+    ("bind", None, EACCES, "take an abstract socket name the host's programs use"),
+)
+LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446
+PR_SET_PDEATHSIG, PR_CAPBSET_READ, PR_CAPBSET_DROP, PR_SET_SECCOMP = 1, 23, 24, 22
+PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 36, 38, 47
+SECCOMP_MODE_FILTER, CAP_VERSION_3, MAX_FD = 2, 0x20080522, 1 << 16
+SECCOMP_ALLOW, SECCOMP_KILL, SECCOMP_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
+CLONE_NEWNS, CLONE_NEWUSER, MS_BIND, MS_REC, MS_PRIVATE = 0x20000, 0x10000000, 0x1000, 0x4000, 1 << 18
+MS_NOSUID, MS_NODEV = 0x2, 0x4
+
+
+def rights(table, abi, names=None):
+    """The bit mask of the rights in `names` (all by default) that Landlock ABI `abi` knows."""
+    return sum(1 << bit for name, (bit, since) in table.items()
+               if since <= abi and (names is None or name in names))
+
+
+class PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def libc_call():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+    libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
+    return libc
+
+
+def syscall(libc, name, *args):
+    """Make a raw syscall by name; raise OSError on failure."""
+    nr = SYSCALLS[name][ARCHES[platform.machine()][1]]
+    args = [ctypes.c_long(a) if isinstance(a, int) else a for a in args]
+    result = libc.syscall(ctypes.c_long(nr), *args)
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{name}: {os.strerror(err)}")
+    return result
 
 
 # --- CLI ---
@@ -4331,11 +4447,14 @@ def tokens_or_off(value):
 def parse_args(argv):
     p = Parser(prog="agent.py", epilog=EPILOG, description=DESCRIPTION, allow_abbrev=False,
                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"agent.py {AGENT_VERSION}",
+                   help="print agent.py's version, and exit")
     run = p.add_argument_group("run")
     run.add_argument("question", nargs="?", help="the question; - reads it from stdin (with "
                      "--resume: an optional follow-up)")
     run.add_argument("--workdir", metavar="DIR", help="the directory the tools work in (default: "
-                     "the current one); one that holds agent.py or its Python is refused")
+                     "the current one); one that holds agent.py or its Python is refused, "
+                     "unless --no-sandbox")
     run.add_argument("--model", metavar="ID", help="model id (default: $ANTHROPIC_MODEL, else "
                      f"{DEFAULT_MODEL})")
     run.add_argument("--effort", choices=EFFORTS, help="sent as output_config.effort (default: "
@@ -4347,6 +4466,9 @@ def parse_args(argv):
     run.add_argument("--resume", metavar="PATH", help="continue a saved transcript")
     run.add_argument("--replay", metavar="PATH", help="run a saved transcript's model turns "
                      "again against the real tools: no key, no connection")
+    run.add_argument("--system-prompt", metavar="FILE", help="the system prompt, from this UTF-8 "
+                     "file (default: agent.py's, for questions about files); recorded in the "
+                     "transcript, and kept by --resume")
     limits = p.add_argument_group("limits")
     limits.add_argument("--max-turns", type=int, metavar="N", default=Limits.max_turns,
                         help=f"requests per run (default: {Limits.max_turns})")
@@ -4439,9 +4561,12 @@ def parse_args(argv):
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise UsageError(f"--{name.replace('_', '-')} must be a positive number")
     if args.replay and (args.resume or args.trials or args.question is not None or args.model
-                        or args.effort):
+                        or args.effort or args.system_prompt):
         raise UsageError("--replay runs the recorded question and turns again: give it no "
-                         "question, --model, --effort, --resume or --trials")
+                         "question, --model, --effort, --system-prompt, --resume or --trials")
+    for what, value in (("the question", args.question), ("--model", args.model),
+                        ("--expect", args.expect), ("--decline-message", args.decline_message)):
+        check_text(value, what)
     if args.resume is None and args.replay is None and not (args.question or "").strip():
         raise UsageError("give a question (- reads it from stdin), --resume PATH or --replay "
                          "PATH")
@@ -4465,15 +4590,89 @@ def parse_args(argv):
     return args
 
 
+def check_text(value, what, where=""):
+    """`value` if it is text; a UsageError if it is not valid UTF-8 (Python hands such bytes of
+    the command line or the environment over as lone surrogates), which agent.py can neither
+    send nor record."""
+    try:
+        value is None or value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        byte = os.fsencode(value[e.start])[0] if "\udc80" <= value[e.start] <= "\udcff" \
+            else None
+        not_utf8(what, byte, value[:e.start], where)
+    return value
+
+
+def not_utf8(what, byte, before, where=""):
+    said = f"byte 0x{byte:02x}" if byte is not None else "a lone surrogate"
+    raise UsageError(f"{what} is not valid UTF-8: {said} after {shorten(before, 40)!r}; give it "
+                     f"as UTF-8 text (iconv -t UTF-8 converts a file){where}")
+
+
+def read_question(stdin):
+    """The question on stdin (-): its bytes, which must be UTF-8, when it has them."""
+    raw = getattr(stdin, "buffer", None)
+    if raw is None:
+        return check_text(stdin.read(), "the question", " on stdin")
+    data = raw.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        before = data[:e.start].decode("utf-8", "replace")
+        not_utf8("the question", data[e.start], before, " on stdin")
+
+
+MAX_SYSTEM_PROMPT = 1 << 20  # bytes of a --system-prompt file: more than any context window holds
+
+
+def read_system_prompt(path):
+    """The text of --system-prompt FILE, read only from a regular file (nothing at the path can
+    make agent.py block), as UTF-8; else a UsageError saying what is there."""
+    flag = f"--system-prompt {path}"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise UsageError(f"{flag} does not exist")
+    except OSError as e:
+        raise UsageError(f"{flag} cannot be read: {e.strerror}")
+    kind = stat.S_IFMT(os.fstat(fd).st_mode)
+    if kind != stat.S_IFREG:
+        os.close(fd)
+        what = "a directory" if kind == stat.S_IFDIR else FILE_KINDS.get(kind, "not a file")
+        raise UsageError(f"{flag} is {what}, not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            data = f.read(MAX_SYSTEM_PROMPT + 1)
+        except OSError as e:
+            raise UsageError(f"{flag} cannot be read: {e.strerror}")
+    if len(data) > MAX_SYSTEM_PROMPT:
+        raise UsageError(f"{flag} is over {MAX_SYSTEM_PROMPT >> 20} MiB: too long for a system "
+                         "prompt")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{flag} is not UTF-8 text: byte 0x{data[e.start]:02x} at offset "
+                         f"{e.start} (iconv -t UTF-8 converts it)")
+    if not text.strip():
+        raise UsageError(f"{flag} holds no text: give a file with the prompt (without "
+                         "--system-prompt, agent.py's own is used)")
+    return text
+
+
 INSTALL = ("agent.py needs the anthropic and python-dotenv packages, which {python} cannot "
            "import: python3 -m venv .venv && .venv/bin/pip install -r requirements.txt, then "
            "run .venv/bin/python agent.py ...; or run it with uv run agent.py ...")
 PLACEHOLDER_KEY = "sk-ant-..."  # what .env.example holds
 
 
-def check_workdir(workdir, where):
-    """Refuse a workdir that holds what runs agent.py: the model's code could rewrite it.
-    `where` says where the workdir came from, for the message."""
+def check_workdir(workdir, where, confined=True):
+    """Refuse a workdir that holds what runs agent.py: the sandbox lets the model's code write
+    anywhere in the workdir, so it could rewrite what runs the next time, unconfined and with
+    the key. `where` says where the workdir came from, for the message. Without the sandbox
+    (`confined` False, --no-sandbox) its code can write wherever agent.py can, whatever the
+    workdir: refusing one protects nothing there, so a throwaway container's / is allowed."""
+    if not confined:
+        return
     harness = [("agent.py", __file__), ("the Python interpreter", sys.executable),
                ("the environment agent.py runs in", sys.prefix),
                ("the Python it is built on", sys.base_prefix)]
@@ -4485,7 +4684,8 @@ def check_workdir(workdir, where):
         if real.is_relative_to(workdir):
             raise UsageError(f"{where}, {workdir}, holds {what} ({real}), which the model's code "
                              "could rewrite before the next run: pass --workdir with the "
-                             "directory of the data, e.g. --workdir workspace")
+                             "directory of the data, e.g. --workdir workspace (in a throwaway "
+                             "container, --no-sandbox allows it)")
 
 
 def dotenv_path():
@@ -4509,7 +4709,7 @@ def load_config(workdir, report):
         except ImportError:
             raise UsageError(INSTALL.format(python=sys.executable))
         found = dotenv_values(stream=io.StringIO(text), interpolate=False)
-    return {n: os.environ.get(n) or found.get(n) for n in names}
+    return {n: check_text(os.environ.get(n) or found.get(n), n) for n in names}
 
 
 def read_dotenv(path, workdir, report):
@@ -4613,9 +4813,10 @@ def main(argv=None, client=None, stdin=None):
                 report.line(f"atif: {written}", always=True)
             return 0
         if args.question == "-":
-            args.question = (stdin or sys.stdin).read().strip()
+            args.question = read_question(stdin or sys.stdin).strip()
             if not args.question:
                 raise UsageError("the question is - but stdin held none")
+        system = read_system_prompt(args.system_prompt) if args.system_prompt else None
         if args.count_tokens:
             config = load_config(None, report)
             model = args.model or config["ANTHROPIC_MODEL"] or DEFAULT_MODEL
@@ -4624,7 +4825,8 @@ def main(argv=None, client=None, stdin=None):
                             always=True)
             client = client or make_client(config, Limits())
             try:
-                to_stdout(count_tokens(client, model, args.question or EXAMPLE_QUESTION))
+                to_stdout(count_tokens(client, model, args.question or EXAMPLE_QUESTION,
+                                       system or SYSTEM_PROMPT))
             except Exception as e:  # the server's answer, or its refusal: one line
                 stop = stop_for(e)
                 report.error(f"agent.py: --count-tokens: {stop.reason}: {stop.detail}")
@@ -4642,7 +4844,7 @@ def main(argv=None, client=None, stdin=None):
         workdir = Path(os.path.realpath(args.workdir or recorded.get("workdir") or "."))
         if not workdir.is_dir():
             raise UsageError(f"{where}, {workdir}, is not a directory")
-        check_workdir(workdir, where)
+        check_workdir(workdir, where, confined=not args.no_sandbox)
         for inside in {workdir, Path(os.path.realpath(recorded.get("workdir") or workdir))}:
             if args.resume and Path(os.path.realpath(args.resume)).is_relative_to(inside):
                 raise UsageError(f"--resume {args.resume} is inside the workdir {inside}, where "
@@ -4652,20 +4854,27 @@ def main(argv=None, client=None, stdin=None):
             ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL"))
         SECRETS.update(v for v in [config["ANTHROPIC_API_KEY"]] if v and len(v) >= 8)
         model = args.model or config["ANTHROPIC_MODEL"] or recorded.get("model") or DEFAULT_MODEL
+        prompt = own_prompt(session) if session is not None and system is None else None
         taken = [f"workdir {workdir}"] * (bool(recorded) and not args.workdir) + \
             [f"model {model}"] * (session is not None and model != (
-                args.model or config["ANTHROPIC_MODEL"] or DEFAULT_MODEL))
+                args.model or config["ANTHROPIC_MODEL"] or DEFAULT_MODEL)) + \
+            ([f"system prompt {shorten(prompt, 60)!r} ({len(prompt):,} characters)"] if prompt
+             else [])
         if taken and not agreed(f"{source} asks to go on with its own {' and '.join(taken)}."
                                 " A transcript is only a file, which anything could have "
                                 "written: go on with them?", stdin or sys.stdin):
             raise UsageError(f"not replayed: give --workdir DIR to say where {source} runs"
-                             if replay else f"not resumed: give --workdir DIR (and --model ID) "
-                             f"to say where {source} goes on")
+                             if replay else f"not resumed: give --workdir DIR (and --model ID" +
+                             ", --system-prompt FILE" * bool(prompt) +
+                             f") to say how {source} goes on")
+        if session is not None and system:
+            session["system"] = system
         target = args.transcript or args.resume  # --resume goes on in the file it continues
-        output = OutputFile(target, workdir) if target not in (None, "-") else None
-        trial_outputs = {i: OutputFile(trial_path(output.path, i), workdir, named=False)
+        reach = None if args.no_sandbox else workdir  # where the model's code can write, if not
+        output = OutputFile(target, reach) if target not in (None, "-") else None  # everywhere
+        trial_outputs = {i: OutputFile(trial_path(output.path, i), reach, named=False)
                          for i in range(1, args.trials + 1)} if args.trials and output else {}
-        events_out = OutputFile(args.events, workdir, "--events", stream=True) \
+        events_out = OutputFile(args.events, reach, "--events", stream=True) \
             if args.events not in (None, "-") else None
         check_distinct([("--transcript", output)] * bool(output)
                        + [("--events", events_out)] * bool(events_out)
@@ -4720,7 +4929,8 @@ def main(argv=None, client=None, stdin=None):
     try:
         if args.trials:
             spec = TrialSpec(args.question, model, args.effort, args.trials, args.jobs,
-                             args.expect, args.expect_tool, args.expect_stop, args.quiet)
+                             args.expect, args.expect_tool, args.expect_stop, args.quiet,
+                             system or SYSTEM_PROMPT)
             summary = run_trials(spec, client, ctx, trial_outputs, events, telemetry)
             if events and events.lost:
                 summary["events_lost"] = events.lost
@@ -4738,7 +4948,8 @@ def main(argv=None, client=None, stdin=None):
                         f"recorded from {made_by(replay)}; workdir {workdir}; nothing is sent",
                         always=True)
         elif session is None:
-            session = new_session(args.question, model, workdir, args.effort, run_id)
+            session = new_session(args.question, model, workdir, args.effort, run_id,
+                                  system or SYSTEM_PROMPT)
         else:
             session.update(model=model, workdir=str(workdir), run_id=run_id,
                            effort=args.effort or session.get("effort"))

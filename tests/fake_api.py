@@ -133,6 +133,9 @@ class FakeAPI:
             def do_POST(self):
                 api.headers.append({k.lower(): v for k, v in self.headers.items()})
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                if self.path.split("?")[0] not in ("/v1/messages", "/v1/messages/count_tokens"):
+                    return api.send(self, 404, {"type": "error", "error": {  # as the API says
+                        "type": "not_found_error", "message": "Not Found"}})
                 if self.path.startswith("/v1/messages/count_tokens"):
                     return api.count(self, body)
                 body["_betas"] = [b for b in (self.headers.get("anthropic-beta") or "").split(",")

@@ -1,5 +1,6 @@
 """Terminal output (Reporter, visible) and the CLI: flags, .env, make_client, main, subprocess."""
 
+import io
 import json
 import os
 import signal
@@ -84,6 +85,34 @@ def test_a_dash_question_is_read_from_stdin_and_an_empty_one_refused(capsys, wor
     assert (code, out, client.requests) == (2, "", []) and "stdin held none" in err
 
 
+@pytest.mark.parametrize("how", ["argument", "stdin"])
+def test_a_question_that_is_not_utf8_is_a_usage_error_before_anything_is_sent(capsys, workdir,
+                                                                             how):
+    """Python hands such an argument over with a lone surrogate (\\udce9 for byte 0xe9): it
+    must not be sent, nor recorded as text that is not Unicode."""
+    client = FakeClient(reply(text("never")))
+    argv, stdin = (["caf\udce9 ?"], "") if how == "argument" else \
+        (["-"], io.TextIOWrapper(io.BytesIO(b"caf\xe9 ?\n"), encoding="utf-8"))
+    code, out, err = run_cli(capsys, argv + ["--workdir", str(workdir)], client, stdin=stdin)
+    assert (code, out, client.requests) == (2, "", [])
+    assert err == ("agent.py: the question is not valid UTF-8: byte 0xe9 after 'caf'; give it as "
+                   f"UTF-8 text (iconv -t UTF-8 converts a file){' on stdin' * (how == 'stdin')}"
+                   "\n"), err
+
+
+def test_a_question_that_is_not_utf8_is_refused_as_a_user_gives_it(request, workdir, tmp_path,
+                                                                   agent_copy):
+    api = serve(request)
+    for argv, given in (([b"caf\xe9 ?"], None), (["-"], b"caf\xe9 ?\n")):
+        done = subprocess.run([sys.executable, str(agent_copy), *argv, "--workdir", str(workdir),
+                               "--transcript", str(tmp_path / "run.json"), "--events",
+                               str(tmp_path / "events.jsonl")], input=given or b"",
+                              capture_output=True, env=agent_env(api), timeout=60)
+        assert done.returncode == 2 and b"not valid UTF-8" in done.stderr, done.stderr
+        assert len(done.stderr.splitlines()) == 1 and done.stdout == b""
+    assert api.requests == [] and not (tmp_path / "run.json").exists()
+
+
 def test_count_tokens_without_a_question_says_what_it_counted(capsys):
     client = FakeClient()
     code, out, err = run_cli(capsys, ["--count-tokens"], client)
@@ -161,6 +190,78 @@ def test_a_workdir_holding_pythons_user_site_is_refused(capsys, tmp_path, monkey
     code, _, err = run_cli(capsys, ["q", "--workdir", str(home), "--yes"], client)
     assert (code, client.requests) == (2, [])
     assert "Python's user base" in err and ".pth" in err and str(home / ".local") in err
+
+
+# --- what a task harness needs: its own system prompt, a container's workdir, the version ---
+
+def test_system_prompt_file_is_sent_recorded_and_counted(capsys, workdir, tmp_path):
+    prompt = tmp_path / "task-prompt.txt"
+    prompt.write_text("You solve terminal tasks.\n解决任务，然后写下答案。\n")
+    transcript = tmp_path / "run.json"
+    client = FakeClient(reply(text("ok")), reply(text("a")), reply(text("b")))
+    code, out, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--system-prompt",
+                                    str(prompt), "--transcript", str(transcript)], client)
+    assert (code, out) == (0, "ok\n")
+    assert client.requests[0]["system"] == prompt.read_text()
+    assert json.loads(transcript.read_text())["system"] == prompt.read_text()
+    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--system-prompt", str(prompt),
+                                  "--trials", "2"], client)  # every trial gets it
+    assert code == 0 and [r["system"] for r in client.requests[1:]] == [prompt.read_text()] * 2
+    code, out, _ = run_cli(capsys, ["--count-tokens", "q", "--system-prompt", str(prompt)], client)
+    assert code == 0 and client.counted[-1]["system"] == prompt.read_text()
+    code, _, err = run_cli(capsys, ["--replay", str(transcript), "--system-prompt", str(prompt)],
+                           client)
+    assert code == 2 and "--system-prompt" in err and len(client.requests) == 3
+
+
+@pytest.mark.parametrize("kind", ["missing", "directory", "fifo", "not utf-8", "empty", "huge"])
+def test_a_system_prompt_file_that_cannot_be_read_is_one_usage_line(capsys, workdir, tmp_path,
+                                                                      kind):
+    path = tmp_path / "prompt.txt"
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)  # no writer: an open that waits for one would hang the run
+    elif kind == "not utf-8":
+        path.write_bytes(b"caf\xe9 au lait")
+    elif kind == "empty":
+        path.write_text(" \n")
+    elif kind == "huge":
+        path.write_text("x" * (agent.MAX_SYSTEM_PROMPT + 1))
+    client = FakeClient(reply(text("never")))
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--system-prompt",
+                                      str(path)], client)
+    assert (code, out, client.requests) == (2, "", [])
+    assert len(err.strip().splitlines()) == 1 and err.startswith(f"agent.py: --system-prompt {path}")
+    assert "Traceback" not in err
+
+
+def test_version_prints_one_line_without_importing_the_sdk(agent_copy):
+    done = run_agent_py(agent_copy, "--version", flags=("-X", "importtime"), env=agent_env(),
+                        timeout=30)
+    assert done.returncode == 0 and done.stdout == f"agent.py {agent.AGENT_VERSION}\n"
+    assert "| anthropic" not in done.stderr  # -X importtime lists every module imported
+
+
+def test_a_containers_root_is_a_workdir_once_the_sandbox_is_off(capsys, tmp_path):
+    """In a throwaway container a task works in /, which holds agent.py and its Python. With the
+    sandbox on, / stays refused: the model's code could write anywhere in it. With --no-sandbox
+    its code can write wherever agent.py can, whatever the workdir: refusing / protects nothing."""
+    transcript = tmp_path / "run.json"
+    script = (f"import os; print(sorted(os.listdir('.'))[:3], os.getcwd())")
+    client = FakeClient(reply(tool_use("read_file", {"path": str(tmp_path / "note.txt")[1:]}),
+                              tool_use("run_python", {"code": script})), reply(text("done")))
+    (tmp_path / "note.txt").write_text("a task file\n")
+    code, out, err = run_cli(capsys, ["q", "--workdir", "/", "--no-sandbox", "--yes",
+                                      "--transcript", str(transcript), "--events",
+                                      str(tmp_path / "events.jsonl")], client)
+    assert (code, out) == (0, "done\n"), err
+    results = client.requests[1]["messages"][-1]["content"]
+    assert "a task file" in results[0]["content"] and "] /" in results[1]["content"]
+    assert json.loads(transcript.read_text())["workdir"] == "/"
+    client = FakeClient()
+    code, _, err = run_cli(capsys, ["q", "--workdir", "/", "--yes"], client)  # sandbox on
+    assert (code, client.requests) == (2, []) and "holds" in err and "--no-sandbox" in err
 
 
 # --- .env and config ---

@@ -10,7 +10,7 @@ import pytest
 
 import agent
 from fakes import FakeAPIError, FakeClient, reply, text, tool_use
-from helpers import run_cli
+from helpers import lone_surrogates, run_cli, surrogate_run, with_lone_surrogates
 
 HOSTILE = "</pre><script>window.__pwned = 1</script><img src=x onerror=\"window.__pwned=2\">"
 
@@ -60,6 +60,16 @@ def test_the_report_shows_the_token_growth(capsys, workdir, tmp_path):
     heights = [float(h) for h in re.findall(r'class="bar seg-read"[^>]* height="([\d.]+)"', page)]
     assert heights[0] == 0 and heights[3] > heights[2] > 0  # cache reads grow turn by turn
     assert "cache-read share" in page and "running cost" in page
+
+
+def test_a_report_holds_no_lone_surrogate(capsys, tmp_path):
+    """Text that is not Unicode, from a run or in a transcript read back, is U+FFFD on the page."""
+    _, transcript, _ = surrogate_run(capsys, tmp_path)
+    for source in (transcript, with_lone_surrogates(transcript)):
+        code, _, err = run_cli(capsys, ["--report", str(source), "-o", str(tmp_path / "r.html")])
+        page = (tmp_path / "r.html").read_bytes()
+        assert code == 0 and not lone_surrogates(page), err
+        assert b"\\ud800" not in page and "done \ufffd".encode() in page
 
 
 def test_a_trials_report_names_each_trials_transcript_and_writes_one_page(capsys, workdir,

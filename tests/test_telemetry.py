@@ -158,6 +158,22 @@ def test_over_otlp_http_to_a_collector_configured_by_the_standard_variables(requ
     assert not [h for h in api.headers if "traceparent" in h]  # no trace context to the API
 
 
+def test_spans_hold_no_lone_surrogate_and_none_is_lost_to_one(request, workdir, agent_copy):
+    """A lone surrogate cannot be encoded in a span's protobuf: one in a reply would cost the
+    spans that hold it (the SDK itself refuses one in a tool call's input)."""
+    api = serve(request, reply(text("bad \ud800 text"), tool_use("read_file", {"path": "notes.md"})),
+                reply(text("done \udce9")))
+    with OTLPReceiver() as collector:
+        done = run_agent_py(agent_copy, "q", "--workdir", workdir, "--otel", timeout=60,
+                            env=agent_env(api, **otel_env(collector.endpoint, **{CAPTURE: "true"})))
+        assert done.returncode == 0 and "--otel" not in done.stderr, done.stderr
+        got = collector.spans()
+    assert len(got) == 4, done.stderr.splitlines()  # the run, two chats, the tool call
+    values = [str(v) for _, span in got for v in attributes(span).values()]
+    assert not [v for v in values if any("\ud800" <= ch <= "\udfff" for ch in v)]
+    assert any("done \ufffd" in v for v in values)
+
+
 @pytest.mark.parametrize("collector", ["refuses", "never answers"])
 def test_an_unreachable_collector_costs_a_bounded_delay_and_one_line(request, workdir,
                                                                     agent_copy, collector):
