@@ -628,11 +628,30 @@ def on_stop_signal(signum, frame):
 
 # --- API plumbing and retries ---
 
+MAX_COUNT = 1 << 53  # the largest count agent.py reads or writes: what JSON carries exactly
+
+
 def number(value):
     """A token count as a server sent it, or 0 when it sent something else (not a count, or
     past 2**53, which no count reaches and a float could not hold)."""
     return value if isinstance(value, int) and not isinstance(value, bool) \
-        and 0 <= value <= 1 << 53 else 0
+        and 0 <= value <= MAX_COUNT else 0
+
+
+def json_safe(value):
+    """True if `value` holds only what JSON carries exactly and agent.py reads back: no NaN or
+    infinity, no integer past 2**53 (a server's JSON parser accepts both)."""
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, dict):
+            todo.extend(v.values())
+        elif isinstance(v, list):
+            todo.extend(v)
+        elif isinstance(v, float) and not math.isfinite(v) or isinstance(v, int) \
+                and not isinstance(v, bool) and abs(v) > MAX_COUNT:
+            return False
+    return True
 
 
 def fields(value):
@@ -934,6 +953,8 @@ def block_problem(block, role):
         if not (is_str(value) if kind is WORD else isinstance(value, kind)):
             what = kind if kind is WORD else "a string" if kind is str else "an object"
             return f"a {block['type']} block whose {key} is not {what}"
+    if not json_safe(block):
+        return f"a {block['type']} block holding NaN, an infinity or a number past 2**53"
     return None
 
 
@@ -968,8 +989,11 @@ def reply_facts(reply):
     facts = {"message_id": message.get("id") if isinstance(message.get("id"), str) else None,
              "prompt_tokens": prompt_tokens(billed(reply.usages[-1])[-1]),
              "cache_miss": fields(message.get("diagnostics")).get("cache_miss_reason")}
+    if not json_safe(facts["cache_miss"]):
+        facts["cache_miss"] = None
     edits = fields(message.get("context_management")).get("applied_edits")
-    return {**facts, **({"context_edits": edits} if isinstance(edits, list) else {})}
+    return {**facts, **({"context_edits": edits} if isinstance(edits, list)
+                        and json_safe(edits) else {})}
 
 
 def request_host(exc):
@@ -1147,23 +1171,24 @@ def cost_usd(model, usage):
 
 
 def prompt_tokens(usage):
-    return sum(number(usage.get(k)) for k in COUNTS if k != "output_tokens")
+    return min(sum(number(usage.get(k)) for k in COUNTS if k != "output_tokens"), MAX_COUNT)
 
 
 def usage_record(model, usage):
     """A response's usage as the transcript keeps it: the four counts (over every billed
     iteration), their sum, the cost."""
     parts = billed(usage)
-    record = {k: sum(number(p.get(k)) for p in parts) for k in COUNTS}
-    record["tokens"] = sum(record.values())
+    record = {k: min(sum(number(p.get(k)) for p in parts), MAX_COUNT) for k in COUNTS}
+    record["tokens"] = min(sum(record.values()), MAX_COUNT)  # past it, a server's story
     record["cost_usd"] = cost_usd(model, usage)
     return record
 
 
 def add_usage(total, part):
-    """Add a usage record into a running total; one unknown cost makes the total unknown."""
+    """Add a usage record into a running total; one unknown cost makes the total unknown. A
+    count stops at 2**53, which no run reaches: what agent.py writes, it reads back."""
     for key in COUNTS + ("tokens",):
-        total[key] += part[key]
+        total[key] = min(total[key] + part[key], MAX_COUNT)
     total["cost_usd"] = None if None in (total["cost_usd"], part["cost_usd"]) else \
         round(total["cost_usd"] + part["cost_usd"], 10)
     return total
@@ -1298,13 +1323,20 @@ def now():
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # made once, not per call
+ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"),  # made once, not per call
+                           allow_nan=False)  # NaN and Infinity are not JSON
 
 
 def dump(document):
     """A document as the bytes agent.py writes: one line of JSON (the C encoder), secrets
-    redacted, text that is not valid Unicode (a lone surrogate) written as U+FFFD."""
-    return utf8(redact(ENCODER.encode(document))) + b"\n"
+    redacted, text that is not valid Unicode (a lone surrogate) written as U+FFFD. Never NaN or
+    Infinity: the readers and check_reply keep them out, and should one slip through, it is
+    written as null rather than as a file no JSON reader (agent.py included) accepts."""
+    try:
+        text = ENCODER.encode(document)
+    except ValueError:
+        text = ENCODER.encode(json.loads(json.dumps(document), parse_constant=lambda _: None))
+    return utf8(redact(text)) + b"\n"
 
 
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # in a str, never part of a valid character
@@ -1825,9 +1857,9 @@ def transcript_problem(session):
         asked = {b["id"] for b in m["content"] if b["type"] == "tool_use"}
     for i, t in enumerate(session["turns"]):
         usage = t.get("usage") if isinstance(t, dict) else None
-        if not isinstance(t, dict) or not isinstance(t.get("turn"), int) \
+        if not isinstance(t, dict) or not is_count(t.get("turn")) or t["turn"] > MAX_TURN \
                 or not isinstance(usage, dict) \
-                or any(not isinstance(usage.get(k), int) for k in COUNTS + ("tokens",)) \
+                or any(not is_count(usage.get(k)) for k in COUNTS + ("tokens",)) \
                 or not isinstance(usage.get("cost_usd"), (int, float, type(None))):
             return f"turns[{i}] is not a turn record with its usage"
         calls = t.get("tool_calls", [])
@@ -1836,6 +1868,43 @@ def transcript_problem(session):
             return f"turns[{i}].tool_calls is not a list of tool calls with their ids"
         if not isinstance(t.get("prompt_tokens", 0), (int, type(None))):
             return f"turns[{i}].prompt_tokens is not a count"
+    replies = sum(m["role"] == "assistant" for m in session["messages"])
+    kept = sum(t.get("in_history") is not False for t in session["turns"])
+    if replies != kept:  # each turn's reply is in the history, or its record says it is not
+        return f"its messages hold {replies} replies, and its turns say {kept} were kept"
+    return sum_problem(session["turns"])
+
+
+MAX_TURN = 1 << 31  # a turn number a transcript may hold: a run goes on from it, one at a time
+
+
+def is_count(value):
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
+
+
+def sum_problem(turns):
+    """Why the turns' costs or seconds cannot be added up (each is a finite number, their sum
+    is not: 1e308 + 1e308), or None. Counts cannot overflow: their totals stop at 2**53."""
+    for key in ("cost_usd", "seconds", "api_seconds"):
+        total = 0.0
+        for t in items(turns):
+            total += num((fields(t.get("usage")) if key == "cost_usd" else t).get(key))
+        if not math.isfinite(total):
+            return f"its turns' {key} add up past what a number can hold"
+    return None
+
+
+def summary_problem(summary):
+    """Why a trials summary cannot be rendered, or None: pass@k and pass^k are objects keyed by
+    plain numbers (1, 2, 3...), whatever else the file holds (a value that is not a number is
+    drawn as 0)."""
+    for key in ("pass_at_k", "pass_hat_k"):
+        table = summary.get(key, {})
+        if not isinstance(table, dict):
+            return f"{key} is not an object"
+        for k in table:
+            if not re.fullmatch(r"[1-9][0-9]{0,8}", k):
+                return f"{key} has the key {shorten(repr(k), 40)}, not a plain number of trials"
     return None
 
 
@@ -1843,10 +1912,10 @@ MAX_DOCUMENT = 1 << 26  # bytes of a JSON document agent.py reads (a 1,000-turn 
 MAX_CONTAINERS = 2_000_000  # its objects and lists: 64 MiB of {} would take ~7 GB to parse
 
 
-def read_document(path, flag):
+def read_document(path, flag, sized=False):
     """The JSON document at `path`, read only from a regular file, so that nothing at the path
     can make agent.py block or run out of memory or recursion; else a UsageError saying what is
-    there."""
+    there. With `sized`, the document and its size in bytes."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -1867,8 +1936,9 @@ def read_document(path, flag):
         raise UsageError(f"{flag} {path} holds over {MAX_CONTAINERS:,} objects and lists: not "
                          "a document agent.py wrote")
     try:
-        return clean(json.loads(data.decode("utf-8"), parse_int=bounded_int,
-                                parse_float=bounded_float, parse_constant=no_constant))
+        document = clean(json.loads(data.decode("utf-8"), parse_int=bounded_int,
+                                    parse_float=bounded_float, parse_constant=no_constant))
+        return (document, len(data)) if sized else document
     except RecursionError:
         raise UsageError(f"{flag} {path} is nested too deeply: not a document agent.py wrote")
     except Unbounded as e:
@@ -2033,10 +2103,6 @@ def recording_problem(recording):
     if asked:
         return ("was continued with --resume and a follow-up question; only a run from its "
                 "first question can be replayed")
-    replies = sum(m["role"] == "assistant" for m in recording["messages"])
-    kept = sum(t.get("in_history") is not False for t in recording["turns"])
-    if replies != kept:
-        return f"has {replies} replies in its messages, and its turns say {kept} were kept"
     return None
 
 
@@ -2459,8 +2525,9 @@ def page(title, body):
             f'<style nonce="{nonce}">{CSS}</style></head><body>{body}</body></html>\n')
 
 
-def token_chart(turns):
-    """Per-turn stacked bars of what each request cost in tokens, with the running cost."""
+def token_chart(turns, parts):
+    """Per-turn stacked bars of what each request cost in tokens, with the running cost, added
+    to `parts` (a Bounded list)."""
     width, height, left, bottom = 760, 260, 60, 30
     rows = items(turns)
     peak = max([sum(num(fields(t.get("usage")).get(k)) for k, _, _ in SEGMENTS) for t in rows]
@@ -2471,11 +2538,11 @@ def token_chart(turns):
         costs.append(total)
     step = (width - left - 20) / max(len(rows), 1)
     bar = max(step * 0.7, 1)
-    parts = [f'<svg class="tokens" width="{width}" height="{height}" viewBox="0 0 {width} '
-             f'{height}" role="img" aria-label="tokens per turn">',
-             f'<text class="axis" x="4" y="14">{peak:,} tokens</text>',
-             f'<line x1="{left}" y1="{height - bottom}" x2="{width - 10}" y2="{height - bottom}" '
-             'stroke="#999"/>']
+    parts += [f'<svg class="tokens" width="{width}" height="{height}" viewBox="0 0 {width} '
+              f'{height}" role="img" aria-label="tokens per turn">',
+              f'<text class="axis" x="4" y="14">{peak:,} tokens</text>',
+              f'<line x1="{left}" y1="{height - bottom}" x2="{width - 10}" y2="{height - bottom}" '
+              'stroke="#999"/>']
     for i, t in enumerate(rows):
         usage, y = fields(t.get("usage")), height - bottom
         x = left + i * step + (step - bar) / 2
@@ -2497,8 +2564,7 @@ def token_chart(turns):
         parts.append(f'<text class="axis" x="{width - 10}" y="14" text-anchor="end">'
                      f'{money(total)}</text>')
     legend = "".join(f'<span class="l-{cls}"></span>{label}' for _, cls, label in SEGMENTS)
-    return "".join(parts) + f'</svg><p class="legend">{legend}<span class="l-cost"></span>' \
-                            "running cost</p>"
+    parts.append(f'</svg><p class="legend">{legend}<span class="l-cost"></span>running cost</p>')
 
 
 def block_html(block):
@@ -2556,8 +2622,9 @@ def priced_as(t):
             f"Anthropic's API, not by {esc(url)}, which may bill otherwise, or nothing.</p>")
 
 
-def run_report(t):
-    """The report of one run: what was asked, how it ended, what each turn cost and did."""
+def run_report(t, cap):
+    """The report of one run: what was asked, how it ended, what each turn cost and did; a
+    UsageError if it would take more than `cap` characters."""
     turns, usage, stop = items(t.get("turns")), fields(t.get("usage")), fields(t.get("stop"))
     prompt = sum(num(usage.get(k)) for k, _, _ in SEGMENTS[:3])
     share = f"{num(usage.get('cache_read_input_tokens')) / prompt:.0%}" if prompt else "n/a"
@@ -2566,7 +2633,8 @@ def run_report(t):
              ("turns", len(turns)), ("tokens", f"{num(usage.get('tokens')):,}"),
              ("cost", money(usage.get("cost_usd"))), ("time", f"{seconds:.1f} s"),
              ("cache-read share of the prompt", share)]
-    body = [f"<h1>agent.py run</h1><div class=\"q\">{esc(t.get('question', ''))}</div>",
+    body = Bounded(cap)
+    body += [f"<h1>agent.py run</h1><div class=\"q\">{esc(t.get('question', ''))}</div>",
             f"<p>model <b>{esc(t.get('model'))}</b> · workdir <code>{esc(t.get('workdir'))}"
             f"</code> · run <code>{esc(t.get('run_id', '?'))}</code> · started "
             f"{esc(t.get('started_at', '?'))}{provenance(t)}{server_said(t)}</p>",
@@ -2575,11 +2643,13 @@ def run_report(t):
             f"<p>{esc(stop.get('detail', ''))}</p>{priced_as(t)}"]
     if t.get("answer"):
         body.append(f"<h2>Answer</h2><pre>{esc(t['answer'])}</pre>")
-    body.append("<h2>Tokens per turn</h2>" + token_chart(turns))
+    body.append("<h2>Tokens per turn</h2>")
+    token_chart(turns, body)
     calls_input = {str(b.get("id")): json.dumps(b.get("input"), ensure_ascii=False)
                    for m in items(t.get("messages")) for b in items(m.get("content"))
                    if b.get("type") == "tool_use"}  # each call's input, for its preview
-    rows = []
+    body.append("<h2>Turns</h2><table><tr><th>turn</th><th>stop</th><th>tokens</th><th>cost"
+                "</th><th>time</th><th>tool calls</th></tr>")
     for x in turns:
         u, chips = fields(x.get("usage")), []
         for c in items(x.get("tool_calls")):
@@ -2587,79 +2657,131 @@ def run_report(t):
             chips.append(f'<span class="chip {state}">{esc(c.get("name"))} '
                          f'{esc(shorten(calls_input.get(str(c.get("id")), ""), 60))} · {state} · '
                          f'{num(c.get("seconds")):.2f}s</span>')
-        rows.append(f"<tr><td>{esc(x.get('turn'))}</td><td>{esc(x.get('stop_reason'))}</td>"
+        body.append(f"<tr><td>{esc(x.get('turn'))}</td><td>{esc(x.get('stop_reason'))}</td>"
                     f"<td>{num(u.get('tokens')):,}</td><td>{money(u.get('cost_usd'))}</td>"
                     f"<td>{num(x.get('seconds')):.1f}s ({num(x.get('api_seconds')):.1f}s API)"
                     f"</td><td>{''.join(chips)}</td></tr>")
-    body.append("<h2>Turns</h2><table><tr><th>turn</th><th>stop</th><th>tokens</th><th>cost"
-                "</th><th>time</th><th>tool calls</th></tr>" + "".join(rows) + "</table>")
-    body.append("<h2>Conversation</h2>")
+    body.append("</table><h2>Conversation</h2>")
     for m in items(t.get("messages")):
         body.append(f'<div class="msg"><span class="role">{esc(m.get("role"))}</span>'
                     + "".join(block_html(b) for b in items(m.get("content"))) + "</div>")
     return page(f"agent.py run: {str(t.get('question', ''))[:80]}", "".join(body))
 
 
-def trials_report(summary):
+def trials_report(summary, cap):
     """The report of --trials: pass@k and pass^k, and a row per trial with its transcript's
-    name (render that with --report too: this page opens no file of its own accord)."""
+    name (render that with --report too: this page opens no file of its own accord); a
+    UsageError if it would take more than `cap` characters."""
     at, hat = fields(summary.get("pass_at_k")), fields(summary.get("pass_hat_k"))
-    ks = sorted((int(k) for k in at if str(k).isdigit()))
-    rows = "".join(f"<tr><td>{k}</td><td>{num(at.get(str(k))):.3f}</td><td>"
-                   f"{num(hat.get(str(k))):.3f}</td></tr>" for k in ks)
-    width, height = 360, 180
-    plot = [f'<svg class="passk" width="{width}" height="{height}" viewBox="0 0 {width} '
-            f'{height}" role="img" aria-label="pass@k and pass^k">']
-    x = lambda k: 30 + (k - 1) / max(len(ks) - 1, 1) * (width - 50)  # noqa: E731
-    for key, values in (("at", at), ("hat", hat)):
-        pts = " ".join(f"{x(k):.1f},{height - 20 - num(values.get(str(k))) * (height - 40):.1f}"
-                       for k in ks)
-        plot.append(f'<polyline class="line-{key}" points="{pts}"/>')
-    plot += [f'<text class="axis" x="{x(k):.1f}" y="{height - 4}" text-anchor="middle">k={k}'
-             '</text>' for k in ks]
-    plot.append('<text class="axis" x="4" y="14">1.0</text><text class="axis" x="4" '
-                f'y="{height - 20}">0</text></svg><p class="legend"><span class="l-input">'
-                '</span>pass@k<span class="l-output"></span>pass^k (dashed; the lines meet '
-                'where every trial passed or none did)</p>')
-    trials = []
-    for tr in items(summary.get("trials")):
-        transcript = tr.get("transcript")
-        trials.append(f"<tr><td>trial {esc(tr.get('index'))}</td><td>{esc(tr.get('stop'))}</td>"
-                      f"<td class=\"{'ok' if tr.get('passed') else 'error'}\">"
-                      f"{'pass' if tr.get('passed') else 'fail'}</td><td>{esc(tr.get('turns'))}"
-                      f"</td><td>{num(tr.get('tokens')):,}</td><td>{money(tr.get('cost_usd'))}"
-                      f"</td><td><code>{esc(transcript) if is_str(transcript) else ''}</code>"
-                      "</td></tr>")
+    ks = sorted(int(k) for k in at)  # plain numbers: summary_problem checked them
     interval = summary.get("pass@1_wilson95")
     interval = [f"{num(v):.3f}" for v in interval] if isinstance(interval, list) and \
         len(interval) == 2 else ["?", "?"]
     p1 = summary.get("pass@1")
     expect = {k: v for k, v in fields(summary.get("expect")).items() if v}
-    head = (f"<h1>agent.py trials</h1><div class=\"q\">{esc(summary.get('question', ''))}</div>"
-            f"<p>model <b>{esc(summary.get('model', '?'))}</b>{server_said(summary)} · a trial passes when "
-            f"{esc(json.dumps(expect, ensure_ascii=False) if expect else 'it ends with end_turn')}"
-            f" · a declined call tells the model: {esc(summary.get('decline_message', '?'))}</p>"
-            f"<p>{esc(summary.get('n'))} of "
-            f"{esc(summary.get('requested'))} ran: {esc(summary.get('passes'))} passed, "
-            f"{esc(summary.get('failed'))} failed, {esc(summary.get('errored'))} errored "
-            f"(not counted in pass@k). pass@1 = {esc(f'{p1:.3f}' if isinstance(p1, float) else p1)}, 95% Wilson "
-            f"interval {esc(interval[0])}–{esc(interval[1])}.</p>{priced_as(summary)}")
-    return page("agent.py trials", head + "<h2>pass@k and pass^k</h2><table><tr><th>k</th><th>"
-                "pass@k</th><th>pass^k</th></tr>" + rows + "</table>" + "".join(plot)
-                + "<h2>Trials</h2><table><tr><th>trial</th><th>stop</th><th>result</th><th>"
-                "turns</th><th>tokens</th><th>cost</th><th>transcript</th></tr>" + "".join(trials) + "</table>")
+    body = Bounded(cap)
+    body.append(f"<h1>agent.py trials</h1><div class=\"q\">{esc(summary.get('question', ''))}</div>"
+                f"<p>model <b>{esc(summary.get('model', '?'))}</b>{server_said(summary)} · a trial passes when "
+                f"{esc(json.dumps(expect, ensure_ascii=False) if expect else 'it ends with end_turn')}"
+                f" · a declined call tells the model: {esc(summary.get('decline_message', '?'))}</p>"
+                f"<p>{esc(summary.get('n'))} of "
+                f"{esc(summary.get('requested'))} ran: {esc(summary.get('passes'))} passed, "
+                f"{esc(summary.get('failed'))} failed, {esc(summary.get('errored'))} errored "
+                f"(not counted in pass@k). pass@1 = {esc(f'{p1:.3f}' if isinstance(p1, float) else p1)}, 95% Wilson "
+                f"interval {esc(interval[0])}–{esc(interval[1])}.</p>{priced_as(summary)}")
+    body.append("<h2>pass@k and pass^k</h2><table><tr><th>k</th><th>pass@k</th><th>pass^k</th>"
+                "</tr>")
+    for k in ks:
+        body.append(f"<tr><td>{k}</td><td>{num(at.get(str(k))):.3f}</td><td>"
+                    f"{num(hat.get(str(k))):.3f}</td></tr>")
+    width, height = 360, 180
+    body.append(f'</table><svg class="passk" width="{width}" height="{height}" viewBox="0 0 '
+                f'{width} {height}" role="img" aria-label="pass@k and pass^k">')
+    x = lambda k: 30 + (k - 1) / max(len(ks) - 1, 1) * (width - 50)  # noqa: E731
+    for key, values in (("at", at), ("hat", hat)):
+        body.append(f'<polyline class="line-{key}" points="')
+        for i, k in enumerate(ks):
+            body.append(f"{' ' * bool(i)}{x(k):.1f},"
+                        f"{height - 20 - num(values.get(str(k))) * (height - 40):.1f}")
+        body.append('"/>')
+    for k in ks:
+        body.append(f'<text class="axis" x="{x(k):.1f}" y="{height - 4}" text-anchor="middle">'
+                    f'k={k}</text>')
+    body.append('<text class="axis" x="4" y="14">1.0</text><text class="axis" x="4" '
+                f'y="{height - 20}">0</text></svg><p class="legend"><span class="l-input">'
+                '</span>pass@k<span class="l-output"></span>pass^k (dashed; the lines meet '
+                'where every trial passed or none did)</p>')
+    body.append("<h2>Trials</h2><table><tr><th>trial</th><th>stop</th><th>result</th><th>"
+                "turns</th><th>tokens</th><th>cost</th><th>transcript</th></tr>")
+    for tr in items(summary.get("trials")):
+        transcript = tr.get("transcript")
+        body.append(f"<tr><td>trial {esc(tr.get('index'))}</td><td>{esc(tr.get('stop'))}</td>"
+                    f"<td class=\"{'ok' if tr.get('passed') else 'error'}\">"
+                    f"{'pass' if tr.get('passed') else 'fail'}</td><td>{esc(tr.get('turns'))}"
+                    f"</td><td>{num(tr.get('tokens')):,}</td><td>{money(tr.get('cost_usd'))}"
+                    f"</td><td><code>{esc(transcript) if is_str(transcript) else ''}</code>"
+                    "</td></tr>")
+    body.append("</table>")
+    return page("agent.py trials", "".join(body))
+
+
+class Bounded(list):
+    """The parts of a report, refusing to grow past `cap` characters: what a document makes
+    agent.py write is bounded by the document's size, however it is shaped."""
+
+    def __init__(self, cap):
+        super().__init__()
+        self.cap, self.size = cap, 0
+
+    def append(self, text):
+        self.size += len(text)
+        if self.size > self.cap:
+            raise Oversize(self.cap)
+        super().append(text)
+
+    def __iadd__(self, texts):
+        for text in texts:
+            self.append(text)
+        return self
+
+
+class Oversize(Exception):
+    """An output past its cap (OUTPUT_FACTOR times its input, plus OUTPUT_SLACK)."""
+
+
+OUTPUT_FACTOR = 8  # a report or export writes at most 8 characters per byte of its input...
+OUTPUT_SLACK = 1 << 20  # ... plus 1 MiB (a shipped 1,000-turn transcript's report: 1.6 times)
+
+
+def output_cap(size):
+    return OUTPUT_FACTOR * size + OUTPUT_SLACK
+
+
+def oversize(flag, path, size, what):
+    """The one line that says an input would make an output past its cap."""
+    return UsageError(f"{flag} {path} would make {what} over {output_cap(size) >> 20} MiB, "
+                      f"{OUTPUT_FACTOR} times its {size:,} bytes: no document agent.py writes "
+                      "comes near that (docs/transcript.md); nothing was written")
 
 
 def write_report(path, output=None):
     """--report: render a transcript or a trials summary as HTML. It reads only `path` and
     writes only `output` (default: beside it, .html; "-" for stdout): a summary's trials are
     rows, not pages, since a document must not make agent.py open another file."""
-    document = read_document(path, "--report")
+    document, size = read_document(path, "--report", sized=True)
     kind = document_kind(document)
     if kind not in ("a transcript", "a trials summary"):
         raise UsageError(f"--report {path} is {kind}; it renders a transcript or a trials "
                          "summary")
-    text = trials_report(document) if kind == "a trials summary" else run_report(document)
+    problem = summary_problem(document) if kind == "a trials summary" else \
+        sum_problem(document.get("turns"))
+    if problem:
+        raise UsageError(f"--report {path} is {kind} agent.py did not write: {problem}")
+    try:
+        text = trials_report(document, output_cap(size)) if kind == "a trials summary" else \
+            run_report(document, output_cap(size))
+    except Oversize:
+        raise oversize("--report", path, size, "a report")
     data = utf8(text)
     if output == "-":
         to_stdout(for_terminal(data, html=True))
@@ -2690,23 +2812,29 @@ def export_atif(path, output):
     """--export atif: write the trajectory of a transcript, or one per trial of a trials
     summary, to `output` (default: beside it, .atif.json; trial i's with .i before the
     extension; "-" for stdout, one trajectory a line). Returns the paths written."""
-    document = read_document(path, "--export")
+    document, size = read_document(path, "--export", sized=True)
     kind = document_kind(document)
     if kind == "a transcript":
         indexes, inputs = None, [("--export", path)]
-        sessions = [checked_transcript(document, path, "export")]
+        sessions, sizes = [checked_transcript(document, path, "export")], [size]
     elif kind == "a trials summary":
         indexes = trial_indexes(path, document)
         inputs = [(f"trial {i}'s transcript", trial_path(path, i)) for i in indexes]
-        sessions = [load_transcript(p, flag, "export") for flag, p in inputs]
+        read = [read_document(p, flag, sized=True) for flag, p in inputs]
+        sessions = [checked_transcript(d, p, "export") for (d, _), (_, p) in zip(read, inputs)]
+        sizes = [n for _, n in read]
         inputs.append(("--export", path))
     else:
         raise UsageError(f"--export {path} is {kind}; it exports a transcript or a trials "
                          "summary")
-    trajectories = [trajectory(session) for session in sessions]
+    trajectories = []
+    for session, size, (flag, source) in zip(sessions, sizes, inputs):
+        trajectories.append(dump(trajectory(session)))
+        if len(trajectories[-1]) > output_cap(size):
+            raise oversize(flag, source, size, "a trajectory")
     if output == "-":
         for t in trajectories:
-            print_document(t)
+            to_stdout(for_terminal(t))
         return []
     base = output or Path(path).with_suffix(".atif.json")
     names = [trial_path(base, i) for i in indexes] if indexes else [base]
@@ -2714,7 +2842,7 @@ def export_atif(path, output):
                for name in names]
     check_distinct([("-o", target) for target in targets], inputs)
     for target, t in zip(targets, trajectories):
-        target.put(dump(t))
+        target.put(t)
     return [str(target.path) for target in targets]
 
 

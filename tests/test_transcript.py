@@ -608,6 +608,89 @@ def test_a_hostile_document_is_a_usage_error_in_every_mode(capsys, workdir, tmp_
     assert fragment in err and "internal error" not in err and len(err.strip().splitlines()) == 1
 
 
+def two_turns(capsys, workdir, path):
+    """A transcript agent.py wrote: a tool call, then an answer."""
+    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
+            FakeClient(reply(tool_use("read_file", {"path": "notes.md"})), reply(text("done"))))
+    return json.loads(path.read_text())
+
+
+def costs_past_a_float(t):
+    for turn in t["turns"]:
+        turn["usage"]["cost_usd"] = 1.7e308  # each finite; their sum is not
+    return t
+
+
+def refused_with_no_turns(t):
+    t["turns"], t["stop"] = [], {"reason": "refusal", "detail": "x", "exit_code": 5}
+    return t
+
+
+def seconds_past_a_float(t):
+    for turn in t["turns"]:
+        turn["seconds"] = turn["api_seconds"] = 1.7e308
+    return t
+
+
+MALFORMED = {  # name: (how a transcript is made malformed, the modes that must refuse it)
+    "costs too large to sum": (costs_past_a_float, ("--resume", "--replay", "--report",
+                                                    "--export")),
+    "seconds too large to sum": (seconds_past_a_float, ("--report",)),
+    "ends on a refused reply with no turns": (refused_with_no_turns, ("--resume", "--replay",
+                                                                      "--export")),
+}
+
+
+@pytest.mark.parametrize("flag", ["--resume", "--replay", "--report", "--export"])
+@pytest.mark.parametrize("name", MALFORMED)
+def test_a_malformed_transcript_is_one_line_and_exit_2_in_every_mode(capsys, workdir, tmp_path,
+                                                                     flag, name):
+    """Before: --export wrote `Infinity` into the trajectory (exit 0, a file no JSON reader
+    accepts), --resume saved a transcript with `Infinity` in it, --resume of a refusal with no
+    turns was an internal error (IndexError, exit 1)."""
+    mutate, refusing = MALFORMED[name]
+    path = tmp_path / "doc.json"
+    path.write_text(json.dumps(mutate(two_turns(capsys, workdir, path))))
+    out_path = tmp_path / "out.json"
+    argv = {"--resume": ["--resume", str(path), "more", "--workdir", str(workdir),
+                         "--transcript", str(out_path)],
+            "--replay": ["--replay", str(path), "--workdir", str(workdir), "--transcript",
+                         str(out_path)],
+            "--report": ["--report", str(path), "-o", str(out_path)],
+            "--export": ["--export", "atif", str(path), "-o", str(out_path)]}[flag]
+    client = FakeClient(reply(text("more")))
+    code, out, err = run_cli(capsys, argv, client)
+    assert "internal error" not in err and "Traceback" not in err, err
+    if flag in refusing:
+        assert (code, out, client.requests) == (2, "", []), err
+        assert len(err.strip().splitlines()) == 1 and not out_path.exists()
+    elif out_path.exists() and flag != "--report":  # what it wrote, it reads back
+        assert agent.read_document(out_path, "-") is not None
+
+
+def test_what_a_hostile_server_sends_is_written_as_json_agent_py_reads_back(capsys, workdir,
+                                                                           tmp_path):
+    """NaN and a 2**60 integer in a tool call's input, and every usage count at 2**53 in every
+    turn: before, the transcript held NaN (and tokens past 2**53), which --resume, --report and
+    every JSON reader refuse."""
+    path = tmp_path / "run.json"
+    huge = dict(input_tokens=1 << 53, output_tokens=1 << 53, write=1 << 53, read=1 << 53)
+    client = FakeClient(reply(text("a"), tool_use("read_file", {"path": "notes.md",
+                                                                "x": float("nan")}), **huge),
+                        reply(tool_use("read_file", {"path": "notes.md", "n": 1 << 60}), **huge),
+                        reply(text("done"), **huge))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path),
+                                    "--token-budget", str(1 << 60)], client)
+    assert code == 0, err
+    saved = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"{c} written"))
+    assert saved["usage"]["tokens"] == 1 << 53 and agent.load_transcript(path)
+    code, _, err = run_cli(capsys, ["--report", str(path), "-o", str(tmp_path / "r.html")])
+    assert code == 0, err
+    export = tmp_path / "run.atif.json"
+    code, _, err = run_cli(capsys, ["--export", "atif", str(path), "-o", str(export)])
+    assert code == 0 and agent.read_document(export, "-")["final_metrics"], err
+
+
 @pytest.mark.parametrize("kind", ["fifo", "directory", "device", "huge"])
 def test_resume_reads_only_a_regular_file_and_nothing_there_makes_it_block(tmp_path, kind,
                                                                          agent_copy):
