@@ -2148,8 +2148,13 @@ def made_by(recording):
     """Who wrote a recording's replies, in words, from its produced_by field."""
     made = fields(recording.get("produced_by"))
     if made.get("kind") == "scripted":
-        return f"a scripted model ({made.get('script', 'a script')})"
-    return f"the model {made.get('model') or recording['model']}"
+        return f"a scripted model ({one_line(made.get('script', 'a script'))})"
+    return f"the model {one_line(made.get('model') or recording['model'])}"
+
+
+def one_line(value, width=100):
+    """A value from a file for a line of stderr: its line breaks escaped, at most `width`."""
+    return shorten(str(value).replace("\n", "\\n"), width)
 
 
 class ReplayClient:
@@ -2753,22 +2758,22 @@ OUTPUT_FACTOR = 8  # a report or export writes at most 8 characters per byte of 
 OUTPUT_SLACK = 1 << 20  # ... plus 1 MiB (a shipped 1,000-turn transcript's report: 1.6 times)
 
 
-def output_cap(size):
-    return OUTPUT_FACTOR * size + OUTPUT_SLACK
+def output_cap(input_bytes):
+    return OUTPUT_FACTOR * input_bytes + OUTPUT_SLACK
 
 
-def oversize(flag, path, size, what):
+def oversize(flag, path, input_bytes, what):
     """The one line that says an input would make an output past its cap."""
-    return UsageError(f"{flag} {path} would make {what} over {output_cap(size) >> 20} MiB, "
-                      f"{OUTPUT_FACTOR} times its {size:,} bytes: no document agent.py writes "
-                      "comes near that (docs/transcript.md); nothing was written")
+    return UsageError(f"{flag} {path} would make {what} over {output_cap(input_bytes) >> 20} "
+                      f"MiB, {OUTPUT_FACTOR} times its {input_bytes:,} bytes: no document "
+                      "agent.py writes comes near that (docs/transcript.md); nothing was written")
 
 
 def write_report(path, output=None):
     """--report: render a transcript or a trials summary as HTML. It reads only `path` and
     writes only `output` (default: beside it, .html; "-" for stdout): a summary's trials are
     rows, not pages, since a document must not make agent.py open another file."""
-    document, size = read_document(path, "--report", sized=True)
+    document, length = read_document(path, "--report", sized=True)
     kind = document_kind(document)
     if kind not in ("a transcript", "a trials summary"):
         raise UsageError(f"--report {path} is {kind}; it renders a transcript or a trials "
@@ -2778,10 +2783,10 @@ def write_report(path, output=None):
     if problem:
         raise UsageError(f"--report {path} is {kind} agent.py did not write: {problem}")
     try:
-        text = trials_report(document, output_cap(size)) if kind == "a trials summary" else \
-            run_report(document, output_cap(size))
+        text = trials_report(document, output_cap(length)) if kind == "a trials summary" else \
+            run_report(document, output_cap(length))
     except Oversize:
-        raise oversize("--report", path, size, "a report")
+        raise oversize("--report", path, length, "a report")
     data = utf8(text)
     if output == "-":
         to_stdout(for_terminal(data, html=True))
@@ -2812,26 +2817,26 @@ def export_atif(path, output):
     """--export atif: write the trajectory of a transcript, or one per trial of a trials
     summary, to `output` (default: beside it, .atif.json; trial i's with .i before the
     extension; "-" for stdout, one trajectory a line). Returns the paths written."""
-    document, size = read_document(path, "--export", sized=True)
+    document, length = read_document(path, "--export", sized=True)
     kind = document_kind(document)
     if kind == "a transcript":
         indexes, inputs = None, [("--export", path)]
-        sessions, sizes = [checked_transcript(document, path, "export")], [size]
+        sessions, lengths = [checked_transcript(document, path, "export")], [length]
     elif kind == "a trials summary":
         indexes = trial_indexes(path, document)
         inputs = [(f"trial {i}'s transcript", trial_path(path, i)) for i in indexes]
         read = [read_document(p, flag, sized=True) for flag, p in inputs]
         sessions = [checked_transcript(d, p, "export") for (d, _), (_, p) in zip(read, inputs)]
-        sizes = [n for _, n in read]
+        lengths = [n for _, n in read]
         inputs.append(("--export", path))
     else:
         raise UsageError(f"--export {path} is {kind}; it exports a transcript or a trials "
                          "summary")
     trajectories = []
-    for session, size, (flag, source) in zip(sessions, sizes, inputs):
+    for session, length, (flag, source) in zip(sessions, lengths, inputs):
         trajectories.append(dump(trajectory(session)))
-        if len(trajectories[-1]) > output_cap(size):
-            raise oversize(flag, source, size, "a trajectory")
+        if len(trajectories[-1]) > output_cap(length):
+            raise oversize(flag, source, length, "a trajectory")
     if output == "-":
         for t in trajectories:
             to_stdout(for_terminal(t))
@@ -3382,6 +3387,47 @@ def approval_question(code, rows, columns):
                  f"{plural(tall + 3 - rows, 'row')} of them scrolled off the top of the screen "
                  "(scroll up to read them) ---\n")
     return text + "--- run it? [y/N] "
+
+
+def consent_question(source, taken, columns):
+    """What --resume and --replay ask before using what a transcript says: each value (label,
+    value, note) quoted on a line of its own, with line breaks, quotes, backslashes and every
+    character `visible` escapes written as escapes, and cut in the middle, saying how much, to
+    fit its rows: the workdir 6 (a real path, so it is seldom cut), a model or a prompt one.
+    However the file is made, the question takes at most 12 rows below the user's own path,
+    and every line the user answers is agent.py's."""
+    rows = [f"{quoted(source)} asks to go on with its own:"]  # the user's own path, in full
+    rows += [fitted(f"  {label} ", value, note, columns, 6 if label == "workdir" else 1)
+             for label, value, note in taken]
+    return "\n".join(rows) + ("\nA transcript is only a file, which anything could have "
+                              "written.\nGo on with them? [y/N] ")
+
+
+def quoted(text):
+    """`text` between double quotes on one line, every character that is not itself escaped."""
+    text = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+    return f'"{visible(text)}"'
+
+
+def fitted(before, text, after, columns, rows=1):
+    """before + quoted(text) + after, in `rows` rows of `columns`: a quoted text too wide loses
+    its middle to a marker that says how many characters it stands for."""
+    shown, room = quoted(text), max(rows * columns - 1 - display_width(before + after), 40)
+    if display_width(shown) > room:
+        cut = len(shown)
+        while True:
+            marker = f"…[{cut:,} characters not shown]…"
+            half = (room - display_width(marker)) // 2
+            head, tail = shown[:half], shown[len(shown) - half:]
+            while display_width(head) > half:
+                head = head[:-1]
+            while display_width(tail) > half:
+                tail = tail[1:]
+            if len(shown) - len(head) - len(tail) == cut:
+                break
+            cut = len(shown) - len(head) - len(tail)
+        shown = head + marker + tail
+    return before + shown + after
 
 
 def shorten(text, width):
@@ -5061,14 +5107,12 @@ def main(argv=None, client=None, stdin=None):
         server = server_url(config["ANTHROPIC_BASE_URL"] or "")  # recorded; None: Anthropic's
         model = args.model or config["ANTHROPIC_MODEL"] or recorded.get("model") or DEFAULT_MODEL
         prompt = own_prompt(session) if session is not None and system is None else None
-        taken = [f"workdir {workdir}"] * (bool(recorded) and not args.workdir) + \
-            [f"model {model}"] * (session is not None and model != (
+        taken = [("workdir", str(workdir), "")] * (bool(recorded) and not args.workdir) + \
+            [("model", model, "")] * (session is not None and model != (
                 args.model or config["ANTHROPIC_MODEL"] or DEFAULT_MODEL)) + \
-            ([f"system prompt {shorten(prompt, 60)!r} ({len(prompt):,} characters)"] if prompt
-             else [])
-        if taken and not agreed(f"{source} asks to go on with its own {' and '.join(taken)}."
-                                " A transcript is only a file, which anything could have "
-                                "written: go on with them?", stdin or sys.stdin):
+            ([("system prompt", prompt, f" ({len(prompt):,} characters)")] if prompt else [])
+        if taken and not agreed(consent_question(source, taken, terminal_size()[1]),
+                                stdin or sys.stdin):
             raise UsageError(f"not replayed: give --workdir DIR to say where {source} runs"
                              if replay else f"not resumed: give --workdir DIR (and --model ID" +
                              ", --system-prompt FILE" * bool(prompt) +

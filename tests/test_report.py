@@ -4,13 +4,15 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import agent
 from fakes import FakeAPIError, FakeClient, reply, text, tool_use
-from helpers import lone_surrogates, run_cli, surrogate_run, with_lone_surrogates
+from helpers import agent_env, lone_surrogates, run_cli, surrogate_run, with_lone_surrogates
 
 HOSTILE = "</pre><script>window.__pwned = 1</script><img src=x onerror=\"window.__pwned=2\">"
 
@@ -233,18 +235,21 @@ def test_the_policy_stops_a_script_that_got_in_anyway(browser, capsys, workdir, 
 
 # --- bounded by what it is given ---
 
+MEASURE = """import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.executable, [sys.executable] + sys.argv[1:])
+_, status, usage = os.wait4(pid, 0)
+print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)
+"""  # a small interpreter forks agent.py: a fork of pytest would count pytest's pages too
+
+
 def measured(argv, cwd):
     """Run agent.py as a user does; (exit code, stderr, peak RSS in MiB) of that process alone."""
-    import subprocess
-    import sys
-    from helpers import agent_env
-    with open(cwd / "stderr.txt", "w+") as err:
-        proc = subprocess.Popen([sys.executable, *map(str, argv)], stdout=subprocess.DEVNULL,
-                                stderr=err, cwd=cwd, env=agent_env())
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        err.seek(0)
-        return proc.returncode, err.read(), usage.ru_maxrss / 1024
+    done = subprocess.run([sys.executable, "-c", MEASURE, *map(str, argv)], capture_output=True,
+                          text=True, cwd=cwd, env=agent_env(), timeout=120)
+    code, rss = done.stdout.split()[-2:]
+    return int(code), done.stderr, int(rss) / 1024
 
 
 def test_a_report_is_bounded_by_the_size_of_its_input(capsys, workdir, tmp_path, agent_copy):
