@@ -2384,13 +2384,9 @@ def made_by(recording):
     """Who wrote a recording's replies, in words, from its produced_by field."""
     made = fields(recording.get("produced_by"))
     if made.get("kind") == "scripted":
-        return f"a scripted model ({one_line(made.get('script', 'a script'))})"
-    return f"the model {one_line(made.get('model') or recording['model'])}"
+        return f"a scripted model ({one_line(str(made.get('script', 'a script')), 100)})"
+    return f"the model {one_line(str(made.get('model') or recording['model']), 100)}"
 
-
-def one_line(value, width=100):
-    """A value from a file for a line of stderr: its line breaks escaped, at most `width`."""
-    return shorten(str(value).replace("\n", "\\n"), width)
 
 
 class ReplayClient:
