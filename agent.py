@@ -5243,10 +5243,10 @@ def parse_args(argv):
     inspect.add_argument("--schema", choices=list(SCHEMAS), help="print the JSON Schema of a "
                          "transcript, an event or a trials summary, and exit")
     inspect.add_argument("--report", metavar="JSON", help="write an HTML report of a transcript "
-                         "or trials summary, and exit")
+                         "or trials summary (last, or a run id: a kept run), and exit")
     inspect.add_argument("--export", nargs=2, metavar=("FORMAT", "JSON"), help="convert a "
-                         "transcript or trials summary: atif (the Agent Trajectory Interchange "
-                         "Format, v1.8), and exit")
+                         "transcript or trials summary (last, or a run id: a kept run): atif "
+                         "(the Agent Trajectory Interchange Format, v1.8), and exit")
     inspect.add_argument("-o", "--output", metavar="PATH", help="where --report or --export "
                          "writes; - for stdout (default: beside JSON)")
     args, extra = p.parse_known_args(argv)
