@@ -2122,8 +2122,8 @@ def open_runs(create=False):
     path = runs_dir()
     if create:
         os.makedirs(path.parent.parent, mode=0o700, exist_ok=True)
-    where = path.parent.parent
-    fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    where = real_directory(path.parent, "the kept runs")  # no other user's symlink on the way
+    fd = open_directory(where)
     try:
         for name in (path.parent.name, path.name):
             where = where / name
