@@ -3585,7 +3585,10 @@ class OTLPHTTP:
             try:
                 status, reason = self.post(body, deadline)
             except (OSError, http.client.HTTPException) as e:  # refused, reset, malformed
-                if self.stopped.is_set() or time.monotonic() >= deadline:
+                if self.stopped.is_set():  # the run ended, and its grace with it
+                    raise CollectorError(f"no whole answer within {OTEL_GRACE:g} s of the "
+                                         "run's end")
+                if time.monotonic() >= deadline:
                     raise CollectorError(f"no whole answer within {self.timeout:g} s")
                 status, reason = None, f"[Errno {e.errno}] {e.strerror}" if getattr(
                     e, "errno", None) else shorten(f"{type(e).__name__}: {e}", 160)
