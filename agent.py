@@ -2122,8 +2122,8 @@ def open_runs(create=False):
     path = runs_dir()
     if create:
         os.makedirs(path.parent.parent, mode=0o700, exist_ok=True)
-    where = path.parent.parent
-    fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    where = real_directory(path.parent, "the kept runs")  # no other user's symlink on the way
+    fd = open_directory(where)
     try:
         for name in (path.parent.name, path.name):
             where = where / name
@@ -3585,7 +3585,10 @@ class OTLPHTTP:
             try:
                 status, reason = self.post(body, deadline)
             except (OSError, http.client.HTTPException) as e:  # refused, reset, malformed
-                if self.stopped.is_set() or time.monotonic() >= deadline:
+                if self.stopped.is_set():  # the run ended, and its grace with it
+                    raise CollectorError(f"no whole answer within {OTEL_GRACE:g} s of the "
+                                         "run's end")
+                if time.monotonic() >= deadline:
                     raise CollectorError(f"no whole answer within {self.timeout:g} s")
                 status, reason = None, f"[Errno {e.errno}] {e.strerror}" if getattr(
                     e, "errno", None) else shorten(f"{type(e).__name__}: {e}", 160)
@@ -5238,10 +5241,10 @@ def parse_args(argv):
     inspect.add_argument("--schema", choices=list(SCHEMAS), help="print the JSON Schema of a "
                          "transcript, an event or a trials summary, and exit")
     inspect.add_argument("--report", metavar="JSON", help="write an HTML report of a transcript "
-                         "or trials summary, and exit")
+                         "or trials summary (last, or a run id: a kept run), and exit")
     inspect.add_argument("--export", nargs=2, metavar=("FORMAT", "JSON"), help="convert a "
-                         "transcript or trials summary: atif (the Agent Trajectory Interchange "
-                         "Format, v1.8), and exit")
+                         "transcript or trials summary (last, or a run id: a kept run): atif "
+                         "(the Agent Trajectory Interchange Format, v1.8), and exit")
     inspect.add_argument("-o", "--output", metavar="PATH", help="where --report or --export "
                          "writes; - for stdout (default: beside JSON)")
     args, extra = p.parse_known_args(argv)
