@@ -2122,8 +2122,8 @@ def open_runs(create=False):
     path = runs_dir()
     if create:
         os.makedirs(path.parent.parent, mode=0o700, exist_ok=True)
-    where = path.parent.parent
-    fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    where = real_directory(path.parent, "the kept runs")  # no other user's symlink on the way
+    fd = open_directory(where)
     try:
         for name in (path.parent.name, path.name):
             where = where / name
@@ -3604,7 +3604,10 @@ class OTLPHTTP:
             try:
                 status, reason = self.post(body, deadline)
             except (OSError, http.client.HTTPException) as e:  # refused, reset, malformed
-                if self.stopped.is_set() or time.monotonic() >= deadline:
+                if self.stopped.is_set():  # the run ended, and its grace with it
+                    raise CollectorError(f"no whole answer within {OTEL_GRACE:g} s of the "
+                                         "run's end")
+                if time.monotonic() >= deadline:
                     raise CollectorError(f"no whole answer within {self.timeout:g} s")
                 status, reason = None, f"[Errno {e.errno}] {e.strerror}" if getattr(
                     e, "errno", None) else shorten(f"{type(e).__name__}: {e}", 160)
@@ -4277,9 +4280,7 @@ class Call:
             self.own = {"home": self.home, "shm": self.shm, "script": self.script}
             self.agent_end, keeper_end = socket.socketpair()
             self.keeper_end = keeper_end.detach()
-            # Where mounts work, home and shm are made in the call's own tmpfs: on disk only
-            # the mount point (bench_sandbox: 1.03-1.05x a call's time with them on disk too)
-            for directory in (self.scratch,) if box.mounts else (self.scratch, self.home):
+            for directory in (self.scratch, self.home, self.shm):
                 os.mkdir(directory, 0o700)
             # With a BOM Python reads the file as UTF-8 or not at all: a coding declaration
             # (utf-7, say) cannot make it run other text than the text approved and shown.
@@ -4352,7 +4353,7 @@ class Call:
             os.setpgid(0, 0)  # a group of its own: the one the keeper kills
         # On v1, "tasks" moves this one thread (all a forked child has) without the lock on every
         # thread group that "cgroup.procs" takes, and its wait for a grace period (bench_sandbox:
-        # 1.23-1.25x a call's time through cgroup.procs; the join alone 7.8 ms against 0.3)
+        # 1.10-1.25x a call's time through cgroup.procs; the join alone 7.8 ms against 0.3)
         joined = "tasks" if box.cgroup and box.cgroup[0] == "v1" else "cgroup.procs"
         for directory in self.cgroups:
             Path(directory, joined).write_text("0")
@@ -4442,7 +4443,7 @@ class Call:
         """Tell the keeper the call is over (it kills what is left and cleans up); reap it. A
         keeper that `reported` the script's end has already removed its cgroups and home and
         only removes the rest: it is reaped in the background, as is one still removing a big
-        mess (bench_sandbox: 1.11-1.27x a call's time when the agent waits for it)."""
+        mess (bench_sandbox: 1.10-1.27x a call's time when the agent waits for it)."""
         self.agent_end.close()
         if not self.box.keeper:
             kill_group(proc.pid)
