@@ -1404,6 +1404,7 @@ class OutputFile:
         path = Path(os.path.abspath(path))
         self.path, self.name, self.flag, self.device, self.tty = path, path.name, flag, None, False
         parent = real_directory(path, flag)
+        check_harness(parent / self.name, flag, path)
         if workdir is not None and (parent / self.name).is_relative_to(workdir):
             trusted = " (and --resume would trust it)" if flag == "--transcript" else ""
             raise UsageError(f"{flag} {path} is inside the workdir {workdir}, where the model's "
@@ -5405,6 +5406,45 @@ INSTALL = ("agent.py needs the anthropic and python-dotenv packages, which {pyth
 PLACEHOLDER_KEY = "sk-ant-..."  # what .env.example holds
 
 
+def harness():
+    """What runs agent.py, each as (what, its real path, what an output must not do to it):
+    "file", be it; "tree", be anywhere below it; "modules", be a module Python would import
+    from it (a .py, .pth ... directly in it); None, nothing (the user base: its site-packages
+    are a tree of their own, and beside them is where runs are kept). A workdir must hold none
+    of them (check_workdir); an output goes over none of them (OutputFile)."""
+    found = [("agent.py", __file__, "file"), ("the .env agent.py reads", dotenv_path(), "file"),
+             ("the Python interpreter", sys.executable, "file"),
+             ("the environment agent.py runs in", sys.prefix, "tree"),
+             ("the Python it is built on", sys.base_prefix, "tree")]
+    found += [("a directory agent.py imports from", p, "modules") for p in sys.path if p]
+    found += [("Python's user base, whose site-packages .pth files run at every Python start "
+               "(unsandboxed: one could redirect the next run's key)", site.getuserbase(), None),
+              ("Python's user site-packages, whose .pth files run at every Python start",
+               site.getusersitepackages(), "tree")]
+    return [(what, Path(os.path.realpath(path)), kind) for what, path, kind in found if path]
+
+
+MODULE_SUFFIXES = (".py", ".pyc", ".pth", ".so", ".zip")  # what Python imports from a directory
+
+
+def check_harness(path, flag, given):
+    """Refuse an output at `path` (its real directory, and its name; `given` as the user named
+    it) that would replace a file
+    of what runs agent.py, or write into its environment: one typo must not break agent.py, its
+    venv or its interpreter, nor plant the .env it trusts."""
+    for what, real, kind in harness():
+        if kind == "file" and path == real:
+            done = f"is {what}" + (f" ({real})" if str(given) != str(real) else "")
+        elif kind == "tree" and path.is_relative_to(real) and real != Path("/"):
+            done = f"is inside {what} ({real})"
+        elif kind == "modules" and path.parent == real and path.suffix in MODULE_SUFFIXES:
+            done = f"would be a module in {what} ({real})"
+        else:
+            continue
+        raise UsageError(f"{flag} {given} {done}: agent.py writes no output over what runs it; "
+                         "give another name")
+
+
 def check_workdir(workdir, where, confined=True):
     """Refuse a workdir that holds what runs agent.py: the sandbox lets the model's code write
     anywhere in the workdir, so it could rewrite what runs the next time, unconfined and with
@@ -5413,14 +5453,7 @@ def check_workdir(workdir, where, confined=True):
     workdir: refusing one protects nothing there, so a throwaway container's / is allowed."""
     if not confined:
         return
-    harness = [("agent.py", __file__), ("the Python interpreter", sys.executable),
-               ("the environment agent.py runs in", sys.prefix),
-               ("the Python it is built on", sys.base_prefix)]
-    harness += [("a directory agent.py imports from", p) for p in sys.path if p]
-    harness += [("Python's user base, whose site-packages .pth files run at every Python start "
-                 "(unsandboxed: one could redirect the next run's key)", site.getuserbase())]
-    for what, path in harness:
-        real = Path(os.path.realpath(path))
+    for what, real, _ in harness():
         if real.is_relative_to(workdir):
             raise UsageError(f"{where}, {workdir}, holds {what} ({real}), which the model's code "
                              "could rewrite before the next run: pass --workdir with the "

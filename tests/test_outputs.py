@@ -15,12 +15,13 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 import agent
 from fakes import FakeClient, reply, text
-from helpers import AGENT, agent_env, run_cli
+from helpers import AGENT, agent_env, run_cli, serve
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="planting another user's files needs root")
 NOBODY = 65534
@@ -234,6 +235,67 @@ def test_dev_stdout_through_a_pipe_is_written_through(workdir, tmp_path, recorde
                            "/dev/stdout"], capture_output=True, env=agent_env(), cwd=tmp_path,
                           timeout=60)
     assert done.returncode == 0 and done.stdout.startswith(b"<!doctype html>"), done.stderr
+
+
+# --- never over what runs agent.py (issue 26, new user's finding 21) ---
+
+@pytest.fixture
+def harness_copy(tmp_path):
+    """agent.py in a checkout of its own, run by the interpreter of a venv of its own (--copies:
+    the interpreter is a file of that venv, not the machine's): what a typo could destroy, with
+    nothing the machine or the tests need among it."""
+    checkout, venv = tmp_path / "checkout", tmp_path / "checkout" / ".venv"
+    checkout.mkdir()
+    shutil.copyfile(AGENT, checkout / "agent.py")
+    subprocess.run([sys.executable, "-m", "venv", "--copies", "--without-pip", str(venv)],
+                   check=True, timeout=120)
+    return SimpleNamespace(agent=checkout / "agent.py", python=venv / "bin" / "python",
+                           venv=venv, checkout=checkout)
+
+
+def harness_files(h):
+    return {p: p.read_bytes() for p in (h.agent, h.python, h.venv / "pyvenv.cfg")}
+
+
+@pytest.mark.parametrize("flag", ["--report -o", "--export -o"])
+@pytest.mark.parametrize("target", ["agent.py", ".env", "interpreter", "pyvenv.cfg", "module"])
+def test_an_output_never_replaces_what_runs_agent_py(recorded, harness_copy, flag, target):
+    """One typo (`-o agent.py`, `--transcript .venv/pyvenv.cfg`) used to replace agent.py, its
+    venv or its interpreter, exit 0, and the next run was a traceback; or plant the one .env
+    agent.py trusts. Now: one line, exit 2, every file as it was, no .env."""
+    h = harness_copy
+    path = {"agent.py": h.agent, ".env": h.checkout / ".env", "interpreter": h.python,
+            "pyvenv.cfg": h.venv / "pyvenv.cfg", "module": h.checkout / "json.py"}[target]
+    before = harness_files(h)
+    argv = ["--report", recorded] if flag == "--report -o" else ["--export", "atif", recorded]
+    done = subprocess.run([str(h.python), str(h.agent), *map(str, argv), "-o", str(path)],
+                          capture_output=True, text=True, env=agent_env(), cwd=h.checkout,
+                          timeout=60)
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith(f"agent.py: -o {path} ") and "runs it" in done.stderr
+    assert harness_files(h) == before and not (h.checkout / ".env").exists()
+    assert not (h.checkout / "json.py").exists() and sorted(os.listdir(h.checkout)) == \
+        [".venv", "agent.py"]  # no temporary file left either
+
+
+@pytest.mark.parametrize("flag", ["--transcript", "--events"])
+def test_a_run_never_writes_its_transcript_or_events_over_agent_py(request, workdir,
+                                                                 harness_copy, flag):
+    h = harness_copy
+    api = serve(request, reply(text("beside it")))
+    before = harness_files(h)
+    for path in (h.agent, h.checkout / ".env"):  # (its venv is not h.venv: see the test above)
+        done = subprocess.run([sys.executable, str(h.agent), "q", "--workdir", str(workdir),
+                               "--yes", flag, str(path)], capture_output=True, text=True,
+                              env=agent_env(api), cwd=h.checkout, timeout=60)
+        assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+        assert done.stderr.startswith(f"agent.py: {flag} {path} ") and "runs it" in done.stderr
+    assert harness_files(h) == before and not (h.checkout / ".env").exists()
+    assert api.requests == []
+    done = subprocess.run([sys.executable, str(h.agent), "q", "--workdir", str(workdir), flag,
+                           str(h.checkout / "run.json")], capture_output=True, text=True,
+                          env=agent_env(api), cwd=h.checkout, timeout=60)
+    assert done.returncode == 0 and (h.checkout / "run.json").exists(), done.stderr  # beside: fine
 
 
 # --- as an ordinary user ---
