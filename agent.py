@@ -5280,6 +5280,13 @@ def parse_args(argv):
         raise UsageError(f"unrecognized arguments: {' '.join(extra)}{hint}")
     inspecting = [flag for flag, given in (("--schema", args.schema), ("--report", args.report),
                                            ("--export", args.export)) if given]
+    if args.count_tokens:  # it runs nothing: what a run would do with these, it would not do
+        ignored = [flag for flag, given in (
+            ("--replay", args.replay), ("--resume", args.resume), ("--trials", args.trials),
+            ("--transcript", args.transcript), ("--events", args.events)) if given is not None]
+        if ignored or inspecting:
+            raise UsageError(f"--count-tokens cannot be combined with {(ignored or inspecting)[0]}"
+                             ": it counts a question's tokens and runs nothing; give one of them")
     if len(inspecting) > 1:
         raise UsageError(f"{' and '.join(inspecting)} cannot be combined: give one")
     if args.output and not (args.report or args.export):

@@ -124,6 +124,21 @@ def test_count_tokens_without_a_question_says_what_it_counted(capsys):
     assert code == 0 and "for 'q'" in out and "example" not in err
 
 
+@pytest.mark.parametrize("flags", [["--replay", "run.json"], ["--resume", "run.json"],
+                                   ["--trials", "3"], ["--transcript", "t.json"],
+                                   ["--events", "e.jsonl"], ["--report", "run.json"],
+                                   ["--export", "atif", "run.json"], ["--schema", "transcript"]])
+def test_count_tokens_with_a_flag_it_would_ignore_is_a_usage_error(capsys, flags):
+    """--count-tokens --replay used to count the example question through the server (which
+    --replay promises never to contact) and ignore the replay; --trials, --transcript ... were
+    ignored without a word."""
+    client = FakeClient()
+    code, out, err = run_cli(capsys, ["--count-tokens", *flags], client)
+    assert (code, out, client.requests, client.counted) == (2, "", [], []), err
+    assert err == f"agent.py: --count-tokens cannot be combined with {flags[0]}: it counts a " \
+        "question's tokens and runs nothing; give one of them\n"
+
+
 @pytest.mark.parametrize("answer", [{"input_tokens": "\x1b[2J5"}, {}, {"input_tokens": None},
                                     {"input_tokens": 1e308}, {"input_tokens": True},
                                     FakeAPIError(401, "authentication_error", "invalid x-api-key")])
