@@ -5594,7 +5594,9 @@ def make_client(config, limits, otel=False):
     # A server's malformed reply makes the SDK's models warn as they serialize it; agent.py
     # mends such replies itself (check_reply) and says so in the turn's notes, not on stderr.
     warnings.filterwarnings("ignore", "Pydantic serializer warnings", UserWarning)
-    options = dict(api_key=key, max_retries=0, base_url=config["ANTHROPIC_BASE_URL"] or None,
+    # The URL is always given: left None, the SDK reads ANTHROPIC_BASE_URL itself, and takes an
+    # empty one for a URL ('talking to ://'); empty means unset here, as in .env.
+    options = dict(api_key=key, max_retries=0, base_url=url or f"https://{ANTHROPIC_HOST}",
                    timeout=anthropic.Timeout(limits.request_timeout, connect=10.0))
     if otel:  # agent.py's own chat spans, and no trace context sent to the API
         options["open_telemetry"] = False

@@ -556,6 +556,45 @@ def test_subprocess_without_a_key_is_one_clear_line(tmp_path, workdir, agent_cop
     assert "ANTHROPIC_API_KEY" in done.stderr and ".env.example" in done.stderr
 
 
+@pytest.fixture
+def proxy_log():
+    """A loopback HTTPS proxy that writes down where each request was going (its CONNECT line)
+    and refuses it: where agent.py would send a request, without it leaving the machine."""
+    import socket
+    import threading
+    listener = socket.create_server(("127.0.0.1", 0))
+    seen = []
+
+    def accept():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                seen.append(conn.recv(4096).split(b"\r\n")[0].decode())
+                conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+    threading.Thread(target=accept, daemon=True).start()
+    yield SimpleNamespace(url=f"http://127.0.0.1:{listener.getsockname()[1]}", seen=seen)
+    listener.close()
+
+
+@pytest.mark.parametrize("where", ["environment", ".env"])
+def test_an_empty_base_url_means_anthropics_api_wherever_it_is_set(agent_copy, proxy_log, where):
+    """ANTHROPIC_BASE_URL= in the environment used to reach the SDK as a URL, '' ('Connection
+    failed: UnsupportedProtocol (talking to ://)'), while the same line in .env meant
+    Anthropic's API: empty is unset in both places, as it is for the key and the model."""
+    env = agent_env(ANTHROPIC_API_KEY="test-key")
+    env["HTTPS_PROXY"] = proxy_log.url
+    if where == "environment":
+        env["ANTHROPIC_BASE_URL"] = ""
+    else:
+        (agent_copy.parent / ".env").write_text("ANTHROPIC_API_KEY=test-key\nANTHROPIC_BASE_URL=\n")
+    done = run_agent_py(agent_copy, "--count-tokens", "q", env=env, timeout=60)
+    assert done.returncode == 1 and "://)" not in done.stderr, done.stderr
+    assert proxy_log.seen[:1] == ["CONNECT api.anthropic.com:443 HTTP/1.1"], proxy_log.seen
+
+
 def test_a_planted_dotenv_cannot_redirect_any_later_run(request, tmp_path, workdir, agent_copy):
     """A script of an earlier run wrote .env into its workdir and above it: the next runs, from
     there, in any mode, still send the key and the data only where the user said."""
