@@ -5766,6 +5766,12 @@ def main(argv=None, client=None, stdin=None):
         return EXIT_USAGE
     except SystemExit as e:  # --help
         return e.code or 0
+    except FileNotFoundError as e:
+        if not cwd_gone():
+            return failed(report, stop_for(e, api=False))
+        report.error("agent.py: the current directory no longer exists (it was removed): cd to "
+                     "one that does")  # every relative path, a recorded workdir's too, fails
+        return EXIT_USAGE
     except (KeyboardInterrupt, Exception) as e:  # Ctrl-C before anything was sent, or a bug
         return failed(report, stop_for(e, api=False))
     report.events, report.telemetry = events, telemetry
@@ -5867,6 +5873,15 @@ def failed(report, stop):
     """Say in one line why agent.py stopped outside a turn; return its exit code."""
     report.error(f"agent.py: {'interrupted' if stop.reason == 'interrupted' else 'internal error: ' + stop.detail}")
     return stop.exit_code
+
+
+def cwd_gone():
+    """True when the current directory was removed while agent.py stood in it."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return True
+    return False
 
 
 def print_document(document):

@@ -328,6 +328,25 @@ def test_an_unquoted_question_gets_one_line_saying_to_quote_it(capsys, argv, quo
     assert f"a question of several words goes in quotes: agent.py {quoted}" in err, err
 
 
+@pytest.mark.parametrize("argv", [["q"], ["--replay", "RECORDED", "--yes"],
+                                  ["--replay", "RECORDED", "--yes", "--workdir", "WORKDIR"]])
+def test_a_current_directory_removed_meanwhile_is_one_usage_line(tmp_path, workdir, agent_copy,
+                                                                  argv):
+    """Run from a directory that was removed (rmdir from another shell): it used to end as
+    'internal error: FileNotFoundError', exit 1, the label of a bug in agent.py."""
+    recorded = Path(agent.__file__).parent / "workspace" / "example-run.json"
+    argv = [str(recorded) if a == "RECORDED" else str(workdir) if a == "WORKDIR" else a
+            for a in argv]
+    gone = tmp_path / "gone"
+    done = subprocess.run(["sh", "-c", 'mkdir "$0" && cd "$0" && rmdir "$0" && exec "$@"',
+                           str(gone), sys.executable, str(agent_copy), *argv, "--no-keep"],
+                          capture_output=True, text=True, env=agent_env(ANTHROPIC_API_KEY="k"),
+                          timeout=60)
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr == "agent.py: the current directory no longer exists (it was removed): cd " \
+        "to one that does\n"
+
+
 # --- .env and config ---
 
 @pytest.fixture
