@@ -1044,10 +1044,15 @@ def asked_url(exc):
 
 
 def wrong_root(asked):
-    """The mistake other SDKs teach: a base URL ending in /v1, to which this SDK adds /v1/messages."""
-    if not asked or "/v1/v1/" not in asked:
+    """The mistakes other SDKs and docs teach: a base URL ending in /v1, or the whole endpoint
+    (/v1/messages), to which this SDK adds /v1/messages again."""
+    if not asked or "/v1/messages" not in asked:
         return ""
-    return f"ANTHROPIC_BASE_URL is the server's root, without /v1 ({asked.split('/v1/v1/')[0]})"
+    given = asked[:asked.rfind("/v1/messages")]  # the base URL: what the SDK added is after it
+    root = re.sub(r"/v1(/messages)?/?$", "", given)
+    if root == given:
+        return ""
+    return f"ANTHROPIC_BASE_URL is the server's root, without {given[len(root):].rstrip('/')} ({root})"
 
 
 def foreign_error(exc, status, body, asked):

@@ -529,6 +529,20 @@ def test_a_proxys_html_error_is_retried_each_retry_one_line(request, capsys, wor
     assert "<" not in err
 
 
+@pytest.mark.parametrize("suffix", ["/v1/messages", "/v1/messages/", "/v1/"])
+def test_a_base_url_that_is_the_whole_endpoint_gets_the_same_hint(request, capsys, workdir,
+                                                                  suffix):
+    """People paste the whole endpoint: the SDK adds /v1/messages to it again."""
+    api = serve(request)
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--no-keep"],
+                           base_client(api.url + suffix))
+    twice = f"{api.url}{suffix.rstrip('/')}/v1/messages"
+    assert code == 1 and err == (
+        f"stop: api_error (404 not_found_error: Not Found, from {twice}: ANTHROPIC_BASE_URL is "
+        f"the server's root, without {suffix.rstrip('/')} ({api.url})); 0 turns, 0 tokens, "
+        "$0.000000\n"), err
+
+
 def test_a_base_url_ending_in_v1_names_the_url_asked_and_the_root(request, capsys, workdir,
                                                                   web_server):
     api = serve(request)
