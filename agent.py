@@ -3940,8 +3940,10 @@ class Reporter:
         self.events.emit("text", self.trial, turn=self.turn_no, text=said, **extra)
 
     def line(self, text, always=False):
+        """One line on stderr, whatever the text holds: a line break in it (a name a file or a
+        server gave) is shown as \\n, so no line can pass for one of agent.py's own."""
         self.flush_text()
-        self.write(f"{self.prefix}{visible(text)}\n", always)
+        self.write(f"{self.prefix}{visible(text).replace(chr(10), chr(92) + 'n')}\n", always)
 
     def text(self, delta, thinking=False):
         """Model text (or the summary of its thinking) as it streams; with a prefix
