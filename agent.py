@@ -2108,6 +2108,19 @@ KEPT_FILE = re.compile(r"(\d{8}-\d{6}-([0-9a-f]{8}))(?:\.trials(?:\.(\d+))?)?\.j
 RUN_NAME = re.compile(r"(?:(\d{8}-\d{6})-)?([0-9a-f]{8})[0-9a-f]{0,24}(?:\.(\d+))?")
 
 
+def no_keep_variable():
+    """AGENT_PY_NO_KEEP as the words people write: 1, true, yes, on keep no run; 0, false, no,
+    off or nothing keep them; anything else is a usage error, not a silent guess."""
+    value = os.environ.get("AGENT_PY_NO_KEEP", "")
+    word = value.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("", "0", "false", "no", "off"):
+        return False
+    raise UsageError(f"AGENT_PY_NO_KEEP is {value!r}: give 1, true, yes or on to keep no run, "
+                     "or 0, false, no, off or nothing to keep them")
+
+
 def runs_dir():
     """Where runs are kept: $XDG_STATE_HOME/agent.py/runs, else ~/.local/state/agent.py/runs
     (an XDG_STATE_HOME that is not an absolute path is ignored, as the XDG spec says)."""
@@ -5682,6 +5695,7 @@ def main(argv=None, client=None, stdin=None):
                 return stop.exit_code
             return 0
         report.quiet = args.quiet
+        args.no_keep = no_keep_variable() or args.no_keep  # the variable checked either way
         args.resume = kept_run(args.resume, "--resume", report)
         args.replay = kept_run(args.replay, "--replay", report)
         session, unanswered = prepare_resume(load_transcript(args.resume), args.question) \
@@ -5758,8 +5772,7 @@ def main(argv=None, client=None, stdin=None):
         # Every run is kept but a replay, and a run that goes on in a kept file (--resume last)
         going_on = bool(args.resume) and target == args.resume and is_kept(args.resume)
         kept, kept_trials, kept_line = None, {}, None
-        if not (args.no_keep or os.environ.get("AGENT_PY_NO_KEEP", "") not in ("", "0")
-                or replay or going_on):
+        if not (args.no_keep or replay or going_on):
             if args.trials:
                 kept, kept_trials = keep_run(run_id, reach, report, args.trials)
             else:

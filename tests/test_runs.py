@@ -127,6 +127,29 @@ def test_no_keep_and_its_variable_write_nothing(capsys, workdir, monkeypatch):
     assert ask(capsys, workdir, "42")[3]
 
 
+@pytest.mark.parametrize("value, kept", [("1", False), ("true", False), ("YES", False),
+                                          ("on", False), ("0", True), ("false", True),
+                                          ("No", True), ("off", True), ("", True), (" ", True)])
+def test_the_no_keep_variable_reads_as_the_words_people_write(capsys, workdir, monkeypatch,
+                                                             value, kept):
+    """AGENT_PY_NO_KEEP=false used to turn keeping off without a word: anything but empty or
+    0 did."""
+    monkeypatch.setenv("AGENT_PY_NO_KEEP", value)
+    code, _, err, run = ask(capsys, workdir, "42")
+    assert code == 0 and bool(run) is kept, err
+
+
+@pytest.mark.parametrize("value", ["maybe", "2", "y es"])
+def test_a_no_keep_variable_neither_yes_nor_no_is_a_usage_error(capsys, workdir, monkeypatch,
+                                                                  value):
+    monkeypatch.setenv("AGENT_PY_NO_KEEP", value)
+    client = FakeClient(reply(text("42")))
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir)], client)
+    assert (code, out, client.requests) == (2, "", []) and list(runs().glob("*")) == []
+    assert err == f"agent.py: AGENT_PY_NO_KEEP is {value!r}: give 1, true, yes or on to keep no " \
+        "run, or 0, false, no, off or nothing to keep them\n"
+
+
 @pytest.mark.parametrize("flag", [["--resume", "last"], ["--replay", "last"],
                                   ["--report", "last"], ["--export", "atif", "last"]])
 def test_none_kept_is_a_usage_error_saying_where_it_looked(capsys, workdir, flag):
