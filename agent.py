@@ -2430,7 +2430,9 @@ def made_by(recording):
     made = fields(recording.get("produced_by"))
     if made.get("kind") == "scripted":
         return f"a scripted model ({one_line(str(made.get('script', 'a script')), 100)})"
-    return f"the model {one_line(str(made.get('model') or recording['model']), 100)}"
+    server = recording.get("base_url")  # recorded only for a server that is not Anthropic's
+    return f"the model {one_line(str(made.get('model') or recording['model']), 100)}" + (
+        f" at {one_line(str(server), 100)}" if server else "")
 
 
 
@@ -5839,8 +5841,7 @@ def main(argv=None, client=None, stdin=None):
         if replay:
             session = replay_session(replay, workdir, run_id, args.replay)
             report.line(f"replaying {args.replay}: {plural(len(replay['turns']), 'turn')} "
-                        f"recorded from {made_by(replay)}; workdir {workdir}; nothing is sent",
-                        always=True)
+                        f"recorded from {made_by(replay)}; workdir {workdir}; nothing is sent")
         elif session is None:
             session = new_session(args.question, model, workdir, args.effort, run_id,
                                   system or SYSTEM_PROMPT)
@@ -5855,7 +5856,7 @@ def main(argv=None, client=None, stdin=None):
             report.line(f"resuming {args.resume}: {plural(len(session['turns']), 'turn')} so "
                         f"far; workdir {workdir}; model {model}" + (
                             f"; {plural(unanswered, 'pending tool call')} answered 'not run'"
-                            if unanswered else ""), always=True)
+                            if unanswered else ""))
         save = Saver(output, kept)
         report.trace("begin", session)
         stop = drive(client, session, ctx, report,

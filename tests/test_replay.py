@@ -48,6 +48,25 @@ def replay(capsys, path, workdir, tmp_path, *flags, stdin=""):
 
 # --- the same run again ---
 
+def test_a_quiet_replay_prints_the_answer_only(capsys, workdir, tmp_path):
+    """-q is "no progress on stderr": the `replaying ...` header was printed anyway."""
+    path, _ = record(capsys, workdir, tmp_path)
+    code, out, err, _ = replay(capsys, path, workdir, tmp_path, "--yes", "-q")
+    assert (code, out) == (0, "The scores add up to 255.\n")
+    assert err == "", err
+
+
+def test_the_replay_header_names_the_server_a_run_was_recorded_against(capsys, workdir,
+                                                                      tmp_path, monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:8765")  # a FakeClient answers
+    path, recorded = record(capsys, workdir, tmp_path)
+    assert recorded["base_url"] == "http://127.0.0.1:8765"
+    monkeypatch.delenv("ANTHROPIC_BASE_URL")
+    _, _, err, _ = replay(capsys, path, workdir, tmp_path, "--yes")
+    assert f"replaying {path}: 3 turns recorded from the model claude-haiku-5-5 at " \
+        "http://127.0.0.1:8765; workdir" in err, err
+
+
 def test_a_replay_gives_the_recorded_answer_stop_and_history(capsys, workdir, tmp_path):
     path, recorded = record(capsys, workdir, tmp_path)
     assert recorded["stop"]["reason"] == "end_turn"

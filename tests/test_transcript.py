@@ -980,6 +980,16 @@ def test_resume_takes_the_tools_from_agent_py_and_says_where(capsys, workdir, tm
     assert f"resuming {path}: 2 turns so far; workdir {os.path.realpath(workdir)}" in err
 
 
+def test_quiet_resume_says_nothing_on_stderr_but_the_answer_is_printed(capsys, workdir,
+                                                                        tmp_path):
+    """-q is "no progress on stderr": the `resuming ...` line was printed anyway."""
+    path, _ = finished_transcript(capsys, workdir, tmp_path)
+    client = FakeClient(reply(text("ok")))
+    code, out, err = run_cli(capsys, ["--resume", str(path), "more", "--workdir", str(workdir),
+                                      "-q"], client)
+    assert (code, out, err) == (0, "ok\n", ""), err
+
+
 def test_resume_keeps_the_transcripts_system_prompt_only_if_the_user_agrees(capsys, workdir,
                                                                              tmp_path):
     """A run made with --system-prompt goes on with it; but a transcript is only a file, so a
