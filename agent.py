@@ -2217,8 +2217,7 @@ def keep_run(run_id, workdir, report, trials=0):
     except UsageError as e:
         why = str(e)
     except OSError as e:
-        why = f"{e.filename if os.path.isabs(e.filename or '') else 'the runs directory'} " \
-              f"cannot be used: {e.strerror}"
+        why = runs_unusable(e)
     else:
         run = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{run_id[:8]}"
         name, made = f"{run}.trials.json" if trials else f"{run}.json", False
@@ -2249,6 +2248,22 @@ def keep_run(run_id, workdir, report, trials=0):
             os.close(fd)
     report.error(f"note: this run is not kept: {why}")
     return (None, {}) if trials else None
+
+
+def runs_unusable(e):
+    """Why the runs directory could not be made or opened (`e`), naming it: what is in the way
+    when a path above it is not a directory."""
+    try:
+        path = runs_dir()
+    except OSError:  # no home directory: that is the reason
+        return f"the runs directory cannot be used: {e.strerror}"
+    for above in [*reversed(path.parents), path]:
+        if os.path.lexists(above) and not os.path.isdir(above):
+            return f"{above} is not a directory, so {path} cannot be made"
+    made = "used" if os.path.lexists(path) else "made"
+    there = f" ({e.filename})" if os.path.isabs(e.filename or "") and \
+        Path(e.filename) != path else ""
+    return f"{path} cannot be {made}: {e.strerror}{there}"
 
 
 def kept_run(name, flag, report):

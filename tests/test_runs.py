@@ -269,6 +269,26 @@ def test_a_trials_run_keeps_its_summary_and_each_trial(capsys, workdir):
     assert json.loads((runs() / f"{went_on}.json").read_text())["answer"] == "c"
 
 
+@pytest.mark.parametrize("state", ["file", "proc"])
+def test_a_state_directory_that_cannot_hold_runs_is_named_with_the_reason(capsys, workdir,
+                                                                         tmp_path, monkeypatch,
+                                                                         state):
+    """XDG_STATE_HOME=/proc said `the runs directory cannot be used: No such file or
+    directory` (which directory?); XDG_STATE_HOME=README.md said `File exists`."""
+    home = {"file": tmp_path / "README.md", "proc": Path("/proc")}[state]
+    if state == "file":
+        home.write_text("# a file\n")
+    monkeypatch.setenv("XDG_STATE_HOME", str(home))
+    code, out, err, run = ask(capsys, workdir, "42")
+    assert (code, out, run) == (0, "42\n", None), err
+    note = next(line for line in err.splitlines() if line.startswith("note: this run is not kept"))
+    runs_dir = home / "agent.py" / "runs"
+    assert note == (f"note: this run is not kept: {home} is not a directory, so {runs_dir} cannot "
+                    "be made" if state == "file" else
+                    f"note: this run is not kept: {runs_dir} cannot be made: No such file or "
+                    "directory"), note
+
+
 def test_a_run_never_takes_another_runs_file(capsys, workdir, monkeypatch):
     """Two runs with one id (the same second, the same 8 hex digits): the second is not kept,
     and the first's file is left as it was (O_EXCL), not replaced or removed."""
