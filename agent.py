@@ -2392,7 +2392,8 @@ def recording_problem(recording):
              if b["type"] == "text" and b["text"] != FINAL_TURN_NOTE]
     if asked:
         return ("was continued with --resume and a follow-up question; only a run from its "
-                "first question can be replayed")
+                "first question can be replayed (--resume with --transcript NEW.json goes on in a "
+                "new file, and leaves the one it continues as it was)")
     return None
 
 

@@ -247,7 +247,9 @@ RESUMED = "resumed"
      "--replay {path} is an event stream (--events, JSON Lines)"),
     ("<!doctype html><title>report</title>", "--replay {path} is not a JSON document"),
     ("directory", "--replay {path} is a directory, not a regular file"),
-    (RESUMED, "was continued with --resume and a follow-up question"),
+    (RESUMED, "cannot replay: {path} was continued with --resume and a follow-up question; only "
+              "a run from its first question can be replayed (--resume with --transcript NEW.json "
+              "goes on in a new file, and leaves the one it continues as it was)"),
 ])
 def test_a_wrong_file_is_a_usage_error_saying_what_it_was_given(capsys, workdir, tmp_path,
                                                                 content, fragment):
