@@ -803,6 +803,9 @@ def closed_idle_connection(exc):
     return type(cause).__name__ == "RemoteProtocolError" and "without sending" in str(cause)
 
 
+PLAIN_HTTP = "the server answers in plain HTTP, not TLS"
+
+
 def unreachable(exc):
     """Why the server cannot be reached at all, or None: a refused connection or a host that
     does not exist is not mended by another try a second later (nothing listens there)."""
@@ -811,6 +814,9 @@ def unreachable(exc):
             return "connection refused: is the server running?"
         if isinstance(exc, socket.gaierror):
             return f"no such host: {exc.strerror}"
+        if type(exc).__name__ == "SSLError" and getattr(exc, "reason", "") == \
+                "WRONG_VERSION_NUMBER":  # the answer to a TLS hello was not TLS
+            return PLAIN_HTTP
         exc = exc.__cause__ or exc.__context__
     return None
 
@@ -1002,7 +1008,8 @@ def request_host(exc):
     for e in (exc, exc.__cause__):
         try:
             url = e.request.url
-            return f"{url.scheme}://{url.host}{f':{url.port}' if url.port else ''}"
+            host = f"[{url.host}]" if ":" in url.host else url.host  # an IPv6 address
+            return f"{url.scheme}://{host}{f':{url.port}' if url.port else ''}"
         except Exception:
             continue
     return None
@@ -1027,7 +1034,11 @@ def api_message(exc):
         text = error if isinstance(error, str) else (str(exc) or type(exc).__name__)
     host = request_host(exc) if transport_error(exc) else None
     if host and unreachable(exc):
-        return f"cannot reach {host} ({unreachable(exc)})"
+        why, asked = unreachable(exc), asked_url(exc) or host
+        if why == PLAIN_HTTP and asked.startswith("https://"):
+            base = asked[:asked.rfind("/v1/messages")] if "/v1/messages" in asked else host
+            why += f": give ANTHROPIC_BASE_URL as http://{base[len('https://'):]}"
+        return f"cannot reach {host} ({why})"
     text += f" (talking to {host})" if host and host not in text else ""
     text += f": {wrong_root(asked)}" if wrong_root(asked) else ""
     return clean(f"{status} {text}" if isinstance(status, int) and status >= 400 else text)
@@ -5610,6 +5621,11 @@ def make_client(config, limits, otel=False):
         raise UsageError("ANTHROPIC_API_KEY is still the placeholder from .env.example: put "
                          "your own key there")
     url = config["ANTHROPIC_BASE_URL"]
+    if url and url != url.strip():
+        raise UsageError(f"ANTHROPIC_BASE_URL {url!r} has white space around it: give it without")
+    if url and not url.isprintable() or " " in (url or ""):
+        raise UsageError(f"ANTHROPIC_BASE_URL {url!r} holds a space or a control character, "
+                         "which no URL has")
     try:
         parts = urllib.parse.urlsplit(url or "https://api.anthropic.com")
         parts.port  # raises on a port that is not a number in range

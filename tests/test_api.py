@@ -438,6 +438,17 @@ def test_a_malformed_base_url_is_a_usage_error_before_anything_is_sent(capsys, w
     assert code == 2 and f"ANTHROPIC_BASE_URL {url!r}" in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8765 ", " http://127.0.0.1:8765",
+                                 "http://127.0.0.1:8765\t"])
+def test_a_base_url_with_white_space_around_it_says_so(capsys, workdir, url, monkeypatch):
+    """It said `is not a URL (Port could not be cast to integer value as '8765 ')`."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", url)
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)])
+    assert code == 2 and err == (f"agent.py: ANTHROPIC_BASE_URL {url!r} has white space around "
+                                 "it: give it without\n"), err
+
+
 @pytest.mark.parametrize("where", ["refused", "no such host"])
 def test_an_unreachable_server_is_named_at_once_not_after_retries(capsys, workdir, where,
                                                                   loopback_only):
@@ -454,6 +465,27 @@ def test_an_unreachable_server_is_named_at_once_not_after_retries(capsys, workdi
     assert code == 1 and time.monotonic() - started < 2 and "retrying" not in err
     assert f"cannot reach {url}" in err
     assert ("is the server running?" if where == "refused" else "no such host") in err
+
+
+def test_https_to_a_plain_http_server_says_to_use_http_at_once(request, capsys, workdir):
+    """It said `Connection to 127.0.0.1:PORT failed: [SSL: WRONG_VERSION_NUMBER] wrong version
+    number (_ssl.c:1006)`, after four retries."""
+    api = serve(request)
+    https = api.url.replace("http://", "https://")
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--no-keep"],
+                           base_client(https))
+    assert code == 1 and err == (
+        f"stop: api_error (cannot reach {https} (the server answers in plain HTTP, not TLS: "
+        f"give ANTHROPIC_BASE_URL as {api.url})); 0 turns, 0 tokens, $0.000000\n"), err
+
+
+def test_an_ipv6_server_is_named_with_its_brackets(capsys, workdir):
+    dead = socket.create_server(("::1", 0), family=socket.AF_INET6)
+    url = f"http://[::1]:{dead.getsockname()[1]}"
+    dead.close()  # nothing listens there now
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--no-keep"],
+                           base_client(url))
+    assert code == 1 and f"cannot reach {url} (connection refused" in err, err
 
 
 def test_a_cut_tool_call_below_max_tokens_is_a_full_context_not_retried(capsys, workdir):
