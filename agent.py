@@ -45,6 +45,7 @@ import re
 import resource
 import select
 import selectors
+import shlex
 import signal
 import site
 import socket
@@ -463,11 +464,12 @@ def make_approver(yes, no_sandbox, sandbox, stdin):
 def agreed(question, stdin):
     """Ask on stderr; True only for y or yes. No answer (stdin closed) is a no."""
     with Reporter.lock:
-        if not to_stderr(visible(question if question.endswith("] ") else question + " [y/N] ")):
+        if not to_stderr(dimmed(visible(question if question.endswith("] ") else
+                                        question + " [y/N] "))):
             return False  # a question no one can see is not agreed to
         answer = stdin.readline()
         if not answer.endswith("\n"):  # no one answered: end the line
-            to_stderr("(no answer)\n")
+            to_stderr(dimmed("(no answer)\n"))
     return answer.strip().lower() in ("y", "yes")
 
 
@@ -3118,6 +3120,29 @@ def approval_question(code, rows, columns):
     return text + "--- run it? [y/N] "
 
 
+DIM, UNDIM = "\x1b[2m", "\x1b[22m"  # SGR faint, and back to normal intensity
+CODE_LINE = re.compile("^ *\\d+\u2502 ")  # a numbered line of code in the approval question
+
+
+def styled(stream=None):
+    """True when `stream` (stderr) is a terminal agent.py may style: never a file or a pipe,
+    nor a terminal with NO_COLOR set (no-color.org) or TERM=dumb."""
+    try:
+        return (stream or sys.stderr).isatty() and not os.environ.get("NO_COLOR") and \
+            os.environ.get("TERM") != "dumb"
+    except (AttributeError, ValueError):
+        return False
+
+
+def dimmed(text, stream=None):
+    """agent.py's own lines of `text` faint on a terminal, so that they look unlike what the
+    model wrote; the code in an approval question (its numbered lines) stays as it is."""
+    if not styled(stream):
+        return text
+    return "\n".join(f"{DIM}{line}{UNDIM}" if line and not CODE_LINE.match(line) else line
+                     for line in text.split("\n"))
+
+
 def shorten(text, width):
     """At most `width` characters, cut after a whole word with an ellipsis."""
     if len(text) <= width:
@@ -3142,6 +3167,7 @@ class Reporter:
         self.said = ""  # streamed text not yet sent as an event
         self.thinking = False  # streaming the summary of the model's thinking, not its text
         self.said_writing = 0.0  # when stderr last said how far a tool call's input has come
+        self.dim = styled(self.stream)  # agent.py's own lines faint on a terminal, not the model's
 
     def write(self, text, always=False):
         if self.quiet and not always:
@@ -3174,9 +3200,11 @@ class Reporter:
         self.events.emit("text", self.trial, turn=self.turn_no, text=self.said, **extra)
         self.said = ""
 
-    def line(self, text, always=False):
+    def line(self, text, always=False, plain=False):
+        """One line of agent.py's own (progress, status), dim on a terminal; an error plain."""
         self.flush_text()
-        self.write(f"{self.prefix}{visible(text)}\n", always)
+        shown = visible(text) if plain or not self.dim else f"{DIM}{visible(text)}{UNDIM}"
+        self.write(f"{self.prefix}{shown}\n", always)
 
     def text(self, delta, thinking=False):
         """Model text (or the summary of its thinking) as it streams; with a prefix
@@ -3217,7 +3245,7 @@ class Reporter:
             self.pending = ""
 
     def error(self, text):
-        self.line(text, always=True)
+        self.line(text, always=True, plain=True)
 
     def turn_start(self, turn):
         self.turn_no, self.thinking = turn, False
@@ -4371,7 +4399,8 @@ def parse_args(argv):
                      "the sandbox is proven (default: ask every time)")
     run.add_argument("--no-sandbox", action="store_true", help="run run_python unconfined "
                      "(default: sandboxed)")
-    run.add_argument("--resume", metavar="PATH", help="continue a saved transcript")
+    run.add_argument("--resume", metavar="PATH", help="continue a saved transcript; rewrites PATH "
+                     "as the run goes on (give --transcript to write elsewhere)")
     run.add_argument("--replay", metavar="PATH", help="run a saved transcript's model turns "
                      "again against the real tools: no key, no connection")
     run.add_argument("--system-prompt", metavar="FILE", help="the system prompt, from this UTF-8 "
@@ -4405,7 +4434,8 @@ def parse_args(argv):
                          "progress)")
     trials = p.add_argument_group("trials: how stable is a behaviour")
     trials.add_argument("--trials", type=int, metavar="K", help="run the question K times; "
-                        "report pass@k and pass^k")
+                        "report pass@k and pass^k (with no --expect, --expect-tool or "
+                        "--expect-stop, a trial passes if it stopped with end_turn)")
     trials.add_argument("--jobs", type=int, metavar="N", default=1, help="trials run at once "
                         "(default: 1)")
     trials.add_argument("--expect", metavar="REGEX", help="a trial passes if this regex is in "
@@ -4413,7 +4443,7 @@ def parse_args(argv):
     trials.add_argument("--expect-tool", metavar="NAME", choices=list(TOOL_FUNCTIONS),
                         help="... and it used this tool")
     trials.add_argument("--expect-stop", metavar="LABEL", choices=list(EXIT_CODES),
-                        help="... and stopped so")
+                        help="... and stopped so: one of " + ", ".join(EXIT_CODES))
     trials.add_argument("--decline-message", metavar="TEXT", help="what a declined run_python "
                         "call tells the model (default: not to retry it, and to ask the user how "
                         "to proceed)")
@@ -4590,10 +4620,29 @@ def check_workdir(workdir, where, confined=True):
     for what, path in harness:
         real = Path(os.path.realpath(path))
         if real.is_relative_to(workdir):
-            raise UsageError(f"{where}, {workdir}, holds {what} ({real}), which the model's code "
-                             "could rewrite before the next run: pass --workdir with the "
-                             "directory of the data, e.g. --workdir workspace (in a throwaway "
-                             "container, --no-sandbox allows it)")
+            raise UsageError(f"{where} holds {what} ({real}), which the model's code could "
+                             "rewrite before the next run: pass --workdir with the directory of "
+                             "the data (in a throwaway container, --no-sandbox allows it), e.g. "
+                             f"--workdir {sample_workdir()}")
+
+
+def sample_workdir():
+    """agent.py's workspace/ as a path that works from where the user stands: relative when it
+    is below the current directory, else absolute."""
+    sample = Path(os.path.realpath(__file__)).parent / "workspace"
+    if not sample.is_dir():
+        return "DIR"
+    try:
+        relative = os.path.relpath(sample)
+    except (OSError, ValueError):  # no current directory any more
+        relative = ".."
+    return shlex.quote(str(sample) if relative.startswith("..") else relative)
+
+
+def workdir_named(where, given, workdir):
+    """Where the workdir came from, with its real path when that says more: `--workdir /`, not
+    `--workdir /, /,`."""
+    return where if given == str(workdir) else f"{where} ({workdir})"
 
 
 def dotenv_path():
@@ -4651,13 +4700,35 @@ def read_dotenv(path, workdir, report):
     return None
 
 
-def make_client(config, limits, otel=False):
+def no_key(workdir):
+    """The missing-key line: the one .env agent.py reads, by its path, and any other .env where
+    the user may expect it to be read (the current directory, the workdir), which is not."""
+    path = dotenv_path()
+    line = "no API key: set ANTHROPIC_API_KEY in the environment"
+    if path:
+        line += (f" or in {path} " + ("(it holds none)" if os.path.lexists(path) else
+                                      "(copy .env.example there)") + ", the one .env agent.py reads")
+    try:
+        places = [Path.cwd()] + ([Path(workdir)] if workdir else [])
+    except OSError:  # no current directory any more
+        places = [Path(workdir)] if workdir else []
+    unread = []
+    for place in places:
+        other = place / ".env"
+        if os.path.lexists(other) and other != path and other not in unread:
+            unread.append(other)
+    if unread:
+        line += (f"; {' and '.join(map(str, unread))} {'is' if len(unread) == 1 else 'are'} never "
+                 f"read: the model's code could have written {'it' if len(unread) == 1 else 'them'}")
+    return line
+
+
+def make_client(config, limits, otel=False, workdir=None):
     if importlib.util.find_spec("anthropic") is None:  # first what to install, then the key
         raise UsageError(INSTALL.format(python=sys.executable))
     key = config["ANTHROPIC_API_KEY"]  # checked before the 2 s import, so it says so at once
     if not key:
-        raise UsageError("no API key: set ANTHROPIC_API_KEY in the environment or in .env "
-                         "(copy .env.example to .env)")
+        raise UsageError(no_key(workdir))
     if key == PLACEHOLDER_KEY or key.endswith("..."):
         raise UsageError("ANTHROPIC_API_KEY is still the placeholder from .env.example: put "
                          "your own key there")
@@ -4691,14 +4762,14 @@ def make_client(config, limits, otel=False):
     return anthropic.Anthropic(**options)
 
 
-def shown_on_terminal(report):
-    """True when the answer already streamed to the terminal stdout would print it on again."""
+def already_streamed(report):
+    """True when stdout is the very file, pipe or terminal stderr is (`> log 2>&1`,
+    `2>&1 | tee log`): the answer streamed there already, and printing it again shows it twice."""
     try:
         out, err = os.fstat(sys.stdout.fileno()), os.fstat(sys.stderr.fileno())
     except (OSError, ValueError, AttributeError):
         return False
-    return not report.quiet and sys.stdout.isatty() and (out.st_dev, out.st_ino, out.st_rdev) \
-        == (err.st_dev, err.st_ino, err.st_rdev)
+    return not report.quiet and (out.st_dev, out.st_ino) == (err.st_dev, err.st_ino)
 
 
 def main(argv=None, client=None, stdin=None):
@@ -4746,12 +4817,13 @@ def main(argv=None, client=None, stdin=None):
         replay = load_recording(args.replay) if args.replay else None
         recorded = session or replay or {}  # a file: what it says is used only if the user agrees
         source = args.resume or args.replay
-        where = f"--workdir {args.workdir}" if args.workdir else \
-            f"the workdir {source} recorded" if recorded else \
-            "the current directory (no --workdir was given)"
-        workdir = Path(os.path.realpath(args.workdir or recorded.get("workdir") or "."))
+        given = args.workdir or recorded.get("workdir")
+        workdir = Path(os.path.realpath(given or "."))
+        where = workdir_named(f"--workdir {args.workdir}", args.workdir, workdir) \
+            if args.workdir else workdir_named(f"the workdir {source} recorded", given, workdir) \
+            if recorded else f"the current directory ({workdir}; no --workdir was given)"
         if not workdir.is_dir():
-            raise UsageError(f"{where}, {workdir}, is not a directory")
+            raise UsageError(f"{where} is not a directory")
         check_workdir(workdir, where, confined=not args.no_sandbox)
         for inside in {workdir, Path(os.path.realpath(recorded.get("workdir") or workdir))}:
             if args.resume and Path(os.path.realpath(args.resume)).is_relative_to(inside):
@@ -4804,7 +4876,7 @@ def main(argv=None, client=None, stdin=None):
         if replay:  # the recording's replies, and the limits under which they end as it did
             limits, client = replay_limits(replay, limits), ReplayClient(replay, args.replay)
         if client is None:
-            client = make_client(config, limits, otel=args.otel)
+            client = make_client(config, limits, otel=args.otel, workdir=workdir)
         telemetry = Telemetry.start(report) if args.otel else None
         events = Events.open(events_out, run_id) if args.events else None
     except UsageError as e:
@@ -4877,7 +4949,7 @@ def main(argv=None, client=None, stdin=None):
         say(f"stop: {stop.reason} ({stop.detail}); {turns}, {u['tokens']} tokens, {cost}")
         if args.transcript == "-":
             print_document(session)
-        elif session["answer"] and args.events != "-" and not shown_on_terminal(report):
+        elif session["answer"] and args.events != "-" and not already_streamed(report):
             to_stdout(visible(session["answer"]) if sys.stdout.isatty() else session["answer"])
         run_stop_event(report, stop, session, started)
         save.events_lost(session, events)  # the transcript says so, if they were
