@@ -257,6 +257,7 @@ EXIT_CODES = {
     "max_tokens": 5, "refusal": 5, "model_context_window_exceeded": 5,  # stopped unfinished
     "api_error": 1, "error": 1,  # the API refused or failed; a bug or unknown stop_reason
     "interrupted": 130,  # Ctrl-C or SIGTERM
+    "replay_differs": 7,  # --replay --strict: a tool result is not the recorded one
 }
 TEXT_STOPS = {"end_turn", "stop_sequence", "max_turns", "max_tokens", "refusal",
               "model_context_window_exceeded"}  # stops whose final text goes to stdout
@@ -319,6 +320,8 @@ def stop_for(exc, api=True):
         return Stop("interrupted", STOPPED)
     if isinstance(exc, ReplayEnded):  # --replay asked past the recording: it knows the Stop
         return exc.stop
+    if isinstance(exc, ReplayDiffers):  # --strict: the replies that follow answered other results
+        return Stop("replay_differs", str(exc))
     status, retries = getattr(exc, "status_code", None), getattr(exc, "retries", [])
     if not api or status is None and not transport_error(exc) \
             and not type(exc).__module__.startswith("anthropic"):
@@ -1528,7 +1531,7 @@ TRANSCRIPT_SCHEMA = {
            "answer": nullable(STRING), "usage": USAGE_SCHEMA},
           {"agent_version": STRING, "run_id": STRING, "started_at": TIME,
            "ended_at": nullable(TIME), "trial": COUNT, "cleared": array(STRING),
-           "events_lost": STRING, "produced_by": PRODUCED_BY, "replay": obj(
+           "events_lost": STRING, "produced_by": PRODUCED_BY, "base_url": STRING, "replay": obj(
                {"source": STRING, "differences": array(obj(
                    {"turn": COUNT, "id": STRING, "name": STRING, "diff": array(STRING)}))})})}
 EVENT_TYPES = {  # type -> (fields it always has, fields it may have)
@@ -1582,7 +1585,7 @@ SUMMARY_SCHEMA = {
            "interrupted": BOOL, "question": STRING, "model": STRING,
            "expect": obj({"regex": nullable(STRING), "tool": nullable(STRING),
                           "stop": nullable(STRING)}),
-           "decline_message": STRING}, {"events_lost": STRING})}
+           "decline_message": STRING}, {"events_lost": STRING, "base_url": STRING})}
 SCHEMAS = {"transcript": TRANSCRIPT_SCHEMA, "events": EVENTS_SCHEMA, "summary": SUMMARY_SCHEMA}
 
 
@@ -1914,6 +1917,16 @@ class ReplayEnded(Exception):
         self.stop = stop
 
 
+class ReplayDiffers(Exception):
+    """--replay --strict: a turn's tool results differ from the recording, so the recorded
+    replies that follow answered results this run did not get. The next request raises it."""
+
+    def __init__(self, turn, differed, calls, source):
+        super().__init__(f"turn {turn}: {differed} of {plural(calls, 'tool result')} "
+                         f"{'differs' if differed == 1 else 'differ'} from {source}, and the "
+                         "recorded replies after it answered the recorded results (--strict)")
+
+
 def load_recording(path):
     """A transcript --replay can run, or a UsageError saying what the file is."""
     recording = load_transcript(path, "--replay")
@@ -1971,6 +1984,8 @@ def replay_session(recording, workdir, run_id, source):
     session["system"] = recording["system"]
     if is_str(fields(recording.get("produced_by")).get("kind")):  # who wrote the replies
         session["produced_by"] = recording["produced_by"]
+    if is_str(recording.get("base_url")):  # the server that sent them
+        session["base_url"] = server_url(recording["base_url"]) or recording["base_url"]
     session["replay"] = {"source": str(source), "differences": []}
     return session
 
@@ -1992,10 +2007,12 @@ class ReplayClient:
 
     def __init__(self, recording, source):
         self.replies, self.source = recorded_replies(recording), source
-        self.recorded_stop, self.given = recording["stop"], 0
+        self.recorded_stop, self.given, self.differs = recording["stop"], 0, None
         self.messages = self.beta = self  # client.messages.stream, client.beta.messages.stream
 
     def stream(self, **request):
+        if self.differs:  # --strict, and the last turn's results were not the recorded ones
+            raise self.differs
         if self.given == len(self.replies):
             raise ReplayEnded(self.ended())
         self.given += 1
@@ -2070,31 +2087,36 @@ class ReplayCheck:
     stderr where they differ, and keeps the difference in the session's `replay` field. At the
     stop, says how many differed, and whether the replay stopped before the recording did."""
 
-    def __init__(self, recording, client, report, save):
+    def __init__(self, recording, client, report, save, strict=False):
         self.recorded = {b["tool_use_id"]: b for m in recording["messages"]
                          if m["role"] == "user" for b in m["content"]
                          if b["type"] == "tool_result"}
-        self.client, self.report, self.save = client, report, save
+        self.client, self.report, self.save, self.strict = client, report, save, strict
         self.checked, self.seen, self.calls = 0, 0, 0  # turns and messages compared; calls
 
     def __call__(self, session, final=False):
         results = {b["tool_use_id"]: b for m in session["messages"][self.seen:]
                    if m["role"] == "user" for b in m["content"] if b["type"] == "tool_result"}
         for record in session["turns"][self.checked:]:
-            for call in record["tool_calls"]:
-                self.compare(session["replay"], record["turn"], call, results.get(call["id"]))
+            differed = sum(not self.compare(session["replay"], record["turn"], call,
+                                            results.get(call["id"]))
+                           for call in record["tool_calls"])
+            if differed and self.strict and not self.client.differs:  # the next request stops
+                self.client.differs = ReplayDiffers(record["turn"], differed,
+                                                    len(record["tool_calls"]),
+                                                    session["replay"]["source"])
         self.checked, self.seen = len(session["turns"]), len(session["messages"])
         if final:
             self.summary(session)
         self.save(session, final)
 
     def compare(self, replay, turn, call, result):
-        """Say so, and keep it, if this call's result is not the recorded one."""
+        """Say so, and keep it, if this call's result is not the recorded one. True if it is."""
         self.calls += 1
         then = self.recorded.get(call["id"])
         if then and result and then.get("content") == result["content"] \
                 and bool(then.get("is_error")) == bool(result.get("is_error")):
-            return
+            return True
         diff = result_diff(then, result)
         replay["differences"].append({"turn": turn, "id": call["id"], "name": call["name"],
                                       "diff": diff})
@@ -2102,9 +2124,11 @@ class ReplayCheck:
                           "differs from the recording")
         for line in diff:
             self.report.error(f"    {line}")
-        if len(replay["differences"]) == 1 and self.client.given < len(self.client.replies):
+        if len(replay["differences"]) == 1 and self.client.given < len(self.client.replies) \
+                and not self.strict:
             self.report.error("    (the recorded replies that follow answered the recorded "
                               "result; they are replayed as they were)")
+        return False
 
     def summary(self, session):
         differed = len(session["replay"]["differences"])
@@ -2114,7 +2138,7 @@ class ReplayCheck:
         else:
             self.report.line(f"replay: {plural(self.calls, 'tool result')}, each as recorded")
         left = len(self.client.replies) - self.client.given
-        if left:
+        if left and not self.client.differs:  # else the stop says why
             self.report.error(f"replay: the run stopped with {left} recorded "
                               f"{'reply' if left == 1 else 'replies'} not replayed: it stopped "
                               "before the recording did")
@@ -2232,6 +2256,7 @@ class TrialSpec:
     stop: str | None = None  # --expect-stop: ... and stopped so (with none: with end_turn)
     quiet: bool = False  # no progress on stderr, only the summary
     system: str = SYSTEM_PROMPT  # the system prompt every trial is sent (--system-prompt)
+    server: str | None = None  # ANTHROPIC_BASE_URL as recorded (server_url); None: Anthropic's
 
     @property
     def expect(self):
@@ -2251,6 +2276,8 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None):
         session = new_session(spec.question, spec.model, ctx.workdir, spec.effort,
                               events.run_id if events else None, spec.system)
         session["trial"] = index
+        if spec.server:
+            session["base_url"] = spec.server
         report.emit("trial.start", transcript=str(out.path) if out else None)
         started = time.monotonic()
         save = Saver(out)
@@ -2283,6 +2310,8 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None):
     summary = summarize(results, spec.k)
     summary.update(interrupted=interrupted, question=spec.question, model=spec.model,
                    expect=spec.expect, decline_message=ctx.decline_message)  # what was measured
+    if spec.server:
+        summary["base_url"] = spec.server
     report = Reporter(spec.quiet, events=events)
     print_summary(summary, report)
     if interrupted:
@@ -2423,6 +2452,22 @@ def provenance(t):
     return said
 
 
+def server_said(t):
+    """The server a run talked to (base_url), for the report's header; none for Anthropic's
+    API, the SDK's default, which transcripts do not name."""
+    return f" · server <code>{esc(t['base_url'])}</code>" if is_str(t.get("base_url")) else ""
+
+
+def priced_as(t):
+    """What a cost means when the run talked to a server that is not Anthropic's API: agent.py
+    prices tokens by the model's name, as that API would bill them (PRICING)."""
+    url = t.get("base_url")
+    if not is_str(url) or urllib.parse.urlsplit(url).hostname == ANTHROPIC_HOST:
+        return ""
+    return (f"<p>The cost is priced as {esc(t.get('model', 'the model'))} would be on "
+            f"Anthropic's API, not by {esc(url)}, which may bill otherwise, or nothing.</p>")
+
+
 def run_report(t):
     """The report of one run: what was asked, how it ended, what each turn cost and did."""
     turns, usage, stop = items(t.get("turns")), fields(t.get("usage")), fields(t.get("stop"))
@@ -2436,10 +2481,10 @@ def run_report(t):
     body = [f"<h1>agent.py run</h1><div class=\"q\">{esc(t.get('question', ''))}</div>",
             f"<p>model <b>{esc(t.get('model'))}</b> · workdir <code>{esc(t.get('workdir'))}"
             f"</code> · run <code>{esc(t.get('run_id', '?'))}</code> · started "
-            f"{esc(t.get('started_at', '?'))}{provenance(t)}</p>",
+            f"{esc(t.get('started_at', '?'))}{provenance(t)}{server_said(t)}</p>",
             '<div class="cards">' + "".join(f'<div class="card">{esc(k)}<b>{esc(v)}</b></div>'
                                              for k, v in cards) + "</div>",
-            f"<p>{esc(stop.get('detail', ''))}</p>"]
+            f"<p>{esc(stop.get('detail', ''))}</p>{priced_as(t)}"]
     if t.get("answer"):
         body.append(f"<h2>Answer</h2><pre>{esc(t['answer'])}</pre>")
     body.append("<h2>Tokens per turn</h2>" + token_chart(turns))
@@ -2503,14 +2548,14 @@ def trials_report(summary):
     p1 = summary.get("pass@1")
     expect = {k: v for k, v in fields(summary.get("expect")).items() if v}
     head = (f"<h1>agent.py trials</h1><div class=\"q\">{esc(summary.get('question', ''))}</div>"
-            f"<p>model <b>{esc(summary.get('model', '?'))}</b> · a trial passes when "
+            f"<p>model <b>{esc(summary.get('model', '?'))}</b>{server_said(summary)} · a trial passes when "
             f"{esc(json.dumps(expect, ensure_ascii=False) if expect else 'it ends with end_turn')}"
             f" · a declined call tells the model: {esc(summary.get('decline_message', '?'))}</p>"
             f"<p>{esc(summary.get('n'))} of "
             f"{esc(summary.get('requested'))} ran: {esc(summary.get('passes'))} passed, "
             f"{esc(summary.get('failed'))} failed, {esc(summary.get('errored'))} errored "
             f"(not counted in pass@k). pass@1 = {esc(f'{p1:.3f}' if isinstance(p1, float) else p1)}, 95% Wilson "
-            f"interval {esc(interval[0])}–{esc(interval[1])}.</p>")
+            f"interval {esc(interval[0])}–{esc(interval[1])}.</p>{priced_as(summary)}")
     return page("agent.py trials", head + "<h2>pass@k and pass^k</h2><table><tr><th>k</th><th>"
                 "pass@k</th><th>pass^k</th></tr>" + rows + "</table>" + "".join(plot)
                 + "<h2>Trials</h2><table><tr><th>trial</th><th>stop</th><th>result</th><th>"
@@ -2549,7 +2594,7 @@ def write_report(path, output=None):
 
 ATIF_VERSION = "ATIF-v1.8"
 RUN_FACTS = ("run_id", "workdir", "started_at", "ended_at", "stop", "answer", "trial",
-             "cleared", "events_lost", "produced_by", "replay")  # a trajectory's extra
+             "cleared", "events_lost", "produced_by", "replay", "base_url")  # its extra
 
 
 def export_atif(path, output):
@@ -4367,6 +4412,7 @@ exit codes:
   4    token_budget, cost_budget: stopped before running the pending tool calls
   5    max_tokens, refusal, model_context_window_exceeded: stdout has the partial text
   6    --trials: some trials failed
+  7    replay_differs: --replay --strict, and a tool result differs from the recording
   130  interrupted (Ctrl-C or SIGTERM)"""
 
 
@@ -4383,27 +4429,30 @@ def tokens_or_off(value):
 def parse_args(argv):
     p = Parser(prog="agent.py", epilog=EPILOG, description=DESCRIPTION, allow_abbrev=False,
                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--version", action="version", version=f"agent.py {AGENT_VERSION}",
+    p.add_argument("-V", "--version", action="version", version=f"agent.py {AGENT_VERSION}",
                    help="print agent.py's version, and exit")
     run = p.add_argument_group("run")
     run.add_argument("question", nargs="?", help="the question; - reads it from stdin (with "
                      "--resume: an optional follow-up)")
-    run.add_argument("--workdir", metavar="DIR", help="the directory the tools work in (default: "
+    run.add_argument("-C", "--workdir", metavar="DIR", help="the directory the tools work in (default: "
                      "the current one); one that holds agent.py or its Python is refused, "
                      "unless --no-sandbox")
-    run.add_argument("--model", metavar="ID", help="model id (default: $ANTHROPIC_MODEL, else "
+    run.add_argument("-m", "--model", metavar="ID", help="model id (default: $ANTHROPIC_MODEL, else "
                      f"{DEFAULT_MODEL})")
     run.add_argument("--effort", choices=EFFORTS, help="sent as output_config.effort (default: "
                      "the model's)")
-    run.add_argument("--yes", action="store_true", help="run run_python without asking, once "
+    run.add_argument("-y", "--yes", action="store_true", help="run run_python without asking, once "
                      "the sandbox is proven (default: ask every time)")
     run.add_argument("--no-sandbox", action="store_true", help="run run_python unconfined "
                      "(default: sandboxed)")
-    run.add_argument("--resume", metavar="PATH", help="continue a saved transcript; rewrites PATH "
-                     "as the run goes on (give --transcript to write elsewhere)")
+    run.add_argument("-r", "--resume", metavar="PATH", help="continue a saved transcript; "
+                     "rewrites PATH as the run goes on (give --transcript to write elsewhere)")
     run.add_argument("--replay", metavar="PATH", help="run a saved transcript's model turns "
                      "again against the real tools: no key, no connection")
-    run.add_argument("--system-prompt", metavar="FILE", help="the system prompt, from this UTF-8 "
+    run.add_argument("--strict", action="store_true", help="with --replay: stop at the first "
+                     "turn whose tool results differ from the recording, and exit 7 "
+                     "(replay_differs): a regression check for CI")
+    run.add_argument("-s", "--system-prompt", metavar="FILE", help="the system prompt, from this UTF-8 "
                      "file (default: agent.py's, for questions about files); recorded in the "
                      "transcript, and kept by --resume")
     limits = p.add_argument_group("limits")
@@ -4430,7 +4479,7 @@ def parse_args(argv):
                          "here, outside the workdir; - for stdout (default: none)")
     outputs.add_argument("--otel", action="store_true", help="send the run as OpenTelemetry "
                          "traces over OTLP, as OTEL_EXPORTER_OTLP_* say (optional packages)")
-    outputs.add_argument("--quiet", action="store_true", help="no progress on stderr (default: "
+    outputs.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr (default: "
                          "progress)")
     trials = p.add_argument_group("trials: how stable is a behaviour")
     trials.add_argument("--trials", type=int, metavar="K", help="run the question K times; "
@@ -4476,7 +4525,13 @@ def parse_args(argv):
                          "Format, v1.8), and exit")
     inspect.add_argument("-o", "--output", metavar="PATH", help="where --report or --export "
                          "writes; - for stdout (default: beside JSON)")
-    args = p.parse_args(argv)
+    args, extra = p.parse_known_args(argv)
+    if extra:  # argparse's own message; for words alone, what they most likely are
+        words = [a for a in extra if not a.startswith("-") or a == "-"]
+        hint = f"; a question of several words goes in quotes: agent.py " \
+               f"{shlex.quote(' '.join([args.question, *words]))} ..." \
+            if words == extra and args.question is not None else " (see --help)"
+        raise UsageError(f"unrecognized arguments: {' '.join(extra)}{hint}")
     inspecting = [flag for flag, given in (("--schema", args.schema), ("--report", args.report),
                                            ("--export", args.export)) if given]
     if len(inspecting) > 1:
@@ -4502,6 +4557,8 @@ def parse_args(argv):
                         or args.effort or args.system_prompt):
         raise UsageError("--replay runs the recorded question and turns again: give it no "
                          "question, --model, --effort, --system-prompt, --resume or --trials")
+    if args.strict and not args.replay:
+        raise UsageError("--strict goes with --replay")
     for what, value in (("the question", args.question), ("--model", args.model),
                         ("--expect", args.expect), ("--decline-message", args.decline_message)):
         check_text(value, what)
@@ -4762,6 +4819,25 @@ def make_client(config, limits, otel=False, workdir=None):
     return anthropic.Anthropic(**options)
 
 
+ANTHROPIC_HOST = "api.anthropic.com"  # the SDK's default server, which prices are for
+
+
+def server_url(url):
+    """ANTHROPIC_BASE_URL as a transcript records it: scheme, host, port and path, never the
+    user:password@ of the URL or its query and fragment, which can carry keys. None if it is
+    not a URL."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return None
+    if not host:
+        return None
+    host = f"[{host}]" if ":" in host else host
+    return urllib.parse.urlunsplit((parts.scheme, host + (f":{port}" if port else ""),
+                                    parts.path, "", ""))
+
+
 def already_streamed(report):
     """True when stdout is the very file, pipe or terminal stderr is (`> log 2>&1`,
     `2>&1 | tee log`): the answer streamed there already, and printing it again shows it twice."""
@@ -4833,6 +4909,7 @@ def main(argv=None, client=None, stdin=None):
         config = load_config(workdir, report) if not replay else dict.fromkeys(  # no key
             ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL"))
         SECRETS.update(v for v in [config["ANTHROPIC_API_KEY"]] if v and len(v) >= 8)
+        server = server_url(config["ANTHROPIC_BASE_URL"] or "")  # recorded; None: Anthropic's
         model = args.model or config["ANTHROPIC_MODEL"] or recorded.get("model") or DEFAULT_MODEL
         prompt = own_prompt(session) if session is not None and system is None else None
         taken = [f"workdir {workdir}"] * (bool(recorded) and not args.workdir) + \
@@ -4910,7 +4987,7 @@ def main(argv=None, client=None, stdin=None):
         if args.trials:
             spec = TrialSpec(args.question, model, args.effort, args.trials, args.jobs,
                              args.expect, args.expect_tool, args.expect_stop, args.quiet,
-                             system or SYSTEM_PROMPT)
+                             system or SYSTEM_PROMPT, server)
             summary = run_trials(spec, client, ctx, trial_outputs, events, telemetry)
             if events and events.lost:
                 summary["events_lost"] = events.lost
@@ -4930,9 +5007,14 @@ def main(argv=None, client=None, stdin=None):
         elif session is None:
             session = new_session(args.question, model, workdir, args.effort, run_id,
                                   system or SYSTEM_PROMPT)
+            if server:
+                session["base_url"] = server
         else:
             session.update(model=model, workdir=str(workdir), run_id=run_id,
                            effort=args.effort or session.get("effort"))
+            session.pop("base_url", None)  # the server of this run, not the last one's
+            if server:
+                session["base_url"] = server
             report.line(f"resuming {args.resume}: {plural(len(session['turns']), 'turn')} so "
                         f"far; workdir {workdir}; model {model}" + (
                             f"; {plural(unanswered, 'pending tool call')} answered 'not run'"
@@ -4940,7 +5022,7 @@ def main(argv=None, client=None, stdin=None):
         save = Saver(output)
         report.trace("begin", session)
         stop = drive(client, session, ctx, report,
-                     ReplayCheck(replay, client, report, save) if replay else save)
+                     ReplayCheck(replay, client, report, save, args.strict) if replay else save)
         report.trace("end", stop, session)
         report.flush_text()
         u, turns = session["usage"], plural(len(session["turns"]), "turn")

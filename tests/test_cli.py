@@ -129,7 +129,8 @@ def test_help_names_the_stop_labels_what_passes_a_trial_and_that_resume_rewrites
 
     def help_of(flag):  # the flag's own entry in its group: its lines, up to the next flag's
         lines = out.splitlines()
-        first = next(i for i, line in enumerate(lines) if line.startswith(f"  {flag} "))
+        first = next(i for i, line in enumerate(lines) if line.startswith("  -")
+                     and re.match(rf"(-\w \S+, )?{flag}\b", line.strip()))
         rest = next(i for i in range(first + 1, len(lines) + 1) if i == len(lines)
                     or not lines[i].strip() or lines[i].startswith("  -"))
         return " ".join(" ".join(lines[first:rest]).split())
@@ -368,6 +369,54 @@ def test_a_containers_root_is_a_workdir_once_the_sandbox_is_off(capsys, tmp_path
     client = FakeClient()
     code, _, err = run_cli(capsys, ["q", "--workdir", "/", "--yes"], client)  # sandbox on
     assert (code, client.requests) == (2, []) and "holds" in err and "--no-sandbox" in err
+
+
+# --- the conventions of the tools people know: short forms, quoting ---
+
+SHORT_FORMS = {"-C": "--workdir", "-m": "--model", "-y": "--yes", "-r": "--resume",
+               "-s": "--system-prompt", "-q": "--quiet", "-V": "--version"}
+
+
+def test_short_forms_do_what_the_long_ones_do(capsys, workdir, tmp_path):
+    """codex exec's -C and -m, llm's -m and -s, claude's -r, and the -y, -q and -V of every
+    tool: each the same as its long flag, and named in --help and README."""
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("Be brief.")
+    path = tmp_path / "run.json"
+    client = FakeClient(reply(tool_use("run_python", {"code": "print(6 * 7)"})), reply(text("42")))
+    code, out, err = run_cli(capsys, ["q", "-C", str(workdir), "-m", "claude-sonnet-5-5", "-y", "-q",
+                                      "-s", str(prompt), "--no-sandbox", "--transcript",
+                                      str(path)], client)
+    assert (code, out, err) == (0, "42\n", "")  # -q: nothing on stderr; -y: nothing asked
+    request = client.requests[0]
+    assert (request["model"], request["system"]) == ("claude-sonnet-5-5", "Be brief.")
+    assert json.loads(path.read_text())["workdir"] == str(workdir)
+    client = FakeClient(reply(text("more")))
+    code, out, _ = run_cli(capsys, ["-r", str(path), "go on", "-C", str(workdir), "-s",
+                                    str(prompt), "-m", "claude-sonnet-5-5"], client)
+    assert (code, out) == (0, "more\n") and len(client.requests[0]["messages"]) == 5
+    code, out, _ = run_cli(capsys, ["-V"], FakeClient())
+    assert (code, out) == (0, f"agent.py {agent.AGENT_VERSION}\n")
+    code, shown, _ = run_cli(capsys, ["--help"], FakeClient())
+    readme = (AGENT.parent / "README.md").read_text()
+    for short, long in SHORT_FORMS.items():
+        assert re.search(rf"^  {short}( [A-Z]+)?, {long}\b", shown, re.M), (short, long)
+        assert f"`{short}/{long}" in readme, (short, long)
+    code, _, err = run_cli(capsys, ["q", "--work", str(workdir)], FakeClient())  # long: never
+    assert code == 2 and "unrecognized arguments: --work" in err  # abbreviated
+
+
+@pytest.mark.parametrize("argv, quoted", [
+    (["what", "is", "the", "average?", "--workdir", "w"], "'what is the average?'"),
+    (["--workdir", "w", "scores.csv", "里平均分是多少？"], "'scores.csv 里平均分是多少？'"),
+    (["--resume", "run.json", "and", "the", "median"], "'and the median'"),
+])
+def test_an_unquoted_question_gets_one_line_saying_to_quote_it(capsys, argv, quoted):
+    client = FakeClient()
+    code, out, err = run_cli(capsys, argv, client)
+    assert (code, out, client.requests) == (2, "", [])
+    assert len(err.strip().splitlines()) == 1 and "unrecognized arguments:" in err
+    assert f"a question of several words goes in quotes: agent.py {quoted}" in err, err
 
 
 # --- .env and config ---

@@ -142,6 +142,13 @@ def test_a_run_with_parallel_calls_maps_turn_by_turn(capsys, workdir, tmp_path):
     assert document["final_metrics"]["total_cost_usd"] > 0 and "notes" not in document
 
 
+def test_the_server_travels_in_the_trajectorys_extra(capsys, workdir, tmp_path, monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://key:pw@127.0.0.1:8080/?token=t0k")
+    document = trajectory_of(capsys, a_run(capsys, workdir, tmp_path))
+    assert document["extra"]["base_url"] == "http://127.0.0.1:8080/"
+    assert "pw@" not in json.dumps(document) and "t0k" not in json.dumps(document)
+
+
 def test_an_export_holds_no_lone_surrogate(capsys, tmp_path):
     _, transcript, _ = surrogate_run(capsys, tmp_path)
     for source in (transcript, with_lone_surrogates(transcript)):

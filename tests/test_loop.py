@@ -328,7 +328,7 @@ def test_interrupted(capsys, workdir, tmp_path):
 def test_every_label_has_an_exit_code_and_the_help_lists_them():
     labels = {"end_turn", "stop_sequence", "max_turns", "token_budget", "cost_budget",
               "max_tokens", "refusal", "model_context_window_exceeded", "api_error", "error",
-              "interrupted"}
+              "interrupted", "replay_differs"}
     assert set(agent.EXIT_CODES) == labels
     for label in labels:
         assert label in agent.EPILOG

@@ -290,6 +290,35 @@ def test_a_replay_needs_no_key_and_connects_nowhere(capsys, workdir, tmp_path):
     listener.close()
 
 
+# --- a regression check for CI: --strict ---
+
+def test_strict_ends_a_replay_at_the_first_difference_with_replay_differs(capsys, workdir,
+                                                                          tmp_path):
+    path, recorded = record(capsys, workdir, tmp_path)
+    code, out, _, new = replay(capsys, path, workdir, tmp_path, "--yes", "--strict")
+    assert (code, new["stop"]) == (0, recorded["stop"])  # nothing differs: as without --strict
+    (workdir / "scores.csv").write_text("name,score\nAlice,88\nBob,70\nChen,95\n")
+    events = tmp_path / "events.jsonl"
+    code, out, err, new = replay(capsys, path, workdir, tmp_path, "--yes", "--strict",
+                                 "--events", events)
+    assert (code, out) == (7, "") and agent.EXIT_CODES["replay_differs"] == 7
+    assert new["stop"]["reason"] == "replay_differs" and new["stop"]["exit_code"] == 7
+    assert len(new["turns"]) == 1  # the later replies answered the recorded result: not sent
+    assert f"stop: replay_differs (turn 1: 1 of 2 tool results differs from {path}" in err
+    assert new["replay"]["differences"] == [{"turn": 1, "id": "toolu_A", "name": "read_file",
+                                             "diff": ["-Bob,72", "+Bob,70"]}]
+    stop = events_of(events)[-1]
+    assert (stop["type"], stop["stop"], stop["exit_code"]) == ("run.stop", "replay_differs", 7)
+    assert "| `replay_differs` |" in (ROOT / "README.md").read_text()
+    assert "replay_differs" in agent.EPILOG
+
+
+def test_strict_goes_with_replay(capsys, workdir):
+    client = FakeClient()
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--strict"], client)
+    assert (code, client.requests) == (2, []) and "--strict goes with --replay" in err
+
+
 # --- the example the README runs ---
 
 def test_the_readme_command_replays_the_shipped_example(tmp_path):
@@ -302,6 +331,16 @@ def test_the_readme_command_replays_the_shipped_example(tmp_path):
     assert done.stdout == example["answer"] + "\n"
     assert "a scripted model (tests/make_example.py)" in done.stderr
     assert "--- run it? [y/N]" in done.stderr
+    assert "replay: 3 tool results, each as recorded" in done.stderr
+
+
+def test_the_readme_check_needs_no_packages_and_passes_on_the_shipped_example(tmp_path):
+    """README: the replay needs no packages, any Python 3.11+: run here with -S (no
+    site-packages, so neither anthropic nor python-dotenv can be imported), and --strict."""
+    done = run_agent_py("agent.py", "--replay", "workspace/example-run.json", "--workdir",
+                        "workspace", "--strict", flags=["-S"], cwd=ROOT, env=agent_env(),
+                        input="y\n", timeout=60)
+    assert done.returncode == 0, done.stderr
     assert "replay: 3 tool results, each as recorded" in done.stderr
 
 

@@ -53,6 +53,22 @@ def test_a_run_report_is_self_contained_and_inert(capsys, workdir, tmp_path):
     assert "read_file" in page and "error" in page and "cost" in page
 
 
+@pytest.mark.parametrize("server, note", [
+    ("http://127.0.0.1:8080/v2", True),  # a local model, a proxy: priced as Anthropic's
+    ("https://api.anthropic.com", False), (None, False)])
+def test_the_report_names_the_server_and_how_its_cost_is_priced(capsys, workdir, tmp_path,
+                                                               monkeypatch, server, note):
+    if server:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server)
+    page = (tmp_path / "run.html")
+    report(capsys, a_run(capsys, workdir, tmp_path))
+    page = page.read_text()
+    assert (f"server <code>{server}</code>" in page) is bool(server)
+    priced = ("priced as claude-haiku-5-5 would be on Anthropic's API, not by "
+              "http://127.0.0.1:8080/v2")
+    assert (priced in page) is note, page[:3000]
+
+
 def test_the_report_shows_the_token_growth(capsys, workdir, tmp_path):
     source = a_run(capsys, workdir, tmp_path)
     report(capsys, source, "-o", str(tmp_path / "out.html"))

@@ -60,7 +60,8 @@ def test_the_transcript_has_every_field_its_schema_names(capsys, workdir, tmp_pa
     saved = json.loads(path.read_text())
     schema = agent.TRANSCRIPT_SCHEMA
     assert set(schema["properties"]) - {"trial", "cleared", "events_lost", "produced_by",
-                                        "replay"} <= set(saved)  # used (those in test_replay.py)
+                                        "replay", "base_url"} <= set(saved)  # used (those in
+    # test_replay.py; base_url with ANTHROPIC_BASE_URL)
     turn = schema["properties"]["turns"]["items"]
     assert set(turn["properties"]) - {"context_edits", "cleared", "in_history"} <= set(
         saved["turns"][0])  # those three when they happen
@@ -70,6 +71,29 @@ def test_the_transcript_has_every_field_its_schema_names(capsys, workdir, tmp_pa
     assert saved["turns"][0]["retries"][0]["status"] == 529
     assert saved["stop"]["exit_code"] == 0 and saved["ended_at"] >= saved["started_at"]
     assert not schema_errors(saved, "transcript")
+
+
+@pytest.mark.parametrize("given, recorded", [
+    ("http://agent:s3cret-pass@127.0.0.1:8080/gateway/?api_key=sk-in-query#t=1",
+     "http://127.0.0.1:8080/gateway/"),
+    ("https://api.anthropic.com", "https://api.anthropic.com"),
+    (None, None),  # the SDK's default, Anthropic's API: no field, so the golden file stands
+])
+def test_the_server_a_run_talked_to_is_recorded_without_credentials(capsys, workdir, tmp_path,
+                                                                   monkeypatch, given, recorded):
+    if given:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", given)
+    path, events = tmp_path / "run.json", tmp_path / "events.jsonl"
+    client = FakeClient(reply(text("ok")), reply(text("again")))
+    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
+                         client)
+    saved = json.loads(path.read_text())
+    assert code == 0 and saved.get("base_url") == recorded
+    assert "s3cret" not in path.read_text() and "sk-in-query" not in path.read_text()
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:9")  # resumed elsewhere
+    code, _, _ = run_cli(capsys, ["--resume", str(path), "more", "--workdir", str(workdir)],
+                         client)
+    assert code == 0 and json.loads(path.read_text())["base_url"] == "http://127.0.0.1:9"
 
 
 def test_a_declined_call_is_marked_so(capsys, workdir, tmp_path):
