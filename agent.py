@@ -4585,7 +4585,7 @@ def parse_args(argv):
     return args
 
 
-def check_text(value, what, where=""):
+def check_text(value, what):
     """`value` if it is text; a UsageError if it is not valid UTF-8 (Python hands such bytes of
     the command line or the environment over as lone surrogates), which agent.py can neither
     send nor record."""
@@ -4594,27 +4594,27 @@ def check_text(value, what, where=""):
     except UnicodeEncodeError as e:
         byte = os.fsencode(value[e.start])[0] if "\udc80" <= value[e.start] <= "\udcff" \
             else None
-        not_utf8(what, byte, value[:e.start], where)
+        not_utf8(what, byte, value[:e.start])
     return value
 
 
-def not_utf8(what, byte, before, where=""):
+def not_utf8(what, byte, before):
     said = f"byte 0x{byte:02x}" if byte is not None else "a lone surrogate"
     raise UsageError(f"{what} is not valid UTF-8: {said} after {shorten(before, 40)!r}; give it "
-                     f"as UTF-8 text (iconv -t UTF-8 converts a file){where}")
+                     "as UTF-8 text (iconv -t UTF-8 converts a file)")
 
 
 def read_question(stdin):
     """The question on stdin (-): its bytes, which must be UTF-8, when it has them."""
     raw = getattr(stdin, "buffer", None)
     if raw is None:
-        return check_text(stdin.read(), "the question", " on stdin")
+        return check_text(stdin.read(), "the question on stdin")
     data = raw.read()
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         before = data[:e.start].decode("utf-8", "replace")
-        not_utf8("the question", data[e.start], before, " on stdin")
+        not_utf8("the question on stdin", data[e.start], before)
 
 
 MAX_SYSTEM_PROMPT = 1 << 20  # bytes of a --system-prompt file: more than any context window holds
@@ -4654,9 +4654,16 @@ def read_system_prompt(path):
     return text
 
 
-INSTALL = ("agent.py needs the anthropic and python-dotenv packages, which {python} cannot "
-           "import: python3 -m venv .venv && .venv/bin/pip install -r requirements.txt, then "
-           "run .venv/bin/python agent.py ...; or run it with uv run agent.py ...")
+def install_hint():
+    """What to run to install agent.py's packages, with paths that work from where the user
+    stands (in the checkout: .venv, requirements.txt, agent.py)."""
+    venv, agent_py = beside_agent(".venv"), beside_agent("agent.py")
+    return (f"agent.py needs the anthropic and python-dotenv packages, which {sys.executable} "
+            f"cannot import: python3 -m venv {venv} && {venv}/bin/pip install -r "
+            f"{beside_agent('requirements.txt')}, then run {venv}/bin/python {agent_py} ...; or "
+            f"run it with uv run {agent_py} ...")
+
+
 PLACEHOLDER_KEY = "sk-ant-..."  # what .env.example holds
 
 
@@ -4684,16 +4691,20 @@ def check_workdir(workdir, where, confined=True):
 
 
 def sample_workdir():
-    """agent.py's workspace/ as a path that works from where the user stands: relative when it
-    is below the current directory, else absolute."""
+    """agent.py's sample data, workspace/, as the user can give it from where they stand."""
     sample = Path(os.path.realpath(__file__)).parent / "workspace"
-    if not sample.is_dir():
-        return "DIR"
+    return beside_agent("workspace") if sample.is_dir() else "DIR"
+
+
+def beside_agent(name):
+    """A path beside agent.py as the user can type it from where they stand: relative when it
+    is below the current directory, else absolute."""
+    path = Path(os.path.realpath(__file__)).parent / name
     try:
-        relative = os.path.relpath(sample)
+        relative = os.path.relpath(path)
     except (OSError, ValueError):  # no current directory any more
         relative = ".."
-    return shlex.quote(str(sample) if relative.startswith("..") else relative)
+    return shlex.quote(str(path) if relative.startswith("..") else relative)
 
 
 def workdir_named(where, given, workdir):
@@ -4721,7 +4732,7 @@ def load_config(workdir, report):
         try:
             from dotenv import dotenv_values
         except ImportError:
-            raise UsageError(INSTALL.format(python=sys.executable))
+            raise UsageError(install_hint())
         found = dotenv_values(stream=io.StringIO(text), interpolate=False)
     return {n: check_text(os.environ.get(n) or found.get(n), n) for n in names}
 
@@ -4782,7 +4793,7 @@ def no_key(workdir):
 
 def make_client(config, limits, otel=False, workdir=None):
     if importlib.util.find_spec("anthropic") is None:  # first what to install, then the key
-        raise UsageError(INSTALL.format(python=sys.executable))
+        raise UsageError(install_hint())
     key = config["ANTHROPIC_API_KEY"]  # checked before the 2 s import, so it says so at once
     if not key:
         raise UsageError(no_key(workdir))
@@ -4805,7 +4816,7 @@ def make_client(config, limits, otel=False, workdir=None):
     try:
         import anthropic  # here, not at the top: --help 0.085x import anthropic, 0.83x at the top
     except ImportError:
-        raise UsageError(INSTALL.format(python=sys.executable))
+        raise UsageError(install_hint())
     finally:
         gc.freeze()
         gc.enable()

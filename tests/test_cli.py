@@ -163,9 +163,9 @@ def test_a_question_that_is_not_utf8_is_a_usage_error_before_anything_is_sent(ca
         (["-"], io.TextIOWrapper(io.BytesIO(b"caf\xe9 ?\n"), encoding="utf-8"))
     code, out, err = run_cli(capsys, argv + ["--workdir", str(workdir)], client, stdin=stdin)
     assert (code, out, client.requests) == (2, "", [])
-    assert err == ("agent.py: the question is not valid UTF-8: byte 0xe9 after 'caf'; give it as "
-                   f"UTF-8 text (iconv -t UTF-8 converts a file){' on stdin' * (how == 'stdin')}"
-                   "\n"), err
+    assert err == (f"agent.py: the question{' on stdin' * (how == 'stdin')} is not valid UTF-8: "
+                   "byte 0xe9 after 'caf'; give it as UTF-8 text (iconv -t UTF-8 converts a "
+                   "file)\n"), err
 
 
 def test_a_question_that_is_not_utf8_is_refused_as_a_user_gives_it(request, workdir, tmp_path,
@@ -560,12 +560,18 @@ def test_dependencies_are_declared_inline_for_uv():
     assert {r.split(">")[0] for r in requirements} == {"anthropic", "python-dotenv"}
 
 
+@pytest.mark.parametrize("stand", ["in the checkout", "above it"])
 def test_without_its_dependencies_agent_py_says_how_to_install_them(tmp_path, workdir,
-                                                                     agent_copy):
-    done = run_agent_py(agent_copy, "q", "--workdir", workdir, flags=["-S"], cwd=tmp_path,
+                                                                     agent_copy, stand):
+    """With paths that work from where the user stands."""
+    cwd = agent_copy.parent if stand == "in the checkout" else tmp_path
+    done = run_agent_py(agent_copy, "q", "--workdir", workdir, flags=["-S"], cwd=cwd,
                         env=agent_env(ANTHROPIC_API_KEY="x" * 20), timeout=30)
+    at = "" if stand == "in the checkout" else "agent/"
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert "pip install -r requirements.txt" in done.stderr and "uv run" in done.stderr
+    assert f": python3 -m venv {at}.venv && {at}.venv/bin/pip install -r {at}requirements.txt, " \
+        f"then run {at}.venv/bin/python {at}agent.py ...; or run it with uv run {at}agent.py " \
+        "...\n" in done.stderr, done.stderr
 
 
 def test_help_and_usage_errors_do_not_import_the_sdk(tmp_path):
@@ -706,7 +712,7 @@ def test_without_its_packages_agent_py_says_so_before_asking_for_a_key(tmp_path,
                           timeout=60, stdin=subprocess.DEVNULL)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "needs the anthropic and python-dotenv packages" in done.stderr
-    assert "pip install -r requirements.txt" in done.stderr and "API key" not in done.stderr
+    assert "pip install -r agent/requirements.txt" in done.stderr and "API key" not in done.stderr
 
 
 def test_subprocess_without_a_key_is_one_clear_line(tmp_path, workdir, agent_copy):
