@@ -4907,8 +4907,8 @@ def main(argv=None, client=None, stdin=None):
         given = args.workdir or recorded.get("workdir")
         workdir = Path(os.path.realpath(given or "."))
         where = workdir_named(f"--workdir {args.workdir}", args.workdir, workdir) \
-            if args.workdir else workdir_named(f"the workdir {source} recorded", given, workdir) \
-            if recorded else f"the current directory ({workdir}; no --workdir was given)"
+            if args.workdir else f"the workdir {source} recorded ({workdir})" if recorded \
+            else f"the current directory ({workdir}; no --workdir was given)"
         if not workdir.is_dir():
             raise UsageError(f"{where} is not a directory")
         check_workdir(workdir, where, confined=not args.no_sandbox)
