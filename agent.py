@@ -459,7 +459,7 @@ def make_approver(yes, no_sandbox, sandbox, stdin):
     def approve(code):
         if yes and (no_sandbox or sandbox.confined):
             return True
-        # The question is approval_question, under "Terminal output": no two programs look alike.
+        # The question is approval_question, under "Terminal": no two programs look alike there.
         return agreed(approval_question(code, *terminal_size()), stdin)
     return approve
 
@@ -2548,7 +2548,8 @@ def trials_report(summary):
     p1 = summary.get("pass@1")
     expect = {k: v for k, v in fields(summary.get("expect")).items() if v}
     head = (f"<h1>agent.py trials</h1><div class=\"q\">{esc(summary.get('question', ''))}</div>"
-            f"<p>model <b>{esc(summary.get('model', '?'))}</b>{server_said(summary)} · a trial passes when "
+            f"<p>model <b>{esc(summary.get('model', '?'))}</b>{server_said(summary)} · a trial "
+            "passes when "
             f"{esc(json.dumps(expect, ensure_ascii=False) if expect else 'it ends with end_turn')}"
             f" · a declined call tells the model: {esc(summary.get('decline_message', '?'))}</p>"
             f"<p>{esc(summary.get('n'))} of "
@@ -3465,8 +3466,11 @@ class SandboxPolicy:
     read_exec: tuple  # trees it may read and execute: system programs and libraries, this Python
     read_files: tuple  # files it may read: of /etc only what programs need; the random devices
     write_files: tuple  # files it may also write: /dev/null
-    read_write: tuple  # trees it may change (but make devices in): the workdir. Each call adds
-    #                    its own home and /dev/shm, a private tmpfs where mounts are allowed
+    read_write: tuple  # trees it may change (but make devices in): the workdir
+    own_read_write: tuple  # its call's own trees, made for the call and gone after it: "home"
+    #                        and "shm", in a private tmpfs where mounts are allowed
+    own_read: tuple  # its call's own files it may read, not change: "script", the approved code
+    shm: str  # where it sees its own "shm": /dev/shm (without a mount namespace, nowhere)
     env_keep: frozenset  # variables passed on from agent.py's environment, and every LC_* ...
     env_secret: str  # ... unless the name matches this: no key, token or password is passed
     env_set: tuple  # (name, value) set for every script; {home} is the call's private home
@@ -3480,13 +3484,17 @@ class SandboxPolicy:
     unix_sockets: tuple  # UNIX_SOCKET_RULES, where Landlock cannot refuse named sockets (ABI < 9)
 
 
-def sandbox_policy(workdir, limits):
-    """The policy of a run: its workdir, this interpreter's files, the caps in `limits`."""
-    dirs, files = python_paths()
+def sandbox_policy(workdir, limits, system=None):
+    """The policy of a run: its workdir, this interpreter's files, the caps in `limits`; the
+    system's own files are Linux's, or macOS's (`system` "Darwin")."""
+    macos = (system or platform.system()) == "Darwin"
+    dirs, files = python_paths(macos)
     gib, cpu = 1 << 30, int(limits.tool_timeout) + 5
     return SandboxPolicy(
-        read_exec=(*dirs, *SYSTEM_DIRS, *files), read_files=SYSTEM_FILES,
+        read_exec=(*dirs, *(MACOS_DIRS if macos else SYSTEM_DIRS), *files),
+        read_files=MACOS_FILES if macos else SYSTEM_FILES,
         write_files=("/dev/null",), read_write=(str(workdir),),
+        own_read_write=("home", "shm"), own_read=("script",), shm="/dev/shm",
         env_keep=frozenset({"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME"}),
         env_secret=r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|ANTHROPIC|AUTH",
         env_set=(("HOME", "{home}"), ("TMPDIR", "{home}"), ("TEMP", "{home}"), ("TMP", "{home}"),
@@ -3557,7 +3565,7 @@ def execute(code, workdir, box, timeout, output_chars, cancel=None):
                         else:
                             sel.unregister(key.fd)
     finally:
-        call.finish(proc)
+        call.finish(proc, status not in (None, "gone"))
     code, oom = (None, 0) if status in (None, "gone") else map(int, status.split())
     return Execution(code, clips[1].text(), clips[2].text(), timed_out, bool(oom))
 
@@ -3584,9 +3592,12 @@ class Call:
             self.scratch = os.path.join(self.root, "scratch")  # a capped tmpfs, where mounts work
             self.home = os.path.join(self.scratch, "home")
             self.shm = os.path.join(self.scratch, "shm")
+            self.own = {"home": self.home, "shm": self.shm, "script": self.script}
             self.agent_end, keeper_end = socket.socketpair()
             self.keeper_end = keeper_end.detach()
-            for directory in (self.scratch, self.home, self.shm):
+            # Where mounts work, home and shm are made in the call's own tmpfs: on disk only
+            # the mount point (bench_sandbox: 1.08x a call's time with them made on disk too)
+            for directory in (self.scratch,) if box.mounts else (self.scratch, self.home):
                 os.mkdir(directory, 0o700)
             # With a BOM Python reads the file as UTF-8 or not at all: a coding declaration
             # (utf-7, say) cannot make it run other text than the text approved and shown.
@@ -3613,8 +3624,10 @@ class Call:
         fd = syscall(box.libc, "landlock_create_ruleset",
                      ctypes.create_string_buffer(attr, len(attr)), len(attr), 0)
         try:
-            for path, names in box.grants + [(self.home, READ_WRITE), (self.shm, READ_WRITE),
-                                              (self.script, {"read_file"})]:
+            policy = box.policy
+            for path, names in (box.grants
+                                + [(self.own[name], READ_WRITE) for name in policy.own_read_write]
+                                + [(self.own[name], {"read_file"}) for name in policy.own_read]):
                 self.add_rule(fd, path, names)
         except BaseException:
             os.close(fd)
@@ -3640,12 +3653,11 @@ class Call:
         """The argv that runs the script: this interpreter, wrapped on macOS."""
         box = self.box
         argv = [sys.executable, self.script]
-        if box.macos:
-            params = {"WORKDIR": str(box.workdir), "TMPDIR": os.path.realpath(self.root),
-                      "PY_PREFIX": os.path.realpath(sys.prefix),
-                      "PY_BASE": os.path.realpath(sys.base_prefix)}
+        if box.macos:  # the profile names the call's own paths; they are given here
+            params = [f"OWN_{name.upper()}={os.path.realpath(path)}"
+                      for name, path in self.own.items()]
             argv = ["/usr/bin/sandbox-exec", "-p", box.macos] + [
-                x for k, v in params.items() for x in ("-D", f"{k}={v}")] + argv
+                x for param in params for x in ("-D", param)] + argv
         return argv
 
     def enter(self):
@@ -3656,8 +3668,12 @@ class Call:
             if script:
                 self.keep(script)  # never returns
             os.setpgid(0, 0)  # a group of its own: the one the keeper kills
+        # On v1, "tasks" moves this one thread (all a forked child has) without the lock on every
+        # thread group that "cgroup.procs" takes, and its wait for a grace period (bench_sandbox:
+        # 1.17x a call's time through cgroup.procs; the join alone 7.8 ms against 0.3)
+        joined = "tasks" if box.cgroup and box.cgroup[0] == "v1" else "cgroup.procs"
         for directory in self.cgroups:
-            Path(directory, "cgroup.procs").write_text("0")
+            Path(directory, joined).write_text("0")
         try:  # out of memory, the kernel kills the script's processes first, never the agent's:
             Path("/proc/self/oom_score_adj").write_text("1000")  # (a container's limit may be
         except OSError:  # below the call's cap); raising one's own score needs no privilege
@@ -3714,8 +3730,15 @@ class Call:
                 if pid == script:
                     status = os.waitstatus_to_exitcode(code)
             if pidfd in ended and status is not None:
+                report = f"{status} {oom_kills(self.cgroups)}".encode()
+                cleanup(None, self.cgroups)  # before the report: the call is over when it comes,
+                for directory in (self.home, self.shm, self.scratch):  # its home gone (on disk
+                    try:  # it may hold files: then they go, with the script, after the report)
+                        os.rmdir(directory)
+                    except OSError:
+                        pass
                 try:
-                    os.write(fd, f"{status} {oom_kills(self.cgroups)}".encode())
+                    os.write(fd, report)
                 except OSError:
                     pass
             cleanup(self.root, self.cgroups)
@@ -3733,16 +3756,18 @@ class Call:
                 os.close(fd)
         self.keeper_end = self.ruleset = -1
 
-    def finish(self, proc):
+    def finish(self, proc, reported):
         """Tell the keeper the call is over (it kills what is left and cleans up); reap it. A
-        keeper still removing a big mess is left to finish in the background."""
+        keeper that `reported` the script's end has already removed its cgroups and home and
+        only removes the rest: it is reaped in the background, as is one still removing a big
+        mess (bench_sandbox: 1.10x a call's time when the agent waits for it)."""
         self.agent_end.close()
         if not self.box.keeper:
             kill_group(proc.pid)
         proc.stdout.close()
         proc.stderr.close()
         try:
-            proc.wait(timeout=1)
+            proc.wait(timeout=0 if reported and self.box.keeper else 1)
         except subprocess.TimeoutExpired:
             threading.Thread(target=lambda: (proc.wait(), self.release()), daemon=True).start()
             return
@@ -3787,8 +3812,9 @@ def child_env(policy, home):
 
 
 def private_scratch(libc, call):
-    """Give the script a mount namespace of its own with a fresh, capped tmpfs: its home, and
-    its /dev/shm. The kernel frees both when the call's last process exits."""
+    """Give the script a mount namespace of its own with a fresh, capped tmpfs holding the
+    policy's own trees: its home, and its shm, seen at /dev/shm. The kernel frees the tmpfs when
+    the call's last process exits."""
     uid, gid, root = os.getuid(), os.getgid(), os.geteuid() == 0
     if libc.unshare(CLONE_NEWNS | (0 if root else CLONE_NEWUSER)) != 0:
         raise OSError(ctypes.get_errno(), "unshare failed")
@@ -3796,19 +3822,21 @@ def private_scratch(libc, call):
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
                            ("gid_map", f"{gid} {gid} 1")):
             Path(f"/proc/self/{name}").write_text(text)
-    options = f"size={call.box.policy.scratch_mb}m,nr_inodes=65536,mode=0700".encode()
+    policy = call.box.policy
+    options = f"size={policy.scratch_mb}m,nr_inodes=65536,mode=0700".encode()
+    shm = "shm" in policy.own_read_write and policy.shm
     for src, dst, kind, flags, data in (
             (None, b"/", None, MS_REC | MS_PRIVATE, None),  # nothing propagates to the host
             (b"tmpfs", call.scratch.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options),
-            (None, None, None, 0, None),  # (make home and shm inside the new tmpfs)
-            (call.shm.encode(), b"/dev/shm", None, MS_BIND, None)):
-        if dst is None:
-            os.mkdir(call.home, 0o700)
-            os.mkdir(call.shm, 0o700)
-        elif libc.mount(src, dst, kind, flags, data) != 0:
+            (None, None, None, 0, None),  # (make the own trees inside the new tmpfs)
+            (call.shm.encode(), shm and shm.encode(), None, MS_BIND, None)):
+        if src is None and dst is None:
+            for name in policy.own_read_write:
+                os.mkdir(call.own[name], 0o700)
+        elif dst and libc.mount(src, dst, kind, flags, data) != 0:
             raise OSError(ctypes.get_errno(), f"mount {dst.decode()} failed")
-    for path in (call.home, call.shm):  # new inodes: the parent's ruleset cannot know them
-        call.add_rule(call.ruleset, path, READ_WRITE)
+    for name in policy.own_read_write:  # new inodes: the parent's ruleset cannot know them
+        call.add_rule(call.ruleset, call.own[name], READ_WRITE)
 
 
 def drop_capabilities(libc):
@@ -3969,7 +3997,8 @@ class Sandbox:
         """Find which mechanisms this machine has and build the policy; the self-test proves it."""
         system, machine = platform.system(), platform.machine()
         if system == "Darwin" and os.path.exists("/usr/bin/sandbox-exec"):
-            self.macos, self.kind = MACOS_PROFILE, "sandbox-exec (deny by default, no network)"
+            self.macos = macos_profile(self.policy)
+            self.kind = "sandbox-exec (deny by default, no network)"
             return
         if system != "Linux" or machine not in ARCHES:
             return self.unavailable(f"no sandbox for {system} {machine}")
@@ -4077,18 +4106,30 @@ if {linux}:
         leaks.append("hold a capability")
 print("LEAK: " + ", ".join(leaks) if leaks else "OK")
 """
-MACOS_PROFILE = """(version 1)
-(deny default)
-(allow process-fork process-exec signal (target same-sandbox))
-(allow file-read-metadata sysctl-read ipc-posix-sem ipc-posix-shm)
-(allow file-read* file-map-executable (subpath "/usr/lib") (subpath "/usr/share")
-  (subpath "/usr/bin") (subpath "/bin") (subpath "/System") (subpath "/Library/Apple")
-  (subpath (param "PY_PREFIX")) (subpath (param "PY_BASE")))
-(allow file-read* (literal "/private/etc/localtime") (literal "/dev/urandom")
-  (literal "/dev/random") (literal "/dev/null"))
-(allow file-write* (literal "/dev/null"))
-(allow file-read* file-write* (subpath (param "WORKDIR")) (subpath (param "TMPDIR")))
-"""
+def macos_profile(policy):
+    """The sandbox-exec profile, built from the policy as the Landlock ruleset is: deny by
+    default, then each field's paths (realpaths: /tmp is /private/tmp there). The call's own
+    paths are parameters, OWN_HOME, OWN_SHM and OWN_SCRIPT, given for each call (Call.command)."""
+    def quoted(path):
+        return '"' + os.path.realpath(path).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    def allow(operations, rules):
+        return [f"(allow {operations}\n  " + "\n  ".join(rules) + ")"] if rules else []
+
+    def paths(names):  # a tree is a subpath, a file a literal; what is not here is left out
+        return [f"({'subpath' if os.path.isdir(p) else 'literal'} {quoted(p)})"
+                for p in names if os.path.exists(p)]
+    own = lambda kind, names: [f'({kind} (param "OWN_{n.upper()}"))' for n in names]  # noqa: E731
+    return "\n".join(
+        ["(version 1)", "(deny default)", "(allow process-fork process-exec)",
+         "(allow signal (target same-sandbox))" if "signal" in policy.scopes else "(allow signal)",
+         "(allow file-read-metadata sysctl-read"
+         + (" ipc-posix-sem ipc-posix-shm)" if "shm" in policy.own_read_write else ")")]
+        + ([] if policy.network else ["(allow network*)"])
+        + allow("file-read* file-map-executable", paths(policy.read_exec))
+        + allow("file-read*", paths(policy.read_files) + own("literal", policy.own_read))
+        + allow("file-read* file-write*", paths(policy.write_files) + paths(policy.read_write)
+                + own("subpath", policy.own_read_write))) + "\n"
 
 
 def lowered(which, soft, hard):
@@ -4107,22 +4148,27 @@ def landlock_abi(libc):
                    1: "Landlock is blocked (container seccomp profile?)"}.get(e.errno, e.strerror)
 
 
-def python_paths():
-    """The running interpreter's own files: stdlib and site-packages dirs, binary, libraries."""
+def python_paths(macos=False):
+    """The running interpreter's own files: stdlib and site-packages dirs, binary, libraries;
+    on macOS its whole prefixes (no /proc to list the libraries it loaded)."""
     import sysconfig
     dirs = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
     dirs.update(site.getsitepackages())
+    if macos:
+        dirs.update((sys.prefix, sys.base_prefix))
     dirs = {os.path.realpath(d) for d in dirs if d and os.path.isdir(d)}
     files = {os.path.realpath(sys.executable)}
     venv_cfg = Path(sys.executable).parent.parent / "pyvenv.cfg"  # unresolved: the venv's
     if venv_cfg.is_file():
         files.add(str(venv_cfg))
-    with open("/proc/self/maps") as maps:  # shared libraries this interpreter has loaded
-        for line in maps:
-            path = line.split(maxsplit=5)[-1].strip()
-            if ".so" in os.path.basename(path) and os.path.isfile(path):
-                files.add(path)
-    inside = lambda p: any(p.startswith(d + "/") for d in (*dirs, *SYSTEM_DIRS))  # noqa: E731
+    if not macos:
+        with open("/proc/self/maps") as maps:  # shared libraries this interpreter has loaded
+            for line in maps:
+                path = line.split(maxsplit=5)[-1].strip()
+                if ".so" in os.path.basename(path) and os.path.isfile(path):
+                    files.add(path)
+    system = MACOS_DIRS if macos else SYSTEM_DIRS
+    inside = lambda p: any(p.startswith(d + "/") for d in (*dirs, *system))  # noqa: E731
     return sorted(dirs), sorted(f for f in files if not inside(f))
 
 
@@ -4205,6 +4251,8 @@ SYSTEM_DIRS = ("/usr/bin", "/bin", "/usr/lib", "/usr/lib64", "/lib", "/lib64",
 SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/etc/mime.types", "/etc/hosts",
                 "/etc/host.conf", "/etc/nsswitch.conf", "/etc/gai.conf", "/dev/urandom",
                 "/dev/random", "/dev/zero")
+MACOS_DIRS = ("/usr/lib", "/usr/share", "/usr/bin", "/bin", "/System", "/Library/Apple")  # and
+MACOS_FILES = ("/private/etc/localtime", "/dev/urandom", "/dev/random")  # the same, on macOS
 
 
 # Syscall numbers: name -> (x86_64, aarch64), None where the architecture has no such call; from
@@ -4434,15 +4482,15 @@ def parse_args(argv):
     run = p.add_argument_group("run")
     run.add_argument("question", nargs="?", help="the question; - reads it from stdin (with "
                      "--resume: an optional follow-up)")
-    run.add_argument("-C", "--workdir", metavar="DIR", help="the directory the tools work in (default: "
-                     "the current one); one that holds agent.py or its Python is refused, "
-                     "unless --no-sandbox")
-    run.add_argument("-m", "--model", metavar="ID", help="model id (default: $ANTHROPIC_MODEL, else "
-                     f"{DEFAULT_MODEL})")
+    run.add_argument("-C", "--workdir", metavar="DIR", help="the directory the tools work in "
+                     "(default: the current one); one that holds agent.py or its Python is "
+                     "refused, unless --no-sandbox")
+    run.add_argument("-m", "--model", metavar="ID", help="model id (default: $ANTHROPIC_MODEL, "
+                     f"else {DEFAULT_MODEL})")
     run.add_argument("--effort", choices=EFFORTS, help="sent as output_config.effort (default: "
                      "the model's)")
-    run.add_argument("-y", "--yes", action="store_true", help="run run_python without asking, once "
-                     "the sandbox is proven (default: ask every time)")
+    run.add_argument("-y", "--yes", action="store_true", help="run run_python without asking, "
+                     "once the sandbox is proven (default: ask every time)")
     run.add_argument("--no-sandbox", action="store_true", help="run run_python unconfined "
                      "(default: sandboxed)")
     run.add_argument("-r", "--resume", metavar="PATH", help="continue a saved transcript; "
@@ -4452,9 +4500,9 @@ def parse_args(argv):
     run.add_argument("--strict", action="store_true", help="with --replay: stop at the first "
                      "turn whose tool results differ from the recording, and exit 7 "
                      "(replay_differs): a regression check for CI")
-    run.add_argument("-s", "--system-prompt", metavar="FILE", help="the system prompt, from this UTF-8 "
-                     "file (default: agent.py's, for questions about files); recorded in the "
-                     "transcript, and kept by --resume")
+    run.add_argument("-s", "--system-prompt", metavar="FILE", help="the system prompt, from "
+                     "this UTF-8 file (default: agent.py's, for questions about files); recorded "
+                     "in the transcript, and kept by --resume")
     limits = p.add_argument_group("limits")
     limits.add_argument("--max-turns", type=int, metavar="N", default=Limits.max_turns,
                         help=f"requests per run (default: {Limits.max_turns})")
@@ -4479,8 +4527,8 @@ def parse_args(argv):
                          "here, outside the workdir; - for stdout (default: none)")
     outputs.add_argument("--otel", action="store_true", help="send the run as OpenTelemetry "
                          "traces over OTLP, as OTEL_EXPORTER_OTLP_* say (optional packages)")
-    outputs.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr (default: "
-                         "progress)")
+    outputs.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr "
+                         "(default: progress)")
     trials = p.add_argument_group("trials: how stable is a behaviour")
     trials.add_argument("--trials", type=int, metavar="K", help="run the question K times; "
                         "report pass@k and pass^k (with no --expect, --expect-tool or "
@@ -4923,18 +4971,20 @@ def main(argv=None, client=None, stdin=None):
         server = server_url(config["ANTHROPIC_BASE_URL"] or "")  # recorded; None: Anthropic's
         model = args.model or config["ANTHROPIC_MODEL"] or recorded.get("model") or DEFAULT_MODEL
         prompt = own_prompt(session) if session is not None and system is None else None
-        taken = [f"workdir {workdir}"] * (bool(recorded) and not args.workdir) + \
-            [f"model {model}"] * (session is not None and model != (
-                args.model or config["ANTHROPIC_MODEL"] or DEFAULT_MODEL)) + \
-            ([f"system prompt {shorten(prompt, 60)!r} ({len(prompt):,} characters)"] if prompt
-             else [])
-        if taken and not agreed(f"{source} asks to go on with its own {' and '.join(taken)}."
-                                " A transcript is only a file, which anything could have "
-                                "written: go on with them?", stdin or sys.stdin):
+        taken = {"--workdir DIR": f"workdir {workdir}"} if recorded and not args.workdir else {}
+        if session is not None and model != (args.model or config["ANTHROPIC_MODEL"] or
+                                             DEFAULT_MODEL):
+            taken["--model ID"] = f"model {model}"
+        if prompt:
+            taken["--system-prompt FILE"] = (f"system prompt {shorten(prompt, 60)!r} "
+                                             f"({len(prompt):,} characters)")
+        if taken and not agreed(f"{source} asks to go on with its own "
+                                f"{' and '.join(taken.values())}. A transcript is only a file, "
+                                "which anything could have written: go on with them?",
+                                stdin or sys.stdin):
             raise UsageError(f"not replayed: give --workdir DIR to say where {source} runs"
-                             if replay else f"not resumed: give --workdir DIR (and --model ID" +
-                             ", --system-prompt FILE" * bool(prompt) +
-                             f") to say how {source} goes on")
+                             if replay else f"not resumed: give {' and '.join(taken)} to say "
+                             f"how {source} goes on")
         if session is not None and system:
             session["system"] = system
         target = args.transcript or args.resume  # --resume goes on in the file it continues

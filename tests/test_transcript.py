@@ -838,7 +838,8 @@ def test_resume_keeps_the_transcripts_system_prompt_only_if_the_user_agrees(caps
     client = FakeClient()
     code, _, err = run_cli(capsys, given, client, stdin="")  # no answer: not resumed
     assert (code, client.requests) == (2, []) and "system prompt" in err
-    assert "'You solve terminal tasks.'" in err and "--system-prompt FILE" in err
+    assert "'You solve terminal tasks.'" in err
+    assert f"not resumed: give --system-prompt FILE to say how {path} goes on" in err
     client = FakeClient(reply(text("a")))
     code, _, _ = run_cli(capsys, given, client, stdin="y\n")
     assert code == 0 and client.requests[0]["system"] == "You solve terminal tasks."
