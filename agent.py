@@ -22,9 +22,10 @@ How to read this file. The first 600 lines are the agent; read them in order:
 
 After the divider comes the machinery, to skip until you need a part of it: stopping on
 Ctrl-C, API plumbing and retries, usage and cost, clearing old tool results, the transcript,
-events, schemas and resume, replay (a recorded run, without a key), trials, the HTML report,
-the ATIF export, OpenTelemetry traces, terminal output, path safety, the sandbox (its whole
-policy is one value, `SandboxPolicy`; read in the order a call runs), and the command line.
+events, schemas and resume, kept runs (every run, in the user's state directory), replay (a
+recorded run, without a key), trials, the HTML report, the ATIF export, OpenTelemetry traces,
+terminal output, path safety, the sandbox (its whole policy is one value, `SandboxPolicy`;
+read in the order a call runs), and the command line.
 """
 
 import argparse
@@ -1597,14 +1598,21 @@ class Saver:
     # bench_loop --compare, 100 turns: 1.27x the bare loop's CPU time a turn with
     # dump(session) in place of encode(), 1.03x with it (docs/benchmarks.md)
 
-    def __init__(self, output):
-        self.output = output
+    def __init__(self, output, kept=None):
+        self.output, self.kept = output, kept  # --transcript's file; the kept run's (KeptRun)
         self.done = {"messages": [], "turns": []}  # their finished items, encoded once
         self.fixed = {}  # key: (value, b'"key":value') for values that cannot change in place
 
     def __call__(self, session, final=False):
-        if self.output:
-            self.output.write(self.encode(session), durable=final)
+        # With --transcript, the kept run is written once, at the stop (bench_loop --compare:
+        # 1.38x the CPU time a turn of --no-keep when both were saved after every turn).
+        kept = self.kept and (final or not self.output)
+        if self.output or kept:
+            data = self.encode(session)  # once for both files
+            if self.output:
+                self.output.write(data, durable=final)
+            if kept:
+                self.kept.write(data, final)
 
     def events_lost(self, session, events):
         """Once the run has ended: if the event stream was lost, the transcript says why."""
@@ -1898,6 +1906,234 @@ def own_prompt(session):
     system = session.get("system")
     return system if isinstance(system, str) and system.strip() and system != SYSTEM_PROMPT \
         else None
+
+
+# --- Kept runs: every run in the user's state directory ---
+#
+# As claude, codex and llm keep their sessions, agent.py keeps each run's transcript where it
+# can be found again: $XDG_STATE_HOME/agent.py/runs, else ~/.local/state/agent.py/runs (RUNS),
+# one file per run, 0600 in a 0700 directory, named by the run's id: the UTC time it started
+# and the first 8 hex digits of its run_id (20261204-123045-3f2a9c1b.json; a trials run keeps
+# its summary as ID.trials.json and trial i as ID.trials.i.json). `last`, or a run id, names a
+# kept run wherever a transcript is read (--resume, --replay, --report, --export); --no-keep
+# or AGENT_PY_NO_KEEP=1 keeps none. The model's code must not read, write or plant a kept run:
+# a runs directory that is the workdir, inside it or around it is not used, nor one that is a
+# symlink, another user's, or one another user could write to (docs/runs.md).
+
+KEPT_FILE = re.compile(r"(\d{8}-\d{6}-([0-9a-f]{8}))(?:\.trials(?:\.(\d+))?)?\.json")
+RUN_NAME = re.compile(r"(?:(\d{8}-\d{6})-)?([0-9a-f]{8})[0-9a-f]{0,24}(?:\.(\d+))?")
+
+
+def runs_dir():
+    """Where runs are kept: $XDG_STATE_HOME/agent.py/runs, else ~/.local/state/agent.py/runs
+    (an XDG_STATE_HOME that is not an absolute path is ignored, as the XDG spec says)."""
+    state = os.environ.get("XDG_STATE_HOME", "")
+    if not os.path.isabs(state):
+        try:
+            state = os.path.join(Path.home(), ".local", "state")
+        except RuntimeError:  # no HOME, and no home in the password database
+            raise OSError(errno.ENOENT, "there is no home directory: set XDG_STATE_HOME")
+    return Path(state) / "agent.py" / "runs"
+
+
+def open_runs(create=False):
+    """The runs directory, opened: (descriptor, real path). With `create`, it and agent.py/
+    above it are made, mode 0700. Each of the two is opened without following a symlink and
+    must be this user's and writable by no one else (one that is readable by others is made
+    0700); else a UsageError saying why. OSError when it cannot be opened or made at all."""
+    path = runs_dir()
+    if create:
+        os.makedirs(path.parent.parent, mode=0o700, exist_ok=True)
+    where = path.parent.parent
+    fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for name in (path.parent.name, path.name):
+            where = where / name
+            if create:
+                try:
+                    os.mkdir(name, 0o700, dir_fd=fd)
+                except FileExistsError:
+                    pass
+            try:
+                inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW |
+                                os.O_CLOEXEC, dir_fd=fd)
+            except OSError as e:
+                if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                link = stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
+                there = "a symlink" if link else "not a directory"
+                raise UsageError(f"{where} is {there}: agent.py keeps runs only in a "
+                                 "directory of its own")
+            os.close(fd)
+            fd, info = inner, os.fstat(inner)
+            if info.st_uid != os.geteuid():
+                raise UsageError(f"{where} belongs to another user (uid {info.st_uid}): "
+                                 "agent.py keeps runs only in a directory of its user's")
+            if info.st_mode & 0o022:
+                raise UsageError(f"{where} can be written by other users "
+                                 f"(mode {stat.S_IMODE(info.st_mode):o}): agent.py keeps runs "
+                                 "only in a directory no one else can change")
+            if stat.S_IMODE(info.st_mode) != 0o700:
+                os.fchmod(fd, 0o700)
+        try:
+            real = Path(os.readlink(f"/proc/self/fd/{fd}"))  # the directory this descriptor is
+        except OSError:
+            real = Path(os.path.realpath(path))
+        return fd, real
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+class KeptRun:
+    """A run's kept transcript: its id and file. A save that fails (a full disk) stops keeping
+    it, with one line on stderr, and never the run itself."""
+
+    def __init__(self, run, output, report):
+        self.run, self.output, self.report, self.lost = run, output, report, None
+
+    def write(self, data, final=False):
+        if self.lost is None:
+            try:
+                self.output.write(data, durable=final)
+            except OSError as e:
+                self.lost = e.strerror or str(e)
+                self.report.error(f"note: this run is no longer kept in {self.output.path}: "
+                                  f"{self.lost}")
+
+    def said(self):
+        """The line that ends a run: where it was kept, and how to name it."""
+        if self.output.name.endswith(".trials.json"):
+            return (f"kept: trials run {self.run} in {self.output.path}, trial i beside it as "
+                    f"{self.run}.trials.i.json (--report last; --resume {self.run}.1)")
+        return f"kept: run {self.run} in {self.output.path} (--resume last, or --resume {self.run})"
+
+
+def keep_run(run_id, workdir, report, trials=0):
+    """Make this run's kept file (O_EXCL: never another run's) and return its KeptRun; with
+    `trials`, the summary's and each trial's ({i: KeptRun}). None, with a one-line note on
+    stderr, when runs cannot be kept here. `workdir`: where the model's code can write (None
+    with --no-sandbox: anywhere)."""
+    why = None
+    try:
+        fd, real = open_runs(create=True)
+    except UsageError as e:
+        why = str(e)
+    except OSError as e:
+        why = f"{e.filename if os.path.isabs(e.filename or '') else 'the runs directory'} " \
+              f"cannot be used: {e.strerror}"
+    else:
+        run = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{run_id[:8]}"
+        name, made = f"{run}.trials.json" if trials else f"{run}.json", False
+        try:
+            if workdir and (real.is_relative_to(workdir) or workdir.is_relative_to(real)):
+                why = f"{real} and the workdir {workdir} overlap"  # moved since check_runs_apart
+            else:
+                os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
+                                 os.O_CLOEXEC, 0o600, dir_fd=fd))
+                made = True
+                kept = KeptRun(run, OutputFile(real / name, workdir, "the kept run"), report)
+                if not os.path.samestat(os.fstat(kept.output.dir_fd), os.fstat(fd)):
+                    raise UsageError(f"{real} changed while it was opened")
+                if trials:
+                    return kept, {i: KeptRun(f"{run}.{i}", OutputFile(
+                        trial_path(real / name, i), workdir, "the kept run"), report)
+                        for i in range(1, trials + 1)}
+                return kept
+        except (UsageError, OSError) as e:
+            why = str(e) if isinstance(e, UsageError) else f"another run has its id, {run}" \
+                if isinstance(e, FileExistsError) else f"{real} cannot be written: {e.strerror}"
+            try:
+                if made:  # never another run's, which O_EXCL found there
+                    os.unlink(name, dir_fd=fd)
+            except OSError:
+                pass
+        finally:
+            os.close(fd)
+    report.error(f"note: this run is not kept: {why}")
+    return (None, {}) if trials else None
+
+
+def kept_run(name, flag, report):
+    """The path of the kept run `name` names: `last` (the newest kept run; for --resume and
+    --replay the newest run that is not trials) or a run id (a unique hex prefix will do; ID.i
+    is trial i of a trials run). Any other name is a path, and returned as it is."""
+    asked = RUN_NAME.fullmatch(name or "")
+    if name != "last" and not asked:
+        return name
+    transcript = flag in ("--resume", "--replay")
+    try:
+        place = runs_dir()
+        fd, real = open_runs()
+    except FileNotFoundError as e:
+        where = f"in {place}" if e.filename else f"({e.strerror})"
+        raise UsageError(f"{flag} {name}: no run is kept {where} (runs are kept there unless "
+                         "--no-keep): give a transcript's path")
+    except UsageError as e:
+        raise UsageError(f"{flag} {name}: {e}")
+    except OSError as e:
+        raise UsageError(f"{flag} {name}: the kept runs cannot be read: {e.strerror}")
+    found, trials = [], []  # (mtime, file) of the kept runs it names; trials runs passed over
+    try:
+        for entry in os.listdir(fd):
+            kept = KEPT_FILE.fullmatch(entry)
+            if not kept:
+                continue
+            if name == "last":  # a run, not one trial
+                wanted = not kept[3]
+            else:
+                wanted = kept[2] == asked[2] and kept[3] == asked[3] and (
+                    not asked[1] or kept[1] == f"{asked[1]}-{asked[2]}")
+            if wanted and transcript and entry.endswith(".trials.json"):  # not a transcript
+                trials.append(kept[1])
+                continue
+            if not wanted:
+                continue
+            try:
+                info = os.stat(entry, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() and info.st_size:
+                found.append((info.st_mtime_ns, entry))
+    finally:
+        os.close(fd)
+    if not found and trials and name != "last":
+        raise UsageError(f"{flag} {name} is a trials run: name one of its trials, e.g. {flag} "
+                         f"{max(trials)}.1")
+    if not found:
+        what = "no run is kept" if name == "last" else f"no kept run is named {name}"
+        but = f" but trials (name one trial, e.g. {flag} {max(trials)}.1)" if trials else ""
+        raise UsageError(f"{flag} {name}: {what} in {real}{but} (runs are kept there unless "
+                         "--no-keep): give a transcript's path")
+    if os.path.lexists(name):
+        report.error(f"note: {flag} {name} names a kept run; for the file {name} here, give "
+                     f"./{name}")
+    return str(real / max(found)[1])
+
+
+def check_runs_apart(workdir, where):
+    """Refuse a workdir that holds the runs directory, or lies inside it (whether or not it
+    exists yet, and whether or not this run is kept): the model's code could read kept runs
+    there, or plant one that `--resume last` would take up."""
+    try:
+        runs = Path(os.path.realpath(runs_dir()))
+    except OSError:  # nowhere to keep runs: none are kept (keep_run says so)
+        return
+    if runs.is_relative_to(workdir) or workdir.is_relative_to(runs):
+        raise UsageError(f"{where} and the directory of kept runs, {runs}, overlap: "
+                         "the model's code could read kept runs or plant one that --resume last "
+                         "would take up; give --workdir a directory of data only (or set "
+                         "XDG_STATE_HOME elsewhere)")
+
+
+def is_kept(path, trial=False):
+    """Is `path` a kept run (with `trial`: a kept trial), which a run going on in it keeps?"""
+    kept = KEPT_FILE.fullmatch(Path(path).name)
+    try:
+        return bool(kept and bool(kept[3]) == trial) and \
+            Path(os.path.realpath(Path(path).parent)) == Path(os.path.realpath(runs_dir()))
+    except OSError:
+        return False
 
 
 # --- Replay: a recorded run without a key ---
@@ -2263,24 +2499,26 @@ class TrialSpec:
         return {"regex": self.regex, "tool": self.tool, "stop": self.stop}
 
 
-def run_trials(spec, client, ctx, outputs, events, telemetry=None):
+def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
     """Run the trials and print their summary; return it. `outputs`: each trial's transcript
-    file, if any (run.json -> run.1.json). A Ctrl-C cancels the trials still running."""
+    file, if any (run.json -> run.1.json); `kept`, each trial's KeptRun. A Ctrl-C cancels the
+    trials still running."""
     ctx = replace(ctx, cancel=threading.Event())
     results, pool = [], ThreadPoolExecutor(max_workers=spec.jobs)
 
     def trial(index):
         report = Reporter(spec.quiet, prefix=f"[trial {index}] ", events=events, trial=index,
                           telemetry=telemetry)
-        out = outputs.get(index)
+        out, keep = outputs.get(index), (kept or {}).get(index)
         session = new_session(spec.question, spec.model, ctx.workdir, spec.effort,
                               events.run_id if events else None, spec.system)
         session["trial"] = index
         if spec.server:
             session["base_url"] = spec.server
-        report.emit("trial.start", transcript=str(out.path) if out else None)
+        path = str(out.path) if out else str(keep.output.path) if keep else None
+        report.emit("trial.start", transcript=path)
         started = time.monotonic()
-        save = Saver(out)
+        save = Saver(out, keep)
         report.trace("begin", session)
         stop = drive(client, session, ctx, report, save)
         report.trace("end", stop, session)
@@ -2290,8 +2528,7 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None):
                         "tokens": session["usage"]["tokens"],
                         "cost_usd": session["usage"]["cost_usd"],
                         "seconds": round(time.monotonic() - started, 3),
-                        "passed": passed(session, spec.expect),
-                        "transcript": str(out.path) if out else None})
+                        "passed": passed(session, spec.expect), "transcript": path})
         report.emit("trial.end", **results[-1])
 
     futures = [pool.submit(trial, i) for i in range(1, spec.k + 1)]
@@ -4445,7 +4682,11 @@ hand-written agent loop with two tools: read_file, and run_python in an OS sandb
 
 The API key comes from ANTHROPIC_API_KEY, else from the .env beside agent.py (copy
 .env.example); ANTHROPIC_BASE_URL points agent.py at another Anthropic-compatible server, and
-ANTHROPIC_MODEL sets the default model. No other .env is ever read."""
+ANTHROPIC_MODEL sets the default model. No other .env is ever read.
+
+Every run is kept in $XDG_STATE_HOME/agent.py/runs (else ~/.local/state/agent.py/runs):
+--resume last goes on with the newest, and last or a run id names a kept run for --replay,
+--report and --export too; --no-keep or AGENT_PY_NO_KEEP=1 keeps none."""
 
 EPILOG = """examples:
   agent.py "scores.csv 里平均分是多少？" --workdir workspace
@@ -4493,10 +4734,12 @@ def parse_args(argv):
                      "once the sandbox is proven (default: ask every time)")
     run.add_argument("--no-sandbox", action="store_true", help="run run_python unconfined "
                      "(default: sandboxed)")
-    run.add_argument("-r", "--resume", metavar="PATH", help="continue a saved transcript; "
-                     "rewrites PATH as the run goes on (give --transcript to write elsewhere)")
+    run.add_argument("-r", "--resume", metavar="PATH", help="continue a saved transcript (last: "
+                     "the newest kept run; or a run id); rewrites PATH as the run goes on (give "
+                     "--transcript to write elsewhere)")
     run.add_argument("--replay", metavar="PATH", help="run a saved transcript's model turns "
-                     "again against the real tools: no key, no connection")
+                     "again against the real tools: no key, no connection (last, or a run id: "
+                     "a kept run)")
     run.add_argument("--strict", action="store_true", help="with --replay: stop at the first "
                      "turn whose tool results differ from the recording, and exit 7 "
                      "(replay_differs): a regression check for CI")
@@ -4529,6 +4772,9 @@ def parse_args(argv):
                          "traces over OTLP, as OTEL_EXPORTER_OTLP_* say (optional packages)")
     outputs.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr "
                          "(default: progress)")
+    outputs.add_argument("--no-keep", action="store_true", help="keep no copy of this run in "
+                         "$XDG_STATE_HOME/agent.py/runs or ~/.local/state/agent.py/runs "
+                         "(default: every run is kept there; AGENT_PY_NO_KEEP=1 keeps none)")
     trials = p.add_argument_group("trials: how stable is a behaviour")
     trials.add_argument("--trials", type=int, metavar="K", help="run the question K times; "
                         "report pass@k and pass^k (with no --expect, --expect-tool or "
@@ -4919,10 +5165,12 @@ def main(argv=None, client=None, stdin=None):
             to_stdout(json.dumps(SCHEMAS[args.schema], indent=2))
             return 0
         if args.report:
+            args.report = kept_run(args.report, "--report", report)
             for written in write_report(args.report, args.output):
                 report.line(f"report: {written}", always=True)
             return 0
         if args.export:
+            args.export[1] = kept_run(args.export[1], "--export", report)
             for written in export_atif(args.export[1], args.output):
                 report.line(f"atif: {written}", always=True)
             return 0
@@ -4947,6 +5195,8 @@ def main(argv=None, client=None, stdin=None):
                 return stop.exit_code
             return 0
         report.quiet = args.quiet
+        args.resume = kept_run(args.resume, "--resume", report)
+        args.replay = kept_run(args.replay, "--replay", report)
         session, unanswered = prepare_resume(load_transcript(args.resume), args.question) \
             if args.resume else (None, 0)
         replay = load_recording(args.replay) if args.replay else None
@@ -4960,6 +5210,8 @@ def main(argv=None, client=None, stdin=None):
         if not workdir.is_dir():
             raise UsageError(f"{where} is not a directory")
         check_workdir(workdir, where, confined=not args.no_sandbox)
+        if not args.no_sandbox:  # unconfined, the model's code can write anywhere anyway
+            check_runs_apart(workdir, where)
         for inside in {workdir, Path(os.path.realpath(recorded.get("workdir") or workdir))}:
             if args.resume and Path(os.path.realpath(args.resume)).is_relative_to(inside):
                 raise UsageError(f"--resume {args.resume} is inside the workdir {inside}, where "
@@ -4988,6 +5240,8 @@ def main(argv=None, client=None, stdin=None):
         if session is not None and system:
             session["system"] = system
         target = args.transcript or args.resume  # --resume goes on in the file it continues
+        if target == args.resume and args.resume and is_kept(args.resume, trial=True):
+            target = None  # but a kept trial stays as it ran: the run goes on as a new kept run
         reach = None if args.no_sandbox else workdir  # where the model's code can write, if not
         output = OutputFile(target, reach) if target not in (None, "-") else None  # everywhere
         trial_outputs = {i: OutputFile(trial_path(output.path, i), reach)
@@ -5017,6 +5271,19 @@ def main(argv=None, client=None, stdin=None):
             client = make_client(config, limits, otel=args.otel, workdir=workdir)
         telemetry = Telemetry.start(report) if args.otel else None
         events = Events.open(events_out, run_id) if args.events else None
+        # Every run is kept but a replay, and a run that goes on in a kept file (--resume last)
+        going_on = bool(args.resume) and target == args.resume and is_kept(args.resume)
+        kept, kept_trials, kept_line = None, {}, None
+        if not (args.no_keep or os.environ.get("AGENT_PY_NO_KEEP", "") not in ("", "0")
+                or replay or going_on):
+            if args.trials:
+                kept, kept_trials = keep_run(run_id, reach, report, args.trials)
+            else:
+                kept = keep_run(run_id, reach, report)
+        if going_on:
+            kept_line = KeptRun(KEPT_FILE.fullmatch(output.name)[1], output, report).said()
+        elif kept:
+            kept_line = kept.said()
     except UsageError as e:
         report.error(f"agent.py: {e}")
         return EXIT_USAGE
@@ -5049,13 +5316,19 @@ def main(argv=None, client=None, stdin=None):
             spec = TrialSpec(args.question, model, args.effort, args.trials, args.jobs,
                              args.expect, args.expect_tool, args.expect_stop, args.quiet,
                              system or SYSTEM_PROMPT, server)
-            summary = run_trials(spec, client, ctx, trial_outputs, events, telemetry)
+            summary = run_trials(spec, client, ctx, trial_outputs, events, telemetry,
+                                 kept_trials)
             if events and events.lost:
                 summary["events_lost"] = events.lost
             if args.transcript == "-":
                 print_document(summary)
             elif output:
                 output.write(dump(summary), durable=True)
+            if kept:  # the same summary, naming the kept trials' files
+                kept.write(dump({**summary, "trials": [
+                    {**t, "transcript": str(kept_trials[t["index"]].output.path)}
+                    for t in summary["trials"]]}), final=True)
+                report.line(kept_line)
             label, code, detail = trials_stop(summary)
             report.emit("run.stop", stop=label, detail=detail, exit_code=code, answer=None,
                         usage=None, turns=None, seconds=None)
@@ -5080,7 +5353,7 @@ def main(argv=None, client=None, stdin=None):
                         f"far; workdir {workdir}; model {model}" + (
                             f"; {plural(unanswered, 'pending tool call')} answered 'not run'"
                             if unanswered else ""), always=True)
-        save = Saver(output)
+        save = Saver(output, kept)
         report.trace("begin", session)
         stop = drive(client, session, ctx, report,
                      ReplayCheck(replay, client, report, save, args.strict) if replay else save)
@@ -5090,6 +5363,8 @@ def main(argv=None, client=None, stdin=None):
         cost = "cost unknown" if u["cost_usd"] is None else f"${u['cost_usd']:.6f}"
         say = report.error if stop.exit_code not in (0, 3) else report.line
         say(f"stop: {stop.reason} ({stop.detail}); {turns}, {u['tokens']} tokens, {cost}")
+        if kept_line:
+            report.line(kept_line)
         if args.transcript == "-":
             print_document(session)
         elif session["answer"] and args.events != "-" and not already_streamed(report):
@@ -5100,6 +5375,8 @@ def main(argv=None, client=None, stdin=None):
     except BaseException as e:  # the disk filled up, Ctrl-C outside a turn, a bug: one line
         stop = stop_for(e, api=False)
         failed(report, stop)
+        if kept_line and session and not args.trials:
+            report.line(kept_line)
         run_stop_event(report, stop, session, started)
         return stop.exit_code
     finally:

@@ -4,6 +4,7 @@ tests ask for by name: workdir, ctx, agent_copy. Helper functions are in helpers
 
 import json
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -38,13 +39,35 @@ def no_test_hangs(request):
 
 @pytest.fixture(autouse=True)
 def no_user_config(monkeypatch, tmp_path_factory):
-    """No ANTHROPIC_* from the environment, no .env found anywhere, a cwd of the test's own."""
+    """No ANTHROPIC_* from the environment, no .env found anywhere, a cwd of the test's own,
+    and a state directory of the test's own: the runs agent.py keeps (in-process, or in a
+    subprocess, which inherits the environment) never go to the real home."""
     for name in list(os.environ):
-        if name.startswith("ANTHROPIC"):
+        if name.startswith(("ANTHROPIC", "AGENT_PY_")):
             monkeypatch.delenv(name)
     monkeypatch.setattr(agent, "dotenv_path", lambda: None)
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
     agent.SECRETS.clear()
+
+
+def real_runs():
+    """The runs kept in the real home (or the state directory the tests were started with)."""
+    state = os.environ.get("XDG_STATE_HOME", "")
+    home = Path(pwd.getpwuid(os.getuid()).pw_dir)
+    places = {home / ".local" / "state" / "agent.py"} | (
+        {Path(state) / "agent.py"} if os.path.isabs(state) else set())
+    return {str(p) for place in places for p in place.rglob("*")} | {
+        str(place) for place in places if place.exists()}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_kept_in_the_real_home():
+    """No test leaves a kept run (or the directory for them) in the real home."""
+    before = real_runs()
+    yield
+    left = sorted(real_runs() - before)
+    assert not left, f"tests kept runs in the real home: {left[:5]}"
 
 
 @pytest.fixture(autouse=True)

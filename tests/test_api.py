@@ -498,8 +498,8 @@ def test_a_plain_web_server_is_one_line_not_retried_asking_about_the_base_url(
         capsys, workdir, tmp_path, web_server):
     server, url = web_server()
     path = tmp_path / "run.json"
-    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
-                             base_client(url))
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path),
+                                      "--no-keep"], base_client(url))  # stderr: the one line
     detail = (f"501 Not Implemented from {url}/v1/messages: an HTML page, not the API's JSON "
               "error (Error response Error code: 501 Message: Unsupported method ('POST'). "
               f"Error code explanation: 501 -…); is ANTHROPIC_BASE_URL ({url}) an Anthropic "
@@ -534,7 +534,8 @@ def test_a_proxys_html_error_is_retried_each_retry_one_line(request, capsys, wor
 def test_a_base_url_ending_in_v1_names_the_url_asked_and_the_root(request, capsys, workdir,
                                                                   web_server):
     api = serve(request)
-    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)], base_client(api.url + "/v1"))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--no-keep"],  # one line
+                           base_client(api.url + "/v1"))
     assert code == 1 and err == (
         f"stop: api_error (404 not_found_error: Not Found, from {api.url}/v1/v1/messages: "
         f"ANTHROPIC_BASE_URL is the server's root, without /v1 ({api.url})); 0 turns, 0 "
@@ -549,7 +550,8 @@ def test_a_base_url_ending_in_v1_names_the_url_asked_and_the_root(request, capsy
             self.send_header("content-length", "0")
             self.end_headers()
     _, url = web_server(Empty404)
-    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)], base_client(url + "/v1"))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--no-keep"],
+                           base_client(url + "/v1"))
     assert code == 1 and err == (
         f"stop: api_error (404 Not Found from {url}/v1/v1/messages: an empty body, not the API's "
         f"JSON error; ANTHROPIC_BASE_URL is the server's root, without /v1 ({url})); 0 turns, 0 "

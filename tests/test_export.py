@@ -398,7 +398,7 @@ def test_a_summary_never_makes_export_open_the_file_it_names(capsys, workdir, tm
 
 def test_a_summary_without_transcripts_says_so(capsys, workdir, tmp_path):
     code, out, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "1",
-                                    "--transcript", "-"], FakeClient(reply(text("1"))))
+                                    "--transcript", "-", "--no-keep"], FakeClient(reply(text("1"))))
     summary = tmp_path / "trials.json"
     summary.write_text(out)
     code, _, err = run_cli(capsys, ["--export", "atif", str(summary)])
