@@ -1288,11 +1288,30 @@ SECRETS = set()  # values agent.py read as secrets (the API key): never sent or 
 
 
 def redact(text):
-    """`text` with every secret agent.py holds replaced by a marker."""
+    """`text` (str, or UTF-8 bytes) with every secret agent.py holds replaced by a marker. Every
+    door out redacts: the files (dump, OutputFile.put), stdout and stderr (to_stdout,
+    to_stderr), the collector (Counted), and every cut (shorten), so no prefix of a key is left
+    where its whole would have been caught."""
     for secret in SECRETS:
-        if secret in text:
+        if isinstance(text, bytes):
+            text = text.replace(utf8(secret), b"[redacted secret]")
+        elif secret in text:
             text = text.replace(secret, "[redacted secret]")
     return text
+
+
+def secret_start(text, least=1, ends=False):
+    """How many characters (at least `least`) at the end of `text` could begin a secret: a
+    stream holds them back until the next piece says whether the secret follows (then redact
+    finds it whole). With `ends`, of a reversed text: how many could end one."""
+    longest = least - 1
+    for secret in SECRETS:
+        secret = secret[::-1] if ends else secret
+        for n in range(min(len(secret) - 1, len(text)), longest, -1):
+            if text.endswith(secret[:n]):
+                longest = n
+                break
+    return longest if longest >= least else 0
 
 
 def now():
@@ -1413,6 +1432,7 @@ class OutputFile:
 
     def put(self, data):
         """Write a whole document once: through the device, or replacing the file."""
+        data = redact(data)
         if self.device is None:
             return self.write(data, durable=True)
         with self.stream() as f:
@@ -3036,6 +3056,8 @@ OTEL_INSTALL = ("--otel needs the OpenTelemetry SDK and its OTLP exporter, which
                 "cannot import: {python} -m pip install opentelemetry-sdk "
                 "opentelemetry-exporter-otlp-proto-http")
 OTEL_GRACE = 3.0  # seconds the end of a run may wait for the last spans to reach the collector
+COLLECTOR_TIMEOUT = 10.0  # seconds one batch may take in all, unless OTEL_EXPORTER_OTLP_TIMEOUT says
+COLLECTOR_READ = 4096  # bytes of a collector's refusal read, for the reason; a success: none
 
 
 class Telemetry:
@@ -3060,24 +3082,25 @@ class Telemetry:
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
             if protocol == "grpc":
                 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-            elif protocol == "http/protobuf":
-                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            elif protocol == "http/protobuf":  # agent.py's own bounded client (OTLPHTTP)
+                from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
             else:
                 raise UsageError(f"--otel: OTEL_EXPORTER_OTLP_PROTOCOL {protocol!r} is not one "
                                  "the Python exporters speak: use http/protobuf or grpc")
         except ImportError:
             raise UsageError(OTEL_INSTALL.format(python=sys.executable) + (
                 " opentelemetry-exporter-otlp-proto-grpc" if protocol == "grpc" else ""))
-        exporter = Counted(OTLPSpanExporter())
+        where = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or \
+            (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318").rstrip(
+                "/") + "/v1/traces"
+        exporter = Counted(OTLPSpanExporter() if protocol == "grpc" else
+                           OTLPHTTP(where, encode_spans))
         heard = logging.getLogger("opentelemetry")  # its failures: one line of ours, at the end
         heard.handlers, heard.propagate = [exporter], False
         resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME")
                                     or "agent.py", "service.version": AGENT_VERSION})
         provider = TracerProvider(resource=resource, shutdown_on_exit=False)
         provider.add_span_processor(BatchSpanProcessor(exporter))
-        where = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or \
-            (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318").rstrip(
-                "/") + "/v1/traces"
         capture = os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "")
         content = capture.strip().upper() in ("TRUE", "SPAN_ONLY", "SPAN_AND_EVENT")
         report.line(f"otel: traces to {where} ({protocol}); message content "
@@ -3224,8 +3247,10 @@ class Telemetry:
 
 
 class Counted(logging.Handler):
-    """The OTLP exporter, counting the spans it sent; and the handler of its log, keeping the
-    last failure it reported (a refused connection, a status) to say why spans were lost."""
+    """The OTLP exporter, counting the spans it sent, and the one door to the collector: every
+    span goes out redacted (redacted_span), whatever a server echoed into it. And the handler
+    of the SDK's log, keeping the last failure it reported (a refused connection, a status) to
+    say why spans were lost."""
 
     def __init__(self, exporter):
         super().__init__(logging.WARNING)
@@ -3233,7 +3258,9 @@ class Counted(logging.Handler):
 
     def export(self, spans):
         try:
-            result = self.inner.export(spans)
+            result = self.inner.export([redacted_span(s) for s in spans] if SECRETS else spans)
+        except CollectorError as e:
+            result, self.why = None, str(e)
         except Exception as e:
             result, self.why = None, f"{type(e).__name__}: {e}"
         if getattr(result, "name", "") == "SUCCESS":
@@ -3247,6 +3274,161 @@ class Counted(logging.Handler):
 
     def shutdown(self):
         self.inner.shutdown()
+
+    def force_flush(self, timeout_millis=30000):
+        return True
+
+
+def redacted_span(span):
+    """A finished span as it may leave: a copy with every string in it redacted (its name, its
+    attributes, its events' and links' attributes, its status), so no attribute an error's text
+    or a server's header filled, with content capture on or off, carries a secret."""
+    from opentelemetry.sdk.trace import Event, ReadableSpan
+    from opentelemetry.trace import Link, Status
+
+    def scrub(attributes):
+        return {redact(k): redact(v) if isinstance(v, str) else tuple(
+            redact(x) if isinstance(x, str) else x for x in v) if isinstance(v, (tuple, list))
+            else v for k, v in (attributes or {}).items()}
+
+    status = span.status
+    return ReadableSpan(
+        name=redact(span.name), context=span.context, parent=span.parent,
+        resource=span.resource, attributes=scrub(span.attributes), kind=span.kind,
+        events=[Event(redact(e.name), scrub(e.attributes), e.timestamp) for e in span.events],
+        links=[Link(link.context, scrub(link.attributes)) for link in span.links],
+        status=Status(status.status_code, status.description and redact(status.description)),
+        start_time=span.start_time, end_time=span.end_time,
+        instrumentation_scope=span.instrumentation_scope)
+
+
+class CollectorError(Exception):
+    """Why a batch did not reach the collector, in words for the --otel line."""
+
+
+class OTLPHTTP:
+    """OTLP over HTTP (protobuf), the SDK exporter's job, done so that a collector cannot hurt
+    the run. Each batch is one POST on a new connection, given its timeout in all: a timer
+    shuts the socket at the deadline, however slowly the answer drips. A 2xx is success and
+    its body is never read; anything else, a redirect included (never followed), loses the
+    batch, and at most COLLECTOR_READ bytes of its body are read for the reason. http.client
+    caps the status line and headers (64 KiB a line, 100 headers), so memory never grows with
+    what a collector sends. A 429, 502, 503 or 504, or a connection that failed, is tried again
+    after 1 s, then 2 s, if that fits in the timeout. Configured by the SDK's variables:
+    OTEL_EXPORTER_OTLP_[TRACES_]HEADERS, _TIMEOUT, _COMPRESSION, _CERTIFICATE,
+    _CLIENT_CERTIFICATE and _CLIENT_KEY, and the proxy variables (HTTPS_PROXY, NO_PROXY)."""
+
+    def __init__(self, url, encode):
+        from opentelemetry.util.re import parse_env_headers
+        import urllib.request
+
+        def setting(name):
+            return os.environ.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}") or \
+                os.environ.get(f"OTEL_EXPORTER_OTLP_{name}")
+
+        self.url, self.encode, self.stopped = urllib.parse.urlsplit(url), encode, threading.Event()
+        if self.url.scheme not in ("http", "https") or not self.url.hostname:
+            raise UsageError(f"--otel: the collector {url!r} is not an http(s) URL with a host")
+        self.headers = {**parse_env_headers(setting("HEADERS") or "", liberal=True),
+                        "Content-Type": "application/x-protobuf"}
+        self.compression = (setting("COMPRESSION") or "none").strip().lower()
+        if self.compression not in ("none", "gzip", "deflate"):
+            raise UsageError(f"--otel: OTEL_EXPORTER_OTLP_COMPRESSION {self.compression!r} is "
+                             "not none, gzip or deflate")
+        if self.compression != "none":
+            self.headers["Content-Encoding"] = self.compression
+        try:
+            self.timeout = float(setting("TIMEOUT") or COLLECTOR_TIMEOUT)
+        except ValueError:
+            raise UsageError(f"--otel: OTEL_EXPORTER_OTLP_TIMEOUT {setting('TIMEOUT')!r} is not "
+                             "a number of seconds")
+        self.context = None
+        if self.url.scheme == "https":
+            import ssl
+            self.context = ssl.create_default_context(cafile=setting("CERTIFICATE"))
+            if setting("CLIENT_CERTIFICATE"):
+                self.context.load_cert_chain(setting("CLIENT_CERTIFICATE"),
+                                             setting("CLIENT_KEY"))
+        proxy = None if urllib.request.proxy_bypass(self.url.hostname) else \
+            urllib.request.getproxies().get(self.url.scheme)
+        self.proxy = urllib.parse.urlsplit(proxy) if proxy else None
+        self.connection = None  # the POST under way, for shutdown to cut
+
+    def export(self, spans):
+        from opentelemetry.sdk.trace.export import SpanExportResult
+        import gzip
+        import http.client
+        import zlib
+        body = self.encode(spans).SerializeToString()
+        body = {"gzip": gzip.compress, "deflate": zlib.compress}.get(
+            self.compression, lambda b: b)(body)
+        deadline = time.monotonic() + self.timeout
+        for wait_after in (1.0, 2.0, None):
+            try:
+                status, reason = self.post(body, deadline)
+            except (OSError, http.client.HTTPException) as e:  # refused, reset, malformed
+                if self.stopped.is_set() or time.monotonic() >= deadline:
+                    raise CollectorError(f"no whole answer within {self.timeout:g} s")
+                status, reason = None, f"[Errno {e.errno}] {e.strerror}" if getattr(
+                    e, "errno", None) else shorten(f"{type(e).__name__}: {e}", 160)
+                logging.getLogger("opentelemetry.agent_py").warning(reason)  # the why, so far
+            if status is not None and 200 <= status < 300:
+                return SpanExportResult.SUCCESS
+            if status in (None, 429, 502, 503, 504) and wait_after and \
+                    time.monotonic() + wait_after < deadline and not self.stopped.wait(wait_after):
+                continue
+            raise CollectorError(reason)
+
+    def post(self, body, deadline):
+        """One POST: (status, the reason in words), within `deadline`."""
+        import http.client
+        host, port = self.url.hostname, self.url.port or (443 if self.context else 80)
+        target, headers = urllib.parse.urlunsplit(("", "", self.url.path or "/", self.url.query,
+                                                   "")), dict(self.headers)
+        via = (self.proxy.hostname, self.proxy.port or 80) if self.proxy else (host, port)
+        left = deadline - time.monotonic()
+        connection = http.client.HTTPSConnection(*via, timeout=left, context=self.context) \
+            if self.context else http.client.HTTPConnection(*via, timeout=left)
+        if self.proxy and self.proxy.username:
+            import base64
+            headers["Proxy-Authorization"] = "Basic " + base64.b64encode(urllib.parse.unquote(
+                f"{self.proxy.username}:{self.proxy.password or ''}").encode()).decode()
+        if self.proxy and self.context:  # https through the proxy: a tunnel, headers to it
+            connection.set_tunnel(host, port, headers={k: headers.pop(k) for k in list(
+                headers) if k == "Proxy-Authorization"})
+        elif self.proxy:
+            target = self.url.geturl()
+        self.connection, late = connection, threading.Event()
+        cut = threading.Timer(left, lambda: late.set() or self.cut(connection))
+        cut.daemon = True
+        cut.start()
+        try:
+            connection.request("POST", target, body, headers)
+            answer = connection.getresponse()
+            if late.is_set():  # headers cut off at the deadline read as ended: not an answer
+                raise TimeoutError(errno.ETIMEDOUT, "the answer was cut off at the deadline")
+            if 200 <= answer.status < 300:
+                return answer.status, None
+            excerpt = one_line(answer.read(COLLECTOR_READ).decode("utf-8", "replace"), 100)
+            what = "a redirect to " + one_line(answer.getheader("Location", "?"), 100) + \
+                ", not followed" if 300 <= answer.status < 400 else excerpt or "no reason"
+            return answer.status, f"the collector answered {answer.status} ({what})"
+        finally:
+            cut.cancel()
+            self.connection = None
+            connection.close()
+
+    def cut(self, connection):
+        """The deadline, or shutdown: a read blocked on this connection returns at once."""
+        try:
+            connection.sock and connection.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def shutdown(self):
+        self.stopped.set()
+        if self.connection:
+            self.cut(self.connection)
 
     def force_flush(self, timeout_millis=30000):
         return True
@@ -3427,7 +3609,9 @@ def dimmed(text, stream=None):
 
 
 def shorten(text, width):
-    """At most `width` characters, cut after a whole word with an ellipsis."""
+    """At most `width` characters, cut after a whole word with an ellipsis (secrets redacted
+    first: a cut key could not be found whole later)."""
+    text = redact(text)
     if len(text) <= width:
         return text
     cut = text[: width - 1]
@@ -3447,6 +3631,7 @@ class Reporter:
         self.events, self.trial, self.turn_no = events, trial, None
         self.telemetry = telemetry  # --otel: the same moments as spans
         self.pending = ""  # streamed text not yet ended by a newline
+        self.held = ""  # its end, not yet written: it could be the start of a secret
         self.said = ""  # streamed text not yet sent as an event
         self.thinking = False  # streaming the summary of the model's thinking, not its text
         self.said_writing = 0.0  # when stderr last said how far a tool call's input has come
@@ -3478,10 +3663,13 @@ class Reporter:
                 self.telemetry.failed = f"{type(e).__name__}: {e}"
                 self.error(f"agent.py: --otel stopped recording: {self.telemetry.failed}")
 
-    def emit_said(self):
+    def emit_said(self, whole=True):
+        """The text streamed so far as an event; mid-stream (not `whole`), an end that could
+        begin a secret waits for the next event, where redact finds the secret whole."""
         extra = {"thinking": True} if self.thinking else {}
-        self.events.emit("text", self.trial, turn=self.turn_no, text=self.said, **extra)
-        self.said = ""
+        held = 0 if whole else secret_start(self.said)
+        said, self.said = (self.said[:-held], self.said[-held:]) if held else (self.said, "")
+        self.events.emit("text", self.trial, turn=self.turn_no, text=said, **extra)
 
     def line(self, text, always=False, plain=False):
         """One line of agent.py's own (progress, status), dim on a terminal; an error plain."""
@@ -3501,9 +3689,13 @@ class Reporter:
         if self.events:  # coalesced: a paragraph, or 2000 characters, an event
             self.said += delta
             if len(self.said) >= 2000 or ("\n" in delta and len(self.said) >= 200):
-                self.emit_said()
+                self.emit_said(whole=False)
         self.pending += shown
-        if not self.prefix:
+        if not self.prefix:  # the end that could begin a secret waits for the next delta
+            shown, self.held = self.held + shown, ""
+            held = secret_start(shown)
+            if held:
+                shown, self.held = shown[:-held], shown[-held:]
             self.write(shown)
             self.pending = self.pending.rpartition("\n")[2]
             return
@@ -3524,8 +3716,8 @@ class Reporter:
     def flush_text(self):
         """End a half-written line of streamed text before anything else is printed."""
         if self.pending:
-            self.write(f"{self.prefix}{self.pending}\n" if self.prefix else "\n")
-            self.pending = ""
+            self.write(f"{self.prefix}{self.pending}\n" if self.prefix else self.held + "\n")
+            self.pending = self.held = ""
 
     def error(self, text):
         self.line(text, always=True, plain=True)
@@ -4105,6 +4297,9 @@ class Clip:
     def text(self):
         cut = self.total - len(self.head) - len(self.tail)
         head, tail = self.head.decode("utf-8", "replace"), self.tail.decode("utf-8", "replace")
+        if cut:  # a secret cut in two here would be found whole in neither part: cut it out
+            start, end = secret_start(head, least=8), secret_start(tail[::-1], least=8, ends=True)
+            head, tail, cut = head[:len(head) - start], tail[end:], cut + start + end
         return head + (f"\n[... {cut} bytes cut ...]\n" if cut else "") + tail
 
 
@@ -5017,7 +5212,8 @@ def load_config(workdir, report):
     """API settings: the environment, else the .env beside agent.py, read as plain values (no
     ${VAR} expansion) and never loaded into os.environ. That file counts only if it is a
     regular file with no other name (not a symlink or a hard link, which could lead to a file
-    the model's code wrote) outside the workdir: no file a script could have written decides
+    the model's code wrote) outside the workdir, owned by the user running agent.py (or root)
+    and writable by no one else: no file a script or another user could have written decides
     where the key and the data go."""
     names = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL")
     text = read_dotenv(dotenv_path(), workdir, report)
@@ -5031,12 +5227,29 @@ def load_config(workdir, report):
     return {n: check_text(os.environ.get(n) or found.get(n), n) for n in names}
 
 
+def learn_secrets():
+    """Fill SECRETS, which every writer redacts (redact): the API key, from the environment and
+    from the .env beside agent.py (if it counts), in every mode, whether or not this run uses
+    it: a --replay sends nothing, yet what it writes must hold the key no more than a live
+    run's output does."""
+    keys = [os.environ.get("ANTHROPIC_API_KEY")]
+    text = read_dotenv(dotenv_path(), None, None)
+    if text:
+        try:
+            from dotenv import dotenv_values
+            keys.append(dotenv_values(stream=io.StringIO(text), interpolate=False).get(
+                "ANTHROPIC_API_KEY"))
+        except ImportError:  # load_config says what to install, if the run needs the file
+            pass
+    SECRETS.update(k for k in keys if k and len(k) >= 8)  # a shorter one would redact words
+
+
 def read_dotenv(path, workdir, report):
     """The text of the .env at `path`, or None when there is none or it does not count (stderr
-    says why)."""
+    says why, unless `report` is None)."""
     if path is None:
         return None
-    why = None
+    why, who = None, "the model's code"
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY |
                      os.O_CLOEXEC)
@@ -5051,14 +5264,25 @@ def read_dotenv(path, workdir, report):
                 why = "it is not a regular file"
             elif info.st_nlink != 1:
                 why = f"it has {info.st_nlink} names (hard links)"
+            elif info.st_uid not in (os.geteuid(), 0):  # whoever owns it can rewrite it
+                who = "another user"
+                why = (f"it is owned by {user_name(info.st_uid)}, not by you "
+                       f"({user_name(os.geteuid())}) or root")
+            elif info.st_mode & 0o022:  # (an ACL granting a user write shows in the group bits)
+                who = "another user"
+                why = (f"it is writable by {'its group' if info.st_mode & 0o020 else 'anyone'} "
+                       f"({stat.filemode(info.st_mode)})")
             elif workdir and Path(os.path.realpath(path)).is_relative_to(workdir):
                 why = "it is inside the workdir"
             else:
                 return os.read(fd, 1 << 20).decode("utf-8", "replace")
         finally:
             os.close(fd)
-    report.error(f"note: not reading {path}: {why}, so the model's code could have written it "
-                 "(set ANTHROPIC_* in the environment, or make it a plain file beside agent.py)")
+    fix = "chown it to yourself and chmod go-w it" if who == "another user" else \
+        "make it a plain file beside agent.py"
+    if report:
+        report.error(f"note: not reading {path}: {why}, so {who} could have written it "
+                     f"(set ANTHROPIC_* in the environment, or {fix})")
     return None
 
 
@@ -5083,6 +5307,15 @@ def no_key(workdir):
         line += (f"; {' and '.join(map(str, unread))} {'is' if len(unread) == 1 else 'are'} never "
                  f"read: the model's code could have written {'it' if len(unread) == 1 else 'them'}")
     return line
+
+
+def user_name(uid):
+    """`nobody (uid 65534)`, or the uid alone when it has no name."""
+    import pwd
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def make_client(config, limits, otel=False, workdir=None):
@@ -5164,6 +5397,7 @@ def main(argv=None, client=None, stdin=None):
         if args.schema:
             to_stdout(json.dumps(SCHEMAS[args.schema], indent=2))
             return 0
+        learn_secrets()  # before any file is read: whatever it holds, the key is never written
         if args.report:
             args.report = kept_run(args.report, "--report", report)
             for written in write_report(args.report, args.output):
@@ -5219,7 +5453,6 @@ def main(argv=None, client=None, stdin=None):
                                  "(move it out of the workdir if you trust it)")
         config = load_config(workdir, report) if not replay else dict.fromkeys(  # no key
             ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL"))
-        SECRETS.update(v for v in [config["ANTHROPIC_API_KEY"]] if v and len(v) >= 8)
         server = server_url(config["ANTHROPIC_BASE_URL"] or "")  # recorded; None: Anthropic's
         model = args.model or config["ANTHROPIC_MODEL"] or recorded.get("model") or DEFAULT_MODEL
         prompt = own_prompt(session) if session is not None and system is None else None
@@ -5402,7 +5635,7 @@ def to_stderr(text, stream=None):
     (`2>&1 | head`) ends the progress, not the run: what is left goes nowhere."""
     stream = stream or sys.stderr
     try:
-        stream.write(text)
+        stream.write(redact(text))
         stream.flush()
         return True
     except BrokenPipeError:
@@ -5414,6 +5647,7 @@ def to_stderr(text, stream=None):
 def to_stdout(data):
     """Bytes or a line of text on stdout. A reader that goes away (`| head`) ends the output,
     not the run: what is left goes nowhere, and the run ends as it would have."""
+    data = redact(data)
     try:
         sys.stdout.flush()
         if isinstance(data, str):

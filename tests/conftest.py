@@ -1,6 +1,6 @@
 """The fixtures. What every test gets: none of the user's config, no network beyond loopback, no
 request the real API would reject, and nothing left behind in the temp directory. And what
-tests ask for by name: workdir, ctx, agent_copy. Helper functions are in helpers.py."""
+tests ask for by name: workdir, ctx, agent_copy, as_nobody. Helper functions are in helpers.py."""
 
 import json
 import os
@@ -11,6 +11,7 @@ import socket
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -228,3 +229,28 @@ def agent_copy(tmp_path):
     copy.parent.mkdir()
     shutil.copy(AGENT, copy)
     return copy
+
+
+@pytest.fixture
+def as_nobody(request):
+    """What a test that runs agent.py as `nobody` needs, where nobody can read it: the checkout
+    may be in a 0700 home or temp directory, so agent.py is copied to a directory of its own in
+    /tmp (root's, sticky and open to all, as /tmp is), beside a directory that nobody owns. All
+    of it is removed after the test however it ends, what nobody made there included."""
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if python is None:
+        pytest.skip("no /usr/bin/python3 an ordinary user can run")
+    if not os.stat("/tmp").st_mode & 0o001:
+        pytest.skip("/tmp is closed to other users: nowhere to put what nobody runs")
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no user `nobody` here")
+    top = Path(tempfile.mkdtemp(prefix="agent-test-nobody-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(top))
+    top.chmod(0o1777)  # nobody may remove what it owns in it, and nothing else
+    shutil.copyfile(AGENT, top / "agent.py")
+    (top / "agent.py").chmod(0o644)
+    (top / "nobody").mkdir()
+    os.chown(top / "nobody", nobody.pw_uid, nobody.pw_gid)
+    return SimpleNamespace(python=python, user=nobody, agent_dir=top, dir=top / "nobody")

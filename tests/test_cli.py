@@ -741,6 +741,60 @@ def test_a_planted_dotenv_cannot_redirect_any_later_run(request, tmp_path, workd
     assert evil.requests == [] and evil.counted == [] and evil.connections == 0
 
 
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to make a file another user owns")
+OTHER_WRITERS = {"owned by nobody": (65534, 0o600), "group-writable": (0, 0o620),
+                 "world-writable": (0, 0o602)}
+
+
+@needs_root
+@pytest.mark.parametrize("kind", sorted(OTHER_WRITERS))
+def test_a_dotenv_another_user_could_write_cannot_redirect_the_run(request, workdir, agent_copy,
+                                                                  kind):
+    """Another user (the .env's owner, or anyone its mode lets write it) put a key and a base
+    URL there: the run (root's) sends nothing to that server, and one line says why."""
+    evil = serve(request, reply(text("from the other user's server")))
+    dotenv = agent_copy.parent / ".env"
+    dotenv.write_text(f"ANTHROPIC_API_KEY=planted-key\nANTHROPIC_BASE_URL={evil.url}\n")
+    uid, mode = OTHER_WRITERS[kind]
+    os.chown(dotenv, uid, uid)
+    dotenv.chmod(mode)
+    done = run_agent_py(agent_copy, "q", "--workdir", workdir, env=agent_env(), timeout=60,
+                        stdin=subprocess.DEVNULL)
+    assert (evil.connections, evil.requests, done.returncode) == (0, [], 2), done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 2 and lines[0].startswith(f"note: not reading {dotenv}: "), lines
+    assert ("owned by nobody (uid 65534)" if uid else "writable by") in lines[0], lines[0]
+    assert "another user could have written it" in lines[0] and "no API key" in lines[1]
+
+
+@needs_root
+def test_whose_dotenv_counts_as_an_ordinary_user(as_nobody):
+    """Run as `nobody`: its own .env and root's are read; one another user owns, or one anyone
+    else may write, is not, and one line says why."""
+    dotenv = as_nobody.agent_dir / ".env"
+    driver = (f"import sys, json; sys.path.insert(0, {str(as_nobody.agent_dir)!r})\n"
+              "import agent\n"
+              "print(json.dumps(agent.read_dotenv(agent.dotenv_path(), None, agent.Reporter())))")
+    nobody = as_nobody.user.pw_uid
+    seen = {}
+    for owner, mode in [(nobody, 0o600), (0, 0o644), (nobody, 0o640), (1, 0o644),
+                        (0, 0o664), (nobody, 0o606)]:
+        dotenv.unlink(missing_ok=True)
+        dotenv.write_text("ANTHROPIC_MODEL=from-the-file\n")
+        os.chown(dotenv, owner, owner)
+        dotenv.chmod(mode)
+        done = subprocess.run([as_nobody.python, "-c", driver], capture_output=True, text=True,
+                              timeout=60, cwd="/", env={"PATH": "/usr/bin:/bin"}, user=nobody,
+                              group=as_nobody.user.pw_gid, extra_groups=[])
+        assert done.returncode == 0, done.stderr
+        seen[owner, oct(mode)] = json.loads(done.stdout), done.stderr.splitlines()
+    for (owner, mode), (text_, notes) in seen.items():
+        read = owner in (nobody, 0) and mode in ("0o600", "0o644", "0o640")
+        assert (text_ == "ANTHROPIC_MODEL=from-the-file\n") == read, (owner, mode, text_)
+        assert len(notes) == (0 if read else 1), (owner, mode, notes)
+        assert read or "another user could have written it" in notes[0]
+
 OLDER_PYTHONS = sorted(p for p in Path(os.path.expanduser("~/.pyenv/versions")).glob(
     "3.[89]*/bin/python") if p.exists()) + sorted(Path(os.path.expanduser(
         "~/.pyenv/versions")).glob("3.10*/bin/python"))

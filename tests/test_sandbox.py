@@ -2,8 +2,6 @@
 
 import json
 import os
-import pwd
-import shutil
 import signal
 import socket
 import subprocess
@@ -11,9 +9,8 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 from dataclasses import replace
-from types import SimpleNamespace
+from pathlib import Path
 
 import pytest
 
@@ -335,31 +332,6 @@ def test_the_child_holds_no_capability(probed):
     assert probed["capabilities"] == [0] * 6  # effective, permitted, inheritable (both words)
     assert probed["bounding"] == 0 and probed["ambient"] == 0
     assert probed["no_new_privs"] == 1
-
-
-@pytest.fixture
-def as_nobody(request):
-    """What a test that runs agent.py as `nobody` needs, where nobody can read it: the checkout
-    may be in a 0700 home or temp directory, so agent.py is copied to a directory of its own in
-    /tmp (root's, sticky and open to all, as /tmp is), beside a directory that nobody owns. All
-    of it is removed after the test however it ends, what nobody made there included."""
-    python = shutil.which("python3", path="/usr/bin:/bin")
-    if python is None:
-        pytest.skip("no /usr/bin/python3 an ordinary user can run")
-    if not os.stat("/tmp").st_mode & 0o001:
-        pytest.skip("/tmp is closed to other users: nowhere to put what nobody runs")
-    try:
-        nobody = pwd.getpwnam("nobody")
-    except KeyError:
-        pytest.skip("no user `nobody` here")
-    top = Path(tempfile.mkdtemp(prefix="agent-test-nobody-", dir="/tmp"))
-    request.addfinalizer(lambda: shutil.rmtree(top))
-    top.chmod(0o1777)  # nobody may remove what it owns in it, and nothing else
-    shutil.copyfile(AGENT, top / "agent.py")
-    (top / "agent.py").chmod(0o644)
-    (top / "nobody").mkdir()
-    os.chown(top / "nobody", nobody.pw_uid, nobody.pw_gid)
-    return SimpleNamespace(python=python, user=nobody, agent_dir=top, dir=top / "nobody")
 
 
 @needs_root
