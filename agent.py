@@ -2123,8 +2123,8 @@ def open_runs(create=False):
     path = runs_dir()
     if create:
         os.makedirs(path.parent.parent, mode=0o700, exist_ok=True)
-    where = path.parent.parent
-    fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    where = real_directory(path.parent, "the kept runs")  # no other user's symlink on the way
+    fd = open_directory(where)
     try:
         for name in (path.parent.name, path.name):
             where = where / name
@@ -2374,17 +2374,23 @@ def recorded_replies(recording):
 
 
 def replay_limits(recording, limits):
-    """`limits` with the bounds that end a run set so that the recorded replies end as the
-    recording did: its number of turns if it stopped at max_turns, else two more (a request
-    past the replies is then never the final one); a budget its replies reach at their last
-    turn if it stopped on that budget, else one they never reach."""
+    """The user's `limits`, tightened so that the recorded replies end as the recording did:
+    its number of turns if it stopped at max_turns, else two more (a request past the replies
+    is then never the final one); a budget its replies reach at their last turn if it stopped
+    on that budget, else one they never reach. Never loosened: the user's --max-turns,
+    --token-budget and --budget-usd bound a replay as they bound a live run (and with them its
+    memory, whatever the recording's length); what the recording counts is no budget."""
     used, reason = empty_usage(), (recording["stop"] or {}).get("reason")
     for turn in recording["turns"]:  # priced as the loop will price them
         add_usage(used, usage_record(recording["model"], turn["usage"]))
     turns = len(recording["turns"])
-    return replace(limits, max_turns=turns if reason == "max_turns" else turns + 2,
-                   token_budget=used["tokens"] + (reason != "token_budget"),
-                   budget_usd=used["cost_usd"] if reason == "cost_budget" else None)
+    dollars = [d for d in (limits.budget_usd, used["cost_usd"] if reason == "cost_budget"
+                           else None) if d is not None]
+    return replace(limits, max_turns=min(limits.max_turns,
+                                         turns if reason == "max_turns" else turns + 2),
+                   token_budget=min(limits.token_budget,
+                                    used["tokens"] + (reason != "token_budget")),
+                   budget_usd=min(dollars) if dollars else None)
 
 
 def replay_session(recording, workdir, run_id, source):
@@ -2428,7 +2434,13 @@ class ReplayClient:
         if self.given == len(self.replies):
             raise ReplayEnded(self.ended())
         self.given += 1
-        return ReplayStream(self.replies[self.given - 1])
+        reply, most = self.replies[self.given - 1], request["max_tokens"] * TOKEN_CHARS
+        if reply_chars(reply) > most:  # what a live reply is cut at (stream_once)
+            raise ReplayEnded(Stop("max_tokens", f"{self.source}'s reply {self.given} is "
+                                   f"{reply_chars(reply):,} characters, more than max_tokens "
+                                   f"{request['max_tokens']} lets a reply stream ({most:,}); "
+                                   "a live run would have cut it (give --max-tokens)"))
+        return ReplayStream(reply)
 
     def ended(self):
         """The Stop of a request past the last recorded reply."""
@@ -2439,6 +2451,13 @@ class ReplayClient:
             "it has no stop: the run that made it was cut off"
         return Stop("error", f"the replay asks for more replies than were recorded: {where} "
                              f"({why})")
+
+
+def reply_chars(message):
+    """The characters a reply streams, as stream_once counts them: text, thinking, tool input."""
+    return sum(len(b.get("text", "")) + len(b.get("thinking", "")) + (
+        len(json.dumps(b.get("input"), ensure_ascii=False)) if b.get("type") == "tool_use" else 0)
+        for b in message["content"])
 
 
 class ReplayStream:
@@ -3586,7 +3605,10 @@ class OTLPHTTP:
             try:
                 status, reason = self.post(body, deadline)
             except (OSError, http.client.HTTPException) as e:  # refused, reset, malformed
-                if self.stopped.is_set() or time.monotonic() >= deadline:
+                if self.stopped.is_set():  # the run ended, and its grace with it
+                    raise CollectorError(f"no whole answer within {OTEL_GRACE:g} s of the "
+                                         "run's end")
+                if time.monotonic() >= deadline:
                     raise CollectorError(f"no whole answer within {self.timeout:g} s")
                 status, reason = None, f"[Errno {e.errno}] {e.strerror}" if getattr(
                     e, "errno", None) else shorten(f"{type(e).__name__}: {e}", 160)
@@ -4285,9 +4307,7 @@ class Call:
             self.own = {"home": self.home, "shm": self.shm, "script": self.script}
             self.agent_end, keeper_end = socket.socketpair()
             self.keeper_end = keeper_end.detach()
-            # Where mounts work, home and shm are made in the call's own tmpfs: on disk only
-            # the mount point (bench_sandbox: 1.03-1.05x a call's time with them on disk too)
-            for directory in (self.scratch,) if box.mounts else (self.scratch, self.home):
+            for directory in (self.scratch, self.home, self.shm):
                 os.mkdir(directory, 0o700)
             # With a BOM Python reads the file as UTF-8 or not at all: a coding declaration
             # (utf-7, say) cannot make it run other text than the text approved and shown.
@@ -4360,7 +4380,7 @@ class Call:
             os.setpgid(0, 0)  # a group of its own: the one the keeper kills
         # On v1, "tasks" moves this one thread (all a forked child has) without the lock on every
         # thread group that "cgroup.procs" takes, and its wait for a grace period (bench_sandbox:
-        # 1.23-1.25x a call's time through cgroup.procs; the join alone 7.8 ms against 0.3)
+        # 1.10-1.25x a call's time through cgroup.procs; the join alone 7.8 ms against 0.3)
         joined = "tasks" if box.cgroup and box.cgroup[0] == "v1" else "cgroup.procs"
         for directory in self.cgroups:
             Path(directory, joined).write_text("0")
@@ -4450,7 +4470,7 @@ class Call:
         """Tell the keeper the call is over (it kills what is left and cleans up); reap it. A
         keeper that `reported` the script's end has already removed its cgroups and home and
         only removes the rest: it is reaped in the background, as is one still removing a big
-        mess (bench_sandbox: 1.11-1.27x a call's time when the agent waits for it)."""
+        mess (bench_sandbox: 1.10-1.27x a call's time when the agent waits for it)."""
         self.agent_end.close()
         if not self.box.keeper:
             kill_group(proc.pid)

@@ -75,6 +75,26 @@ def run_agent_py(script, *args, flags=(), background=False, **kwargs):
     return subprocess.run(argv, capture_output=True, text=True, **kwargs)
 
 
+MEASURE = """import os, sys, time
+start = time.monotonic()
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.executable, [sys.executable] + sys.argv[1:])
+_, status, usage = os.wait4(pid, 0)
+print(os.waitstatus_to_exitcode(status), usage.ru_maxrss, time.monotonic() - start)
+"""  # a small interpreter forks agent.py: a fork of pytest would count pytest's pages too
+
+
+def measured(script, *args, cwd):
+    """`python agent.py ARGS` as a user runs it, measured: (exit code, stderr, peak RSS in MiB,
+    seconds) of that process alone."""
+    done = subprocess.run([sys.executable, "-c", MEASURE, str(script), *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd, env=agent_env(), timeout=200,
+                          stdin=subprocess.DEVNULL)
+    code, rss, seconds = done.stdout.split()[-3:]
+    return int(code), done.stderr, int(rss) / 1024, float(seconds)
+
+
 # --- a local Messages API for the real SDK ---
 
 def serve(request, *script, **options):
