@@ -3583,10 +3583,14 @@ class OTLPHTTP:
         self.context = None
         if self.url.scheme == "https":
             import ssl
-            self.context = ssl.create_default_context(cafile=setting("CERTIFICATE"))
-            if setting("CLIENT_CERTIFICATE"):
-                self.context.load_cert_chain(setting("CLIENT_CERTIFICATE"),
-                                             setting("CLIENT_KEY"))
+            try:
+                self.context = ssl.create_default_context(cafile=setting("CERTIFICATE"))
+                if setting("CLIENT_CERTIFICATE"):
+                    self.context.load_cert_chain(setting("CLIENT_CERTIFICATE"),
+                                                 setting("CLIENT_KEY"))
+            except (OSError, ssl.SSLError) as e:
+                raise UsageError(f"--otel: the certificates OTEL_EXPORTER_OTLP_*CERTIFICATE or "
+                                 f"_CLIENT_KEY name cannot be used: {e}")
         proxy = None if urllib.request.proxy_bypass(self.url.hostname) else \
             urllib.request.getproxies().get(self.url.scheme)
         self.proxy = urllib.parse.urlsplit(proxy) if proxy else None

@@ -5,6 +5,7 @@ import json
 import os
 import socket
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -295,6 +296,11 @@ def test_a_replay_needs_no_key_and_connects_nowhere(capsys, workdir, tmp_path):
 
 
 KEY = "sk-ant-api03-REPLAY-TEST-KEY-0123456789abcdef"
+
+
+def kept_files():
+    return [p for p in (Path(os.environ["XDG_STATE_HOME"]) / "agent.py").rglob("*")
+            if p.is_file()]
 LEAK = "print(open('leak.txt').read())"
 
 
@@ -311,6 +317,7 @@ def test_a_replay_writes_the_key_nowhere(capsys, workdir, tmp_path, monkeypatch,
                                   tool_use("run_python", {"code": LEAK + f"  # {KEY}"})),
                             reply(text(f"The key is {KEY}, as read.")))
     assert KEY in path.read_text()  # the attack: the recording holds it
+    recorded_kept = set(kept_files())
     (workdir / "leak.txt").write_text(f"the new key={KEY}\n")
     if where == "environment":
         monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
@@ -330,6 +337,8 @@ def test_a_replay_writes_the_key_nowhere(capsys, workdir, tmp_path, monkeypatch,
         done, out, err = run_cli(capsys, [str(f) for f in flags] + ["-o", str(tmp_path / name)])
         assert done == 0, err
         written[name] = (tmp_path / name).read_text() + out + err
+    kept = set(kept_files()) - recorded_kept  # a replay is not kept; if it were, it counts
+    written.update({f"kept {p.name}": p.read_text() for p in kept})
     assert {k: KEY in v for k, v in written.items()} == dict.fromkeys(written, False)
     assert "[redacted secret]" in written["transcript"] and "[redacted secret]" in written["stderr"]
     assert new["answer"] == "The key is [redacted secret], as read."

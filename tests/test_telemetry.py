@@ -333,3 +333,17 @@ def test_a_dripping_collector_is_listened_to_for_its_timeout_only(request, workd
     said = [line for line in done.stderr.splitlines() if "--otel:" in line]
     assert len(said) == 1 and "did not reach the collector" in said[0], done.stderr
 
+
+
+@pytest.mark.parametrize("setting", [{"OTEL_EXPORTER_OTLP_TIMEOUT": "ten"},
+                                     {"OTEL_EXPORTER_OTLP_COMPRESSION": "brotli"},
+                                     {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://127.0.0.1:9",
+                                      "OTEL_EXPORTER_OTLP_CERTIFICATE": "/nonexistent/ca.pem"}])
+def test_a_collector_setting_agent_py_cannot_use_is_one_usage_line(capsys, workdir, monkeypatch,
+                                                                    setting):
+    for name, value in setting.items():
+        monkeypatch.setenv(name, value)
+    client = FakeClient(reply(text("done")))
+    code, out, err = run(capsys, workdir, client)
+    assert (code, client.requests, out) == (2, [], "")
+    assert len(err.strip().splitlines()) == 1 and err.startswith("agent.py: --otel: "), err
