@@ -3959,9 +3959,12 @@ class Reporter:
         self.events.emit("text", self.trial, turn=self.turn_no, text=said, **extra)
 
     def line(self, text, always=False, plain=False):
-        """One line of agent.py's own (progress, status), dim on a terminal; an error plain."""
+        """One line of agent.py's own (progress, status), dim on a terminal (an error plain),
+        whatever the text holds: a line break in it (a name a file or a server gave) is shown as
+        \\n, so no line can pass for one of agent.py's own."""
         self.flush_text()
-        shown = visible(text) if plain or not self.dim else f"{DIM}{visible(text)}{UNDIM}"
+        shown = visible(text).replace(chr(10), chr(92) + 'n')
+        shown = shown if plain or not self.dim else f"{DIM}{shown}{UNDIM}"
         self.write(f"{self.prefix}{shown}\n", always)
 
     def text(self, delta, thinking=False):

@@ -229,6 +229,23 @@ def test_a_fifo_and_a_device_the_user_names_still_work(capsys, workdir, tmp_path
         assert code == 0, (flag, err)
 
 
+def test_a_terminal_the_user_names_gets_its_controls_escaped(capsys, workdir, tmp_path):
+    """--events on the user's own terminal: what the model wrote (U+202E, an 8-bit CSI) reaches
+    it escaped, as on stdout; before, raw."""
+    master, slave = pty.openpty()
+    try:
+        code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--events",
+                                        os.ttyname(slave)],
+                               FakeClient(reply(text("evil\u202e\u009b2Janswer"))))
+        os.set_blocking(master, False)
+        shown = drain(master).decode("utf-8")
+    finally:
+        os.close(slave)
+        os.close(master)
+    assert code == 0 and "evil" in shown, err
+    assert not set(shown) & {"\u202e", "\u009b"} and "\\u202e" in shown
+
+
 def test_dev_stdout_through_a_pipe_is_written_through(workdir, tmp_path, recorded, agent_copy):
     done = subprocess.run([sys.executable, str(agent_copy), "--report", str(recorded), "-o",
                            "/dev/stdout"], capture_output=True, env=agent_env(), cwd=tmp_path,
