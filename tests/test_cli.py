@@ -519,22 +519,28 @@ def test_the_placeholder_key_is_a_usage_error(capsys, workdir, monkeypatch):
 # --- the checkout: what the docs' commands write there is ignored ---
 
 def written_by_the_docs():
-    """Each path inside the checkout that a command in README.md or docs/ writes: the outputs
-    it names (--transcript, --events, -o, > and tee), and for each transcript it names (those
-    and --replay's, --resume's, --report's, --export's) what --report, --export and --trials
-    write beside it."""
-    text = " ".join(" ".join(path.read_text() for path in [AGENT.parent / "README.md",
-                                                           *(AGENT.parent / "docs").glob("*.md")]
-                             ).split())
+    """Each path inside the checkout that a command in README.md or docs/ writes: the outputs it
+    names (--transcript, --events, -o, > and tee; a trial's transcripts beside its summary with
+    --trials), what --report and --export write beside their input when no -o is given, and
+    a report or export of the shipped example."""
+    commands = []
+    for doc in [AGENT.parent / "README.md", *sorted((AGENT.parent / "docs").glob("*.md"))]:
+        text = doc.read_text().replace("\\\n", " ")  # a command continued on the next line
+        commands += re.findall(r"`([^`\n]*(?:agent\.py|--transcript|--events|--report|-o |> |"
+                               r"tee )[^`\n]*)`", text)
+        commands += [line for line in text.splitlines() if "agent.py " in line]
     out = r"[a-z0-9][\w./-]*\.\w+"  # a relative path; not a PLACEHOLDER.json, -, /dev/null
-    named = set(re.findall(rf"(?:--transcript|--events|-o|--output|>|tee) ({out})", text))
-    kept = set(re.findall(rf"--transcript ({out})", text))  # with --trials: run.1.json, ...
-    documents = kept | set(re.findall(rf"(?:--replay|--resume|--report|--export atif) ({out})",
-                                      text))
-    for document in [d[:-len(".json")] for d in documents if d.endswith(".json")]:
-        named |= {f"{document}.html", f"{document}.atif.json"}
-        if f"{document}.json" in kept:
-            named |= {f"{document}.1.json", f"{document}.atif.1.json"}
+    named = {"workspace/example-run.html", "workspace/example-run.atif.json"}  # the example's
+    for command in commands:
+        named |= set(re.findall(rf"(?:--transcript|--events|-o|--output|>|tee) ({out})", command))
+        if "--trials" in command:
+            named |= {f"{t[:-len('.json')]}.1.json" for t in
+                      re.findall(rf"--transcript ({out})", command) if t.endswith(".json")}
+        if " -o " not in command and "--output" not in command:
+            named |= {f"{d[:-len('.json')]}.html" for d in
+                      re.findall(rf"--report ({out})", command) if d.endswith(".json")}
+            named |= {f"{d[:-len('.json')]}.atif.json" for d in
+                      re.findall(rf"--export atif ({out})", command) if d.endswith(".json")}
     return sorted(named)
 
 
