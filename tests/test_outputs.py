@@ -129,7 +129,7 @@ def test_a_fifo_another_user_owns_receives_nothing(capsys, workdir, shared, reco
     finally:
         os.close(spy)
     assert stolen == b""  # before: events, report and export all went to the spy
-    assert code == 2 and "another user" in err or "not a regular file" in err, err
+    assert code == 2 and ("another user" in err or "not a regular file" in err), err
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)  # and the FIFO is left as it was
 
 
