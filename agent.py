@@ -5825,7 +5825,10 @@ def main(argv=None, client=None, stdin=None):
             if args.workdir else f"the workdir {source} recorded ({workdir})" if recorded \
             else f"the current directory ({workdir}; no --workdir was given)"
         if not workdir.is_dir():
-            raise UsageError(f"{where} is not a directory")
+            gone = args.workdir and not os.path.lexists(workdir)
+            home = "; a ~ in quotes is not your home directory: leave it unquoted, or write " \
+                "$HOME" if gone and args.workdir.startswith("~") else ""
+            raise UsageError(f"{where} {'does not exist' if gone else 'is not a directory'}{home}")
         check_workdir(workdir, where, confined=not args.no_sandbox)
         if not args.no_sandbox:  # unconfined, the model's code can write anywhere anyway
             check_runs_apart(workdir, where)

@@ -96,7 +96,10 @@ def test_progress_is_cut_at_a_word_with_an_ellipsis_and_counts_turns_in_words(ca
 
 @pytest.mark.parametrize("argv, fragment", [
     (["q", "--max-turns", "0"], "--max-turns must be at least 1"),
-    (["q", "--workdir", "/no/such/dir"], "is not a directory"),
+    (["q", "--workdir", "/no/such/dir"], "agent.py: --workdir /no/such/dir does not exist\n"),
+    (["q", "--workdir", "/etc/hostname"], "agent.py: --workdir /etc/hostname is not a directory\n"),
+    (["q", "--workdir", "~/data"], "does not exist; a ~ in quotes is not your home directory: "
+                                   "leave it unquoted, or write $HOME\n"),
     (["q", "--frobnicate"], "unrecognized arguments"),
     (["q", "--effort", "extreme"], "invalid choice"),
     ([], "give a question"),
