@@ -3913,7 +3913,7 @@ def consent_question(source, taken, columns):
     rows += [fitted(f"  {label} ", value, note, columns, 6 if label == "workdir" else 1)
              for label, value, note in taken]
     return "\n".join(rows) + ("\nA transcript is only a file, which anything could have "
-                              "written.\nGo on with them? [y/N] ")
+                              f"written.\nGo on with {'it' if len(rows) == 2 else 'them'}? [y/N] ")
 
 
 def quoted(text):

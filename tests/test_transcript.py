@@ -861,7 +861,8 @@ def test_the_screen_the_user_answers_shows_the_truth(capsys, workdir, tmp_path, 
     shown = str(home).replace("\n", "\\n")
     assert shown in screen, screen  # the whole workdir is on the screen
     assert f'  workdir "{shown}"' in screen.splitlines(), screen  # on a line of its own
-    assert len(rows) <= 24 and rows[-1].startswith("Go on with them? [y/N]"), rows
+    asked = "them" if attack == "a model 3,000 long" else "it"  # the workdir alone: it
+    assert len(rows) <= 24 and rows[-1].startswith(f"Go on with {asked}? [y/N]"), rows
 
 
 @pytest.mark.parametrize("flag", ["--resume", "--replay"])
