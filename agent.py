@@ -2029,7 +2029,7 @@ def no_constant(name):
 def document_kind(document):
     """What a JSON document is, in words, to tell the user what they gave."""
     if not isinstance(document, dict):
-        return f"a JSON {type(document).__name__.replace('dict', 'object')}, not an object"
+        return f"a JSON {type(document).__name__}"  # a list, a str ...: the caller says not what
     if document.get("kind") == "trials":
         return "a trials summary"
     if str(document.get("schema_version", "")).startswith("ATIF"):
@@ -2038,7 +2038,7 @@ def document_kind(document):
         return "one event of an event stream"
     if "messages" in document:
         return "a transcript"
-    return "an empty JSON object" if not document else "a JSON object that is not a transcript"
+    return "an empty JSON object" if not document else "a JSON object"
 
 
 def load_transcript(path, flag="--resume", doing=None):

@@ -561,7 +561,8 @@ def test_resume_after_a_refusal_drops_the_refused_turn(capsys, workdir, tmp_path
      '[{"type": "tool_use"}]}]}', "not a version 1"),
     ('{"version": 1, "model": "m", "turns": [{}], "messages": [{"role": "user", "content": '
      '[{"type": "text", "text": "q"}]}]}', "not a version 1"),
-    ('[1, 2]', "is a JSON list, not an object"),
+    ('[1, 2]', "cannot resume: {path} is a JSON list, not a transcript\n"),
+    ('{"version": 99, "turns": []}', "cannot resume: {path} is a JSON object, not a transcript\n"),
     ("{}", "is an empty JSON object, not a transcript"),
     ('{"version": 2, "kind": "trials", "trials": []}', "is a trials summary, not a transcript"),
     ('{"type": "run.start", "seq": 1}\n{"type": "run.stop", "seq": 2}\n',
@@ -573,7 +574,7 @@ def test_resume_of_a_bad_file_says_what_it_was_given(capsys, tmp_path, content, 
         path.write_text(content)
     client = FakeClient()
     code, _, err = run_cli(capsys, ["--resume", str(path), "more"], client)
-    assert (code, client.requests) == (2, []) and fragment in err
+    assert (code, client.requests) == (2, []) and fragment.format(path=path) in err, err
     assert len(err.strip().splitlines()) == 1
 
 
