@@ -319,7 +319,7 @@ def test_trials_export_one_trajectory_per_trial(capsys, workdir, tmp_path):
 # --- what it reads, and what it never writes over ---
 
 @pytest.mark.parametrize("content, fragment", [
-    ("[1, 2]", "is a JSON list, not an object; it exports a transcript or a trials summary"),
+    ("[1, 2]", "is a JSON list; it exports a transcript or a trials summary"),
     ("{}", "is an empty JSON object; it exports a transcript or a trials summary"),
     (None, "does not exist"),
     ('{"type": "run.start", "seq": 1}\n{"type": "run.stop", "seq": 2}\n', "an event stream"),
