@@ -5355,7 +5355,9 @@ def parse_args(argv):
         words = [a for a in extra if not a.startswith("-") or a == "-"]
         hint = f"; a question of several words goes in quotes: agent.py " \
                f"{shlex.quote(' '.join([args.question, *words]))} ..." \
-            if words == extra and args.question is not None else " (see --help)"
+            if words == extra and args.question is not None else \
+            "; options go before --, after which every word is the question's" \
+            if "--" in argv and argv.index("--") < len(argv) - len(extra) else " (see --help)"
         raise UsageError(f"unrecognized arguments: {' '.join(extra)}{hint}")
     inspecting = [flag for flag, given in (("--schema", args.schema), ("--report", args.report),
                                            ("--export", args.export)) if given]

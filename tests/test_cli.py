@@ -118,6 +118,8 @@ def test_progress_is_cut_at_a_word_with_an_ellipsis_and_counts_turns_in_words(ca
     (["q", "--export", "atif", "run.json"], "takes no question"),
     (["--export", "otlp", "run.json"], "one format, atif"),
     (["--replay", "run.json", "q"], "give it no question"),
+    (["--", "-5 degrees?", "-C", "w", "--yes"], "agent.py: unrecognized arguments: -C w --yes; "
+     "options go before --, after which every word is the question's\n"),
 ])
 def test_usage_errors_exit_2_with_one_line_and_send_nothing(capsys, argv, fragment):
     client = FakeClient()
