@@ -5647,7 +5647,7 @@ def read_dotenv(path, workdir, report):
                        f"({user_name(os.geteuid())}) or root")
             elif info.st_mode & 0o022:  # (an ACL granting a user write shows in the group bits)
                 who = "another user"
-                why = (f"it is writable by {'its group' if info.st_mode & 0o020 else 'anyone'} "
+                why = (f"it is writable by {'anyone' if info.st_mode & 0o002 else 'its group'} "
                        f"({stat.filemode(info.st_mode)})")
             elif workdir and Path(os.path.realpath(path)).is_relative_to(workdir):
                 why = "it is inside the workdir"

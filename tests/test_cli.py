@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -850,6 +851,20 @@ def test_a_dotenv_another_user_could_write_cannot_redirect_the_run(request, work
     assert len(lines) == 2 and lines[0].startswith(f"note: not reading {dotenv}: "), lines
     assert ("owned by nobody (uid 65534)" if uid else "writable by") in lines[0], lines[0]
     assert "another user could have written it" in lines[0] and "no API key" in lines[1]
+
+
+@pytest.mark.parametrize("mode, who", [(0o666, "anyone"), (0o606, "anyone"),
+                                       (0o660, "its group")])
+def test_a_dotenv_anyone_may_write_is_said_to_be_so(workdir, agent_copy, mode, who):
+    """Mode 666 was called `writable by its group`: anyone may write it."""
+    dotenv = agent_copy.parent / ".env"
+    dotenv.write_text("ANTHROPIC_MODEL=from-the-file\n")
+    dotenv.chmod(mode)
+    done = run_agent_py(agent_copy, "q", "--workdir", workdir, env=agent_env(), timeout=60,
+                        stdin=subprocess.DEVNULL)
+    note = done.stderr.splitlines()[0]
+    assert done.returncode == 2 and note.startswith(
+        f"note: not reading {dotenv}: it is writable by {who} ({stat.filemode(0o100000 | mode)})"), note
 
 
 @needs_root
