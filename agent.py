@@ -187,7 +187,7 @@ def run_session(client, session, ctx, report, save):
                         "tokens) from what is sent; the history keeps them")
         reply = request_turn(client, build_request(session, limits, final=turn == last_turn),
                              limits, report, ctx.cancel)
-        content, notes = check_reply(reply.message)
+        content, notes = check_reply(reply.message, reply.cut_off)
         record.update(stop_reason=reply.message.get("stop_reason"), usage=empty_usage(),
                       request_id=reply.request_id, attempts=reply.attempts,
                       retries=reply.retries, seconds=round(time.monotonic() - started, 3),
@@ -206,7 +206,8 @@ def run_session(client, session, ctx, report, save):
         tool_uses = [] if stop else [b for b in content if b["type"] == "tool_use"]
         stopped = None  # a Ctrl-C or SIGTERM while the tools ran: recorded, then the run ends
         if tool_uses:  # pause_turn has none: the paused content itself is the next request's end
-            results, record["tool_calls"], stopped = run_tools(tool_uses, ctx, report)
+            results, record["tool_calls"], stopped = run_tools(tool_uses, ctx, report,
+                                                               reply.cut_off)
             session["messages"].append({"role": "user", "content": results})
         record["seconds"] = round(time.monotonic() - started, 3)  # tools included
         report.turn_end(record)
@@ -501,9 +502,10 @@ def check_arguments(name, arguments):
     return arguments
 
 
-def call_tool(block, ctx):
+def call_tool(block, ctx, cut_off=None):
     """Run one tool_use block; every failure becomes an is_error tool_result. Returns the
-    result and the facts the transcript keeps about the call (exit code, declined)."""
+    result and the facts the transcript keeps about the call (exit code, declined). A call
+    whose arguments' JSON was cut off (`cut_off`: id -> that JSON) is not run."""
     result = {"type": "tool_result", "tool_use_id": block["id"]}
     facts = {"exit_code": 0 if block["name"] == "run_python" else None, "declined": False}
     try:
@@ -511,6 +513,10 @@ def call_tool(block, ctx):
         if function is None:
             raise ToolError(f"there is no tool {block['name']!r}; the tools are "
                             f"{', '.join(TOOL_FUNCTIONS)}.")
+        if block["id"] in (cut_off or {}):
+            raise ToolError(f"{block['name']}'s arguments did not arrive whole: the JSON was cut "
+                            f"off ({shorten(cut_off[block['id']], 100)!r}); the call was not run. "
+                            "Send it again with all its arguments.")
         result["content"] = function(ctx, **check_arguments(block["name"], block.get("input")))
     except ToolError as e:
         result["content"], result["is_error"] = str(e), True
@@ -539,7 +545,7 @@ def size(result):
     return len(result["content"].encode("utf-8", "surrogatepass"))
 
 
-def run_tools(blocks, ctx, report):
+def run_tools(blocks, ctx, report, cut_off=None):
     """Run a turn's tool calls: reads concurrently, the rest in order; results in call order,
     within the turn's budget of bytes (the calls past it are answered with an error). Returns
     the results, what the transcript keeps of each call, and the Ctrl-C or SIGTERM that stopped
@@ -550,7 +556,7 @@ def run_tools(blocks, ctx, report):
         report.tool_start(blocks[i])
         started, asked = time.monotonic(), getattr(ctx.asking, "seconds", 0.0)
         try:
-            results[i], facts[i] = call_tool(blocks[i], ctx)
+            results[i], facts[i] = call_tool(blocks[i], ctx, cut_off)
         except (KeyboardInterrupt, Interrupted):
             results[i], facts[i] = unfinished(blocks[i], "at its approval question: it was not "
                                               "run" if getattr(ctx.asking, "now", False) else
@@ -738,13 +744,14 @@ class Watchdog:
 
 
 def stream_once(client, request, report, cancel, limits):
-    """Send one request, stream its text to the reporter, return (message dict, request id)."""
+    """Send one request, stream its text to the reporter; return (message dict, request id,
+    {tool_use id: its arguments' JSON, for each call whose JSON did not arrive whole})."""
     messages = client.beta.messages if "betas" in request else client.messages
     most = request["max_tokens"] * TOKEN_CHARS  # characters the reply may stream
     lasts = limits.request_timeout + request["max_tokens"] / MIN_TOKEN_RATE  # seconds it may take
     with messages.stream(**request) as stream:
         watch = Watchdog(stream, limits.request_timeout, time.monotonic() + lasts)
-        complete, streamed, writing = False, 0, None
+        complete, streamed, writing, cut_off = False, 0, None, {}
         try:
             for event in stream:
                 watch.poke()
@@ -757,14 +764,20 @@ def stream_once(client, request, report, cancel, limits):
                     streamed += len(event.thinking)
                 elif event.type == "content_block_start":
                     block = event.content_block
-                    writing = [getattr(block, "name", "?"), 0] if block.type == "tool_use" \
-                        else None
+                    writing = [getattr(block, "name", "?"), 0, getattr(block, "id", None), []] \
+                        if block.type == "tool_use" else None
                     if writing:
-                        report.writing(*writing)
+                        report.writing(*writing[:2])
                 elif event.type == "input_json" and writing:
                     writing[1] += len(event.partial_json)
+                    writing[3].append(event.partial_json)  # the SDK reads a prefix as whole
                     streamed += len(event.partial_json)
-                    report.writing(*writing)
+                    report.writing(*writing[:2])
+                elif event.type == "content_block_stop" and writing:
+                    arguments = "".join(writing[3])
+                    if arguments.strip() and not whole_json(arguments):
+                        cut_off[writing[2]] = arguments
+                    writing = None
                 elif event.type == "message_stop":
                     complete = True
                 if streamed > most:
@@ -788,7 +801,16 @@ def stream_once(client, request, report, cancel, limits):
         finally:
             watch.stop()
         request_id = getattr(stream, "request_id", None)
-    return (message.to_dict() if hasattr(message, "to_dict") else message), request_id
+    return (message.to_dict() if hasattr(message, "to_dict") else message), request_id, cut_off
+
+
+def whole_json(text):
+    """True if `text` is one whole JSON document, not a prefix the SDK's partial reader took."""
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def transport_error(exc):
@@ -858,13 +880,15 @@ def retry_delay(exc, attempt, limits):
 
 def request_with_retries(client, request, limits, report, cancel):
     """Up to max_attempts requests for one turn, backing off on transient failures.
-    Returns (message, request id, attempts, retry records, seconds spent on the API)."""
+    Returns (message, request id, attempts, retry records, seconds spent on the API, the
+    calls whose arguments were cut off)."""
     retries, api_seconds = [], 0.0
     for attempt in range(1, limits.max_attempts + 1):
         started = time.monotonic()
         try:
-            message, request_id = stream_once(client, request, report, cancel, limits)
-            return message, request_id, attempt, retries, api_seconds + time.monotonic() - started
+            message, request_id, cut_off = stream_once(client, request, report, cancel, limits)
+            return message, request_id, attempt, retries, \
+                api_seconds + time.monotonic() - started, cut_off
         except (Interrupted, KeyboardInterrupt):
             raise
         except Exception as exc:
@@ -898,14 +922,16 @@ class Reply:
     retries: list  # a record per failed attempt that was retried
     api_seconds: float  # time spent waiting on the API, backoff excluded
     cut: str | None = None  # why a cut tool call was dropped
+    cut_off: dict = field(default_factory=dict)  # tool_use id -> its arguments, JSON cut off
 
 
 def request_turn(client, request, limits, report, cancel):
     """One turn: a reply cut inside a tool call is retried once with twice the max_tokens,
     if that can help (the prompt and the new max_tokens must fit the context window)."""
-    message, request_id, attempts, retries, seconds = request_with_retries(
+    message, request_id, attempts, retries, seconds, cut_off = request_with_retries(
         client, request, limits, report, cancel)
-    reply = Reply(message, request_id, attempts, [message.get("usage") or {}], retries, seconds)
+    reply = Reply(message, request_id, attempts, [message.get("usage") or {}], retries, seconds,
+                  cut_off=cut_off)
     sizes, model = [request["max_tokens"]], base_model(request["model"])
     bigger = min(2 * request["max_tokens"], MAX_OUTPUT.get(model, DEFAULT_MAX_OUTPUT))
     window, prompt = CONTEXT_WINDOW.get(model), prompt_tokens(reply.usages[0])
@@ -918,7 +944,7 @@ def request_turn(client, request, limits, report, cancel):
     if is_cut_tool_call(message) and bigger > request["max_tokens"] and not why_not:
         report.line(f"the reply was cut inside a tool call at max_tokens "
                     f"{request['max_tokens']}; retrying the turn with {bigger}")
-        message, reply.request_id, n, more, seconds = request_with_retries(
+        message, reply.request_id, n, more, seconds, reply.cut_off = request_with_retries(
             client, dict(request, max_tokens=bigger), limits, report, cancel)
         reply.usages.append(message.get("usage") or {})
         reply.attempts, reply.api_seconds = reply.attempts + n, reply.api_seconds + seconds
@@ -966,10 +992,11 @@ def block_problem(block, role):
     return None
 
 
-def check_reply(message):
+def check_reply(message, cut_off=None):
     """The reply's content as it can go back, and what had to be mended: a block the API would
     not take back (block_problem), empty text (the API rejects it), a tool_use id used twice.
-    Whatever is dropped is kept in the turn's notes, and a dropped tool call is never run."""
+    Whatever is dropped is kept in the turn's notes, and a dropped tool call is never run; so
+    is a call whose arguments were cut off (`cut_off`), which stays, answered with an error."""
     content, notes, seen = message.get("content"), [], set()
     if not isinstance(content, list):
         return [], [f"the reply's content was {type(content).__name__}, not a list"] * bool(content)
@@ -986,6 +1013,10 @@ def check_reply(message):
         else:
             seen.add(block.get("id"))
             kept.append(block)
+            if block["type"] == "tool_use" and block["id"] in (cut_off or {}):
+                notes.append(f"the arguments of tool call {block['id']} ({block['name']}) did not "
+                             f"arrive whole (the JSON was cut off: "
+                             f"{shorten(cut_off[block['id']], 100)!r}); it was not run")
     return kept, notes
 
 

@@ -319,6 +319,31 @@ MALFORMED = {
 }
 
 
+def test_a_tool_call_whose_arguments_were_cut_off_is_answered_so_and_noted(request, capsys,
+                                                                            workdir, tmp_path):
+    """A server (a local model) sent a tool call's JSON cut off: '{"path": "scores'. The SDK
+    reads what it can of it, {}, and the model used to be told `read_file is missing the
+    required argument 'path'`, with no note in the turn."""
+    cut = ({"type": "tool_use", "id": "toolu_cut", "name": "read_file", "input": {}},
+           [json_delta('{"path": "scores')])
+    api = serve(request, garbled(cut, GOOD_CALL), reply(text("done")))
+    path = tmp_path / "run.json"
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
+                             api=api)
+    saved = json.loads(path.read_text())
+    assert (code, out) == (0, "done\n"), err
+    answered = {r["tool_use_id"]: r for r in api.requests[1]["messages"][-1]["content"]}
+    assert answered["toolu_cut"]["is_error"] is True
+    assert answered["toolu_cut"]["content"] == (
+        "read_file's arguments did not arrive whole: the JSON was cut off ('{\"path\": "
+        "\"scores'); the call was not run. Send it again with all its arguments.")
+    assert "is_error" not in answered["toolu_good"]  # the whole call beside it ran
+    assert saved["turns"][0]["notes"] == [
+        "the arguments of tool call toolu_cut (read_file) did not arrive whole (the JSON was cut "
+        "off: '{\"path\": \"scores'); it was not run"]
+    assert api.rejected == []
+
+
 @pytest.mark.parametrize("what", sorted(UNREADABLE))
 def test_a_stream_the_sdk_cannot_read_is_retried(request, capsys, workdir, tmp_path, what):
     api = serve(request, garbled(UNREADABLE[what], GOOD_CALL), reply(text("done")))
