@@ -494,7 +494,7 @@ def check_arguments(name, arguments):
             raise ToolError(f"{name} has no argument {key!r}; it takes {', '.join(props)}.")
         kind = props[key]["type"]
         if not isinstance(value, JSON_TYPES[kind]) or isinstance(value, bool):
-            raise ToolError(f"{name}: {key!r} must be a {kind}, got {json.dumps(value)[:80]}.")
+            raise ToolError(f"{name}: {key!r} must be a {kind}, got {shorten(json.dumps(value), 80)}.")
         if kind == "integer" and value < props[key].get("minimum", value):
             raise ToolError(f"{name}: {key!r} must be at least {props[key]['minimum']}.")
     return arguments
@@ -923,7 +923,7 @@ def request_turn(client, request, limits, report, cancel):
                      f"{' and again at '.join(map(str, sizes))}{why_not}; the incomplete call "
                      "was not run")
     if not isinstance(message.get("stop_reason"), (str, type(None))):  # kept, as a string
-        message = dict(message, stop_reason=json.dumps(message["stop_reason"])[:80])
+        message = dict(message, stop_reason=shorten(json.dumps(message["stop_reason"]), 80))
     reply.message = clean(message)  # a server's "\\ud800" is not text: kept as U+FFFD
     return reply
 
@@ -2864,7 +2864,7 @@ def block_html(block):
     if kind == "thinking":
         return (f"<details><summary>thinking</summary><pre>{esc(block.get('thinking', ''))}"
                 "</pre></details>")
-    return f"<details><summary>{esc(kind)}</summary><pre>{esc(json.dumps(block, ensure_ascii=False)[:5000])}</pre></details>"
+    return f"<details><summary>{esc(kind)}</summary><pre>{esc(shorten(json.dumps(block, ensure_ascii=False), 5000))}</pre></details>"
 
 
 def provenance(t):
@@ -2942,7 +2942,7 @@ def run_report(t, cap):
     for m in items(t.get("messages")):
         body.append(f'<div class="msg"><span class="role">{esc(m.get("role"))}</span>'
                     + "".join(block_html(b) for b in items(m.get("content"))) + "</div>")
-    return page(f"agent.py run: {str(t.get('question', ''))[:80]}", "".join(body))
+    return page(f"agent.py run: {shorten(str(t.get('question', '')), 80)}", "".join(body))
 
 
 def trials_report(summary, cap):
@@ -3853,7 +3853,7 @@ def quoted(text):
 def fitted(before, text, after, columns, rows=1):
     """before + quoted(text) + after, in `rows` rows of `columns`: a quoted text too wide loses
     its middle to a marker that says how many characters it stands for."""
-    shown, room = quoted(text), max(rows * columns - 1 - display_width(before + after), 40)
+    shown, room = quoted(redact(text)), max(rows * columns - 1 - display_width(before + after), 40)
     if display_width(shown) > room:
         cut = len(shown)
         while True:
@@ -4127,6 +4127,8 @@ def read_window(fd, path, offset, limit, max_bytes):
             raise ToolError(f"{path!r} is not UTF-8 text (bad byte at offset {e.start} of the "
                             "lines read); if it is binary, inspect it with run_python.")
         text = kept[: e.start].decode("utf-8")
+    if cut_line:  # a secret cut in two here would be found whole in neither part: cut it out
+        text = text[:len(text) - secret_start(text, least=8)]
     if last < total or cut_line:
         more = f" (line {last} cut at {max_bytes} bytes)" if cut_line else ""
         text += (f"\n[read_file: lines {offset}-{last} of {total}{more}; "
