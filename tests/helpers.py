@@ -11,6 +11,7 @@ import io
 import ipaddress
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -244,6 +245,26 @@ def with_lone_surrogates(path):
     forged.write_text(path.read_text().replace("\ufffd", "\\ud800"))
     assert lone_surrogates(forged.read_bytes())
     return forged
+
+
+def documented(doc, start):
+    """What docs/DOC (or README.md) shows agent.py printing that begins with `start`: each line
+    of a code block, and each `inline` quote (its wrapping undone)."""
+    text = (AGENT.parent / doc).read_text()
+    lines = [line.strip() for line in text.splitlines() if line.strip().startswith(start)]
+    quoted = re.findall(r"`(" + re.escape(start) + r"[^`]*)`", " ".join(text.split()))
+    found = lines + quoted
+    assert found, f"{doc} shows no line beginning {start!r}"
+    return found
+
+
+def as_documented(line, template):
+    """Does `line`, as agent.py printed it, read as the documented `template`? Placeholders: N
+    and M (a number), URL, and (why) (any reason in parentheses)."""
+    means = {" N ": r" \d+ ", " M ": r" \d+ ", "URL": r"\S+", "(why)": r"\(.+\)"}
+    pattern = "".join(means.get(part, re.escape(part))
+                      for part in re.split(r"( N | M |URL|\(why\))", template))
+    return re.fullmatch(pattern, line) is not None
 
 
 def budget_stopped(capsys, workdir, path):

@@ -12,8 +12,8 @@ import pytest
 import agent
 import make_example
 from fakes import FakeAPIError, FakeClient, reply, text, tool_use
-from helpers import (AGENT, agent_env, assert_well_formed, events_of, measured, run_agent_py,
-                     run_cli, schema_errors)
+from helpers import (AGENT, agent_env, as_documented, assert_well_formed, documented, events_of,
+                     measured, run_agent_py, run_cli, schema_errors)
 
 ROOT = AGENT.parent
 SUM = "import csv; print(sum(int(r['score']) for r in csv.DictReader(open('scores.csv'))))"
@@ -213,6 +213,9 @@ def test_a_replay_that_stops_before_the_recording_did_says_so(capsys, workdir, t
     code, _, err, new = replay(capsys, path, workdir, tmp_path, "--yes")
     assert code == 0 and new["stop"]["reason"] == "end_turn" and len(new["turns"]) == 1
     assert "replay: the run stopped with 2 recorded replies not replayed" in err
+    said = next(line for line in err.splitlines() if line.startswith("replay: the run stopped"))
+    assert all(as_documented(said, line)  # docs/replay.md quotes it as it is
+               for line in documented("docs/replay.md", "replay: the run stopped")), said
 
 
 # --- what it is given ---

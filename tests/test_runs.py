@@ -206,7 +206,7 @@ def test_a_workdir_that_holds_the_runs_directory_is_refused(capsys, workdir, mon
     client = FakeClient(reply(tool_use("run_python", {"code": plant})), reply(text("done")))
     code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes"], client)
     assert code == 2 and client.requests == [] and not (workdir / "state").exists()
-    assert err == (f"agent.py: --workdir {workdir}, {workdir}, and the directory of kept runs, "
+    assert err == (f"agent.py: --workdir {workdir} and the directory of kept runs, "
                    f"{workdir}/state/agent.py/runs, overlap: the model's code could read kept "
                    "runs or plant one that --resume last would take up; give --workdir a "
                    "directory of data only (or set XDG_STATE_HOME elsewhere)\n")

@@ -898,7 +898,7 @@ def test_resume_with_a_deleted_workdir_names_the_transcripts(capsys, tmp_path):
             FakeClient(reply(text("done"))))
     workdir.rmdir()
     code, _, err = run_cli(capsys, ["--resume", str(path), "more"], FakeClient())
-    assert code == 2 and f"the workdir {path} recorded, {workdir}, is not a directory" in err
+    assert code == 2 and f"the workdir {path} recorded ({workdir}) is not a directory" in err
     assert "--workdir " + str(workdir) not in err
 
 
