@@ -1437,9 +1437,10 @@ class OutputFile:
             raise UsageError(f"{flag} {path} is a symlink; agent.py writes no file through one: "
                              "give the file itself")
         if there and there.st_uid not in (os.geteuid(), 0):
+            other = " with --transcript" if flag == "--resume" else ""
             raise UsageError(f"{flag} {path} is {FILE_KINDS.get(kind, 'a file')} that belongs to "
                              f"another user (uid {there.st_uid}); agent.py writes into or over "
-                             "no one else's file: give another name")
+                             f"no one else's file: give another name{other}")
         if kind in (stat.S_IFIFO, stat.S_IFCHR) and stream and named:
             self.device = self.open_device(there)
         elif kind and kind != stat.S_IFREG:
@@ -5765,7 +5766,8 @@ def main(argv=None, client=None, stdin=None):
         if target == args.resume and args.resume and is_kept(args.resume, trial=True):
             target = None  # but a kept trial stays as it ran: the run goes on as a new kept run
         reach = None if args.no_sandbox else workdir  # where the model's code can write, if not
-        output = OutputFile(target, reach) if target not in (None, "-") else None  # everywhere
+        output = OutputFile(target, reach, "--transcript" if args.transcript else "--resume") \
+            if target not in (None, "-") else None  # reach None: everywhere
         trial_outputs = {i: OutputFile(trial_path(output.path, i), reach, named=False)
                          for i in range(1, args.trials + 1)} if args.trials and output else {}
         events_out = OutputFile(args.events, reach, "--events", stream=True) \
