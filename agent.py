@@ -1466,6 +1466,8 @@ class OutputFile:
             there = os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False)
         except FileNotFoundError:
             there = None
+        except OSError as e:  # a name too long, say
+            raise UsageError(f"{flag} {path} cannot be written: {e.strerror}")
         if there and stat.S_ISLNK(there.st_mode) and stream and named \
                 and there.st_uid in (os.geteuid(), 0):  # /dev/stdout, /dev/fd/63: a pipe?
             target = os.path.realpath(path)
@@ -1587,8 +1589,9 @@ class OutputFile:
 
 
 def temp_name(name):
-    """The name of the new file written beside `name` before it takes its place."""
-    return f".{name}.{uuid.uuid4().hex[:16]}.tmp"
+    """The name of the new file written beside `name` before it takes its place: its start, so
+    that a name the file system takes (255 bytes) leaves room for the rest."""
+    return f".{name[:40]}.{uuid.uuid4().hex[:16]}.tmp"
 
 
 def real_directory(path, flag):

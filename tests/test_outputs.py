@@ -315,6 +315,21 @@ def test_a_run_never_writes_its_transcript_or_events_over_agent_py(request, work
     assert done.returncode == 0 and (h.checkout / "run.json").exists(), done.stderr  # beside: fine
 
 
+@pytest.mark.parametrize("flag", OUTPUTS)
+def test_a_long_file_name_is_written_or_refused_in_one_line(capsys, workdir, tmp_path, recorded,
+                                                           flag):
+    """A name of 250 bytes is a name the file system takes: it used to be refused, as the new
+    file beside it (.NAME.HEX.tmp) was too long; one of 300 ended as `internal error: OSError:
+    [Errno 36] File name too long`, after the run."""
+    fits = tmp_path / ("x" * 245 + ".json")
+    code, err = run_writing(capsys, workdir, recorded, flag, fits)
+    assert code == 0 and fits.stat().st_size > 0, err
+    too_long = tmp_path / ("y" * 300 + ".json")
+    code, err = run_writing(capsys, workdir, recorded, flag, too_long)
+    assert code == 2 and err.endswith(f"{too_long} cannot be written: File name too long\n"), err
+    assert len(err.splitlines()) == 1
+
+
 # --- as an ordinary user ---
 
 @pytest.fixture
