@@ -5741,6 +5741,12 @@ def make_client(config, limits, otel=False, workdir=None):
     if key == PLACEHOLDER_KEY or key.endswith("..."):
         raise UsageError("ANTHROPIC_API_KEY is still the placeholder from .env.example: put "
                          "your own key there")
+    odd = [i for i, c in enumerate(key) if c.isspace() or not c.isprintable()]
+    if odd:  # (never the key itself in the line: where the odd character is, only)
+        where = "at its end" if odd[-1] == len(key) - 1 else "at its start" if odd[0] == 0 \
+            else "inside it"
+        raise UsageError(f"ANTHROPIC_API_KEY has white space or a control character {where}: "
+                         "copy the key again, without it")
     url = config["ANTHROPIC_BASE_URL"]
     if url and url != url.strip():
         raise UsageError(f"ANTHROPIC_BASE_URL {url!r} has white space around it: give it without")

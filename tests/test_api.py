@@ -463,6 +463,20 @@ def test_a_malformed_base_url_is_a_usage_error_before_anything_is_sent(capsys, w
     assert code == 2 and f"ANTHROPIC_BASE_URL {url!r}" in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("key, where", [("dummy-key-123\t", "at its end"),
+                                        (" dummy-key-123", "at its start"),
+                                        ("dummy-\nkey-123", "inside it")])
+def test_a_key_with_white_space_or_a_control_character_says_so(capsys, workdir, key, where,
+                                                              monkeypatch):
+    """A key ending in a tab reached the wire: `Connection ... failed: LocalProtocolError`."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", key)
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:9")
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir)])
+    assert (code, out) == (2, "") and err == (
+        f"agent.py: ANTHROPIC_API_KEY has white space or a control character {where}: copy the "
+        "key again, without it\n"), err
+
+
 @pytest.mark.parametrize("url", ["http://127.0.0.1:8765 ", " http://127.0.0.1:8765",
                                  "http://127.0.0.1:8765\t"])
 def test_a_base_url_with_white_space_around_it_says_so(capsys, workdir, url, monkeypatch):
