@@ -5413,6 +5413,9 @@ def parse_args(argv):
         raise UsageError(f"{inspecting[0]} takes no question, and {args.question!r} was given")
     if args.export and args.export[0] != "atif":
         raise UsageError(f"--export knows one format, atif, not {args.export[0]!r}")
+    if args.model is not None and not args.model.strip():
+        raise UsageError("--model is empty (an unset shell variable, as in -m \"$MODEL\"?): give "
+                         "a model id, or leave -m out for the default")
     if inspecting or args.count_tokens:
         return args
     for name in ("max_turns", "token_budget", "max_tokens", "jobs", "trials", "clear_tool_results",

@@ -119,6 +119,9 @@ def test_progress_is_cut_at_a_word_with_an_ellipsis_and_counts_turns_in_words(ca
     (["q", "--export", "atif", "run.json"], "takes no question"),
     (["--export", "otlp", "run.json"], "one format, atif"),
     (["--replay", "run.json", "q"], "give it no question"),
+    (["q", "--model", ""], "agent.py: --model is empty (an unset shell variable, as in -m "
+     "\"$MODEL\"?): give a model id, or leave -m out for the default\n"),
+    (["q", "-m", " "], "agent.py: --model is empty"),
     (["--", "-5 degrees?", "-C", "w", "--yes"], "agent.py: unrecognized arguments: -C w --yes; "
      "options go before --, after which every word is the question's\n"),
 ])
