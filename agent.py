@@ -322,6 +322,8 @@ def stop_for(exc, api=True):
         return Stop("interrupted", STOPPED)
     if isinstance(exc, ReplayEnded):  # --replay asked past the recording: it knows the Stop
         return exc.stop
+    if isinstance(exc, OutputLost):  # a full disk, a closed stdout: said as it is, not a bug
+        return Stop("error", str(exc))
     if isinstance(exc, ReplayDiffers):  # --strict: the replies that follow answered other results
         return Stop("replay_differs", str(exc))
     status, retries = getattr(exc, "status_code", None), getattr(exc, "retries", [])
@@ -1539,9 +1541,12 @@ class OutputFile:
         data = redact(data)
         if self.device is None:
             return self.write(data, durable=True)
-        with self.stream() as f:
-            f.write(for_terminal(data, html=data.startswith(b"<"), terminal=True)
-                    if self.tty else data)
+        try:
+            with self.stream() as f:
+                f.write(for_terminal(data, html=data.startswith(b"<"), terminal=True)
+                        if self.tty else data)
+        except OSError as e:  # /dev/full
+            raise OutputLost(f"{OutputLost.prefix}{self.path}: {e.strerror}") from e
 
     def create(self):
         """A new, empty file beside the target, under a name no one could have guessed, made
@@ -5838,8 +5843,12 @@ def main(argv=None, client=None, stdin=None):
             for written in export_atif(args.export[1], args.output):
                 report.line(f"atif: {written}", always=True)
             return 0
+        stdin = stdin or sys.stdin or io.StringIO()  # closed (<&-): as if it held nothing
+        if sys.stdout is None:  # >&-
+            raise UsageError("stdout is closed: nowhere to write the answer (give > FILE, or > "
+                             "/dev/null)")
         if args.question == "-":
-            args.question = read_question(stdin or sys.stdin).strip()
+            args.question = read_question(stdin).strip()
             if not args.question:
                 raise UsageError("the question is - but stdin held none")
         system = read_system_prompt(args.system_prompt) if args.system_prompt else None
@@ -5899,7 +5908,7 @@ def main(argv=None, client=None, stdin=None):
             taken["--system-prompt FILE"] = ("system prompt", prompt,
                                              f" ({len(prompt):,} characters)")
         if taken and not agreed(consent_question(source, taken.values(), terminal_size()[1]),
-                                stdin or sys.stdin):
+                                stdin):
             raise UsageError(f"not replayed: give --workdir DIR to say where {source} runs"
                              if replay else f"not resumed: give {' and '.join(taken)} to say "
                              f"how {source} goes on")
@@ -5972,7 +5981,7 @@ def main(argv=None, client=None, stdin=None):
         report.emit("sandbox", status=status, confined=bool(sandbox.confined))
 
     sandbox = Sandbox(workdir, not args.no_sandbox, limits, sandbox_status)
-    approve = make_approver(args.yes, args.no_sandbox, sandbox, stdin or sys.stdin)
+    approve = make_approver(args.yes, args.no_sandbox, sandbox, stdin)
     ctx = ToolContext(workdir, limits, sandbox, approve, args.decline_message or DECLINE_MESSAGE)
     started = time.monotonic()
     report.emit("run.start", schema_version=EVENTS_VERSION, agent_version=AGENT_VERSION,
@@ -6059,8 +6068,16 @@ def main(argv=None, client=None, stdin=None):
 
 def failed(report, stop):
     """Say in one line why agent.py stopped outside a turn; return its exit code."""
-    report.error(f"agent.py: {'interrupted' if stop.reason == 'interrupted' else 'internal error: ' + stop.detail}")
+    said = "interrupted" if stop.reason == "interrupted" else stop.detail \
+        if stop.detail.startswith(OutputLost.prefix) else "internal error: " + stop.detail
+    report.error(f"agent.py: {said}")
     return stop.exit_code
+
+
+class OutputLost(Exception):
+    """What agent.py had to write could not be (stdout or a device full, or closed): one line,
+    exit 1 (error), never the label of a bug."""
+    prefix = "cannot write to "
 
 
 def cwd_gone():
@@ -6104,6 +6121,10 @@ def to_stdout(data):
         sys.stdout.flush()
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except OSError as e:  # /dev/full, a full disk
+        raise OutputLost(f"{OutputLost.prefix}stdout: {e.strerror}") from e
+    except AttributeError as e:  # closed (>&-): Python's sys.stdout is None
+        raise OutputLost(f"{OutputLost.prefix}stdout: it is closed") from e
 
 
 

@@ -462,6 +462,47 @@ def test_a_current_directory_removed_meanwhile_is_one_usage_line(tmp_path, workd
         "to one that does\n"
 
 
+def closed(stream, *argv, **kwargs):
+    """agent.py run as `agent.py ARGS <&-` or `>&-`: with that stream closed."""
+    return subprocess.run(["sh", "-c", f'exec "$@" {stream}&-', "sh", sys.executable, *map(str, argv)],
+                          capture_output=stream == "<", text=True, timeout=60, **kwargs)
+
+
+def test_a_closed_stdin_or_stdout_is_one_line_not_an_internal_error(request, workdir, tmp_path,
+                                                                    agent_copy):
+    """`agent.py - <&-` ended as `internal error: AttributeError: 'NoneType' object has no
+    attribute 'read'`, `>&-` as `... no attribute 'isatty'`."""
+    api = serve(request, reply(text("42")))
+    done = closed("<", agent_copy, "-", "--workdir", workdir, env=agent_env(api))
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr == "agent.py: the question is - but stdin held none\n"
+    err = tmp_path / "err.txt"
+    with open(err, "w") as stderr:
+        done = closed(">", agent_copy, "q", "--workdir", workdir, env=agent_env(api),
+                      stderr=stderr)
+    assert done.returncode == 2 and err.read_text() == (
+        "agent.py: stdout is closed: nowhere to write the answer (give > FILE, or > /dev/null)\n")
+    assert api.requests == []
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
+@pytest.mark.parametrize("argv", [["q"], ["--report", "RECORDED", "-o", "-"],
+                                  ["--report", "RECORDED", "-o", "/dev/full"]])
+def test_a_full_stdout_or_device_is_one_line_exit_1(request, workdir, agent_copy, argv):
+    """`> /dev/full` ended as `internal error: OSError: [Errno 28] No space left on device`."""
+    recorded = Path(agent.__file__).parent / "workspace" / "example-run.json"
+    argv = [str(recorded) if a == "RECORDED" else a for a in argv]
+    api = serve(request, *[reply(text("42"))] * (argv == ["q"]))
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, str(agent_copy), *argv, *["--workdir", str(workdir)]
+                               * (argv == ["q"])], env=agent_env(api), timeout=60, stdout=full,
+                              stderr=subprocess.PIPE, text=True)
+    assert done.returncode == 1, done.stderr
+    where = "/dev/full" if "/dev/full" in argv else "stdout"
+    assert f"agent.py: cannot write to {where}: No space left on device" in \
+        done.stderr.splitlines() and "internal error" not in done.stderr, done.stderr
+
+
 # --- .env and config ---
 
 @pytest.fixture
