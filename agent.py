@@ -769,12 +769,12 @@ def stream_once(client, request, report, cancel, limits):
                     writing = [getattr(block, "name", "?"), 0, getattr(block, "id", None), []] \
                         if block.type == "tool_use" else None
                     if writing:
-                        report.writing(*writing[:2])
+                        report.writing(writing[0], writing[1])
                 elif event.type == "input_json" and writing:
                     writing[1] += len(event.partial_json)
                     writing[3].append(event.partial_json)  # the SDK reads a prefix as whole
                     streamed += len(event.partial_json)
-                    report.writing(*writing[:2])
+                    report.writing(writing[0], writing[1])
                 elif event.type == "content_block_stop" and writing:
                     arguments = "".join(writing[3])
                     if arguments.strip() and not whole_json(arguments):
@@ -1070,8 +1070,8 @@ def api_message(exc):
     if host and unreachable(exc):
         why, asked = unreachable(exc), asked_url(exc) or host
         if why == PLAIN_HTTP and asked.startswith("https://"):
-            base = asked[:asked.rfind("/v1/messages")] if "/v1/messages" in asked else host
-            why += f": give ANTHROPIC_BASE_URL as http://{base[len('https://'):]}"
+            base = asked.rpartition("/v1/messages")[0] if "/v1/messages" in asked else host
+            why += f": give ANTHROPIC_BASE_URL as http://{base.removeprefix('https://')}"
         return f"cannot reach {host} ({why})"
     text += f" (talking to {host})" if host and host not in text else ""
     text += f": {wrong_root(asked)}" if wrong_root(asked) else ""
@@ -1093,11 +1093,12 @@ def wrong_root(asked):
     (/v1/messages), to which this SDK adds /v1/messages again."""
     if not asked or "/v1/messages" not in asked:
         return ""
-    given = asked[:asked.rfind("/v1/messages")]  # the base URL: what the SDK added is after it
+    given = asked.rpartition("/v1/messages")[0]  # the base URL: what the SDK added is after it
     root = re.sub(r"/v1(/messages)?/?$", "", given)
     if root == given:
         return ""
-    return f"ANTHROPIC_BASE_URL is the server's root, without {given[len(root):].rstrip('/')} ({root})"
+    return f"ANTHROPIC_BASE_URL is the server's root, without " \
+        f"{given.removeprefix(root).rstrip('/')} ({root})"
 
 
 def foreign_error(exc, status, body, asked):

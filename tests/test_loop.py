@@ -193,6 +193,7 @@ NOT_TEXT_FOR_AN_OUTPUT = {  # (function, slice): what it cuts
     ("foreign_error", "raw.lstrip()[:1]"): "one character, compared",
     ("clear_old_results", "results[:max(0, len(results) - limits.keep_results)]"): "a list",
     ("temp_name", "uuid.uuid4().hex[:16]"): "a random name",
+    ("temp_name", "name[:40]"): "a file name the user gave, for a name beside it",
     ("make_cgroups", "uuid.uuid4().hex[:16]"): "a random name",
     ("keep_run", "run_id[:8]"): "a run id agent.py made",
     ("real_directory", "path.parent.parts[1:]"): "a list",

@@ -111,9 +111,9 @@ def test_the_transcript_is_on_disk_before_any_tool_runs(capsys, workdir, tmp_pat
                                                          monkeypatch):
     path, seen, real = tmp_path / "run.json", [], agent.run_tools
 
-    def peek(blocks, ctx, report):  # what a crash during these tools would leave on disk
+    def peek(blocks, ctx, report, *more):  # what a crash during these tools would leave on disk
         seen.append(json.loads(path.read_text()) if path.exists() else None)
-        return real(blocks, ctx, report)
+        return real(blocks, ctx, report, *more)
 
     monkeypatch.setattr(agent, "run_tools", peek)
     client = FakeClient(reply(tool_use("read_file", {"path": "notes.md"})),
