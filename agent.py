@@ -55,6 +55,7 @@ import statistics
 import struct
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -5550,13 +5551,15 @@ PLACEHOLDER_KEY = "sk-ant-..."  # what .env.example holds
 def harness():
     """What runs agent.py, each as (what, its real path, what an output must not do to it):
     "file", be it; "tree", be anywhere below it; "modules", be a module Python would import
-    from it (a .py, .pth ... directly in it); None, nothing (the user base: its site-packages
-    are a tree of their own, and beside them is where runs are kept). A workdir must hold none
-    of them (check_workdir); an output goes over none of them (OutputFile)."""
+    from it (a .py, .pth ... directly in it); None, nothing (a prefix such as /usr holds far
+    more than Python; the user base holds the kept runs beside its site-packages). A workdir
+    must hold none of them (check_workdir); an output goes over none of them (OutputFile)."""
+    venv = sys.prefix != sys.base_prefix  # a venv is all agent.py's; /usr is not all Python's
     found = [("agent.py", __file__, "file"), ("the .env agent.py reads", dotenv_path(), "file"),
              ("the Python interpreter", sys.executable, "file"),
-             ("the environment agent.py runs in", sys.prefix, "tree"),
-             ("the Python it is built on", sys.base_prefix, "tree")]
+             ("the environment agent.py runs in", sys.prefix, "tree" if venv else None),
+             ("the Python it is built on", sys.base_prefix, None),
+             ("Python's standard library", sysconfig.get_path("stdlib"), "tree")]
     found += [("a directory agent.py imports from", p, "modules") for p in sys.path if p]
     found += [("Python's user base, whose site-packages .pth files run at every Python start "
                "(unsandboxed: one could redirect the next run's key)", site.getuserbase(), None),
