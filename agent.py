@@ -941,6 +941,7 @@ def request_turn(client, request, limits, report, cancel):
                      "was not run")
     if not isinstance(message.get("stop_reason"), (str, type(None))):  # kept, as a string
         message = dict(message, stop_reason=shorten(json.dumps(message["stop_reason"]), 80))
+    message = dict(message, content=redact_across(message.get("content")))
     reply.message = clean(message)  # a server's "\\ud800" is not text: kept as U+FFFD
     return reply
 
@@ -1399,6 +1400,37 @@ def clean(value):
     if isinstance(value, list):
         return [clean(v) for v in value]
     return value
+
+
+def redact_across(content):
+    """A reply's content with each secret that runs across adjacent text blocks cut out: each
+    block alone holds only a piece, which redact cannot find, though the blocks read as one
+    text (as stderr and the events stream them). The block where it starts gets the marker,
+    the others lose their piece."""
+    if not SECRETS or not isinstance(content, list):
+        return content
+    content, start = list(content), 0
+    for end in range(len(content) + 1):
+        if end < len(content) and isinstance(content[end], dict) and \
+                content[end].get("type") == "text" and isinstance(content[end].get("text"), str):
+            continue
+        texts = [b["text"] for b in content[start:end]]
+        joined, at = "".join(texts), 0
+        found = sorted((m.start(), m.end()) for secret in SECRETS
+                       for m in re.finditer(re.escape(secret), joined))
+        for k, text in enumerate(texts if len(texts) > 1 and found else ()):
+            kept, here, stop = [], at, at + len(text)
+            for first, last in found:
+                if last <= here or first >= stop:
+                    continue
+                kept.append(joined[here:max(first, here)])
+                kept.append("[redacted secret]" if first >= at else "")
+                here = max(here, min(last, stop))
+            kept.append(joined[here:stop])
+            content[start + k] = dict(content[start + k], text="".join(kept))
+            at = stop
+        start = end + 1
+    return content
 
 
 class OutputFile:
