@@ -4,7 +4,8 @@
 # podman-compose); a containers.conf whose ulimits fit this machine; and a bookworm base image
 # made with debootstrap, imported under the name the tasks' Dockerfiles `FROM`.
 # Idempotent: each step is skipped when its result is there (the base image is cached as a tar).
-# Then:  . "$HARBOR_HOME/env"   puts harbor on PATH with CONTAINERS_CONF and the cost-map flag.
+# Then:  . "$HARBOR_HOME/env"   puts harbor on PATH, with CONTAINERS_CONF, the cost-map flag and
+#                                telemetry off.
 #   HARBOR_HOME   where it all lives (default /var/cache/agentpy-harbor)
 #   HARBOR_PYTHON the 3.12+ interpreter (default: pyenv's 3.12.1 through python3.12, else python3.12)
 set -euo pipefail
@@ -62,6 +63,7 @@ runtime = "runc"
 cgroup_manager = "cgroupfs"
 events_logger = "file"
 CONF
+export CONTAINERS_CONF="$HOME_DIR/containers.conf"
 
 # 4. The base image: bookworm minbase with Python 3.11, imported under the tasks' FROM name.
 if ! podman image exists "$BASE_IMAGE"; then
@@ -82,10 +84,23 @@ if ! podman image exists "$BASE_IMAGE"; then
   podman import "$tarball" "$BASE_IMAGE" >&2
 fi
 
+# 5. Wheels of agent.py's packages for the base image's Python, so that the tests' trials install
+# agent.py with pip offline (tests/test_harbor.py mounts them; a user's trials use PyPI).
+if ! cmp -s "$EVALS/../requirements.txt" "$HOME_DIR/wheels/.requirements" 2>/dev/null; then
+  say "wheels of requirements.txt for the base image's python3 in $HOME_DIR/wheels"
+  rm -rf "$HOME_DIR/wheels" && mkdir -p "$HOME_DIR/wheels"
+  podman run --rm -v "$EVALS/../requirements.txt:/requirements.txt:ro" \
+      -v "$HOME_DIR/wheels:/wheels" "$BASE_IMAGE" \
+      python3 -m pip download -q --disable-pip-version-check -r /requirements.txt -d /wheels >&2
+  cp "$EVALS/../requirements.txt" "$HOME_DIR/wheels/.requirements"
+fi
+
+# HARBOR_TELEMETRY=0: Harbor sends usage events to its makers unless told not to.
 cat > "$HOME_DIR/env" <<ENV
 export PATH="$VENV/bin:\$PATH"
 export CONTAINERS_CONF="$HOME_DIR/containers.conf"
 export LITELLM_LOCAL_MODEL_COST_MAP=True
+export HARBOR_TELEMETRY=0
 ENV
 say "ready: . $HOME_DIR/env"
 echo "$HOME_DIR"
