@@ -5,8 +5,9 @@ for the API that answers at once. Not part of the test run.
 
 --compare: which optimisations earn their place (docs/benchmarks.md). A copy of agent.py
 with each of them taken out in turn (REMOVALS), and one with all of them out, run as a user
-runs it, with --transcript and --events, against a bare SDK loop replaying the same requests
-(same cache_control), and with --otel against a stand-in collector; in alternated rounds
+runs it, with --transcript and --events (and the run kept, as by default), against a bare SDK
+loop replaying the same requests (same cache_control), with --otel against a stand-in
+collector, and with --no-keep; in alternated rounds
 whose order rotates. Wall and CPU time a turn, from the first request to the last (start-up
 left out). Then `python agent.py --help` against `python -c 'import anthropic'`.
 
@@ -107,8 +108,8 @@ def client_for(url):
 
 
 def harness_round(turns, workspace, keep=True):
-    """One 100-turn session through agent.main, keeping a transcript and an event stream
-    (or, with keep False, neither)."""
+    """One 100-turn session through agent.main, keeping a transcript, an event stream and the
+    kept run (or, with keep False, none of them)."""
     with StandIn(turns) as api, tempfile.TemporaryDirectory() as tmp:
         client = client_for(api.url)
         argv = ["q", "--workdir", str(workspace), "--quiet", "--no-sandbox",
@@ -116,6 +117,8 @@ def harness_round(turns, workspace, keep=True):
         if keep:
             argv += ["--transcript", os.path.join(tmp, "bench.json"),
                      "--events", os.path.join(tmp, "bench.events.jsonl")]
+        else:
+            argv += ["--no-keep"]
         started, cpu = time.perf_counter(), time.process_time()
         with redirect_stderr(io.StringIO()), redirect_stdout(io.StringIO()):
             code = agent.main(argv, client=client)
@@ -149,8 +152,8 @@ REMOVALS = {
         ("    finally:\n        gc.freeze()\n        gc.enable()\n", "")],
     "rename_exchange": [("if not durable and getattr(LIBC, \"renameat2\", None) and",
                          "if False and")],
-    "saver": [("self.output.write(self.encode(session), durable=final)",  # dump() it whole
-               "self.output.write(dump(session), durable=final)")],
+    "saver": [("data = self.encode(session)",  # dump() it whole
+               "data = dump(session)")],
     "lazy-import": [("\nimport argparse\n", "\nimport anthropic\nimport argparse\n")],
 }
 # The SDK's stream, as a bare script writes it, replaying what agent.py sent (--compare).
@@ -302,6 +305,9 @@ def compare(args, root):
                 json.dump([api.table, api.requests], f)
             run["bare SDK loop"] = [sys.executable, "-c", BARE_LOOP, replay, "{url}"]
             run["with all, --otel"] = run["with all"] + ["--otel"]
+            run["with all, --no-keep"] = run["with all"] + ["--no-keep"]
+            run["kept only"] = run["with all"][:-4]  # no --transcript, no --events
+            run["nothing kept"] = run["kept only"] + ["--no-keep"]
             otel = dict(env, OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint)
             times = {name: [] for name in run}
             for i in range(args.rounds):
@@ -319,6 +325,10 @@ def compare(args, root):
             print("    --otel against the same run without it:" + "   ".join(
                 ratios([r[kind] for r in times["with all, --otel"]],
                        [r[kind] for r in times["with all"]]) for kind in (0, 1)))
+            for kept, plain in (("with all", "with all, --no-keep"), ("kept only", "nothing kept")):
+                print(f"    {kept} against {plain}:" + "   ".join(ratios(
+                    [r[kind] for r in times[kept]], [r[kind] for r in times[plain]])
+                    for kind in (0, 1)))
         if not args.starts:
             return
         helps = {name: [sys.executable, str(path), "--help"] for name, path in copies.items()}
@@ -355,8 +365,15 @@ def main():
                              "out together (default: each of REMOVALS, then all of them)")
     args = parser.parse_args()
     root = Path(__file__).resolve().parent.parent
-    if args.compare:
-        return compare(args, root)
+    with tempfile.TemporaryDirectory() as state:  # the runs it keeps go here, not to the home
+        os.environ["XDG_STATE_HOME"] = state
+        if args.compare:
+            return compare(args, root)
+        measure(args, root)
+
+
+def measure(args, root):
+    """Without --compare: (a), (b) and (c) of the docstring."""
     workspace = root / "workspace"
     # A warm-up round, not counted: the bare loop replays its requests.
     _, requests, bills = harness_round(args.turns[0], workspace)

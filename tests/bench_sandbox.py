@@ -1,19 +1,27 @@
-"""Benchmark: what the run_python sandbox costs, layer by layer, and the agent's memory under
-50 MB of output.
+"""Benchmark: what a run_python call costs, against a plain interpreter start and against a
+peer's sandbox, and what each of the sandbox's optimisations is worth.
 
-    .venv/bin/python tests/bench_sandbox.py [--runs 30]
+    .venv/bin/python tests/bench_sandbox.py [--runs 40] [--without NAME ...]
 
 Times one trivial run_python call (the script `pass`, through the execution layer, no
-approval prompt), alternating: the whole sandbox; --no-sandbox (the keeper, the cgroup and
-the rlimits, nothing else); and a plain subprocess of the same interpreter (the floor).
-Reports medians and ratios, what the first call's self-test costs, then this process's peak
-RSS while a script prints 50 MB. Not part of the test run.
+approval prompt) side by side, in rounds whose order rotates: the whole sandbox; --no-sandbox
+(the keeper, the cgroup and the rlimits, nothing else); a plain `subprocess.run` of the same
+interpreter (the floor the goals are measured against: the sandbox within 1.3x of it,
+--no-sandbox within 1.1x); and, where `bwrap` is installed (Debian's `bubblewrap`), the peer's
+figure: `bwrap --unshare-all --die-with-parent --ro-bind / / --dev /dev --proc /proc python
+-c pass` against `python -c pass` (the plain subprocess: the same interpreter). With --without, the same calls through a copy of agent.py
+with that optimisation taken out (REMOVALS), in the same rounds. Medians, the ratio of medians,
+and the ratio taken round by round: median (quartiles). Then what the first call's plan and
+self-test cost, and this process's peak RSS while a script prints 50 MB. Not part of the test
+run.
 """
 
 import argparse
+import importlib.util
 import os
 import platform
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -21,50 +29,132 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 import agent  # noqa: E402
+
+# Each optimisation of a call's price, as a text edit that takes it out of a copy of agent.py.
+REMOVALS = {
+    "tasks": [  # join the call's v1 cgroups through cgroup.procs, as before
+        ('joined = "tasks" if box.cgroup and box.cgroup[0] == "v1" else "cgroup.procs"',
+         'joined = "cgroup.procs"')],
+    "home-in-tmpfs": [  # home and shm made on disk too, under the call's tmpfs
+        ("for directory in (self.scratch,) if box.mounts else (self.scratch, self.home):",
+         "for directory in (self.scratch, self.home, self.shm):")],
+    "report-first": [  # the agent waits for the keeper to remove everything and exit
+        ("proc.wait(timeout=0 if reported and self.box.keeper else 1)", "proc.wait(timeout=1)")],
+}
+
+
+def agent_copy(folder, removed):
+    """agent.py imported from a copy in `folder` with the optimisations in `removed` taken out."""
+    source = (ROOT / "agent.py").read_text(encoding="utf-8")
+    for name in removed:
+        for old, new in REMOVALS[name]:
+            assert old in source, f"{name}: {old!r} is no longer in agent.py"
+            source = source.replace(old, new)
+    path = Path(folder, f"agent_without_{'_'.join(removed).replace('-', '_')}.py")
+    path.write_text(source, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def quartiles(values):
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else values * 3
+    return f"{statistics.median(values):.2f}, {q[0]:.2f}-{q[2]:.2f}"
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--runs", type=int, default=40)
+    parser.add_argument("--without", action="append", default=[], choices=sorted(REMOVALS))
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        workdir = Path(os.path.realpath(tmp))
-        boxed = agent.Sandbox(workdir, True, agent.Limits())
+        workdir = Path(os.path.realpath(tmp)) / "work"
+        workdir.mkdir()
         started = time.perf_counter()
+        boxed = agent.Sandbox(workdir, True, agent.Limits())
         boxed.ready()
         proving = time.perf_counter() - started
-        plain = agent.Sandbox(workdir, False, agent.Limits())
 
-        def floor():
-            subprocess.run([sys.executable, "-c", "pass"], cwd=workdir, check=True,
-                           stdin=subprocess.DEVNULL, capture_output=True)
+        def call(module, box):
+            def run():
+                done = module.execute("pass", workdir, box, 30, 30_000)
+                assert done.code == 0, done.stderr
+            return run
 
-        times = {"sandbox": [], "no-sandbox": [], "plain subprocess": []}
-        for _ in range(args.runs):  # alternated: the machine's drift hits all three alike
-            for name, box in (("sandbox", boxed), ("no-sandbox", plain), ("plain subprocess", None)):
+        def command(argv):
+            return lambda: subprocess.run(argv, cwd=workdir, check=True, stdin=subprocess.DEVNULL,
+                                          capture_output=True)
+
+        ways = {"sandbox": call(agent, boxed),
+                "no-sandbox": call(agent, agent.Sandbox(workdir, False, agent.Limits())),
+                "plain subprocess": command([sys.executable, "-c", "pass"])}
+        if boxed.cgroup and hasattr(agent, "cgroup_parents"):  # the most a cgroup made once per
+            uncapped = agent.Sandbox(workdir, True, agent.Limits())  # run could save: all of it
+            uncapped.ready()
+            uncapped.cgroup = None
+            ways["sandbox without a cgroup"] = call(agent, uncapped)
+        for name in args.without:
+            module = agent_copy(tmp, [name])
+            box = module.Sandbox(workdir, True, module.Limits())
+            box.ready()
+            ways[f"sandbox without {name}"] = call(module, box)
+            ways[f"no-sandbox without {name}"] = call(module, module.Sandbox(workdir, False,
+                                                                             module.Limits()))
+        bwrap = shutil.which("bwrap")
+        if bwrap:  # the same interpreter as the plain subprocess, so that is the base
+            ways["bwrap"] = command([bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/",
+                                     "/", "--dev", "/dev", "--proc", "/proc", sys.executable,
+                                     "-c", "pass"])
+        names = list(ways)
+        times = {name: [] for name in names}
+        for name in names:  # a first run of each, not counted: caches, the cgroup's first use
+            ways[name]()
+        for i in range(args.runs):  # alternated, the order rotated: drift hits every way alike
+            for name in names[i % len(names):] + names[:i % len(names)]:
                 started = time.perf_counter()
-                if box is None:
-                    floor()
-                else:
-                    run = agent.execute("pass", workdir, box, 30, 30_000)
-                    assert run.code == 0, run.stderr
-                times[name].append(time.perf_counter() - started)
-        med = {k: statistics.median(v) for k, v in times.items()}
+                ways[name]()
+                times[name].append((time.perf_counter() - started) * 1000)
+
+        def ratio(name, base):
+            each = [a / b for a, b in zip(times[name], times[base])]
+            return (f"{statistics.median(times[name]) / statistics.median(times[base]):.2f} "
+                    f"({quartiles(each)})")
+
         print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-              f"{platform.python_version()}, {time.strftime('%Y-%m-%d')}")
+              f"{platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M')}; load "
+              f"{os.getloadavg()[0]:.2f}")
         print(boxed.status)
-        print(f"trivial run_python, medians of {args.runs} alternated runs: "
-              + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in med.items()))
-        print(f"ratios: sandbox / no-sandbox {med['sandbox'] / med['no-sandbox']:.2f}, "
-              f"sandbox / plain subprocess {med['sandbox'] / med['plain subprocess']:.2f}, "
-              f"no-sandbox / plain subprocess {med['no-sandbox'] / med['plain subprocess']:.2f}")
+        print(f"trivial run_python, {args.runs} alternated rounds: median ms, ratio of medians to "
+              "the plain subprocess, and that ratio round by round: median (quartiles)")
+        for name in names:
+            if name == "bwrap":
+                continue
+            print(f"    {name:32} {statistics.median(times[name]):6.1f} ms  "
+                  f"{ratio(name, 'plain subprocess')}")
+        print(f"    sandbox / no-sandbox {ratio('sandbox', 'no-sandbox')}")
+        for name in args.without:  # what each optimisation is worth: the call without it, to
+            for kind in ("sandbox", "no-sandbox"):  # the call with it, round by round
+                print(f"    {kind} without {name} / {kind}: {ratio(f'{kind} without {name}', kind)}")
+        if "sandbox without a cgroup" in times:
+            print(f"    sandbox without a cgroup / sandbox: "
+                  f"{ratio('sandbox without a cgroup', 'sandbox')}")
+        if bwrap:
+            print(f"the peer's figure: bwrap --unshare-all --die-with-parent --ro-bind / / --dev "
+                  f"/dev --proc /proc python -c pass {statistics.median(times['bwrap']):.1f} ms: "
+                  f"{ratio('bwrap', 'plain subprocess')} the plain subprocess")
+        else:
+            print("the peer's figure: skipped, bwrap is not installed (apt install bubblewrap)")
         print(f"the first call's plan and self-test: {proving * 1000:.0f} ms (once per run, at "
               "the first run_python call; nothing at startup)")
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        code = "import sys\nblock = 'x' * 1023 + '\\n'\nfor _ in range(50 * 1024):\n    sys.stdout.write(block)\n"
+        code = ("import sys\nblock = 'x' * 1023 + '\\n'\nfor _ in range(50 * 1024):\n"
+                "    sys.stdout.write(block)\n")
         started = time.perf_counter()
         run = agent.execute(code, workdir, boxed, 60, 30_000)
         seconds = time.perf_counter() - started

@@ -1,15 +1,17 @@
 """The fixtures. What every test gets: none of the user's config, no network beyond loopback, no
 request the real API would reject, and nothing left behind in the temp directory. And what
-tests ask for by name: workdir, ctx, agent_copy. Helper functions are in helpers.py."""
+tests ask for by name: workdir, ctx, agent_copy, as_nobody. Helper functions are in helpers.py."""
 
 import json
 import os
+import pwd
 import shutil
 import signal
 import socket
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -39,13 +41,35 @@ def no_test_hangs(request):
 
 @pytest.fixture(autouse=True)
 def no_user_config(monkeypatch, tmp_path_factory):
-    """No ANTHROPIC_* from the environment, no .env found anywhere, a cwd of the test's own."""
+    """No ANTHROPIC_* from the environment, no .env found anywhere, a cwd of the test's own,
+    and a state directory of the test's own: the runs agent.py keeps (in-process, or in a
+    subprocess, which inherits the environment) never go to the real home."""
     for name in list(os.environ):
-        if name.startswith("ANTHROPIC"):
+        if name.startswith(("ANTHROPIC", "AGENT_PY_")):
             monkeypatch.delenv(name)
     monkeypatch.setattr(agent, "dotenv_path", lambda: None)
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
     agent.SECRETS.clear()
+
+
+def real_runs():
+    """The runs kept in the real home (or the state directory the tests were started with)."""
+    state = os.environ.get("XDG_STATE_HOME", "")
+    home = Path(pwd.getpwuid(os.getuid()).pw_dir)
+    places = {home / ".local" / "state" / "agent.py"} | (
+        {Path(state) / "agent.py"} if os.path.isabs(state) else set())
+    return {str(p) for place in places for p in place.rglob("*")} | {
+        str(place) for place in places if place.exists()}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_kept_in_the_real_home():
+    """No test leaves a kept run (or the directory for them) in the real home."""
+    before = real_runs()
+    yield
+    left = sorted(real_runs() - before)
+    assert not left, f"tests kept runs in the real home: {left[:5]}"
 
 
 @pytest.fixture(autouse=True)
@@ -206,3 +230,28 @@ def agent_copy(tmp_path):
     copy.parent.mkdir()
     shutil.copy(AGENT, copy)
     return copy
+
+
+@pytest.fixture
+def as_nobody(request):
+    """What a test that runs agent.py as `nobody` needs, where nobody can read it: the checkout
+    may be in a 0700 home or temp directory, so agent.py is copied to a directory of its own in
+    /tmp (root's, sticky and open to all, as /tmp is), beside a directory that nobody owns. All
+    of it is removed after the test however it ends, what nobody made there included."""
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if python is None:
+        pytest.skip("no /usr/bin/python3 an ordinary user can run")
+    if not os.stat("/tmp").st_mode & 0o001:
+        pytest.skip("/tmp is closed to other users: nowhere to put what nobody runs")
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no user `nobody` here")
+    top = Path(tempfile.mkdtemp(prefix="agent-test-nobody-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(top))
+    top.chmod(0o1777)  # nobody may remove what it owns in it, and nothing else
+    shutil.copyfile(AGENT, top / "agent.py")
+    (top / "agent.py").chmod(0o644)
+    (top / "nobody").mkdir()
+    os.chown(top / "nobody", nobody.pw_uid, nobody.pw_gid)
+    return SimpleNamespace(python=python, user=nobody, agent_dir=top, dir=top / "nobody")

@@ -4,7 +4,8 @@ It answers POST /v1/messages from a script, as SSE streams like the real API, an
 rejects with a 400 (the API's own error shape and message) every request that
 api_rules.check_request says the real API would reject. Script items:
 
-  {"content": [...], "stop_reason": ...}   a message, streamed as SSE events
+  {"content": [...], "stop_reason": ...}   a message, streamed as SSE events (with its
+                                             "_headers", if it has any)
   {"sse": "file.sse"} or {"sse_text": ...}  a recorded stream, sent byte for byte
   {"status": 529, "body": {...}, "headers": {...}}   an HTTP error
   {"pings": seconds}                         headers, then only ping events for that long
@@ -133,6 +134,9 @@ class FakeAPI:
             def do_POST(self):
                 api.headers.append({k.lower(): v for k, v in self.headers.items()})
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                if self.path.split("?")[0] not in ("/v1/messages", "/v1/messages/count_tokens"):
+                    return api.send(self, 404, {"type": "error", "error": {  # as the API says
+                        "type": "not_found_error", "message": "Not Found"}})
                 if self.path.startswith("/v1/messages/count_tokens"):
                     return api.count(self, body)
                 body["_betas"] = [b for b in (self.headers.get("anthropic-beta") or "").split(",")
@@ -203,7 +207,8 @@ class FakeAPI:
             remember(self.issued, message_of(text))
             return self.send(handler, 200, text, "text/event-stream")
         remember(self.issued, item)
-        self.send(handler, 200, stream_of(item, complete=not item.get("_cut")), "text/event-stream")
+        self.send(handler, 200, stream_of(item, complete=not item.get("_cut")), "text/event-stream",
+                  headers=item.get("_headers"))
 
     def misbehave(self, handler, item):
         """A stream that is slow or never finishes: pings only, events far apart, text without

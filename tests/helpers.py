@@ -19,7 +19,7 @@ import jsonschema
 
 import agent
 from fake_api import FakeAPI
-from fakes import FakeClient, reply, text, tool_use
+from fakes import FakeAPIError, FakeClient, reply, text, tool_use
 
 AGENT = Path(agent.__file__).resolve()
 DOTENV_PATH = agent.dotenv_path  # the real one, for the tests of .env itself (conftest.py
@@ -177,6 +177,53 @@ def loopback(host):
         return ipaddress.ip_address(host.split("%")[0]).is_loopback
     except ValueError:
         return False
+
+
+def lone_surrogates(document):
+    """The strings in a document agent.py wrote (its bytes, or JSON already read) that hold a
+    lone surrogate, which is not Unicode: none may. Bytes must be UTF-8 to begin with."""
+    if isinstance(document, bytes):
+        document = document.decode("utf-8")  # raises on a raw surrogate or any invalid byte
+        try:
+            document = json.loads(document)
+        except json.JSONDecodeError:  # JSON Lines, or a page: its text itself
+            lines = document.splitlines()
+            try:
+                document = [json.loads(line) for line in lines]
+            except json.JSONDecodeError:
+                document = lines
+    if isinstance(document, dict):
+        document = [*document.keys(), *document.values()]
+    if isinstance(document, list):
+        return [s for item in document for s in lone_surrogates(item)]
+    return [document] if isinstance(document, str) and any(
+        "\ud800" <= ch <= "\udfff" for ch in document) else []
+
+
+def surrogate_run(capsys, tmp_path, *flags):
+    """A run where text that is not Unicode comes in by every route it can: a workdir whose name
+    is not UTF-8, a server's error message and reply text with a lone surrogate, a tool call on
+    a file name that holds one. Returns (exit code, the transcript's path, stderr)."""
+    workdir = Path(os.fsdecode(os.path.join(os.fsencode(tmp_path), b"w\xe9")))
+    workdir.mkdir()
+    (workdir / "scores.csv").write_text("name,score\nAlice,88\n")
+    busy = FakeAPIError(529, "overloaded_error", "busy \ud800", {"retry-after": "0"})
+    client = FakeClient(busy, reply(text("bad \ud800 text"),
+                                    tool_use("read_file", {"path": "caf\udce9.csv"})),
+                        reply(text("done \udce9")))
+    transcript = tmp_path / "run.json"
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript",
+                                    str(transcript), *flags], client)
+    return code, transcript, err
+
+
+def with_lone_surrogates(path):
+    """A copy of the transcript at `path` whose every U+FFFD is the JSON escape of a lone
+    surrogate again, as a forged or older file may hold: what reads it must not pass one on."""
+    forged = path.with_name("forged.json")
+    forged.write_text(path.read_text().replace("\ufffd", "\\ud800"))
+    assert lone_surrogates(forged.read_bytes())
+    return forged
 
 
 def budget_stopped(capsys, workdir, path):

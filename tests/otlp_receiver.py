@@ -4,10 +4,15 @@ protobuf, gzip or not), decoded with opentelemetry-proto; every span it was sent
     with OTLPReceiver() as collector:   # OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint
         ...
         collector.spans()  # [(resource attributes, span)], span as opentelemetry.proto's Span
+        collector.bodies   # every request body as sent (decompressed): the bytes to search
+
+and HostileCollector, one that answers with an endless body, a drip, or a redirect.
 """
 
 import gzip
+import socket
 import threading
+import time
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -32,7 +37,7 @@ class OTLPReceiver(ThreadingHTTPServer):
 
     def __init__(self):
         super().__init__(("127.0.0.1", 0), Handler)
-        self.requests, self.headers = [], []
+        self.requests, self.headers, self.bodies = [], [], []
 
     @property
     def endpoint(self):
@@ -67,6 +72,7 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
+        self.server.bodies.append(body)
         request = ExportTraceServiceRequest()
         request.ParseFromString(body)
         self.server.requests.append(request)
@@ -77,3 +83,73 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(answer)))
         self.end_headers()
         self.wfile.write(answer)
+
+
+class HostileCollector:
+    """A collector that answers to hurt the run, on 127.0.0.1 (raw sockets, one thread a
+    connection). `answer` is one of:
+
+      "huge"      200 OK, then a body of `size` bytes as fast as the socket takes them
+      "drip"      the status line, then a byte of a header every `every` seconds, forever
+      "redirect"  307 to `location` (another collector), which a client must not follow
+
+    It keeps, per connection, when it opened, how many bytes it read, and when the client
+    went away (a send that failed), so a test can tell how long the client listened."""
+
+    def __init__(self, answer, size=512 << 20, every=0.1, location=None):
+        self.answer, self.size, self.every, self.location = answer, size, every, location
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.connections, self.stopping = [], threading.Event()
+
+    @property
+    def endpoint(self):
+        return f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+
+    def __enter__(self):
+        threading.Thread(target=self.accept, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stopping.set()
+        self.listener.close()
+
+    def accept(self):
+        while not self.stopping.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            record = {"opened": time.monotonic(), "read": 0, "gone": None}
+            self.connections.append(record)
+            threading.Thread(target=self.serve, args=(conn, record), daemon=True).start()
+
+    def serve(self, conn, record):
+        with conn:
+            conn.settimeout(5)
+            try:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    head += chunk
+                    record["read"] += len(chunk)
+                if self.answer == "redirect":
+                    conn.sendall(f"HTTP/1.1 307 Temporary Redirect\r\nLocation: {self.location}"
+                                 "\r\nContent-Length: 0\r\n\r\n".encode())
+                    time.sleep(1)
+                    return
+                if self.answer == "huge":
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\n"
+                                 b"Content-Length: %d\r\n\r\n" % self.size)
+                    block, sent = b"\0" * (1 << 20), 0
+                    while sent < self.size and not self.stopping.is_set():
+                        conn.sendall(block)
+                        sent += len(block)
+                    return
+                conn.sendall(b"HTTP/1.1 200 OK\r\nX-Drip: ")
+                while not self.stopping.is_set():
+                    time.sleep(self.every)
+                    conn.sendall(b"a")
+            except OSError:
+                record["gone"] = time.monotonic()

@@ -1,8 +1,11 @@
 """API plumbing and retries: streaming, watchdog, retry_delay, request_turn, check_reply."""
 
+import functools
 import json
 import socket
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -10,7 +13,7 @@ import agent
 from fake_api import sse, stream_of
 from fakes import (APIConnectionError, FakeAPIError, FakeClient, Midstream, RECORDED, Truncated,
                    recorded_loop, reply, text, tool_use)
-from helpers import drive, final_messages, run_cli, serve
+from helpers import drive, final_messages, run_cli, sdk_client, serve
 
 
 # --- retries, with a scripted client ---
@@ -464,3 +467,87 @@ def test_a_cut_tool_call_below_max_tokens_is_a_full_context_not_retried(capsys, 
     assert (code, len(client.requests)) == (5, 1) and "retrying the turn" not in err
     assert "stopped at 700 output tokens, below max_tokens 16000, so the server's context, not " \
            "max_tokens, was full" in err
+
+
+# --- a server that is not a Messages API, or not at the URL given ---
+
+@pytest.fixture
+def web_server(request, tmp_path):
+    """A real web server on loopback that is no Messages API: Python's own http.server serving
+    a directory (it answers a POST with 501 and an HTML page), or `handler`. Its base URL."""
+    def start(handler=functools.partial(SimpleHTTPRequestHandler, directory=str(tmp_path))):
+        class Quiet(handler if isinstance(handler, type) else handler.func):
+            def log_message(self, *args):
+                pass
+        made = functools.partial(Quiet, *handler.args, **handler.keywords) \
+            if isinstance(handler, functools.partial) else Quiet
+        server = ThreadingHTTPServer(("127.0.0.1", 0), made)
+        server.posts = 0
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        request.addfinalizer(lambda: (server.shutdown(), server.server_close()))
+        return server, f"http://127.0.0.1:{server.server_address[1]}"
+    return start
+
+
+def base_client(url):
+    return agent.make_client({"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": url},
+                             agent.Limits())
+
+
+def test_a_plain_web_server_is_one_line_not_retried_asking_about_the_base_url(
+        capsys, workdir, tmp_path, web_server):
+    server, url = web_server()
+    path = tmp_path / "run.json"
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path),
+                                      "--no-keep"], base_client(url))  # stderr: the one line
+    detail = (f"501 Not Implemented from {url}/v1/messages: an HTML page, not the API's JSON "
+              "error (Error response Error code: 501 Message: Unsupported method ('POST'). "
+              f"Error code explanation: 501 -…); is ANTHROPIC_BASE_URL ({url}) an Anthropic "
+              "Messages API server?")
+    assert (code, out) == (1, "")
+    assert err == f"stop: api_error ({detail}); 0 turns, 0 tokens, $0.000000\n"
+    saved = json.loads(path.read_text())
+    assert saved["stop"]["detail"] == detail and "retries" not in saved["stop"]
+
+
+@pytest.mark.parametrize("status", [502, 503, 504])
+def test_a_proxys_html_error_is_retried_each_retry_one_line(request, capsys, workdir, status):
+    page = (f"<html>\r\n<head><title>{status} Oops</title></head>\r\n<body>\r\n<center><h1>"
+            f"{status} Oops</h1></center>\r\n<hr><center>nginx/1.27.0</center>\r\n</body>\r\n"
+            "</html>\r\n" + "<!-- a padding to defeat a browser's friendly page -->\r\n" * 6)
+    failing = {"status": status, "body": page, "headers": {"retry-after": "0",
+                                                          "content-type": "text/html"}}
+    api = serve(request, failing, failing, reply(text("ok")))
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir)], api=api)
+    retries = [line for line in err.splitlines() if line.startswith("retrying")]
+    assert (code, out, len(api.requests)) == (0, "ok\n", 3)
+    phrase = {502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}[status]
+    assert retries == [f"retrying in 0.0s (attempt {n} of 5): {status} {phrase} from "
+                       f"{api.url}/v1/messages: an HTML page, not the API's JSON error "
+                       f"({status} Oops nginx/1.27.0); is ANTHROPIC_BASE_URL ({api.url}) an "
+                       "Anthropic Messages API server?" for n in (2, 3)], err
+    assert "<" not in err
+
+
+def test_a_base_url_ending_in_v1_names_the_url_asked_and_the_root(request, capsys, workdir,
+                                                                  web_server):
+    api = serve(request)
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--no-keep"],  # one line
+                           base_client(api.url + "/v1"))
+    assert code == 1 and err == (
+        f"stop: api_error (404 not_found_error: Not Found, from {api.url}/v1/v1/messages: "
+        f"ANTHROPIC_BASE_URL is the server's root, without /v1 ({api.url})); 0 turns, 0 "
+        "tokens, $0.000000\n")
+
+    class Empty404(BaseHTTPRequestHandler):  # a server that says nothing but 404
+        def do_POST(self):
+            self.send_response(404)
+            self.send_header("content-length", "0")
+            self.end_headers()
+    _, url = web_server(Empty404)
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--no-keep"],
+                           base_client(url + "/v1"))
+    assert code == 1 and err == (
+        f"stop: api_error (404 Not Found from {url}/v1/v1/messages: an empty body, not the API's "
+        f"JSON error; ANTHROPIC_BASE_URL is the server's root, without /v1 ({url})); 0 turns, 0 "
+        "tokens, $0.000000\n")

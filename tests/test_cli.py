@@ -1,7 +1,9 @@
 """Terminal output (Reporter, visible) and the CLI: flags, .env, make_client, main, subprocess."""
 
+import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -82,6 +84,34 @@ def test_a_dash_question_is_read_from_stdin_and_an_empty_one_refused(capsys, wor
     client = FakeClient()
     code, out, err = run_cli(capsys, ["-", "--workdir", str(workdir)], client, stdin="\n")
     assert (code, out, client.requests) == (2, "", []) and "stdin held none" in err
+
+
+@pytest.mark.parametrize("how", ["argument", "stdin"])
+def test_a_question_that_is_not_utf8_is_a_usage_error_before_anything_is_sent(capsys, workdir,
+                                                                             how):
+    """Python hands such an argument over with a lone surrogate (\\udce9 for byte 0xe9): it
+    must not be sent, nor recorded as text that is not Unicode."""
+    client = FakeClient(reply(text("never")))
+    argv, stdin = (["caf\udce9 ?"], "") if how == "argument" else \
+        (["-"], io.TextIOWrapper(io.BytesIO(b"caf\xe9 ?\n"), encoding="utf-8"))
+    code, out, err = run_cli(capsys, argv + ["--workdir", str(workdir)], client, stdin=stdin)
+    assert (code, out, client.requests) == (2, "", [])
+    assert err == ("agent.py: the question is not valid UTF-8: byte 0xe9 after 'caf'; give it as "
+                   f"UTF-8 text (iconv -t UTF-8 converts a file){' on stdin' * (how == 'stdin')}"
+                   "\n"), err
+
+
+def test_a_question_that_is_not_utf8_is_refused_as_a_user_gives_it(request, workdir, tmp_path,
+                                                                   agent_copy):
+    api = serve(request)
+    for argv, given in (([b"caf\xe9 ?"], None), (["-"], b"caf\xe9 ?\n")):
+        done = subprocess.run([sys.executable, str(agent_copy), *argv, "--workdir", str(workdir),
+                               "--transcript", str(tmp_path / "run.json"), "--events",
+                               str(tmp_path / "events.jsonl")], input=given or b"",
+                              capture_output=True, env=agent_env(api), timeout=60)
+        assert done.returncode == 2 and b"not valid UTF-8" in done.stderr, done.stderr
+        assert len(done.stderr.splitlines()) == 1 and done.stdout == b""
+    assert api.requests == [] and not (tmp_path / "run.json").exists()
 
 
 def test_count_tokens_without_a_question_says_what_it_counted(capsys):
@@ -233,6 +263,54 @@ def test_a_containers_root_is_a_workdir_once_the_sandbox_is_off(capsys, tmp_path
     client = FakeClient()
     code, _, err = run_cli(capsys, ["q", "--workdir", "/", "--yes"], client)  # sandbox on
     assert (code, client.requests) == (2, []) and "holds" in err and "--no-sandbox" in err
+
+
+# --- the conventions of the tools people know: short forms, quoting ---
+
+SHORT_FORMS = {"-C": "--workdir", "-m": "--model", "-y": "--yes", "-r": "--resume",
+               "-s": "--system-prompt", "-q": "--quiet", "-V": "--version"}
+
+
+def test_short_forms_do_what_the_long_ones_do(capsys, workdir, tmp_path):
+    """codex exec's -C and -m, llm's -m and -s, claude's -r, and the -y, -q and -V of every
+    tool: each the same as its long flag, and named in --help and README."""
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("Be brief.")
+    path = tmp_path / "run.json"
+    client = FakeClient(reply(tool_use("run_python", {"code": "print(6 * 7)"})), reply(text("42")))
+    code, out, err = run_cli(capsys, ["q", "-C", str(workdir), "-m", "claude-sonnet-5-5", "-y", "-q",
+                                      "-s", str(prompt), "--no-sandbox", "--transcript",
+                                      str(path)], client)
+    assert (code, out, err) == (0, "42\n", "")  # -q: nothing on stderr; -y: nothing asked
+    request = client.requests[0]
+    assert (request["model"], request["system"]) == ("claude-sonnet-5-5", "Be brief.")
+    assert json.loads(path.read_text())["workdir"] == str(workdir)
+    client = FakeClient(reply(text("more")))
+    code, out, _ = run_cli(capsys, ["-r", str(path), "go on", "-C", str(workdir), "-s",
+                                    str(prompt), "-m", "claude-sonnet-5-5"], client)
+    assert (code, out) == (0, "more\n") and len(client.requests[0]["messages"]) == 5
+    code, out, _ = run_cli(capsys, ["-V"], FakeClient())
+    assert (code, out) == (0, f"agent.py {agent.AGENT_VERSION}\n")
+    code, shown, _ = run_cli(capsys, ["--help"], FakeClient())
+    readme = (AGENT.parent / "README.md").read_text()
+    for short, long in SHORT_FORMS.items():
+        assert re.search(rf"^  {short}( [A-Z]+)?, {long}\b", shown, re.M), (short, long)
+        assert f"`{short}/{long}" in readme, (short, long)
+    code, _, err = run_cli(capsys, ["q", "--work", str(workdir)], FakeClient())  # long: never
+    assert code == 2 and "unrecognized arguments: --work" in err  # abbreviated
+
+
+@pytest.mark.parametrize("argv, quoted", [
+    (["what", "is", "the", "average?", "--workdir", "w"], "'what is the average?'"),
+    (["--workdir", "w", "scores.csv", "里平均分是多少？"], "'scores.csv 里平均分是多少？'"),
+    (["--resume", "run.json", "and", "the", "median"], "'and the median'"),
+])
+def test_an_unquoted_question_gets_one_line_saying_to_quote_it(capsys, argv, quoted):
+    client = FakeClient()
+    code, out, err = run_cli(capsys, argv, client)
+    assert (code, out, client.requests) == (2, "", [])
+    assert len(err.strip().splitlines()) == 1 and "unrecognized arguments:" in err
+    assert f"a question of several words goes in quotes: agent.py {quoted}" in err, err
 
 
 # --- .env and config ---
@@ -481,6 +559,60 @@ def test_a_planted_dotenv_cannot_redirect_any_later_run(request, tmp_path, workd
     assert len(good.requests) == 1 and len(good.counted) == 3
     assert evil.requests == [] and evil.counted == [] and evil.connections == 0
 
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to make a file another user owns")
+OTHER_WRITERS = {"owned by nobody": (65534, 0o600), "group-writable": (0, 0o620),
+                 "world-writable": (0, 0o602)}
+
+
+@needs_root
+@pytest.mark.parametrize("kind", sorted(OTHER_WRITERS))
+def test_a_dotenv_another_user_could_write_cannot_redirect_the_run(request, workdir, agent_copy,
+                                                                  kind):
+    """Another user (the .env's owner, or anyone its mode lets write it) put a key and a base
+    URL there: the run (root's) sends nothing to that server, and one line says why."""
+    evil = serve(request, reply(text("from the other user's server")))
+    dotenv = agent_copy.parent / ".env"
+    dotenv.write_text(f"ANTHROPIC_API_KEY=planted-key\nANTHROPIC_BASE_URL={evil.url}\n")
+    uid, mode = OTHER_WRITERS[kind]
+    os.chown(dotenv, uid, uid)
+    dotenv.chmod(mode)
+    done = run_agent_py(agent_copy, "q", "--workdir", workdir, env=agent_env(), timeout=60,
+                        stdin=subprocess.DEVNULL)
+    assert (evil.connections, evil.requests, done.returncode) == (0, [], 2), done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 2 and lines[0].startswith(f"note: not reading {dotenv}: "), lines
+    assert ("owned by nobody (uid 65534)" if uid else "writable by") in lines[0], lines[0]
+    assert "another user could have written it" in lines[0] and "no API key" in lines[1]
+
+
+@needs_root
+def test_whose_dotenv_counts_as_an_ordinary_user(as_nobody):
+    """Run as `nobody`: its own .env and root's are read; one another user owns, or one anyone
+    else may write, is not, and one line says why."""
+    dotenv = as_nobody.agent_dir / ".env"
+    driver = (f"import sys, json; sys.path.insert(0, {str(as_nobody.agent_dir)!r})\n"
+              "import agent\n"
+              "print(json.dumps(agent.read_dotenv(agent.dotenv_path(), None, agent.Reporter())))")
+    nobody = as_nobody.user.pw_uid
+    seen = {}
+    for owner, mode in [(nobody, 0o600), (0, 0o644), (nobody, 0o640), (1, 0o644),
+                        (0, 0o664), (nobody, 0o606)]:
+        dotenv.unlink(missing_ok=True)
+        dotenv.write_text("ANTHROPIC_MODEL=from-the-file\n")
+        os.chown(dotenv, owner, owner)
+        dotenv.chmod(mode)
+        done = subprocess.run([as_nobody.python, "-c", driver], capture_output=True, text=True,
+                              timeout=60, cwd="/", env={"PATH": "/usr/bin:/bin"}, user=nobody,
+                              group=as_nobody.user.pw_gid, extra_groups=[])
+        assert done.returncode == 0, done.stderr
+        seen[owner, oct(mode)] = json.loads(done.stdout), done.stderr.splitlines()
+    for (owner, mode), (text_, notes) in seen.items():
+        read = owner in (nobody, 0) and mode in ("0o600", "0o644", "0o640")
+        assert (text_ == "ANTHROPIC_MODEL=from-the-file\n") == read, (owner, mode, text_)
+        assert len(notes) == (0 if read else 1), (owner, mode, notes)
+        assert read or "another user could have written it" in notes[0]
 
 OLDER_PYTHONS = sorted(p for p in Path(os.path.expanduser("~/.pyenv/versions")).glob(
     "3.[89]*/bin/python") if p.exists()) + sorted(Path(os.path.expanduser(

@@ -12,7 +12,7 @@ import pytest
 
 import agent
 from fakes import FakeAPIError, FakeClient, reply, text, tool_use
-from helpers import budget_stopped, run_cli
+from helpers import budget_stopped, lone_surrogates, run_cli, surrogate_run, with_lone_surrogates
 
 THINKING = {"type": "thinking", "thinking": "Read both files, then compute.",
             "signature": "c2lnbmF0dXJl"}
@@ -140,6 +140,22 @@ def test_a_run_with_parallel_calls_maps_turn_by_turn(capsys, workdir, tmp_path):
     assert document["agent"]["tool_definitions"][0]["parameters"] == \
         agent.TOOLS[0]["input_schema"]
     assert document["final_metrics"]["total_cost_usd"] > 0 and "notes" not in document
+
+
+def test_the_server_travels_in_the_trajectorys_extra(capsys, workdir, tmp_path, monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://key:pw@127.0.0.1:8080/?token=t0k")
+    document = trajectory_of(capsys, a_run(capsys, workdir, tmp_path))
+    assert document["extra"]["base_url"] == "http://127.0.0.1:8080/"
+    assert "pw@" not in json.dumps(document) and "t0k" not in json.dumps(document)
+
+
+def test_an_export_holds_no_lone_surrogate(capsys, tmp_path):
+    _, transcript, _ = surrogate_run(capsys, tmp_path)
+    for source in (transcript, with_lone_surrogates(transcript)):
+        out = tmp_path / "run.atif.json"
+        code, _, err = run_cli(capsys, ["--export", "atif", str(source), "-o", str(out)])
+        assert code == 0 and not lone_surrogates(out.read_bytes()), err
+        assert "done \ufffd" in out.read_text()
 
 
 def test_the_golden_transcript(capsys, tmp_path):
@@ -382,7 +398,7 @@ def test_a_summary_never_makes_export_open_the_file_it_names(capsys, workdir, tm
 
 def test_a_summary_without_transcripts_says_so(capsys, workdir, tmp_path):
     code, out, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "1",
-                                    "--transcript", "-"], FakeClient(reply(text("1"))))
+                                    "--transcript", "-", "--no-keep"], FakeClient(reply(text("1"))))
     summary = tmp_path / "trials.json"
     summary.write_text(out)
     code, _, err = run_cli(capsys, ["--export", "atif", str(summary)])

@@ -3,6 +3,7 @@ golden transcript."""
 
 import ast
 import builtins
+import io
 import json
 import os
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 
 import agent
 from fakes import FakeAPIError, FakeClient, RECORDED, recorded_loop, reply, text, tool_use
-from helpers import events_of, final_messages, run_cli
+from helpers import events_of, final_messages, run_cli, tool_context
 
 
 # --- the file reads as the loop it teaches ---
@@ -83,7 +84,36 @@ def test_the_key_is_redacted_from_every_route(capsys, workdir, tmp_path, monkeyp
     assert KEY not in out + err
 
 
-# --- the loop: what goes over the wire ---
+
+def pieces(key, size=12):
+    """Every run of `size` characters of the key: none may be written anywhere."""
+    return {key[i:i + size] for i in range(len(key) - size + 1)}
+
+
+def test_no_cut_leaves_a_piece_of_the_key(workdir, tmp_path, monkeypatch):
+    """The key where run_python's output is clipped (head and tail), and a reply's text that
+    brings it in two pieces, across the point where the event stream cuts its text events and
+    stderr writes what came: no piece of 12 characters of it is in the tool result, the
+    events or stderr."""
+    agent.SECRETS.add(KEY)
+    ctx = tool_context(workdir, tmp_path, agent.Limits(output_chars=200))  # 50 + 50 bytes kept
+    code = ("import sys; key = open('leak.txt').read(); "
+            "sys.stdout.write('x' * 30 + key + 'y' * 300 + key + 'z' * 30)")
+    (workdir / "leak.txt").write_text(KEY)
+    result = agent.call_tool(tool_use("run_python", {"code": code}), ctx)[0]["content"]
+    assert "bytes cut" in result and not [p for p in pieces(KEY) if p in result], result
+    events, stderr = tmp_path / "events.jsonl", io.StringIO()
+    with open(events, "wb") as stream:
+        report = agent.Reporter(stream=stderr, events=agent.Events(stream, "run"))
+        report.turn_start(1)
+        report.text("a" * 1990 + KEY[:20])
+        report.text(KEY[20:] + " and the rest.\n")
+        report.flush_text()
+        report.emit("sandbox", status="after the text", confined=False)
+    written = events.read_text() + stderr.getvalue()
+    assert not [p for p in pieces(KEY) if p in written], written[-300:]
+    said = "".join(e["text"] for e in events_of(events) if e["type"] == "text")
+    assert said == "a" * 1990 + "[redacted secret] and the rest.\n"
 
 def test_every_request_sends_system_tools_history_and_caching(capsys, workdir):
     client = FakeClient(reply(tool_use("read_file", {"path": "scores.csv"})),
@@ -328,7 +358,7 @@ def test_interrupted(capsys, workdir, tmp_path):
 def test_every_label_has_an_exit_code_and_the_help_lists_them():
     labels = {"end_turn", "stop_sequence", "max_turns", "token_budget", "cost_budget",
               "max_tokens", "refusal", "model_context_window_exceeded", "api_error", "error",
-              "interrupted"}
+              "interrupted", "replay_differs"}
     assert set(agent.EXIT_CODES) == labels
     for label in labels:
         assert label in agent.EPILOG

@@ -290,6 +290,76 @@ def test_a_replay_needs_no_key_and_connects_nowhere(capsys, workdir, tmp_path):
     listener.close()
 
 
+
+KEY = "sk-ant-api03-REPLAY-TEST-KEY-0123456789abcdef"
+LEAK = "print(open('leak.txt').read())"
+
+
+@pytest.mark.parametrize("where", ["environment", ".env"])
+def test_a_replay_writes_the_key_nowhere(capsys, workdir, tmp_path, monkeypatch, where):
+    """A recording made where the key was unknown holds it (a file the model read, a script
+    that printed it, the model saying it); it is replayed with the key in the environment or
+    the .env, on a workdir where the file changed (so stderr shows the difference): no byte
+    of the transcript, events, stdout, stderr, or the report and export of the new
+    transcript, holds the key."""
+    (workdir / "leak.txt").write_text(f"key={KEY}\n")
+    path, recorded = record(capsys, workdir, tmp_path,
+                            reply(text(f"I found {KEY}."), tool_use("read_file", {"path": "leak.txt"}),
+                                  tool_use("run_python", {"code": LEAK + f"  # {KEY}"})),
+                            reply(text(f"The key is {KEY}, as read.")))
+    assert KEY in path.read_text()  # the attack: the recording holds it
+    (workdir / "leak.txt").write_text(f"the new key={KEY}\n")
+    if where == "environment":
+        monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+    else:
+        dotenv = tmp_path / "beside" / ".env"
+        dotenv.parent.mkdir()
+        dotenv.write_text(f"ANTHROPIC_API_KEY={KEY}\n")
+        dotenv.chmod(0o600)
+        monkeypatch.setattr(agent, "dotenv_path", lambda: dotenv)
+    events = tmp_path / "events.jsonl"
+    code, out, err, new = replay(capsys, path, workdir, tmp_path, "--yes", "--events", events)
+    assert code == 0 and "differs from the recording" in err, err
+    written = {"stdout": out, "stderr": err, "transcript": (tmp_path / "replayed.json").read_text(),
+               "events": events.read_text()}
+    for flags, name in ((["--report", tmp_path / "replayed.json"], "replayed.html"),
+                        (["--export", "atif", tmp_path / "replayed.json"], "replayed.atif.json")):
+        done, out, err = run_cli(capsys, [str(f) for f in flags] + ["-o", str(tmp_path / name)])
+        assert done == 0, err
+        written[name] = (tmp_path / name).read_text() + out + err
+    assert {k: KEY in v for k, v in written.items()} == dict.fromkeys(written, False)
+    assert "[redacted secret]" in written["transcript"] and "[redacted secret]" in written["stderr"]
+    assert new["answer"] == "The key is [redacted secret], as read."
+
+# --- a regression check for CI: --strict ---
+
+def test_strict_ends_a_replay_at_the_first_difference_with_replay_differs(capsys, workdir,
+                                                                          tmp_path):
+    path, recorded = record(capsys, workdir, tmp_path)
+    code, out, _, new = replay(capsys, path, workdir, tmp_path, "--yes", "--strict")
+    assert (code, new["stop"]) == (0, recorded["stop"])  # nothing differs: as without --strict
+    (workdir / "scores.csv").write_text("name,score\nAlice,88\nBob,70\nChen,95\n")
+    events = tmp_path / "events.jsonl"
+    code, out, err, new = replay(capsys, path, workdir, tmp_path, "--yes", "--strict",
+                                 "--events", events)
+    assert (code, out) == (7, "") and agent.EXIT_CODES["replay_differs"] == 7
+    assert new["stop"]["reason"] == "replay_differs" and new["stop"]["exit_code"] == 7
+    assert len(new["turns"]) == 1  # the later replies answered the recorded result: not sent
+    assert f"stop: replay_differs (turn 1: 1 of 2 tool results differs from {path}" in err
+    assert new["replay"]["differences"] == [{"turn": 1, "id": "toolu_A", "name": "read_file",
+                                             "diff": ["-Bob,72", "+Bob,70"]}]
+    stop = events_of(events)[-1]
+    assert (stop["type"], stop["stop"], stop["exit_code"]) == ("run.stop", "replay_differs", 7)
+    assert "| `replay_differs` |" in (ROOT / "README.md").read_text()
+    assert "replay_differs" in agent.EPILOG
+
+
+def test_strict_goes_with_replay(capsys, workdir):
+    client = FakeClient()
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--strict"], client)
+    assert (code, client.requests) == (2, []) and "--strict goes with --replay" in err
+
+
 # --- the example the README runs ---
 
 def test_the_readme_command_replays_the_shipped_example(tmp_path):
@@ -302,6 +372,16 @@ def test_the_readme_command_replays_the_shipped_example(tmp_path):
     assert done.stdout == example["answer"] + "\n"
     assert "a scripted model (tests/make_example.py)" in done.stderr
     assert "--- run it? [y/N]" in done.stderr
+    assert "replay: 3 tool results, each as recorded" in done.stderr
+
+
+def test_the_readme_check_needs_no_packages_and_passes_on_the_shipped_example(tmp_path):
+    """README: the replay needs no packages, any Python 3.11+: run here with -S (no
+    site-packages, so neither anthropic nor python-dotenv can be imported), and --strict."""
+    done = run_agent_py("agent.py", "--replay", "workspace/example-run.json", "--workdir",
+                        "workspace", "--strict", flags=["-S"], cwd=ROOT, env=agent_env(),
+                        input="y\n", timeout=60)
+    assert done.returncode == 0, done.stderr
     assert "replay: 3 tool results, each as recorded" in done.stderr
 
 

@@ -10,7 +10,7 @@ import pytest
 
 import agent
 from fakes import FakeAPIError, FakeClient, reply, text, tool_use
-from helpers import run_cli
+from helpers import lone_surrogates, run_cli, surrogate_run, with_lone_surrogates
 
 HOSTILE = "</pre><script>window.__pwned = 1</script><img src=x onerror=\"window.__pwned=2\">"
 
@@ -53,6 +53,22 @@ def test_a_run_report_is_self_contained_and_inert(capsys, workdir, tmp_path):
     assert "read_file" in page and "error" in page and "cost" in page
 
 
+@pytest.mark.parametrize("server, note", [
+    ("http://127.0.0.1:8080/v2", True),  # a local model, a proxy: priced as Anthropic's
+    ("https://api.anthropic.com", False), (None, False)])
+def test_the_report_names_the_server_and_how_its_cost_is_priced(capsys, workdir, tmp_path,
+                                                               monkeypatch, server, note):
+    if server:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server)
+    page = (tmp_path / "run.html")
+    report(capsys, a_run(capsys, workdir, tmp_path))
+    page = page.read_text()
+    assert (f"server <code>{server}</code>" in page) is bool(server)
+    priced = ("priced as claude-haiku-5-5 would be on Anthropic's API, not by "
+              "http://127.0.0.1:8080/v2")
+    assert (priced in page) is note, page[:3000]
+
+
 def test_the_report_shows_the_token_growth(capsys, workdir, tmp_path):
     source = a_run(capsys, workdir, tmp_path)
     report(capsys, source, "-o", str(tmp_path / "out.html"))
@@ -60,6 +76,16 @@ def test_the_report_shows_the_token_growth(capsys, workdir, tmp_path):
     heights = [float(h) for h in re.findall(r'class="bar seg-read"[^>]* height="([\d.]+)"', page)]
     assert heights[0] == 0 and heights[3] > heights[2] > 0  # cache reads grow turn by turn
     assert "cache-read share" in page and "running cost" in page
+
+
+def test_a_report_holds_no_lone_surrogate(capsys, tmp_path):
+    """Text that is not Unicode, from a run or in a transcript read back, is U+FFFD on the page."""
+    _, transcript, _ = surrogate_run(capsys, tmp_path)
+    for source in (transcript, with_lone_surrogates(transcript)):
+        code, _, err = run_cli(capsys, ["--report", str(source), "-o", str(tmp_path / "r.html")])
+        page = (tmp_path / "r.html").read_bytes()
+        assert code == 0 and not lone_surrogates(page), err
+        assert b"\\ud800" not in page and "done \ufffd".encode() in page
 
 
 def test_a_trials_report_names_each_trials_transcript_and_writes_one_page(capsys, workdir,

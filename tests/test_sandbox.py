@@ -2,8 +2,6 @@
 
 import json
 import os
-import pwd
-import shutil
 import signal
 import socket
 import subprocess
@@ -11,8 +9,8 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -336,31 +334,6 @@ def test_the_child_holds_no_capability(probed):
     assert probed["no_new_privs"] == 1
 
 
-@pytest.fixture
-def as_nobody(request):
-    """What a test that runs agent.py as `nobody` needs, where nobody can read it: the checkout
-    may be in a 0700 home or temp directory, so agent.py is copied to a directory of its own in
-    /tmp (root's, sticky and open to all, as /tmp is), beside a directory that nobody owns. All
-    of it is removed after the test however it ends, what nobody made there included."""
-    python = shutil.which("python3", path="/usr/bin:/bin")
-    if python is None:
-        pytest.skip("no /usr/bin/python3 an ordinary user can run")
-    if not os.stat("/tmp").st_mode & 0o001:
-        pytest.skip("/tmp is closed to other users: nowhere to put what nobody runs")
-    try:
-        nobody = pwd.getpwnam("nobody")
-    except KeyError:
-        pytest.skip("no user `nobody` here")
-    top = Path(tempfile.mkdtemp(prefix="agent-test-nobody-", dir="/tmp"))
-    request.addfinalizer(lambda: shutil.rmtree(top))
-    top.chmod(0o1777)  # nobody may remove what it owns in it, and nothing else
-    shutil.copyfile(AGENT, top / "agent.py")
-    (top / "agent.py").chmod(0o644)
-    (top / "nobody").mkdir()
-    os.chown(top / "nobody", nobody.pw_uid, nobody.pw_gid)
-    return SimpleNamespace(python=python, user=nobody, agent_dir=top, dir=top / "nobody")
-
-
 @needs_root
 @needs_landlock
 def test_the_same_holds_when_the_agent_is_an_ordinary_user(as_nobody):
@@ -562,7 +535,8 @@ def test_a_pkill_of_agent_py_hits_the_keeper_too_and_still_nothing_survives(work
         os.kill(pid, signal.SIGTERM)
     proc.wait()
     deadline = time.monotonic() + 5
-    while (alive(int(kid)) or os.path.exists(home)) and time.monotonic() < deadline:
+    while (alive(int(kid)) or os.path.exists(os.path.dirname(home))) and \
+            time.monotonic() < deadline:  # (with a tmpfs, home itself is never on disk)
         time.sleep(0.05)
     assert not alive(int(kid)) and not os.path.exists(os.path.dirname(home))
 
@@ -676,7 +650,8 @@ def test_another_call_cannot_rewrite_a_running_script(box, workdir):
         "import os, time\nopen('first', 'w').write(__file__)\ntime.sleep(2)\nprint('approved')")))
     slow.start()
     deadline = time.monotonic() + 10
-    while not (workdir / "first").exists() and time.monotonic() < deadline:
+    while not ((workdir / "first").exists() and (workdir / "first").read_text()) \
+            and time.monotonic() < deadline:  # made, then written: wait for its text
         time.sleep(0.02)
     target = (workdir / "first").read_text()
     attack = execute(box, workdir, f"open({target!r}, 'w').write('print(\"replaced\")')")
@@ -829,6 +804,105 @@ def test_out_of_memory_the_kernel_kills_the_calls_processes_never_the_agent(work
         for child in parent.glob("agent-*"):
             child.rmdir()
         parent.rmdir()
+
+
+# --- the policy is the one source: change a field, and what the child may do changes ---
+
+TRY = ("import errno\n"
+       "try:\n"
+       "    {action}\n"
+       "    print('allowed')\n"
+       "except OSError as e:\n"
+       "    print(errno.errorcode[e.errno])\n")
+
+
+def elsewhere(tmp_path):
+    """A tree outside the workdir with a file in it, which no policy field names yet."""
+    tree = tmp_path / "elsewhere"
+    tree.mkdir(exist_ok=True)
+    (tree / "data.txt").write_text("read")
+    return str(tree)
+
+
+POLICY_CHANGES = {  # field -> (how it changes, what the child tries)
+    "write_files": (lambda p, tmp: dict(write_files=()),
+                    "open('/dev/null', 'w').write('x')"),
+    "read_exec": (lambda p, tmp: dict(read_exec=p.read_exec + (elsewhere(tmp),)),
+                  "open({data!r}).read()"),
+    "read_write": (lambda p, tmp: dict(read_write=()),
+                   "open('made-here.txt', 'w').write('x')"),
+    "own_read_write": (lambda p, tmp: dict(own_read_write=("home",)),
+                       "open('/dev/shm/mine', 'w').write('x')"),
+}
+
+
+@needs_landlock
+@pytest.mark.parametrize("field", sorted(POLICY_CHANGES))
+def test_one_field_of_the_policy_changes_what_the_child_may_do(workdir, tmp_path, field):
+    """The Linux mechanism is built from SandboxPolicy alone: the same attempt, under the
+    policy as it is and with one field changed, is allowed in one and refused (EACCES) in the
+    other."""
+    change, action = POLICY_CHANGES[field]
+    code = TRY.format(action=action.format(data=os.path.join(elsewhere(tmp_path), "data.txt")))
+    seen = {}
+    for changed in (False, True):
+        box = agent.Sandbox(Path(os.path.realpath(workdir)), True, agent.Limits())
+        if changed:
+            box.policy = replace(box.policy, **change(box.policy, tmp_path))
+        box.ready()
+        assert box.confined, box.status
+        seen[changed] = execute(box, workdir, code).stdout.strip()
+    granted = field != "read_exec"  # the others take a grant away; read_exec adds one
+    assert seen == {False: "allowed" if granted else "EACCES",
+                    True: "EACCES" if granted else "allowed"}, seen
+
+
+@needs_landlock
+def test_the_script_is_readable_only_because_the_policy_says_so(workdir):
+    box = agent.Sandbox(Path(os.path.realpath(workdir)), True, agent.Limits())
+    box.policy = replace(box.policy, own_read=())
+    box.ready()  # the self-test cannot run either: the interpreter cannot open its script
+    assert not box.confined and "Permission denied" in box.status, box.status
+
+
+def test_the_macos_profile_is_built_from_the_policy(workdir, tmp_path):
+    """macOS cannot be tested here: its sandbox-exec profile is, as text, from the same policy.
+    Each field changed alone changes the rule it makes, and nothing else."""
+    policy = agent.sandbox_policy(Path(os.path.realpath(workdir)), agent.Limits(), "Darwin")
+    profile = agent.macos_profile(policy)
+    tree = os.path.realpath(elsewhere(tmp_path))
+    assert profile.startswith("(version 1)\n(deny default)\n") and "network" not in profile
+    assert f'(subpath "{os.path.realpath(workdir)}")' in profile.split("file-write*")[-1]
+    assert '(literal (param "OWN_SCRIPT"))' in profile.split("(allow file-read*\n")[1]
+    changes = {
+        "write_files": (dict(write_files=()), '(literal "/dev/null")', None),
+        "read_exec": (dict(read_exec=policy.read_exec + (tree,)), None, f'(subpath "{tree}")'),
+        "read_files": (dict(read_files=policy.read_files + (tree + "/data.txt",)), None,
+                       f'(literal "{tree}/data.txt")'),
+        "own_read_write": (dict(own_read_write=("home",)), '(param "OWN_SHM")', None),
+        "own_read": (dict(own_read=()), '(param "OWN_SCRIPT")', None),
+        "network": (dict(network=()), None, "(allow network*)"),
+        "scopes": (dict(scopes=()), "(target same-sandbox)", "(allow signal)"),
+    }
+    for field, (change, gone, added) in changes.items():
+        other = agent.macos_profile(replace(policy, **change))
+        lost = set(profile.splitlines()) - set(other.splitlines())
+        gained = set(other.splitlines()) - set(profile.splitlines())
+        assert lost or gained, field
+        if gone:
+            assert gone in profile and gone not in other, field
+        if added:
+            assert added not in profile and added in other, field
+    box = agent.Sandbox(Path(os.path.realpath(workdir)), True, agent.Limits())
+    box.macos = agent.macos_profile(box.policy)
+    call = agent.Call(box, "pass")
+    try:
+        argv = call.command()
+        assert argv[:3] == ["/usr/bin/sandbox-exec", "-p", box.macos]
+        assert f"OWN_SCRIPT={os.path.realpath(call.script)}" in argv
+        assert f"OWN_HOME={os.path.realpath(call.home)}" in argv
+    finally:
+        call.release()
 
 
 # --- ordinary scripts still work ---

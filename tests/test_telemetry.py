@@ -12,7 +12,7 @@ import pytest
 import agent
 from fakes import FakeAPIError, FakeClient, reply, text, tool_use
 from helpers import AGENT, agent_env, run_agent_py, run_cli, serve
-from otlp_receiver import OTLPReceiver, attributes
+from otlp_receiver import HostileCollector, OTLPReceiver, attributes
 
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -158,6 +158,22 @@ def test_over_otlp_http_to_a_collector_configured_by_the_standard_variables(requ
     assert not [h for h in api.headers if "traceparent" in h]  # no trace context to the API
 
 
+def test_spans_hold_no_lone_surrogate_and_none_is_lost_to_one(request, workdir, agent_copy):
+    """A lone surrogate cannot be encoded in a span's protobuf: one in a reply would cost the
+    spans that hold it (the SDK itself refuses one in a tool call's input)."""
+    api = serve(request, reply(text("bad \ud800 text"), tool_use("read_file", {"path": "notes.md"})),
+                reply(text("done \udce9")))
+    with OTLPReceiver() as collector:
+        done = run_agent_py(agent_copy, "q", "--workdir", workdir, "--otel", timeout=60,
+                            env=agent_env(api, **otel_env(collector.endpoint, **{CAPTURE: "true"})))
+        assert done.returncode == 0 and "--otel" not in done.stderr, done.stderr
+        got = collector.spans()
+    assert len(got) == 4, done.stderr.splitlines()  # the run, two chats, the tool call
+    values = [str(v) for _, span in got for v in attributes(span).values()]
+    assert not [v for v in values if any("\ud800" <= ch <= "\udfff" for ch in v)]
+    assert any("done \ufffd" in v for v in values)
+
+
 @pytest.mark.parametrize("collector", ["refuses", "never answers"])
 def test_an_unreachable_collector_costs_a_bounded_delay_and_one_line(request, workdir,
                                                                     agent_copy, collector):
@@ -213,3 +229,105 @@ def test_the_sdk_is_imported_only_with_otel(request, workdir, agent_copy):
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           env=agent_env(api), timeout=60)
     assert done.stdout.strip().splitlines()[-1] == "False", done.stderr
+
+
+# --- the key never reaches a collector; a collector cannot hurt the run ---
+
+KEY = "sk-ant-api03-OTEL-TEST-KEY-0123456789abcdef"
+
+
+@pytest.mark.parametrize("content", ["off", "on"])
+def test_nothing_a_collector_receives_carries_the_key(request, workdir, agent_copy, content):
+    """A server that echoes the key wherever it can (an error's text, the request-id header, a
+    message id, the reply's text) and a file that holds it: not one byte sent to the
+    collector holds it, content capture on or off."""
+    (workdir / "leak.txt").write_text(f"key={KEY}\n")
+    echoed = {"request-id": f"req_{KEY}"}
+    first = reply(tool_use("read_file", {"path": "leak.txt"}))
+    first.update(id=f"msg_{KEY}", _headers=echoed)
+    api = serve(request, {"status": 529, "body": {"type": "error", "error": {
+                    "type": "overloaded_error", "message": f"Overloaded; your key is {KEY}"}},
+                          "headers": {"retry-after": "0", **echoed}},
+                first, dict(reply(text(f"The key is {KEY}.")), _headers=echoed),
+                request_id=False)
+    env = agent_env(api, **otel_env("", **({CAPTURE: "true"} if content == "on" else {})))
+    env["ANTHROPIC_API_KEY"] = KEY
+    with OTLPReceiver() as collector:
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = collector.endpoint
+        done = run_agent_py(agent_copy, "q", "--workdir", workdir, "--otel", timeout=60, env=env)
+        assert done.returncode == 0, done.stderr
+        got, sent = collector.spans(), b"".join(collector.bodies)
+    assert len(got) == 4 and api.requests[0]["messages"], done.stderr  # run, 2 chats, a tool
+    assert KEY.encode() not in sent and KEY[8:24].encode() not in sent
+    assert b"[redacted secret]" in sent  # the echoes were there, and redacted
+    strings = [str(v) for _, span in got for v in [span.name, *attributes(span).values(),
+               span.status.message, *(str(attributes(e)) for e in span.events)]]
+    assert not [s for s in strings if KEY in s]
+    assert KEY not in done.stderr + done.stdout
+
+
+def test_a_redirecting_collector_gets_nothing_followed_and_its_spans_count_as_lost(
+        request, workdir, agent_copy):
+    api = serve(request, reply(text("done")))
+    with OTLPReceiver() as elsewhere, HostileCollector(
+            "redirect", location=f"{OTLPReceiver.endpoint.fget(elsewhere)}/v1/traces") as hostile:
+        done = run_agent_py(agent_copy, "q", "--workdir", workdir, "--otel", timeout=60,
+                            env=agent_env(api, **otel_env(hostile.endpoint)))
+        assert hostile.connections, done.stderr  # it was asked
+        assert (elsewhere.requests, elsewhere.bodies) == ([], [])  # and nothing followed it
+    assert done.returncode == 0 and done.stdout == "done\n", done.stderr
+    said = [line for line in done.stderr.splitlines() if "--otel:" in line]
+    assert len(said) == 1 and re.search(r"--otel: (\d+) of \1 spans did not reach", said[0]), said
+    assert "307" in said[0] and "redirect" in said[0], said[0]
+
+
+PEAK_RSS = ("import resource, subprocess, sys\n"
+            "done = subprocess.run(sys.argv[1:])\n"
+            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, done.returncode)")
+
+
+def peak_rss(agent_copy, workdir, env):
+    """Run agent.py under a parent of its own; (peak RSS in KiB, exit code, seconds, stderr)."""
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", PEAK_RSS, sys.executable, str(agent_copy), "q",
+                           "--workdir", str(workdir), "--otel"], capture_output=True, text=True,
+                          env=env, timeout=120)
+    rss, code = map(int, done.stdout.splitlines()[-1].split())
+    return rss, code, time.monotonic() - started, done.stderr
+
+
+def test_a_collector_answering_without_end_costs_the_run_no_memory(request, workdir, agent_copy):
+    """512 MiB of body, as fast as loopback carries it: the run's peak RSS stays within 64 MiB
+    of a run whose collector answers as it should, and the run ends in bounded time."""
+    api = serve(request, reply(text("done")), reply(text("done")))
+    with OTLPReceiver() as collector:
+        plain, code, plain_seconds, _ = peak_rss(agent_copy, workdir, agent_env(api, **otel_env(
+            collector.endpoint)))
+    assert code == 0
+    with HostileCollector("huge") as hostile:
+        rss, code, seconds, err = peak_rss(agent_copy, workdir, agent_env(api, **otel_env(
+            hostile.endpoint)))
+        assert hostile.connections and hostile.connections[0]["read"] > 0, err
+    assert code == 0, err
+    assert rss - plain < 64 << 10, (plain, rss)
+    assert seconds < plain_seconds + agent.OTEL_GRACE + 5, (plain_seconds, seconds)
+
+
+def test_a_dripping_collector_is_listened_to_for_its_timeout_only(request, workdir, agent_copy):
+    """Headers a byte at a time, forever: the client hangs up at the export's timeout (1 s
+    here), not when the run ends; the run ends in bounded time and says the spans were lost."""
+    api = serve(request, reply(text("done")))
+    with HostileCollector("drip") as hostile:
+        started = time.monotonic()
+        done = run_agent_py(agent_copy, "q", "--workdir", workdir, "--otel", timeout=60,
+                            env=agent_env(api, **otel_env(hostile.endpoint,
+                                                          OTEL_EXPORTER_OTLP_TIMEOUT="1")))
+        seconds = time.monotonic() - started
+        time.sleep(0.5)  # the collector notices a hang-up at its next byte
+        first = hostile.connections[0]
+    assert done.returncode == 0 and done.stdout == "done\n", done.stderr
+    assert first["gone"] is not None and first["gone"] - first["opened"] < 2.2, first
+    assert seconds < 30
+    said = [line for line in done.stderr.splitlines() if "--otel:" in line]
+    assert len(said) == 1 and "did not reach the collector" in said[0], done.stderr
+

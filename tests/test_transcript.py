@@ -16,7 +16,8 @@ import pytest
 import agent
 from api_rules import check_request
 from fakes import Chunked, FakeAPIError, FakeClient, reply, text, tool_use
-from helpers import (agent_env, assert_well_formed, budget_stopped, events_of, run_agent_py,
+from helpers import (agent_env, assert_well_formed, budget_stopped, events_of, lone_surrogates,
+                     run_agent_py, surrogate_run, with_lone_surrogates,
                      run_cli, schema_errors, serve)
 
 
@@ -59,7 +60,8 @@ def test_the_transcript_has_every_field_its_schema_names(capsys, workdir, tmp_pa
     saved = json.loads(path.read_text())
     schema = agent.TRANSCRIPT_SCHEMA
     assert set(schema["properties"]) - {"trial", "cleared", "events_lost", "produced_by",
-                                        "replay"} <= set(saved)  # used (those in test_replay.py)
+                                        "replay", "base_url"} <= set(saved)  # used (those in
+    # test_replay.py; base_url with ANTHROPIC_BASE_URL)
     turn = schema["properties"]["turns"]["items"]
     assert set(turn["properties"]) - {"context_edits", "cleared", "in_history"} <= set(
         saved["turns"][0])  # those three when they happen
@@ -69,6 +71,29 @@ def test_the_transcript_has_every_field_its_schema_names(capsys, workdir, tmp_pa
     assert saved["turns"][0]["retries"][0]["status"] == 529
     assert saved["stop"]["exit_code"] == 0 and saved["ended_at"] >= saved["started_at"]
     assert not schema_errors(saved, "transcript")
+
+
+@pytest.mark.parametrize("given, recorded", [
+    ("http://agent:s3cret-pass@127.0.0.1:8080/gateway/?api_key=sk-in-query#t=1",
+     "http://127.0.0.1:8080/gateway/"),
+    ("https://api.anthropic.com", "https://api.anthropic.com"),
+    (None, None),  # the SDK's default, Anthropic's API: no field, so the golden file stands
+])
+def test_the_server_a_run_talked_to_is_recorded_without_credentials(capsys, workdir, tmp_path,
+                                                                   monkeypatch, given, recorded):
+    if given:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", given)
+    path, events = tmp_path / "run.json", tmp_path / "events.jsonl"
+    client = FakeClient(reply(text("ok")), reply(text("again")))
+    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
+                         client)
+    saved = json.loads(path.read_text())
+    assert code == 0 and saved.get("base_url") == recorded
+    assert "s3cret" not in path.read_text() and "sk-in-query" not in path.read_text()
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:9")  # resumed elsewhere
+    code, _, _ = run_cli(capsys, ["--resume", str(path), "more", "--workdir", str(workdir)],
+                         client)
+    assert code == 0 and json.loads(path.read_text())["base_url"] == "http://127.0.0.1:9"
 
 
 def test_a_declined_call_is_marked_so(capsys, workdir, tmp_path):
@@ -159,8 +184,28 @@ def test_text_that_is_not_valid_unicode_keeps_the_transcript(capsys, workdir, tm
                              client)
     saved = json.loads(path.read_text(encoding="utf-8"))
     assert "Traceback" not in err, err
-    assert code == 0 and saved["answer"] == "bad \ud800 surrogate"
+    assert code == 0 and saved["answer"] == "bad \ufffd surrogate"
     assert "surrogate" in out
+
+
+def test_no_transcript_or_event_holds_a_lone_surrogate(capsys, tmp_path):
+    """From a workdir's name, a server's reply and error, a file name in a tool call, and a
+    transcript read back by --resume: every string is text, a lone surrogate written U+FFFD."""
+    events = tmp_path / "events.jsonl"
+    code, transcript, err = surrogate_run(capsys, tmp_path, "--events", str(events))
+    assert code == 0 and "Traceback" not in err, err
+    for path in (transcript, events):
+        assert not lone_surrogates(path.read_bytes()), path
+    saved = json.loads(transcript.read_text())
+    assert saved["answer"] == "done \ufffd" and saved["workdir"].endswith("/w\ufffd")
+    assert saved["turns"][0]["retries"][0]["error"] == "529 overloaded_error: busy \ufffd"
+    forged = with_lone_surrogates(transcript)
+    (tmp_path / "work2").mkdir()
+    client = FakeClient(reply(text("on")))
+    code, _, err = run_cli(capsys, ["--resume", str(forged), "more", "--workdir",
+                                    str(tmp_path / "work2"), "--events", str(events)], client)
+    assert code == 0, err
+    assert not lone_surrogates(forged.read_bytes()) and not lone_surrogates(events.read_bytes())
 
 
 # --- where a transcript may be written ---
@@ -793,7 +838,8 @@ def test_resume_keeps_the_transcripts_system_prompt_only_if_the_user_agrees(caps
     client = FakeClient()
     code, _, err = run_cli(capsys, given, client, stdin="")  # no answer: not resumed
     assert (code, client.requests) == (2, []) and "system prompt" in err
-    assert "'You solve terminal tasks.'" in err and "--system-prompt FILE" in err
+    assert "'You solve terminal tasks.'" in err
+    assert f"not resumed: give --system-prompt FILE to say how {path} goes on" in err
     client = FakeClient(reply(text("a")))
     code, _, _ = run_cli(capsys, given, client, stdin="y\n")
     assert code == 0 and client.requests[0]["system"] == "You solve terminal tasks."

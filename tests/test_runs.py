@@ -1,0 +1,306 @@
+"""Kept runs: every run's transcript in the user's state directory, and `last` or a run id
+wherever a transcript is read. Each test has a state directory of its own (conftest.py sets
+XDG_STATE_HOME for every test), so nothing here touches the real home."""
+
+import json
+import os
+import pwd
+import re
+import stat
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+import agent
+from fakes import FakeClient, reply, text, tool_use
+from helpers import agent_env, run_agent_py, run_cli, serve
+
+KEPT_LINE = re.compile(r"^kept: run (\d{8}-\d{6}-[0-9a-f]{8}) in (\S+) \(--resume last, or "
+                       r"--resume \1\)$", re.M)
+
+
+def runs():
+    """The runs directory of this test's state directory."""
+    return Path(os.environ["XDG_STATE_HOME"]) / "agent.py" / "runs"
+
+
+def kept_files():
+    return sorted(p.name for p in runs().iterdir()) if runs().exists() else []
+
+
+def ask(capsys, workdir, answer="42", *flags, question="q"):
+    """One run through the CLI whose model answers `answer`; (code, stdout, stderr, kept id)."""
+    code, out, err = run_cli(capsys, [question, "--workdir", str(workdir), *flags],
+                             FakeClient(reply(text(answer))))
+    found = KEPT_LINE.search(err)
+    return code, out, err, found and found[1]
+
+
+def test_a_run_is_kept_0600_in_a_0700_directory_and_says_where(capsys, workdir):
+    code, out, err, run = ask(capsys, workdir)
+    assert code == 0 and out == "42\n" and run, err
+    path = runs() / f"{run}.json"
+    assert KEPT_LINE.search(err)[2] == str(path)  # one line, at the end, after the stop line
+    assert err.splitlines()[-1].startswith("kept: run ") and "stop: end_turn" in err.splitlines()[-2]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(runs().stat().st_mode) == 0o700
+    assert stat.S_IMODE(runs().parent.stat().st_mode) == 0o700
+    kept = json.loads(path.read_text())
+    assert kept["answer"] == "42" and kept["stop"]["reason"] == "end_turn"
+    assert kept["run_id"].startswith(run[-8:])  # the run id: its start (UTC) and run_id
+    assert re.fullmatch(r"\d{8}-\d{6}", run[:15]) and kept["started_at"][:10] == \
+        f"{run[:4]}-{run[4:6]}-{run[6:8]}"
+
+
+def test_an_explicit_transcript_is_written_as_before_and_the_run_kept_too(capsys, workdir,
+                                                                          tmp_path):
+    path = tmp_path / "run.json"
+    code, _, err, run = ask(capsys, workdir, "42", "--transcript", str(path))
+    assert code == 0 and path.read_bytes() == (runs() / f"{run}.json").read_bytes()
+
+
+def test_resume_last_goes_on_in_the_newest_kept_run(capsys, workdir):
+    _, _, _, first = ask(capsys, workdir, "one")
+    _, _, _, second = ask(capsys, workdir, "two")
+    assert first != second
+    client = FakeClient(reply(text("three")))
+    code, out, err = run_cli(capsys, ["--resume", "last", "and then?", "--workdir",
+                                      str(workdir)], client)
+    assert code == 0 and out == "three\n", err
+    assert f"resuming {runs() / second}.json" in err and KEPT_LINE.search(err)[1] == second
+    assert kept_files() == sorted([f"{first}.json", f"{second}.json"])  # no copy: it went on
+    saved = json.loads((runs() / f"{second}.json").read_text())
+    assert [t["turn"] for t in saved["turns"]] == [1, 2] and saved["answer"] == "three"
+    sent = client.requests[0]["messages"]
+    assert sent[1]["content"][0]["text"] == "two" and sent[2]["content"][0]["text"] == "and then?"
+    code, _, err = run_cli(capsys, ["--resume", "last", "again?", "--workdir", str(workdir)],
+                           FakeClient(reply(text("four"))))
+    assert code == 0 and f"resuming {runs() / second}.json" in err  # the one just continued
+
+
+@pytest.mark.parametrize("form", ["id", "hex"])
+def test_a_run_id_names_that_run(capsys, workdir, form):
+    _, _, _, first = ask(capsys, workdir, "one")
+    ask(capsys, workdir, "two")
+    name = first if form == "id" else first[-8:]
+    code, out, err = run_cli(capsys, ["--resume", name, "more?", "--workdir", str(workdir)],
+                             FakeClient(reply(text("more"))))
+    assert code == 0 and f"resuming {runs() / first}.json" in err, err
+    code, _, err = run_cli(capsys, ["--report", name, "-o", "-"])
+    assert code == 0
+    code, _, err = run_cli(capsys, ["--resume", "0123abcd", "--workdir", str(workdir)],
+                           FakeClient())
+    assert code == 2 and err == (f"agent.py: --resume 0123abcd: no kept run is named 0123abcd "
+                                 f"in {runs()} (runs are kept there unless --no-keep): give a "
+                                 "transcript's path\n")
+
+
+def test_report_replay_and_export_take_the_newest(capsys, workdir, tmp_path):
+    ask(capsys, workdir, "older")
+    client = FakeClient(reply(tool_use("read_file", {"path": "scores.csv"})), reply(text("new")))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)], client)
+    newest = runs() / f"{KEPT_LINE.search(err)[1]}.json"
+    code, _, err = run_cli(capsys, ["--report", "last"])
+    assert code == 0 and err == f"report: {newest.with_suffix('.html')}\n"
+    assert "new" in newest.with_suffix(".html").read_text()
+    code, _, err = run_cli(capsys, ["--export", "atif", "last", "-o", str(tmp_path / "t.json")])
+    trajectory = json.loads((tmp_path / "t.json").read_text())
+    assert code == 0 and trajectory["steps"][-1]["message"] == "new"
+    before = kept_files()
+    code, out, err = run_cli(capsys, ["--replay", "last", "--workdir", str(workdir)],
+                             FakeClient())
+    assert code == 0 and out == "new\n" and f"replaying {newest}:" in err, err
+    assert kept_files() == before and "kept:" not in err  # a replay is not kept
+
+
+def test_no_keep_and_its_variable_write_nothing(capsys, workdir, monkeypatch):
+    state = Path(os.environ["XDG_STATE_HOME"])
+    code, _, err, run = ask(capsys, workdir, "42", "--no-keep")
+    assert code == 0 and run is None and "kept" not in err
+    assert list(state.iterdir()) == []
+    monkeypatch.setenv("AGENT_PY_NO_KEEP", "1")
+    code, _, err, run = ask(capsys, workdir, "42")
+    assert code == 0 and run is None and list(state.iterdir()) == []
+    monkeypatch.setenv("AGENT_PY_NO_KEEP", "0")  # 0, or empty, keeps
+    assert ask(capsys, workdir, "42")[3]
+
+
+@pytest.mark.parametrize("flag", [["--resume", "last"], ["--replay", "last"],
+                                  ["--report", "last"], ["--export", "atif", "last"]])
+def test_none_kept_is_a_usage_error_saying_where_it_looked(capsys, workdir, flag):
+    client = FakeClient()
+    code, out, err = run_cli(capsys, [*flag] + (["--workdir", str(workdir)] if flag[0] in (
+        "--resume", "--replay") else []), client)
+    assert code == 2 and out == "" and client.requests == []
+    assert err == (f"agent.py: {flag[0]} last: no run is kept in {runs()} (runs are kept there "
+                   "unless --no-keep): give a transcript's path\n")
+
+
+def test_a_file_named_last_is_named_so_and_told(capsys, workdir):
+    ask(capsys, workdir, "kept")
+    Path("last").write_text("{}")  # in the current directory
+    code, _, err = run_cli(capsys, ["--report", "last", "-o", "-"])
+    assert code == 0 and "note: --report last names a kept run; for the file last here, give " \
+        "./last" in err
+    code, _, err = run_cli(capsys, ["--report", "./last"])
+    assert code == 2 and "is an empty JSON object" in err
+
+
+def planted(tmp_path):
+    """A directory another party prepared, where agent.py must write nothing."""
+    place = tmp_path / "planted"
+    place.mkdir()
+    (place / "runs").mkdir()
+    return place
+
+
+@pytest.mark.parametrize("which", ["agent.py", "runs"])
+def test_a_state_directory_planted_as_a_symlink_is_refused(capsys, workdir, tmp_path, which):
+    target = planted(tmp_path)
+    (runs().parent if which == "runs" else runs().parent.parent).mkdir(parents=True, mode=0o700,
+                                                                        exist_ok=True)
+    link = runs() if which == "runs" else runs().parent
+    link.symlink_to(target / "runs" if which == "runs" else target)
+    forged = target / "runs" / "20990101-000000-deadbeef.json"
+    code, out, err, run = ask(capsys, workdir, "42")
+    assert code == 0 and out == "42\n" and run is None  # the run goes on, unkept, and says so
+    assert f"note: this run is not kept: {link} is a symlink: agent.py keeps runs only in a " \
+           "directory of its own" in err
+    assert list((target / "runs").iterdir()) == []  # nothing written through it
+    forged.write_text(json.dumps(json.loads((Path(agent.__file__).parent / "workspace" /
+                                             "example-run.json").read_text())))
+    code, _, err = run_cli(capsys, ["--resume", "last", "--workdir", str(workdir)], FakeClient())
+    assert code == 2 and err == f"agent.py: --resume last: {link} is a symlink: agent.py keeps " \
+                                "runs only in a directory of its own\n"
+
+
+def test_a_runs_directory_another_user_owns_or_can_write_is_refused(capsys, workdir):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a directory to nobody")
+    nobody = pwd.getpwnam("nobody")
+    runs().mkdir(parents=True, mode=0o700)
+    os.chown(runs(), nobody.pw_uid, nobody.pw_gid)
+    code, _, err, run = ask(capsys, workdir, "42")
+    assert code == 0 and run is None and list(runs().iterdir()) == []
+    assert f"note: this run is not kept: {runs()} belongs to another user (uid " \
+           f"{nobody.pw_uid})" in err
+    code, _, err = run_cli(capsys, ["--report", "last"])
+    assert code == 2 and "belongs to another user" in err
+    os.chown(runs(), 0, 0)
+    os.chmod(runs(), 0o777)  # this user's, but anyone may plant a file in it
+    code, _, err, run = ask(capsys, workdir, "42")
+    assert run is None and list(runs().iterdir()) == []
+    assert f"{runs()} can be written by other users (mode 777)" in err
+    os.chmod(runs(), 0o755)  # readable by others: made 0700, and used
+    assert ask(capsys, workdir, "42")[3] and stat.S_IMODE(runs().stat().st_mode) == 0o700
+
+
+def test_a_workdir_that_holds_the_runs_directory_is_refused(capsys, workdir, monkeypatch):
+    """The attack: the model's code plants a run where --resume last would take it up. The
+    workdir is refused before anything is sent, so no code of the model's runs."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(workdir / "state"))
+    plant = ("import os; p = 'state/agent.py/runs'; os.makedirs(p, mode=0o700); "
+             "open(p + '/20990101-000000-deadbeef.json', 'w').write('{}')")
+    client = FakeClient(reply(tool_use("run_python", {"code": plant})), reply(text("done")))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes"], client)
+    assert code == 2 and client.requests == [] and not (workdir / "state").exists()
+    assert err == (f"agent.py: --workdir {workdir}, {workdir}, and the directory of kept runs, "
+                   f"{workdir}/state/agent.py/runs, overlap: the model's code could read kept "
+                   "runs or plant one that --resume last would take up; give --workdir a "
+                   "directory of data only (or set XDG_STATE_HOME elsewhere)\n")
+    monkeypatch.setenv("XDG_STATE_HOME", str(workdir.parent / "s"))  # and a workdir in it
+    (runs() / "data").mkdir(parents=True)
+    client = FakeClient()
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(runs() / "data")], client)
+    assert code == 2 and "overlap" in err and client.requests == []
+
+
+def test_a_trials_run_keeps_its_summary_and_each_trial(capsys, workdir):
+    client = FakeClient(reply(text("a")), reply(text("b")))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "2"], client)
+    run = re.search(r"kept: trials run (\S+) in ", err)[1]
+    assert code == 0 and kept_files() == [f"{run}.trials.{i}.json" for i in (1, 2)] + [
+        f"{run}.trials.json"]
+    summary = json.loads((runs() / f"{run}.trials.json").read_text())
+    assert [t["transcript"] for t in summary["trials"]] == [
+        str(runs() / f"{run}.trials.{i}.json") for i in (1, 2)]
+    code, _, err = run_cli(capsys, ["--report", "last"])
+    assert code == 0 and err == f"report: {runs() / run}.trials.html\n"
+    code, _, err = run_cli(capsys, ["--export", "atif", "last", "-o", "-"])
+    assert code == 0
+    code, _, err = run_cli(capsys, ["--resume", "last", "--workdir", str(workdir)], FakeClient())
+    assert code == 2 and err == (f"agent.py: --resume last: no run is kept in {runs()} but "
+                                 f"trials (name one trial, e.g. --resume {run}.1) (runs are "
+                                 "kept there unless --no-keep): give a transcript's path\n")
+    code, _, err = run_cli(capsys, ["--resume", run, "--workdir", str(workdir)], FakeClient())
+    assert code == 2 and err == (f"agent.py: --resume {run} is a trials run: name one of its "
+                                 f"trials, e.g. --resume {run}.1\n")
+    trial = (runs() / f"{run}.trials.1.json").read_bytes()
+    code, out, err = run_cli(capsys, ["--resume", f"{run}.1", "more?", "--workdir",
+                                      str(workdir)], FakeClient(reply(text("c"))))
+    went_on = KEPT_LINE.search(err)[1]
+    assert code == 0 and out == "c\n" and went_on != run
+    assert (runs() / f"{run}.trials.1.json").read_bytes() == trial  # a kept trial stays as it ran
+    assert json.loads((runs() / f"{went_on}.json").read_text())["answer"] == "c"
+
+
+def test_a_run_never_takes_another_runs_file(capsys, workdir, monkeypatch):
+    """Two runs with one id (the same second, the same 8 hex digits): the second is not kept,
+    and the first's file is left as it was (O_EXCL), not replaced or removed."""
+    monkeypatch.setattr(agent.uuid, "uuid4", lambda: uuid.UUID("0badc0de" + "0" * 24))
+    runs().mkdir(parents=True, mode=0o700)
+    now = time.time()
+    for second in range(120):  # whenever in the next two minutes the run starts
+        name = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now + second)) + "-0badc0de.json"
+        (runs() / name).write_text("precious")
+    code, out, err, run = ask(capsys, workdir, "42")
+    assert code == 0 and out == "42\n" and run is None
+    assert "note: this run is not kept: another run has its id, " in err
+    assert {p.read_text() for p in runs().iterdir()} == {"precious"} and len(kept_files()) == 120
+
+
+def test_a_run_that_cannot_be_kept_any_more_goes_on(capsys, workdir, monkeypatch):
+    """A kept file that can no longer be written (a full disk) ends the keeping, not the run."""
+    def full(self, data, durable=False):
+        if "runs" in str(self.path) and data:  # the probe at the start (b"") still passes
+            raise OSError(28, "No space left on device")
+        return real(self, data, durable)
+    real = agent.OutputFile.write
+    monkeypatch.setattr(agent.OutputFile, "write", full)
+    client = FakeClient(reply(tool_use("read_file", {"path": "scores.csv"})), reply(text("ok")))
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir)], client)
+    assert code == 0 and out == "ok\n" and len(client.requests) == 2
+    assert err.count("note: this run is no longer kept in ") == 1
+    assert "No space left on device" in err
+
+
+def test_runs_go_to_the_home_state_directory_without_xdg_state_home(capsys, workdir, tmp_path,
+                                                                     monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    for value in (None, "relative/state"):  # a relative XDG_STATE_HOME is ignored (XDG spec)
+        if value is None:
+            monkeypatch.delenv("XDG_STATE_HOME")
+        else:
+            monkeypatch.setenv("XDG_STATE_HOME", value)
+        code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)],
+                               FakeClient(reply(text("42"))))
+        run = KEPT_LINE.search(err)[1]
+        assert code == 0 and (home / ".local/state/agent.py/runs" / f"{run}.json").exists()
+    assert not Path("relative").exists()
+
+
+def test_a_run_as_a_user_runs_it_is_kept_where_its_environment_says(request, workdir, tmp_path):
+    api = serve(request, reply(text("42")))
+    state = tmp_path / "elsewhere"
+    done = run_agent_py(agent.__file__, "q", "--workdir", workdir,
+                        env=agent_env(api, XDG_STATE_HOME=str(state)), cwd=tmp_path)
+    run = KEPT_LINE.search(done.stderr)[1]
+    assert done.returncode == 0 and json.loads(
+        (state / "agent.py/runs" / f"{run}.json").read_text())["answer"] == "42"
+    done = run_agent_py(agent.__file__, "--report", "last", "-o", "-",
+                        env=agent_env(XDG_STATE_HOME=str(state)), cwd=tmp_path)
+    assert done.returncode == 0 and "42" in done.stdout
