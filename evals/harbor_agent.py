@@ -233,7 +233,7 @@ if [ -z "${{python:-}}" ]; then
 fi
 "$python" -m venv {HOME}/venv || {{ echo "$python -m venv failed: the image lacks the venv" \
     "module (Debian: python3-venv)" >&2; exit 91; }}
-{HOME}/venv/bin/pip install --quiet --no-compile --disable-pip-version-check \
+{HOME}/venv/bin/pip install --quiet --disable-pip-version-check \
     -r {HOME}/requirements.txt || {{
   echo "pip could not install agent.py's packages (requirements.txt) into {HOME}/venv" >&2
   exit 92; }}
@@ -247,7 +247,9 @@ chmod -R a+rX {HOME}
 
     def command(self, model):
         o = self.options
-        argv = [PYTHON, f"{HOME}/agent.py", "-", "--yes", "--model", model,
+        # --no-keep: the transcript goes to the trial's log folder, not also to the home of a
+        # container that is thrown away
+        argv = [PYTHON, f"{HOME}/agent.py", "-", "--yes", "--no-keep", "--model", model,
                 "--max-turns", str(o.max_turns), "--tool-timeout", f"{o.tool_timeout:g}",
                 "--transcript", f"{LOGS}/{TRANSCRIPT}", "--events", f"{LOGS}/{EVENTS}"]
         if not o.sandbox:

@@ -35,6 +35,7 @@ TASKS = ROOT / "evals" / "tasks"
 HARBOR_HOME = Path(os.environ.get("HARBOR_HOME", "/var/cache/agentpy-harbor"))
 MODEL = "claude-haiku-5-5"
 KEY = f"sk-ant-harbor-test-{uuid.uuid4().hex}"  # must appear in no file anywhere
+URL_SECRET = f"url-secret-{uuid.uuid4().hex}"  # a credential in ANTHROPIC_BASE_URL: likewise
 DEAD_API = "http://127.0.0.1:9"  # the discard port: nothing listens on loopback there
 WHEELS = HARBOR_HOME / "wheels"  # agent.py's packages, for pip offline (setup-podman.sh)
 OVERRIDE = f"""services:
@@ -184,17 +185,18 @@ def fake_api():
 
 
 def agent_env(api):
-    return {"ANTHROPIC_API_KEY": KEY, "ANTHROPIC_BASE_URL": api.url}
+    base_url = api.url.replace("http://", f"http://harbor:{URL_SECRET}@")
+    return {"ANTHROPIC_API_KEY": KEY, "ANTHROPIC_BASE_URL": base_url}
 
 
 @pytest.fixture(scope="module")
 def agentpy_job(jobs, fake_api, tmp_path_factory):
-    """One solved task, one not, one cut off by its 25 s agent timeout, and one in a
+    """One solved task, one not, one cut off by its 60 s agent timeout, and one in a
     container that refuses Landlock; agent.py's sandbox on (--ak sandbox=true); the containers
     kept."""
     tasks = host_network_copy(tmp_path_factory.mktemp("tasks"), "scores-average",
                               "lowest-three")
-    host_network_copy(tasks, "class-stats", agent_timeout=25)
+    host_network_copy(tasks, "class-stats", agent_timeout=60)
     host_network_copy(tasks, "compare-terms", no_landlock=True)
     job = harbor(jobs, "agentpy", "-p", tasks, "-a", "harbor_agent:AgentPy",
                  "-m", f"anthropic/{MODEL}", "-n", "4", "--ak", "sandbox=true",
@@ -278,21 +280,28 @@ def test_a_timed_out_trial_keeps_the_atif_of_the_turns_done(agentpy_job):
 
 def test_the_key_and_base_url_are_in_no_file(agentpy_job, fake_api):
     """Not in the job folder (config, results, logs, the agent's files) and not anywhere in the
-    trials' containers, which keep_containers kept (stopped)."""
-    secrets = [KEY.encode(), fake_api.url.encode()]
+    trials' containers, which keep_containers kept (stopped). The one exception is agent.py's
+    own record of the server it talked to: the transcript's `base_url` (scheme, host, port;
+    never a URL's user:password@), which the ATIF export keeps (docs/transcript.md)."""
+    server = fake_api.url.removeprefix("http://").encode()  # 127.0.0.1:PORT
     files = [p for p in agentpy_job.rglob("*") if p.is_file()]
     assert len(files) > 20
-    leaks = [str(p) for p in files for s in secrets if s in p.read_bytes()]
-    assert leaks == []
+    assert [str(p) for p in files for s in (KEY, URL_SECRET) if s.encode() in p.read_bytes()] \
+        == []
+    named = {p.relative_to(agentpy_job).parts[1:] for p in files if server in p.read_bytes()}
+    assert named == {("agent", "transcript.json"), ("agent", "trajectory.json")}
+    for folder in trials(agentpy_job):
+        transcript = json.loads((folder / "agent" / "transcript.json").read_text())
+        assert transcript["base_url"] == fake_api.url
     ids = containers(agentpy_job)
     assert len(ids) == 4, ids
     for cid in ids:
         root = subprocess.run(["podman", "mount", cid], capture_output=True, text=True,
                               check=True).stdout.strip()
         try:
-            for secret in secrets:
-                found = subprocess.run(["grep", "-rlFI", "--devices=skip", secret.decode(),
-                                        root], capture_output=True, text=True)
+            for secret in (KEY, URL_SECRET, server.decode()):
+                found = subprocess.run(["grep", "-rlFI", "--devices=skip", secret, root],
+                                       capture_output=True, text=True)
                 assert found.stdout == "", found.stdout
         finally:
             subprocess.run(["podman", "umount", cid], capture_output=True)
@@ -414,14 +423,24 @@ def stopped(label, detail="d"):
             "turns": []}
 
 
+FINISHED = {"end_turn", "stop_sequence", "max_turns", "token_budget", "cost_budget",
+            "max_tokens", "refusal", "model_context_window_exceeded"}  # the verifier decides
+FAILED = {"api_error": "NetworkConnectionError",  # (a detail without an HTTP status)
+          "error": "NonZeroAgentExitCodeError", "interrupted": "NonZeroAgentExitCodeError",
+          "replay_differs": "NonZeroAgentExitCodeError"}  # (--replay: never in a trial)
+
+
 def test_every_stop_with_a_label_is_a_finished_trial_but_failures(harbor_venv):
+    """A new label fails this test until docs/harbor.md's table and this mapping place it."""
+    assert set(agent.EXIT_CODES) == FINISHED | set(FAILED)
     labels = sorted(agent.EXIT_CODES)
     results = dict(zip(labels, outcomes([[agent.EXIT_CODES[l], stopped(l), []]
                                          for l in labels])))
-    failing = {"api_error", "error", "interrupted"}
-    assert {l for l, r in results.items() if r is None} == set(labels) - failing
-    assert results["error"][0] == "NonZeroAgentExitCodeError"
-    assert results["interrupted"][0] == "NonZeroAgentExitCodeError"
+    assert {l for l, r in results.items() if r is None} == FINISHED
+    assert {l: r[0] for l, r in results.items() if r is not None} == FAILED
+    # Harbor records these and still runs the verifier; a usage error or an unrunnable
+    # run_python (below) does not get that far
+    assert all("NonZeroAgentExitCodeError" in r[2] for r in results.values() if r)
 
 
 def test_api_failures_get_the_error_class_harbor_retries(harbor_venv):
