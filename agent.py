@@ -629,11 +629,30 @@ def on_stop_signal(signum, frame):
 
 # --- API plumbing and retries ---
 
+MAX_COUNT = 1 << 53  # the largest count agent.py reads or writes: what JSON carries exactly
+
+
 def number(value):
     """A token count as a server sent it, or 0 when it sent something else (not a count, or
     past 2**53, which no count reaches and a float could not hold)."""
     return value if isinstance(value, int) and not isinstance(value, bool) \
-        and 0 <= value <= 1 << 53 else 0
+        and 0 <= value <= MAX_COUNT else 0
+
+
+def json_safe(value):
+    """True if `value` holds only what JSON carries exactly and agent.py reads back: no NaN or
+    infinity, no integer past 2**53 (a server's JSON parser accepts both)."""
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, dict):
+            todo.extend(v.values())
+        elif isinstance(v, list):
+            todo.extend(v)
+        elif isinstance(v, float) and not math.isfinite(v) or isinstance(v, int) \
+                and not isinstance(v, bool) and abs(v) > MAX_COUNT:
+            return False
+    return True
 
 
 def fields(value):
@@ -935,6 +954,8 @@ def block_problem(block, role):
         if not (is_str(value) if kind is WORD else isinstance(value, kind)):
             what = kind if kind is WORD else "a string" if kind is str else "an object"
             return f"a {block['type']} block whose {key} is not {what}"
+    if not json_safe(block):
+        return f"a {block['type']} block holding NaN, an infinity or a number past 2**53"
     return None
 
 
@@ -969,8 +990,11 @@ def reply_facts(reply):
     facts = {"message_id": message.get("id") if isinstance(message.get("id"), str) else None,
              "prompt_tokens": prompt_tokens(billed(reply.usages[-1])[-1]),
              "cache_miss": fields(message.get("diagnostics")).get("cache_miss_reason")}
+    if not json_safe(facts["cache_miss"]):
+        facts["cache_miss"] = None
     edits = fields(message.get("context_management")).get("applied_edits")
-    return {**facts, **({"context_edits": edits} if isinstance(edits, list) else {})}
+    return {**facts, **({"context_edits": edits} if isinstance(edits, list)
+                        and json_safe(edits) else {})}
 
 
 def request_host(exc):
@@ -1148,23 +1172,24 @@ def cost_usd(model, usage):
 
 
 def prompt_tokens(usage):
-    return sum(number(usage.get(k)) for k in COUNTS if k != "output_tokens")
+    return min(sum(number(usage.get(k)) for k in COUNTS if k != "output_tokens"), MAX_COUNT)
 
 
 def usage_record(model, usage):
     """A response's usage as the transcript keeps it: the four counts (over every billed
     iteration), their sum, the cost."""
     parts = billed(usage)
-    record = {k: sum(number(p.get(k)) for p in parts) for k in COUNTS}
-    record["tokens"] = sum(record.values())
+    record = {k: min(sum(number(p.get(k)) for p in parts), MAX_COUNT) for k in COUNTS}
+    record["tokens"] = min(sum(record.values()), MAX_COUNT)  # past it, a server's story
     record["cost_usd"] = cost_usd(model, usage)
     return record
 
 
 def add_usage(total, part):
-    """Add a usage record into a running total; one unknown cost makes the total unknown."""
+    """Add a usage record into a running total; one unknown cost makes the total unknown. A
+    count stops at 2**53, which no run reaches: what agent.py writes, it reads back."""
     for key in COUNTS + ("tokens",):
-        total[key] += part[key]
+        total[key] = min(total[key] + part[key], MAX_COUNT)
     total["cost_usd"] = None if None in (total["cost_usd"], part["cost_usd"]) else \
         round(total["cost_usd"] + part["cost_usd"], 10)
     return total
@@ -1318,13 +1343,20 @@ def now():
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # made once, not per call
+ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"),  # made once, not per call
+                           allow_nan=False)  # NaN and Infinity are not JSON
 
 
 def dump(document):
     """A document as the bytes agent.py writes: one line of JSON (the C encoder), secrets
-    redacted, text that is not valid Unicode (a lone surrogate) written as U+FFFD."""
-    return utf8(redact(ENCODER.encode(document))) + b"\n"
+    redacted, text that is not valid Unicode (a lone surrogate) written as U+FFFD. Never NaN or
+    Infinity: the readers and check_reply keep them out, and should one slip through, it is
+    written as null rather than as a file no JSON reader (agent.py included) accepts."""
+    try:
+        text = ENCODER.encode(document)
+    except ValueError:
+        text = ENCODER.encode(json.loads(json.dumps(document), parse_constant=lambda _: None))
+    return utf8(redact(text)) + b"\n"
 
 
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # in a str, never part of a valid character
@@ -1353,30 +1385,40 @@ def clean(value):
 
 
 class OutputFile:
-    """A file agent.py writes: a transcript or trials summary (rewritten whole after every turn),
-    events, a report or an export. Checked before the first request: outside the workdir, and
-    only ever a regular file that is replaced atomically, never a symlink. A stream (events,
-    a report, an export) may also go through a FIFO or character device (a pipe, /dev/null)
-    that is already there; a transcript may not, and a directory or socket never."""
+    """Every file agent.py writes goes through this one writer: a transcript or trials summary
+    (rewritten whole after every turn), events (streamed), a report or an export. Checked before
+    the first request, so that an output goes only where the user meant:
 
-    def __init__(self, path, workdir, flag="--transcript", stream=False):
+    - outside the workdir, in a directory reached through no symlink another user made;
+    - an existing file is replaced (a new file beside it, then a rename), never truncated or
+      written in place: a hard link's other name keeps its content, and whoever holds the old
+      file open reads nothing new; a file that belongs to another user is left alone;
+    - never through a symlink at the path itself, except that a stream the user names may go
+      through their own FIFO or character device (a pipe, /dev/null, /dev/stdout, a terminal,
+      which then gets its controls escaped); never one another user owns, and never for a path
+      the user did not name (`named=False`: the default beside an input, a trial's transcript).
+
+    The new file is created with O_EXCL under a random name: nothing planted there is opened."""
+
+    def __init__(self, path, workdir, flag="--transcript", stream=False, named=True):
         path = Path(os.path.abspath(path))
-        parent = Path(os.path.realpath(path.parent))
-        self.path, self.name, self.flag, self.device = path, path.name, flag, None
+        self.path, self.name, self.flag, self.device, self.tty = path, path.name, flag, None, False
+        parent = real_directory(path, flag)
         if workdir is not None and (parent / self.name).is_relative_to(workdir):
             trusted = " (and --resume would trust it)" if flag == "--transcript" else ""
             raise UsageError(f"{flag} {path} is inside the workdir {workdir}, where the model's "
                              f"code could rewrite it{trusted}: put it outside, e.g. next to the "
                              "workdir")
         try:
-            self.dir_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            self.dir_fd = open_directory(parent)
         except OSError as e:
             raise UsageError(f"{flag} {path}: the directory {parent} {'does not exist' if e.errno == errno.ENOENT else e.strerror}")
         try:
             there = os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False)
         except FileNotFoundError:
             there = None
-        if there and stat.S_ISLNK(there.st_mode) and stream:  # /dev/stdout, /dev/fd/63: a pipe?
+        if there and stat.S_ISLNK(there.st_mode) and stream and named \
+                and there.st_uid in (os.geteuid(), 0):  # /dev/stdout, /dev/fd/63: a pipe?
             target = os.path.realpath(path)
             if workdir is not None and Path(target).is_relative_to(workdir):
                 raise UsageError(f"{flag} {path} leads into the workdir {workdir} ({target})")
@@ -1393,15 +1435,19 @@ class OutputFile:
         if kind == stat.S_IFLNK:
             raise UsageError(f"{flag} {path} is a symlink; agent.py writes no file through one: "
                              "give the file itself")
-        if kind in (stat.S_IFIFO, stat.S_IFCHR) and stream:
+        if there and there.st_uid not in (os.geteuid(), 0):
+            raise UsageError(f"{flag} {path} is {FILE_KINDS.get(kind, 'a file')} that belongs to "
+                             f"another user (uid {there.st_uid}); agent.py writes into or over "
+                             "no one else's file: give another name")
+        if kind in (stat.S_IFIFO, stat.S_IFCHR) and stream and named:
             self.device = self.open_device(there)
         elif kind and kind != stat.S_IFREG:
-            raise UsageError(f"{flag} {path} is not a regular file ({FILE_KINDS.get(kind, 'a special file')}); "
+            unnamed = "" if named else ", and it is no path you named"
+            raise UsageError(f"{flag} {path} is not a regular file ({FILE_KINDS.get(kind, 'a special file')}{unnamed}); "
                              "agent.py only replaces regular files: give a file name")
         else:
             try:
                 self.write(b"")  # proves the directory writable before anything is paid for
-                os.unlink(self.temp, dir_fd=self.dir_fd)
             except OSError as e:
                 raise UsageError(f"{flag} {path} cannot be written: {e.strerror}")
         self.identity = (there.st_dev, there.st_ino) if there else str(parent / self.name)
@@ -1419,14 +1465,21 @@ class OutputFile:
             os.close(fd)
             raise UsageError(f"{self.flag} {self.path} changed while it was opened")
         os.set_blocking(fd, True)
+        self.tty = os.isatty(fd)  # the user's own terminal: written to as stdout would be
         return fd
 
     def stream(self):
-        """A binary file to append to: the device, or a new regular file in place of the old."""
+        """A binary file to append to: the device, or a new regular file that has already
+        taken the old one's place (so a reader following the name sees it grow)."""
         if self.device is not None:
             return os.fdopen(self.device, "wb")
-        fd = os.open(self.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW |
-                     os.O_CLOEXEC, 0o600, dir_fd=self.dir_fd)
+        fd = self.create()
+        try:
+            os.replace(self.temp, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+        except BaseException:
+            os.close(fd)
+            self.discard()
+            raise
         return os.fdopen(fd, "wb")
 
     def put(self, data):
@@ -1435,16 +1488,33 @@ class OutputFile:
         if self.device is None:
             return self.write(data, durable=True)
         with self.stream() as f:
-            f.write(data)
+            f.write(for_terminal(data, html=data.startswith(b"<"), terminal=True)
+                    if self.tty else data)
+
+    def create(self):
+        """A new, empty file beside the target, under a name no one could have guessed, made
+        here (O_EXCL): a file, FIFO or hard link planted at that name is never opened."""
+        for _ in range(100):
+            self.temp = temp_name(self.name)
+            try:
+                return os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
+                               os.O_CLOEXEC, 0o600, dir_fd=self.dir_fd)
+            except FileExistsError:
+                continue
+        raise OSError(errno.EEXIST, "no free name for a new file beside it")
+
+    def discard(self):
+        try:
+            os.unlink(self.temp, dir_fd=self.dir_fd)
+        except OSError:
+            pass
 
     def write(self, data, durable=False):
         """Write `data` to a new file beside the target, then swap it in for the target. A turn's
         save swaps the two names (RENAME_EXCHANGE) and unlinks the old file: as atomic as a
         rename, and five times cheaper on ext4, whose rename over a file forces the new one's
         blocks out. `durable` (the last save) fsyncs and renames, to survive a power cut too."""
-        self.temp = f".{self.name}.{os.getpid()}.{threading.get_ident()}.tmp"
-        fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW |
-                     os.O_CLOEXEC, 0o600, dir_fd=self.dir_fd)
+        fd = self.create()
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -1452,6 +1522,7 @@ class OutputFile:
                     f.flush()
                     os.fsync(f.fileno())
             if not data:
+                self.discard()
                 return
             # bench_loop --compare, 100 turns: 1.15x the bare loop's CPU time a turn with
             # os.replace alone, 1.03x with this (docs/benchmarks.md)
@@ -1461,11 +1532,60 @@ class OutputFile:
             else:  # the first save, or no RENAME_EXCHANGE here
                 os.replace(self.temp, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
         except BaseException:
-            try:
-                os.unlink(self.temp, dir_fd=self.dir_fd)
-            except OSError:
-                pass
+            self.discard()
             raise
+
+
+def temp_name(name):
+    """The name of the new file written beside `name` before it takes its place."""
+    return f".{name}.{uuid.uuid4().hex[:16]}.tmp"
+
+
+def real_directory(path, flag):
+    """The real path of the directory `path` is in, resolved as the kernel would, but refusing
+    a symlink on the way that another user (not this one, not root) made: it could lead an
+    output wherever its maker chose. What does not exist is left for the open to name."""
+    me, hops, real = os.geteuid(), 0, Path("/")
+    todo = list(reversed(path.parent.parts[1:]))  # still to resolve, the next one last
+    while todo:
+        part = todo.pop()
+        if part == "..":
+            real = real.parent
+            continue
+        step = real / part
+        try:
+            there = os.lstat(step)
+        except OSError:
+            return step.joinpath(*reversed(todo))
+        if not stat.S_ISLNK(there.st_mode):
+            real = step
+            continue
+        if there.st_uid not in (me, 0):
+            raise UsageError(f"{flag} {path}: {step} is a symlink that another user (uid "
+                             f"{there.st_uid}) made; agent.py follows no one else's link to "
+                             "write: give the real path")
+        hops += 1
+        if hops > 40:
+            raise UsageError(f"{flag} {path}: too many levels of symlinks")
+        target = Path(os.readlink(step))
+        if target.is_absolute():
+            real = Path("/")
+        todo.extend(reversed([p for p in target.parts if p != "/"]))
+    return real
+
+
+def open_directory(real):
+    """A descriptor of the directory at `real` (a real path), reached through no symlink at
+    all, so nothing swapped in since real_directory looked can lead elsewhere."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+    try:
+        return openat2(-100, str(real), flags, RESOLVE_NO_SYMLINKS)  # AT_FDCWD; absolute anyway
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UsageError(f"{real} changed into a symlink while it was being opened")
+        if e.errno != errno.ENOSYS:
+            raise
+    return os.open(real, flags | os.O_NOFOLLOW)
 
 
 FILE_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device",
@@ -1666,10 +1786,10 @@ class Events:
     stream that cannot be written (a closed pipe, a full disk) ends, never the run: `lost`
     says why, and stderr and the transcript say so once."""
 
-    def __init__(self, stream, run_id, owned=False):
+    def __init__(self, stream, run_id, owned=False, tty=False):
         self.stream, self.run_id, self.seq, self.lock = stream, run_id, 0, threading.Lock()
         self.owned = owned  # a file of its own to close, not stdout
-        self.shown = not owned and sys.stdout.isatty()  # stdout on a terminal: escaped there
+        self.shown = tty or not owned and sys.stdout.isatty()  # on a terminal: escaped there
         self.lost, self.told = None, False  # why no more events are written; said on stderr
 
     @classmethod
@@ -1677,7 +1797,7 @@ class Events:
         """`out` is an OutputFile, or None for stdout."""
         if out is None:
             return cls(sys.stdout.buffer, run_id)
-        return cls(out.stream(), run_id, owned=True)
+        return cls(out.stream(), run_id, owned=True, tty=out.tty)
 
     def emit(self, kind, trial=None, **data):
         with self.lock:
@@ -1687,7 +1807,8 @@ class Events:
             event = {"type": kind, "seq": self.seq, "at": now(), "run_id": self.run_id}
             event.update({"trial": trial} if trial else {}, **data)
             try:
-                self.stream.write(for_terminal(dump(event)) if self.shown else dump(event))
+                data = dump(event)
+                self.stream.write(for_terminal(data, terminal=True) if self.shown else data)
                 self.stream.flush()
             except (OSError, ValueError) as e:
                 self.stream = None
@@ -1764,9 +1885,9 @@ def transcript_problem(session):
         asked = {b["id"] for b in m["content"] if b["type"] == "tool_use"}
     for i, t in enumerate(session["turns"]):
         usage = t.get("usage") if isinstance(t, dict) else None
-        if not isinstance(t, dict) or not isinstance(t.get("turn"), int) \
+        if not isinstance(t, dict) or not is_count(t.get("turn")) or t["turn"] > MAX_TURN \
                 or not isinstance(usage, dict) \
-                or any(not isinstance(usage.get(k), int) for k in COUNTS + ("tokens",)) \
+                or any(not is_count(usage.get(k)) for k in COUNTS + ("tokens",)) \
                 or not isinstance(usage.get("cost_usd"), (int, float, type(None))):
             return f"turns[{i}] is not a turn record with its usage"
         calls = t.get("tool_calls", [])
@@ -1775,6 +1896,43 @@ def transcript_problem(session):
             return f"turns[{i}].tool_calls is not a list of tool calls with their ids"
         if not isinstance(t.get("prompt_tokens", 0), (int, type(None))):
             return f"turns[{i}].prompt_tokens is not a count"
+    replies = sum(m["role"] == "assistant" for m in session["messages"])
+    kept = sum(t.get("in_history") is not False for t in session["turns"])
+    if replies != kept:  # each turn's reply is in the history, or its record says it is not
+        return f"its messages hold {replies} replies, and its turns say {kept} were kept"
+    return sum_problem(session["turns"])
+
+
+MAX_TURN = 1 << 31  # a turn number a transcript may hold: a run goes on from it, one at a time
+
+
+def is_count(value):
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
+
+
+def sum_problem(turns):
+    """Why the turns' costs or seconds cannot be added up (each is a finite number, their sum
+    is not: 1e308 + 1e308), or None. Counts cannot overflow: their totals stop at 2**53."""
+    for key in ("cost_usd", "seconds", "api_seconds"):
+        total = 0.0
+        for t in items(turns):
+            total += num((fields(t.get("usage")) if key == "cost_usd" else t).get(key))
+        if not math.isfinite(total):
+            return f"its turns' {key} add up past what a number can hold"
+    return None
+
+
+def summary_problem(summary):
+    """Why a trials summary cannot be rendered, or None: pass@k and pass^k are objects keyed by
+    plain numbers (1, 2, 3...), whatever else the file holds (a value that is not a number is
+    drawn as 0)."""
+    for key in ("pass_at_k", "pass_hat_k"):
+        table = summary.get(key, {})
+        if not isinstance(table, dict):
+            return f"{key} is not an object"
+        for k in table:
+            if not re.fullmatch(r"[1-9][0-9]{0,8}", k):
+                return f"{key} has the key {shorten(repr(k), 40)}, not a plain number of trials"
     return None
 
 
@@ -1782,10 +1940,10 @@ MAX_DOCUMENT = 1 << 26  # bytes of a JSON document agent.py reads (a 1,000-turn 
 MAX_CONTAINERS = 2_000_000  # its objects and lists: 64 MiB of {} would take ~7 GB to parse
 
 
-def read_document(path, flag):
+def read_document(path, flag, sized=False):
     """The JSON document at `path`, read only from a regular file, so that nothing at the path
     can make agent.py block or run out of memory or recursion; else a UsageError saying what is
-    there."""
+    there. With `sized`, the document and its size in bytes."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -1806,8 +1964,9 @@ def read_document(path, flag):
         raise UsageError(f"{flag} {path} holds over {MAX_CONTAINERS:,} objects and lists: not "
                          "a document agent.py wrote")
     try:
-        return clean(json.loads(data.decode("utf-8"), parse_int=bounded_int,
-                                parse_float=bounded_float, parse_constant=no_constant))
+        document = clean(json.loads(data.decode("utf-8"), parse_int=bounded_int,
+                                    parse_float=bounded_float, parse_constant=no_constant))
+        return (document, len(data)) if sized else document
     except RecursionError:
         raise UsageError(f"{flag} {path} is nested too deeply: not a document agent.py wrote")
     except Unbounded as e:
@@ -2200,10 +2359,6 @@ def recording_problem(recording):
     if asked:
         return ("was continued with --resume and a follow-up question; only a run from its "
                 "first question can be replayed")
-    replies = sum(m["role"] == "assistant" for m in recording["messages"])
-    kept = sum(t.get("in_history") is not False for t in recording["turns"])
-    if replies != kept:
-        return f"has {replies} replies in its messages, and its turns say {kept} were kept"
     return None
 
 
@@ -2249,8 +2404,9 @@ def made_by(recording):
     """Who wrote a recording's replies, in words, from its produced_by field."""
     made = fields(recording.get("produced_by"))
     if made.get("kind") == "scripted":
-        return f"a scripted model ({made.get('script', 'a script')})"
-    return f"the model {made.get('model') or recording['model']}"
+        return f"a scripted model ({one_line(str(made.get('script', 'a script')), 100)})"
+    return f"the model {one_line(str(made.get('model') or recording['model']), 100)}"
+
 
 
 class ReplayClient:
@@ -2627,8 +2783,9 @@ def page(title, body):
             f'<style nonce="{nonce}">{CSS}</style></head><body>{body}</body></html>\n')
 
 
-def token_chart(turns):
-    """Per-turn stacked bars of what each request cost in tokens, with the running cost."""
+def token_chart(turns, parts):
+    """Per-turn stacked bars of what each request cost in tokens, with the running cost, added
+    to `parts` (a Bounded list)."""
     width, height, left, bottom = 760, 260, 60, 30
     rows = items(turns)
     peak = max([sum(num(fields(t.get("usage")).get(k)) for k, _, _ in SEGMENTS) for t in rows]
@@ -2639,11 +2796,11 @@ def token_chart(turns):
         costs.append(total)
     step = (width - left - 20) / max(len(rows), 1)
     bar = max(step * 0.7, 1)
-    parts = [f'<svg class="tokens" width="{width}" height="{height}" viewBox="0 0 {width} '
-             f'{height}" role="img" aria-label="tokens per turn">',
-             f'<text class="axis" x="4" y="14">{peak:,} tokens</text>',
-             f'<line x1="{left}" y1="{height - bottom}" x2="{width - 10}" y2="{height - bottom}" '
-             'stroke="#999"/>']
+    parts += [f'<svg class="tokens" width="{width}" height="{height}" viewBox="0 0 {width} '
+              f'{height}" role="img" aria-label="tokens per turn">',
+              f'<text class="axis" x="4" y="14">{peak:,} tokens</text>',
+              f'<line x1="{left}" y1="{height - bottom}" x2="{width - 10}" y2="{height - bottom}" '
+              'stroke="#999"/>']
     for i, t in enumerate(rows):
         usage, y = fields(t.get("usage")), height - bottom
         x = left + i * step + (step - bar) / 2
@@ -2665,8 +2822,7 @@ def token_chart(turns):
         parts.append(f'<text class="axis" x="{width - 10}" y="14" text-anchor="end">'
                      f'{money(total)}</text>')
     legend = "".join(f'<span class="l-{cls}"></span>{label}' for _, cls, label in SEGMENTS)
-    return "".join(parts) + f'</svg><p class="legend">{legend}<span class="l-cost"></span>' \
-                            "running cost</p>"
+    parts.append(f'</svg><p class="legend">{legend}<span class="l-cost"></span>running cost</p>')
 
 
 def block_html(block):
@@ -2724,8 +2880,9 @@ def priced_as(t):
             f"Anthropic's API, not by {esc(url)}, which may bill otherwise, or nothing.</p>")
 
 
-def run_report(t):
-    """The report of one run: what was asked, how it ended, what each turn cost and did."""
+def run_report(t, cap):
+    """The report of one run: what was asked, how it ended, what each turn cost and did; a
+    UsageError if it would take more than `cap` characters."""
     turns, usage, stop = items(t.get("turns")), fields(t.get("usage")), fields(t.get("stop"))
     prompt = sum(num(usage.get(k)) for k, _, _ in SEGMENTS[:3])
     share = f"{num(usage.get('cache_read_input_tokens')) / prompt:.0%}" if prompt else "n/a"
@@ -2734,7 +2891,8 @@ def run_report(t):
              ("turns", len(turns)), ("tokens", f"{num(usage.get('tokens')):,}"),
              ("cost", money(usage.get("cost_usd"))), ("time", f"{seconds:.1f} s"),
              ("cache-read share of the prompt", share)]
-    body = [f"<h1>agent.py run</h1><div class=\"q\">{esc(t.get('question', ''))}</div>",
+    body = Bounded(cap)
+    body += [f"<h1>agent.py run</h1><div class=\"q\">{esc(t.get('question', ''))}</div>",
             f"<p>model <b>{esc(t.get('model'))}</b> · workdir <code>{esc(t.get('workdir'))}"
             f"</code> · run <code>{esc(t.get('run_id', '?'))}</code> · started "
             f"{esc(t.get('started_at', '?'))}{provenance(t)}{server_said(t)}</p>",
@@ -2743,11 +2901,13 @@ def run_report(t):
             f"<p>{esc(stop.get('detail', ''))}</p>{priced_as(t)}"]
     if t.get("answer"):
         body.append(f"<h2>Answer</h2><pre>{esc(t['answer'])}</pre>")
-    body.append("<h2>Tokens per turn</h2>" + token_chart(turns))
+    body.append("<h2>Tokens per turn</h2>")
+    token_chart(turns, body)
     calls_input = {str(b.get("id")): json.dumps(b.get("input"), ensure_ascii=False)
                    for m in items(t.get("messages")) for b in items(m.get("content"))
                    if b.get("type") == "tool_use"}  # each call's input, for its preview
-    rows = []
+    body.append("<h2>Turns</h2><table><tr><th>turn</th><th>stop</th><th>tokens</th><th>cost"
+                "</th><th>time</th><th>tool calls</th></tr>")
     for x in turns:
         u, chips = fields(x.get("usage")), []
         for c in items(x.get("tool_calls")):
@@ -2755,85 +2915,137 @@ def run_report(t):
             chips.append(f'<span class="chip {state}">{esc(c.get("name"))} '
                          f'{esc(shorten(calls_input.get(str(c.get("id")), ""), 60))} · {state} · '
                          f'{num(c.get("seconds")):.2f}s</span>')
-        rows.append(f"<tr><td>{esc(x.get('turn'))}</td><td>{esc(x.get('stop_reason'))}</td>"
+        body.append(f"<tr><td>{esc(x.get('turn'))}</td><td>{esc(x.get('stop_reason'))}</td>"
                     f"<td>{num(u.get('tokens')):,}</td><td>{money(u.get('cost_usd'))}</td>"
                     f"<td>{num(x.get('seconds')):.1f}s ({num(x.get('api_seconds')):.1f}s API)"
                     f"</td><td>{''.join(chips)}</td></tr>")
-    body.append("<h2>Turns</h2><table><tr><th>turn</th><th>stop</th><th>tokens</th><th>cost"
-                "</th><th>time</th><th>tool calls</th></tr>" + "".join(rows) + "</table>")
-    body.append("<h2>Conversation</h2>")
+    body.append("</table><h2>Conversation</h2>")
     for m in items(t.get("messages")):
         body.append(f'<div class="msg"><span class="role">{esc(m.get("role"))}</span>'
                     + "".join(block_html(b) for b in items(m.get("content"))) + "</div>")
     return page(f"agent.py run: {str(t.get('question', ''))[:80]}", "".join(body))
 
 
-def trials_report(summary):
+def trials_report(summary, cap):
     """The report of --trials: pass@k and pass^k, and a row per trial with its transcript's
-    name (render that with --report too: this page opens no file of its own accord)."""
+    name (render that with --report too: this page opens no file of its own accord); a
+    UsageError if it would take more than `cap` characters."""
     at, hat = fields(summary.get("pass_at_k")), fields(summary.get("pass_hat_k"))
-    ks = sorted((int(k) for k in at if str(k).isdigit()))
-    rows = "".join(f"<tr><td>{k}</td><td>{num(at.get(str(k))):.3f}</td><td>"
-                   f"{num(hat.get(str(k))):.3f}</td></tr>" for k in ks)
-    width, height = 360, 180
-    plot = [f'<svg class="passk" width="{width}" height="{height}" viewBox="0 0 {width} '
-            f'{height}" role="img" aria-label="pass@k and pass^k">']
-    x = lambda k: 30 + (k - 1) / max(len(ks) - 1, 1) * (width - 50)  # noqa: E731
-    for key, values in (("at", at), ("hat", hat)):
-        pts = " ".join(f"{x(k):.1f},{height - 20 - num(values.get(str(k))) * (height - 40):.1f}"
-                       for k in ks)
-        plot.append(f'<polyline class="line-{key}" points="{pts}"/>')
-    plot += [f'<text class="axis" x="{x(k):.1f}" y="{height - 4}" text-anchor="middle">k={k}'
-             '</text>' for k in ks]
-    plot.append('<text class="axis" x="4" y="14">1.0</text><text class="axis" x="4" '
-                f'y="{height - 20}">0</text></svg><p class="legend"><span class="l-input">'
-                '</span>pass@k<span class="l-output"></span>pass^k (dashed; the lines meet '
-                'where every trial passed or none did)</p>')
-    trials = []
-    for tr in items(summary.get("trials")):
-        transcript = tr.get("transcript")
-        trials.append(f"<tr><td>trial {esc(tr.get('index'))}</td><td>{esc(tr.get('stop'))}</td>"
-                      f"<td class=\"{'ok' if tr.get('passed') else 'error'}\">"
-                      f"{'pass' if tr.get('passed') else 'fail'}</td><td>{esc(tr.get('turns'))}"
-                      f"</td><td>{num(tr.get('tokens')):,}</td><td>{money(tr.get('cost_usd'))}"
-                      f"</td><td><code>{esc(transcript) if is_str(transcript) else ''}</code>"
-                      "</td></tr>")
+    ks = sorted(int(k) for k in at)  # plain numbers: summary_problem checked them
     interval = summary.get("pass@1_wilson95")
     interval = [f"{num(v):.3f}" for v in interval] if isinstance(interval, list) and \
         len(interval) == 2 else ["?", "?"]
     p1 = summary.get("pass@1")
     expect = {k: v for k, v in fields(summary.get("expect")).items() if v}
-    head = (f"<h1>agent.py trials</h1><div class=\"q\">{esc(summary.get('question', ''))}</div>"
-            f"<p>model <b>{esc(summary.get('model', '?'))}</b>{server_said(summary)} · a trial "
-            "passes when "
-            f"{esc(json.dumps(expect, ensure_ascii=False) if expect else 'it ends with end_turn')}"
-            f" · a declined call tells the model: {esc(summary.get('decline_message', '?'))}</p>"
-            f"<p>{esc(summary.get('n'))} of "
-            f"{esc(summary.get('requested'))} ran: {esc(summary.get('passes'))} passed, "
-            f"{esc(summary.get('failed'))} failed, {esc(summary.get('errored'))} errored "
-            f"(not counted in pass@k). pass@1 = {esc(f'{p1:.3f}' if isinstance(p1, float) else p1)}, 95% Wilson "
-            f"interval {esc(interval[0])}–{esc(interval[1])}.</p>{priced_as(summary)}")
-    return page("agent.py trials", head + "<h2>pass@k and pass^k</h2><table><tr><th>k</th><th>"
-                "pass@k</th><th>pass^k</th></tr>" + rows + "</table>" + "".join(plot)
-                + "<h2>Trials</h2><table><tr><th>trial</th><th>stop</th><th>result</th><th>"
-                "turns</th><th>tokens</th><th>cost</th><th>transcript</th></tr>" + "".join(trials) + "</table>")
+    body = Bounded(cap)
+    body.append(f"<h1>agent.py trials</h1><div class=\"q\">{esc(summary.get('question', ''))}</div>"
+                f"<p>model <b>{esc(summary.get('model', '?'))}</b>{server_said(summary)} · a trial passes when "
+                f"{esc(json.dumps(expect, ensure_ascii=False) if expect else 'it ends with end_turn')}"
+                f" · a declined call tells the model: {esc(summary.get('decline_message', '?'))}</p>"
+                f"<p>{esc(summary.get('n'))} of "
+                f"{esc(summary.get('requested'))} ran: {esc(summary.get('passes'))} passed, "
+                f"{esc(summary.get('failed'))} failed, {esc(summary.get('errored'))} errored "
+                f"(not counted in pass@k). pass@1 = {esc(f'{p1:.3f}' if isinstance(p1, float) else p1)}, 95% Wilson "
+                f"interval {esc(interval[0])}–{esc(interval[1])}.</p>{priced_as(summary)}")
+    body.append("<h2>pass@k and pass^k</h2><table><tr><th>k</th><th>pass@k</th><th>pass^k</th>"
+                "</tr>")
+    for k in ks:
+        body.append(f"<tr><td>{k}</td><td>{num(at.get(str(k))):.3f}</td><td>"
+                    f"{num(hat.get(str(k))):.3f}</td></tr>")
+    width, height = 360, 180
+    body.append(f'</table><svg class="passk" width="{width}" height="{height}" viewBox="0 0 '
+                f'{width} {height}" role="img" aria-label="pass@k and pass^k">')
+    x = lambda k: 30 + (k - 1) / max(len(ks) - 1, 1) * (width - 50)  # noqa: E731
+    for key, values in (("at", at), ("hat", hat)):
+        body.append(f'<polyline class="line-{key}" points="')
+        for i, k in enumerate(ks):
+            body.append(f"{' ' * bool(i)}{x(k):.1f},"
+                        f"{height - 20 - num(values.get(str(k))) * (height - 40):.1f}")
+        body.append('"/>')
+    for k in ks:
+        body.append(f'<text class="axis" x="{x(k):.1f}" y="{height - 4}" text-anchor="middle">'
+                    f'k={k}</text>')
+    body.append('<text class="axis" x="4" y="14">1.0</text><text class="axis" x="4" '
+                f'y="{height - 20}">0</text></svg><p class="legend"><span class="l-input">'
+                '</span>pass@k<span class="l-output"></span>pass^k (dashed; the lines meet '
+                'where every trial passed or none did)</p>')
+    body.append("<h2>Trials</h2><table><tr><th>trial</th><th>stop</th><th>result</th><th>"
+                "turns</th><th>tokens</th><th>cost</th><th>transcript</th></tr>")
+    for tr in items(summary.get("trials")):
+        transcript = tr.get("transcript")
+        body.append(f"<tr><td>trial {esc(tr.get('index'))}</td><td>{esc(tr.get('stop'))}</td>"
+                    f"<td class=\"{'ok' if tr.get('passed') else 'error'}\">"
+                    f"{'pass' if tr.get('passed') else 'fail'}</td><td>{esc(tr.get('turns'))}"
+                    f"</td><td>{num(tr.get('tokens')):,}</td><td>{money(tr.get('cost_usd'))}"
+                    f"</td><td><code>{esc(transcript) if is_str(transcript) else ''}</code>"
+                    "</td></tr>")
+    body.append("</table>")
+    return page("agent.py trials", "".join(body))
+
+
+class Bounded(list):
+    """The parts of a report, refusing to grow past `cap` characters: what a document makes
+    agent.py write is bounded by the document's size, however it is shaped."""
+
+    def __init__(self, cap):
+        super().__init__()
+        self.cap, self.size = cap, 0
+
+    def append(self, text):
+        self.size += len(text)
+        if self.size > self.cap:
+            raise Oversize(self.cap)
+        super().append(text)
+
+    def __iadd__(self, texts):
+        for text in texts:
+            self.append(text)
+        return self
+
+
+class Oversize(Exception):
+    """An output past its cap (OUTPUT_FACTOR times its input, plus OUTPUT_SLACK)."""
+
+
+OUTPUT_FACTOR = 8  # a report or export writes at most 8 characters per byte of its input...
+OUTPUT_SLACK = 1 << 20  # ... plus 1 MiB (a shipped 1,000-turn transcript's report: 1.6 times)
+
+
+def output_cap(input_bytes):
+    return OUTPUT_FACTOR * input_bytes + OUTPUT_SLACK
+
+
+def oversize(flag, path, input_bytes, what):
+    """The one line that says an input would make an output past its cap."""
+    return UsageError(f"{flag} {path} would make {what} over {output_cap(input_bytes) >> 20} "
+                      f"MiB, {OUTPUT_FACTOR} times its {input_bytes:,} bytes: no document "
+                      "agent.py writes comes near that (docs/transcript.md); nothing was written")
 
 
 def write_report(path, output=None):
     """--report: render a transcript or a trials summary as HTML. It reads only `path` and
     writes only `output` (default: beside it, .html; "-" for stdout): a summary's trials are
     rows, not pages, since a document must not make agent.py open another file."""
-    document = read_document(path, "--report")
+    document, length = read_document(path, "--report", sized=True)
     kind = document_kind(document)
     if kind not in ("a transcript", "a trials summary"):
         raise UsageError(f"--report {path} is {kind}; it renders a transcript or a trials "
                          "summary")
-    text = trials_report(document) if kind == "a trials summary" else run_report(document)
+    problem = summary_problem(document) if kind == "a trials summary" else \
+        sum_problem(document.get("turns"))
+    if problem:
+        raise UsageError(f"--report {path} is {kind} agent.py did not write: {problem}")
+    try:
+        text = trials_report(document, output_cap(length)) if kind == "a trials summary" else \
+            run_report(document, output_cap(length))
+    except Oversize:
+        raise oversize("--report", path, length, "a report")
     data = utf8(text)
     if output == "-":
         to_stdout(for_terminal(data, html=True))
         return []
-    target = OutputFile(output or Path(path).with_suffix(".html"), None, "-o", stream=True)
+    target = OutputFile(output or Path(path).with_suffix(".html"), None, "-o", stream=True,
+                        named=output is not None)
     check_distinct([("-o", target)], [("--report", path)])
     target.put(data)
     return [str(target.path)]
@@ -2858,30 +3070,37 @@ def export_atif(path, output):
     """--export atif: write the trajectory of a transcript, or one per trial of a trials
     summary, to `output` (default: beside it, .atif.json; trial i's with .i before the
     extension; "-" for stdout, one trajectory a line). Returns the paths written."""
-    document = read_document(path, "--export")
+    document, length = read_document(path, "--export", sized=True)
     kind = document_kind(document)
     if kind == "a transcript":
         indexes, inputs = None, [("--export", path)]
-        sessions = [checked_transcript(document, path, "export")]
+        sessions, lengths = [checked_transcript(document, path, "export")], [length]
     elif kind == "a trials summary":
         indexes = trial_indexes(path, document)
         inputs = [(f"trial {i}'s transcript", trial_path(path, i)) for i in indexes]
-        sessions = [load_transcript(p, flag, "export") for flag, p in inputs]
+        read = [read_document(p, flag, sized=True) for flag, p in inputs]
+        sessions = [checked_transcript(d, p, "export") for (d, _), (_, p) in zip(read, inputs)]
+        lengths = [n for _, n in read]
         inputs.append(("--export", path))
     else:
         raise UsageError(f"--export {path} is {kind}; it exports a transcript or a trials "
                          "summary")
-    trajectories = [trajectory(session) for session in sessions]
+    trajectories = []
+    for session, length, (flag, source) in zip(sessions, lengths, inputs):
+        trajectories.append(dump(trajectory(session)))
+        if len(trajectories[-1]) > output_cap(length):
+            raise oversize(flag, source, length, "a trajectory")
     if output == "-":
         for t in trajectories:
-            print_document(t)
+            to_stdout(for_terminal(t))
         return []
     base = output or Path(path).with_suffix(".atif.json")
     names = [trial_path(base, i) for i in indexes] if indexes else [base]
-    targets = [OutputFile(name, None, "-o", stream=True) for name in names]
+    targets = [OutputFile(name, None, "-o", stream=True, named=output is not None and not indexes)
+               for name in names]
     check_distinct([("-o", target) for target in targets], inputs)
     for target, t in zip(targets, trajectories):
-        target.put(dump(t))
+        target.put(t)
     return [str(target.path) for target in targets]
 
 
@@ -3502,12 +3721,13 @@ def visible(text):
                          else f"\\U{ord(m[0]):08x}", text)
 
 
-def for_terminal(data, html=False):
-    """JSON (or HTML) bytes bound for stdout: when stdout is a terminal, each character
-    `visible` would escape is written as the escape that means the same there, \\uXXXX (or
-    &#xXXXX;), so a transcript or report shown raw cannot reorder or drive the terminal. In a
-    pipe or a file, the bytes are left as they are."""
-    if not sys.stdout.isatty():
+def for_terminal(data, html=False, terminal=None):
+    """JSON (or HTML) bytes bound for stdout (or for `terminal`, a terminal the user named as
+    an output): when it is a terminal, each character `visible` would escape is written as the
+    escape that means the same there, \\uXXXX (or &#xXXXX;), so a transcript or report shown
+    raw cannot reorder or drive the terminal. In a pipe or a file, the bytes are left as they
+    are."""
+    if not (sys.stdout.isatty() if terminal is None else terminal):
         return data
     text = data.decode("utf-8", "surrogateescape")
     escape = (lambda m: f"&#x{ord(m[0]):x};") if html else \
@@ -3582,6 +3802,47 @@ def approval_question(code, rows, columns):
                  f"{plural(tall + 3 - rows, 'row')} of them scrolled off the top of the screen "
                  "(scroll up to read them) ---\n")
     return text + "--- run it? [y/N] "
+
+
+def consent_question(source, taken, columns):
+    """What --resume and --replay ask before using what a transcript says: each value (label,
+    value, note) quoted on a line of its own, with line breaks, quotes, backslashes and every
+    character `visible` escapes written as escapes, and cut in the middle, saying how much, to
+    fit its rows: the workdir 6 (a real path, so it is seldom cut), a model or a prompt one.
+    However the file is made, the question takes at most 12 rows below the user's own path,
+    and every line the user answers is agent.py's."""
+    rows = [f"{quoted(source)} asks to go on with its own:"]  # the user's own path, in full
+    rows += [fitted(f"  {label} ", value, note, columns, 6 if label == "workdir" else 1)
+             for label, value, note in taken]
+    return "\n".join(rows) + ("\nA transcript is only a file, which anything could have "
+                              "written.\nGo on with them? [y/N] ")
+
+
+def quoted(text):
+    """`text` between double quotes on one line, every character that is not itself escaped."""
+    text = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+    return f'"{visible(text)}"'
+
+
+def fitted(before, text, after, columns, rows=1):
+    """before + quoted(text) + after, in `rows` rows of `columns`: a quoted text too wide loses
+    its middle to a marker that says how many characters it stands for."""
+    shown, room = quoted(text), max(rows * columns - 1 - display_width(before + after), 40)
+    if display_width(shown) > room:
+        cut = len(shown)
+        while True:
+            marker = f"…[{cut:,} characters not shown]…"
+            half = (room - display_width(marker)) // 2
+            head, tail = shown[:half], shown[len(shown) - half:]
+            while display_width(head) > half:
+                head = head[:-1]
+            while display_width(tail) > half:
+                tail = tail[1:]
+            if len(shown) - len(head) - len(tail) == cut:
+                break
+            cut = len(shown) - len(head) - len(tail)
+        shown = head + marker + tail
+    return before + shown + after
 
 
 def shorten(text, width):
@@ -3742,7 +4003,7 @@ class Reporter:
 
 # --- Path safety: read_file never leaves the workdir ---
 
-RESOLVE_NO_MAGICLINKS, RESOLVE_BENEATH = 0x02, 0x08  # openat2(2)
+RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x02, 0x04, 0x08  # openat2(2)
 LIBC = ctypes.CDLL(None, use_errno=True)
 
 
@@ -3998,7 +4259,7 @@ class Call:
             self.agent_end, keeper_end = socket.socketpair()
             self.keeper_end = keeper_end.detach()
             # Where mounts work, home and shm are made in the call's own tmpfs: on disk only
-            # the mount point (bench_sandbox: 1.08x a call's time with them made on disk too)
+            # the mount point (bench_sandbox: 1.03-1.05x a call's time with them on disk too)
             for directory in (self.scratch,) if box.mounts else (self.scratch, self.home):
                 os.mkdir(directory, 0o700)
             # With a BOM Python reads the file as UTF-8 or not at all: a coding declaration
@@ -4072,7 +4333,7 @@ class Call:
             os.setpgid(0, 0)  # a group of its own: the one the keeper kills
         # On v1, "tasks" moves this one thread (all a forked child has) without the lock on every
         # thread group that "cgroup.procs" takes, and its wait for a grace period (bench_sandbox:
-        # 1.17x a call's time through cgroup.procs; the join alone 7.8 ms against 0.3)
+        # 1.23-1.25x a call's time through cgroup.procs; the join alone 7.8 ms against 0.3)
         joined = "tasks" if box.cgroup and box.cgroup[0] == "v1" else "cgroup.procs"
         for directory in self.cgroups:
             Path(directory, joined).write_text("0")
@@ -4162,7 +4423,7 @@ class Call:
         """Tell the keeper the call is over (it kills what is left and cleans up); reap it. A
         keeper that `reported` the script's end has already removed its cgroups and home and
         only removes the rest: it is reaped in the background, as is one still removing a big
-        mess (bench_sandbox: 1.10x a call's time when the agent waits for it)."""
+        mess (bench_sandbox: 1.11-1.27x a call's time when the agent waits for it)."""
         self.agent_end.close()
         if not self.box.keeper:
             kill_group(proc.pid)
@@ -4979,10 +5240,10 @@ def parse_args(argv):
     inspect.add_argument("--schema", choices=list(SCHEMAS), help="print the JSON Schema of a "
                          "transcript, an event or a trials summary, and exit")
     inspect.add_argument("--report", metavar="JSON", help="write an HTML report of a transcript "
-                         "or trials summary, and exit")
+                         "or trials summary (last, or a run id: a kept run), and exit")
     inspect.add_argument("--export", nargs=2, metavar=("FORMAT", "JSON"), help="convert a "
-                         "transcript or trials summary: atif (the Agent Trajectory Interchange "
-                         "Format, v1.8), and exit")
+                         "transcript or trials summary (last, or a run id: a kept run): atif "
+                         "(the Agent Trajectory Interchange Format, v1.8), and exit")
     inspect.add_argument("-o", "--output", metavar="PATH", help="where --report or --export "
                          "writes; - for stdout (default: beside JSON)")
     args, extra = p.parse_known_args(argv)
@@ -5374,16 +5635,15 @@ def main(argv=None, client=None, stdin=None):
         server = server_url(config["ANTHROPIC_BASE_URL"] or "")  # recorded; None: Anthropic's
         model = args.model or config["ANTHROPIC_MODEL"] or recorded.get("model") or DEFAULT_MODEL
         prompt = own_prompt(session) if session is not None and system is None else None
-        taken = {"--workdir DIR": f"workdir {workdir}"} if recorded and not args.workdir else {}
+        taken = {"--workdir DIR": ("workdir", str(workdir), "")} \
+            if recorded and not args.workdir else {}
         if session is not None and model != (args.model or config["ANTHROPIC_MODEL"] or
                                              DEFAULT_MODEL):
-            taken["--model ID"] = f"model {model}"
+            taken["--model ID"] = ("model", model, "")
         if prompt:
-            taken["--system-prompt FILE"] = (f"system prompt {shorten(prompt, 60)!r} "
-                                             f"({len(prompt):,} characters)")
-        if taken and not agreed(f"{source} asks to go on with its own "
-                                f"{' and '.join(taken.values())}. A transcript is only a file, "
-                                "which anything could have written: go on with them?",
+            taken["--system-prompt FILE"] = ("system prompt", prompt,
+                                             f" ({len(prompt):,} characters)")
+        if taken and not agreed(consent_question(source, taken.values(), terminal_size()[1]),
                                 stdin or sys.stdin):
             raise UsageError(f"not replayed: give --workdir DIR to say where {source} runs"
                              if replay else f"not resumed: give {' and '.join(taken)} to say "
@@ -5395,7 +5655,7 @@ def main(argv=None, client=None, stdin=None):
             target = None  # but a kept trial stays as it ran: the run goes on as a new kept run
         reach = None if args.no_sandbox else workdir  # where the model's code can write, if not
         output = OutputFile(target, reach) if target not in (None, "-") else None  # everywhere
-        trial_outputs = {i: OutputFile(trial_path(output.path, i), reach)
+        trial_outputs = {i: OutputFile(trial_path(output.path, i), reach, named=False)
                          for i in range(1, args.trials + 1)} if args.trials and output else {}
         events_out = OutputFile(args.events, reach, "--events", stream=True) \
             if args.events not in (None, "-") else None

@@ -91,9 +91,19 @@ def main():
             return lambda: subprocess.run(argv, cwd=workdir, check=True, stdin=subprocess.DEVNULL,
                                           capture_output=True)
 
+        def keeper_alone():  # a preexec_fn that only forks a keeper, which waits: the floor
+            if os.fork():  # of any design that confines the child in Python before exec
+                os.closerange(0, 3)
+                os.closerange(4, 1 << 16)
+                os.wait()
+                os._exit(0)
+
         ways = {"sandbox": call(agent, boxed),
                 "no-sandbox": call(agent, agent.Sandbox(workdir, False, agent.Limits())),
-                "plain subprocess": command([sys.executable, "-c", "pass"])}
+                "plain subprocess": command([sys.executable, "-c", "pass"]),
+                "plain + a forking preexec_fn": lambda: subprocess.run(
+                    [sys.executable, "-c", "pass"], cwd=workdir, check=True,
+                    stdin=subprocess.DEVNULL, capture_output=True, preexec_fn=keeper_alone)}
         if boxed.cgroup and hasattr(agent, "cgroup_parents"):  # the most a cgroup made once per
             uncapped = agent.Sandbox(workdir, True, agent.Limits())  # run could save: all of it
             uncapped.ready()

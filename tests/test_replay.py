@@ -257,7 +257,7 @@ def test_the_recorded_workdir_is_used_only_once_the_user_agrees(capsys, workdir,
     for answer in ("", "n\n"):  # --yes is no consent to it
         code, _, err = run_cli(capsys, ["--replay", str(path), "--yes"], FakeClient(),
                                stdin=answer)
-        assert code == 2 and f"asks to go on with its own workdir {workdir}" in err
+        assert code == 2 and f'asks to go on with its own:\n  workdir "{workdir}"\n' in err
         assert "not replayed: give --workdir DIR" in err and "turn 1" not in err
     code, out, err = run_cli(capsys, ["--replay", str(path), "--yes"], FakeClient(), stdin="y\n")
     assert (code, out) == (0, "The scores add up to 255.\n") and "each as recorded" in err

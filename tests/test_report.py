@@ -4,13 +4,15 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import agent
 from fakes import FakeAPIError, FakeClient, reply, text, tool_use
-from helpers import lone_surrogates, run_cli, surrogate_run, with_lone_surrogates
+from helpers import agent_env, lone_surrogates, run_cli, surrogate_run, with_lone_surrogates
 
 HOSTILE = "</pre><script>window.__pwned = 1</script><img src=x onerror=\"window.__pwned=2\">"
 
@@ -144,7 +146,7 @@ def test_report_never_writes_over_what_it_reads_and_dash_is_stdout(capsys, workd
 @pytest.mark.parametrize("document", [
     {"messages": "no", "turns": [1, None, {"usage": "x"}], "stop": ["?"], "question": 5},
     {"kind": "trials", "trials": [None, {"index": "<b>", "transcript": "/etc/passwd"}],
-     "pass_at_k": {"x": "y"}}])
+     "pass_at_k": {"1": "y"}, "pass@1_wilson95": "?"}])
 def test_a_malformed_document_still_gives_a_page(capsys, tmp_path, document):
     source = tmp_path / "odd.json"
     source.write_text(json.dumps(document))
@@ -229,3 +231,65 @@ def test_the_policy_stops_a_script_that_got_in_anyway(browser, capsys, workdir, 
     assert seen["pwned"] is False
     assert "script-src-elem" in seen["csp"] or "script-src" in seen["csp"]
     assert [u for u in seen["requests"] if not u.startswith("file://")] == []
+
+
+# --- bounded by what it is given ---
+
+MEASURE = """import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.executable, [sys.executable] + sys.argv[1:])
+_, status, usage = os.wait4(pid, 0)
+print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)
+"""  # a small interpreter forks agent.py: a fork of pytest would count pytest's pages too
+
+
+def measured(argv, cwd):
+    """Run agent.py as a user does; (exit code, stderr, peak RSS in MiB) of that process alone."""
+    done = subprocess.run([sys.executable, "-c", MEASURE, *map(str, argv)], capture_output=True,
+                          text=True, cwd=cwd, env=agent_env(), timeout=120)
+    code, rss = done.stdout.split()[-2:]
+    return int(code), done.stderr, int(rss) / 1024
+
+
+def test_a_report_is_bounded_by_the_size_of_its_input(capsys, workdir, tmp_path, agent_copy):
+    """150,000 tiny turns (445 KB): before, --report wrote 100 MB of HTML in 11 s with a peak
+    of 555 MiB (6 MB of them: 1.3 GB and 4.3 GB). Now the output is at most 8 times the input
+    plus 1 MiB, or a usage error with nothing written."""
+    source = tmp_path / "run.json"
+    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(source)],
+            FakeClient(reply(text("done"))))
+    t = json.loads(source.read_text())
+    t["turns"] += [{}] * 150_000
+    source.write_text(json.dumps(t, separators=(",", ":")))
+    out = tmp_path / "out.html"
+    code, err, rss = measured([agent_copy, "--report", source, "-o", out], tmp_path)
+    assert not out.exists() and rss < 200, rss  # MiB
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "8 times its" in err, err
+
+
+def test_an_export_past_its_cap_is_a_usage_error_with_nothing_written(capsys, workdir, tmp_path,
+                                                                      monkeypatch):
+    """ATIF is about the size of its transcript (1.0x measured, 300 turns), so the cap (the same as a
+    report's) is shown here by lowering it: past it, exit 2 and no file, never a partial one."""
+    source = tmp_path / "run.json"
+    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(source)],
+            FakeClient(reply(text("done"))))
+    monkeypatch.setattr(agent, "OUTPUT_FACTOR", 0)
+    monkeypatch.setattr(agent, "OUTPUT_SLACK", 100)
+    code, out, err = run_cli(capsys, ["--export", "atif", str(source)])
+    assert (code, out) == (2, "") and "would make a trajectory over" in err, err
+    assert not source.with_suffix(".atif.json").exists()
+
+
+@pytest.mark.parametrize("key", ["²", "١", "1" + "0" * 400, "0", "-1", " 1", "1e3"])
+def test_a_summary_whose_pass_at_k_keys_are_not_plain_numbers_is_a_usage_error(capsys, tmp_path,
+                                                                              key):
+    """Before: '²' passed isdigit() and int() raised ValueError, a 401-digit k overflowed a
+    float division: an internal error (exit 1); '١', '0', '-1' drew a page of nonsense."""
+    source = tmp_path / "summary.json"
+    source.write_text(json.dumps({"version": 2, "kind": "trials", "n": 1, "trials": [],
+                                  "pass_at_k": {"1": 1.0, key: 0.5}, "pass_hat_k": {"1": 1.0}}))
+    code, out, err = run_cli(capsys, ["--report", str(source)])
+    assert (code, out) == (2, "") and "not a plain number" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "summary.html").exists()

@@ -304,3 +304,33 @@ def test_a_run_as_a_user_runs_it_is_kept_where_its_environment_says(request, wor
     done = run_agent_py(agent.__file__, "--report", "last", "-o", "-",
                         env=agent_env(XDG_STATE_HOME=str(state)), cwd=tmp_path)
     assert done.returncode == 0 and "42" in done.stdout
+
+
+def test_resume_with_a_transcript_keeps_a_new_run_and_leaves_the_old_one(capsys, workdir,
+                                                                        tmp_path):
+    _, _, _, first = ask(capsys, workdir, "one")
+    before = (runs() / f"{first}.json").read_bytes()
+    out_path = tmp_path / "went-on.json"
+    code, out, err = run_cli(capsys, ["--resume", "last", "more?", "--workdir", str(workdir),
+                                      "--transcript", str(out_path)], FakeClient(reply(text("2"))))
+    went_on = KEPT_LINE.search(err)[1]
+    assert code == 0 and went_on != first and (runs() / f"{first}.json").read_bytes() == before
+    assert (runs() / f"{went_on}.json").read_bytes() == out_path.read_bytes()
+    mine = tmp_path / "mine.json"  # --resume of a file of the user's: rewritten, and kept too
+    mine.write_bytes(before)
+    code, _, err = run_cli(capsys, ["--resume", str(mine), "more?", "--workdir", str(workdir)],
+                           FakeClient(reply(text("3"))))
+    assert code == 0 and json.loads(mine.read_text())["answer"] == "3"
+    assert (runs() / f"{KEPT_LINE.search(err)[1]}.json").read_bytes() == mine.read_bytes()
+
+
+def test_last_passes_over_what_is_not_a_finished_file_of_its_own(capsys, workdir, tmp_path):
+    """An empty file (a run killed before its first save) and a symlink, even newer, are not
+    `last`: it is the newest regular, non-empty file of this user's."""
+    _, _, _, run = ask(capsys, workdir, "real")
+    (runs() / "20990101-000000-0000aaaa.json").write_text("")
+    forged = tmp_path / "forged.json"
+    forged.write_bytes((runs() / f"{run}.json").read_bytes().replace(b'"real"', b'"forged"'))
+    (runs() / "20990101-000000-0000bbbb.json").symlink_to(forged)
+    code, out, _ = run_cli(capsys, ["--report", "last", "-o", "-"])
+    assert code == 0 and "real" in out and "forged" not in out

@@ -3,6 +3,8 @@
 import json
 import os
 import re
+import shlex
+import shutil
 import signal
 import stat
 import subprocess
@@ -608,6 +610,89 @@ def test_a_hostile_document_is_a_usage_error_in_every_mode(capsys, workdir, tmp_
     assert fragment in err and "internal error" not in err and len(err.strip().splitlines()) == 1
 
 
+def two_turns(capsys, workdir, path):
+    """A transcript agent.py wrote: a tool call, then an answer."""
+    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
+            FakeClient(reply(tool_use("read_file", {"path": "notes.md"})), reply(text("done"))))
+    return json.loads(path.read_text())
+
+
+def costs_past_a_float(t):
+    for turn in t["turns"]:
+        turn["usage"]["cost_usd"] = 1.7e308  # each finite; their sum is not
+    return t
+
+
+def refused_with_no_turns(t):
+    t["turns"], t["stop"] = [], {"reason": "refusal", "detail": "x", "exit_code": 5}
+    return t
+
+
+def seconds_past_a_float(t):
+    for turn in t["turns"]:
+        turn["seconds"] = turn["api_seconds"] = 1.7e308
+    return t
+
+
+MALFORMED = {  # name: (how a transcript is made malformed, the modes that must refuse it)
+    "costs too large to sum": (costs_past_a_float, ("--resume", "--replay", "--report",
+                                                    "--export")),
+    "seconds too large to sum": (seconds_past_a_float, ("--report",)),
+    "ends on a refused reply with no turns": (refused_with_no_turns, ("--resume", "--replay",
+                                                                      "--export")),
+}
+
+
+@pytest.mark.parametrize("flag", ["--resume", "--replay", "--report", "--export"])
+@pytest.mark.parametrize("name", MALFORMED)
+def test_a_malformed_transcript_is_one_line_and_exit_2_in_every_mode(capsys, workdir, tmp_path,
+                                                                     flag, name):
+    """Before: --export wrote `Infinity` into the trajectory (exit 0, a file no JSON reader
+    accepts), --resume saved a transcript with `Infinity` in it, --resume of a refusal with no
+    turns was an internal error (IndexError, exit 1)."""
+    mutate, refusing = MALFORMED[name]
+    path = tmp_path / "doc.json"
+    path.write_text(json.dumps(mutate(two_turns(capsys, workdir, path))))
+    out_path = tmp_path / "out.json"
+    argv = {"--resume": ["--resume", str(path), "more", "--workdir", str(workdir),
+                         "--transcript", str(out_path)],
+            "--replay": ["--replay", str(path), "--workdir", str(workdir), "--transcript",
+                         str(out_path)],
+            "--report": ["--report", str(path), "-o", str(out_path)],
+            "--export": ["--export", "atif", str(path), "-o", str(out_path)]}[flag]
+    client = FakeClient(reply(text("more")))
+    code, out, err = run_cli(capsys, argv, client)
+    assert "internal error" not in err and "Traceback" not in err, err
+    if flag in refusing:
+        assert (code, out, client.requests) == (2, "", []), err
+        assert len(err.strip().splitlines()) == 1 and not out_path.exists()
+    elif out_path.exists() and flag != "--report":  # what it wrote, it reads back
+        assert agent.read_document(out_path, "-") is not None
+
+
+def test_what_a_hostile_server_sends_is_written_as_json_agent_py_reads_back(capsys, workdir,
+                                                                           tmp_path):
+    """NaN and a 2**60 integer in a tool call's input, and every usage count at 2**53 in every
+    turn: before, the transcript held NaN (and tokens past 2**53), which --resume, --report and
+    every JSON reader refuse."""
+    path = tmp_path / "run.json"
+    huge = dict(input_tokens=1 << 53, output_tokens=1 << 53, write=1 << 53, read=1 << 53)
+    client = FakeClient(reply(text("a"), tool_use("read_file", {"path": "notes.md",
+                                                                "x": float("nan")}), **huge),
+                        reply(tool_use("read_file", {"path": "notes.md", "n": 1 << 60}), **huge),
+                        reply(text("done"), **huge))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path),
+                                    "--token-budget", str(1 << 60)], client)
+    assert code == 0, err
+    saved = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"{c} written"))
+    assert saved["usage"]["tokens"] == 1 << 53 and agent.load_transcript(path)
+    code, _, err = run_cli(capsys, ["--report", str(path), "-o", str(tmp_path / "r.html")])
+    assert code == 0, err
+    export = tmp_path / "run.atif.json"
+    code, _, err = run_cli(capsys, ["--export", "atif", str(path), "-o", str(export)])
+    assert code == 0 and agent.read_document(export, "-")["final_metrics"], err
+
+
 @pytest.mark.parametrize("kind", ["fifo", "directory", "device", "huge"])
 def test_resume_reads_only_a_regular_file_and_nothing_there_makes_it_block(tmp_path, kind,
                                                                          agent_copy):
@@ -639,7 +724,7 @@ def test_resume_takes_the_transcripts_model_only_if_the_user_agrees(capsys, work
     given = ["--resume", str(path), "more", "--workdir", str(workdir)]
     client = FakeClient()
     code, _, err = run_cli(capsys, given, client, stdin="")  # no answer: not resumed
-    assert (code, client.requests) == (2, []) and "model claude-opus-5-5" in err
+    assert (code, client.requests) == (2, []) and 'model "claude-opus-5-5"' in err
     client = FakeClient(reply(text("a")))
     run_cli(capsys, given, client, stdin="y\n")
     assert client.requests[0]["model"] == "claude-opus-5-5"
@@ -701,7 +786,7 @@ def test_a_transcript_cannot_choose_where_the_run_works(capsys, workdir, tmp_pat
     code, _, err = run_cli(capsys, ["--resume", str(path), "continue", "--yes"], reads,
                            stdin=answer)  # --yes is not consent to the transcript's workdir
     assert (code, reads.requests) == (2, [])
-    assert f"workdir {home}" in err and "[y/N]" in err and "not resumed" in err
+    assert f'workdir "{home}"' in err and "[y/N]" in err and "not resumed" in err
     assert (home / ".bashrc").read_text() == "# the user's\n"
 
 
@@ -721,6 +806,62 @@ def test_the_consent_question_cannot_be_redrawn_by_the_transcript(capsys, workdi
         question = err[:err.index("[y/N]")]
         assert not set(question) & set("\x1b\r\x9b\u202e"), repr(question)
         assert "\\x1b[1A\\x1b[2K\\x0dnothing to see" in question
+
+
+def on_a_24_row_screen(agent_copy, argv, cwd):
+    """agent.py run in a 24 x 80 terminal (tmux), left at its question: the screen the user
+    answers, as tmux shows it (wrapped rows joined), with the answer n given after."""
+    if shutil.which("tmux") is None:
+        pytest.skip("no tmux to draw a terminal's screen (apt-get install tmux)")
+    sock = cwd / "tmux.sock"
+    tmux = ["tmux", "-S", str(sock), "-f", "/dev/null"]
+    command = shlex.join([sys.executable, str(agent_copy), *map(str, argv)])
+    subprocess.run(tmux + ["new-session", "-d", "-x", "80", "-y", "24", command], check=True,
+                   cwd=cwd, env=agent_env(TERM="xterm"), timeout=30)
+    try:
+        deadline, screen = time.monotonic() + 60, ""
+        while "[y/N]" not in screen and time.monotonic() < deadline:
+            time.sleep(0.2)
+            screen = subprocess.run(tmux + ["capture-pane", "-p", "-J"], capture_output=True,
+                                    text=True, timeout=30).stdout
+        rows = subprocess.run(tmux + ["capture-pane", "-p"], capture_output=True, text=True,
+                              timeout=30).stdout.rstrip("\n").split("\n")
+        subprocess.run(tmux + ["send-keys", "n", "Enter"], timeout=30)
+        return screen, rows
+    finally:
+        time.sleep(0.3)
+        subprocess.run(tmux + ["kill-server"], capture_output=True, timeout=30)
+
+
+FAKE = "agent.py: note: this transcript was checked and is safe"
+
+
+@pytest.mark.parametrize("attack", ["lines in the workdir's name", "a model 3,000 long"])
+@pytest.mark.parametrize("flag", ["--resume", "--replay"])
+def test_the_screen_the_user_answers_shows_the_truth(capsys, workdir, tmp_path, agent_copy,
+                                                     attack, flag):
+    """Before: a workdir named with line breaks drew lines that looked like agent.py's own, and
+    a 3,000-character model name pushed the workdir's line off the top of a 24-row screen, so
+    the user answered a question whose subject they could not see."""
+    if attack == "a model 3,000 long" and flag == "--replay":
+        pytest.skip("--replay takes no model from the file")
+    home = tmp_path / "home"
+    if attack == "lines in the workdir's name":
+        home = tmp_path / ("x\n" + "\n".join([FAKE] * 3)) / ("y\n" + "\n".join([FAKE] * 3))
+    home.mkdir(parents=True)
+    path = forged_in(capsys, workdir, tmp_path, home)
+    forged = json.loads(path.read_text())
+    if attack == "a model 3,000 long":
+        forged["model"] = "claude-" + "x" * 3000
+    path.write_text(json.dumps(forged))
+    screen, rows = on_a_24_row_screen(agent_copy, [flag, path] + ["go on"] * (flag == "--resume"),
+                                      cwd=tmp_path)
+    assert not any(row.startswith("agent.py:") for row in rows), rows
+    assert not any(FAKE in row and "\\n" not in row for row in rows), rows
+    shown = str(home).replace("\n", "\\n")
+    assert shown in screen, screen  # the whole workdir is on the screen
+    assert f'  workdir "{shown}"' in screen.splitlines(), screen  # on a line of its own
+    assert len(rows) <= 24 and rows[-1].startswith("Go on with them? [y/N]"), rows
 
 
 def test_the_transcripts_workdir_is_used_once_the_user_agrees(capsys, workdir, tmp_path, home):
@@ -838,7 +979,7 @@ def test_resume_keeps_the_transcripts_system_prompt_only_if_the_user_agrees(caps
     client = FakeClient()
     code, _, err = run_cli(capsys, given, client, stdin="")  # no answer: not resumed
     assert (code, client.requests) == (2, []) and "system prompt" in err
-    assert "'You solve terminal tasks.'" in err
+    assert '"You solve terminal tasks."' in err
     assert f"not resumed: give --system-prompt FILE to say how {path} goes on" in err
     client = FakeClient(reply(text("a")))
     code, _, _ = run_cli(capsys, given, client, stdin="y\n")

@@ -1,0 +1,292 @@
+"""Where outputs go (issue 25, property 1): the one writer every output uses (OutputFile), attacked
+as another user would attack it. A file, FIFO, terminal or symlink another user planted at an
+output's path receives nothing; a hard link's other name keeps its content; every file agent.py
+writes is JSON it reads back. Each test performs the attack and asserts what the victim or the
+attacker observes: the bytes that reached the attacker, the victim file's content, the exit code.
+"""
+
+import itertools
+import json
+import os
+import pty
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+import agent
+from fakes import FakeClient, reply, text
+from helpers import AGENT, agent_env, run_cli
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="planting another user's files needs root")
+NOBODY = 65534
+OTHER = 12345  # an attacker that is neither the user nor root, when the user is `nobody`
+
+
+@pytest.fixture
+def shared(request):
+    """A directory like /tmp: root's, sticky, open to all; removed after the test."""
+    top = Path(tempfile.mkdtemp(prefix="agent-test-shared-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(top, ignore_errors=True))
+    top.chmod(0o1777)
+    return top
+
+
+def planted_fifo(path, owner=NOBODY):
+    """A FIFO another user made (and holds open for reading): returns the read end."""
+    os.mkfifo(path, 0o666)
+    os.chown(path, owner, owner)
+    return os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+
+
+def drain(fd):
+    got = b""
+    while True:
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except (BlockingIOError, OSError):
+            break
+        if not chunk:
+            break
+        got += chunk
+    return got
+
+
+@pytest.fixture
+def recorded(capsys, workdir, tmp_path):
+    """A transcript of a finished run, outside any shared directory."""
+    path = tmp_path / "run.json"
+    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
+                         FakeClient(reply(text("the secret answer"))))
+    assert code == 0
+    return path
+
+
+def run_writing(capsys, workdir, recorded, flag, path):
+    """Run agent.py so that it writes one output, `flag`, to `path`; its exit code and stderr."""
+    if flag in ("--events", "--transcript"):
+        argv = ["q", "--workdir", str(workdir), flag, str(path)]
+        code, _, err = run_cli(capsys, argv, FakeClient(reply(text("the secret answer"))))
+    elif flag == "--report -o":
+        code, _, err = run_cli(capsys, ["--report", str(recorded), "-o", str(path)])
+    else:
+        code, _, err = run_cli(capsys, ["--export", "atif", str(recorded), "-o", str(path)])
+    return code, err
+
+
+OUTPUTS = ["--events", "--transcript", "--report -o", "--export -o"]
+
+
+# --- an existing file is replaced, never rewritten in place ---
+
+@pytest.mark.parametrize("flag", OUTPUTS)
+def test_a_hard_links_other_name_keeps_its_content(capsys, workdir, tmp_path, recorded, flag):
+    precious = tmp_path / "precious.txt"
+    precious.write_bytes(b"precious\n")
+    target = tmp_path / "out.json"
+    os.link(precious, target)
+    code, err = run_writing(capsys, workdir, recorded, flag, target)
+    assert code == 0, err
+    assert precious.read_bytes() == b"precious\n"  # before: --events truncated it to the events
+    assert target.read_bytes() != b"precious\n" and b"secret answer" in target.read_bytes()
+    assert os.stat(target).st_ino != os.stat(precious).st_ino
+
+
+@needs_root
+@pytest.mark.parametrize("flag", OUTPUTS)
+def test_another_users_open_file_at_the_path_receives_nothing(capsys, workdir, shared, recorded,
+                                                              flag):
+    """`nobody` leaves a file of its own, writable by all, where the user will write an output,
+    and keeps it open: the output goes to a new file that only the user can read."""
+    target = shared / "out.json"
+    target.write_bytes(b"")
+    os.chown(target, NOBODY, NOBODY)
+    target.chmod(0o666)
+    spy = os.open(target, os.O_RDONLY)
+    try:
+        code, err = run_writing(capsys, workdir, recorded, flag, target)
+        stolen = drain(spy)
+    finally:
+        os.close(spy)
+    assert stolen == b""  # before, --events: the whole event stream, the answer included
+    assert code == 2 and "another user" in err and target.read_bytes() == b"", err
+
+
+# --- nothing goes through what another user planted ---
+
+@needs_root
+@pytest.mark.parametrize("flag", OUTPUTS)
+def test_a_fifo_another_user_owns_receives_nothing(capsys, workdir, shared, recorded, flag):
+    fifo = shared / "out.json"
+    spy = planted_fifo(fifo)
+    try:
+        code, err = run_writing(capsys, workdir, recorded, flag, fifo)
+        stolen = drain(spy)
+    finally:
+        os.close(spy)
+    assert stolen == b""  # before: events, report and export all went to the spy
+    assert code == 2 and "another user" in err or "not a regular file" in err, err
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)  # and the FIFO is left as it was
+
+
+@needs_root
+@pytest.mark.parametrize("link_owner", [NOBODY, 0])
+@pytest.mark.parametrize("flag", ["--events", "--report -o", "--export -o"])
+def test_a_planted_symlink_to_a_fifo_leads_nowhere(capsys, workdir, shared, recorded, flag,
+                                                   link_owner):
+    """A symlink to another user's FIFO: whoever made the link, the FIFO is not the user's."""
+    spy = planted_fifo(shared / "spy.fifo")
+    link = shared / "out.json"
+    link.symlink_to(shared / "spy.fifo")
+    os.lchown(link, link_owner, link_owner)
+    try:
+        code, err = run_writing(capsys, workdir, recorded, flag, link)
+        stolen = drain(spy)
+    finally:
+        os.close(spy)
+    assert (code, stolen) == (2, b""), err  # before: exit 0, and the spy read the output
+
+
+@needs_root
+@pytest.mark.parametrize("mode", ["--report", "--export"])
+def test_the_default_path_beside_an_input_is_only_ever_a_regular_file(capsys, shared, recorded,
+                                                                       mode):
+    """The user names no output: the report (export) goes beside the input. There, `nobody` has
+    planted a FIFO it reads, a symlink to its terminal, or a symlink to a file of the user's."""
+    source = shared / "run.json"
+    shutil.copy(recorded, source)
+    default = source.with_suffix(".html" if mode == "--report" else ".atif.json")
+    argv = ["--report", str(source)] if mode == "--report" else ["--export", "atif", str(source)]
+
+    spy = planted_fifo(default)  # a FIFO
+    try:
+        code, _, err = run_cli(capsys, argv)
+        assert (code, drain(spy)) == (2, b""), err  # before: exit 0, the spy read it all
+    finally:
+        os.close(spy)
+    default.unlink()
+
+    master, slave = pty.openpty()  # a terminal: nobody's, which it watches
+    try:
+        os.chown(os.ttyname(slave), NOBODY, NOBODY)
+        default.symlink_to(os.ttyname(slave))
+        os.lchown(default, NOBODY, NOBODY)
+        code, _, err = run_cli(capsys, argv)
+        os.set_blocking(master, False)
+        assert (code, drain(master)) == (2, b""), err  # before: the report on nobody's screen
+    finally:
+        os.close(slave)
+        os.close(master)
+    default.unlink()
+
+    mine = shared / "mine.txt"  # a symlink to a file of the user's
+    mine.write_bytes(b"mine\n")
+    default.symlink_to(mine)
+    os.lchown(default, NOBODY, NOBODY)
+    code, _, err = run_cli(capsys, argv)
+    assert code == 2 and mine.read_bytes() == b"mine\n", err
+
+
+@needs_root
+def test_a_symlink_in_the_parent_path_made_by_another_user_is_not_followed(capsys, workdir,
+                                                                           shared, tmp_path,
+                                                                           recorded):
+    """`nobody` makes /shared/reports a symlink to a directory of the user's: an output named
+    /shared/reports/x.json must not land there (a symlink of the user's own is followed)."""
+    private = tmp_path / "private"
+    private.mkdir()
+    (private / "out.json").write_bytes(b"the user's own\n")
+    link = shared / "reports"
+    link.symlink_to(private)
+    os.lchown(link, NOBODY, NOBODY)
+    for flag in OUTPUTS:
+        code, err = run_writing(capsys, workdir, recorded, flag, link / "out.json")
+        assert code == 2 and "symlink" in err, (flag, err)
+        assert (private / "out.json").read_bytes() == b"the user's own\n"
+    os.lchown(link, 0, 0)  # the user's own link: followed as before
+    code, err = run_writing(capsys, workdir, recorded, "--events", link / "out.json")
+    assert code == 0 and b"secret answer" in (private / "out.json").read_bytes(), err
+
+
+def test_a_fifo_and_a_device_the_user_names_still_work(capsys, workdir, tmp_path, recorded):
+    """What README promises stays: an output the user names may be their own FIFO (a pipe),
+    /dev/null or /dev/stdout."""
+    fifo = tmp_path / "mine.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        code, err = run_writing(capsys, workdir, recorded, "--events", fifo)
+        got = drain(reader)
+    finally:
+        os.close(reader)
+    assert code == 0 and b'"run.stop"' in got, err
+    for flag in ("--events", "--report -o", "--export -o"):
+        code, err = run_writing(capsys, workdir, recorded, flag, "/dev/null")
+        assert code == 0, (flag, err)
+
+
+def test_dev_stdout_through_a_pipe_is_written_through(workdir, tmp_path, recorded, agent_copy):
+    done = subprocess.run([sys.executable, str(agent_copy), "--report", str(recorded), "-o",
+                           "/dev/stdout"], capture_output=True, env=agent_env(), cwd=tmp_path,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith(b"<!doctype html>"), done.stderr
+
+
+# --- as an ordinary user ---
+
+@pytest.fixture
+def as_nobody_here(shared):
+    """agent.py, copied where `nobody` can run it, and how to run it as `nobody`."""
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if python is None or os.geteuid() != 0:
+        pytest.skip("needs root and a /usr/bin/python3 an ordinary user can run")
+    shutil.copyfile(AGENT, shared / "agent.py")
+    (shared / "agent.py").chmod(0o644)
+
+    def run(*args):
+        return subprocess.run([python, str(shared / "agent.py"), *map(str, args)],
+                              capture_output=True, text=True, timeout=60, cwd=shared,
+                              env={"PATH": "/usr/bin:/bin"}, user=NOBODY, group=NOBODY,
+                              extra_groups=[])
+    return run
+
+
+@needs_root
+def test_as_an_ordinary_user_another_users_fifo_receives_nothing(shared, recorded,
+                                                                 as_nobody_here):
+    source = shared / "run.json"
+    shutil.copy(recorded, source)
+    source.chmod(0o644)
+    spy = planted_fifo(shared / "spy.fifo", owner=OTHER)
+    try:
+        done = as_nobody_here("--report", source, "-o", shared / "spy.fifo")
+        stolen = drain(spy)
+    finally:
+        os.close(spy)
+    assert (done.returncode, stolen) == (2, b""), done.stderr  # before: 0, and the HTML
+    assert len(done.stderr.strip().splitlines()) == 1
+    done = as_nobody_here("--report", source, "-o", "/dev/null")  # root's device: fine
+    assert done.returncode == 0, done.stderr
+    (shared / "hers.html").write_text("hers\n")
+    os.chown(shared / "hers.html", OTHER, OTHER)
+    done = as_nobody_here("--report", source, "-o", shared / "hers.html")
+    assert done.returncode == 2 and (shared / "hers.html").read_text() == "hers\n", done.stderr
+
+
+# --- what agent.py writes, it reads back ---
+
+def test_temp_files_are_never_opened_if_something_is_there(tmp_path, monkeypatch):
+    """The new file beside an output is created, never opened: a hard link planted at its
+    name (a guessed name) is not written through."""
+    precious = tmp_path / "precious.txt"
+    precious.write_bytes(b"precious\n")
+    names = itertools.chain(["planted"], (f"fresh{i}" for i in itertools.count()))
+    monkeypatch.setattr(agent, "temp_name", lambda name: f".{name}.{next(names)}.tmp")
+    os.link(precious, tmp_path / ".out.json.planted.tmp")
+    out = agent.OutputFile(tmp_path / "out.json", None)
+    out.write(b"{}\n", durable=True)
+    assert precious.read_bytes() == b"precious\n" and (tmp_path / "out.json").read_bytes() == b"{}\n"
