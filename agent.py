@@ -468,11 +468,12 @@ def make_approver(yes, no_sandbox, sandbox, stdin):
 def agreed(question, stdin):
     """Ask on stderr; True only for y or yes. No answer (stdin closed) is a no."""
     with Reporter.lock:
-        if not to_stderr(visible(question if question.endswith("] ") else question + " [y/N] ")):
+        if not to_stderr(dimmed(visible(question if question.endswith("] ") else
+                                        question + " [y/N] "))):
             return False  # a question no one can see is not agreed to
         answer = stdin.readline()
         if not answer.endswith("\n"):  # no one answered: end the line
-            to_stderr("(no answer)\n")
+            to_stderr(dimmed("(no answer)\n"))
     return answer.strip().lower() in ("y", "yes")
 
 
@@ -2122,8 +2123,8 @@ def open_runs(create=False):
     path = runs_dir()
     if create:
         os.makedirs(path.parent.parent, mode=0o700, exist_ok=True)
-    where = path.parent.parent
-    fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    where = real_directory(path.parent, "the kept runs")  # no other user's symlink on the way
+    fd = open_directory(where)
     try:
         for name in (path.parent.name, path.name):
             where = where / name
@@ -2298,7 +2299,7 @@ def check_runs_apart(workdir, where):
     except OSError:  # nowhere to keep runs: none are kept (keep_run says so)
         return
     if runs.is_relative_to(workdir) or workdir.is_relative_to(runs):
-        raise UsageError(f"{where}, {workdir}, and the directory of kept runs, {runs}, overlap: "
+        raise UsageError(f"{where} and the directory of kept runs, {runs}, overlap: "
                          "the model's code could read kept runs or plant one that --resume last "
                          "would take up; give --workdir a directory of data only (or set "
                          "XDG_STATE_HOME elsewhere)")
@@ -2373,17 +2374,23 @@ def recorded_replies(recording):
 
 
 def replay_limits(recording, limits):
-    """`limits` with the bounds that end a run set so that the recorded replies end as the
-    recording did: its number of turns if it stopped at max_turns, else two more (a request
-    past the replies is then never the final one); a budget its replies reach at their last
-    turn if it stopped on that budget, else one they never reach."""
+    """The user's `limits`, tightened so that the recorded replies end as the recording did:
+    its number of turns if it stopped at max_turns, else two more (a request past the replies
+    is then never the final one); a budget its replies reach at their last turn if it stopped
+    on that budget, else one they never reach. Never loosened: the user's --max-turns,
+    --token-budget and --budget-usd bound a replay as they bound a live run (and with them its
+    memory, whatever the recording's length); what the recording counts is no budget."""
     used, reason = empty_usage(), (recording["stop"] or {}).get("reason")
     for turn in recording["turns"]:  # priced as the loop will price them
         add_usage(used, usage_record(recording["model"], turn["usage"]))
     turns = len(recording["turns"])
-    return replace(limits, max_turns=turns if reason == "max_turns" else turns + 2,
-                   token_budget=used["tokens"] + (reason != "token_budget"),
-                   budget_usd=used["cost_usd"] if reason == "cost_budget" else None)
+    dollars = [d for d in (limits.budget_usd, used["cost_usd"] if reason == "cost_budget"
+                           else None) if d is not None]
+    return replace(limits, max_turns=min(limits.max_turns,
+                                         turns if reason == "max_turns" else turns + 2),
+                   token_budget=min(limits.token_budget,
+                                    used["tokens"] + (reason != "token_budget")),
+                   budget_usd=min(dollars) if dollars else None)
 
 
 def replay_session(recording, workdir, run_id, source):
@@ -2427,7 +2434,13 @@ class ReplayClient:
         if self.given == len(self.replies):
             raise ReplayEnded(self.ended())
         self.given += 1
-        return ReplayStream(self.replies[self.given - 1])
+        reply, most = self.replies[self.given - 1], request["max_tokens"] * TOKEN_CHARS
+        if reply_chars(reply) > most:  # what a live reply is cut at (stream_once)
+            raise ReplayEnded(Stop("max_tokens", f"{self.source}'s reply {self.given} is "
+                                   f"{reply_chars(reply):,} characters, more than max_tokens "
+                                   f"{request['max_tokens']} lets a reply stream ({most:,}); "
+                                   "a live run would have cut it (give --max-tokens)"))
+        return ReplayStream(reply)
 
     def ended(self):
         """The Stop of a request past the last recorded reply."""
@@ -2438,6 +2451,13 @@ class ReplayClient:
             "it has no stop: the run that made it was cut off"
         return Stop("error", f"the replay asks for more replies than were recorded: {where} "
                              f"({why})")
+
+
+def reply_chars(message):
+    """The characters a reply streams, as stream_once counts them: text, thinking, tool input."""
+    return sum(len(b.get("text", "")) + len(b.get("thinking", "")) + (
+        len(json.dumps(b.get("input"), ensure_ascii=False)) if b.get("type") == "tool_use" else 0)
+        for b in message["content"])
 
 
 class ReplayStream:
@@ -3563,10 +3583,14 @@ class OTLPHTTP:
         self.context = None
         if self.url.scheme == "https":
             import ssl
-            self.context = ssl.create_default_context(cafile=setting("CERTIFICATE"))
-            if setting("CLIENT_CERTIFICATE"):
-                self.context.load_cert_chain(setting("CLIENT_CERTIFICATE"),
-                                             setting("CLIENT_KEY"))
+            try:
+                self.context = ssl.create_default_context(cafile=setting("CERTIFICATE"))
+                if setting("CLIENT_CERTIFICATE"):
+                    self.context.load_cert_chain(setting("CLIENT_CERTIFICATE"),
+                                                 setting("CLIENT_KEY"))
+            except (OSError, ssl.SSLError) as e:
+                raise UsageError(f"--otel: the certificates OTEL_EXPORTER_OTLP_*CERTIFICATE or "
+                                 f"_CLIENT_KEY name cannot be used: {e}")
         proxy = None if urllib.request.proxy_bypass(self.url.hostname) else \
             urllib.request.getproxies().get(self.url.scheme)
         self.proxy = urllib.parse.urlsplit(proxy) if proxy else None
@@ -3585,7 +3609,10 @@ class OTLPHTTP:
             try:
                 status, reason = self.post(body, deadline)
             except (OSError, http.client.HTTPException) as e:  # refused, reset, malformed
-                if self.stopped.is_set() or time.monotonic() >= deadline:
+                if self.stopped.is_set():  # the run ended, and its grace with it
+                    raise CollectorError(f"no whole answer within {OTEL_GRACE:g} s of the "
+                                         "run's end")
+                if time.monotonic() >= deadline:
                     raise CollectorError(f"no whole answer within {self.timeout:g} s")
                 status, reason = None, f"[Errno {e.errno}] {e.strerror}" if getattr(
                     e, "errno", None) else shorten(f"{type(e).__name__}: {e}", 160)
@@ -3804,6 +3831,29 @@ def approval_question(code, rows, columns):
     return text + "--- run it? [y/N] "
 
 
+DIM, UNDIM = "\x1b[2m", "\x1b[22m"  # SGR faint, and back to normal intensity
+CODE_LINE = re.compile("^ *\\d+\u2502 ")  # a numbered line of code in the approval question
+
+
+def styled(stream=None):
+    """True when `stream` (stderr) is a terminal agent.py may style: never a file or a pipe,
+    nor a terminal with NO_COLOR set (no-color.org) or TERM=dumb."""
+    try:
+        return (stream or sys.stderr).isatty() and not os.environ.get("NO_COLOR") and \
+            os.environ.get("TERM") != "dumb"
+    except (AttributeError, ValueError):
+        return False
+
+
+def dimmed(text, stream=None):
+    """agent.py's own lines of `text` faint on a terminal, so that they look unlike what the
+    model wrote; the code in an approval question (its numbered lines) stays as it is."""
+    if not styled(stream):
+        return text
+    return "\n".join(f"{DIM}{line}{UNDIM}" if line and not CODE_LINE.match(line) else line
+                     for line in text.split("\n"))
+
+
 def consent_question(source, taken, columns):
     """What --resume and --replay ask before using what a transcript says: each value (label,
     value, note) quoted on a line of its own, with line breaks, quotes, backslashes and every
@@ -3872,6 +3922,7 @@ class Reporter:
         self.said = ""  # streamed text not yet sent as an event
         self.thinking = False  # streaming the summary of the model's thinking, not its text
         self.said_writing = 0.0  # when stderr last said how far a tool call's input has come
+        self.dim = styled(self.stream)  # agent.py's own lines faint on a terminal, not the model's
 
     def write(self, text, always=False):
         if self.quiet and not always:
@@ -3907,9 +3958,14 @@ class Reporter:
         said, self.said = (self.said[:-held], self.said[-held:]) if held else (self.said, "")
         self.events.emit("text", self.trial, turn=self.turn_no, text=said, **extra)
 
-    def line(self, text, always=False):
+    def line(self, text, always=False, plain=False):
+        """One line of agent.py's own (progress, status), dim on a terminal (an error plain),
+        whatever the text holds: a line break in it (a name a file or a server gave) is shown as
+        \\n, so no line can pass for one of agent.py's own."""
         self.flush_text()
-        self.write(f"{self.prefix}{visible(text)}\n", always)
+        shown = visible(text).replace(chr(10), chr(92) + 'n')
+        shown = shown if plain or not self.dim else f"{DIM}{shown}{UNDIM}"
+        self.write(f"{self.prefix}{shown}\n", always)
 
     def text(self, delta, thinking=False):
         """Model text (or the summary of its thinking) as it streams; with a prefix
@@ -3954,7 +4010,7 @@ class Reporter:
             self.pending = self.held = ""
 
     def error(self, text):
-        self.line(text, always=True)
+        self.line(text, always=True, plain=True)
 
     def turn_start(self, turn):
         self.turn_no, self.thinking = turn, False
@@ -4258,9 +4314,7 @@ class Call:
             self.own = {"home": self.home, "shm": self.shm, "script": self.script}
             self.agent_end, keeper_end = socket.socketpair()
             self.keeper_end = keeper_end.detach()
-            # Where mounts work, home and shm are made in the call's own tmpfs: on disk only
-            # the mount point (bench_sandbox: 1.03-1.05x a call's time with them on disk too)
-            for directory in (self.scratch,) if box.mounts else (self.scratch, self.home):
+            for directory in (self.scratch, self.home, self.shm):
                 os.mkdir(directory, 0o700)
             # With a BOM Python reads the file as UTF-8 or not at all: a coding declaration
             # (utf-7, say) cannot make it run other text than the text approved and shown.
@@ -4333,7 +4387,7 @@ class Call:
             os.setpgid(0, 0)  # a group of its own: the one the keeper kills
         # On v1, "tasks" moves this one thread (all a forked child has) without the lock on every
         # thread group that "cgroup.procs" takes, and its wait for a grace period (bench_sandbox:
-        # 1.23-1.25x a call's time through cgroup.procs; the join alone 7.8 ms against 0.3)
+        # 1.10-1.25x a call's time through cgroup.procs; the join alone 7.8 ms against 0.3)
         joined = "tasks" if box.cgroup and box.cgroup[0] == "v1" else "cgroup.procs"
         for directory in self.cgroups:
             Path(directory, joined).write_text("0")
@@ -4423,7 +4477,7 @@ class Call:
         """Tell the keeper the call is over (it kills what is left and cleans up); reap it. A
         keeper that `reported` the script's end has already removed its cgroups and home and
         only removes the rest: it is reaped in the background, as is one still removing a big
-        mess (bench_sandbox: 1.11-1.27x a call's time when the agent waits for it)."""
+        mess (bench_sandbox: 1.10-1.27x a call's time when the agent waits for it)."""
         self.agent_end.close()
         if not self.box.keeper:
             kill_group(proc.pid)
@@ -5164,7 +5218,8 @@ def parse_args(argv):
     run.add_argument("--no-sandbox", action="store_true", help="run run_python unconfined "
                      "(default: sandboxed)")
     run.add_argument("-r", "--resume", metavar="PATH", help="continue a saved transcript (last: "
-                     "the newest kept run; or a run id)")
+                     "the newest kept run; or a run id); rewrites PATH as the run goes on (give "
+                     "--transcript to write elsewhere)")
     run.add_argument("--replay", metavar="PATH", help="run a saved transcript's model turns "
                      "again against the real tools: no key, no connection (last, or a run id: "
                      "a kept run)")
@@ -5205,7 +5260,8 @@ def parse_args(argv):
                          "(default: every run is kept there; AGENT_PY_NO_KEEP=1 keeps none)")
     trials = p.add_argument_group("trials: how stable is a behaviour")
     trials.add_argument("--trials", type=int, metavar="K", help="run the question K times; "
-                        "report pass@k and pass^k")
+                        "report pass@k and pass^k (with no --expect, --expect-tool or "
+                        "--expect-stop, a trial passes if it stopped with end_turn)")
     trials.add_argument("--jobs", type=int, metavar="N", default=1, help="trials run at once "
                         "(default: 1)")
     trials.add_argument("--expect", metavar="REGEX", help="a trial passes if this regex is in "
@@ -5213,7 +5269,7 @@ def parse_args(argv):
     trials.add_argument("--expect-tool", metavar="NAME", choices=list(TOOL_FUNCTIONS),
                         help="... and it used this tool")
     trials.add_argument("--expect-stop", metavar="LABEL", choices=list(EXIT_CODES),
-                        help="... and stopped so")
+                        help="... and stopped so: one of " + ", ".join(EXIT_CODES))
     trials.add_argument("--decline-message", metavar="TEXT", help="what a declined run_python "
                         "call tells the model (default: not to retry it, and to ask the user how "
                         "to proceed)")
@@ -5306,7 +5362,7 @@ def parse_args(argv):
     return args
 
 
-def check_text(value, what, where=""):
+def check_text(value, what):
     """`value` if it is text; a UsageError if it is not valid UTF-8 (Python hands such bytes of
     the command line or the environment over as lone surrogates), which agent.py can neither
     send nor record."""
@@ -5315,27 +5371,27 @@ def check_text(value, what, where=""):
     except UnicodeEncodeError as e:
         byte = os.fsencode(value[e.start])[0] if "\udc80" <= value[e.start] <= "\udcff" \
             else None
-        not_utf8(what, byte, value[:e.start], where)
+        not_utf8(what, byte, value[:e.start])
     return value
 
 
-def not_utf8(what, byte, before, where=""):
+def not_utf8(what, byte, before):
     said = f"byte 0x{byte:02x}" if byte is not None else "a lone surrogate"
     raise UsageError(f"{what} is not valid UTF-8: {said} after {shorten(before, 40)!r}; give it "
-                     f"as UTF-8 text (iconv -t UTF-8 converts a file){where}")
+                     "as UTF-8 text (iconv -t UTF-8 converts a file)")
 
 
 def read_question(stdin):
     """The question on stdin (-): its bytes, which must be UTF-8, when it has them."""
     raw = getattr(stdin, "buffer", None)
     if raw is None:
-        return check_text(stdin.read(), "the question", " on stdin")
+        return check_text(stdin.read(), "the question on stdin")
     data = raw.read()
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         before = data[:e.start].decode("utf-8", "replace")
-        not_utf8("the question", data[e.start], before, " on stdin")
+        not_utf8("the question on stdin", data[e.start], before)
 
 
 MAX_SYSTEM_PROMPT = 1 << 20  # bytes of a --system-prompt file: more than any context window holds
@@ -5375,9 +5431,16 @@ def read_system_prompt(path):
     return text
 
 
-INSTALL = ("agent.py needs the anthropic and python-dotenv packages, which {python} cannot "
-           "import: python3 -m venv .venv && .venv/bin/pip install -r requirements.txt, then "
-           "run .venv/bin/python agent.py ...; or run it with uv run agent.py ...")
+def install_hint():
+    """What to run to install agent.py's packages, with paths that work from where the user
+    stands (in the checkout: .venv, requirements.txt, agent.py)."""
+    venv, agent_py = beside_agent(".venv"), beside_agent("agent.py")
+    return (f"agent.py needs the anthropic and python-dotenv packages, which {sys.executable} "
+            f"cannot import: python3 -m venv {venv} && {venv}/bin/pip install -r "
+            f"{beside_agent('requirements.txt')}, then run {venv}/bin/python {agent_py} ...; or "
+            f"run it with uv run {agent_py} ...")
+
+
 PLACEHOLDER_KEY = "sk-ant-..."  # what .env.example holds
 
 
@@ -5398,10 +5461,33 @@ def check_workdir(workdir, where, confined=True):
     for what, path in harness:
         real = Path(os.path.realpath(path))
         if real.is_relative_to(workdir):
-            raise UsageError(f"{where}, {workdir}, holds {what} ({real}), which the model's code "
-                             "could rewrite before the next run: pass --workdir with the "
-                             "directory of the data, e.g. --workdir workspace (in a throwaway "
-                             "container, --no-sandbox allows it)")
+            raise UsageError(f"{where} holds {what} ({real}), which the model's code could "
+                             "rewrite before the next run: pass --workdir with the directory of "
+                             "the data (in a throwaway container, --no-sandbox allows it), e.g. "
+                             f"--workdir {sample_workdir()}")
+
+
+def sample_workdir():
+    """agent.py's sample data, workspace/, as the user can give it from where they stand."""
+    sample = Path(os.path.realpath(__file__)).parent / "workspace"
+    return beside_agent("workspace") if sample.is_dir() else "DIR"
+
+
+def beside_agent(name):
+    """A path beside agent.py as the user can type it from where they stand: relative when it
+    is below the current directory, else absolute."""
+    path = Path(os.path.realpath(__file__)).parent / name
+    try:
+        relative = os.path.relpath(path)
+    except (OSError, ValueError):  # no current directory any more
+        relative = ".."
+    return shlex.quote(str(path) if relative.startswith("..") else relative)
+
+
+def workdir_named(where, given, workdir):
+    """Where the workdir came from, with its real path when that says more: `--workdir /`, not
+    `--workdir /, /,`."""
+    return where if given == str(workdir) else f"{where} ({workdir})"
 
 
 def dotenv_path():
@@ -5424,7 +5510,7 @@ def load_config(workdir, report):
         try:
             from dotenv import dotenv_values
         except ImportError:
-            raise UsageError(INSTALL.format(python=sys.executable))
+            raise UsageError(install_hint())
         found = dotenv_values(stream=io.StringIO(text), interpolate=False)
     return {n: check_text(os.environ.get(n) or found.get(n), n) for n in names}
 
@@ -5488,6 +5574,29 @@ def read_dotenv(path, workdir, report):
     return None
 
 
+def no_key(workdir):
+    """The missing-key line: the one .env agent.py reads, by its path, and any other .env where
+    the user may expect it to be read (the current directory, the workdir), which is not."""
+    path = dotenv_path()
+    line = "no API key: set ANTHROPIC_API_KEY in the environment"
+    if path:
+        line += (f" or in {path} " + ("(it holds none)" if os.path.lexists(path) else
+                                      "(copy .env.example there)") + ", the one .env agent.py reads")
+    try:
+        places = [Path.cwd()] + ([Path(workdir)] if workdir else [])
+    except OSError:  # no current directory any more
+        places = [Path(workdir)] if workdir else []
+    unread = []
+    for place in places:
+        other = place / ".env"
+        if os.path.lexists(other) and other != path and other not in unread:
+            unread.append(other)
+    if unread:
+        line += (f"; {' and '.join(map(str, unread))} {'is' if len(unread) == 1 else 'are'} never "
+                 f"read: the model's code could have written {'it' if len(unread) == 1 else 'them'}")
+    return line
+
+
 def user_name(uid):
     """`nobody (uid 65534)`, or the uid alone when it has no name."""
     import pwd
@@ -5497,13 +5606,12 @@ def user_name(uid):
         return f"uid {uid}"
 
 
-def make_client(config, limits, otel=False):
+def make_client(config, limits, otel=False, workdir=None):
     if importlib.util.find_spec("anthropic") is None:  # first what to install, then the key
-        raise UsageError(INSTALL.format(python=sys.executable))
+        raise UsageError(install_hint())
     key = config["ANTHROPIC_API_KEY"]  # checked before the 2 s import, so it says so at once
     if not key:
-        raise UsageError("no API key: set ANTHROPIC_API_KEY in the environment or in .env "
-                         "(copy .env.example to .env)")
+        raise UsageError(no_key(workdir))
     if key == PLACEHOLDER_KEY or key.endswith("..."):
         raise UsageError("ANTHROPIC_API_KEY is still the placeholder from .env.example: put "
                          "your own key there")
@@ -5523,7 +5631,7 @@ def make_client(config, limits, otel=False):
     try:
         import anthropic  # here, not at the top: --help 0.085x import anthropic, 0.83x at the top
     except ImportError:
-        raise UsageError(INSTALL.format(python=sys.executable))
+        raise UsageError(install_hint())
     finally:
         gc.freeze()
         gc.enable()
@@ -5556,14 +5664,14 @@ def server_url(url):
                                     parts.path, "", ""))
 
 
-def shown_on_terminal(report):
-    """True when the answer already streamed to the terminal stdout would print it on again."""
+def already_streamed(report):
+    """True when stdout is the very file, pipe or terminal stderr is (`> log 2>&1`,
+    `2>&1 | tee log`): the answer streamed there already, and printing it again shows it twice."""
     try:
         out, err = os.fstat(sys.stdout.fileno()), os.fstat(sys.stderr.fileno())
     except (OSError, ValueError, AttributeError):
         return False
-    return not report.quiet and sys.stdout.isatty() and (out.st_dev, out.st_ino, out.st_rdev) \
-        == (err.st_dev, err.st_ino, err.st_rdev)
+    return not report.quiet and (out.st_dev, out.st_ino) == (err.st_dev, err.st_ino)
 
 
 def main(argv=None, client=None, stdin=None):
@@ -5616,12 +5724,13 @@ def main(argv=None, client=None, stdin=None):
         replay = load_recording(args.replay) if args.replay else None
         recorded = session or replay or {}  # a file: what it says is used only if the user agrees
         source = args.resume or args.replay
-        where = f"--workdir {args.workdir}" if args.workdir else \
-            f"the workdir {source} recorded" if recorded else \
-            "the current directory (no --workdir was given)"
-        workdir = Path(os.path.realpath(args.workdir or recorded.get("workdir") or "."))
+        given = args.workdir or recorded.get("workdir")
+        workdir = Path(os.path.realpath(given or "."))
+        where = workdir_named(f"--workdir {args.workdir}", args.workdir, workdir) \
+            if args.workdir else f"the workdir {source} recorded ({workdir})" if recorded \
+            else f"the current directory ({workdir}; no --workdir was given)"
         if not workdir.is_dir():
-            raise UsageError(f"{where}, {workdir}, is not a directory")
+            raise UsageError(f"{where} is not a directory")
         check_workdir(workdir, where, confined=not args.no_sandbox)
         if not args.no_sandbox:  # unconfined, the model's code can write anywhere anyway
             check_runs_apart(workdir, where)
@@ -5679,7 +5788,7 @@ def main(argv=None, client=None, stdin=None):
         if replay:  # the recording's replies, and the limits under which they end as it did
             limits, client = replay_limits(replay, limits), ReplayClient(replay, args.replay)
         if client is None:
-            client = make_client(config, limits, otel=args.otel)
+            client = make_client(config, limits, otel=args.otel, workdir=workdir)
         telemetry = Telemetry.start(report) if args.otel else None
         events = Events.open(events_out, run_id) if args.events else None
         # Every run is kept but a replay, and a run that goes on in a kept file (--resume last)
@@ -5778,7 +5887,7 @@ def main(argv=None, client=None, stdin=None):
             report.line(kept_line)
         if args.transcript == "-":
             print_document(session)
-        elif session["answer"] and args.events != "-" and not shown_on_terminal(report):
+        elif session["answer"] and args.events != "-" and not already_streamed(report):
             to_stdout(visible(session["answer"]) if sys.stdout.isatty() else session["answer"])
         run_stop_event(report, stop, session, started)
         save.events_lost(session, events)  # the transcript says so, if they were

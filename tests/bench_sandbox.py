@@ -39,9 +39,6 @@ REMOVALS = {
     "tasks": [  # join the call's v1 cgroups through cgroup.procs, as before
         ('joined = "tasks" if box.cgroup and box.cgroup[0] == "v1" else "cgroup.procs"',
          'joined = "cgroup.procs"')],
-    "home-in-tmpfs": [  # home and shm made on disk too, under the call's tmpfs
-        ("for directory in (self.scratch,) if box.mounts else (self.scratch, self.home):",
-         "for directory in (self.scratch, self.home, self.shm):")],
     "report-first": [  # the agent waits for the keeper to remove everything and exit
         ("proc.wait(timeout=0 if reported and self.box.keeper else 1)", "proc.wait(timeout=1)")],
 }

@@ -11,6 +11,7 @@ import io
 import ipaddress
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -72,6 +73,26 @@ def run_agent_py(script, *args, flags=(), background=False, **kwargs):
     if background:
         return subprocess.Popen(argv, text=True, **kwargs)
     return subprocess.run(argv, capture_output=True, text=True, **kwargs)
+
+
+MEASURE = """import os, sys, time
+start = time.monotonic()
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.executable, [sys.executable] + sys.argv[1:])
+_, status, usage = os.wait4(pid, 0)
+print(os.waitstatus_to_exitcode(status), usage.ru_maxrss, time.monotonic() - start)
+"""  # a small interpreter forks agent.py: a fork of pytest would count pytest's pages too
+
+
+def measured(script, *args, cwd):
+    """`python agent.py ARGS` as a user runs it, measured: (exit code, stderr, peak RSS in MiB,
+    seconds) of that process alone."""
+    done = subprocess.run([sys.executable, "-c", MEASURE, str(script), *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd, env=agent_env(), timeout=200,
+                          stdin=subprocess.DEVNULL)
+    code, rss, seconds = done.stdout.split()[-3:]
+    return int(code), done.stderr, int(rss) / 1024, float(seconds)
 
 
 # --- a local Messages API for the real SDK ---
@@ -224,6 +245,26 @@ def with_lone_surrogates(path):
     forged.write_text(path.read_text().replace("\ufffd", "\\ud800"))
     assert lone_surrogates(forged.read_bytes())
     return forged
+
+
+def documented(doc, start):
+    """What docs/DOC (or README.md) shows agent.py printing that begins with `start`: each line
+    of a code block, and each `inline` quote (its wrapping undone)."""
+    text = (AGENT.parent / doc).read_text()
+    lines = [line.strip() for line in text.splitlines() if line.strip().startswith(start)]
+    quoted = re.findall(r"`(" + re.escape(start) + r"[^`]*)`", " ".join(text.split()))
+    found = lines + quoted
+    assert found, f"{doc} shows no line beginning {start!r}"
+    return found
+
+
+def as_documented(line, template):
+    """Does `line`, as agent.py printed it, read as the documented `template`? Placeholders: N
+    and M (a number), URL, and (why) (any reason in parentheses)."""
+    means = {" N ": r" \d+ ", " M ": r" \d+ ", "URL": r"\S+", "(why)": r"\(.+\)"}
+    pattern = "".join(means.get(part, re.escape(part))
+                      for part in re.split(r"( N | M |URL|\(why\))", template))
+    return re.fullmatch(pattern, line) is not None
 
 
 def budget_stopped(capsys, workdir, path):

@@ -13,7 +13,7 @@ import agent
 from fake_api import sse, stream_of
 from fakes import (APIConnectionError, FakeAPIError, FakeClient, Midstream, RECORDED, Truncated,
                    recorded_loop, reply, text, tool_use)
-from helpers import drive, final_messages, run_cli, sdk_client, serve
+from helpers import documented, drive, final_messages, run_cli, sdk_client, serve
 
 
 # --- retries, with a scripted client ---
@@ -508,6 +508,8 @@ def test_a_plain_web_server_is_one_line_not_retried_asking_about_the_base_url(
     assert err == f"stop: api_error ({detail}); 0 turns, 0 tokens, $0.000000\n"
     saved = json.loads(path.read_text())
     assert saved["stop"]["detail"] == detail and "retries" not in saved["stop"]
+    assert documented("docs/loop.md", "stop: api_error (501") == [  # as docs/loop.md shows it
+        err.strip().replace(url, "http://127.0.0.1:8000")]
 
 
 @pytest.mark.parametrize("status", [502, 503, 504])
@@ -538,6 +540,9 @@ def test_a_base_url_ending_in_v1_names_the_url_asked_and_the_root(request, capsy
         f"stop: api_error (404 not_found_error: Not Found, from {api.url}/v1/v1/messages: "
         f"ANTHROPIC_BASE_URL is the server's root, without /v1 ({api.url})); 0 turns, 0 "
         "tokens, $0.000000\n")
+    assert documented("docs/loop.md", "404 not_found_error") == [
+        err[len("stop: api_error ("):-len("); 0 turns, 0 tokens, $0.000000\n")].replace(
+            api.url.split("//")[1], "HOST")]
 
     class Empty404(BaseHTTPRequestHandler):  # a server that says nothing but 404
         def do_POST(self):

@@ -4,6 +4,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,6 +29,53 @@ def test_streamed_text_and_tool_output_reach_the_terminal_escaped(capsys, workdi
     _, out, err = run_cli(capsys, ["q", "--workdir", str(workdir)], client)
     assert "\x1b" not in err and "\x07" not in err
     assert "\\x1b]52;c;" in err and "\\x1b[2J" in err
+
+
+def on_a_terminal(api, agent_copy, workdir, **env):
+    """agent.py run as a user runs it, its stderr on a terminal (a pty); what it drew there."""
+    import pty
+    main, screen = pty.openpty()
+    proc = subprocess.Popen([sys.executable, str(agent_copy), "q", "--workdir", str(workdir)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=screen,
+                            env=agent_env(api, **env))
+    os.close(screen)
+    drawn = b""
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # EIO: the last holder of the terminal is gone
+            break
+        if not chunk:
+            break
+        drawn += chunk
+    os.close(main)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0, drawn
+    return drawn.decode().replace("\r\n", "\n"), out.decode()
+
+
+DIM, PLAIN = "\x1b[2m", "\x1b[22m"
+
+
+def test_on_a_terminal_agent_py_s_own_lines_are_dim_and_the_models_text_is_not(
+        request, workdir, agent_copy):
+    script = (reply(text("Let me count."), tool_use("run_python", {"code": "print(6 * 7)"})),
+              reply(text("The answer is 42.")))
+    drawn, out = on_a_terminal(serve(request, *script), agent_copy, workdir)
+    assert out == "The answer is 42.\n"
+    assert f"{DIM}turn 1: tool_use · " in drawn and f"{DIM}stop: end_turn (" in drawn
+    assert f"{DIM}--- run_python wants to run 1 line ---{PLAIN}\n   1│ print(6 * 7)\n" in drawn
+    assert f"{DIM}--- run it? [y/N] {PLAIN}" in drawn
+    for said in ("Let me count.", "The answer is 42.", "   1│ print(6 * 7)"):  # plain, as written
+        before = drawn[:drawn.index(said)]
+        assert before.count(DIM) == before.count(PLAIN), said  # no dim line left open
+    for line in drawn.splitlines():  # every dim line ends plain: nothing leaks past it
+        assert line.count(DIM) == line.count(PLAIN), line
+    drawn, _ = on_a_terminal(serve(request, *script), agent_copy, workdir, NO_COLOR="1")
+    assert "turn 1: tool_use" in drawn and "\x1b" not in drawn
+    piped = run_agent_py(agent_copy, "q", "--workdir", workdir, env=agent_env(serve(
+        request, *script)), stdin=subprocess.DEVNULL, timeout=60)  # not a terminal: plain
+    assert "turn 1: tool_use" in piped.stderr and "\x1b" not in piped.stderr
 
 
 def test_progress_is_cut_at_a_word_with_an_ellipsis_and_counts_turns_in_words(capsys, workdir):
@@ -75,6 +123,25 @@ def test_usage_errors_exit_2_with_one_line_and_send_nothing(capsys, argv, fragme
     assert len(err.strip().splitlines()) == 1
 
 
+def test_help_names_the_stop_labels_what_passes_a_trial_and_that_resume_rewrites_its_file(
+        capsys):
+    code, out, _ = run_cli(capsys, ["--help"])
+
+    def help_of(flag):  # the flag's own entry in its group: its lines, up to the next flag's
+        lines = out.splitlines()
+        first = next(i for i, line in enumerate(lines) if line.startswith("  -")
+                     and re.match(rf"(-\w \S+, )?{flag}\b", line.strip()))
+        rest = next(i for i in range(first + 1, len(lines) + 1) if i == len(lines)
+                    or not lines[i].strip() or lines[i].startswith("  -"))
+        return " ".join(" ".join(lines[first:rest]).split())
+    assert code == 0
+    assert all(label in help_of("--expect-stop") for label in agent.EXIT_CODES), \
+        help_of("--expect-stop")
+    assert "with no --expect, --expect-tool or --expect-stop, a trial passes if it stopped with " \
+        "end_turn" in help_of("--trials")
+    assert "rewrites PATH" in help_of("--resume") and "--transcript" in help_of("--resume")
+
+
 def test_a_dash_question_is_read_from_stdin_and_an_empty_one_refused(capsys, workdir):
     client = FakeClient(reply(text("4")))
     code, out, _ = run_cli(capsys, ["-", "--workdir", str(workdir)], client,
@@ -96,9 +163,9 @@ def test_a_question_that_is_not_utf8_is_a_usage_error_before_anything_is_sent(ca
         (["-"], io.TextIOWrapper(io.BytesIO(b"caf\xe9 ?\n"), encoding="utf-8"))
     code, out, err = run_cli(capsys, argv + ["--workdir", str(workdir)], client, stdin=stdin)
     assert (code, out, client.requests) == (2, "", [])
-    assert err == ("agent.py: the question is not valid UTF-8: byte 0xe9 after 'caf'; give it as "
-                   f"UTF-8 text (iconv -t UTF-8 converts a file){' on stdin' * (how == 'stdin')}"
-                   "\n"), err
+    assert err == (f"agent.py: the question{' on stdin' * (how == 'stdin')} is not valid UTF-8: "
+                   "byte 0xe9 after 'caf'; give it as UTF-8 text (iconv -t UTF-8 converts a "
+                   "file)\n"), err
 
 
 def test_a_question_that_is_not_utf8_is_refused_as_a_user_gives_it(request, workdir, tmp_path,
@@ -178,6 +245,45 @@ def test_a_workdir_holding_the_harness_is_refused(capsys, where):
     client = FakeClient()
     code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)], client)
     assert (code, client.requests) == (2, []) and "holds" in err and "--workdir" in err
+
+
+@pytest.mark.parametrize("stand", ["beside agent.py", "above it", "elsewhere"])
+def test_the_workdir_hint_names_a_directory_that_exists_from_where_the_user_stands(
+        capsys, tmp_path, monkeypatch, stand):
+    """Run with no --workdir from a directory that holds agent.py: the hint names agent.py's
+    workspace/ as a path that works from there."""
+    clone = tmp_path / "src" / "agent"
+    (clone / "workspace").mkdir(parents=True)
+    monkeypatch.setattr(agent, "__file__", str(clone / "agent.py"))
+    cwd = {"beside agent.py": clone, "above it": tmp_path, "elsewhere": tmp_path}[stand]
+    monkeypatch.chdir(cwd)
+    argv = ["q"] if stand != "elsewhere" else ["q", "--workdir", str(tmp_path)]
+    if stand == "elsewhere":
+        (tmp_path / "elsewhere").mkdir()
+        monkeypatch.chdir(tmp_path / "elsewhere")
+    client = FakeClient()
+    code, _, err = run_cli(capsys, argv, client)
+    hint = {"beside agent.py": "workspace", "above it": "src/agent/workspace",
+            "elsewhere": str(clone / "workspace")}[stand]
+    where = f"--workdir {tmp_path}" if stand == "elsewhere" else \
+        f"the current directory ({cwd}; no --workdir was given)"
+    assert (code, client.requests) == (2, [])
+    assert err.startswith(f"agent.py: {where} holds agent.py ({clone / 'agent.py'}), ") and \
+        err.endswith(f"e.g. --workdir {hint}\n"), err
+    assert (Path(cwd if stand != "elsewhere" else tmp_path / "elsewhere") / hint).is_dir()
+
+
+@pytest.mark.parametrize("given", ["/", ".", "/no/such/dir"])
+def test_a_refused_workdir_is_named_once(capsys, given, monkeypatch):
+    monkeypatch.chdir(Path(agent.__file__).parent)  # "." holds agent.py
+    client = FakeClient()
+    code, _, err = run_cli(capsys, ["q", "--workdir", given], client)
+    if code != 2:  # a container's / may be allowed: then nothing to say
+        assert given == "/"
+        return
+    real = os.path.realpath(given)
+    shown = f"--workdir {given}" + ("" if real == given else f" ({real})")
+    assert err.startswith(f"agent.py: {shown} ") and f"{given}, {given}," not in err, err
 
 
 def test_a_workdir_holding_pythons_user_site_is_refused(capsys, tmp_path, monkeypatch):
@@ -384,18 +490,70 @@ def test_a_dotenv_linked_to_a_report_agent_py_wrote_is_not_read(capsys, beside, 
     assert agent.load_config(workdir, Silent())["ANTHROPIC_BASE_URL"] is None
 
 
-def test_missing_key_is_a_usage_error(capsys, workdir, monkeypatch, tmp_path):
-    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(agent, "__file__", str(tmp_path / "agent.py"))  # no .env beside it
+@pytest.mark.parametrize("others", [[], ["cwd"], ["cwd", "workdir"]])
+def test_missing_key_names_the_one_dotenv_read_and_says_others_are_not(capsys, beside, workdir,
+                                                                       tmp_path, monkeypatch,
+                                                                       others):
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    for where in others:
+        ({"cwd": cwd, "workdir": workdir}[where] / ".env").write_text("ANTHROPIC_API_KEY=k\n")
     code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)])
-    assert code == 2 and "ANTHROPIC_API_KEY" in err and ".env.example" in err
+    line = (f"agent.py: no API key: set ANTHROPIC_API_KEY in the environment or in "
+            f"{beside / '.env'} (copy .env.example there), the one .env agent.py reads")
+    unread = {(): "", ("cwd",): f"; {cwd / '.env'} is never read",
+              ("cwd", "workdir"): f"; {cwd / '.env'} and {workdir / '.env'} are never read"}[
+                  tuple(others)]
+    why = ": the model's code could have written it" + "them" * (len(others) > 1)
+    assert code == 2 and err == line + (unread and unread + why.replace("itthem", "them")) + \
+        "\n", err
 
 
 def test_the_placeholder_key_is_a_usage_error(capsys, workdir, monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-...")
     code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)])
     assert code == 2 and "placeholder" in err and len(err.strip().splitlines()) == 1
+
+
+# --- the checkout: what the docs' commands write there is ignored ---
+
+def written_by_the_docs():
+    """Each path inside the checkout that a command in README.md or docs/ writes: the outputs it
+    names (--transcript, --events, -o, > and tee; a trial's transcripts beside its summary with
+    --trials), what --report and --export write beside their input when no -o is given, and
+    a report or export of the shipped example."""
+    commands = []
+    for doc in [AGENT.parent / "README.md", *sorted((AGENT.parent / "docs").glob("*.md"))]:
+        text = doc.read_text().replace("\\\n", " ")  # a command continued on the next line
+        commands += re.findall(r"`([^`\n]*(?:agent\.py|--transcript|--events|--report|-o |> |"
+                               r"tee )[^`\n]*)`", text)
+        commands += [line for line in text.splitlines() if "agent.py " in line]
+    out = r"[a-z0-9][\w./-]*\.\w+"  # a relative path; not a PLACEHOLDER.json, -, /dev/null
+    named = {"workspace/example-run.html", "workspace/example-run.atif.json"}  # the example's
+    for command in commands:
+        named |= set(re.findall(rf"(?:--transcript|--events|-o|--output|>|tee) ({out})", command))
+        if "--trials" in command:
+            named |= {f"{t[:-len('.json')]}.1.json" for t in
+                      re.findall(rf"--transcript ({out})", command) if t.endswith(".json")}
+        if " -o " not in command and "--output" not in command:
+            named |= {f"{d[:-len('.json')]}.html" for d in
+                      re.findall(rf"--report ({out})", command) if d.endswith(".json")}
+            named |= {f"{d[:-len('.json')]}.atif.json" for d in
+                      re.findall(rf"--export atif ({out})", command) if d.endswith(".json")}
+    return sorted(named)
+
+
+@pytest.mark.skipif(not (AGENT.parent / ".git").exists() or shutil.which("git") is None,
+                    reason="needs the git checkout")
+def test_gitignore_covers_every_file_the_docs_commands_write_in_the_checkout():
+    paths = written_by_the_docs()
+    assert "workspace/example-run.html" in paths and "answer.txt" in paths  # what it finds
+    tracked = subprocess.run(["git", "ls-files", *paths], cwd=AGENT.parent, capture_output=True,
+                             text=True, check=True).stdout.split()
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=AGENT.parent,
+                             capture_output=True, text=True).stdout.split()
+    assert sorted(set(paths) - set(tracked) - set(ignored)) == []
 
 
 # --- make_client, and what agent.py imports when ---
@@ -408,12 +566,18 @@ def test_dependencies_are_declared_inline_for_uv():
     assert {r.split(">")[0] for r in requirements} == {"anthropic", "python-dotenv"}
 
 
+@pytest.mark.parametrize("stand", ["in the checkout", "above it"])
 def test_without_its_dependencies_agent_py_says_how_to_install_them(tmp_path, workdir,
-                                                                     agent_copy):
-    done = run_agent_py(agent_copy, "q", "--workdir", workdir, flags=["-S"], cwd=tmp_path,
+                                                                     agent_copy, stand):
+    """With paths that work from where the user stands."""
+    cwd = agent_copy.parent if stand == "in the checkout" else tmp_path
+    done = run_agent_py(agent_copy, "q", "--workdir", workdir, flags=["-S"], cwd=cwd,
                         env=agent_env(ANTHROPIC_API_KEY="x" * 20), timeout=30)
+    at = "" if stand == "in the checkout" else "agent/"
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert "pip install -r requirements.txt" in done.stderr and "uv run" in done.stderr
+    assert f": python3 -m venv {at}.venv && {at}.venv/bin/pip install -r {at}requirements.txt, " \
+        f"then run {at}.venv/bin/python {at}agent.py ...; or run it with uv run {at}agent.py " \
+        "...\n" in done.stderr, done.stderr
 
 
 def test_help_and_usage_errors_do_not_import_the_sdk(tmp_path):
@@ -518,6 +682,29 @@ def test_subprocess_ctrl_c_kills_the_tool_and_keeps_the_transcript(request, work
     assert not [pid for pid in map(int, pids.read_text().split()) if alive(pid)]
 
 
+@pytest.mark.parametrize("how", ["> log 2>&1", "2>&1 | tee log", "> out 2> err"])
+def test_the_answer_is_printed_once_where_stdout_and_stderr_are_one_file(request, workdir,
+                                                                         tmp_path, agent_copy,
+                                                                         how):
+    """The streamed answer is already in the file or pipe stdout shares with stderr."""
+    api = serve(request, reply(text("forty-two")))
+    argv = [sys.executable, str(agent_copy), "q", "--workdir", str(workdir)]
+    if how == "> log 2>&1":
+        with open(tmp_path / "log", "w") as log:
+            code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=agent_env(api),
+                                  timeout=60).returncode
+        both = (tmp_path / "log").read_text()
+    elif how == "2>&1 | tee log":
+        done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=agent_env(api), timeout=60)
+        code, both = done.returncode, done.stdout
+    else:
+        done = subprocess.run(argv, capture_output=True, text=True, env=agent_env(api), timeout=60)
+        code, both = done.returncode, done.stdout + done.stderr
+        assert done.stdout == "forty-two\n"
+    assert code == 0 and both.count("forty-two") == 1 + (how == "> out 2> err"), both
+
+
 BASE_PYTHON = Path(sys.base_prefix) / "bin" / "python3"  # the venv's Python, without its packages
 
 
@@ -531,7 +718,7 @@ def test_without_its_packages_agent_py_says_so_before_asking_for_a_key(tmp_path,
                           timeout=60, stdin=subprocess.DEVNULL)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "needs the anthropic and python-dotenv packages" in done.stderr
-    assert "pip install -r requirements.txt" in done.stderr and "API key" not in done.stderr
+    assert "pip install -r agent/requirements.txt" in done.stderr and "API key" not in done.stderr
 
 
 def test_subprocess_without_a_key_is_one_clear_line(tmp_path, workdir, agent_copy):

@@ -129,7 +129,7 @@ def test_a_fifo_another_user_owns_receives_nothing(capsys, workdir, shared, reco
     finally:
         os.close(spy)
     assert stolen == b""  # before: events, report and export all went to the spy
-    assert code == 2 and "another user" in err or "not a regular file" in err, err
+    assert code == 2 and ("another user" in err or "not a regular file" in err), err
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)  # and the FIFO is left as it was
 
 
@@ -227,6 +227,23 @@ def test_a_fifo_and_a_device_the_user_names_still_work(capsys, workdir, tmp_path
     for flag in ("--events", "--report -o", "--export -o"):
         code, err = run_writing(capsys, workdir, recorded, flag, "/dev/null")
         assert code == 0, (flag, err)
+
+
+def test_a_terminal_the_user_names_gets_its_controls_escaped(capsys, workdir, tmp_path):
+    """--events on the user's own terminal: what the model wrote (U+202E, an 8-bit CSI) reaches
+    it escaped, as on stdout; before, raw."""
+    master, slave = pty.openpty()
+    try:
+        code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--events",
+                                        os.ttyname(slave)],
+                               FakeClient(reply(text("evil\u202e\u009b2Janswer"))))
+        os.set_blocking(master, False)
+        shown = drain(master).decode("utf-8")
+    finally:
+        os.close(slave)
+        os.close(master)
+    assert code == 0 and "evil" in shown, err
+    assert not set(shown) & {"\u202e", "\u009b"} and "\\u202e" in shown
 
 
 def test_dev_stdout_through_a_pipe_is_written_through(workdir, tmp_path, recorded, agent_copy):

@@ -5,14 +5,15 @@ import json
 import os
 import socket
 import subprocess
+from pathlib import Path
 
 import pytest
 
 import agent
 import make_example
 from fakes import FakeAPIError, FakeClient, reply, text, tool_use
-from helpers import (AGENT, agent_env, assert_well_formed, events_of, run_agent_py, run_cli,
-                     schema_errors)
+from helpers import (AGENT, agent_env, as_documented, assert_well_formed, documented, events_of,
+                     measured, run_agent_py, run_cli, schema_errors)
 
 ROOT = AGENT.parent
 SUM = "import csv; print(sum(int(r['score']) for r in csv.DictReader(open('scores.csv'))))"
@@ -149,10 +150,10 @@ def test_a_declined_call_differs_from_the_recorded_run(capsys, workdir, tmp_path
 def test_a_limit_stops_the_replay_where_it_stopped_the_recording(capsys, workdir, tmp_path,
                                                                  flags, replies, label):
     """The recording's limits are not in it: replay_limits sets them so that the same turn
-    stops the same way, whatever this command line says."""
+    stops the same way, within the limits this command line sets (the defaults here)."""
     path, recorded = record(capsys, workdir, tmp_path, *replies, flags=flags)
     assert recorded["stop"]["reason"] == label and len(recorded["turns"]) == 2
-    code, out, err, new = replay(capsys, path, workdir, tmp_path, "--max-turns", "1")
+    code, out, err, new = replay(capsys, path, workdir, tmp_path)
     assert code == agent.EXIT_CODES[label] and new["stop"]["reason"] == label
     if label in ("max_turns", "max_tokens"):  # a budget's detail names the replay's budget
         assert new["stop"] == recorded["stop"]
@@ -212,6 +213,9 @@ def test_a_replay_that_stops_before_the_recording_did_says_so(capsys, workdir, t
     code, _, err, new = replay(capsys, path, workdir, tmp_path, "--yes")
     assert code == 0 and new["stop"]["reason"] == "end_turn" and len(new["turns"]) == 1
     assert "replay: the run stopped with 2 recorded replies not replayed" in err
+    said = next(line for line in err.splitlines() if line.startswith("replay: the run stopped"))
+    assert all(as_documented(said, line)  # docs/replay.md quotes it as it is
+               for line in documented("docs/replay.md", "replay: the run stopped")), said
 
 
 # --- what it is given ---
@@ -292,6 +296,11 @@ def test_a_replay_needs_no_key_and_connects_nowhere(capsys, workdir, tmp_path):
 
 
 KEY = "sk-ant-api03-REPLAY-TEST-KEY-0123456789abcdef"
+
+
+def kept_files():
+    return [p for p in (Path(os.environ["XDG_STATE_HOME"]) / "agent.py").rglob("*")
+            if p.is_file()]
 LEAK = "print(open('leak.txt').read())"
 
 
@@ -308,6 +317,7 @@ def test_a_replay_writes_the_key_nowhere(capsys, workdir, tmp_path, monkeypatch,
                                   tool_use("run_python", {"code": LEAK + f"  # {KEY}"})),
                             reply(text(f"The key is {KEY}, as read.")))
     assert KEY in path.read_text()  # the attack: the recording holds it
+    recorded_kept = set(kept_files())
     (workdir / "leak.txt").write_text(f"the new key={KEY}\n")
     if where == "environment":
         monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
@@ -327,6 +337,8 @@ def test_a_replay_writes_the_key_nowhere(capsys, workdir, tmp_path, monkeypatch,
         done, out, err = run_cli(capsys, [str(f) for f in flags] + ["-o", str(tmp_path / name)])
         assert done == 0, err
         written[name] = (tmp_path / name).read_text() + out + err
+    kept = set(kept_files()) - recorded_kept  # a replay is not kept; if it were, it counts
+    written.update({f"kept {p.name}": p.read_text() for p in kept})
     assert {k: KEY in v for k, v in written.items()} == dict.fromkeys(written, False)
     assert "[redacted secret]" in written["transcript"] and "[redacted secret]" in written["stderr"]
     assert new["answer"] == "The key is [redacted secret], as read."
@@ -425,3 +437,66 @@ def test_provenance_survives_resume_report_and_export(capsys, workdir, tmp_path)
     assert resumed["produced_by"]["turns"] == turns  # the scripted ones; the rest, the model's
     assert "replay" not in resumed  # it described the replay, not this run
     assert schema_errors(resumed, "transcript") == []
+
+
+# --- the user's limits bound a replay, as they bound a live run ---
+
+def test_a_replay_honours_the_users_max_turns_and_token_budget(capsys, workdir, tmp_path):
+    """A 30-turn recording: before, --max-turns 5 and --token-budget 2500 were replaced by the
+    recording's own counts (30 turns and its 30,000 tokens plus one), and it played all 30."""
+    path, recorded = record(capsys, workdir, tmp_path, *[
+        reply(tool_use("read_file", {"path": "scores.csv"}), input_tokens=1000, output_tokens=0)
+        for _ in range(29)], reply(text("done"), input_tokens=1000, output_tokens=0),
+        flags=["--max-turns", "40", "--token-budget", "100000"])
+    assert len(recorded["turns"]) == 30 and recorded["stop"]["reason"] == "end_turn"
+    code, _, err, new = replay(capsys, path, workdir, tmp_path, "--max-turns", "5")
+    assert (code, new["stop"]["reason"], len(new["turns"])) == (3, "max_turns", 5), err
+    code, _, err, new = replay(capsys, path, workdir, tmp_path, "--token-budget", "2500")
+    assert (code, new["stop"]["reason"], len(new["turns"])) == (4, "token_budget", 3), err
+    code, _, err, new = replay(capsys, path, workdir, tmp_path)  # the default: 20 turns
+    assert (code, new["stop"]["reason"], len(new["turns"])) == (3, "max_turns", 20), err
+    code, _, err, new = replay(capsys, path, workdir, tmp_path, "--max-turns", "40")
+    assert (code, new["stop"]["reason"], len(new["turns"])) == (0, "end_turn", 30), err
+
+
+def test_a_recorded_reply_longer_than_max_tokens_allows_is_cut_as_a_live_one(capsys, workdir,
+                                                                            tmp_path):
+    """A forged reply of 2 MB of text (or of tool input): a live run cuts a reply at
+    --max-tokens x 64 characters; before, a replay took it whole, whatever its size."""
+    path, recorded = record(capsys, workdir, tmp_path, reply(text("short")))
+    for block in ({"type": "text", "text": "x" * 2_000_000},
+                  {"type": "tool_use", "id": "toolu_big", "name": "read_file",
+                   "input": {"path": "scores.csv", "pad": "x" * 2_000_000}}):
+        recorded["messages"][1]["content"] = [block]
+        recorded["turns"][0]["stop_reason"] = "end_turn" if block["type"] == "text" else "tool_use"
+        path.write_text(json.dumps(recorded))
+        code, out, err, new = replay(capsys, path, workdir, tmp_path, "--max-tokens", "1000")
+        assert (code, new["stop"]["reason"], new["turns"]) == (5, "max_tokens", []), err
+        assert "more than max_tokens 1000 lets a reply stream (64,000)" in new["stop"]["detail"]
+
+
+def test_a_long_recording_replays_in_the_memory_of_a_live_run(capsys, workdir, tmp_path,
+                                                             agent_copy):
+    """A forged recording of 1,000 turns, each reading a 100 KB file (its recorded results one
+    character): the replay's history grows by what the tools return now. Before, all 1,000
+    turns ran (about 100 MB of history); now the default --max-turns (20) bounds it, as it
+    bounds a live run."""
+    (workdir / "big.txt").write_text(("y" * 99 + "\n") * 1000)
+    path, recorded = record(capsys, workdir, tmp_path, reply(tool_use("read_file", {
+        "path": "big.txt"}, id="toolu_0")), reply(text("done")))
+    call, result = recorded["messages"][1], recorded["messages"][2]
+    turn, last = recorded["turns"][0], recorded["turns"][1]
+    messages, turns = recorded["messages"][:1], []
+    for i in range(1000):
+        messages += [{**call, "content": [{**call["content"][0], "id": f"toolu_{i}"}]},
+                     {**result, "content": [{**result["content"][0], "tool_use_id": f"toolu_{i}",
+                                             "content": "x"}]}]
+        turns.append({**turn, "turn": i + 1, "tool_calls": [{**turn["tool_calls"][0],
+                                                              "id": f"toolu_{i}"}]})
+    recorded.update(messages=messages + recorded["messages"][3:],
+                    turns=turns + [{**last, "turn": 1001}])
+    path.write_text(json.dumps(recorded))
+    code, err, rss, _ = measured(agent_copy, "--replay", path, "--workdir", workdir, "--quiet",
+                                 cwd=tmp_path)
+    assert code == 3 and "981 recorded replies not replayed" in err, err[-300:]
+    assert rss < 150, rss  # MiB: a run of 20 turns, not of 1,000

@@ -4,15 +4,13 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import agent
 from fakes import FakeAPIError, FakeClient, reply, text, tool_use
-from helpers import agent_env, lone_surrogates, run_cli, surrogate_run, with_lone_surrogates
+from helpers import lone_surrogates, measured, run_cli, surrogate_run, with_lone_surrogates
 
 HOSTILE = "</pre><script>window.__pwned = 1</script><img src=x onerror=\"window.__pwned=2\">"
 
@@ -235,23 +233,6 @@ def test_the_policy_stops_a_script_that_got_in_anyway(browser, capsys, workdir, 
 
 # --- bounded by what it is given ---
 
-MEASURE = """import os, sys
-pid = os.fork()
-if pid == 0:
-    os.execv(sys.executable, [sys.executable] + sys.argv[1:])
-_, status, usage = os.wait4(pid, 0)
-print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)
-"""  # a small interpreter forks agent.py: a fork of pytest would count pytest's pages too
-
-
-def measured(argv, cwd):
-    """Run agent.py as a user does; (exit code, stderr, peak RSS in MiB) of that process alone."""
-    done = subprocess.run([sys.executable, "-c", MEASURE, *map(str, argv)], capture_output=True,
-                          text=True, cwd=cwd, env=agent_env(), timeout=120)
-    code, rss = done.stdout.split()[-2:]
-    return int(code), done.stderr, int(rss) / 1024
-
-
 def test_a_report_is_bounded_by_the_size_of_its_input(capsys, workdir, tmp_path, agent_copy):
     """150,000 tiny turns (445 KB): before, --report wrote 100 MB of HTML in 11 s with a peak
     of 555 MiB (6 MB of them: 1.3 GB and 4.3 GB). Now the output is at most 8 times the input
@@ -263,7 +244,7 @@ def test_a_report_is_bounded_by_the_size_of_its_input(capsys, workdir, tmp_path,
     t["turns"] += [{}] * 150_000
     source.write_text(json.dumps(t, separators=(",", ":")))
     out = tmp_path / "out.html"
-    code, err, rss = measured([agent_copy, "--report", source, "-o", out], tmp_path)
+    code, err, rss, _ = measured(agent_copy, "--report", source, "-o", out, cwd=tmp_path)
     assert not out.exists() and rss < 200, rss  # MiB
     assert code == 2 and len(err.strip().splitlines()) == 1 and "8 times its" in err, err
 

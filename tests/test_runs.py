@@ -206,7 +206,7 @@ def test_a_workdir_that_holds_the_runs_directory_is_refused(capsys, workdir, mon
     client = FakeClient(reply(tool_use("run_python", {"code": plant})), reply(text("done")))
     code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes"], client)
     assert code == 2 and client.requests == [] and not (workdir / "state").exists()
-    assert err == (f"agent.py: --workdir {workdir}, {workdir}, and the directory of kept runs, "
+    assert err == (f"agent.py: --workdir {workdir} and the directory of kept runs, "
                    f"{workdir}/state/agent.py/runs, overlap: the model's code could read kept "
                    "runs or plant one that --resume last would take up; give --workdir a "
                    "directory of data only (or set XDG_STATE_HOME elsewhere)\n")
@@ -334,3 +334,21 @@ def test_last_passes_over_what_is_not_a_finished_file_of_its_own(capsys, workdir
     (runs() / "20990101-000000-0000bbbb.json").symlink_to(forged)
     code, out, _ = run_cli(capsys, ["--report", "last", "-o", "-"])
     assert code == 0 and "real" in out and "forged" not in out
+
+
+def test_a_state_directory_reached_through_another_users_symlink_is_refused(capsys, workdir,
+                                                                            tmp_path,
+                                                                            monkeypatch):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a symlink another user owns")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    link = tmp_path / "state-link"
+    link.symlink_to(theirs)
+    nobody = pwd.getpwnam("nobody")
+    os.lchown(link, nobody.pw_uid, nobody.pw_gid)
+    monkeypatch.setenv("XDG_STATE_HOME", str(link))
+    code, out, err, run = ask(capsys, workdir, "42")
+    assert code == 0 and out == "42\n" and run is None and list(theirs.iterdir()) == []
+    assert f"note: this run is not kept: the kept runs {link}/agent.py: {link} is a " \
+           f"symlink that another user (uid {nobody.pw_uid}) made" in err

@@ -11,7 +11,7 @@ import pytest
 
 import agent
 from fakes import FakeAPIError, FakeClient, reply, text, tool_use
-from helpers import AGENT, agent_env, run_agent_py, run_cli, serve
+from helpers import AGENT, agent_env, as_documented, documented, run_agent_py, run_cli, serve
 from otlp_receiver import HostileCollector, OTLPReceiver, attributes
 
 from opentelemetry.sdk.trace import TracerProvider
@@ -204,6 +204,8 @@ def test_an_unreachable_collector_costs_a_bounded_delay_and_one_line(request, wo
                      rf"http://127.0.0.1:{port}/v1/traces \((.+)\)$", said[0])
     assert lost and 0 < int(lost[1]) <= int(lost[2]) and int(lost[2]) >= 2, said[0]  # run, chat
     assert "Connection refused" in lost[3] if collector == "refuses" else lost[3], said[0]
+    assert all(as_documented(said[0], line)  # docs/telemetry.md quotes it as it is
+               for line in documented("docs/telemetry.md", "agent.py: --otel:")), said[0]
     assert "Traceback" not in done.stderr and "Failed to export" not in done.stderr
 
 
@@ -331,3 +333,17 @@ def test_a_dripping_collector_is_listened_to_for_its_timeout_only(request, workd
     said = [line for line in done.stderr.splitlines() if "--otel:" in line]
     assert len(said) == 1 and "did not reach the collector" in said[0], done.stderr
 
+
+
+@pytest.mark.parametrize("setting", [{"OTEL_EXPORTER_OTLP_TIMEOUT": "ten"},
+                                     {"OTEL_EXPORTER_OTLP_COMPRESSION": "brotli"},
+                                     {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://127.0.0.1:9",
+                                      "OTEL_EXPORTER_OTLP_CERTIFICATE": "/nonexistent/ca.pem"}])
+def test_a_collector_setting_agent_py_cannot_use_is_one_usage_line(capsys, workdir, monkeypatch,
+                                                                    setting):
+    for name, value in setting.items():
+        monkeypatch.setenv(name, value)
+    client = FakeClient(reply(text("done")))
+    code, out, err = run(capsys, workdir, client)
+    assert (code, client.requests, out) == (2, [], "")
+    assert len(err.strip().splitlines()) == 1 and err.startswith("agent.py: --otel: "), err

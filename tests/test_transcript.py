@@ -864,6 +864,21 @@ def test_the_screen_the_user_answers_shows_the_truth(capsys, workdir, tmp_path, 
     assert len(rows) <= 24 and rows[-1].startswith("Go on with them? [y/N]"), rows
 
 
+@pytest.mark.parametrize("flag", ["--resume", "--replay"])
+def test_once_agreed_the_lines_that_follow_are_agent_pys_own(capsys, workdir, tmp_path, flag):
+    """The line that names the workdir and model once the user said yes: before, a workdir
+    or model name with line breaks drew lines like agent.py's own right after the answer."""
+    home = tmp_path / ("x\n" + FAKE)
+    home.mkdir()
+    path = forged_in(capsys, workdir, tmp_path, home)
+    forged = json.loads(path.read_text())
+    forged["model"] = "claude-haiku-5-5\n" + FAKE
+    path.write_text(json.dumps(forged))
+    argv = [flag, str(path)] + ["go on"] * (flag == "--resume")
+    code, _, err = run_cli(capsys, argv, FakeClient(reply(text("ok"))), stdin="y\n")
+    assert not [line for line in err.splitlines() if line.startswith(FAKE)], err
+
+
 def test_the_transcripts_workdir_is_used_once_the_user_agrees(capsys, workdir, tmp_path, home):
     path = forged_in(capsys, workdir, tmp_path, home)
     client = FakeClient(reply(tool_use("read_file", {"path": ".bashrc"})), reply(text("ok")))
@@ -883,7 +898,7 @@ def test_resume_with_a_deleted_workdir_names_the_transcripts(capsys, tmp_path):
             FakeClient(reply(text("done"))))
     workdir.rmdir()
     code, _, err = run_cli(capsys, ["--resume", str(path), "more"], FakeClient())
-    assert code == 2 and f"the workdir {path} recorded, {workdir}, is not a directory" in err
+    assert code == 2 and f"the workdir {path} recorded ({workdir}) is not a directory" in err
     assert "--workdir " + str(workdir) not in err
 
 
