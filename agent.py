@@ -495,7 +495,7 @@ def check_arguments(name, arguments):
             raise ToolError(f"{name} has no argument {key!r}; it takes {', '.join(props)}.")
         kind = props[key]["type"]
         if not isinstance(value, JSON_TYPES[kind]) or isinstance(value, bool):
-            raise ToolError(f"{name}: {key!r} must be a {kind}, got {json.dumps(value)[:80]}.")
+            raise ToolError(f"{name}: {key!r} must be a {kind}, got {shorten(json.dumps(value), 80)}.")
         if kind == "integer" and value < props[key].get("minimum", value):
             raise ToolError(f"{name}: {key!r} must be at least {props[key]['minimum']}.")
     return arguments
@@ -924,7 +924,7 @@ def request_turn(client, request, limits, report, cancel):
                      f"{' and again at '.join(map(str, sizes))}{why_not}; the incomplete call "
                      "was not run")
     if not isinstance(message.get("stop_reason"), (str, type(None))):  # kept, as a string
-        message = dict(message, stop_reason=json.dumps(message["stop_reason"])[:80])
+        message = dict(message, stop_reason=shorten(json.dumps(message["stop_reason"]), 80))
     reply.message = clean(message)  # a server's "\\ud800" is not text: kept as U+FFFD
     return reply
 
@@ -1437,9 +1437,10 @@ class OutputFile:
             raise UsageError(f"{flag} {path} is a symlink; agent.py writes no file through one: "
                              "give the file itself")
         if there and there.st_uid not in (os.geteuid(), 0):
+            other = " with --transcript" if flag == "--resume" else ""
             raise UsageError(f"{flag} {path} is {FILE_KINDS.get(kind, 'a file')} that belongs to "
                              f"another user (uid {there.st_uid}); agent.py writes into or over "
-                             "no one else's file: give another name")
+                             f"no one else's file: give another name{other}")
         if kind in (stat.S_IFIFO, stat.S_IFCHR) and stream and named:
             self.device = self.open_device(there)
         elif kind and kind != stat.S_IFREG:
@@ -2865,7 +2866,7 @@ def block_html(block):
     if kind == "thinking":
         return (f"<details><summary>thinking</summary><pre>{esc(block.get('thinking', ''))}"
                 "</pre></details>")
-    return f"<details><summary>{esc(kind)}</summary><pre>{esc(json.dumps(block, ensure_ascii=False)[:5000])}</pre></details>"
+    return f"<details><summary>{esc(kind)}</summary><pre>{esc(shorten(json.dumps(block, ensure_ascii=False), 5000))}</pre></details>"
 
 
 def provenance(t):
@@ -2943,7 +2944,7 @@ def run_report(t, cap):
     for m in items(t.get("messages")):
         body.append(f'<div class="msg"><span class="role">{esc(m.get("role"))}</span>'
                     + "".join(block_html(b) for b in items(m.get("content"))) + "</div>")
-    return page(f"agent.py run: {str(t.get('question', ''))[:80]}", "".join(body))
+    return page(f"agent.py run: {shorten(str(t.get('question', '')), 80)}", "".join(body))
 
 
 def trials_report(summary, cap):
@@ -3877,7 +3878,7 @@ def quoted(text):
 def fitted(before, text, after, columns, rows=1):
     """before + quoted(text) + after, in `rows` rows of `columns`: a quoted text too wide loses
     its middle to a marker that says how many characters it stands for."""
-    shown, room = quoted(text), max(rows * columns - 1 - display_width(before + after), 40)
+    shown, room = quoted(redact(text)), max(rows * columns - 1 - display_width(before + after), 40)
     if display_width(shown) > room:
         cut = len(shown)
         while True:
@@ -4155,6 +4156,8 @@ def read_window(fd, path, offset, limit, max_bytes):
             raise ToolError(f"{path!r} is not UTF-8 text (bad byte at offset {e.start} of the "
                             "lines read); if it is binary, inspect it with run_python.")
         text = kept[: e.start].decode("utf-8")
+    if cut_line:  # a secret cut in two here would be found whole in neither part: cut it out
+        text = text[:len(text) - secret_start(text, least=8)]
     if last < total or cut_line:
         more = f" (line {last} cut at {max_bytes} bytes)" if cut_line else ""
         text += (f"\n[read_file: lines {offset}-{last} of {total}{more}; "
@@ -4477,7 +4480,7 @@ class Call:
         """Tell the keeper the call is over (it kills what is left and cleans up); reap it. A
         keeper that `reported` the script's end has already removed its cgroups and home and
         only removes the rest: it is reaped in the background, as is one still removing a big
-        mess (bench_sandbox: 1.10-1.27x a call's time when the agent waits for it)."""
+        mess (bench_sandbox: 1.08-1.27x a call's time when the agent waits for it)."""
         self.agent_end.close()
         if not self.box.keeper:
             kill_group(proc.pid)
@@ -5763,7 +5766,8 @@ def main(argv=None, client=None, stdin=None):
         if target == args.resume and args.resume and is_kept(args.resume, trial=True):
             target = None  # but a kept trial stays as it ran: the run goes on as a new kept run
         reach = None if args.no_sandbox else workdir  # where the model's code can write, if not
-        output = OutputFile(target, reach) if target not in (None, "-") else None  # everywhere
+        output = OutputFile(target, reach, "--transcript" if args.transcript else "--resume") \
+            if target not in (None, "-") else None  # reach None: everywhere
         trial_outputs = {i: OutputFile(trial_path(output.path, i), reach, named=False)
                          for i in range(1, args.trials + 1)} if args.trials and output else {}
         events_out = OutputFile(args.events, reach, "--events", stream=True) \

@@ -115,6 +115,120 @@ def test_no_cut_leaves_a_piece_of_the_key(workdir, tmp_path, monkeypatch):
     said = "".join(e["text"] for e in events_of(events) if e["type"] == "text")
     assert said == "a" * 1990 + "[redacted secret] and the rest.\n"
 
+EXAMPLE = Path(agent.__file__).parent / "workspace" / "example-run.json"
+
+
+def cut_attack(route, workdir, tmp_path, capsys):
+    """Perform one attack on a cut: text holding the key where agent.py cuts it for an output.
+    Returns {what the user or a reader of the outputs receives: its text}."""
+    transcript, events = tmp_path / "run.json", tmp_path / "events.jsonl"
+    outputs = ["--transcript", str(transcript), "--events", str(events)]
+    if route in ("a server's stop_reason", "a tool input", "a file read_file cuts"):
+        if route == "a server's stop_reason":  # a server that echoes the key, in a list
+            first = reply(text("hi"), stop_reason=["B" * 59 + KEY])
+        elif route == "a tool input":  # a read_file offset that is no integer
+            first = reply(tool_use("read_file", {"path": "scores.csv", "offset": "B" * 60 + KEY}))
+        else:  # a file whose one line is cut at read_bytes, in the middle of the key
+            (workdir / "big.txt").write_text("x" * (100_000 - 20) + KEY + "\n")
+            first = reply(tool_use("read_file", {"path": "big.txt"}))
+        client = FakeClient(first, reply(text("done")))
+        code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox",
+                                          *outputs], client)
+        results = [b for r in client.requests for m in r["messages"] if m["role"] == "user"
+                   for b in m["content"] if b["type"] == "tool_result"]
+        return {"transcript": transcript.read_text(), "events": events.read_text(),
+                "stdout": out, "stderr": err, "tool results sent": json.dumps(results)}
+    document = json.loads(EXAMPLE.read_text())  # a transcript that holds the key
+    question = "Q" * 60 + KEY  # the page's title is cut at 80 characters
+    document["question"] = document["messages"][0]["content"][0]["text"] = question
+    unknown = {"type": "mystery_block", "data": "A" * 4940 + KEY}  # cut at 5,000 characters
+    document["messages"][1]["content"].append(unknown)
+    path = tmp_path / "held.json"
+    path.write_text(json.dumps(document))
+    code, out, err = run_cli(capsys, ["--report", str(path), "-o", str(tmp_path / "page.html")])
+    assert code == 0, err
+    return {"page": (tmp_path / "page.html").read_text(), "stdout": out, "stderr": err}
+
+
+@pytest.mark.parametrize("route", ["a server's stop_reason", "a tool input",
+                                   "a file read_file cuts", "a report's title and blocks"])
+def test_no_cut_of_text_bound_for_an_output_leaves_a_piece_of_the_key(capsys, workdir,
+                                                                     tmp_path, monkeypatch,
+                                                                     route):
+    """The key (in the environment) where agent.py cuts text for an output: a server's
+    stop_reason that is no string, kept as 80 characters of JSON; a tool input's bad value,
+    quoted in the error; a line read_file cuts at read_bytes; a report's title (80
+    characters of the question) and an unknown block (5,000). No piece of 12 characters of
+    the key is in anything written: transcript, events, stdout, stderr, tool results, page."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+    written = cut_attack(route, workdir, tmp_path, capsys)
+    leaked = {name: sorted(p for p in pieces(KEY) if p in value) for name, value in written.items()}
+    assert leaked == dict.fromkeys(written, []), leaked
+
+
+def test_the_consent_question_leaves_no_piece_of_the_key_where_it_cuts():
+    """A transcript's model or workdir holding the key where the question cuts the value in
+    the middle to fit its rows: the screen shows no piece of 12 characters of it."""
+    agent.SECRETS.add(KEY)
+    for before in range(0, 80, 3):
+        value = "m" * before + KEY + "z" * 500 + KEY + "m" * before
+        shown = agent.consent_question("run.json", [("model", value, ""), ("workdir", value, "")],
+                                       80)
+        assert "characters not shown" in shown
+        assert not [p for p in pieces(KEY) if p in shown], (before, shown)
+
+
+# Every slice of agent.py, reviewed: none cuts text bound for an output but the cutters, which
+# redact first or drop a piece of a secret at the cut. A new slice fails here until it is one of
+# these or the text goes through `shorten` (or `fitted`, `Clip`, `read_window`).
+CUTTERS = {"shorten", "fitted", "Clip", "read_window", "secret_start", "Reporter"}
+NOT_TEXT_FOR_AN_OUTPUT = {  # (function, slice): what it cuts
+    ("result_diff", "diff[DIFF_LINES - 1:]"): "a list of lines, each shortened",
+    ("result_diff", "list(difflib.unified_diff(lines(recorded), lines(replayed), lineterm='', "
+                    "n=0))[2:]"): "a list of lines, each shortened",
+    ("ReplayCheck", "session['turns'][self.checked:]"): "a list",
+    ("ReplayCheck", "session['messages'][self.seen:]"): "a list",
+    ("Call", "struct.pack('QQQ', fs, net, scope)[:8 if box.abi < 4 else 16 if box.abi < 6 "
+             "else 24]"): "bytes for the kernel",
+    ("foreign_error", "raw.lstrip()[:1]"): "one character, compared",
+    ("clear_old_results", "results[:max(0, len(results) - limits.keep_results)]"): "a list",
+    ("temp_name", "uuid.uuid4().hex[:16]"): "a random name",
+    ("make_cgroups", "uuid.uuid4().hex[:16]"): "a random name",
+    ("keep_run", "run_id[:8]"): "a run id agent.py made",
+    ("real_directory", "path.parent.parts[1:]"): "a list",
+    ("load_transcript", "flag[2:]"): "a flag's name",
+    ("recording_problem", "recording['messages'][1:]"): "a list",
+    ("for_terminal", "json.dumps(m[0])[1:-1]"): "the quotes around one escaped character",
+    ("approval_question", "legend[:11]"): "a list of lines",
+    ("request_turn", "message['content'][:-1]"): "a list of blocks",
+    ("sent_view", "content[:-1]"): "a list of blocks",
+    ("run_report", "SEGMENTS[:3]"): "a constant list",
+    ("Telemetry", "messages[-1:]"): "a list", ("Telemetry", "messages[:-1]"): "a list",
+    ("check_text", "value[:e.start]"): "whole text up to a bad byte, then shortened",
+    ("read_question", "data[:e.start]"): "whole text up to a bad byte, then shortened",
+    ("main", "sys.argv[1:]"): "a list",
+    ("Saver", "dump(item)[:-1]"): "a line's newline", ("Saver", "dump(key)[:-1]"): "a newline",
+    ("Saver", "dump(value)[:-1]"): "a newline", ("Saver", "value[len(done):-1]"): "a list",
+    ("Saver", "value[-1:]"): "a list",
+    ("Sandbox", "out[6:]"): "the self-test's own word after LEAK: ",
+    ("Sandbox", "(run.stderr.strip() or out)[-200:]"): "the self-test's stderr, no secret in it",
+}
+
+
+def test_every_cut_of_text_bound_for_an_output_goes_through_a_cutter():
+    """A raw cut (`text[:80]`) of text that could hold the key leaves a prefix of it that the
+    final redaction cannot recognise. Every slice in agent.py is in a cutter, which redacts
+    first, or is reviewed above as cutting no such text: a new one fails here."""
+    outer = {}
+    for top in TREE.body:
+        for node in ast.walk(top):
+            outer.setdefault(id(node), getattr(top, "name", "-"))
+    new = sorted({(outer[id(node)], ast.unparse(node)) for node in ast.walk(TREE)
+                  if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Slice)
+                  and outer[id(node)] not in CUTTERS} - set(NOT_TEXT_FOR_AN_OUTPUT))
+    assert new == [], f"route these cuts through shorten, or review them above: {new}"
+
+
 def test_every_request_sends_system_tools_history_and_caching(capsys, workdir):
     client = FakeClient(reply(tool_use("read_file", {"path": "scores.csv"})),
                         reply(text("done")))

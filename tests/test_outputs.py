@@ -307,3 +307,22 @@ def test_temp_files_are_never_opened_if_something_is_there(tmp_path, monkeypatch
     out = agent.OutputFile(tmp_path / "out.json", None)
     out.write(b"{}\n", durable=True)
     assert precious.read_bytes() == b"precious\n" and (tmp_path / "out.json").read_bytes() == b"{}\n"
+
+
+@needs_root
+def test_resume_never_replaces_another_users_transcript(capsys, workdir, shared, recorded):
+    """--resume goes on in the file it continues, unless that file is another user's: then
+    one line says to give --transcript, and the file is left as it was."""
+    theirs = shared / "run.json"
+    shutil.copy(recorded, theirs)
+    os.chown(theirs, NOBODY, NOBODY)
+    before = theirs.read_bytes()
+    client = FakeClient(reply(text("more")))
+    code, _, err = run_cli(capsys, ["--resume", str(theirs), "go on", "--workdir", str(workdir)],
+                           client)
+    assert (code, client.requests, theirs.read_bytes()) == (2, [], before), err
+    assert "belongs to another user" in err and "--transcript" in err
+    mine = shared / "mine.json"
+    code, _, err = run_cli(capsys, ["--resume", str(theirs), "go on", "--workdir", str(workdir),
+                                    "--transcript", str(mine)], client)
+    assert code == 0 and theirs.read_bytes() == before and b"more" in mine.read_bytes(), err
