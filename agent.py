@@ -119,6 +119,7 @@ class Limits:
     read_lines: int = 2_000  # lines one read_file call returns
     read_bytes: int = 100_000  # bytes one read_file call returns
     turn_bytes: int = 400_000  # tool-result bytes sent back in one turn; calls past it get an error
+    turn_calls: int = 64  # tool calls run in one turn; the calls past it are answered, never run
     max_tasks: int = 256  # processes and threads of one run_python call, where a cgroup can cap it
     memory_mb: int = 4096  # memory of one run_python call, all its processes, likewise
     scratch_mb: int = 1024  # the call's home and /dev/shm, a tmpfs where mounts are allowed
@@ -495,7 +496,8 @@ def check_arguments(name, arguments):
             raise ToolError(f"{name} has no argument {key!r}; it takes {', '.join(props)}.")
         kind = props[key]["type"]
         if not isinstance(value, JSON_TYPES[kind]) or isinstance(value, bool):
-            raise ToolError(f"{name}: {key!r} must be a {kind}, got {shorten(json.dumps(value), 80)}.")
+            raise ToolError(f"{name}: {key!r} must be a {kind}, got "
+                            f"{shorten(json.dumps(value), 80)}.")
         if kind == "integer" and value < props[key].get("minimum", value):
             raise ToolError(f"{name}: {key!r} must be at least {props[key]['minimum']}.")
     return arguments
@@ -535,6 +537,15 @@ def over_budget(block, result, limit):
                        "with offset and limit."}
 
 
+def not_run(block, limit):
+    """The answer to a call past the most calls one turn runs: what a turn holds and how long
+    it takes stay bounded however many calls a reply asks for."""
+    return ({"type": "tool_result", "tool_use_id": block["id"], "is_error": True,
+             "content": f"Not run: one turn runs at most {limit} tool calls. Read fewer files "
+                        "at once (one or two per turn), and make fewer calls in one turn."},
+            {"exit_code": None, "declined": False})
+
+
 def size(result):
     return len(result["content"].encode("utf-8", "surrogatepass"))
 
@@ -562,9 +573,14 @@ def run_tools(blocks, ctx, report):
             if results[i] is not None:
                 report.tool(blocks[i], results[i], seconds[i], facts[i])
 
+    for i in range(ctx.limits.turn_calls, len(blocks)):  # past the turn's calls: never run
+        results[i], facts[i] = not_run(blocks[i], ctx.limits.turn_calls)
+        report.tool_start(blocks[i])
+        report.tool(blocks[i], results[i], 0.0, facts[i])
     stopped = None
     try:
-        reads = [i for i, b in enumerate(blocks) if b["name"] == "read_file"]
+        reads = [i for i, b in enumerate(blocks)
+                 if b["name"] == "read_file" and results[i] is None]
         if len(reads) > 1:
             with ThreadPoolExecutor(max_workers=min(8, len(reads))) as pool:
                 for future in [pool.submit(timed, i) for i in reads]:
@@ -925,6 +941,7 @@ def request_turn(client, request, limits, report, cancel):
                      "was not run")
     if not isinstance(message.get("stop_reason"), (str, type(None))):  # kept, as a string
         message = dict(message, stop_reason=shorten(json.dumps(message["stop_reason"]), 80))
+    message = dict(message, content=redact_across(message.get("content")))
     reply.message = clean(message)  # a server's "\\ud800" is not text: kept as U+FFFD
     return reply
 
@@ -1383,6 +1400,37 @@ def clean(value):
     if isinstance(value, list):
         return [clean(v) for v in value]
     return value
+
+
+def redact_across(content):
+    """A reply's content with each secret that runs across adjacent text blocks cut out: each
+    block alone holds only a piece, which redact cannot find, though the blocks read as one
+    text (as stderr and the events stream them). The block where it starts gets the marker,
+    the others lose their piece."""
+    if not SECRETS or not isinstance(content, list):
+        return content
+    content, start = list(content), 0
+    for end in range(len(content) + 1):
+        if end < len(content) and isinstance(content[end], dict) and \
+                content[end].get("type") == "text" and isinstance(content[end].get("text"), str):
+            continue
+        texts = [b["text"] for b in content[start:end]]
+        joined, at = "".join(texts), 0
+        found = sorted((m.start(), m.end()) for secret in SECRETS
+                       for m in re.finditer(re.escape(secret), joined))
+        for k, text in enumerate(texts if len(texts) > 1 and found else ()):
+            kept, here, stop = [], at, at + len(text)
+            for first, last in found:
+                if last <= here or first >= stop:
+                    continue
+                kept.append(joined[here:max(first, here)])
+                kept.append("[redacted secret]" if first >= at else "")
+                here = max(here, min(last, stop))
+            kept.append(joined[here:stop])
+            content[start + k] = dict(content[start + k], text="".join(kept))
+            at = stop
+        start = end + 1
+    return content
 
 
 class OutputFile:
@@ -1858,6 +1906,8 @@ def transcript_problem(session):
     for key, kind in (("model", str), ("workdir", str), ("messages", list), ("turns", list)):
         if not isinstance(session.get(key), kind) or not session[key] and kind is not list:
             return f"{key} is missing or not a {kind.__name__}"
+    if "\0" in session["workdir"]:
+        return "workdir is not a path (it holds a NUL byte)"
     if session.get("effort") not in (None, *EFFORTS):
         return "effort is not one of " + ", ".join(EFFORTS)
     stop = session.get("stop")
@@ -1890,8 +1940,9 @@ def transcript_problem(session):
         if not isinstance(t, dict) or not is_count(t.get("turn")) or t["turn"] > MAX_TURN \
                 or not isinstance(usage, dict) \
                 or any(not is_count(usage.get(k)) for k in COUNTS + ("tokens",)) \
-                or not isinstance(usage.get("cost_usd"), (int, float, type(None))):
-            return f"turns[{i}] is not a turn record with its usage"
+                or not isinstance(usage.get("cost_usd", ""), (int, float, type(None))) \
+                or not isinstance(t.get("stop_reason"), (str, type(None))):
+            return f"turns[{i}] is not a turn record with its usage and stop_reason"
         calls = t.get("tool_calls", [])
         if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(
                 c.get("id"), str) for c in calls):
@@ -2381,7 +2432,7 @@ def replay_limits(recording, limits):
     on that budget, else one they never reach. Never loosened: the user's --max-turns,
     --token-budget and --budget-usd bound a replay as they bound a live run (and with them its
     memory, whatever the recording's length); what the recording counts is no budget."""
-    used, reason = empty_usage(), (recording["stop"] or {}).get("reason")
+    used, reason = empty_usage(), (recording.get("stop") or {}).get("reason")
     for turn in recording["turns"]:  # priced as the loop will price them
         add_usage(used, usage_record(recording["model"], turn["usage"]))
     turns = len(recording["turns"])
@@ -2426,7 +2477,7 @@ class ReplayClient:
 
     def __init__(self, recording, source):
         self.replies, self.source = recorded_replies(recording), source
-        self.recorded_stop, self.given, self.differs = recording["stop"], 0, None
+        self.recorded_stop, self.given, self.differs = recording.get("stop"), 0, None
         self.messages = self.beta = self  # client.messages.stream, client.beta.messages.stream
 
     def stream(self, **request):
@@ -5487,6 +5538,24 @@ def beside_agent(name):
     return shlex.quote(str(path) if relative.startswith("..") else relative)
 
 
+def resolved_directory(path):
+    """(the real path `path` names, None) if it is a directory, else (a path, why it is none):
+    a path a transcript recorded may be anything (a name too long, 6,000 characters)."""
+    try:
+        real = Path(os.path.realpath(path))
+        return real, None if real.is_dir() else ""
+    except OSError as e:
+        return path, f" ({e.strerror})"
+
+
+def shown_path(path):
+    """A path a file named, as it is when plain, else quoted, escaped and cut to two rows."""
+    shown = str(path)
+    if len(shown) > 200 or quoted(shown) != f'"{shown}"':
+        shown = fitted("", shown, "", 80, 2)
+    return shown
+
+
 def workdir_named(where, given, workdir):
     """Where the workdir came from, with its real path when that says more: `--workdir /`, not
     `--workdir /, /,`."""
@@ -5728,12 +5797,12 @@ def main(argv=None, client=None, stdin=None):
         recorded = session or replay or {}  # a file: what it says is used only if the user agrees
         source = args.resume or args.replay
         given = args.workdir or recorded.get("workdir")
-        workdir = Path(os.path.realpath(given or "."))
+        workdir, why = resolved_directory(given or ".")
         where = workdir_named(f"--workdir {args.workdir}", args.workdir, workdir) \
-            if args.workdir else f"the workdir {source} recorded ({workdir})" if recorded \
-            else f"the current directory ({workdir}; no --workdir was given)"
-        if not workdir.is_dir():
-            raise UsageError(f"{where} is not a directory")
+            if args.workdir else f"the workdir {source} recorded ({shown_path(workdir)})" \
+            if recorded else f"the current directory ({workdir}; no --workdir was given)"
+        if why is not None:
+            raise UsageError(f"{where} is not a directory{why}")
         check_workdir(workdir, where, confined=not args.no_sandbox)
         if not args.no_sandbox:  # unconfined, the model's code can write anywhere anyway
             check_runs_apart(workdir, where)
