@@ -5461,13 +5461,45 @@ def check_workdir(workdir, where, confined=True):
     harness += [("a directory agent.py imports from", p) for p in sys.path if p]
     harness += [("Python's user base, whose site-packages .pth files run at every Python start "
                  "(unsandboxed: one could redirect the next run's key)", site.getuserbase())]
+    if os.path.realpath(sys.argv[0] or ".") == os.path.realpath(__file__):
+        harness.append(("agent.py", sys.argv[0]))  # the name the user typed, symlinks and all
     for what, path in harness:
         real = Path(os.path.realpath(path))
-        if real.is_relative_to(workdir):
+        named = [Path(e) for e in names_on_the_way(path) if Path(e).is_relative_to(workdir)
+                 and Path(e) != workdir]  # a name in the workdir: the model's code may swap it
+        if real.is_relative_to(workdir) or named:
+            real = named[0] if named and not real.is_relative_to(workdir) else real
             raise UsageError(f"{where} holds {what} ({real}), which the model's code could "
                              "rewrite before the next run: pass --workdir with the directory of "
                              "the data (in a throwaway container, --no-sandbox allows it), e.g. "
                              f"--workdir {sample_workdir()}")
+
+
+def names_on_the_way(path, hops=40):
+    """Every directory entry met while resolving `path` as the kernel does (each component and
+    each symlink followed, as the real directory holding it plus its name): replacing any one
+    of them changes what `path` opens. `path` as given, relative to the current directory."""
+    todo, here, entries = os.path.join(os.getcwd(), path).split("/"), "/", []
+    while todo:
+        name = todo.pop(0)
+        if name in ("", "."):
+            continue
+        if name == "..":
+            here = os.path.dirname(here)
+            continue
+        entry = os.path.join(here, name)
+        entries.append(entry)
+        try:
+            target = os.readlink(entry) if hops and os.path.islink(entry) else None
+        except OSError:
+            target = None
+        if target is None:
+            here = entry
+        else:
+            hops -= 1
+            here = "/" if target.startswith("/") else here
+            todo[:0] = target.split("/")
+    return entries
 
 
 def sample_workdir():

@@ -821,3 +821,49 @@ def test_an_older_python_gets_one_line_naming_the_version_needed(python, workdir
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.startswith("agent.py: needs Python 3.11 or newer") and \
         len(done.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("link", ["agent.py", "its directory"])
+def test_a_workdir_holding_the_symlink_agent_py_was_started_through_is_refused(
+        request, tmp_path, agent_copy, link):
+    """The attack of finding 55: agent.py is started through a symlink that lies in the
+    workdir (the link itself, or a linked directory on the way). The model's sandboxed code
+    may replace any name in the workdir: were the run allowed, it would swap the symlink for
+    its own agent.py, and the next run would execute that, unconfined and with the key."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if link == "agent.py":
+        started = bin_dir / "agent.py"
+        started.symlink_to(agent_copy)
+    else:
+        (bin_dir / "tool").symlink_to(agent_copy.parent)
+        started = bin_dir / "tool" / "agent.py"
+    replaced = started.parent if link == "agent.py" else bin_dir
+    attack = ("import os, shutil\n"
+              + ("os.remove('agent.py')\nopen('agent.py', 'w').write('print(42)\\n')\n"
+                 if link == "agent.py" else
+                 "os.remove('tool')\nos.mkdir('tool')\n"
+                 "open('tool/agent.py', 'w').write('print(42)\\n')\n")
+              + "print('done')")
+    api = serve(request, reply(tool_use("run_python", {"code": attack})), reply(text("ok")))
+    done = run_agent_py(started, "q", "--workdir", bin_dir, "--yes", "--no-keep",
+                        env=agent_env(api), stdin=subprocess.DEVNULL, timeout=60)
+    assert done.returncode == 2 and api.requests == [], done.stderr  # refused before sending
+    assert done.stderr.startswith(f"agent.py: --workdir {bin_dir} holds agent.py ("), done.stderr
+    assert started.resolve() == agent_copy.resolve()  # the symlink still leads to agent.py
+    again = run_agent_py(started, "--version", env=agent_env(), timeout=30)
+    assert again.stdout.strip() != "42" and again.stdout.startswith("agent.py"), again.stdout
+    assert replaced.is_dir()
+
+
+def test_a_workdir_holding_the_interpreter_or_venv_as_given_is_refused(capsys, tmp_path,
+                                                                        monkeypatch):
+    """sys.executable and the venv as given, not only where they resolve: a venv whose python
+    is a symlink into the workdir, or a venv directory reached through one."""
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    (workdir / "python").symlink_to(os.path.realpath(sys.executable))
+    monkeypatch.setattr(sys, "executable", str(workdir / "python"))
+    client = FakeClient()
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)], client)
+    assert (code, client.requests) == (2, []) and "holds the Python interpreter" in err, err
