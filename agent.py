@@ -5784,6 +5784,12 @@ def main(argv=None, client=None, stdin=None):
         if session is not None and model != (args.model or config["ANTHROPIC_MODEL"] or
                                              DEFAULT_MODEL):
             taken["--model ID"] = ("model", model, "")
+        made_with = session.get("base_url") if session is not None else server
+        made_with = (server_url(made_with) or made_with) if is_str(made_with) else None
+        if made_with != server:  # its whole history goes to this server: the user says so
+            taken["ANTHROPIC_BASE_URL (or answer y)"] = (  # one line, its URL fitted to it
+                "server", made_with or f"https://{ANTHROPIC_HOST}",
+                f" (its history would now go to {visible(server or 'https://' + ANTHROPIC_HOST)})")
         if prompt:
             taken["--system-prompt FILE"] = ("system prompt", prompt,
                                              f" ({len(prompt):,} characters)")

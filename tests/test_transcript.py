@@ -734,6 +734,37 @@ def test_resume_takes_the_transcripts_model_only_if_the_user_agrees(capsys, work
     assert json.loads(path.read_text())["model"] == "claude-sonnet-5-5"
 
 
+@pytest.mark.parametrize("recorded", ["http://127.0.0.1:8765", None])
+def test_resume_sends_its_history_to_another_server_only_if_the_user_agrees(
+        capsys, workdir, tmp_path, monkeypatch, recorded):
+    """A run made against one server (or Anthropic's API: no base_url), resumed where
+    ANTHROPIC_BASE_URL names another: its whole history would go there. --yes is not
+    agreement; no answer is a no; the same server asks nothing."""
+    path = tmp_path / "run.json"
+    budget_stopped(capsys, workdir, path)
+    saved = json.loads(path.read_text())
+    saved.pop("base_url", None)
+    if recorded:
+        saved["base_url"] = recorded
+    path.write_text(json.dumps(saved))
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:8767")
+    given = ["--resume", str(path), "more", "--workdir", str(workdir), "--yes"]
+    client = FakeClient()
+    code, _, err = run_cli(capsys, given, client, stdin="")  # no answer: not resumed
+    shown = recorded or "https://api.anthropic.com"
+    assert (code, client.requests) == (2, []), err
+    assert f'  server "{shown}" (its history would now go to http://127.0.0.1:8767)\n' in err
+    assert err.rstrip().endswith("not resumed: give ANTHROPIC_BASE_URL (or answer y) to say how "
+                                 f"{path} goes on"), err
+    client = FakeClient(reply(text("a")))
+    code, _, err = run_cli(capsys, given, client, stdin="y\n")
+    assert code == 0 and len(client.requests) == 1
+    assert json.loads(path.read_text())["base_url"] == "http://127.0.0.1:8767"
+    client = FakeClient(reply(text("b")))  # now made with this server: nothing to ask
+    code, _, err = run_cli(capsys, given, client, stdin="")
+    assert code == 0 and len(client.requests) == 1 and "[y/N]" not in err, err
+
+
 def test_resume_of_a_finished_transcript_needs_a_question(capsys, workdir, tmp_path):
     path = tmp_path / "run.json"
     run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
