@@ -257,7 +257,7 @@ EXIT_CODES = {
     "token_budget": 4, "cost_budget": 4,  # checked after a response, before its tools run
     "max_tokens": 5, "refusal": 5, "model_context_window_exceeded": 5,  # stopped unfinished
     "api_error": 1, "error": 1,  # the API refused or failed; a bug or unknown stop_reason
-    "interrupted": 130,  # Ctrl-C or SIGTERM
+    "interrupted": 130,  # Ctrl-C, SIGTERM or SIGHUP
     "replay_differs": 7,  # --replay --strict: a tool result is not the recorded one
 }
 TEXT_STOPS = {"end_turn", "stop_sequence", "max_turns", "max_tokens", "refusal",
@@ -621,7 +621,7 @@ def check_cancelled(cancel):
 
 
 def on_stop_signal(signum, frame):
-    """Ctrl-C and SIGTERM: kill the running tool, save, exit 130. The KeyboardInterrupt is lost
+    """Ctrl-C, SIGTERM and SIGHUP: kill the running tool, save, exit 130. The KeyboardInterrupt is lost
     if the signal lands where Python swallows exceptions (an at-fork hook of subprocess, a
     __del__), so the flag stays set for the loops that wait to see."""
     STOPPING.set()
@@ -5188,7 +5188,7 @@ exit codes:
   5    max_tokens, refusal, model_context_window_exceeded: stdout has the partial text
   6    --trials: some trials failed
   7    replay_differs: --replay --strict, and a tool result differs from the recording
-  130  interrupted (Ctrl-C or SIGTERM)"""
+  130  interrupted (Ctrl-C, SIGTERM or SIGHUP)"""
 
 
 def tokens_or_off(value):
@@ -5479,9 +5479,9 @@ def names_on_the_way(path, hops=40):
     """Every directory entry met while resolving `path` as the kernel does (each component and
     each symlink followed, as the real directory holding it plus its name): replacing any one
     of them changes what `path` opens. `path` as given, relative to the current directory."""
-    todo, here, entries = os.path.join(os.getcwd(), path).split("/"), "/", []
-    while todo:
-        name = todo.pop(0)
+    todo, here, entries = list(reversed(os.path.join(os.getcwd(), path).split("/"))), "/", []
+    while todo:  # the names still to walk, the next one last
+        name = todo.pop()
         if name in ("", "."):
             continue
         if name == "..":
@@ -5498,7 +5498,7 @@ def names_on_the_way(path, hops=40):
         else:
             hops -= 1
             here = "/" if target.startswith("/") else here
-            todo[:0] = target.split("/")
+            todo += reversed(target.split("/"))
     return entries
 
 
@@ -5991,6 +5991,6 @@ def to_stdout(data):
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, on_stop_signal)
-    signal.signal(signal.SIGINT, on_stop_signal)
+    for stop_signal in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: the terminal
+        signal.signal(stop_signal, on_stop_signal)  # closed or ssh dropped; the run is kept
     sys.exit(main())

@@ -643,7 +643,8 @@ def test_subprocess_end_to_end(request, workdir, tmp_path, agent_copy):
         assert "top secret" not in refused["content"]
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
+                         ids=["ctrl-c", "sigterm", "sighup"])  # SIGHUP: a closed terminal
 def test_subprocess_ctrl_c_kills_the_tool_and_keeps_the_transcript(request, workdir, tmp_path,
                                                                    signum, agent_copy):
     code = ("import os, subprocess, time\n"
