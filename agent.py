@@ -29,6 +29,7 @@ read in the order a call runs), and the command line.
 """
 
 import argparse
+import contextlib
 import ctypes
 import difflib
 import errno
@@ -466,14 +467,15 @@ def make_approver(yes, no_sandbox, sandbox, stdin):
 
 
 def agreed(question, stdin):
-    """Ask on stderr; True only for y or yes. No answer (stdin closed) is a no."""
-    with Reporter.lock:
+    """Ask on stderr (or, when that is a file and the answer comes from a terminal, on the
+    terminal); True only for y or yes. No answer (stdin closed) is a no."""
+    with Reporter.lock, answer_screen(stdin) as screen:
         if not to_stderr(dimmed(visible(question if question.endswith("] ") else
-                                        question + " [y/N] "))):
+                                        question + " [y/N] "), screen), screen):
             return False  # a question no one can see is not agreed to
         answer = stdin.readline()
         if not answer.endswith("\n"):  # no one answered: end the line
-            to_stderr(dimmed("(no answer)\n"))
+            to_stderr(dimmed("(no answer)\n", screen), screen)
     return answer.strip().lower() in ("y", "yes")
 
 
@@ -5957,6 +5959,25 @@ def failed(report, stop):
 def print_document(document):
     """A transcript or summary on stdout (--transcript -), after whatever was printed there."""
     to_stdout(for_terminal(dump(document)))
+
+
+@contextlib.contextmanager
+def answer_screen(stdin):
+    """Where a question is asked: stderr, or, when stderr is not a terminal but the answer
+    comes from one (`2>log` on a terminal), that terminal (/dev/tty): a question written into
+    the log would leave the run waiting for an answer no one knows is asked."""
+    screen = None
+    try:
+        if stdin.isatty() and not sys.stderr.isatty():
+            screen = open("/dev/tty", "w", encoding="utf-8", errors="replace")
+    except (OSError, ValueError, AttributeError):  # no controlling terminal: stderr it is
+        screen = None
+    try:
+        yield screen
+    finally:
+        if screen:
+            with contextlib.suppress(OSError):
+                screen.close()
 
 
 def to_stderr(text, stream=None):

@@ -4,6 +4,7 @@ import io
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -868,3 +869,35 @@ def test_a_workdir_holding_the_interpreter_or_venv_as_given_is_refused(capsys, t
     client = FakeClient()
     code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)], client)
     assert (code, client.requests) == (2, []) and "holds the Python interpreter" in err, err
+
+
+def test_with_stderr_in_a_file_the_approval_question_is_asked_on_the_terminal(
+        request, workdir, tmp_path, agent_copy):
+    """`2>log` on a terminal (finding 63): the question goes to the terminal the answer comes
+    from, not into the log, and the run goes on with the answer given there."""
+    import fcntl
+    import pty
+    import termios
+    api = serve(request, reply(tool_use("run_python", {"code": "print(6 * 7)"})),
+                reply(text("The answer is 42.")))
+    main, screen = pty.openpty()
+
+    def own_terminal():  # the pty is the run's controlling terminal, as a shell's would be
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    with open(tmp_path / "log", "w") as log:
+        proc = subprocess.Popen([sys.executable, str(agent_copy), "q", "--workdir", str(workdir)],
+                                stdin=screen, stdout=subprocess.PIPE, stderr=log,
+                                env=agent_env(api), preexec_fn=own_terminal)
+    os.close(screen)
+    drawn, deadline = b"", time.monotonic() + 60
+    while b"[y/N]" not in drawn and time.monotonic() < deadline and proc.poll() is None:
+        drawn += os.read(main, 65536) if select.select([main], [], [], 0.2)[0] else b""
+    os.write(main, b"y\n")
+    out = proc.communicate(timeout=60)[0]
+    os.close(main)
+    logged = (tmp_path / "log").read_text()
+    assert b"--- run it? [y/N] " in drawn and b"print(6 * 7)" in drawn, (drawn, logged)
+    assert "[y/N]" not in logged and "run_python" in logged and "stop: end_turn" in logged
+    assert proc.returncode == 0 and out == b"The answer is 42.\n"
