@@ -1406,6 +1406,8 @@ class OutputFile:
     def __init__(self, path, workdir, flag="--transcript", stream=False, named=True):
         path = Path(os.path.abspath(path))
         self.path, self.name, self.flag, self.device, self.tty = path, path.name, flag, None, False
+        if own_descriptor(path) is not None and named:  # /dev/stdout: the fd the shell opened
+            return self.open_descriptor(own_descriptor(path), stream)
         parent = real_directory(path, flag)
         if workdir is not None and (parent / self.name).is_relative_to(workdir):
             trusted = " (and --resume would trust it)" if flag == "--transcript" else ""
@@ -1447,14 +1449,33 @@ class OutputFile:
             self.device = self.open_device(there)
         elif kind and kind != stat.S_IFREG:
             unnamed = "" if named else ", and it is no path you named"
-            raise UsageError(f"{flag} {path} is not a regular file ({FILE_KINDS.get(kind, 'a special file')}{unnamed}); "
-                             "agent.py only replaces regular files: give a file name")
+            why = ("a transcript is rewritten after every turn, so it only replaces a file; give "
+                   "a file name, or --transcript - for stdout at the end (with --no-keep for no "
+                   "copy at all)") if flag == "--transcript" and named else \
+                "agent.py only replaces regular files: give a file name"
+            raise UsageError(f"{flag} {path} is not a regular file ({FILE_KINDS.get(kind, 'a special file')}{unnamed}); {why}")
         else:
             try:
                 self.write(b"")  # proves the directory writable before anything is paid for
             except OSError as e:
                 raise UsageError(f"{flag} {path} cannot be written: {e.strerror}")
         self.identity = (there.st_dev, there.st_ino) if there else str(parent / self.name)
+
+    def open_descriptor(self, fd, stream):
+        """/dev/stdout, /dev/stderr, /dev/fd/N as the user names them: agent.py's own
+        descriptor N, written through whatever the shell opened there (a pipe, the terminal,
+        `> file`), as `-` writes stdout. A transcript, rewritten after every turn, needs a file."""
+        if not stream:
+            raise UsageError(f"{self.flag} {self.path} is not a regular file: a transcript is "
+                             "rewritten after every turn, so it only replaces a file; give a file "
+                             "name, or --transcript - for stdout at the end (with --no-keep "
+                             "for no copy at all)")
+        try:
+            self.device = os.dup(fd)
+        except OSError:
+            raise UsageError(f"{self.flag} {self.path}: agent.py's descriptor {fd} is not open")
+        opened = os.fstat(self.device)
+        self.tty, self.identity = os.isatty(self.device), (opened.st_dev, opened.st_ino)
 
     def open_device(self, there):
         """A descriptor writing through the FIFO or character device at the path: never one
@@ -1538,6 +1559,18 @@ class OutputFile:
         except BaseException:
             self.discard()
             raise
+
+
+OWN_FD = re.compile(r"/dev/(?:(stdout)|(stderr)|fd/(\d+))|/proc/self/fd/(\d+)")
+
+
+def own_descriptor(path):
+    """The descriptor of agent.py's own a path names (/dev/stdout: 1), or None."""
+    named = OWN_FD.fullmatch(str(path))
+    if not named:
+        return None
+    out, err, fd, proc = named.groups()
+    return 1 if out else 2 if err else int(fd or proc)
 
 
 def temp_name(name):
@@ -5683,6 +5716,7 @@ def make_client(config, limits, otel=False, workdir=None):
 
 
 ANTHROPIC_HOST = "api.anthropic.com"  # the SDK's default server, which prices are for
+ANTHROPIC_URL = f"https://{ANTHROPIC_HOST}"  # that server as a transcript records it
 
 
 def server_url(url):
@@ -5788,10 +5822,10 @@ def main(argv=None, client=None, stdin=None):
             taken["--model ID"] = ("model", model, "")
         made_with = session.get("base_url") if session is not None else server
         made_with = (server_url(made_with) or made_with) if is_str(made_with) else None
-        if made_with != server:  # its whole history goes to this server: the user says so
+        made_with, going_to = made_with or ANTHROPIC_URL, server or ANTHROPIC_URL
+        if made_with != going_to:  # its whole history goes to this server: the user says so
             taken["ANTHROPIC_BASE_URL (or answer y)"] = (  # one line, its URL fitted to it
-                "server", made_with or f"https://{ANTHROPIC_HOST}",
-                f" (its history would now go to {visible(server or 'https://' + ANTHROPIC_HOST)})")
+                "server", made_with, f" (its history would now go to {visible(going_to)})")
         if prompt:
             taken["--system-prompt FILE"] = ("system prompt", prompt,
                                              f" ({len(prompt):,} characters)")
