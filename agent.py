@@ -120,6 +120,7 @@ class Limits:
     read_lines: int = 2_000  # lines one read_file call returns
     read_bytes: int = 100_000  # bytes one read_file call returns
     turn_bytes: int = 400_000  # tool-result bytes sent back in one turn; calls past it get an error
+    turn_calls: int = 64  # tool calls run in one turn; the calls past it are answered, never run
     max_tasks: int = 256  # processes and threads of one run_python call, where a cgroup can cap it
     memory_mb: int = 4096  # memory of one run_python call, all its processes, likewise
     scratch_mb: int = 1024  # the call's home and /dev/shm, a tmpfs where mounts are allowed
@@ -497,7 +498,8 @@ def check_arguments(name, arguments):
             raise ToolError(f"{name} has no argument {key!r}; it takes {', '.join(props)}.")
         kind = props[key]["type"]
         if not isinstance(value, JSON_TYPES[kind]) or isinstance(value, bool):
-            raise ToolError(f"{name}: {key!r} must be a {kind}, got {shorten(json.dumps(value), 80)}.")
+            raise ToolError(f"{name}: {key!r} must be a {kind}, got "
+                            f"{shorten(json.dumps(value), 80)}.")
         if kind == "integer" and value < props[key].get("minimum", value):
             raise ToolError(f"{name}: {key!r} must be at least {props[key]['minimum']}.")
     return arguments
@@ -537,6 +539,15 @@ def over_budget(block, result, limit):
                        "with offset and limit."}
 
 
+def not_run(block, limit):
+    """The answer to a call past the most calls one turn runs: what a turn holds and how long
+    it takes stay bounded however many calls a reply asks for."""
+    return ({"type": "tool_result", "tool_use_id": block["id"], "is_error": True,
+             "content": f"Not run: one turn runs at most {limit} tool calls. Read fewer files "
+                        "at once (one or two per turn), and make fewer calls in one turn."},
+            {"exit_code": None, "declined": False})
+
+
 def size(result):
     return len(result["content"].encode("utf-8", "surrogatepass"))
 
@@ -564,9 +575,14 @@ def run_tools(blocks, ctx, report):
             if results[i] is not None:
                 report.tool(blocks[i], results[i], seconds[i], facts[i])
 
+    for i in range(ctx.limits.turn_calls, len(blocks)):  # past the turn's calls: never run
+        results[i], facts[i] = not_run(blocks[i], ctx.limits.turn_calls)
+        report.tool_start(blocks[i])
+        report.tool(blocks[i], results[i], 0.0, facts[i])
     stopped = None
     try:
-        reads = [i for i, b in enumerate(blocks) if b["name"] == "read_file"]
+        reads = [i for i, b in enumerate(blocks)
+                 if b["name"] == "read_file" and results[i] is None]
         if len(reads) > 1:
             with ThreadPoolExecutor(max_workers=min(8, len(reads))) as pool:
                 for future in [pool.submit(timed, i) for i in reads]:
@@ -927,6 +943,7 @@ def request_turn(client, request, limits, report, cancel):
                      "was not run")
     if not isinstance(message.get("stop_reason"), (str, type(None))):  # kept, as a string
         message = dict(message, stop_reason=shorten(json.dumps(message["stop_reason"]), 80))
+    message = dict(message, content=redact_across(message.get("content")))
     reply.message = clean(message)  # a server's "\\ud800" is not text: kept as U+FFFD
     return reply
 
@@ -1385,6 +1402,37 @@ def clean(value):
     if isinstance(value, list):
         return [clean(v) for v in value]
     return value
+
+
+def redact_across(content):
+    """A reply's content with each secret that runs across adjacent text blocks cut out: each
+    block alone holds only a piece, which redact cannot find, though the blocks read as one
+    text (as stderr and the events stream them). The block where it starts gets the marker,
+    the others lose their piece."""
+    if not SECRETS or not isinstance(content, list):
+        return content
+    content, start = list(content), 0
+    for end in range(len(content) + 1):
+        if end < len(content) and isinstance(content[end], dict) and \
+                content[end].get("type") == "text" and isinstance(content[end].get("text"), str):
+            continue
+        texts = [b["text"] for b in content[start:end]]
+        joined, at = "".join(texts), 0
+        found = sorted((m.start(), m.end()) for secret in SECRETS
+                       for m in re.finditer(re.escape(secret), joined))
+        for k, text in enumerate(texts if len(texts) > 1 and found else ()):
+            kept, here, stop = [], at, at + len(text)
+            for first, last in found:
+                if last <= here or first >= stop:
+                    continue
+                kept.append(joined[here:max(first, here)])
+                kept.append("[redacted secret]" if first >= at else "")
+                here = max(here, min(last, stop))
+            kept.append(joined[here:stop])
+            content[start + k] = dict(content[start + k], text="".join(kept))
+            at = stop
+        start = end + 1
+    return content
 
 
 class OutputFile:

@@ -166,6 +166,36 @@ def test_no_cut_of_text_bound_for_an_output_leaves_a_piece_of_the_key(capsys, wo
     assert leaked == dict.fromkeys(written, []), leaked
 
 
+@pytest.mark.parametrize("split", [20, 1, len(KEY) - 1])
+def test_a_key_split_over_adjacent_text_blocks_is_written_nowhere(capsys, workdir, tmp_path,
+                                                                  monkeypatch, split):
+    """A server's reply of text blocks whose pieces make the key (split after `split`
+    characters, and once over three blocks): stderr and the events, which stream the blocks
+    as one text, redacted it; the transcript, the kept run, the report and the export kept
+    the pieces side by side. Now no piece of 12 characters of it is in any of them."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+    pieces_ = [text(f"here: {KEY[:split]}"), text(f"{KEY[split:]} end")]
+    if split == 20:
+        pieces_[1:] = [text(KEY[split:30]), text(f"{KEY[30:]} end")]
+    transcript, events = tmp_path / "run.json", tmp_path / "events.jsonl"
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript",
+                                      str(transcript), "--events", str(events)],
+                             FakeClient(reply(*pieces_)))
+    assert code == 0, err
+    written = {"stdout": out, "stderr": err, "transcript": transcript.read_text(),
+               "events": events.read_text()}
+    written.update({f"kept {p.name}": p.read_text()
+                    for p in Path(os.environ["XDG_STATE_HOME"]).rglob("*.json")})
+    for flags, name in ((["--report", str(transcript)], "run.html"),
+                        (["--export", "atif", str(transcript)], "run.atif.json")):
+        done, out, err = run_cli(capsys, flags + ["-o", str(tmp_path / name)])
+        assert done == 0, err
+        written[name] = (tmp_path / name).read_text() + out + err
+    leaked = {name: sorted(p for p in pieces(KEY) if p in value) for name, value in written.items()}
+    assert leaked == dict.fromkeys(written, []), leaked
+    assert "here: [redacted secret]" in json.loads(transcript.read_text())["answer"]
+
+
 def test_the_consent_question_leaves_no_piece_of_the_key_where_it_cuts():
     """A transcript's model or workdir holding the key where the question cuts the value in
     the middle to fit its rows: the screen shows no piece of 12 characters of it."""
@@ -181,7 +211,8 @@ def test_the_consent_question_leaves_no_piece_of_the_key_where_it_cuts():
 # Every slice of agent.py, reviewed: none cuts text bound for an output but the cutters, which
 # redact first or drop a piece of a secret at the cut. A new slice fails here until it is one of
 # these or the text goes through `shorten` (or `fitted`, `Clip`, `read_window`).
-CUTTERS = {"shorten", "fitted", "Clip", "read_window", "secret_start", "Reporter"}
+CUTTERS = {"shorten", "fitted", "Clip", "read_window", "secret_start", "Reporter",
+           "redact_across"}
 NOT_TEXT_FOR_AN_OUTPUT = {  # (function, slice): what it cuts
     ("result_diff", "diff[DIFF_LINES - 1:]"): "a list of lines, each shortened",
     ("result_diff", "list(difflib.unified_diff(lines(recorded), lines(replayed), lineterm='', "

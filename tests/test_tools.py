@@ -15,7 +15,7 @@ import pytest
 
 import agent
 from fakes import FakeClient, reply, text, tool_use
-from helpers import Silent, call, final_messages, run_cli, tool_context
+from helpers import Silent, call, final_messages, measured, run_cli, tool_context
 
 
 # --- read_file ---
@@ -266,6 +266,49 @@ def test_four_hundred_reads_in_one_turn_stay_within_the_budget(capsys, workdir):
     skipped = [r for r in results if "Read fewer files at once" in r["content"]]
     assert len(skipped) >= 395 and all(r["is_error"] for r in skipped)
     assert results[0]["content"] == "0" * 90_000  # the first ones went through, in order
+
+
+def test_one_reply_of_thousands_of_reads_costs_the_memory_of_a_few(capsys, workdir, tmp_path,
+                                                                     agent_copy):
+    """One reply holding 5,000 read_file calls of a 100 KB file (a forged recording, replayed;
+    a server can send the same reply live, within max_tokens): before, every result was held
+    until the turn's byte budget cut them (5,000 x 100 KB), a peak RSS of about 500 MiB
+    (2 GiB for 20,000); now a turn runs at most Limits.turn_calls calls, answers the rest with
+    an error, and agent.py's peak stays that of a small run."""
+    (workdir / "big.txt").write_text(("y" * 99 + "\n") * 1000)
+    path = tmp_path / "wide.json"
+    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
+            FakeClient(reply(tool_use("read_file", {"path": "big.txt"}, id="toolu_0")),
+                       reply(text("done"))))
+    recorded = json.loads(path.read_text())
+    call_, result = recorded["messages"][1]["content"][0], recorded["messages"][2]["content"][0]
+    recorded["messages"][1]["content"] = [{**call_, "id": f"toolu_{i}"} for i in range(5000)]
+    recorded["messages"][2]["content"] = [{**result, "tool_use_id": f"toolu_{i}", "content": "x"}
+                                          for i in range(5000)]
+    recorded["turns"][0]["tool_calls"] = [{**recorded["turns"][0]["tool_calls"][0],
+                                           "id": f"toolu_{i}"} for i in range(5000)]
+    path.write_text(json.dumps(recorded))
+    code, err, rss, _ = measured(agent_copy, "--replay", path, "--workdir", workdir, "--quiet",
+                                 "--no-keep", cwd=tmp_path)
+    assert code == 0, err[-300:]
+    assert rss < 150, rss  # MiB
+
+
+def test_a_turn_runs_at_most_turn_calls_calls(capsys, workdir):
+    """A reply of 200 run_python calls under --yes: each would run (200 scripts, a turn's time
+    only bounded by calls x --tool-timeout). Now the first Limits.turn_calls run, in order, and
+    the rest are answered, never run."""
+    code_ = "open('ran.txt', 'a').write('x')"
+    calls = [tool_use("run_python", {"code": code_}) for _ in range(200)]
+    client = FakeClient(reply(*calls), reply(text("done")))
+    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox"],
+                         client)
+    results = final_messages(client)[-1]["content"]
+    limit = agent.Limits.turn_calls
+    assert code == 0 and (workdir / "ran.txt").read_text() == "x" * limit < "x" * 200
+    assert [r["tool_use_id"] for r in results] == [c["id"] for c in calls]
+    assert all(r["is_error"] and "Not run" in r["content"] for r in results[limit:])
+    assert not any(r.get("is_error") for r in results[:limit])
 
 
 class SlowStdin(io.StringIO):
