@@ -5241,6 +5241,19 @@ def syscall(libc, name, *args):
 
 # --- CLI ---
 
+def meant_flags(parser, extra):
+    """Each unknown flag among `extra`, with the flag it most likely meant (`--work`:
+    --workdir; `-c`: -C), or --help when none is near."""
+    known = list(parser._option_string_actions)
+    shown = []
+    for flag in (a for a in extra if a.startswith("-") and a != "-"):
+        name = flag.split("=")[0]
+        near = [k for k in known if k.lower() == name.lower()] or \
+            difflib.get_close_matches(name, [k for k in known if k.startswith("--")], 1, 0.7)
+        shown.append(f"{flag} (did you mean {near[0]}?)" if near else f"{flag} (see --help)")
+    return shown
+
+
 class Parser(argparse.ArgumentParser):
     def error(self, message):
         raise UsageError(f"{message} (see --help)")
@@ -5391,6 +5404,8 @@ def parse_args(argv):
     args, extra = p.parse_known_args(argv)
     if extra:  # argparse's own message; for words alone, what they most likely are
         words = [a for a in extra if not a.startswith("-") or a == "-"]
+        if words != extra:  # a mistyped flag: the words after it may be its value, not extra
+            raise UsageError(f"unrecognized arguments: {' '.join(meant_flags(p, extra))}")
         hint = f"; a question of several words goes in quotes: agent.py " \
                f"{shlex.quote(' '.join([args.question, *words]))} ..." \
             if words == extra and args.question is not None else " (see --help)"

@@ -901,3 +901,20 @@ def test_with_stderr_in_a_file_the_approval_question_is_asked_on_the_terminal(
     assert b"--- run it? [y/N] " in drawn and b"print(6 * 7)" in drawn, (drawn, logged)
     assert "[y/N]" not in logged and "run_python" in logged and "stop: end_turn" in logged
     assert proc.returncode == 0 and out == b"The answer is 42.\n"
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--work", "workspace", "q"], "unrecognized arguments: --work (did you mean --workdir?)"),
+    (["--dir", "workspace", "q"], "unrecognized arguments: --dir (did you mean --workdir?)"),
+    (["-c", "workspace", "q"], "unrecognized arguments: -c (did you mean -C?)"),
+    (["q", "--max-turn", "3"], "unrecognized arguments: --max-turn (did you mean --max-turns?)"),
+    (["q", "--frobnicate"], "unrecognized arguments: --frobnicate (see --help)"),
+])
+def test_a_mistyped_flag_is_named_alone_with_the_flag_meant(capsys, argv, line):
+    """`--work workspace q` (finding 60): argparse took `workspace` as the question; the line
+    names the mistyped flag and the flag most like it, not the real question."""
+    client = FakeClient()
+    code, out, err = run_cli(capsys, argv, client)
+    assert (code, out, client.requests) == (2, "", [])
+    assert err.startswith(f"agent.py: {line}") and len(err.splitlines()) == 1, err
+    assert " q" not in err.split("unrecognized arguments:")[1], err
