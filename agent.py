@@ -2206,6 +2206,10 @@ def open_runs(create=False):
     0700); else a UsageError saying why. OSError when it cannot be opened or made at all."""
     path = runs_dir()
     if create:
+        home = None if os.path.isabs(os.environ.get("XDG_STATE_HOME", "")) else Path.home()
+        if home and not home.is_dir():  # HOME=/nonexistent, as service accounts have on purpose
+            raise UsageError(f"the home directory {home} does not exist, and agent.py makes "
+                             "none: set XDG_STATE_HOME to keep runs elsewhere, or --no-keep")
         os.makedirs(path.parent.parent, mode=0o700, exist_ok=True)
     where = real_directory(path.parent, "the kept runs")  # no other user's symlink on the way
     fd = open_directory(where)

@@ -365,3 +365,15 @@ def test_the_real_home_check_blames_only_the_tests_runs(capsys, workdir, tmp_pat
     assert kept_by_the_tests(runs() / f"{mine}.json", basetemp)
     assert not kept_by_the_tests(runs() / f"{users}.json", basetemp), err
     assert not kept_by_the_tests(runs() / "gone.json", basetemp)
+
+
+def test_a_missing_home_is_not_made_to_keep_a_run(capsys, workdir, tmp_path, monkeypatch):
+    """Service accounts have HOME=/nonexistent on purpose (finding 52): the run goes on, is
+    not kept, says why, and no home directory is made."""
+    home = tmp_path / "nonexistent-home"
+    monkeypatch.delenv("XDG_STATE_HOME")
+    monkeypatch.setenv("HOME", str(home))
+    code, out, err, run = ask(capsys, workdir)
+    assert (code, out, run) == (0, "42\n", None), err
+    assert f"note: this run is not kept: the home directory {home} does not exist" in err, err
+    assert not home.exists()
