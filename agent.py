@@ -639,9 +639,10 @@ def check_cancelled(cancel):
 
 
 def on_stop_signal(signum, frame):
-    """Ctrl-C, SIGTERM and SIGHUP: kill the running tool, save, exit 130. The KeyboardInterrupt is lost
-    if the signal lands where Python swallows exceptions (an at-fork hook of subprocess, a
-    __del__), so the flag stays set for the loops that wait to see."""
+    """Ctrl-C, SIGTERM and SIGHUP (a closed terminal): kill the running tool, save, exit 130.
+    The KeyboardInterrupt is lost if the signal lands where Python swallows exceptions (an
+    at-fork hook of subprocess, a __del__), so the flag stays set for the loops that wait to
+    see."""
     STOPPING.set()
     raise KeyboardInterrupt
 
