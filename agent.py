@@ -1942,6 +1942,8 @@ def transcript_problem(session):
     for key, kind in (("model", str), ("workdir", str), ("messages", list), ("turns", list)):
         if not isinstance(session.get(key), kind) or not session[key] and kind is not list:
             return f"{key} is missing or not a {kind.__name__}"
+    if "\0" in session["workdir"]:
+        return "workdir is not a path (it holds a NUL byte)"
     if session.get("effort") not in (None, *EFFORTS):
         return "effort is not one of " + ", ".join(EFFORTS)
     stop = session.get("stop")
@@ -1974,8 +1976,9 @@ def transcript_problem(session):
         if not isinstance(t, dict) or not is_count(t.get("turn")) or t["turn"] > MAX_TURN \
                 or not isinstance(usage, dict) \
                 or any(not is_count(usage.get(k)) for k in COUNTS + ("tokens",)) \
-                or not isinstance(usage.get("cost_usd"), (int, float, type(None))):
-            return f"turns[{i}] is not a turn record with its usage"
+                or not isinstance(usage.get("cost_usd", ""), (int, float, type(None))) \
+                or not isinstance(t.get("stop_reason"), (str, type(None))):
+            return f"turns[{i}] is not a turn record with its usage and stop_reason"
         calls = t.get("tool_calls", [])
         if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(
                 c.get("id"), str) for c in calls):
@@ -2469,7 +2472,7 @@ def replay_limits(recording, limits):
     on that budget, else one they never reach. Never loosened: the user's --max-turns,
     --token-budget and --budget-usd bound a replay as they bound a live run (and with them its
     memory, whatever the recording's length); what the recording counts is no budget."""
-    used, reason = empty_usage(), (recording["stop"] or {}).get("reason")
+    used, reason = empty_usage(), (recording.get("stop") or {}).get("reason")
     for turn in recording["turns"]:  # priced as the loop will price them
         add_usage(used, usage_record(recording["model"], turn["usage"]))
     turns = len(recording["turns"])
@@ -2514,7 +2517,7 @@ class ReplayClient:
 
     def __init__(self, recording, source):
         self.replies, self.source = recorded_replies(recording), source
-        self.recorded_stop, self.given, self.differs = recording["stop"], 0, None
+        self.recorded_stop, self.given, self.differs = recording.get("stop"), 0, None
         self.messages = self.beta = self  # client.messages.stream, client.beta.messages.stream
 
     def stream(self, **request):
@@ -5622,6 +5625,24 @@ def beside_agent(name):
     return shlex.quote(str(path) if relative.startswith("..") else relative)
 
 
+def resolved_directory(path):
+    """(the real path `path` names, None) if it is a directory, else (a path, why it is none):
+    a path a transcript recorded may be anything (a name too long, 6,000 characters)."""
+    try:
+        real = Path(os.path.realpath(path))
+        return real, None if real.is_dir() else ""
+    except OSError as e:
+        return path, f" ({e.strerror})"
+
+
+def shown_path(path):
+    """A path a file named, as it is when plain, else quoted, escaped and cut to two rows."""
+    shown = str(path)
+    if len(shown) > 200 or quoted(shown) != f'"{shown}"':
+        shown = fitted("", shown, "", 80, 2)
+    return shown
+
+
 def workdir_named(where, given, workdir):
     """Where the workdir came from, with its real path when that says more: `--workdir /`, not
     `--workdir /, /,`."""
@@ -5864,12 +5885,12 @@ def main(argv=None, client=None, stdin=None):
         recorded = session or replay or {}  # a file: what it says is used only if the user agrees
         source = args.resume or args.replay
         given = args.workdir or recorded.get("workdir")
-        workdir = Path(os.path.realpath(given or "."))
+        workdir, why = resolved_directory(given or ".")
         where = workdir_named(f"--workdir {args.workdir}", args.workdir, workdir) \
-            if args.workdir else f"the workdir {source} recorded ({workdir})" if recorded \
-            else f"the current directory ({workdir}; no --workdir was given)"
-        if not workdir.is_dir():
-            raise UsageError(f"{where} is not a directory")
+            if args.workdir else f"the workdir {source} recorded ({shown_path(workdir)})" \
+            if recorded else f"the current directory ({workdir}; no --workdir was given)"
+        if why is not None:
+            raise UsageError(f"{where} is not a directory{why}")
         check_workdir(workdir, where, confined=not args.no_sandbox)
         if not args.no_sandbox:  # unconfined, the model's code can write anywhere anyway
             check_runs_apart(workdir, where)

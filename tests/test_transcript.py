@@ -634,7 +634,33 @@ def seconds_past_a_float(t):
     return t
 
 
+def without_stop(t):
+    del t["stop"]  # a run copied while it went on: read as one with no stop yet
+    return t
+
+
+def without_a_cost(t):
+    del t["turns"][0]["usage"]["cost_usd"]
+    return t
+
+
+def stop_reason_not_a_string(t):
+    t["turns"][-1]["stop_reason"] = {"a": 1}
+    return t
+
+
+def workdir_with_a_nul(t):
+    t["workdir"] = "/tmp/a\u0000b"
+    return t
+
+
+CHECKED = ("--resume", "--replay", "--export")  # --report renders what it can of any
 MALFORMED = {  # name: (how a transcript is made malformed, the modes that must refuse it)
+    "no stop": (without_stop, ()),  # before: --replay was an internal error (KeyError)
+    "a turn without its cost": (without_a_cost, CHECKED),  # before: --export, KeyError
+    "a turn's stop_reason not a string": (stop_reason_not_a_string, CHECKED),  # before:
+    # --replay sent it on as a server's, stop error, exit 1
+    "a workdir with a NUL byte": (workdir_with_a_nul, CHECKED),  # before: ValueError
     "costs too large to sum": (costs_past_a_float, ("--resume", "--replay", "--report",
                                                     "--export")),
     "seconds too large to sum": (seconds_past_a_float, ("--report",)),
@@ -668,6 +694,24 @@ def test_a_malformed_transcript_is_one_line_and_exit_2_in_every_mode(capsys, wor
         assert len(err.strip().splitlines()) == 1 and not out_path.exists()
     elif out_path.exists() and flag != "--report":  # what it wrote, it reads back
         assert agent.read_document(out_path, "-") is not None
+
+
+@pytest.mark.parametrize("flag", ["--resume", "--replay"])
+@pytest.mark.parametrize("recorded", ["/tmp/" + "a" * 300, "/tmp/x/" + "b/" * 3000,
+                                      "/tmp/" + "\u0301" * 1000])
+def test_a_recorded_workdir_no_directory_can_have_is_one_short_line_and_exit_2(
+        capsys, workdir, tmp_path, flag, recorded):
+    """A transcript's workdir with a name too long, or 6,000 characters: before, an internal
+    error (exit 1) before the consent question, the whole value on one line of up to 6,000
+    characters. Now a usage error, one line, the value quoted, escaped and cut."""
+    path = tmp_path / "doc.json"
+    document = two_turns(capsys, workdir, path)
+    path.write_text(json.dumps(dict(document, workdir=recorded)))
+    argv = [flag, str(path), *(["more"] if flag == "--resume" else []), "--yes"]
+    client = FakeClient(reply(text("more")))
+    code, out, err = run_cli(capsys, argv, client)
+    assert (code, out, client.requests) == (2, "", []), err
+    assert len(err.strip().splitlines()) == 1 and len(err) < 400, err
 
 
 def test_what_a_hostile_server_sends_is_written_as_json_agent_py_reads_back(capsys, workdir,
