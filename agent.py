@@ -3368,7 +3368,7 @@ class Telemetry:
             os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
         try:
             from opentelemetry.sdk.resources import Resource
-            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace import SpanLimits, TracerProvider
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
             if protocol == "grpc":
                 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
@@ -3389,7 +3389,14 @@ class Telemetry:
         heard.handlers, heard.propagate = [exporter], False
         resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME")
                                     or "agent.py", "service.version": AGENT_VERSION})
-        provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+        try:  # value lengths are cut at the door, after redaction (redacted_span), not the SDK
+            limits = SpanLimits()  # the user's, from the OTEL_*_LIMIT variables
+        except ValueError as e:
+            raise UsageError(f"--otel: {e}")
+        exporter.lengths = (limits.max_span_attribute_length, limits.max_attribute_length)
+        provider = TracerProvider(resource=resource, shutdown_on_exit=False,
+                                  span_limits=SpanLimits(max_attribute_length=SpanLimits.UNSET,
+                                                         max_span_attribute_length=SpanLimits.UNSET))
         provider.add_span_processor(BatchSpanProcessor(exporter))
         capture = os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "")
         content = capture.strip().upper() in ("TRUE", "SPAN_ONLY", "SPAN_AND_EVENT")
@@ -3545,10 +3552,12 @@ class Counted(logging.Handler):
     def __init__(self, exporter):
         super().__init__(logging.WARNING)
         self.inner, self.sent, self.why, self.where = exporter, 0, None, None
+        self.lengths = (None, None)  # the user's OTEL_*_VALUE_LENGTH_LIMIT: span's, others'
 
     def export(self, spans):
         try:
-            result = self.inner.export([redacted_span(s) for s in spans] if SECRETS else spans)
+            result = self.inner.export([redacted_span(s, *self.lengths) for s in spans]
+                                       if SECRETS or any(self.lengths) else spans)
         except CollectorError as e:
             result, self.why = None, str(e)
         except Exception as e:
@@ -3569,22 +3578,27 @@ class Counted(logging.Handler):
         return True
 
 
-def redacted_span(span):
+def redacted_span(span, length=None, others=None):
     """A finished span as it may leave: a copy with every string in it redacted (its name, its
     attributes, its events' and links' attributes, its status), so no attribute an error's text
-    or a server's header filled, with content capture on or off, carries a secret."""
+    or a server's header filled, with content capture on or off, carries a secret. The user's
+    limit on an attribute value's length (`length` for the span's, `others` for its events'
+    and links') is applied here, by shorten, after redaction: the SDK, cutting a value when it
+    is set, would leave a prefix of a secret that redact could not find."""
     from opentelemetry.sdk.trace import Event, ReadableSpan
     from opentelemetry.trace import Link, Status
 
-    def scrub(attributes):
-        return {redact(k): redact(v) if isinstance(v, str) else tuple(
-            redact(x) if isinstance(x, str) else x for x in v) if isinstance(v, (tuple, list))
+    def scrub(attributes, width=others):
+        def cut(text):
+            return redact(text) if width is None else shorten(text, width) if width else ""
+        return {redact(k): cut(v) if isinstance(v, str) else tuple(
+            cut(x) if isinstance(x, str) else x for x in v) if isinstance(v, (tuple, list))
             else v for k, v in (attributes or {}).items()}
 
     status = span.status
     return ReadableSpan(
         name=redact(span.name), context=span.context, parent=span.parent,
-        resource=span.resource, attributes=scrub(span.attributes), kind=span.kind,
+        resource=span.resource, attributes=scrub(span.attributes, length), kind=span.kind,
         events=[Event(redact(e.name), scrub(e.attributes), e.timestamp) for e in span.events],
         links=[Link(link.context, scrub(link.attributes)) for link in span.links],
         status=Status(status.status_code, status.description and redact(status.description)),
