@@ -1931,6 +1931,12 @@ def transcript_problem(session):
                         f"{block_problem(b, m['role'])}")
             if b["type"] == "tool_result" and (m["role"] != "user" or b["tool_use_id"] not in asked):
                 return f"messages[{i}].content[{j}] answers a tool_use that is not just before it"
+            if b["type"] == "text" and not b["text"] or b["type"] == "tool_result" and not (
+                    isinstance(b.get("content", ""), str) or isinstance(b["content"], list) and all(
+                        isinstance(x, dict) and x.get("type") in ("text", "image")
+                        for x in b["content"])):  # what the API would refuse, never sent
+                return (f"messages[{i}].content[{j}] is an empty text, or a tool_result whose "
+                        "content is neither text nor a list of blocks")
         answered = {b.get("tool_use_id") for b in m["content"] if b["type"] == "tool_result"}
         if asked - answered:
             return f"messages[{i}] leaves tool_use {sorted(asked - answered)[0]} unanswered"
@@ -1947,7 +1953,7 @@ def transcript_problem(session):
         if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(
                 c.get("id"), str) for c in calls):
             return f"turns[{i}].tool_calls is not a list of tool calls with their ids"
-        if not isinstance(t.get("prompt_tokens", 0), (int, type(None))):
+        if not is_count(t.get("prompt_tokens", 0)):
             return f"turns[{i}].prompt_tokens is not a count"
     replies = sum(m["role"] == "assistant" for m in session["messages"])
     kept = sum(t.get("in_history") is not False for t in session["turns"])
