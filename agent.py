@@ -5611,7 +5611,7 @@ def learn_secrets():
     """Fill SECRETS, which every writer redacts (redact): the API key, from the environment and
     from the .env beside agent.py (if it counts), in every mode, whether or not this run uses
     it: a --replay sends nothing, yet what it writes must hold the key no more than a live
-    run's output does."""
+    run's output does. True if a key was too short to redact."""
     keys = [os.environ.get("ANTHROPIC_API_KEY")]
     text = read_dotenv(dotenv_path(), None, None)
     if text:
@@ -5622,6 +5622,7 @@ def learn_secrets():
         except ImportError:  # load_config says what to install, if the run needs the file
             pass
     SECRETS.update(k for k in keys if k and len(k) >= 8)  # a shorter one would redact words
+    return any(k and len(k) < 8 for k in keys)  # so the user is told it is not redacted
 
 
 def read_dotenv(path, workdir, report):
@@ -5777,7 +5778,10 @@ def main(argv=None, client=None, stdin=None):
         if args.schema:
             to_stdout(json.dumps(SCHEMAS[args.schema], indent=2))
             return 0
-        learn_secrets()  # before any file is read: whatever it holds, the key is never written
+        if learn_secrets():  # before any file is read: whatever it holds, the key is never written
+            report.line("note: the API key is shorter than 8 characters, too short to redact "
+                        "without hiding ordinary words: agent.py cannot keep it out of what it "
+                        "writes (a server's error that echoes it, say)", always=True)
         if args.report:
             args.report = kept_run(args.report, "--report", report)
             for written in write_report(args.report, args.output):
