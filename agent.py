@@ -2179,9 +2179,10 @@ def open_runs(create=False):
     must be this user's and writable by no one else (one that is readable by others is made
     0700); else a UsageError saying why. OSError when it cannot be opened or made at all."""
     path = runs_dir()
-    if create:
-        os.makedirs(path.parent.parent, mode=0o700, exist_ok=True)
     where = real_directory(path.parent, "the kept runs")  # no other user's symlink on the way
+    if create:  # made where that check led, before anything is made: never through such a link
+        os.makedirs(where, mode=0o700, exist_ok=True)
+        where = real_directory(path.parent, "the kept runs")
     fd = open_directory(where)
     try:
         for name in (path.parent.name, path.name):
