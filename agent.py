@@ -3151,24 +3151,33 @@ def export_atif(path, output):
     extension; "-" for stdout, one trajectory a line). Returns the paths written."""
     document, length = read_document(path, "--export", sized=True)
     kind = document_kind(document)
+
+    def made(flag, source, read=None):
+        """One trajectory, made from its transcript's file, within its cap."""
+        transcript, size_ = read or read_document(source, flag, sized=True)
+        made_ = dump(trajectory(checked_transcript(transcript, source, "export")))
+        if len(made_) > output_cap(size_):
+            raise oversize(flag, source, size_, "a trajectory")
+        return made_
+
     if kind == "a transcript":
         indexes, inputs = None, [("--export", path)]
-        sessions, lengths = [checked_transcript(document, path, "export")], [length]
+        trajectories = [made("--export", path, (document, length))]
     elif kind == "a trials summary":
         indexes = trial_indexes(path, document)
-        inputs = [(f"trial {i}'s transcript", trial_path(path, i)) for i in indexes]
-        read = [read_document(p, flag, sized=True) for flag, p in inputs]
-        sessions = [checked_transcript(d, p, "export") for (d, _), (_, p) in zip(read, inputs)]
-        lengths = [n for _, n in read]
-        inputs.append(("--export", path))
+        inputs, seen = [(f"trial {i}'s transcript", trial_path(path, i)) for i in indexes], {}
+        for flag, source in inputs:  # N names of one file would pass its cap N times
+            if file_identity(source) in seen:
+                raise UsageError(f"--export {path}: {flag} {source} is the same file as "
+                                 f"{seen[file_identity(source)]}: each trial has its own")
+            seen[file_identity(source)] = flag
+        for flag, source in inputs:  # all checked before anything is written, one at a time
+            made(flag, source)
+        trajectories = (made(flag, source) for flag, source in list(inputs))  # then made again:
+        inputs.append(("--export", path))  # what is held is one trial's, however many there are
     else:
         raise UsageError(f"--export {path} is {kind}; it exports a transcript or a trials "
                          "summary")
-    trajectories = []
-    for session, length, (flag, source) in zip(sessions, lengths, inputs):
-        trajectories.append(dump(trajectory(session)))
-        if len(trajectories[-1]) > output_cap(length):
-            raise oversize(flag, source, length, "a trajectory")
     if output == "-":
         for t in trajectories:
             to_stdout(for_terminal(t))
