@@ -24,7 +24,8 @@ from helpers import AGENT, loopback, schema_errors, tool_context
 def no_test_hangs(request):
     """A test that would hang (an open of a FIFO nobody reads, a stream that never ends) fails
     after 4 minutes instead, with the place it hung: no test takes near that long."""
-    if request.node.get_closest_marker("live"):
+    if request.node.get_closest_marker("live") or request.node.get_closest_marker("harbor"):
+        # (each Harbor job is bounded by its subprocess timeout instead)
         yield
         return
 
