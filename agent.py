@@ -29,6 +29,7 @@ read in the order a call runs), and the command line.
 """
 
 import argparse
+import contextlib
 import ctypes
 import difflib
 import errno
@@ -258,7 +259,7 @@ EXIT_CODES = {
     "token_budget": 4, "cost_budget": 4,  # checked after a response, before its tools run
     "max_tokens": 5, "refusal": 5, "model_context_window_exceeded": 5,  # stopped unfinished
     "api_error": 1, "error": 1,  # the API refused or failed; a bug or unknown stop_reason
-    "interrupted": 130,  # Ctrl-C or SIGTERM
+    "interrupted": 130,  # Ctrl-C, SIGTERM or SIGHUP
     "replay_differs": 7,  # --replay --strict: a tool result is not the recorded one
 }
 TEXT_STOPS = {"end_turn", "stop_sequence", "max_turns", "max_tokens", "refusal",
@@ -467,14 +468,15 @@ def make_approver(yes, no_sandbox, sandbox, stdin):
 
 
 def agreed(question, stdin):
-    """Ask on stderr; True only for y or yes. No answer (stdin closed) is a no."""
-    with Reporter.lock:
+    """Ask on stderr (or, when that is a file and the answer comes from a terminal, on the
+    terminal); True only for y or yes. No answer (stdin closed) is a no."""
+    with Reporter.lock, answer_screen(stdin) as screen:
         if not to_stderr(dimmed(visible(question if question.endswith("] ") else
-                                        question + " [y/N] "))):
+                                        question + " [y/N] "), screen), screen):
             return False  # a question no one can see is not agreed to
         answer = stdin.readline()
         if not answer.endswith("\n"):  # no one answered: end the line
-            to_stderr(dimmed("(no answer)\n"))
+            to_stderr(dimmed("(no answer)\n", screen), screen)
     return answer.strip().lower() in ("y", "yes")
 
 
@@ -637,9 +639,10 @@ def check_cancelled(cancel):
 
 
 def on_stop_signal(signum, frame):
-    """Ctrl-C and SIGTERM: kill the running tool, save, exit 130. The KeyboardInterrupt is lost
-    if the signal lands where Python swallows exceptions (an at-fork hook of subprocess, a
-    __del__), so the flag stays set for the loops that wait to see."""
+    """Ctrl-C, SIGTERM and SIGHUP (a closed terminal): kill the running tool, save, exit 130.
+    The KeyboardInterrupt is lost if the signal lands where Python swallows exceptions (an
+    at-fork hook of subprocess, a __del__), so the flag stays set for the loops that wait to
+    see."""
     STOPPING.set()
     raise KeyboardInterrupt
 
@@ -1452,6 +1455,8 @@ class OutputFile:
     def __init__(self, path, workdir, flag="--transcript", stream=False, named=True):
         path = Path(os.path.abspath(path))
         self.path, self.name, self.flag, self.device, self.tty = path, path.name, flag, None, False
+        if own_descriptor(path) is not None and named:  # /dev/stdout: the fd the shell opened
+            return self.open_descriptor(own_descriptor(path), stream)
         parent = real_directory(path, flag)
         if workdir is not None and (parent / self.name).is_relative_to(workdir):
             trusted = " (and --resume would trust it)" if flag == "--transcript" else ""
@@ -1493,14 +1498,33 @@ class OutputFile:
             self.device = self.open_device(there)
         elif kind and kind != stat.S_IFREG:
             unnamed = "" if named else ", and it is no path you named"
-            raise UsageError(f"{flag} {path} is not a regular file ({FILE_KINDS.get(kind, 'a special file')}{unnamed}); "
-                             "agent.py only replaces regular files: give a file name")
+            why = ("a transcript is rewritten after every turn, so it only replaces a file; give "
+                   "a file name, or --transcript - for stdout at the end (with --no-keep for no "
+                   "copy at all)") if flag == "--transcript" and named else \
+                "agent.py only replaces regular files: give a file name"
+            raise UsageError(f"{flag} {path} is not a regular file ({FILE_KINDS.get(kind, 'a special file')}{unnamed}); {why}")
         else:
             try:
                 self.write(b"")  # proves the directory writable before anything is paid for
             except OSError as e:
                 raise UsageError(f"{flag} {path} cannot be written: {e.strerror}")
         self.identity = (there.st_dev, there.st_ino) if there else str(parent / self.name)
+
+    def open_descriptor(self, fd, stream):
+        """/dev/stdout, /dev/stderr, /dev/fd/N as the user names them: agent.py's own
+        descriptor N, written through whatever the shell opened there (a pipe, the terminal,
+        `> file`), as `-` writes stdout. A transcript, rewritten after every turn, needs a file."""
+        if not stream:
+            raise UsageError(f"{self.flag} {self.path} is not a regular file: a transcript is "
+                             "rewritten after every turn, so it only replaces a file; give a file "
+                             "name, or --transcript - for stdout at the end (with --no-keep "
+                             "for no copy at all)")
+        try:
+            self.device = os.dup(fd)
+        except OSError:
+            raise UsageError(f"{self.flag} {self.path}: agent.py's descriptor {fd} is not open")
+        opened = os.fstat(self.device)
+        self.tty, self.identity = os.isatty(self.device), (opened.st_dev, opened.st_ino)
 
     def open_device(self, there):
         """A descriptor writing through the FIFO or character device at the path: never one
@@ -1584,6 +1608,18 @@ class OutputFile:
         except BaseException:
             self.discard()
             raise
+
+
+OWN_FD = re.compile(r"/dev/(?:(stdout)|(stderr)|fd/(\d+))|/proc/self/fd/(\d+)")
+
+
+def own_descriptor(path):
+    """The descriptor of agent.py's own a path names (/dev/stdout: 1), or None."""
+    named = OWN_FD.fullmatch(str(path))
+    if not named:
+        return None
+    out, err, fd, proc = named.groups()
+    return 1 if out else 2 if err else int(fd or proc)
 
 
 def temp_name(name):
@@ -2179,6 +2215,11 @@ def open_runs(create=False):
     must be this user's and writable by no one else (one that is readable by others is made
     0700); else a UsageError saying why. OSError when it cannot be opened or made at all."""
     path = runs_dir()
+    if create:
+        home = None if os.path.isabs(os.environ.get("XDG_STATE_HOME", "")) else Path.home()
+        if home and not home.is_dir():  # HOME=/nonexistent, as service accounts have on purpose
+            raise UsageError(f"the home directory {home} does not exist, and agent.py makes "
+                             "none: set XDG_STATE_HOME to keep runs elsewhere, or --no-keep")
     where = real_directory(path.parent, "the kept runs")  # no other user's symlink on the way
     if create:  # made where that check led, before anything is made: never through such a link
         os.makedirs(where, mode=0o700, exist_ok=True)
@@ -5239,6 +5280,19 @@ def syscall(libc, name, *args):
 
 # --- CLI ---
 
+def meant_flags(parser, extra):
+    """Each unknown flag among `extra`, with the flag it most likely meant (`--work`:
+    --workdir; `-c`: -C), or --help when none is near."""
+    known = list(parser._option_string_actions)
+    shown = []
+    for flag in (a for a in extra if a.startswith("-") and a != "-"):
+        name = flag.split("=")[0]
+        near = [k for k in known if k.lower() == name.lower()] or \
+            difflib.get_close_matches(name, [k for k in known if k.startswith("--")], 1, 0.7)
+        shown.append(f"{flag} (did you mean {near[0]}?)" if near else f"{flag} (see --help)")
+    return shown
+
+
 class Parser(argparse.ArgumentParser):
     def error(self, message):
         raise UsageError(f"{message} (see --help)")
@@ -5269,7 +5323,7 @@ exit codes:
   5    max_tokens, refusal, model_context_window_exceeded: stdout has the partial text
   6    --trials: some trials failed
   7    replay_differs: --replay --strict, and a tool result differs from the recording
-  130  interrupted (Ctrl-C or SIGTERM)"""
+  130  interrupted (Ctrl-C, SIGTERM or SIGHUP)"""
 
 
 def tokens_or_off(value):
@@ -5389,6 +5443,8 @@ def parse_args(argv):
     args, extra = p.parse_known_args(argv)
     if extra:  # argparse's own message; for words alone, what they most likely are
         words = [a for a in extra if not a.startswith("-") or a == "-"]
+        if words != extra:  # a mistyped flag: the words after it may be its value, not extra
+            raise UsageError(f"unrecognized arguments: {' '.join(meant_flags(p, extra))}")
         hint = f"; a question of several words goes in quotes: agent.py " \
                f"{shlex.quote(' '.join([args.question, *words]))} ..." \
             if words == extra and args.question is not None else " (see --help)"
@@ -5542,13 +5598,45 @@ def check_workdir(workdir, where, confined=True):
     harness += [("a directory agent.py imports from", p) for p in sys.path if p]
     harness += [("Python's user base, whose site-packages .pth files run at every Python start "
                  "(unsandboxed: one could redirect the next run's key)", site.getuserbase())]
+    if os.path.realpath(sys.argv[0] or ".") == os.path.realpath(__file__):
+        harness.append(("agent.py", sys.argv[0]))  # the name the user typed, symlinks and all
     for what, path in harness:
         real = Path(os.path.realpath(path))
-        if real.is_relative_to(workdir):
+        named = [Path(e) for e in names_on_the_way(path) if Path(e).is_relative_to(workdir)
+                 and Path(e) != workdir]  # a name in the workdir: the model's code may swap it
+        if real.is_relative_to(workdir) or named:
+            real = named[0] if named and not real.is_relative_to(workdir) else real
             raise UsageError(f"{where} holds {what} ({real}), which the model's code could "
                              "rewrite before the next run: pass --workdir with the directory of "
                              "the data (in a throwaway container, --no-sandbox allows it), e.g. "
                              f"--workdir {sample_workdir()}")
+
+
+def names_on_the_way(path, hops=40):
+    """Every directory entry met while resolving `path` as the kernel does (each component and
+    each symlink followed, as the real directory holding it plus its name): replacing any one
+    of them changes what `path` opens. `path` as given, relative to the current directory."""
+    todo, here, entries = list(reversed(os.path.join(os.getcwd(), path).split("/"))), "/", []
+    while todo:  # the names still to walk, the next one last
+        name = todo.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            here = os.path.dirname(here)
+            continue
+        entry = os.path.join(here, name)
+        entries.append(entry)
+        try:
+            target = os.readlink(entry) if hops and os.path.islink(entry) else None
+        except OSError:
+            target = None
+        if target is None:
+            here = entry
+        else:
+            hops -= 1
+            here = "/" if target.startswith("/") else here
+            todo += reversed(target.split("/"))
+    return entries
 
 
 def sample_workdir():
@@ -5749,6 +5837,7 @@ def make_client(config, limits, otel=False, workdir=None):
 
 
 ANTHROPIC_HOST = "api.anthropic.com"  # the SDK's default server, which prices are for
+ANTHROPIC_URL = f"https://{ANTHROPIC_HOST}"  # that server as a transcript records it
 
 
 def server_url(url):
@@ -5855,6 +5944,12 @@ def main(argv=None, client=None, stdin=None):
         if session is not None and model != (args.model or config["ANTHROPIC_MODEL"] or
                                              DEFAULT_MODEL):
             taken["--model ID"] = ("model", model, "")
+        made_with = session.get("base_url") if session is not None else server
+        made_with = (server_url(made_with) or made_with) if is_str(made_with) else None
+        made_with, going_to = made_with or ANTHROPIC_URL, server or ANTHROPIC_URL
+        if made_with != going_to:  # its whole history goes to this server: the user says so
+            taken["ANTHROPIC_BASE_URL (or answer y)"] = (  # one line, its URL fitted to it
+                "server", made_with, f" (its history would now go to {visible(going_to)})")
         if prompt:
             taken["--system-prompt FILE"] = ("system prompt", prompt,
                                              f" ({len(prompt):,} characters)")
@@ -6024,6 +6119,25 @@ def print_document(document):
     to_stdout(for_terminal(dump(document)))
 
 
+@contextlib.contextmanager
+def answer_screen(stdin):
+    """Where a question is asked: stderr, or, when stderr is not a terminal but the answer
+    comes from one (`2>log` on a terminal), that terminal (/dev/tty): a question written into
+    the log would leave the run waiting for an answer no one knows is asked."""
+    screen = None
+    try:
+        if stdin.isatty() and not sys.stderr.isatty():
+            screen = open("/dev/tty", "w", encoding="utf-8", errors="replace")
+    except (OSError, ValueError, AttributeError):  # no controlling terminal: stderr it is
+        screen = None
+    try:
+        yield screen
+    finally:
+        if screen:
+            with contextlib.suppress(OSError):
+                screen.close()
+
+
 def to_stderr(text, stream=None):
     """Text on stderr (or `stream`); True if it could be written. A reader that went away
     (`2>&1 | head`) ends the progress, not the run: what is left goes nowhere."""
@@ -6056,6 +6170,6 @@ def to_stdout(data):
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, on_stop_signal)
-    signal.signal(signal.SIGINT, on_stop_signal)
+    for stop_signal in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: the terminal
+        signal.signal(stop_signal, on_stop_signal)  # closed or ssh dropped; the run is kept
     sys.exit(main())

@@ -17,7 +17,7 @@ import pytest
 
 import agent
 import fakes
-from helpers import AGENT, loopback, schema_errors, tool_context
+from helpers import AGENT, kept_by_the_tests, loopback, schema_errors, tool_context
 
 
 @pytest.fixture(autouse=True)
@@ -73,19 +73,13 @@ def real_runs():
 @pytest.fixture(scope="session", autouse=True)
 def nothing_kept_in_the_real_home(tmp_path_factory):
     """No test leaves a kept run in the real home. What agent.py keeps there while the tests
-    run may be the user's own (or, on a shared machine, another session's) runs: a file counts
-    as the tests' if it names this session's temporary directory or this checkout, where every
-    test's workdir and current directory are."""
-    before, marks = real_runs(), (str(tmp_path_factory.getbasetemp()), str(AGENT.parent))
-
-    def tests(path):
-        try:
-            return any(mark.encode() in path.read_bytes() for mark in marks)
-        except OSError:  # replaced or removed meanwhile: not a run the tests left
-            return False
+    run may be the user's own (or, on a shared machine, another session's) runs, even README's
+    `--workdir workspace` in this checkout: a new or changed file counts as the tests' only if
+    a workdir it records lies in this session's temporary directory (kept_by_the_tests)."""
+    before, basetemp = real_runs(), tmp_path_factory.getbasetemp()
     yield
     left = sorted(str(p) for p, changed in real_runs().items()
-                  if before.get(p) != changed and tests(p))
+                  if before.get(p) != changed and kept_by_the_tests(p, basetemp))
     assert not left, f"tests kept runs in the real home: {left[:5]}"
 
 

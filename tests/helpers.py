@@ -274,3 +274,27 @@ def budget_stopped(capsys, workdir, path):
     code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--token-budget", "1000",
                                   "--transcript", str(path)], client)
     assert code == 4
+
+
+def kept_by_the_tests(path, basetemp):
+    """True if the kept run at `path` is one the tests made: what the real-home check in
+    conftest.py blames. The user's own runs, made while the suite runs, are not blamed:
+    every test's workdir lies under the session's basetemp; a kept file counts if a workdir it
+    records does (or, half-written and not yet JSON, if it names basetemp at all)."""
+    base = os.path.realpath(basetemp)
+    try:
+        data = path.read_bytes()
+    except OSError:  # replaced or removed meanwhile: not a run the tests left
+        return False
+    try:
+        todo, workdirs = [json.loads(data)], []
+    except ValueError:
+        return base.encode() in data
+    while todo:
+        item = todo.pop()
+        if isinstance(item, dict):
+            workdirs += [v for k, v in item.items() if k == "workdir" and isinstance(v, str)]
+            todo += item.values()
+        elif isinstance(item, list):
+            todo += item
+    return any(Path(os.path.realpath(w)).is_relative_to(base) for w in workdirs)

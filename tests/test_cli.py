@@ -4,6 +4,7 @@ import io
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -643,7 +644,8 @@ def test_subprocess_end_to_end(request, workdir, tmp_path, agent_copy):
         assert "top secret" not in refused["content"]
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
+                         ids=["ctrl-c", "sigterm", "sighup"])  # SIGHUP: a closed terminal
 def test_subprocess_ctrl_c_kills_the_tool_and_keeps_the_transcript(request, workdir, tmp_path,
                                                                    signum, agent_copy):
     code = ("import os, subprocess, time\n"
@@ -821,3 +823,98 @@ def test_an_older_python_gets_one_line_naming_the_version_needed(python, workdir
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.startswith("agent.py: needs Python 3.11 or newer") and \
         len(done.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("link", ["agent.py", "its directory"])
+def test_a_workdir_holding_the_symlink_agent_py_was_started_through_is_refused(
+        request, tmp_path, agent_copy, link):
+    """The attack of finding 55: agent.py is started through a symlink that lies in the
+    workdir (the link itself, or a linked directory on the way). The model's sandboxed code
+    may replace any name in the workdir: were the run allowed, it would swap the symlink for
+    its own agent.py, and the next run would execute that, unconfined and with the key."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if link == "agent.py":
+        started = bin_dir / "agent.py"
+        started.symlink_to(agent_copy)
+    else:
+        (bin_dir / "tool").symlink_to(agent_copy.parent)
+        started = bin_dir / "tool" / "agent.py"
+    replaced = started.parent if link == "agent.py" else bin_dir
+    attack = ("import os, shutil\n"
+              + ("os.remove('agent.py')\nopen('agent.py', 'w').write('print(42)\\n')\n"
+                 if link == "agent.py" else
+                 "os.remove('tool')\nos.mkdir('tool')\n"
+                 "open('tool/agent.py', 'w').write('print(42)\\n')\n")
+              + "print('done')")
+    api = serve(request, reply(tool_use("run_python", {"code": attack})), reply(text("ok")))
+    done = run_agent_py(started, "q", "--workdir", bin_dir, "--yes", "--no-keep",
+                        env=agent_env(api), stdin=subprocess.DEVNULL, timeout=60)
+    assert done.returncode == 2 and api.requests == [], done.stderr  # refused before sending
+    assert done.stderr.startswith(f"agent.py: --workdir {bin_dir} holds agent.py ("), done.stderr
+    assert started.resolve() == agent_copy.resolve()  # the symlink still leads to agent.py
+    again = run_agent_py(started, "--version", env=agent_env(), timeout=30)
+    assert again.stdout.strip() != "42" and again.stdout.startswith("agent.py"), again.stdout
+    assert replaced.is_dir()
+
+
+def test_a_workdir_holding_the_interpreter_or_venv_as_given_is_refused(capsys, tmp_path,
+                                                                        monkeypatch):
+    """sys.executable and the venv as given, not only where they resolve: a venv whose python
+    is a symlink into the workdir, or a venv directory reached through one."""
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    (workdir / "python").symlink_to(os.path.realpath(sys.executable))
+    monkeypatch.setattr(sys, "executable", str(workdir / "python"))
+    client = FakeClient()
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)], client)
+    assert (code, client.requests) == (2, []) and "holds the Python interpreter" in err, err
+
+
+def test_with_stderr_in_a_file_the_approval_question_is_asked_on_the_terminal(
+        request, workdir, tmp_path, agent_copy):
+    """`2>log` on a terminal (finding 63): the question goes to the terminal the answer comes
+    from, not into the log, and the run goes on with the answer given there."""
+    import fcntl
+    import pty
+    import termios
+    api = serve(request, reply(tool_use("run_python", {"code": "print(6 * 7)"})),
+                reply(text("The answer is 42.")))
+    main, screen = pty.openpty()
+
+    def own_terminal():  # the pty is the run's controlling terminal, as a shell's would be
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    with open(tmp_path / "log", "w") as log:
+        proc = subprocess.Popen([sys.executable, str(agent_copy), "q", "--workdir", str(workdir)],
+                                stdin=screen, stdout=subprocess.PIPE, stderr=log,
+                                env=agent_env(api), preexec_fn=own_terminal)
+    os.close(screen)
+    drawn, deadline = b"", time.monotonic() + 60
+    while b"[y/N]" not in drawn and time.monotonic() < deadline and proc.poll() is None:
+        drawn += os.read(main, 65536) if select.select([main], [], [], 0.2)[0] else b""
+    os.write(main, b"y\n")
+    out = proc.communicate(timeout=60)[0]
+    os.close(main)
+    logged = (tmp_path / "log").read_text()
+    assert b"--- run it? [y/N] " in drawn and b"print(6 * 7)" in drawn, (drawn, logged)
+    assert "[y/N]" not in logged and "run_python" in logged and "stop: end_turn" in logged
+    assert proc.returncode == 0 and out == b"The answer is 42.\n"
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--work", "workspace", "q"], "unrecognized arguments: --work (did you mean --workdir?)"),
+    (["--dir", "workspace", "q"], "unrecognized arguments: --dir (did you mean --workdir?)"),
+    (["-c", "workspace", "q"], "unrecognized arguments: -c (did you mean -C?)"),
+    (["q", "--max-turn", "3"], "unrecognized arguments: --max-turn (did you mean --max-turns?)"),
+    (["q", "--frobnicate"], "unrecognized arguments: --frobnicate (see --help)"),
+])
+def test_a_mistyped_flag_is_named_alone_with_the_flag_meant(capsys, argv, line):
+    """`--work workspace q` (finding 60): argparse took `workspace` as the question; the line
+    names the mistyped flag and the flag most like it, not the real question."""
+    client = FakeClient()
+    code, out, err = run_cli(capsys, argv, client)
+    assert (code, out, client.requests) == (2, "", [])
+    assert err.startswith(f"agent.py: {line}") and len(err.splitlines()) == 1, err
+    assert " q" not in err.split("unrecognized arguments:")[1], err

@@ -375,3 +375,28 @@ def test_a_state_directory_reached_through_another_users_symlink_is_refused(caps
     assert code == 0 and out == "42\n" and run is None and list(theirs.iterdir()) == []
     assert f"note: this run is not kept: the kept runs {link}/agent.py: {link} is a " \
            f"symlink that another user (uid {nobody.pw_uid}) made" in err
+
+
+def test_the_real_home_check_blames_only_the_tests_runs(capsys, workdir, tmp_path_factory):
+    """A user's README run (`--workdir workspace` in this checkout), kept while the suite runs,
+    is theirs: the session's check that no test kept a run in the real home must not blame it
+    (finding 43); a run whose workdir is the tests' own is blamed."""
+    from helpers import AGENT, kept_by_the_tests
+    _, _, err, mine = ask(capsys, workdir)
+    _, _, err, users = ask(capsys, AGENT.parent / "workspace", "42", "--model", "claude-haiku-5-5")
+    basetemp = tmp_path_factory.getbasetemp()
+    assert kept_by_the_tests(runs() / f"{mine}.json", basetemp)
+    assert not kept_by_the_tests(runs() / f"{users}.json", basetemp), err
+    assert not kept_by_the_tests(runs() / "gone.json", basetemp)
+
+
+def test_a_missing_home_is_not_made_to_keep_a_run(capsys, workdir, tmp_path, monkeypatch):
+    """Service accounts have HOME=/nonexistent on purpose (finding 52): the run goes on, is
+    not kept, says why, and no home directory is made."""
+    home = tmp_path / "nonexistent-home"
+    monkeypatch.delenv("XDG_STATE_HOME")
+    monkeypatch.setenv("HOME", str(home))
+    code, out, err, run = ask(capsys, workdir)
+    assert (code, out, run) == (0, "42\n", None), err
+    assert f"note: this run is not kept: the home directory {home} does not exist" in err, err
+    assert not home.exists()

@@ -94,7 +94,7 @@ def test_the_server_a_run_talked_to_is_recorded_without_credentials(capsys, work
     assert "s3cret" not in path.read_text() and "sk-in-query" not in path.read_text()
     monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:9")  # resumed elsewhere
     code, _, _ = run_cli(capsys, ["--resume", str(path), "more", "--workdir", str(workdir)],
-                         client)
+                         client, stdin="y\n")  # agreed to: its history goes elsewhere
     assert code == 0 and json.loads(path.read_text())["base_url"] == "http://127.0.0.1:9"
 
 
@@ -778,6 +778,37 @@ def test_resume_takes_the_transcripts_model_only_if_the_user_agrees(capsys, work
     assert json.loads(path.read_text())["model"] == "claude-sonnet-5-5"
 
 
+@pytest.mark.parametrize("recorded", ["http://127.0.0.1:8765", None])
+def test_resume_sends_its_history_to_another_server_only_if_the_user_agrees(
+        capsys, workdir, tmp_path, monkeypatch, recorded):
+    """A run made against one server (or Anthropic's API: no base_url), resumed where
+    ANTHROPIC_BASE_URL names another: its whole history would go there. --yes is not
+    agreement; no answer is a no; the same server asks nothing."""
+    path = tmp_path / "run.json"
+    budget_stopped(capsys, workdir, path)
+    saved = json.loads(path.read_text())
+    saved.pop("base_url", None)
+    if recorded:
+        saved["base_url"] = recorded
+    path.write_text(json.dumps(saved))
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:8767")
+    given = ["--resume", str(path), "more", "--workdir", str(workdir), "--yes"]
+    client = FakeClient()
+    code, _, err = run_cli(capsys, given, client, stdin="")  # no answer: not resumed
+    shown = recorded or "https://api.anthropic.com"
+    assert (code, client.requests) == (2, []), err
+    assert f'  server "{shown}" (its history would now go to http://127.0.0.1:8767)\n' in err
+    assert err.rstrip().endswith("not resumed: give ANTHROPIC_BASE_URL (or answer y) to say how "
+                                 f"{path} goes on"), err
+    client = FakeClient(reply(text("a")))
+    code, _, err = run_cli(capsys, given, client, stdin="y\n")
+    assert code == 0 and len(client.requests) == 1
+    assert json.loads(path.read_text())["base_url"] == "http://127.0.0.1:8767"
+    client = FakeClient(reply(text("b")))  # now made with this server: nothing to ask
+    code, _, err = run_cli(capsys, given, client, stdin="")
+    assert code == 0 and len(client.requests) == 1 and "[y/N]" not in err, err
+
+
 def test_resume_of_a_finished_transcript_needs_a_question(capsys, workdir, tmp_path):
     path = tmp_path / "run.json"
     run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
@@ -1097,3 +1128,39 @@ def test_a_forged_transcript_is_a_usage_error_with_nothing_sent(capsys, workdir,
         code, out, err = run_cli(capsys, argv, client)
         assert (code, out, client.requests) == (2, "", []) and says in err, err
         assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", ["/dev/stdout", "/proc/self/fd/1"])
+def test_a_named_stdout_or_stderr_is_the_fd_even_when_it_is_a_file(request, workdir, tmp_path,
+                                                                  agent_copy, name):
+    """`-o /dev/stdout > r.html` and `--events /dev/stderr 2> ev` (findings 9, 65): a user
+    naming /dev/stdout, /dev/stderr, /dev/fd/N means agent.py's own descriptor, which the
+    shell opened; written through it whether it is a pipe, a terminal or a file."""
+    example = Path(agent.__file__).parent / "workspace" / "example-run.json"
+    with open(tmp_path / "r.html", "w") as page:
+        done = subprocess.run([sys.executable, str(agent_copy), "--report", str(example), "-o",
+                               name], stdout=page, stderr=subprocess.PIPE, text=True,
+                              env=agent_env(), timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "r.html").read_text().startswith("<!doctype html>")
+    api = serve(request, reply(text("done")))
+    with open(tmp_path / "ev", "w") as ev:
+        done = subprocess.run([sys.executable, str(agent_copy), "q", "--workdir", str(workdir),
+                               "--events", name.replace("stdout", "stderr").replace("/1", "/2")],
+                              stdout=subprocess.PIPE, stderr=ev, text=True,
+                              env=agent_env(api), timeout=60)
+    assert done.returncode == 0 and done.stdout == "done\n", (tmp_path / "ev").read_text()
+    events = [json.loads(line) for line in (tmp_path / "ev").read_text().splitlines()
+              if line.startswith("{")]
+    assert events[0]["type"] == "run.start" and events[-1]["type"] == "run.stop"
+
+
+@pytest.mark.parametrize("name", ["/dev/null", "/dev/stdout"])
+def test_a_transcript_onto_a_device_says_why_and_what_to_give(capsys, workdir, name):
+    """A transcript is rewritten whole after every turn, so it only ever replaces a regular
+    file: /dev/null or /dev/stdout is refused before anything is sent, saying what works."""
+    client = FakeClient(reply(text("done")))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", name], client)
+    assert (code, client.requests) == (2, []), err
+    assert err.count("\n") == 1 and "rewritten after every turn" in err and \
+        "--transcript -" in err and "--no-keep" in err, err
