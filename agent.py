@@ -5979,6 +5979,11 @@ def main(argv=None, client=None, stdin=None):
             check_distinct([("--transcript", output)] * bool(output)
                            + [("--events", events_out)] * bool(events_out),
                            [("--replay", args.replay)])
+        if args.system_prompt:  # read once at the start: an output on it would replace it
+            check_distinct([("--transcript", output)] * bool(output)
+                           + [("--events", events_out)] * bool(events_out)
+                           + [(f"trial {i}'s transcript", o) for i, o in trial_outputs.items()],
+                           [("--system-prompt", args.system_prompt)])
         if args.budget_usd is not None and base_model(model) not in PRICING:
             raise UsageError(f"--budget-usd needs a known price, and {model} is not in the "
                              "pricing table")

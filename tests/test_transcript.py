@@ -294,6 +294,9 @@ def test_events_go_through_a_pipe_someone_reads(capsys, workdir, tmp_path, node)
     ["--events", "{p}", "--transcript", "{p}"],
     ["--events", "{dir}/run.1.json", "--transcript", "{dir}/run.json", "--trials", "2"],
     ["--events", "{p}", "--resume", "{p}"],
+    ["--system-prompt", "{p}", "--transcript", "{p}"],  # before: the prompt file replaced
+    ["--system-prompt", "{p}", "--events", "{p}"],
+    ["--system-prompt", "{dir}/run.1.json", "--transcript", "{p}", "--trials", "2"],
 ])
 def test_two_outputs_on_one_file_are_refused_and_nothing_is_lost(capsys, workdir, tmp_path,
                                                                  flags):
