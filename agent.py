@@ -4423,6 +4423,26 @@ class Execution:
     oom: bool = False  # the call went over its memory cap and the kernel killed a process
 
 
+def call_parent():
+    """Where a call's directory is made: the temp directory, if no other user can rename what
+    is in it or in a directory above it. Where one could (open to others without the sticky
+    bit, or another user's), they could swap the call's directory for their own and plant its
+    main.py as a symlink, and the approved script would be written wherever that led."""
+    parent, me = Path(os.path.realpath(tempfile.gettempdir())), os.geteuid()
+    for directory in (parent, *parent.parents):
+        there = os.stat(directory)
+        if there.st_uid not in (me, 0):
+            why = f"{directory} belongs to another user (uid {there.st_uid})"
+        elif there.st_mode & 0o022 and not there.st_mode & stat.S_ISVTX:
+            why = f"{directory} can be written by others and has no sticky bit"
+        else:
+            continue
+        raise ToolError(f"the call's directory would be made in {parent}, but {why}, who could "
+                        "swap it for their own: set TMPDIR to a directory of yours that no other "
+                        "user can write (or /tmp, whose sticky bit stops that); nothing was run")
+    return str(parent)
+
+
 class Call:
     """One run_python call: its directory, cgroup, Landlock ruleset and keeper."""
 
@@ -4430,7 +4450,7 @@ class Call:
         self.box, self.cgroups, self.ruleset, self.keeper_end, self.agent_end = \
             box, [], -1, -1, None
         self.rlimits = box.rlimits  # worked out here: enter() runs in the forked child
-        self.root = tempfile.mkdtemp(prefix="agent-call-")  # 0700: no other user looks in
+        self.root = tempfile.mkdtemp(prefix="agent-call-", dir=call_parent())  # 0700
         try:  # from here on, whatever happens (Ctrl-C included), nothing is left behind
             self.script = os.path.join(self.root, "main.py")  # the child may read, not change it
             self.scratch = os.path.join(self.root, "scratch")  # a capped tmpfs, where mounts work
