@@ -2025,6 +2025,12 @@ def transcript_problem(session):
                         f"{block_problem(b, m['role'])}")
             if b["type"] == "tool_result" and (m["role"] != "user" or b["tool_use_id"] not in asked):
                 return f"messages[{i}].content[{j}] answers a tool_use that is not just before it"
+            if b["type"] == "text" and not b["text"] or b["type"] == "tool_result" and not (
+                    isinstance(b.get("content", ""), str) or isinstance(b["content"], list) and all(
+                        isinstance(x, dict) and x.get("type") in ("text", "image")
+                        for x in b["content"])):  # what the API would refuse, never sent
+                return (f"messages[{i}].content[{j}] is an empty text, or a tool_result whose "
+                        "content is neither text nor a list of blocks")
         answered = {b.get("tool_use_id") for b in m["content"] if b["type"] == "tool_result"}
         if asked - answered:
             return f"messages[{i}] leaves tool_use {sorted(asked - answered)[0]} unanswered"
@@ -2041,7 +2047,7 @@ def transcript_problem(session):
         if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(
                 c.get("id"), str) for c in calls):
             return f"turns[{i}].tool_calls is not a list of tool calls with their ids"
-        if not isinstance(t.get("prompt_tokens", 0), (int, type(None))):
+        if not is_count(t.get("prompt_tokens", 0)):
             return f"turns[{i}].prompt_tokens is not a count"
     replies = sum(m["role"] == "assistant" for m in session["messages"])
     kept = sum(t.get("in_history") is not False for t in session["turns"])
@@ -2285,8 +2291,10 @@ def open_runs(create=False):
         if home and not home.is_dir():  # HOME=/nonexistent, as service accounts have on purpose
             raise UsageError(f"the home directory {home} does not exist, and agent.py makes "
                              "none: set XDG_STATE_HOME to keep runs elsewhere, or --no-keep")
-        os.makedirs(path.parent.parent, mode=0o700, exist_ok=True)
     where = real_directory(path.parent, "the kept runs")  # no other user's symlink on the way
+    if create:  # made where that check led, before anything is made: never through such a link
+        os.makedirs(where, mode=0o700, exist_ok=True)
+        where = real_directory(path.parent, "the kept runs")
     fd = open_directory(where)
     try:
         for name in (path.parent.name, path.name):
@@ -3273,24 +3281,33 @@ def export_atif(path, output):
     extension; "-" for stdout, one trajectory a line). Returns the paths written."""
     document, length = read_document(path, "--export", sized=True)
     kind = document_kind(document)
+
+    def made(flag, source, read=None):
+        """One trajectory, made from its transcript's file, within its cap."""
+        transcript, size_ = read or read_document(source, flag, sized=True)
+        made_ = dump(trajectory(checked_transcript(transcript, source, "export")))
+        if len(made_) > output_cap(size_):
+            raise oversize(flag, source, size_, "a trajectory")
+        return made_
+
     if kind == "a transcript":
         indexes, inputs = None, [("--export", path)]
-        sessions, lengths = [checked_transcript(document, path, "export")], [length]
+        trajectories = [made("--export", path, (document, length))]
     elif kind == "a trials summary":
         indexes = trial_indexes(path, document)
-        inputs = [(f"trial {i}'s transcript", trial_path(path, i)) for i in indexes]
-        read = [read_document(p, flag, sized=True) for flag, p in inputs]
-        sessions = [checked_transcript(d, p, "export") for (d, _), (_, p) in zip(read, inputs)]
-        lengths = [n for _, n in read]
-        inputs.append(("--export", path))
+        inputs, seen = [(f"trial {i}'s transcript", trial_path(path, i)) for i in indexes], {}
+        for flag, source in inputs:  # N names of one file would pass its cap N times
+            if file_identity(source) in seen:
+                raise UsageError(f"--export {path}: {flag} {source} is the same file as "
+                                 f"{seen[file_identity(source)]}: each trial has its own")
+            seen[file_identity(source)] = flag
+        for flag, source in inputs:  # all checked before anything is written, one at a time
+            made(flag, source)
+        trajectories = (made(flag, source) for flag, source in list(inputs))  # then made again:
+        inputs.append(("--export", path))  # what is held is one trial's, however many there are
     else:
         raise UsageError(f"--export {path} is {kind}; it exports a transcript or a trials "
                          "summary")
-    trajectories = []
-    for session, length, (flag, source) in zip(sessions, lengths, inputs):
-        trajectories.append(dump(trajectory(session)))
-        if len(trajectories[-1]) > output_cap(length):
-            raise oversize(flag, source, length, "a trajectory")
     if output == "-":
         for t in trajectories:
             to_stdout(for_terminal(t))
@@ -3497,7 +3514,7 @@ class Telemetry:
             os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
         try:
             from opentelemetry.sdk.resources import Resource
-            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace import SpanLimits, TracerProvider
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
             if protocol == "grpc":
                 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
@@ -3518,7 +3535,14 @@ class Telemetry:
         heard.handlers, heard.propagate = [exporter], False
         resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME")
                                     or "agent.py", "service.version": AGENT_VERSION})
-        provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+        try:  # value lengths are cut at the door, after redaction (redacted_span), not the SDK
+            limits = SpanLimits()  # the user's, from the OTEL_*_LIMIT variables
+        except ValueError as e:
+            raise UsageError(f"--otel: {e}")
+        exporter.lengths = (limits.max_span_attribute_length, limits.max_attribute_length)
+        provider = TracerProvider(resource=resource, shutdown_on_exit=False,
+                                  span_limits=SpanLimits(max_attribute_length=SpanLimits.UNSET,
+                                                         max_span_attribute_length=SpanLimits.UNSET))
         provider.add_span_processor(BatchSpanProcessor(exporter))
         capture = os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "")
         content = capture.strip().upper() in ("TRUE", "SPAN_ONLY", "SPAN_AND_EVENT")
@@ -3674,10 +3698,12 @@ class Counted(logging.Handler):
     def __init__(self, exporter):
         super().__init__(logging.WARNING)
         self.inner, self.sent, self.why, self.where = exporter, 0, None, None
+        self.lengths = (None, None)  # the user's OTEL_*_VALUE_LENGTH_LIMIT: span's, others'
 
     def export(self, spans):
         try:
-            result = self.inner.export([redacted_span(s) for s in spans] if SECRETS else spans)
+            result = self.inner.export([redacted_span(s, *self.lengths) for s in spans]
+                                       if SECRETS or any(self.lengths) else spans)
         except CollectorError as e:
             result, self.why = None, str(e)
         except Exception as e:
@@ -3698,22 +3724,27 @@ class Counted(logging.Handler):
         return True
 
 
-def redacted_span(span):
+def redacted_span(span, length=None, others=None):
     """A finished span as it may leave: a copy with every string in it redacted (its name, its
     attributes, its events' and links' attributes, its status), so no attribute an error's text
-    or a server's header filled, with content capture on or off, carries a secret."""
+    or a server's header filled, with content capture on or off, carries a secret. The user's
+    limit on an attribute value's length (`length` for the span's, `others` for its events'
+    and links') is applied here, by shorten, after redaction: the SDK, cutting a value when it
+    is set, would leave a prefix of a secret that redact could not find."""
     from opentelemetry.sdk.trace import Event, ReadableSpan
     from opentelemetry.trace import Link, Status
 
-    def scrub(attributes):
-        return {redact(k): redact(v) if isinstance(v, str) else tuple(
-            redact(x) if isinstance(x, str) else x for x in v) if isinstance(v, (tuple, list))
+    def scrub(attributes, width=others):
+        def cut(text):
+            return redact(text) if width is None else shorten(text, width) if width else ""
+        return {redact(k): cut(v) if isinstance(v, str) else tuple(
+            cut(x) if isinstance(x, str) else x for x in v) if isinstance(v, (tuple, list))
             else v for k, v in (attributes or {}).items()}
 
     status = span.status
     return ReadableSpan(
         name=redact(span.name), context=span.context, parent=span.parent,
-        resource=span.resource, attributes=scrub(span.attributes), kind=span.kind,
+        resource=span.resource, attributes=scrub(span.attributes, length), kind=span.kind,
         events=[Event(redact(e.name), scrub(e.attributes), e.timestamp) for e in span.events],
         links=[Link(link.context, scrub(link.attributes)) for link in span.links],
         status=Status(status.status_code, status.description and redact(status.description)),
@@ -4481,6 +4512,26 @@ class Execution:
     oom: bool = False  # the call went over its memory cap and the kernel killed a process
 
 
+def call_parent():
+    """Where a call's directory is made: the temp directory, if no other user can rename what
+    is in it or in a directory above it. Where one could (open to others without the sticky
+    bit, or another user's), they could swap the call's directory for their own and plant its
+    main.py as a symlink, and the approved script would be written wherever that led."""
+    parent, me = Path(os.path.realpath(tempfile.gettempdir())), os.geteuid()
+    for directory in (parent, *parent.parents):
+        there = os.stat(directory)
+        if there.st_uid not in (me, 0):
+            why = f"{directory} belongs to another user (uid {there.st_uid})"
+        elif there.st_mode & 0o022 and not there.st_mode & stat.S_ISVTX:
+            why = f"{directory} can be written by others and has no sticky bit"
+        else:
+            continue
+        raise ToolError(f"the call's directory would be made in {parent}, but {why}, who could "
+                        "swap it for their own: set TMPDIR to a directory of yours that no other "
+                        "user can write (or /tmp, whose sticky bit stops that); nothing was run")
+    return str(parent)
+
+
 class Call:
     """One run_python call: its directory, cgroup, Landlock ruleset and keeper."""
 
@@ -4488,7 +4539,7 @@ class Call:
         self.box, self.cgroups, self.ruleset, self.keeper_end, self.agent_end = \
             box, [], -1, -1, None
         self.rlimits = box.rlimits  # worked out here: enter() runs in the forked child
-        self.root = tempfile.mkdtemp(prefix="agent-call-")  # 0700: no other user looks in
+        self.root = tempfile.mkdtemp(prefix="agent-call-", dir=call_parent())  # 0700
         try:  # from here on, whatever happens (Ctrl-C included), nothing is left behind
             self.script = os.path.join(self.root, "main.py")  # the child may read, not change it
             self.scratch = os.path.join(self.root, "scratch")  # a capped tmpfs, where mounts work
@@ -5815,7 +5866,7 @@ def learn_secrets():
     """Fill SECRETS, which every writer redacts (redact): the API key, from the environment and
     from the .env beside agent.py (if it counts), in every mode, whether or not this run uses
     it: a --replay sends nothing, yet what it writes must hold the key no more than a live
-    run's output does."""
+    run's output does. True if a key was too short to redact."""
     keys = [os.environ.get("ANTHROPIC_API_KEY")]
     text = read_dotenv(dotenv_path(), None, None)
     if text:
@@ -5826,6 +5877,7 @@ def learn_secrets():
         except ImportError:  # load_config says what to install, if the run needs the file
             pass
     SECRETS.update(k for k in keys if k and len(k) >= 8)  # a shorter one would redact words
+    return any(k and len(k) < 8 for k in keys)  # so the user is told it is not redacted
 
 
 def read_dotenv(path, workdir, report):
@@ -5995,7 +6047,10 @@ def main(argv=None, client=None, stdin=None):
         if args.schema:
             to_stdout(json.dumps(SCHEMAS[args.schema], indent=2))
             return 0
-        learn_secrets()  # before any file is read: whatever it holds, the key is never written
+        if learn_secrets():  # before any file is read: whatever it holds, the key is never written
+            report.line("note: the API key is shorter than 8 characters, too short to redact "
+                        "without hiding ordinary words: agent.py cannot keep it out of what it "
+                        "writes (a server's error that echoes it, say)", always=True)
         if args.report:
             args.report = kept_run(args.report, "--report", report)
             for written in write_report(args.report, args.output):
@@ -6105,6 +6160,11 @@ def main(argv=None, client=None, stdin=None):
             check_distinct([("--transcript", output)] * bool(output)
                            + [("--events", events_out)] * bool(events_out),
                            [("--replay", args.replay)])
+        if args.system_prompt:  # read once at the start: an output on it would replace it
+            check_distinct([("--transcript", output)] * bool(output)
+                           + [("--events", events_out)] * bool(events_out)
+                           + [(f"trial {i}'s transcript", o) for i, o in trial_outputs.items()],
+                           [("--system-prompt", args.system_prompt)])
         if args.budget_usd is not None and base_model(model) not in PRICING:
             raise UsageError(f"--budget-usd needs a known price, and {model} is not in the "
                              "pricing table")

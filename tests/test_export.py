@@ -12,7 +12,8 @@ import pytest
 
 import agent
 from fakes import FakeAPIError, FakeClient, reply, text, tool_use
-from helpers import budget_stopped, lone_surrogates, run_cli, surrogate_run, with_lone_surrogates
+from helpers import (budget_stopped, lone_surrogates, measured, run_cli, surrogate_run,
+                     with_lone_surrogates)
 
 THINKING = {"type": "thinking", "thinking": "Read both files, then compute.",
             "signature": "c2lnbmF0dXJl"}
@@ -358,6 +359,40 @@ def test_the_output_never_replaces_the_input_a_link_or_a_directory(capsys, workd
         assert code == 2 and fragment in err and err.count("\n") == 1, err
     assert source.read_bytes() == kept and (tmp_path / "other.json").read_text() == "keep"
     assert not (tmp_path / "run.atif.json").exists()
+
+
+def many_trials(capsys, workdir, tmp_path, n, link):
+    """A trials summary naming `n` trials, each transcript a turn of 5,000 tool calls (about
+    2 MB): copies of one, or (`link`) hard links of one, as unpacking a small archive gives."""
+    summary = tmp_path / "trials.json"
+    calls = [tool_use("read_file", {"path": "notes.md"}) for _ in range(5000)]
+    run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "1", "--transcript",
+                     str(summary)], FakeClient(reply(*calls), reply(text("done"))))
+    document = json.loads(summary.read_text())
+    document["trials"] = [dict(document["trials"][0], index=i) for i in range(1, n + 1)]
+    summary.write_text(json.dumps(document))
+    for i in range(2, n + 1):
+        (os.link if link else shutil.copy)(tmp_path / "trials.1.json", tmp_path / f"trials.{i}.json")
+    return summary
+
+
+def test_trials_whose_transcripts_are_one_file_are_refused(capsys, workdir, tmp_path):
+    """30 trials whose transcripts are hard links of one file: before, the export read and
+    wrote it 30 times (the cap, per file, passed 30 times: the red team's 300 links of a
+    3.1 MB file made 903 MB at 1.9 GB of memory). Now one line, exit 2, nothing written."""
+    summary = many_trials(capsys, workdir, tmp_path, 30, link=True)
+    code, out, err = run_cli(capsys, ["--export", "atif", str(summary)])
+    assert (code, out) == (2, "") and "is the same file as trial 1's" in err, err
+    assert len(err.strip().splitlines()) == 1 and not list(tmp_path.glob("*.atif*"))
+
+
+def test_a_trials_export_holds_one_trial_at_a_time(capsys, workdir, tmp_path, agent_copy):
+    """20 trials of about 2 MB each: before, every trial's document and trajectory was held until
+    the last was made; now one at a time, so the peak is that of one trial."""
+    summary = many_trials(capsys, workdir, tmp_path, 20, link=False)
+    code, err, rss, _ = measured(agent_copy, "--export", "atif", summary, cwd=tmp_path)
+    assert code == 0 and len(list(tmp_path.glob("trials.atif.*.json"))) == 20, err
+    assert rss < 100, rss  # MiB: 234 before
 
 
 def test_a_trials_export_never_writes_over_a_trials_transcript(capsys, workdir, tmp_path):

@@ -85,6 +85,20 @@ def test_the_key_is_redacted_from_every_route(capsys, workdir, tmp_path, monkeyp
 
 
 
+@pytest.mark.parametrize("key", ["Kx9#pQ2", "Kx9#pQ2z"])
+def test_a_key_too_short_to_redact_is_said_so(capsys, workdir, monkeypatch, key):
+    """A key shorter than 8 characters (a local server's --api-key, say) is not redacted: it
+    would hide ordinary words. Before, nothing said so and a server's echo of it went
+    everywhere; now the screen says, once, that it is not kept out of what agent.py writes.
+    A key of 8 is redacted, and nothing is said."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", key)
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir)],
+                             FakeClient(reply(text(f"your key is {key}."))))
+    short = len(key) < 8
+    assert code == 0 and (key in out) is short
+    assert err.count("shorter than 8 characters") == short, err
+
+
 def pieces(key, size=12):
     """Every run of `size` characters of the key: none may be written anywhere."""
     return {key[i:i + size] for i in range(len(key) - size + 1)}

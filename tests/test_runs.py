@@ -199,6 +199,29 @@ def test_a_state_directory_planted_as_a_symlink_is_refused(capsys, workdir, tmp_
                                 "runs only in a directory of its own\n"
 
 
+def test_nothing_is_made_through_another_users_symlink_on_the_state_path(capsys, workdir,
+                                                                          tmp_path, monkeypatch):
+    """XDG_STATE_HOME through a symlink `nobody` made (in a directory of nobody's), to a place
+    where the state directory does not exist yet: the run is not kept, and now nothing is made
+    there either. Before, the check came after os.makedirs, which followed nobody's link and
+    made the directories it named, as root."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a symlink that is nobody's")
+    nobody = pwd.getpwnam("nobody")
+    theirs, target = tmp_path / "theirs", tmp_path / "where-nobody-chose"
+    theirs.mkdir()
+    target.mkdir()
+    os.chown(theirs, nobody.pw_uid, nobody.pw_gid)
+    link = theirs / "link"
+    link.symlink_to(target)
+    os.lchown(link, nobody.pw_uid, nobody.pw_gid)
+    monkeypatch.setenv("XDG_STATE_HOME", str(link / "planted" / "state"))
+    code, out, err, run = ask(capsys, workdir, "42")
+    assert code == 0 and out == "42\n" and run is None
+    assert f"{link} is a symlink that another user (uid {nobody.pw_uid}) made" in err
+    assert list(target.iterdir()) == []  # nothing made through it
+
+
 def test_a_runs_directory_another_user_owns_or_can_write_is_refused(capsys, workdir):
     if os.geteuid() != 0:
         pytest.skip("needs root to give a directory to nobody")

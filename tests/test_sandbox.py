@@ -700,6 +700,48 @@ def test_a_file_name_that_is_not_utf8_survives_a_scripts_print(capsys, workdir):
     result["content"].encode("utf-8")  # valid text: no lone surrogate reaches the model
 
 
+@pytest.mark.parametrize("opened", ["open to all, no sticky bit", "another user's"])
+def test_a_call_is_made_nowhere_another_user_could_swap_it(box, workdir, tmp_path, monkeypatch,
+                                                            opened):
+    """Red-team F14: where TMPDIR is a directory another user can rename entries of, they swap
+    the call's directory for one whose main.py is a symlink, and the approved script is written
+    wherever it leads. The attacker here renames every call directory it sees and plants the
+    link; the call is refused, nothing is made there, and the victim file is as it was."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    if opened == "another user's":
+        os.chown(shared, 65534, 65534)  # nobody's, 0755: nobody alone may rename in it
+        shared.chmod(0o755)
+    else:
+        shared.chmod(0o777)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    monkeypatch.setattr(tempfile, "tempdir", str(shared))
+    done = threading.Event()
+
+    def attacker():
+        while not done.is_set():
+            for name in os.listdir(shared):
+                if name.startswith("agent-call-") and not name.endswith(".taken"):
+                    try:
+                        os.rename(shared / name, shared / f"{name}.taken")
+                        os.mkdir(shared / name)
+                        os.symlink(victim, shared / name / "main.py")
+                    except OSError:
+                        pass
+
+    thread = threading.Thread(target=attacker, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(agent.ToolError, match="set TMPDIR") as refused:
+            execute(box, workdir, "print('written where the link led')")
+    finally:
+        done.set()
+        thread.join()
+    assert str(shared) in str(refused.value)
+    assert os.listdir(shared) == [] and victim.read_text() == "precious"
+
+
 # --- bounded as a whole ---
 
 @needs_landlock

@@ -268,6 +268,32 @@ def test_nothing_a_collector_receives_carries_the_key(request, workdir, agent_co
     assert KEY not in done.stderr + done.stdout
 
 
+@pytest.mark.parametrize("limit", ["OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+                                   "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT"])
+def test_a_length_limit_on_attributes_leaves_no_piece_of_the_key(request, workdir, agent_copy,
+                                                                 limit):
+    """The user caps attribute values at 64 characters (a standard OTel setting); a server
+    echoes the key in a message id and a request-id header, 40 characters in, so that the cut
+    falls inside it. Before, the SDK cut each value when it was set, before agent.py redacted
+    the finished span, and the collector received 20 characters of the key. Now it receives
+    no piece of 12, and every value is still at most 64 characters."""
+    echoed = {"request-id": "req_" + "B" * 40 + KEY}
+    first = dict(reply(text("done")), id="msg_" + "B" * 40 + KEY, _headers=echoed)
+    api = serve(request, first, request_id=False)
+    env = agent_env(api, **otel_env("", **{limit: "64"}))
+    env["ANTHROPIC_API_KEY"] = KEY
+    with OTLPReceiver() as collector:
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = collector.endpoint
+        done = run_agent_py(agent_copy, "q", "--workdir", workdir, "--otel", timeout=60, env=env)
+        assert done.returncode == 0, done.stderr
+        got, sent = collector.spans(), b"".join(collector.bodies)
+    assert len(got) == 2, done.stderr  # the run and its chat
+    pieces = [KEY[i:i + 12] for i in range(len(KEY) - 11)]
+    assert [p for p in pieces if p.encode() in sent] == []
+    values = [v for _, span in got for v in attributes(span).values() if isinstance(v, str)]
+    assert values and max(len(v) for v in values) <= 64
+
+
 def test_a_redirecting_collector_gets_nothing_followed_and_its_spans_count_as_lost(
         request, workdir, agent_copy):
     api = serve(request, reply(text("done")))

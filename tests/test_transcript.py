@@ -294,6 +294,9 @@ def test_events_go_through_a_pipe_someone_reads(capsys, workdir, tmp_path, node)
     ["--events", "{p}", "--transcript", "{p}"],
     ["--events", "{dir}/run.1.json", "--transcript", "{dir}/run.json", "--trials", "2"],
     ["--events", "{p}", "--resume", "{p}"],
+    ["--system-prompt", "{p}", "--transcript", "{p}"],  # before: the prompt file replaced
+    ["--system-prompt", "{p}", "--events", "{p}"],
+    ["--system-prompt", "{dir}/run.1.json", "--transcript", "{p}", "--trials", "2"],
 ])
 def test_two_outputs_on_one_file_are_refused_and_nothing_is_lost(capsys, workdir, tmp_path,
                                                                  flags):
@@ -1115,6 +1118,15 @@ FORGERIES = {
     "cleared holds a list": lambda s: s.update(cleared=[[1]]),
     "tool call id an object": lambda s: s["turns"][0]["tool_calls"][0].update(id={}),
     "prompt tokens a string": lambda s: s["turns"][-1].update(prompt_tokens="9"),
+    # before, these three went to the server, which must refuse them (exit 1), or were a bug:
+    "text empty": lambda s: s["messages"][0]["content"][0].update(text=""),
+    "tool result content a number": lambda s: s["messages"][2]["content"][0].update(content=0),
+    "tool result content an object": lambda s: s["messages"][2]["content"][0].update(
+        content={"a": 1}),
+    "tool result content true": lambda s: s["messages"][2]["content"][0].update(content=True),
+    "tool result content a list of numbers": lambda s: s["messages"][2]["content"][0].update(
+        content=[1]),
+    "prompt tokens null": lambda s: s["turns"][-1].update(prompt_tokens=None),
 }
 
 
