@@ -456,7 +456,7 @@ def test_a_current_directory_removed_meanwhile_is_one_usage_line(tmp_path, workd
     gone = tmp_path / "gone"
     done = subprocess.run(["sh", "-c", 'mkdir "$0" && cd "$0" && rmdir "$0" && exec "$@"',
                            str(gone), sys.executable, str(agent_copy), *argv, "--no-keep"],
-                          capture_output=True, text=True, env=agent_env(ANTHROPIC_API_KEY="k"),
+                          capture_output=True, text=True, env=agent_env(ANTHROPIC_API_KEY="test-key"),
                           timeout=60)
     assert (done.returncode, done.stdout) == (2, ""), done.stderr
     assert done.stderr == "agent.py: the current directory no longer exists (it was removed): cd " \
