@@ -2093,23 +2093,32 @@ MAX_DOCUMENT = 1 << 26  # bytes of a JSON document agent.py reads (a 1,000-turn 
 MAX_CONTAINERS = 2_000_000  # its objects and lists: 64 MiB of {} would take ~7 GB to parse
 
 
-def read_document(path, flag, sized=False):
-    """The JSON document at `path`, read only from a regular file, so that nothing at the path
-    can make agent.py block or run out of memory or recursion; else a UsageError saying what is
-    there. With `sized`, the document and its size in bytes."""
+def read_regular(named, path, most):
+    """At most `most` bytes of the regular file at `path`, opened so that nothing at the path
+    (a FIFO, a device) can make agent.py block; else a UsageError that starts with `named`."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise UsageError(f"{flag} {path} does not exist")
+        raise UsageError(f"{named} does not exist")
     except OSError as e:
-        raise UsageError(f"{flag} {path} cannot be read: {e.strerror}")
+        raise UsageError(f"{named} cannot be read: {e.strerror}")
     kind = stat.S_IFMT(os.fstat(fd).st_mode)
     if kind != stat.S_IFREG:
         os.close(fd)
         what = "a directory" if kind == stat.S_IFDIR else FILE_KINDS.get(kind, "not a file")
-        raise UsageError(f"{flag} {path} is {what}, not a regular file")
+        raise UsageError(f"{named} is {what}, not a regular file")
     with os.fdopen(fd, "rb") as f:
-        data = f.read(MAX_DOCUMENT + 1)
+        try:
+            return f.read(most)
+        except OSError as e:
+            raise UsageError(f"{named} cannot be read: {e.strerror}")
+
+
+def read_document(path, flag, sized=False):
+    """The JSON document at `path`, read only from a regular file, so that nothing at the path
+    can make agent.py block or run out of memory or recursion; else a UsageError saying what is
+    there. With `sized`, the document and its size in bytes."""
+    data = read_regular(f"{flag} {path}", path, MAX_DOCUMENT + 1)
     if len(data) > MAX_DOCUMENT:
         raise UsageError(f"{flag} {path} is over {MAX_DOCUMENT >> 20} MiB: not a document "
                          "agent.py wrote")
@@ -5663,22 +5672,7 @@ def read_system_prompt(path):
     """The text of --system-prompt FILE, read only from a regular file (nothing at the path can
     make agent.py block), as UTF-8; else a UsageError saying what is there."""
     flag = f"--system-prompt {path}"
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise UsageError(f"{flag} does not exist")
-    except OSError as e:
-        raise UsageError(f"{flag} cannot be read: {e.strerror}")
-    kind = stat.S_IFMT(os.fstat(fd).st_mode)
-    if kind != stat.S_IFREG:
-        os.close(fd)
-        what = "a directory" if kind == stat.S_IFDIR else FILE_KINDS.get(kind, "not a file")
-        raise UsageError(f"{flag} is {what}, not a regular file")
-    with os.fdopen(fd, "rb") as f:
-        try:
-            data = f.read(MAX_SYSTEM_PROMPT + 1)
-        except OSError as e:
-            raise UsageError(f"{flag} cannot be read: {e.strerror}")
+    data = read_regular(flag, path, MAX_SYSTEM_PROMPT + 1)
     if len(data) > MAX_SYSTEM_PROMPT:
         raise UsageError(f"{flag} is over {MAX_SYSTEM_PROMPT >> 20} MiB: too long for a system "
                          "prompt")
