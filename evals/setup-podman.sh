@@ -72,9 +72,13 @@ if ! podman image exists "$BASE_IMAGE"; then
     root=$HOME_DIR/rootfs
     rm -rf "$root"
     say "debootstrap bookworm into $root (a few minutes)"
+    # The mirror this machine's apt uses (deb822 sources, else a one-line sources.list).
+    mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null)
+    [ -n "$mirror" ] || mirror=$(awk '$1 == "deb" {print $2; exit}' /etc/apt/sources.list 2>/dev/null)
+    [ -n "$mirror" ] || { echo "setup-podman.sh: no Debian mirror in this machine's apt sources" >&2; exit 1; }
     debootstrap --variant=minbase \
         --include=python3,python3-venv,python3-pip,ca-certificates,curl \
-        bookworm "$root" http://deb.debian.org/debian >&2
+        bookworm "$root" "$mirror" >&2
     cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
     rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
     tar -C "$root" -cf "$tarball.tmp" . && mv "$tarball.tmp" "$tarball"
