@@ -238,6 +238,15 @@ def test_the_sdk_is_imported_only_with_otel(request, workdir, agent_copy):
 KEY = "sk-ant-api03-OTEL-TEST-KEY-0123456789abcdef"
 
 
+def otel_run(agent_copy, workdir, env):
+    """agent.py run with --otel to a stand-in collector: the run, the spans, the bytes sent."""
+    with OTLPReceiver() as collector:
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = collector.endpoint
+        done = run_agent_py(agent_copy, "q", "--workdir", workdir, "--otel", timeout=60, env=env)
+        assert done.returncode == 0, done.stderr
+        return done, collector.spans(), b"".join(collector.bodies)
+
+
 @pytest.mark.parametrize("content", ["off", "on"])
 def test_nothing_a_collector_receives_carries_the_key(request, workdir, agent_copy, content):
     """A server that echoes the key wherever it can (an error's text, the request-id header, a
@@ -254,11 +263,7 @@ def test_nothing_a_collector_receives_carries_the_key(request, workdir, agent_co
                 request_id=False)
     env = agent_env(api, **otel_env("", **({CAPTURE: "true"} if content == "on" else {})))
     env["ANTHROPIC_API_KEY"] = KEY
-    with OTLPReceiver() as collector:
-        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = collector.endpoint
-        done = run_agent_py(agent_copy, "q", "--workdir", workdir, "--otel", timeout=60, env=env)
-        assert done.returncode == 0, done.stderr
-        got, sent = collector.spans(), b"".join(collector.bodies)
+    done, got, sent = otel_run(agent_copy, workdir, env)
     assert len(got) == 4 and api.requests[0]["messages"], done.stderr  # run, 2 chats, a tool
     assert KEY.encode() not in sent and KEY[8:24].encode() not in sent
     assert b"[redacted secret]" in sent  # the echoes were there, and redacted
@@ -282,11 +287,7 @@ def test_a_length_limit_on_attributes_leaves_no_piece_of_the_key(request, workdi
     api = serve(request, first, request_id=False)
     env = agent_env(api, **otel_env("", **{limit: "64"}))
     env["ANTHROPIC_API_KEY"] = KEY
-    with OTLPReceiver() as collector:
-        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = collector.endpoint
-        done = run_agent_py(agent_copy, "q", "--workdir", workdir, "--otel", timeout=60, env=env)
-        assert done.returncode == 0, done.stderr
-        got, sent = collector.spans(), b"".join(collector.bodies)
+    done, got, sent = otel_run(agent_copy, workdir, env)
     assert len(got) == 2, done.stderr  # the run and its chat
     pieces = [KEY[i:i + 12] for i in range(len(KEY) - 11)]
     assert [p for p in pieces if p.encode() in sent] == []
