@@ -64,6 +64,7 @@ import unicodedata
 import urllib.parse
 import uuid
 import warnings
+import weakref
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
@@ -656,6 +657,42 @@ def on_stop_signal(signum, frame):
     raise KeyboardInterrupt
 
 
+class Connections:
+    """Every connection the SDK's client opens, noted as it is made (httpcore's trace extension,
+    set on each request by make_client's hook), so that Ctrl-C in trials can cut the requests
+    other threads wait on: a thread reading a socket wakes when it is shut down, not before the
+    server answers. Once cut, a connection made after is shut as it opens."""
+
+    lock, opened, cut = threading.Lock(), weakref.WeakSet(), False
+
+    @staticmethod
+    def hook(request):  # an httpx request hook: trace this request's connections
+        request.extensions["trace"] = Connections.trace
+
+    @staticmethod
+    def trace(name, info):
+        stream = info.get("return_value")
+        if name.endswith((".connect_tcp.complete", ".start_tls.complete")) and stream:
+            with Connections.lock:
+                Connections.opened.add(stream)
+            if Connections.cut:
+                Connections.shut(stream)
+
+    @staticmethod
+    def cut_all():
+        with Connections.lock:
+            Connections.cut, streams = True, list(Connections.opened)
+        for stream in streams:
+            Connections.shut(stream)
+
+    @staticmethod
+    def shut(stream):
+        try:  # shutdown, not close: it wakes a read blocked in another thread
+            stream.get_extra_info("socket").shutdown(socket.SHUT_RDWR)
+        except Exception:  # closed already, or the raw socket of a TLS one
+            pass
+
+
 # --- API plumbing and retries ---
 
 MAX_COUNT = 1 << 53  # the largest count agent.py reads or writes: what JSON carries exactly
@@ -817,6 +854,7 @@ def stream_once(client, request, report, cancel, limits):
             raise StreamIncomplete(f"the stream could not be read ({type(e).__name__}: {e}); "
                                    "a server left out or garbled an event") from e
         except Exception as e:
+            check_cancelled(cancel)
             if watch.fired:
                 raise StreamStalled(watch.fired) from e
             raise
@@ -914,6 +952,7 @@ def request_with_retries(client, request, limits, report, cancel):
         except (Interrupted, KeyboardInterrupt):
             raise
         except Exception as exc:
+            check_cancelled(cancel)  # a request Ctrl-C cut (Connections): not a failure
             api_seconds += time.monotonic() - started
             delay = retry_delay(exc, attempt, limits)
             if delay is None or attempt == limits.max_attempts:
@@ -2860,6 +2899,9 @@ def print_summary(summary, report):
         say("   k   pass@k   pass^k")
         for k in summary["pass_at_k"]:
             say(f"{k:>4}   {summary['pass_at_k'][k]:.3f}    {summary['pass_hat_k'][k]:.3f}")
+    if not summary["n"]:  # Ctrl-C before any began: nothing per trial to tell
+        say(f"total {summary['tokens']} tokens, {money(summary['cost_usd'])}")
+        return
     say("stops: " + ", ".join(f"{label} {n}" for label, n in summary["stops"].items()))
     per = summary["per_trial"]
     for key, show in (("turns", "{:.1f}"), ("tokens", "{:.0f}"), ("seconds", "{:.1f}")):
@@ -2897,7 +2939,7 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
     file, if any (run.json -> run.1.json); `kept`, each trial's KeptRun. A Ctrl-C cancels the
     trials still running."""
     ctx = replace(ctx, cancel=threading.Event())
-    results, pool = [], ThreadPoolExecutor(max_workers=spec.jobs)
+    results, pool, running = [], ThreadPoolExecutor(max_workers=spec.jobs), {}
 
     def trial(index):
         report = Reporter(spec.quiet, prefix=f"[trial {index}] ", events=events, trial=index,
@@ -2911,6 +2953,7 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
         path = str(out.path) if out else str(keep.output.path) if keep else None
         report.emit("trial.start", transcript=path)
         started = time.monotonic()
+        running[index] = (session, path, started)
         save = Saver(out, keep)
         report.trace("begin", session)
         stop = drive(client, session, ctx, report, save)
@@ -2935,8 +2978,16 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
         ctx.cancel.set()
         for f in futures:
             f.cancel()
+        Connections.cut_all()  # the requests in flight end now, not when their server answers
         wait(futures, timeout=10)
     pool.shutdown(wait=False, cancel_futures=True)
+    for index, (session, path, started) in list(running.items()):  # one still not ended
+        if index not in {r["index"] for r in results}:
+            usage = total_usage(session)
+            results.append({"index": index, "stop": "interrupted", "turns": len(session["turns"]),
+                            "tokens": usage["tokens"], "cost_usd": usage["cost_usd"],
+                            "seconds": round(time.monotonic() - started, 3),
+                            "passed": False, "transcript": path})
     summary = summarize(results, spec.k)
     summary.update(interrupted=interrupted, question=spec.question, model=spec.model,
                    expect=spec.expect, decline_message=ctx.decline_message)  # what was measured
@@ -5997,6 +6048,9 @@ def make_client(config, limits, otel=False, workdir=None):
                    timeout=anthropic.Timeout(limits.request_timeout, connect=10.0))
     if otel:  # agent.py's own chat spans, and no trace context sent to the API
         options["open_telemetry"] = False
+    Connections.cut = False  # (tests make many clients in one process)
+    options["http_client"] = anthropic.DefaultHttpxClient(
+        event_hooks={"request": [Connections.hook]})  # so that Ctrl-C can cut trials' requests
     return anthropic.Anthropic(**options)
 
 

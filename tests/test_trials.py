@@ -2,6 +2,7 @@
 
 import json
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -10,7 +11,8 @@ import pytest
 
 import agent
 from fakes import FakeAPIError, FakeClient, reply, text, tool_use
-from helpers import assert_well_formed, events_of, run_cli, schema_errors
+from helpers import (agent_env, assert_well_formed, events_of, run_agent_py, run_cli,
+                     schema_errors, serve)
 
 
 # --- scoring ---
@@ -167,3 +169,55 @@ def test_ctrl_c_stops_trials_and_keeps_what_finished(capsys, workdir, tmp_path, 
     assert (summary["scored"], summary["errored"], summary["passes"]) == (1, 1, 1)
     assert json.loads((tmp_path / "run.2.json").read_text())["stop"]["reason"] == "interrupted"
     assert not (tmp_path / "run.3.json").exists()
+
+
+@pytest.mark.parametrize("hold", ["before-headers", "mid-stream"])
+def test_ctrl_c_ends_trials_at_once_and_records_the_running_ones(request, workdir, tmp_path,
+                                                                 agent_copy, hold):
+    """Ctrl-C while two trials wait on a slow server (one that has not answered yet, or one
+    that streams nothing but pings): the in-flight requests are cut, so agent.py ends in about
+    a second, not when the server answers; and both running trials are in the summary, marked
+    interrupted, each with its transcript (newuser #48, #49)."""
+    released, arrived = threading.Event(), []
+
+    def slow(body):
+        arrived.append(time.monotonic())
+        released.wait(40)  # a server that takes its time to answer at all
+        return reply(text("late"))
+
+    item = slow if hold == "before-headers" else {"pings": 40}
+    api = serve(request, item, item, reply(text("never")))
+    request.addfinalizer(released.set)
+    path = tmp_path / "run.json"
+    proc = run_agent_py(agent_copy, "q", "--workdir", workdir, "--trials", "3", "--jobs", "2",
+                        "--transcript", path, background=True, env=agent_env(api), cwd=tmp_path,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while len(api.requests) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # both requests in flight
+    proc.send_signal(signal.SIGINT)
+    started = time.monotonic()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and time.monotonic() - started < 3, err
+    assert "Traceback" not in err
+    summary = json.loads(path.read_text())
+    assert summary["interrupted"] is True and summary["n"] == 2, err
+    assert [(t["index"], t["stop"]) for t in summary["trials"]] == [(1, "interrupted"),
+                                                                    (2, "interrupted")]
+    for index in (1, 2):
+        saved = json.loads((tmp_path / f"run.{index}.json").read_text())
+        assert saved["stop"]["reason"] == "interrupted"
+    assert "interrupted: 0 of 3 trials finished" in err
+    assert "[trial 1] stop: interrupted" in err and "[trial 2] stop: interrupted" in err
+
+
+def test_a_summary_of_no_trial_prints_no_empty_lines(capsys):
+    """Ctrl-C before any trial began: the summary says so, with no empty `stops:` line and no
+    per-trial figures of nothing (newuser #49)."""
+    summary = agent.summarize([], 3)
+    agent.print_summary(summary, agent.Reporter())
+    err = capsys.readouterr().err
+    assert err.splitlines()[0].startswith("trials: 0 of 3 ran")
+    assert "stops:" not in err and "per trial" not in err
+    assert "total 0 tokens, $0.000000" in err
