@@ -1908,7 +1908,8 @@ SUMMARY_SCHEMA = {
            "interrupted": BOOL, "question": STRING, "model": STRING,
            "expect": obj({"regex": nullable(STRING), "tool": nullable(STRING),
                           "stop": nullable(STRING)}),
-           "decline_message": STRING}, {"events_lost": STRING, "base_url": STRING})}
+           "decline_message": STRING}, {"events_lost": STRING, "base_url": STRING,
+                                        "budget_usd": NUMBER})}
 SCHEMAS = {"transcript": TRANSCRIPT_SCHEMA, "events": EVENTS_SCHEMA, "summary": SUMMARY_SCHEMA}
 
 
@@ -2913,6 +2914,25 @@ def print_summary(summary, report):
         f"{money(summary['cost_usd'])}")
 
 
+MAX_TRIALS = 1000  # --trials at most: a typo'd zero (1000000) is a usage error, not a bill
+MAX_JOBS = 32  # --jobs at most: trials at once, each a thread, a connection and a sandbox
+
+
+def room_for_trials(k):
+    """Open files enough for k trials (each holds its transcript's directory and its kept copy's
+    open): the soft limit raised toward the hard one if need be, else a UsageError."""
+    need = 2 * k + 256  # and the rest of the process: the SDK, the sandbox, the outputs
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        top = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (top, hard))
+            soft = top
+        if soft < need:
+            raise UsageError(f"--trials {k} needs about {need} open files, and this process may "
+                             f"open {soft} (ulimit -n): give fewer trials, or raise the limit")
+
+
 @dataclass(frozen=True)
 class TrialSpec:
     """What --trials measures: one question, asked k times as fresh sessions (same flags,
@@ -2928,6 +2948,7 @@ class TrialSpec:
     quiet: bool = False  # no progress on stderr, only the summary
     system: str = SYSTEM_PROMPT  # the system prompt every trial is sent (--system-prompt)
     server: str | None = None  # ANTHROPIC_BASE_URL as recorded (server_url); None: Anthropic's
+    budget_usd: float | None = None  # --trials-budget-usd: no trial starts once all spent this
 
     @property
     def expect(self):
@@ -2940,8 +2961,19 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
     trials still running."""
     ctx = replace(ctx, cancel=threading.Event())
     results, pool, running = [], ThreadPoolExecutor(max_workers=spec.jobs), {}
+    starting = threading.Lock()
+
+    def spent():  # dollars of the trials ended and running
+        ended = sum(r["cost_usd"] or 0 for r in results)
+        return ended + sum(total_usage(begun[0])["cost_usd"] or 0
+                           for i, begun in list(running.items())
+                           if begun and i not in {r["index"] for r in results})
 
     def trial(index):
+        with starting:  # the total decides whether it starts; then it counts in the total
+            if spec.budget_usd is not None and spent() >= spec.budget_usd:
+                return
+            running[index] = None
         report = Reporter(spec.quiet, prefix=f"[trial {index}] ", events=events, trial=index,
                           telemetry=telemetry)
         out, keep = outputs.get(index), (kept or {}).get(index)
@@ -2981,8 +3013,9 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
         Connections.cut_all()  # the requests in flight end now, not when their server answers
         wait(futures, timeout=10)
     pool.shutdown(wait=False, cancel_futures=True)
-    for index, (session, path, started) in list(running.items()):  # one still not ended
-        if index not in {r["index"] for r in results}:
+    for index, begun in list(running.items()):  # one still not ended
+        if begun and index not in {r["index"] for r in results}:
+            session, path, started = begun
             usage = total_usage(session)
             results.append({"index": index, "stop": "interrupted", "turns": len(session["turns"]),
                             "tokens": usage["tokens"], "cost_usd": usage["cost_usd"],
@@ -2994,7 +3027,13 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
     if spec.server:
         summary["base_url"] = spec.server
     report = Reporter(spec.quiet, events=events)
+    if spec.budget_usd is not None:
+        summary["budget_usd"] = spec.budget_usd
     print_summary(summary, report)
+    if spec.budget_usd is not None and summary["n"] < spec.k and not interrupted:
+        report.line(f"budget: the trials spent {money(summary['cost_usd'])} of the "
+                    f"--trials-budget-usd {money(spec.budget_usd)}; the other "
+                    f"{plural(spec.k - summary['n'], 'trial')} did not start", always=True)
     if interrupted:
         finished = sum(r["stop"] != "interrupted" for r in results)
         report.line(f"interrupted: {finished} of {spec.k} trials finished", always=True)
@@ -5566,11 +5605,15 @@ def parse_args(argv):
                          "$XDG_STATE_HOME/agent.py/runs or ~/.local/state/agent.py/runs "
                          "(default: every run is kept there; AGENT_PY_NO_KEEP=1 keeps none)")
     trials = p.add_argument_group("trials: how stable is a behaviour")
-    trials.add_argument("--trials", type=int, metavar="K", help="run the question K times; "
+    trials.add_argument("--trials", type=int, metavar="K", help=f"run the question K times "
+                        f"(at most {MAX_TRIALS:,}); "
                         "report pass@k and pass^k (with no --expect, --expect-tool or "
                         "--expect-stop, a trial passes if it stopped with end_turn)")
     trials.add_argument("--jobs", type=int, metavar="N", default=1, help="trials run at once "
-                        "(default: 1)")
+                        f"(default: 1; at most {MAX_JOBS})")
+    trials.add_argument("--trials-budget-usd", type=float, metavar="X", help="dollars over all "
+                        "the trials: once they have spent X, no more start (--budget-usd bounds "
+                        "each one; default: no total)")
     trials.add_argument("--expect", metavar="REGEX", help="a trial passes if this regex is in "
                         "the answer")
     trials.add_argument("--expect-tool", metavar="NAME", choices=list(TOOL_FUNCTIONS),
@@ -5648,7 +5691,13 @@ def parse_args(argv):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
-    for name in ("tool_timeout", "budget_usd", "request_timeout"):
+    for name, most in (("trials", MAX_TRIALS), ("jobs", MAX_JOBS)):
+        value = getattr(args, name)
+        if value is not None and value > most:
+            raise UsageError(f"--{name} {value:,} is over {most:,}, the most agent.py runs in "
+                             f"one go: give at most {most:,} (split a bigger measurement into "
+                             "several runs)")
+    for name in ("tool_timeout", "budget_usd", "request_timeout", "trials_budget_usd"):
         value = getattr(args, name)
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise UsageError(f"--{name.replace('_', '-')} must be a positive number")
@@ -5675,6 +5724,8 @@ def parse_args(argv):
         raise UsageError("--expect, --expect-tool and --expect-stop need --trials")
     if args.trials is None and args.jobs != 1:
         raise UsageError("--jobs needs --trials")
+    if args.trials is None and args.trials_budget_usd is not None:
+        raise UsageError("--trials-budget-usd needs --trials (for one run, --budget-usd)")
     if args.trials is not None and args.resume:
         raise UsageError("--trials cannot be combined with --resume")
     if args.events == "-" and args.transcript == "-":
@@ -6195,6 +6246,8 @@ def main(argv=None, client=None, stdin=None):
         reach = None if args.no_sandbox else workdir  # where the model's code can write, if not
         output = OutputFile(target, reach, "--transcript" if args.transcript else "--resume") \
             if target not in (None, "-") else None  # reach None: everywhere
+        if args.trials:
+            room_for_trials(args.trials)
         trial_outputs = {i: OutputFile(trial_path(output.path, i), reach, named=False)
                          for i in range(1, args.trials + 1)} if args.trials and output else {}
         events_out = OutputFile(args.events, reach, "--events", stream=True) \
@@ -6213,9 +6266,11 @@ def main(argv=None, client=None, stdin=None):
                            + [("--events", events_out)] * bool(events_out)
                            + [(f"trial {i}'s transcript", o) for i, o in trial_outputs.items()],
                            [("--system-prompt", args.system_prompt)])
-        if args.budget_usd is not None and base_model(model) not in PRICING:
-            raise UsageError(f"--budget-usd needs a known price, and {model} is not in the "
-                             "pricing table")
+        for flag, given in (("--budget-usd", args.budget_usd),
+                            ("--trials-budget-usd", args.trials_budget_usd)):
+            if given is not None and base_model(model) not in PRICING:
+                raise UsageError(f"{flag} needs a known price, and {model} is not in the "
+                                 "pricing table")
         limits = Limits(max_turns=args.max_turns, token_budget=args.token_budget,
                         budget_usd=args.budget_usd, max_tokens=args.max_tokens,
                         tool_timeout=args.tool_timeout, request_timeout=args.request_timeout,
@@ -6275,7 +6330,7 @@ def main(argv=None, client=None, stdin=None):
         if args.trials:
             spec = TrialSpec(args.question, model, args.effort, args.trials, args.jobs,
                              args.expect, args.expect_tool, args.expect_stop, args.quiet,
-                             system or SYSTEM_PROMPT, server)
+                             system or SYSTEM_PROMPT, server, args.trials_budget_usd)
             summary = run_trials(spec, client, ctx, trial_outputs, events, telemetry,
                                  kept_trials)
             if events and events.lost:
