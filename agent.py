@@ -5919,6 +5919,13 @@ def resolved_directory(path):
         return path, f" ({e.strerror})"
 
 
+def recorded_workdir(given, workdir):
+    """A workdir a file recorded, as it recorded it, and where that is from here if it differs
+    (a relative one): `workspace (here /tmp/x/workspace)`."""
+    given = shown_path(given)
+    return given if given == shown_path(workdir) else f"{given} (here {shown_path(workdir)})"
+
+
 def shown_path(path):
     """A path a file named, as it is when plain, else quoted, escaped and cut to two rows."""
     shown = str(path)
@@ -6188,7 +6195,7 @@ def main(argv=None, client=None, stdin=None):
             return 0
         report.quiet = args.quiet
         args.no_keep = no_keep_variable() or args.no_keep  # the variable checked either way
-        args.resume = kept_run(args.resume, "--resume", report)
+        asked, args.resume = args.resume, kept_run(args.resume, "--resume", report)
         args.replay = kept_run(args.replay, "--replay", report)
         session, unanswered = prepare_resume(load_transcript(args.resume), args.question) \
             if args.resume else (None, 0)
@@ -6201,7 +6208,13 @@ def main(argv=None, client=None, stdin=None):
             if args.workdir else f"the workdir {source} recorded ({shown_path(workdir)})" \
             if recorded else f"the current directory ({workdir}; no --workdir was given)"
         if why is not None:
-            gone = args.workdir and not why and not os.path.lexists(workdir)
+            gone = not why and not os.path.lexists(workdir)
+            if recorded and not args.workdir:  # not the user's word: name the file, the way out
+                named = recorded_workdir(given, workdir)
+                raise UsageError(f"{source} recorded the workdir {named}, which "
+                                 f"{'does not exist' if gone else 'is not a directory'}{why} "
+                                 f"here: give -C DIR (--workdir) to "
+                                 f"{'replay' if replay else 'resume'} it in another directory")
             home = "; a ~ in quotes is not your home directory: leave it unquoted, or write " \
                 "$HOME" if gone and args.workdir.startswith("~") else ""
             raise UsageError(f"{where} {'does not exist' if gone else 'is not a directory'}{why}"
@@ -6210,6 +6223,15 @@ def main(argv=None, client=None, stdin=None):
         if not args.no_sandbox:  # unconfined, the model's code can write anywhere anyway
             check_runs_apart(workdir, where)
         for inside in {workdir, Path(os.path.realpath(recorded.get("workdir") or workdir))}:
+            if args.resume and Path(os.path.realpath(args.resume)).is_relative_to(inside) \
+                    and inside != workdir and asked != args.resume:  # a kept run, by its name
+                raise UsageError(f"--resume {asked} is the kept run {args.resume}, made by a run "
+                                 f"whose workdir, {inside}, holds the kept runs (only "
+                                 "--no-sandbox allows that): its code could have rewritten this "
+                                 "file, so it is not resumed; give another run's id (--resume "
+                                 f"ID; they are in {Path(args.resume).parent}), or remove this "
+                                 f"one (rm {args.resume})" + (" and last names the one before"
+                                                              if asked == "last" else ""))
             if args.resume and Path(os.path.realpath(args.resume)).is_relative_to(inside):
                 raise UsageError(f"--resume {args.resume} is inside the workdir {inside}, where "
                                  "the model's code could have rewritten it; it is not resumed "
