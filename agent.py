@@ -6401,6 +6401,7 @@ def main(argv=None, client=None, stdin=None):
         say(f"stop: {stop.reason} ({stop.detail}); {turns}, {u['tokens']} tokens, {cost}")
         if kept_line:
             report.line(kept_line)
+            kept_line = None  # said: not again if the answer cannot be written
         if args.transcript == "-":
             print_document(session)
         elif session["answer"] and args.events != "-" and not already_streamed(report):

@@ -503,6 +503,8 @@ def test_a_full_stdout_or_device_is_one_line_exit_1(request, workdir, agent_copy
     where = "/dev/full" if "/dev/full" in argv else "stdout"
     assert f"agent.py: cannot write to {where}: No space left on device" in \
         done.stderr.splitlines() and "internal error" not in done.stderr, done.stderr
+    kept = [line for line in done.stderr.splitlines() if line.startswith("kept: ")]
+    assert len(kept) == (argv == ["q"]), done.stderr  # said once, not again after the error
 
 
 # --- .env and config ---
