@@ -4358,6 +4358,9 @@ class Reporter:
     def tool(self, block, result, seconds, facts):
         args = shorten(json.dumps(block.get("input"), ensure_ascii=False), 100)
         lines = result["content"].strip().splitlines() if result.get("is_error") else []
+        if lines and lines[-1] == "--- stderr ---":  # nothing on stderr: how the script ended
+            lines = [f"exit code {facts['exit_code']}" if facts.get("exit_code") is not None
+                     else lines[0].split(";")[0]]
         outcome = "error: " + shorten(lines[-1], 100) if lines else "error" if result.get(
             "is_error") else "ok"
         self.line(f"  {block['name']} {args} -> {outcome} ({seconds:.2f}s)")
