@@ -481,7 +481,7 @@ def agreed(question, stdin):
             return False  # a question no one can see is not agreed to
         answer = stdin.readline()
         if not answer.endswith("\n"):  # no one answered: end the line
-            to_stderr(dimmed("(no answer)\n", screen), screen)
+            to_stderr(dimmed(getattr(stdin, "no_answer", "(no answer)") + "\n", screen), screen)
     return answer.strip().lower() in ("y", "yes")
 
 
@@ -2914,6 +2914,7 @@ def print_summary(summary, report):
         f"{money(summary['cost_usd'])}")
 
 
+TRIAL = threading.local()  # .index: the trial this thread runs, if any (approval_question)
 MAX_TRIALS = 1000  # --trials at most: a typo'd zero (1000000) is a usage error, not a bill
 MAX_JOBS = 32  # --jobs at most: trials at once, each a thread, a connection and a sandbox
 
@@ -2970,6 +2971,7 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
                            if begun and i not in {r["index"] for r in results})
 
     def trial(index):
+        TRIAL.index = index  # for the approval question, asked in this thread
         with starting:  # the total decides whether it starts; then it counts in the total
             if spec.budget_usd is not None and spent() >= spec.budget_usd:
                 return
@@ -4131,7 +4133,8 @@ def approval_question(code, rows, columns):
               f"{f' ({n} times)' if n > 1 else ''}" for ch, n in sorted(named.items())]
     if len(legend) > 12:
         legend = legend[:11] + [f"  and {len(legend) - 11} more characters shown by code point"]
-    head = f"--- run_python wants to run {plural(len(lines), 'line')} ---"
+    who = f"[trial {TRIAL.index}] " if getattr(TRIAL, "index", None) else ""  # --trials
+    head = f"--- {who}run_python wants to run {plural(len(lines), 'line')} ---"
     body = lines + (["--- characters shown by their code point:"] + legend if legend else [])
     tall = sum(max(1, -(-display_width(line) // max(columns, 20))) for line in body)
     text = "\n" + head + "\n" + "\n".join(body) + "\n"
@@ -4139,7 +4142,7 @@ def approval_question(code, rows, columns):
         text += (f"--- run_python wants to run the {plural(len(lines), 'line')} above; "
                  f"{plural(tall + 3 - rows, 'row')} of them scrolled off the top of the screen "
                  "(scroll up to read them) ---\n")
-    return text + "--- run it? [y/N] "
+    return text + f"--- {who}run it? [y/N] "
 
 
 DIM, UNDIM = "\x1b[2m", "\x1b[22m"  # SGR faint, and back to normal intensity
@@ -5757,6 +5760,12 @@ def not_utf8(what, byte, before):
                      "as UTF-8 text (iconv -t UTF-8 converts a file)")
 
 
+class QuestionWasRead(io.StringIO):
+    """stdin once the question (-) was read from it: nothing is left to answer a question with,
+    and agreed says so."""
+    no_answer = "(no answer: stdin held the question; give --yes to run it unasked)"
+
+
 def read_question(stdin):
     """The question on stdin (-): its bytes, which must be UTF-8, when it has them."""
     raw = getattr(stdin, "buffer", None)
@@ -6178,6 +6187,7 @@ def main(argv=None, client=None, stdin=None):
                              "/dev/null)")
         if args.question == "-":
             args.question = read_question(stdin).strip()
+            stdin = QuestionWasRead()
             if not args.question:
                 raise UsageError("the question is - but stdin held none")
         system = read_system_prompt(args.system_prompt) if args.system_prompt else None

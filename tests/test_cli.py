@@ -1058,3 +1058,14 @@ def test_a_mistyped_flag_is_named_alone_with_the_flag_meant(capsys, argv, line):
     assert (code, out, client.requests) == (2, "", [])
     assert err.startswith(f"agent.py: {line}") and len(err.splitlines()) == 1, err
     assert " q" not in err.split("unrecognized arguments:")[1], err
+
+
+def test_a_question_on_stdin_says_why_run_python_got_no_answer(capsys, workdir):
+    """`printf 'q' | agent.py -`: stdin held the question, so the approval question gets no
+    answer; the line says so and what to do, not a bare `(no answer)` (newuser #13)."""
+    client = FakeClient(reply(tool_use("run_python", {"code": "print(1)"})), reply(text("ok")))
+    code, _, err = run_cli(capsys, ["-", "--workdir", str(workdir), "--no-sandbox"], client,
+                           stdin="What is the average?\n")
+    assert code == 0 and "(no answer: stdin held the question; give --yes to run it unasked)" \
+        in err, err
+    assert client.requests[0]["messages"][0]["content"][0]["text"] == "What is the average?"
