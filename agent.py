@@ -2993,7 +2993,7 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
         stop = drive(client, session, ctx, report, save)
         report.trace("end", stop, session)
         save.events_lost(session, events)
-        report.line(f"stop: {stop.reason} ({stop.detail})", always=True)
+        report.line(f"stop: {stop.reason} ({said_stop(stop)})", always=True)
         results.append({"index": index, "stop": stop.reason, "turns": len(session["turns"]),
                         "tokens": session["usage"]["tokens"],
                         "cost_usd": session["usage"]["cost_usd"],
@@ -6411,7 +6411,7 @@ def main(argv=None, client=None, stdin=None):
         u, turns = session["usage"], plural(len(session["turns"]), "turn")
         cost = "cost unknown" if u["cost_usd"] is None else f"${u['cost_usd']:.6f}"
         say = report.error if stop.exit_code not in (0, 3) else report.line
-        say(f"stop: {stop.reason} ({stop.detail}); {turns}, {u['tokens']} tokens, {cost}")
+        say(f"stop: {stop.reason} ({said_stop(stop)}); {turns}, {u['tokens']} tokens, {cost}")
         if kept_line:
             report.line(kept_line)
             kept_line = None  # said: not again if the answer cannot be written
@@ -6434,6 +6434,12 @@ def main(argv=None, client=None, stdin=None):
             telemetry.finish(report)
         if events:
             events.close()
+
+
+def said_stop(stop):
+    """A Stop's detail as the stop line says it: with how many attempts failed, when the turn
+    was retried (with -q, the retry lines before it do not show)."""
+    return stop.detail + (f"; after {len(stop.retries) + 1} attempts" if stop.retries else "")
 
 
 def failed(report, stop):

@@ -641,3 +641,14 @@ def test_a_base_url_ending_in_v1_names_the_url_asked_and_the_root(request, capsy
         f"stop: api_error (404 Not Found from {url}/v1/v1/messages: an empty body, not the API's "
         f"JSON error; ANTHROPIC_BASE_URL is the server's root, without /v1 ({url})); 0 turns, 0 "
         "tokens, $0.000000\n")
+
+
+def test_the_stop_line_says_how_many_attempts_failed(capsys, workdir):
+    """With -q only the stop line shows: five failed attempts read as one (newuser #15)."""
+    client = FakeClient(*[FakeAPIError(500, "api_error", "fake 500", {"retry-after": "0"})] * 5)
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "-q"], client)
+    assert code == 1 and err.splitlines()[0] == (
+        "stop: api_error (500 api_error: fake 500; after 5 attempts); 0 turns, 0 tokens, $0.000000")
+    client = FakeClient(FakeAPIError(400, "invalid_request_error", "bad"))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "-q"], client)
+    assert code == 1 and "(400 invalid_request_error: bad); 0 turns" in err  # one attempt
