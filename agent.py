@@ -3186,6 +3186,11 @@ def priced_as(t):
     url = t.get("base_url")
     if not is_str(url) or urllib.parse.urlsplit(url).hostname == ANTHROPIC_HOST:
         return ""
+    model = t.get("model") if is_str(t.get("model")) else "the model"
+    if base_model(model) not in PRICING:  # nothing was priced: say so, not how it was
+        return (f"<p>No cost is shown: agent.py knows no price for {esc(model)} (it prices "
+                f"Anthropic's models as Anthropic's API bills them), and {esc(url)} may bill "
+                "otherwise, or nothing.</p>")
     return (f"<p>The cost is priced as {esc(t.get('model', 'the model'))} would be on "
             f"Anthropic's API, not by {esc(url)}, which may bill otherwise, or nothing.</p>")
 
