@@ -2830,6 +2830,22 @@ def passed(session, expect):
     return not expect["stop"] or stop == expect["stop"]
 
 
+def why_failed(session, expect):
+    """The first condition a trial that ran to a stop of the model's own did not meet, in
+    words; None if it passed, or if the harness or the network ended it (not the model)."""
+    stop = (session.get("stop") or {}).get("reason")
+    if stop in INFRA_STOPS or passed(session, expect):
+        return None
+    if not any(expect.values()):
+        return f"it stopped with {stop}, not end_turn (no --expect was given)"
+    if expect["regex"] and not re.search(expect["regex"], session.get("answer") or ""):
+        return f"--expect {expect['regex']!r} is not in the answer"
+    if expect["tool"] and not any(c["name"] == expect["tool"]
+                                  for t in session["turns"] for c in t["tool_calls"]):
+        return f"--expect-tool {expect['tool']} was not called"
+    return f"--expect-stop {expect['stop']}, and it stopped with {stop}"
+
+
 def pass_at_k(n, c, k):
     """Unbiased pass@k: the chance that at least one of k trials drawn from n passes."""
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
@@ -2994,6 +3010,8 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
         report.trace("end", stop, session)
         save.events_lost(session, events)
         report.line(f"stop: {stop.reason} ({said_stop(stop)})", always=True)
+        if why_failed(session, spec.expect):
+            report.line(f"fail: {why_failed(session, spec.expect)}", always=True)
         results.append({"index": index, "stop": stop.reason, "turns": len(session["turns"]),
                         "tokens": session["usage"]["tokens"],
                         "cost_usd": session["usage"]["cost_usd"],
