@@ -809,6 +809,7 @@ def stream_once(client, request, report, cancel, limits):
     most = request["max_tokens"] * TOKEN_CHARS  # characters the reply may stream
     lasts = limits.request_timeout + request["max_tokens"] / MIN_TOKEN_RATE  # seconds it may take
     with messages.stream(**request) as stream:
+        not_a_stream(stream)
         watch = Watchdog(stream, limits.request_timeout, time.monotonic() + lasts)
         complete, streamed, writing, cut_off = False, 0, None, {}
         try:
@@ -862,6 +863,27 @@ def stream_once(client, request, report, cancel, limits):
             watch.stop()
         request_id = getattr(stream, "request_id", None)
     return (message.to_dict() if hasattr(message, "to_dict") else message), request_id, cut_off
+
+
+class NotAStream(Exception):
+    """A server answered a streamed request with something else (JSON, a page): api_error, not
+    retried, as a reply would come the same way again."""
+    status_code = 200
+
+
+def not_a_stream(stream):
+    """Raise NotAStream when the response is not an event stream (its content-type says)."""
+    response = getattr(stream, "response", None)
+    headers = getattr(response, "headers", None)
+    if headers is None:  # (a test's fake stream)
+        return
+    kind = headers.get("content-type") or ""
+    if kind.split(";")[0].strip().lower() != "text/event-stream":
+        root = str(response.url).split("/v1/messages")[0]
+        raise NotAStream(f"the server answered {response.status_code} with "
+                         f"{'content-type ' + one_line(kind, 80) if kind else 'no content-type'}, "
+                         "not an event stream (text/event-stream), to a streamed request: is "
+                         f"ANTHROPIC_BASE_URL ({root}) an Anthropic Messages API server?")
 
 
 def whole_json(text):

@@ -652,3 +652,16 @@ def test_the_stop_line_says_how_many_attempts_failed(capsys, workdir):
     client = FakeClient(FakeAPIError(400, "invalid_request_error", "bad"))
     code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "-q"], client)
     assert code == 1 and "(400 invalid_request_error: bad); 0 turns" in err  # one attempt
+
+
+def test_a_reply_that_is_not_a_stream_is_named_by_its_content_type(request, capsys, workdir):
+    """A 200 answered with JSON (or a page) to a streamed request was `the response stream
+    ended before message_stop`, retried as if cut: it is named, once (newuser #19)."""
+    api = serve(request, {"status": 200, "body": '"not a message"'}, reply(text("never")))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "-q"], api=api)
+    assert code == 1 and len(api.requests) == 1, err
+    assert err.splitlines()[0] == (
+        "stop: api_error (the server answered 200 with content-type application/json, not an "
+        "event stream (text/event-stream), to a streamed request: is ANTHROPIC_BASE_URL "
+        f"({api.url}) an Anthropic Messages API server?); 0 turns, 0 tokens, $0.000000")
+    api.script.clear()  # the reply never asked for
