@@ -28,6 +28,13 @@ terminal output, path safety, the sandbox (its whole policy is one value, `Sandb
 read in the order a call runs), and the command line.
 """
 
+import sys
+
+if sys.version_info < (3, 11):  # checked before the first import an older Python lacks
+    sys.stderr.write(f"agent.py: needs Python 3.11 or newer, and {sys.executable} is "
+                     f"{sys.version.split()[0]}: run it with python3.11 (or uv run agent.py)\n")
+    sys.exit(2)
+
 import argparse
 import contextlib
 import ctypes
@@ -55,7 +62,6 @@ import stat
 import statistics
 import struct
 import subprocess
-import sys
 import sysconfig
 import tempfile
 import threading
@@ -71,11 +77,6 @@ from functools import cached_property
 from datetime import datetime, timezone
 from itertools import count
 from pathlib import Path
-
-if sys.version_info < (3, 11):  # checked before the first line an older Python cannot run
-    sys.stderr.write(f"agent.py: needs Python 3.11 or newer, and {sys.executable} is "
-                     f"{sys.version.split()[0]}: run it with python3.11 (or uv run agent.py)\n")
-    sys.exit(2)
 
 
 # ================================================================================================
@@ -4485,8 +4486,8 @@ def read_window(fd, path, offset, limit, max_bytes):
     """Lines [offset, offset+limit) (at most max_bytes), reading fixed-size chunks, never a
     whole line: the rest of the file is only counted, so memory stays bounded."""
     kept, line, last, cut_line, seen, tail = bytearray(), 1, offset - 1, False, 0, b"\n"
-    while chunk := os.read(fd, 1 << 16):
-        seen += len(chunk)
+    for chunk in iter(lambda: os.read(fd, 1 << 16), b""):  # (no :=, so that Python 3.7 can
+        seen += len(chunk)  # parse the file and reach the version check at its top)
         tail = chunk[-1:]
         start = 0
         while start < len(chunk) and line < offset + limit and not cut_line:

@@ -944,14 +944,15 @@ def test_whose_dotenv_counts_as_an_ordinary_user(as_nobody):
         assert read or "another user could have written it" in notes[0]
 
 OLDER_PYTHONS = sorted(p for p in Path(os.path.expanduser("~/.pyenv/versions")).glob(
-    "3.[89]*/bin/python") if p.exists()) + sorted(Path(os.path.expanduser(
+    "3.[6789]*/bin/python") if p.exists()) + sorted(Path(os.path.expanduser(
         "~/.pyenv/versions")).glob("3.10*/bin/python"))
 
 
-def test_agent_py_reads_as_python_3_8_up_to_its_version_check():
-    """Older Pythons must reach the check, not stop at a line they cannot parse."""
+def test_agent_py_reads_as_python_3_6_up_to_its_version_check():
+    """Older Pythons must reach the check, not stop at a line they cannot parse (3.6 and 3.7
+    stopped at a := with a SyntaxError traceback, newuser #28)."""
     import ast
-    ast.parse(AGENT.read_text(), feature_version=(3, 8))
+    ast.parse(AGENT.read_text(), feature_version=(3, 6))
 
 
 @pytest.mark.parametrize("python", OLDER_PYTHONS or [None], ids=str)
