@@ -5557,6 +5557,26 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):
         raise UsageError(f"{message} (see --help)")
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name in (None, "store"):  # every option with a value, in every group
+            self.register("action", name, Once)
+
+
+class Once(argparse.Action):
+    """An option's value, given once: a second one (`-C a -C b`, where the last used to win
+    without a word) is a usage error, unless it says the same."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = namespace.__dict__.setdefault("_given", {})
+        if self.dest in given and given[self.dest] != values:
+            shown = [" ".join(v) if isinstance(v, list) else str(v)
+                     for v in (given[self.dest], values)]
+            raise UsageError(f"{'/'.join(self.option_strings)} was given twice ({shown[0]}, "
+                             f"then {shown[1]}): give it once")
+        given[self.dest] = values
+        setattr(namespace, self.dest, values)
+
 
 DESCRIPTION = """Answer a question about the files in a directory with Claude, through a
 hand-written agent loop with two tools: read_file, and run_python in an OS sandbox.

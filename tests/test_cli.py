@@ -126,6 +126,10 @@ def test_progress_is_cut_at_a_word_with_an_ellipsis_and_counts_turns_in_words(ca
     (["q", "-m", " "], "agent.py: --model is empty"),
     (["--", "-5 degrees?", "-C", "w", "--yes"], "agent.py: unrecognized arguments: -C w --yes; "
      "options go before --, after which every word is the question's\n"),
+    (["q", "-C", "workspace", "-C", "/tmp/ws"], "agent.py: -C/--workdir was given twice "
+     "(workspace, then /tmp/ws): give it once\n"),  # newuser #40: the last one silently won
+    (["q", "--transcript", "a.json", "--transcript=b.json"], "agent.py: --transcript was given "
+     "twice (a.json, then b.json): give it once\n"),
 ])
 def test_usage_errors_exit_2_with_one_line_and_send_nothing(capsys, argv, fragment):
     client = FakeClient()
