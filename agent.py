@@ -6040,7 +6040,17 @@ def load_config(workdir, report):
         except ImportError:
             raise UsageError(install_hint())
         found = dotenv_values(stream=io.StringIO(text), interpolate=False)
-    return {n: check_text(os.environ.get(n) or found.get(n), n) for n in names}
+    config = {n: os.environ.get(n) or found.get(n) for n in names}
+    key = config["ANTHROPIC_API_KEY"]
+    odd = next((i for i, c in enumerate(key or "") if not c.isascii()), None)
+    if odd is not None:  # where, and never a character of the key itself (it is a secret)
+        byte = key[odd]
+        where = "" if os.environ.get("ANTHROPIC_API_KEY") else f" (from {dotenv_path()})"
+        said = f"is not valid UTF-8: byte 0x{os.fsencode(byte)[0]:02x}" \
+            if "\udc80" <= byte <= "\udcff" else "has a character that is not ASCII"
+        raise UsageError(f"ANTHROPIC_API_KEY{where} {said} at position {odd + 1} of {len(key)}: "
+                         "copy the key again")
+    return {n: check_text(config[n], n) for n in names}
 
 
 def learn_secrets():

@@ -665,3 +665,20 @@ def test_a_reply_that_is_not_a_stream_is_named_by_its_content_type(request, caps
         "event stream (text/event-stream), to a streamed request: is ANTHROPIC_BASE_URL "
         f"({api.url}) an Anthropic Messages API server?); 0 turns, 0 tokens, $0.000000")
     api.script.clear()  # the reply never asked for
+
+
+@pytest.mark.parametrize("key, said", [
+    ("sk-ant-api03-SECRETSECRET\udcffabc", "ANTHROPIC_API_KEY is not valid UTF-8: byte 0xff at "
+                                           "position 26 of 29"),
+    ("sk-ant-api03-SECRETSECRET\u00e9", "ANTHROPIC_API_KEY has a character that is not ASCII at "
+                                        "position 26 of 26"),
+])
+def test_a_key_that_is_not_ascii_is_a_usage_error_that_shows_none_of_it(capsys, workdir, key,
+                                                                        said, monkeypatch):
+    """A byte that is not UTF-8 printed the key up to it; an é was sent mangled (newuser2 N6,
+    N8). Keys are ASCII: where the odd character is, and nothing of the key."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", key)
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:9")
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir)])
+    assert (code, out) == (2, "") and err == f"agent.py: {said}: copy the key again\n", err
+    assert "SECRET" not in err

@@ -1074,3 +1074,16 @@ def test_a_question_on_stdin_says_why_run_python_got_no_answer(capsys, workdir):
     assert code == 0 and "(no answer: stdin held the question; give --yes to run it unasked)" \
         in err, err
     assert client.requests[0]["messages"][0]["content"][0]["text"] == "What is the average?"
+
+
+def test_a_key_in_the_dotenv_that_is_not_utf8_is_a_usage_error_not_a_mangled_key(
+        capsys, beside, workdir):
+    """A Latin-1 byte in the .env's key was replaced by U+FFFD and the key sent so, for a 401
+    whose cause no one could see (newuser2 N7)."""
+    dotenv = beside / ".env"
+    dotenv.write_bytes(b"ANTHROPIC_API_KEY=k-SECRET-\xff-latin1\n")
+    dotenv.chmod(0o600)
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir)])
+    assert (code, out) == (2, "") and err == (
+        f"agent.py: ANTHROPIC_API_KEY (from {dotenv}) has a character that is not ASCII at "
+        "position 10 of 17: copy the key again\n"), err
