@@ -3823,13 +3823,18 @@ class Telemetry:
         """Send what is left, waiting OTEL_GRACE seconds at most; say once if any was lost."""
         ending = threading.Thread(target=self.provider.shutdown, daemon=True)
         ending.start()
-        ending.join(OTEL_GRACE)
+        interrupted = False
+        try:
+            ending.join(OTEL_GRACE)
+        except KeyboardInterrupt:  # the run is done: Ctrl-C now gives up the spans, not the run
+            interrupted = True
         if ending.is_alive():  # the collector is slow or away: stop its retries, go on
             self.exporter.shutdown()
         started = next(self.started) - 1
         lost = started - self.exporter.sent
         if self.failed or lost:
-            why = self.failed or self.exporter.why or (
+            why = "interrupted by Ctrl-C while they were sent" if interrupted and lost else \
+                self.failed or self.exporter.why or (
                 f"no answer within {OTEL_GRACE:g} s" if ending.is_alive()
                 else "the collector refused them")
             report.error(f"agent.py: --otel: {lost} of {plural(started, 'span')} did not reach "
