@@ -4591,7 +4591,9 @@ def sandbox_policy(workdir, limits, system=None):
                  ("PYTHONSAFEPATH", "1"),  # no script dir or cwd on sys.path: no stdlib shadowed
                  # a name that is not UTF-8 (os.listdir gives it a lone surrogate) prints as
                  # the escape Python source can use again, caf\udce9.csv, not a crash
-                 ("PYTHONIOENCODING", "utf-8:backslashreplace"), ("MPLBACKEND", "Agg")),
+                 ("PYTHONIOENCODING", "utf-8:backslashreplace"), ("MPLBACKEND", "Agg"),
+                 # what a script printed before a timeout or Ctrl-C killed it reaches the model
+                 ("PYTHONUNBUFFERED", "1")),
         rlimits=(("RLIMIT_CORE", 1, 1),  # 1, not 0: no core-dump pipe helper either
                  ("RLIMIT_SIGPENDING", 256, 256),  # a count the kernel keeps per user
                  ("RLIMIT_NOFILE", 4096, 4096),  # the machine's file table is shared
