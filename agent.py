@@ -3638,6 +3638,9 @@ def iso_time(value):
 OTEL_INSTALL = ("--otel needs the OpenTelemetry SDK and its OTLP exporter, which {python} "
                 "cannot import: {python} -m pip install opentelemetry-sdk "
                 "opentelemetry-exporter-otlp-proto-http")
+OTEL_UV = ("--otel needs the OpenTelemetry SDK and its OTLP exporter, which uv's environment "
+           "for agent.py ({python}) cannot import: run it as uv run --with {packages} agent.py "
+           "... --otel")
 OTEL_GRACE = 3.0  # seconds the end of a run may wait for the last spans to reach the collector
 COLLECTOR_TIMEOUT = 10.0  # seconds one batch may take in all, unless OTEL_EXPORTER_OTLP_TIMEOUT says
 COLLECTOR_READ = 4096  # bytes of a collector's refusal read, for the reason; a success: none
@@ -3671,8 +3674,12 @@ class Telemetry:
                 raise UsageError(f"--otel: OTEL_EXPORTER_OTLP_PROTOCOL {protocol!r} is not one "
                                  "the Python exporters speak: use http/protobuf or grpc")
         except ImportError:
-            raise UsageError(OTEL_INSTALL.format(python=sys.executable) + (
-                " opentelemetry-exporter-otlp-proto-grpc" if protocol == "grpc" else ""))
+            grpc = " opentelemetry-exporter-otlp-proto-grpc" if protocol == "grpc" else ""
+            if os.environ.get("UV"):  # `uv run`: its environment has no pip, and is uv's to make
+                raise UsageError(OTEL_UV.format(python=sys.executable, packages=" --with ".join(
+                    ["opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http"]
+                    + grpc.split())))
+            raise UsageError(OTEL_INSTALL.format(python=sys.executable) + grpc)
         where = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or \
             (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318").rstrip(
                 "/") + "/v1/traces"

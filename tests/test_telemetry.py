@@ -215,8 +215,10 @@ def test_without_the_packages_otel_is_a_usage_error_naming_the_install(tmp_path,
                "sys.path.insert(0, %r); import agent; "
                "sys.exit(agent.main(['q', '--workdir', %r, '--otel'], client=object()))"
                % (str(AGENT), str(AGENT.parent), str(workdir)))
+    env = agent_env(ANTHROPIC_API_KEY="test-key")
+    env.pop("UV", None)  # not under `uv run` (which the next test is)
     done = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True,
-                          env=agent_env(ANTHROPIC_API_KEY="test-key"), timeout=60)
+                          env=env, timeout=60)
     assert done.returncode == 2 and "pip install opentelemetry-sdk" in done.stderr
     assert f"{sys.executable} -m pip install" in done.stderr  # the pip of this interpreter
     assert len(done.stderr.strip().splitlines()) == 1
@@ -407,3 +409,19 @@ def test_ctrl_c_while_spans_wait_for_a_slow_collector_keeps_the_runs_exit_code(r
     assert len(said) == 1 and said[0].endswith("(interrupted by Ctrl-C while they were sent)"), err
     assert all(as_documented(said[0], line)
                for line in documented("docs/telemetry.md", "agent.py: --otel:")), said[0]
+
+
+def test_under_uv_run_the_otel_install_hint_is_uvs(tmp_path, workdir):
+    """`uv run agent.py --otel` named `python -m pip install ...`, which uv's environment has no
+    pip for, and which is uv's cache, not the user's to install into (newuser #66)."""
+    blocked = ("import sys; sys.modules['opentelemetry.sdk'] = None; sys.argv[0] = %r; "
+               "sys.path.insert(0, %r); import agent; "
+               "sys.exit(agent.main(['q', '--workdir', %r, '--otel'], client=object()))"
+               % (str(AGENT), str(AGENT.parent), str(workdir)))
+    done = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True,
+                          env=agent_env(ANTHROPIC_API_KEY="test-key", UV="/usr/local/bin/uv"),
+                          timeout=60)
+    assert done.returncode == 2 and done.stderr == (
+        "agent.py: --otel needs the OpenTelemetry SDK and its OTLP exporter, which uv's "
+        f"environment for agent.py ({sys.executable}) cannot import: run it as uv run --with "
+        "opentelemetry-sdk --with opentelemetry-exporter-otlp-proto-http agent.py ... --otel\n")
