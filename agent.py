@@ -3702,6 +3702,13 @@ class Telemetry:
         content = capture.strip().upper() in ("TRUE", "SPAN_ONLY", "SPAN_AND_EVENT")
         report.line(f"otel: traces to {where} ({protocol}); message content "
                     f"{'recorded' if content else 'not recorded'}")
+        root = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or ""
+        if not os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") and protocol != "grpc" \
+                and root.rstrip("/").endswith("/v1/traces"):  # as ANTHROPIC_BASE_URL's /v1 is said
+            report.error(f"note: OTEL_EXPORTER_OTLP_ENDPOINT {root} ends in /v1/traces, and "
+                         "/v1/traces is added to it: give the collector's root "
+                         f"({root.rstrip('/').removesuffix('/v1/traces')}), or the whole URL as "
+                         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         exporter.where = where
         return cls(provider, exporter, content)
 

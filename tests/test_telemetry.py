@@ -425,3 +425,15 @@ def test_under_uv_run_the_otel_install_hint_is_uvs(tmp_path, workdir):
         "agent.py: --otel needs the OpenTelemetry SDK and its OTLP exporter, which uv's "
         f"environment for agent.py ({sys.executable}) cannot import: run it as uv run --with "
         "opentelemetry-sdk --with opentelemetry-exporter-otlp-proto-http agent.py ... --otel\n")
+
+
+def test_an_endpoint_ending_in_v1_traces_gets_the_hint_the_base_url_gets(capsys, workdir, spans,
+                                                                          monkeypatch):
+    """Per the spec /v1/traces is added to OTEL_EXPORTER_OTLP_ENDPOINT, so one that already ends
+    in it names .../v1/traces/v1/traces: a 404 at every export, unexplained (newuser #62)."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318/v1/traces")
+    code, _, err = run(capsys, workdir, FakeClient(reply(text("done"))), "-q")
+    assert code == 0 and err.splitlines() == [
+        "note: OTEL_EXPORTER_OTLP_ENDPOINT http://127.0.0.1:4318/v1/traces ends in /v1/traces, "
+        "and /v1/traces is added to it: give the collector's root (http://127.0.0.1:4318), or "
+        "the whole URL as OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"], err
