@@ -6103,6 +6103,18 @@ def read_dotenv(path, workdir, report):
                      os.O_CLOEXEC)
     except FileNotFoundError:
         return None
+    except PermissionError as e:  # not a file anyone else could write: one this user cannot read
+        if report:
+            try:
+                info = os.lstat(path)
+                whose = f": it is {'root' if info.st_uid == 0 else user_name(info.st_uid)}'s, " \
+                    f"mode {stat.filemode(info.st_mode)}"
+            except OSError:
+                whose = ""
+            report.error(f"note: cannot read {path} ({e.strerror}{whose}), so its settings are "
+                         "not used (set ANTHROPIC_* in the environment, or make it readable to "
+                         "you)")
+        return None
     except OSError as e:
         why = "it is a symlink" if e.errno == errno.ELOOP else e.strerror
     else:
@@ -6140,8 +6152,10 @@ def no_key(workdir):
     path = dotenv_path()
     line = "no API key: set ANTHROPIC_API_KEY in the environment"
     if path:
-        line += (f" or in {path} " + ("(it holds none)" if os.path.lexists(path) else
-                                      "(copy .env.example there)") + ", the one .env agent.py reads")
+        line += (f" or in {path} " + (
+            "(copy .env.example there)" if not os.path.lexists(path) else "(it holds none)"
+            if os.access(path, os.R_OK) else "(which you cannot read)") +
+            ", the one .env agent.py reads")
     try:
         places = [Path.cwd()] + ([Path(workdir)] if workdir else [])
     except OSError:  # no current directory any more

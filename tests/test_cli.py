@@ -1087,3 +1087,29 @@ def test_a_key_in_the_dotenv_that_is_not_utf8_is_a_usage_error_not_a_mangled_key
     assert (code, out) == (2, "") and err == (
         f"agent.py: ANTHROPIC_API_KEY (from {dotenv}) has a character that is not ASCII at "
         "position 10 of 17: copy the key again\n"), err
+
+
+@needs_root
+def test_a_dotenv_the_user_cannot_read_is_said_to_be_so(as_nobody):
+    """Root's 0600 .env, agent.py run as nobody: `Permission denied, so the model's code could
+    have written it`, then `(it holds none)`: a wrong reason, and a file that does hold a key
+    (newuser2 N14)."""
+    dotenv = as_nobody.agent_dir / ".env"
+    dotenv.write_text("ANTHROPIC_API_KEY=root-only-key\n")
+    dotenv.chmod(0o600)
+    driver = (f"import sys; sys.path.insert(0, {str(as_nobody.agent_dir)!r})\n"
+              "import agent\n"
+              "print(agent.read_dotenv(agent.dotenv_path(), None, agent.Reporter()))\n"
+              "print(agent.no_key(None))")
+    done = subprocess.run([as_nobody.python, "-c", driver], capture_output=True, text=True,
+                          timeout=60, cwd="/", env={"PATH": "/usr/bin:/bin"},
+                          user=as_nobody.user.pw_uid, group=as_nobody.user.pw_gid,
+                          extra_groups=[])
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == (f"note: cannot read {dotenv} (Permission denied: it is root's, mode "
+                           "-rw-------), so its settings are not used (set ANTHROPIC_* in the "
+                           "environment, or make it readable to you)\n")
+    none, line = done.stdout.splitlines()
+    assert none == "None" and line == (
+        f"no API key: set ANTHROPIC_API_KEY in the environment or in {dotenv} (which you cannot "
+        "read), the one .env agent.py reads")
