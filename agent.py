@@ -5568,10 +5568,22 @@ def meant_flags(parser, extra):
     shown = []
     for flag in (a for a in extra if a.startswith("-") and a != "-"):
         name = flag.split("=")[0]
+        if name in OTHER_TOOLS_FLAGS:  # what another agent CLI means by it
+            shown.append(f"{flag} ({OTHER_TOOLS_FLAGS[name]})")
+            continue
         near = [k for k in known if k.lower() == name.lower()] or \
             difflib.get_close_matches(name, [k for k in known if k.startswith("--")], 1, 0.7)
         shown.append(f"{flag} (did you mean {near[0]}?)" if near else f"{flag} (see --help)")
     return shown
+
+
+OTHER_TOOLS_FLAGS = {  # flags of claude, llm, codex exec, mini-swe-agent, and what they are here
+    "-c": "did you mean -C? to go on with the last run, as claude -c and llm -c do: --resume "
+          "last",
+    "--continue": "to go on with the last run: --resume last",
+    "-p": "no -p is needed: the question is the argument, and the answer goes to stdout",
+    "--print": "no --print is needed: the answer goes to stdout",
+    "--max-steps": "did you mean --max-turns?", "--max-iterations": "did you mean --max-turns?"}
 
 
 class Parser(argparse.ArgumentParser):
@@ -5779,6 +5791,9 @@ def parse_args(argv):
                          "a model id, or leave -m out for the default")
     if inspecting or args.count_tokens:
         return args
+    if args.question in ("help", "version"):  # a first try at what --help and --version do
+        raise UsageError(f"a question of one word, {args.question!r}: did you mean "
+                         f"--{args.question}? (to ask it, give more words)")
     for name in ("max_turns", "token_budget", "max_tokens", "jobs", "trials", "clear_tool_results",
                  "clear_at_least"):
         value = getattr(args, name)
@@ -5873,6 +5888,10 @@ def read_system_prompt(path):
     """The text of --system-prompt FILE, read only from a regular file (nothing at the path can
     make agent.py block), as UTF-8; else a UsageError saying what is there."""
     flag = f"--system-prompt {path}"
+    if not os.path.lexists(path) and " " in path:  # text where a file is meant, as llm's -s?
+        raise UsageError(f"--system-prompt takes a FILE, and there is no file {path!r} (llm's -s "
+                         "and claude's --system-prompt take the text itself; here, put it in a "
+                         "file)")
     data = read_regular(flag, path, MAX_SYSTEM_PROMPT + 1)
     if len(data) > MAX_SYSTEM_PROMPT:
         raise UsageError(f"{flag} is over {MAX_SYSTEM_PROMPT >> 20} MiB: too long for a system "

@@ -130,6 +130,18 @@ def test_progress_is_cut_at_a_word_with_an_ellipsis_and_counts_turns_in_words(ca
      "(workspace, then /tmp/ws): give it once\n"),  # newuser #40: the last one silently won
     (["q", "--transcript", "a.json", "--transcript=b.json"], "agent.py: --transcript was given "
      "twice (a.json, then b.json): give it once\n"),
+    (["q", "-s", "Be brief."], "agent.py: --system-prompt takes a FILE, and there is no file "
+     "'Be brief.' (llm's -s and claude's --system-prompt take the text itself; here, put it in a "
+     "file)\n"),  # newuser2 N1
+    (["-c", "and the median?"], "agent.py: unrecognized arguments: -c (did you mean -C? to go "
+     "on with the last run, as claude -c and llm -c do: --resume last)\n"),  # newuser2 N2
+    (["-p", "q"], "agent.py: unrecognized arguments: -p (no -p is needed: the question is the "
+     "argument, and the answer goes to stdout)\n"),
+    (["q", "--max-steps", "3"], "agent.py: unrecognized arguments: --max-steps (did you mean "
+     "--max-turns?)\n"),
+    (["help"], "agent.py: a question of one word, 'help': did you mean --help? (to ask it, give "
+     "more words)\n"),  # newuser #61
+    (["version"], "did you mean --version?"),
 ])
 def test_usage_errors_exit_2_with_one_line_and_send_nothing(capsys, argv, fragment):
     client = FakeClient()
@@ -1051,7 +1063,7 @@ def test_with_stderr_in_a_file_the_approval_question_is_asked_on_the_terminal(
 @pytest.mark.parametrize("argv, line", [
     (["--work", "workspace", "q"], "unrecognized arguments: --work (did you mean --workdir?)"),
     (["--dir", "workspace", "q"], "unrecognized arguments: --dir (did you mean --workdir?)"),
-    (["-c", "workspace", "q"], "unrecognized arguments: -c (did you mean -C?)"),
+    (["-c", "workspace", "q"], "unrecognized arguments: -c (did you mean -C? to go on with"),
     (["q", "--max-turn", "3"], "unrecognized arguments: --max-turn (did you mean --max-turns?)"),
     (["q", "--frobnicate"], "unrecognized arguments: --frobnicate (see --help)"),
 ])
