@@ -5769,6 +5769,14 @@ def parse_args(argv):
                f"{shlex.quote(' '.join([args.question, *words]))} ..." \
             if args.question is not None else " (see --help)"
         raise UsageError(f"unrecognized arguments: {' '.join(extra)}{hint}")
+    for action in p._actions:  # a path given as "" is an unset variable, never a choice
+        if action.metavar in ("PATH", "DIR", "JSON", "FILE") and getattr(args, action.dest) == "":
+            raise UsageError(f"{'/'.join(action.option_strings)} is empty (an unset shell "
+                             f"variable, as in {action.option_strings[-1]} \"$OUT\"?): give "
+                             "a path")
+    if args.report == "-" or args.export and args.export[1] == "-":
+        raise UsageError(f"{'--report' if args.report else '--export'} reads a file, not stdin: "
+                         "give the path of a transcript or summary (or last)")
     inspecting = [flag for flag, given in (("--schema", args.schema), ("--report", args.report),
                                            ("--export", args.export)) if given]
     if args.count_tokens:  # it runs nothing: what a run would do with these, it would not do

@@ -142,6 +142,13 @@ def test_progress_is_cut_at_a_word_with_an_ellipsis_and_counts_turns_in_words(ca
     (["help"], "agent.py: a question of one word, 'help': did you mean --help? (to ask it, give "
      "more words)\n"),  # newuser #61
     (["version"], "did you mean --version?"),
+    (["q", "--transcript", ""], "agent.py: --transcript is empty (an unset shell variable, as in "
+     "--transcript \"$OUT\"?): give a path\n"),  # newuser2 N11: it silently meant none
+    (["q", "--events", ""], "agent.py: --events is empty"),  # it meant the current directory
+    (["--report", "RUN", "-o", ""], "agent.py: -o/--output is empty"),  # newuser #53
+    (["q", "-C", ""], "agent.py: -C/--workdir is empty"),
+    (["--report", "-"], "agent.py: --report reads a file, not stdin: give the path of a "
+     "transcript or summary (or last)\n"),  # newuser #53
 ])
 def test_usage_errors_exit_2_with_one_line_and_send_nothing(capsys, argv, fragment):
     client = FakeClient()
