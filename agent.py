@@ -5639,13 +5639,20 @@ exit codes:
   130  interrupted (Ctrl-C, SIGTERM or SIGHUP)"""
 
 
+def whole(value):
+    """A count as --help shows it (1,000,000) or Python writes it (1_000_000), or as digits."""
+    if not re.fullmatch(r"[+-]?\d+([,_]\d+)*", value.strip()):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number")
+    return int(value.replace(",", "").replace("_", ""))
+
+
 def tokens_or_off(value):
     """--clear-tool-results: a number of tokens, or off."""
     if value == "off":
         return None
     try:
-        return int(value)
-    except ValueError:
+        return whole(value)
+    except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError("give a number of tokens, or off")
 
 
@@ -5681,14 +5688,14 @@ def parse_args(argv):
                      "this UTF-8 file (default: agent.py's, for questions about files); recorded "
                      "in the transcript, and kept by --resume")
     limits = p.add_argument_group("limits")
-    limits.add_argument("--max-turns", type=int, metavar="N", default=Limits.max_turns,
+    limits.add_argument("--max-turns", type=whole, metavar="N", default=Limits.max_turns,
                         help=f"requests per run (default: {Limits.max_turns})")
-    limits.add_argument("--token-budget", type=int, metavar="N", default=Limits.token_budget,
+    limits.add_argument("--token-budget", type=whole, metavar="N", default=Limits.token_budget,
                         help="input + cache + output tokens per run (default: "
                              f"{Limits.token_budget:,})")
     limits.add_argument("--budget-usd", type=float, metavar="X", help="dollars per run, "
                         "priced like the bill (default: no dollar limit)")
-    limits.add_argument("--max-tokens", type=int, metavar="N", default=Limits.max_tokens,
+    limits.add_argument("--max-tokens", type=whole, metavar="N", default=Limits.max_tokens,
                         help=f"output tokens per response (default: {Limits.max_tokens:,})")
     limits.add_argument("--tool-timeout", type=float, metavar="SECONDS",
                         default=Limits.tool_timeout, help="seconds per run_python call "
@@ -5710,11 +5717,11 @@ def parse_args(argv):
                          "$XDG_STATE_HOME/agent.py/runs or ~/.local/state/agent.py/runs "
                          "(default: every run is kept there; AGENT_PY_NO_KEEP=1 keeps none)")
     trials = p.add_argument_group("trials: how stable is a behaviour")
-    trials.add_argument("--trials", type=int, metavar="K", help=f"run the question K times "
+    trials.add_argument("--trials", type=whole, metavar="K", help=f"run the question K times "
                         f"(at most {MAX_TRIALS:,}); "
                         "report pass@k and pass^k (with no --expect, --expect-tool or "
                         "--expect-stop, a trial passes if it stopped with end_turn)")
-    trials.add_argument("--jobs", type=int, metavar="N", default=1, help="trials run at once "
+    trials.add_argument("--jobs", type=whole, metavar="N", default=1, help="trials run at once "
                         f"(default: 1; at most {MAX_JOBS})")
     trials.add_argument("--trials-budget-usd", type=float, metavar="X", help="dollars over all "
                         "the trials: once they have spent X, no more start (--budget-usd bounds "
@@ -5733,10 +5740,10 @@ def parse_args(argv):
                          default=Limits.clear_at, help="once a prompt reaches TOKENS, send old "
                          "tool results as a one-line placeholder (default: "
                          f"{Limits.clear_at:,})")
-    context.add_argument("--keep-tool-results", type=int, metavar="N",
+    context.add_argument("--keep-tool-results", type=whole, metavar="N",
                          default=Limits.keep_results, help="the newest tool results, never "
                          f"cleared (default: {Limits.keep_results})")
-    context.add_argument("--clear-at-least", type=int, metavar="TOKENS",
+    context.add_argument("--clear-at-least", type=whole, metavar="TOKENS",
                          default=Limits.clear_at_least, help="clear only when that frees this "
                          "many tokens, since a clearing breaks the cache once (default: "
                          f"{Limits.clear_at_least:,})")

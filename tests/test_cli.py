@@ -1132,3 +1132,20 @@ def test_a_dotenv_the_user_cannot_read_is_said_to_be_so(as_nobody):
     assert none == "None" and line == (
         f"no API key: set ANTHROPIC_API_KEY in the environment or in {dotenv} (which you cannot "
         "read), the one .env agent.py reads")
+
+
+def test_counts_are_taken_as_help_shows_them(capsys, workdir, tmp_path):
+    """--help shows `(default: 1,000,000)`; `--token-budget 1,000,000` was `invalid int value`
+    (newuser2 N15). A count with , or _ between its digits is that count; anything else is one
+    line."""
+    path = tmp_path / "events.jsonl"
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--token-budget", "1,000,000",
+                                    "--max-tokens", "16_000", "--clear-tool-results", "80,000",
+                                    "--events", str(path)], FakeClient(reply(text("42"))))
+    limits = json.loads(path.read_text().splitlines()[0])["limits"]
+    assert code == 0, err
+    assert (limits["token_budget"], limits["max_tokens"], limits["clear_at"]) == (
+        1_000_000, 16_000, 80_000)
+    code, _, err = run_cli(capsys, ["q", "--token-budget", "1,00,0x"], FakeClient())
+    assert code == 2 and err == ("agent.py: argument --token-budget: '1,00,0x' is not a whole "
+                                 "number (see --help)\n")
