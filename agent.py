@@ -5634,7 +5634,7 @@ exit codes:
   3    max_turns: the last turn ran with tools off; stdout has the interim answer
   4    token_budget, cost_budget: stopped before running the pending tool calls
   5    max_tokens, refusal, model_context_window_exceeded: stdout has the partial text
-  6    --trials: some trials failed
+  6    --trials: some trials failed (or, past --trials-budget-usd, did not start)
   7    replay_differs: --replay --strict, and a tool result differs from the recording
   130  interrupted (Ctrl-C, SIGTERM or SIGHUP)"""
 
@@ -5818,8 +5818,9 @@ def parse_args(argv):
         value = getattr(args, name)
         if value is not None and value > most:
             raise UsageError(f"--{name} {value:,} is over {most:,}, the most agent.py runs in "
-                             f"one go: give at most {most:,} (split a bigger measurement into "
-                             "several runs)")
+                             f"one go: give at most {most:,}" + (
+                                 " (split a bigger measurement into several runs)"
+                                 if name == "trials" else ""))
     for name in ("tool_timeout", "budget_usd", "request_timeout", "trials_budget_usd"):
         value = getattr(args, name)
         if value is not None and not (value > 0 and math.isfinite(value)):
