@@ -64,6 +64,7 @@ import unicodedata
 import urllib.parse
 import uuid
 import warnings
+import weakref
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
@@ -656,6 +657,42 @@ def on_stop_signal(signum, frame):
     raise KeyboardInterrupt
 
 
+class Connections:
+    """Every connection the SDK's client opens, noted as it is made (httpcore's trace extension,
+    set on each request by make_client's hook), so that Ctrl-C in trials can cut the requests
+    other threads wait on: a thread reading a socket wakes when it is shut down, not before the
+    server answers. Once cut, a connection made after is shut as it opens."""
+
+    lock, opened, cut = threading.Lock(), weakref.WeakSet(), False
+
+    @staticmethod
+    def hook(request):  # an httpx request hook: trace this request's connections
+        request.extensions["trace"] = Connections.trace
+
+    @staticmethod
+    def trace(name, info):
+        stream = info.get("return_value")
+        if name.endswith((".connect_tcp.complete", ".start_tls.complete")) and stream:
+            with Connections.lock:
+                Connections.opened.add(stream)
+            if Connections.cut:
+                Connections.shut(stream)
+
+    @staticmethod
+    def cut_all():
+        with Connections.lock:
+            Connections.cut, streams = True, list(Connections.opened)
+        for stream in streams:
+            Connections.shut(stream)
+
+    @staticmethod
+    def shut(stream):
+        try:  # shutdown, not close: it wakes a read blocked in another thread
+            stream.get_extra_info("socket").shutdown(socket.SHUT_RDWR)
+        except Exception:  # closed already, or the raw socket of a TLS one
+            pass
+
+
 # --- API plumbing and retries ---
 
 MAX_COUNT = 1 << 53  # the largest count agent.py reads or writes: what JSON carries exactly
@@ -817,6 +854,7 @@ def stream_once(client, request, report, cancel, limits):
             raise StreamIncomplete(f"the stream could not be read ({type(e).__name__}: {e}); "
                                    "a server left out or garbled an event") from e
         except Exception as e:
+            check_cancelled(cancel)
             if watch.fired:
                 raise StreamStalled(watch.fired) from e
             raise
@@ -914,6 +952,7 @@ def request_with_retries(client, request, limits, report, cancel):
         except (Interrupted, KeyboardInterrupt):
             raise
         except Exception as exc:
+            check_cancelled(cancel)  # a request Ctrl-C cut (Connections): not a failure
             api_seconds += time.monotonic() - started
             delay = retry_delay(exc, attempt, limits)
             if delay is None or attempt == limits.max_attempts:
@@ -1947,7 +1986,8 @@ SUMMARY_SCHEMA = {
            "interrupted": BOOL, "question": STRING, "model": STRING,
            "expect": obj({"regex": nullable(STRING), "tool": nullable(STRING),
                           "stop": nullable(STRING)}),
-           "decline_message": STRING}, {"events_lost": STRING, "base_url": STRING})}
+           "decline_message": STRING}, {"events_lost": STRING, "base_url": STRING,
+                                        "budget_usd": NUMBER})}
 SCHEMAS = {"transcript": TRANSCRIPT_SCHEMA, "events": EVENTS_SCHEMA, "summary": SUMMARY_SCHEMA}
 
 
@@ -2938,6 +2978,9 @@ def print_summary(summary, report):
         say("   k   pass@k   pass^k")
         for k in summary["pass_at_k"]:
             say(f"{k:>4}   {summary['pass_at_k'][k]:.3f}    {summary['pass_hat_k'][k]:.3f}")
+    if not summary["n"]:  # Ctrl-C before any began: nothing per trial to tell
+        say(f"total {summary['tokens']} tokens, {money(summary['cost_usd'])}")
+        return
     say("stops: " + ", ".join(f"{label} {n}" for label, n in summary["stops"].items()))
     per = summary["per_trial"]
     for key, show in (("turns", "{:.1f}"), ("tokens", "{:.0f}"), ("seconds", "{:.1f}")):
@@ -2947,6 +2990,25 @@ def print_summary(summary, report):
     say(f"per trial: cost mean {money(per['cost_usd']['mean'])}, median "
         f"{money(per['cost_usd']['median'])}; total {summary['tokens']} tokens, "
         f"{money(summary['cost_usd'])}")
+
+
+MAX_TRIALS = 1000  # --trials at most: a typo'd zero (1000000) is a usage error, not a bill
+MAX_JOBS = 32  # --jobs at most: trials at once, each a thread, a connection and a sandbox
+
+
+def room_for_trials(k):
+    """Open files enough for k trials (each holds its transcript's directory and its kept copy's
+    open): the soft limit raised toward the hard one if need be, else a UsageError."""
+    need = 2 * k + 256  # and the rest of the process: the SDK, the sandbox, the outputs
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        top = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (top, hard))
+            soft = top
+        if soft < need:
+            raise UsageError(f"--trials {k} needs about {need} open files, and this process may "
+                             f"open {soft} (ulimit -n): give fewer trials, or raise the limit")
 
 
 @dataclass(frozen=True)
@@ -2964,6 +3026,7 @@ class TrialSpec:
     quiet: bool = False  # no progress on stderr, only the summary
     system: str = SYSTEM_PROMPT  # the system prompt every trial is sent (--system-prompt)
     server: str | None = None  # ANTHROPIC_BASE_URL as recorded (server_url); None: Anthropic's
+    budget_usd: float | None = None  # --trials-budget-usd: no trial starts once all spent this
 
     @property
     def expect(self):
@@ -2975,9 +3038,20 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
     file, if any (run.json -> run.1.json); `kept`, each trial's KeptRun. A Ctrl-C cancels the
     trials still running."""
     ctx = replace(ctx, cancel=threading.Event())
-    results, pool = [], ThreadPoolExecutor(max_workers=spec.jobs)
+    results, pool, running = [], ThreadPoolExecutor(max_workers=spec.jobs), {}
+    starting = threading.Lock()
+
+    def spent():  # dollars of the trials ended and running
+        ended = sum(r["cost_usd"] or 0 for r in results)
+        return ended + sum(total_usage(begun[0])["cost_usd"] or 0
+                           for i, begun in list(running.items())
+                           if begun and i not in {r["index"] for r in results})
 
     def trial(index):
+        with starting:  # the total decides whether it starts; then it counts in the total
+            if spec.budget_usd is not None and spent() >= spec.budget_usd:
+                return
+            running[index] = None
         report = Reporter(spec.quiet, prefix=f"[trial {index}] ", events=events, trial=index,
                           telemetry=telemetry)
         out, keep = outputs.get(index), (kept or {}).get(index)
@@ -2989,6 +3063,7 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
         path = str(out.path) if out else str(keep.output.path) if keep else None
         report.emit("trial.start", transcript=path)
         started = time.monotonic()
+        running[index] = (session, path, started)
         save = Saver(out, keep)
         report.trace("begin", session)
         stop = drive(client, session, ctx, report, save)
@@ -3013,15 +3088,30 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
         ctx.cancel.set()
         for f in futures:
             f.cancel()
+        Connections.cut_all()  # the requests in flight end now, not when their server answers
         wait(futures, timeout=10)
     pool.shutdown(wait=False, cancel_futures=True)
+    for index, begun in list(running.items()):  # one still not ended
+        if begun and index not in {r["index"] for r in results}:
+            session, path, started = begun
+            usage = total_usage(session)
+            results.append({"index": index, "stop": "interrupted", "turns": len(session["turns"]),
+                            "tokens": usage["tokens"], "cost_usd": usage["cost_usd"],
+                            "seconds": round(time.monotonic() - started, 3),
+                            "passed": False, "transcript": path})
     summary = summarize(results, spec.k)
     summary.update(interrupted=interrupted, question=spec.question, model=spec.model,
                    expect=spec.expect, decline_message=ctx.decline_message)  # what was measured
     if spec.server:
         summary["base_url"] = spec.server
     report = Reporter(spec.quiet, events=events)
+    if spec.budget_usd is not None:
+        summary["budget_usd"] = spec.budget_usd
     print_summary(summary, report)
+    if spec.budget_usd is not None and summary["n"] < spec.k and not interrupted:
+        report.line(f"budget: the trials spent {money(summary['cost_usd'])} of the "
+                    f"--trials-budget-usd {money(spec.budget_usd)}; the other "
+                    f"{plural(spec.k - summary['n'], 'trial')} did not start", always=True)
     if interrupted:
         finished = sum(r["stop"] != "interrupted" for r in results)
         report.line(f"interrupted: {finished} of {spec.k} trials finished", always=True)
@@ -4346,6 +4436,9 @@ class Reporter:
     def tool(self, block, result, seconds, facts):
         args = shorten(json.dumps(block.get("input"), ensure_ascii=False), 100)
         lines = result["content"].strip().splitlines() if result.get("is_error") else []
+        if lines and lines[-1] == "--- stderr ---":  # nothing on stderr: how the script ended
+            lines = [f"exit code {facts['exit_code']}" if facts.get("exit_code") is not None
+                     else lines[0].split(";")[0]]
         outcome = "error: " + shorten(lines[-1], 100) if lines else "error" if result.get(
             "is_error") else "ok"
         self.line(f"  {block['name']} {args} -> {outcome} ({seconds:.2f}s)")
@@ -5593,11 +5686,15 @@ def parse_args(argv):
                          "$XDG_STATE_HOME/agent.py/runs or ~/.local/state/agent.py/runs "
                          "(default: every run is kept there; AGENT_PY_NO_KEEP=1 keeps none)")
     trials = p.add_argument_group("trials: how stable is a behaviour")
-    trials.add_argument("--trials", type=int, metavar="K", help="run the question K times; "
+    trials.add_argument("--trials", type=int, metavar="K", help=f"run the question K times "
+                        f"(at most {MAX_TRIALS:,}); "
                         "report pass@k and pass^k (with no --expect, --expect-tool or "
                         "--expect-stop, a trial passes if it stopped with end_turn)")
     trials.add_argument("--jobs", type=int, metavar="N", default=1, help="trials run at once "
-                        "(default: 1)")
+                        f"(default: 1; at most {MAX_JOBS})")
+    trials.add_argument("--trials-budget-usd", type=float, metavar="X", help="dollars over all "
+                        "the trials: once they have spent X, no more start (--budget-usd bounds "
+                        "each one; default: no total)")
     trials.add_argument("--expect", metavar="REGEX", help="a trial passes if this regex is in "
                         "the answer")
     trials.add_argument("--expect-tool", metavar="NAME", choices=list(TOOL_FUNCTIONS),
@@ -5675,7 +5772,13 @@ def parse_args(argv):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
-    for name in ("tool_timeout", "budget_usd", "request_timeout"):
+    for name, most in (("trials", MAX_TRIALS), ("jobs", MAX_JOBS)):
+        value = getattr(args, name)
+        if value is not None and value > most:
+            raise UsageError(f"--{name} {value:,} is over {most:,}, the most agent.py runs in "
+                             f"one go: give at most {most:,} (split a bigger measurement into "
+                             "several runs)")
+    for name in ("tool_timeout", "budget_usd", "request_timeout", "trials_budget_usd"):
         value = getattr(args, name)
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise UsageError(f"--{name.replace('_', '-')} must be a positive number")
@@ -5702,6 +5805,8 @@ def parse_args(argv):
         raise UsageError("--expect, --expect-tool and --expect-stop need --trials")
     if args.trials is None and args.jobs != 1:
         raise UsageError("--jobs needs --trials")
+    if args.trials is None and args.trials_budget_usd is not None:
+        raise UsageError("--trials-budget-usd needs --trials (for one run, --budget-usd)")
     if args.trials is not None and args.resume:
         raise UsageError("--trials cannot be combined with --resume")
     if args.events == "-" and args.transcript == "-":
@@ -5895,6 +6000,13 @@ def resolved_directory(path):
         return path, f" ({e.strerror})"
 
 
+def recorded_workdir(given, workdir):
+    """A workdir a file recorded, as it recorded it, and where that is from here if it differs
+    (a relative one): `workspace (here /tmp/x/workspace)`."""
+    given = shown_path(given)
+    return given if given == shown_path(workdir) else f"{given} (here {shown_path(workdir)})"
+
+
 def shown_path(path):
     """A path a file named, as it is when plain, else quoted, escaped and cut to two rows."""
     shown = str(path)
@@ -6075,6 +6187,9 @@ def make_client(config, limits, otel=False, workdir=None):
                    timeout=anthropic.Timeout(limits.request_timeout, connect=10.0))
     if otel:  # agent.py's own chat spans, and no trace context sent to the API
         options["open_telemetry"] = False
+    Connections.cut = False  # (tests make many clients in one process)
+    options["http_client"] = anthropic.DefaultHttpxClient(
+        event_hooks={"request": [Connections.hook]})  # so that Ctrl-C can cut trials' requests
     return anthropic.Anthropic(**options)
 
 
@@ -6161,7 +6276,7 @@ def main(argv=None, client=None, stdin=None):
             return 0
         report.quiet = args.quiet
         args.no_keep = no_keep_variable() or args.no_keep  # the variable checked either way
-        args.resume = kept_run(args.resume, "--resume", report)
+        asked, args.resume = args.resume, kept_run(args.resume, "--resume", report)
         args.replay = kept_run(args.replay, "--replay", report)
         session, unanswered = prepare_resume(load_transcript(args.resume), args.question) \
             if args.resume else (None, 0)
@@ -6174,7 +6289,13 @@ def main(argv=None, client=None, stdin=None):
             if args.workdir else f"the workdir {source} recorded ({shown_path(workdir)})" \
             if recorded else f"the current directory ({workdir}; no --workdir was given)"
         if why is not None:
-            gone = args.workdir and not why and not os.path.lexists(workdir)
+            gone = not why and not os.path.lexists(workdir)
+            if recorded and not args.workdir:  # not the user's word: name the file, the way out
+                named = recorded_workdir(given, workdir)
+                raise UsageError(f"{source} recorded the workdir {named}, which "
+                                 f"{'does not exist' if gone else 'is not a directory'}{why} "
+                                 f"here: give -C DIR (--workdir) to "
+                                 f"{'replay' if replay else 'resume'} it in another directory")
             home = "; a ~ in quotes is not your home directory: leave it unquoted, or write " \
                 "$HOME" if gone and args.workdir.startswith("~") else ""
             raise UsageError(f"{where} {'does not exist' if gone else 'is not a directory'}{why}"
@@ -6183,6 +6304,15 @@ def main(argv=None, client=None, stdin=None):
         if not args.no_sandbox:  # unconfined, the model's code can write anywhere anyway
             check_runs_apart(workdir, where)
         for inside in {workdir, Path(os.path.realpath(recorded.get("workdir") or workdir))}:
+            if args.resume and Path(os.path.realpath(args.resume)).is_relative_to(inside) \
+                    and inside != workdir and asked != args.resume:  # a kept run, by its name
+                raise UsageError(f"--resume {asked} is the kept run {args.resume}, made by a run "
+                                 f"whose workdir, {inside}, holds the kept runs (only "
+                                 "--no-sandbox allows that): its code could have rewritten this "
+                                 "file, so it is not resumed; give another run's id (--resume "
+                                 f"ID; they are in {Path(args.resume).parent}), or remove this "
+                                 f"one (rm {args.resume})" + (" and last names the one before"
+                                                              if asked == "last" else ""))
             if args.resume and Path(os.path.realpath(args.resume)).is_relative_to(inside):
                 raise UsageError(f"--resume {args.resume} is inside the workdir {inside}, where "
                                  "the model's code could have rewritten it; it is not resumed "
@@ -6219,6 +6349,8 @@ def main(argv=None, client=None, stdin=None):
         reach = None if args.no_sandbox else workdir  # where the model's code can write, if not
         output = OutputFile(target, reach, "--transcript" if args.transcript else "--resume") \
             if target not in (None, "-") else None  # reach None: everywhere
+        if args.trials:
+            room_for_trials(args.trials)
         trial_outputs = {i: OutputFile(trial_path(output.path, i), reach, named=False)
                          for i in range(1, args.trials + 1)} if args.trials and output else {}
         events_out = OutputFile(args.events, reach, "--events", stream=True) \
@@ -6237,9 +6369,11 @@ def main(argv=None, client=None, stdin=None):
                            + [("--events", events_out)] * bool(events_out)
                            + [(f"trial {i}'s transcript", o) for i, o in trial_outputs.items()],
                            [("--system-prompt", args.system_prompt)])
-        if args.budget_usd is not None and base_model(model) not in PRICING:
-            raise UsageError(f"--budget-usd needs a known price, and {model} is not in the "
-                             "pricing table")
+        for flag, given in (("--budget-usd", args.budget_usd),
+                            ("--trials-budget-usd", args.trials_budget_usd)):
+            if given is not None and base_model(model) not in PRICING:
+                raise UsageError(f"{flag} needs a known price, and {model} is not in the "
+                                 "pricing table")
         limits = Limits(max_turns=args.max_turns, token_budget=args.token_budget,
                         budget_usd=args.budget_usd, max_tokens=args.max_tokens,
                         tool_timeout=args.tool_timeout, request_timeout=args.request_timeout,
@@ -6299,7 +6433,7 @@ def main(argv=None, client=None, stdin=None):
         if args.trials:
             spec = TrialSpec(args.question, model, args.effort, args.trials, args.jobs,
                              args.expect, args.expect_tool, args.expect_stop, args.quiet,
-                             system or SYSTEM_PROMPT, server)
+                             system or SYSTEM_PROMPT, server, args.trials_budget_usd)
             summary = run_trials(spec, client, ctx, trial_outputs, events, telemetry,
                                  kept_trials)
             if events and events.lost:
@@ -6348,6 +6482,7 @@ def main(argv=None, client=None, stdin=None):
         say(f"stop: {stop.reason} ({stop.detail}); {turns}, {u['tokens']} tokens, {cost}")
         if kept_line:
             report.line(kept_line)
+            kept_line = None  # said: not again if the answer cannot be written
         if args.transcript == "-":
             print_document(session)
         elif session["answer"] and args.events != "-" and not already_streamed(report):

@@ -18,7 +18,8 @@ import pytest
 
 import agent
 import fakes
-from helpers import AGENT, kept_by_the_tests, loopback, schema_errors, tool_context
+from helpers import (AGENT, OTHER_USERS, kept_by_the_tests, loopback, schema_errors,
+                     tool_context)
 
 
 @pytest.fixture(autouse=True)
@@ -272,6 +273,8 @@ def as_nobody(request):
     may be in a 0700 home or temp directory, so agent.py is copied to a directory of its own in
     /tmp (root's, sticky and open to all, as /tmp is), beside a directory that nobody owns. All
     of it is removed after the test however it ends, what nobody made there included."""
+    if OTHER_USERS:
+        pytest.skip(OTHER_USERS)
     python = shutil.which("python3", path="/usr/bin:/bin")
     if python is None:
         pytest.skip("no /usr/bin/python3 an ordinary user can run")

@@ -18,7 +18,8 @@ import pytest
 
 import agent
 from fakes import FakeAPIError, FakeClient, alive, reply, text, tool_use
-from helpers import AGENT, DOTENV_PATH, Silent, agent_env, run_agent_py, run_cli, serve
+from helpers import (AGENT, DOTENV_PATH, Silent, agent_env, as_other_users, run_agent_py, run_cli,
+                     serve)
 
 
 # --- the terminal shows the truth ---
@@ -502,6 +503,8 @@ def test_a_full_stdout_or_device_is_one_line_exit_1(request, workdir, agent_copy
     where = "/dev/full" if "/dev/full" in argv else "stdout"
     assert f"agent.py: cannot write to {where}: No space left on device" in \
         done.stderr.splitlines() and "internal error" not in done.stderr, done.stderr
+    kept = [line for line in done.stderr.splitlines() if line.startswith("kept: ")]
+    assert len(kept) == (argv == ["q"]), done.stderr  # said once, not again after the error
 
 
 # --- .env and config ---
@@ -873,7 +876,7 @@ def test_a_planted_dotenv_cannot_redirect_any_later_run(request, tmp_path, workd
 
 
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to make a file another user owns")
+needs_root = as_other_users  # to make a file another user owns
 OTHER_WRITERS = {"owned by nobody": (65534, 0o600), "group-writable": (0, 0o620),
                  "world-writable": (0, 0o602)}
 
