@@ -28,6 +28,13 @@ terminal output, path safety, the sandbox (its whole policy is one value, `Sandb
 read in the order a call runs), and the command line.
 """
 
+import sys
+
+if sys.version_info < (3, 11):  # checked before the first import an older Python lacks
+    sys.stderr.write(f"agent.py: needs Python 3.11 or newer, and {sys.executable} is "
+                     f"{sys.version.split()[0]}: run it with python3.11 (or uv run agent.py)\n")
+    sys.exit(2)
+
 import argparse
 import contextlib
 import ctypes
@@ -55,7 +62,6 @@ import stat
 import statistics
 import struct
 import subprocess
-import sys
 import sysconfig
 import tempfile
 import threading
@@ -71,11 +77,6 @@ from functools import cached_property
 from datetime import datetime, timezone
 from itertools import count
 from pathlib import Path
-
-if sys.version_info < (3, 11):  # checked before the first line an older Python cannot run
-    sys.stderr.write(f"agent.py: needs Python 3.11 or newer, and {sys.executable} is "
-                     f"{sys.version.split()[0]}: run it with python3.11 (or uv run agent.py)\n")
-    sys.exit(2)
 
 
 # ================================================================================================
@@ -481,7 +482,7 @@ def agreed(question, stdin):
             return False  # a question no one can see is not agreed to
         answer = stdin.readline()
         if not answer.endswith("\n"):  # no one answered: end the line
-            to_stderr(dimmed("(no answer)\n", screen), screen)
+            to_stderr(dimmed(getattr(stdin, "no_answer", "(no answer)") + "\n", screen), screen)
     return answer.strip().lower() in ("y", "yes")
 
 
@@ -809,6 +810,7 @@ def stream_once(client, request, report, cancel, limits):
     most = request["max_tokens"] * TOKEN_CHARS  # characters the reply may stream
     lasts = limits.request_timeout + request["max_tokens"] / MIN_TOKEN_RATE  # seconds it may take
     with messages.stream(**request) as stream:
+        not_a_stream(stream)
         watch = Watchdog(stream, limits.request_timeout, time.monotonic() + lasts)
         complete, streamed, writing, cut_off = False, 0, None, {}
         try:
@@ -862,6 +864,27 @@ def stream_once(client, request, report, cancel, limits):
             watch.stop()
         request_id = getattr(stream, "request_id", None)
     return (message.to_dict() if hasattr(message, "to_dict") else message), request_id, cut_off
+
+
+class NotAStream(Exception):
+    """A server answered a streamed request with something else (JSON, a page): api_error, not
+    retried, as a reply would come the same way again."""
+    status_code = 200
+
+
+def not_a_stream(stream):
+    """Raise NotAStream when the response is not an event stream (its content-type says)."""
+    response = getattr(stream, "response", None)
+    headers = getattr(response, "headers", None)
+    if headers is None:  # (a test's fake stream)
+        return
+    kind = headers.get("content-type") or ""
+    if kind.split(";")[0].strip().lower() != "text/event-stream":
+        root = str(response.url).split("/v1/messages")[0]
+        raise NotAStream(f"the server answered {response.status_code} with "
+                         f"{'content-type ' + one_line(kind, 80) if kind else 'no content-type'}, "
+                         "not an event stream (text/event-stream), to a streamed request: is "
+                         f"ANTHROPIC_BASE_URL ({root}) an Anthropic Messages API server?")
 
 
 def whole_json(text):
@@ -2908,6 +2931,22 @@ def passed(session, expect):
     return not expect["stop"] or stop == expect["stop"]
 
 
+def why_failed(session, expect):
+    """The first condition a trial that ran to a stop of the model's own did not meet, in
+    words; None if it passed, or if the harness or the network ended it (not the model)."""
+    stop = (session.get("stop") or {}).get("reason")
+    if stop in INFRA_STOPS or passed(session, expect):
+        return None
+    if not any(expect.values()):
+        return f"it stopped with {stop}, not end_turn (no --expect was given)"
+    if expect["regex"] and not re.search(expect["regex"], session.get("answer") or ""):
+        return f"--expect {expect['regex']!r} is not in the answer"
+    if expect["tool"] and not any(c["name"] == expect["tool"]
+                                  for t in session["turns"] for c in t["tool_calls"]):
+        return f"--expect-tool {expect['tool']} was not called"
+    return f"--expect-stop {expect['stop']}, and it stopped with {stop}"
+
+
 def pass_at_k(n, c, k):
     """Unbiased pass@k: the chance that at least one of k trials drawn from n passes."""
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
@@ -2992,6 +3031,7 @@ def print_summary(summary, report):
         f"{money(summary['cost_usd'])}")
 
 
+TRIAL = threading.local()  # .index: the trial this thread runs, if any (approval_question)
 MAX_TRIALS = 1000  # --trials at most: a typo'd zero (1000000) is a usage error, not a bill
 MAX_JOBS = 32  # --jobs at most: trials at once, each a thread, a connection and a sandbox
 
@@ -3048,6 +3088,7 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
                            if begun and i not in {r["index"] for r in results})
 
     def trial(index):
+        TRIAL.index = index  # for the approval question, asked in this thread
         with starting:  # the total decides whether it starts; then it counts in the total
             if spec.budget_usd is not None and spent() >= spec.budget_usd:
                 return
@@ -3069,7 +3110,9 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
         stop = drive(client, session, ctx, report, save)
         report.trace("end", stop, session)
         save.events_lost(session, events)
-        report.line(f"stop: {stop.reason} ({stop.detail})", always=True)
+        report.line(f"stop: {stop.reason} ({said_stop(stop)})", always=True)
+        if why_failed(session, spec.expect):
+            report.line(f"fail: {why_failed(session, spec.expect)}", always=True)
         results.append({"index": index, "stop": stop.reason, "turns": len(session["turns"]),
                         "tokens": session["usage"]["tokens"],
                         "cost_usd": session["usage"]["cost_usd"],
@@ -3262,6 +3305,11 @@ def priced_as(t):
     url = t.get("base_url")
     if not is_str(url) or urllib.parse.urlsplit(url).hostname == ANTHROPIC_HOST:
         return ""
+    model = t.get("model") if is_str(t.get("model")) else "the model"
+    if base_model(model) not in PRICING:  # nothing was priced: say so, not how it was
+        return (f"<p>No cost is shown: agent.py knows no price for {esc(model)} (it prices "
+                f"Anthropic's models as Anthropic's API bills them), and {esc(url)} may bill "
+                "otherwise, or nothing.</p>")
     return (f"<p>The cost is priced as {esc(t.get('model', 'the model'))} would be on "
             f"Anthropic's API, not by {esc(url)}, which may bill otherwise, or nothing.</p>")
 
@@ -3853,13 +3901,18 @@ class Telemetry:
         """Send what is left, waiting OTEL_GRACE seconds at most; say once if any was lost."""
         ending = threading.Thread(target=self.provider.shutdown, daemon=True)
         ending.start()
-        ending.join(OTEL_GRACE)
+        interrupted = False
+        try:
+            ending.join(OTEL_GRACE)
+        except KeyboardInterrupt:  # the run is done: Ctrl-C now gives up the spans, not the run
+            interrupted = True
         if ending.is_alive():  # the collector is slow or away: stop its retries, go on
             self.exporter.shutdown()
         started = next(self.started) - 1
         lost = started - self.exporter.sent
         if self.failed or lost:
-            why = self.failed or self.exporter.why or (
+            why = "interrupted by Ctrl-C while they were sent" if interrupted and lost else \
+                self.failed or self.exporter.why or (
                 f"no answer within {OTEL_GRACE:g} s" if ending.is_alive()
                 else "the collector refused them")
             report.error(f"agent.py: --otel: {lost} of {plural(started, 'span')} did not reach "
@@ -4209,7 +4262,8 @@ def approval_question(code, rows, columns):
               f"{f' ({n} times)' if n > 1 else ''}" for ch, n in sorted(named.items())]
     if len(legend) > 12:
         legend = legend[:11] + [f"  and {len(legend) - 11} more characters shown by code point"]
-    head = f"--- run_python wants to run {plural(len(lines), 'line')} ---"
+    who = f"[trial {TRIAL.index}] " if getattr(TRIAL, "index", None) else ""  # --trials
+    head = f"--- {who}run_python wants to run {plural(len(lines), 'line')} ---"
     body = lines + (["--- characters shown by their code point:"] + legend if legend else [])
     tall = sum(max(1, -(-display_width(line) // max(columns, 20))) for line in body)
     text = "\n" + head + "\n" + "\n".join(body) + "\n"
@@ -4217,7 +4271,7 @@ def approval_question(code, rows, columns):
         text += (f"--- run_python wants to run the {plural(len(lines), 'line')} above; "
                  f"{plural(tall + 3 - rows, 'row')} of them scrolled off the top of the screen "
                  "(scroll up to read them) ---\n")
-    return text + "--- run it? [y/N] "
+    return text + f"--- {who}run it? [y/N] "
 
 
 DIM, UNDIM = "\x1b[2m", "\x1b[22m"  # SGR faint, and back to normal intensity
@@ -4515,8 +4569,8 @@ def read_window(fd, path, offset, limit, max_bytes):
     """Lines [offset, offset+limit) (at most max_bytes), reading fixed-size chunks, never a
     whole line: the rest of the file is only counted, so memory stays bounded."""
     kept, line, last, cut_line, seen, tail = bytearray(), 1, offset - 1, False, 0, b"\n"
-    while chunk := os.read(fd, 1 << 16):
-        seen += len(chunk)
+    for chunk in iter(lambda: os.read(fd, 1 << 16), b""):  # (no :=, so that Python 3.7 can
+        seen += len(chunk)  # parse the file and reach the version check at its top)
         tail = chunk[-1:]
         start = 0
         while start < len(chunk) and line < offset + limit and not cut_line:
@@ -4615,7 +4669,9 @@ def sandbox_policy(workdir, limits, system=None):
                  ("PYTHONSAFEPATH", "1"),  # no script dir or cwd on sys.path: no stdlib shadowed
                  # a name that is not UTF-8 (os.listdir gives it a lone surrogate) prints as
                  # the escape Python source can use again, caf\udce9.csv, not a crash
-                 ("PYTHONIOENCODING", "utf-8:backslashreplace"), ("MPLBACKEND", "Agg")),
+                 ("PYTHONIOENCODING", "utf-8:backslashreplace"), ("MPLBACKEND", "Agg"),
+                 # what a script printed before a timeout or Ctrl-C killed it reaches the model
+                 ("PYTHONUNBUFFERED", "1")),
         rlimits=(("RLIMIT_CORE", 1, 1),  # 1, not 0: no core-dump pipe helper either
                  ("RLIMIT_SIGPENDING", 256, 256),  # a count the kernel keeps per user
                  ("RLIMIT_NOFILE", 4096, 4096),  # the machine's file table is shared
@@ -5586,6 +5642,26 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):
         raise UsageError(f"{message} (see --help)")
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name in (None, "store"):  # every option with a value, in every group
+            self.register("action", name, Once)
+
+
+class Once(argparse.Action):
+    """An option's value, given once: a second one (`-C a -C b`, where the last used to win
+    without a word) is a usage error, unless it says the same."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = namespace.__dict__.setdefault("_given", {})
+        if self.dest in given and given[self.dest] != values:
+            shown = [" ".join(v) if isinstance(v, list) else str(v)
+                     for v in (given[self.dest], values)]
+            raise UsageError(f"{'/'.join(self.option_strings)} was given twice ({shown[0]}, "
+                             f"then {shown[1]}): give it once")
+        given[self.dest] = values
+        setattr(namespace, self.dest, values)
+
 
 DESCRIPTION = """Answer a question about the files in a directory with Claude, through a
 hand-written agent loop with two tools: read_file, and run_python in an OS sandbox.
@@ -5835,6 +5911,12 @@ def not_utf8(what, byte, before):
                      "as UTF-8 text (iconv -t UTF-8 converts a file)")
 
 
+class QuestionWasRead(io.StringIO):
+    """stdin once the question (-) was read from it: nothing is left to answer a question with,
+    and agreed says so."""
+    no_answer = "(no answer: stdin held the question; give --yes to run it unasked)"
+
+
 def read_question(stdin):
     """The question on stdin (-): its bytes, which must be UTF-8, when it has them."""
     raw = getattr(stdin, "buffer", None)
@@ -6043,7 +6125,17 @@ def load_config(workdir, report):
         except ImportError:
             raise UsageError(install_hint())
         found = dotenv_values(stream=io.StringIO(text), interpolate=False)
-    return {n: check_text(os.environ.get(n) or found.get(n), n) for n in names}
+    config = {n: os.environ.get(n) or found.get(n) for n in names}
+    key = config["ANTHROPIC_API_KEY"]
+    odd = next((i for i, c in enumerate(key or "") if not c.isascii()), None)
+    if odd is not None:  # where, and never a character of the key itself (it is a secret)
+        byte = key[odd]
+        where = "" if os.environ.get("ANTHROPIC_API_KEY") else f" (from {dotenv_path()})"
+        said = f"is not valid UTF-8: byte 0x{os.fsencode(byte)[0]:02x}" \
+            if "\udc80" <= byte <= "\udcff" else "has a character that is not ASCII"
+        raise UsageError(f"ANTHROPIC_API_KEY{where} {said} at position {odd + 1} of {len(key)}: "
+                         "copy the key again")
+    return {n: check_text(config[n], n) for n in names}
 
 
 def learn_secrets():
@@ -6256,6 +6348,7 @@ def main(argv=None, client=None, stdin=None):
                              "/dev/null)")
         if args.question == "-":
             args.question = read_question(stdin).strip()
+            stdin = QuestionWasRead()
             if not args.question:
                 raise UsageError("the question is - but stdin held none")
         system = read_system_prompt(args.system_prompt) if args.system_prompt else None
@@ -6479,7 +6572,7 @@ def main(argv=None, client=None, stdin=None):
         u, turns = session["usage"], plural(len(session["turns"]), "turn")
         cost = "cost unknown" if u["cost_usd"] is None else f"${u['cost_usd']:.6f}"
         say = report.error if stop.exit_code not in (0, 3) else report.line
-        say(f"stop: {stop.reason} ({stop.detail}); {turns}, {u['tokens']} tokens, {cost}")
+        say(f"stop: {stop.reason} ({said_stop(stop)}); {turns}, {u['tokens']} tokens, {cost}")
         if kept_line:
             report.line(kept_line)
             kept_line = None  # said: not again if the answer cannot be written
@@ -6502,6 +6595,12 @@ def main(argv=None, client=None, stdin=None):
             telemetry.finish(report)
         if events:
             events.close()
+
+
+def said_stop(stop):
+    """A Stop's detail as the stop line says it: with how many attempts failed, when the turn
+    was retried (with -q, the retry lines before it do not show)."""
+    return stop.detail + (f"; after {len(stop.retries) + 1} attempts" if stop.retries else "")
 
 
 def failed(report, stop):

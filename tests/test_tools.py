@@ -485,3 +485,17 @@ def test_the_line_of_a_failed_script_with_nothing_on_stderr_says_how_it_ended(ca
     assert lines[0].startswith("error: timed out after 1 s (")
     assert lines[1].startswith("error: exit code 3 (")
     assert lines[2].startswith("error: ZeroDivisionError: division by zero (")
+
+
+@pytest.mark.parametrize("flags", [["--no-sandbox"], []], ids=["unconfined", "sandboxed"])
+def test_what_a_timed_out_script_printed_reaches_the_model(capsys, workdir, flags):
+    """Its stdout is a pipe: block-buffered, what it printed died with it, and `Output so far`
+    was empty, the very output that shows where it hung (newuser2 N9)."""
+    client = FakeClient(reply(tool_use("run_python", {"code": "import time\nprint('partial')\n"
+                                                               "time.sleep(30)"})),
+                        reply(text("done")))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--tool-timeout",
+                                    "2", *flags], client)
+    result = final_messages(client)[-1]["content"][0]
+    assert code == 0 and result["is_error"], err
+    assert "Output so far:\n--- stdout ---\npartial\n" in result["content"], result["content"]

@@ -279,3 +279,35 @@ def test_trials_need_open_files_and_say_so(workdir, tmp_path, agent_copy):
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == ("agent.py: --trials 1000 needs about 2256 open files, and this process "
                            "may open 512 (ulimit -n): give fewer trials, or raise the limit\n")
+
+
+def test_the_approval_question_names_the_trial_that_asks(capsys, workdir):
+    """With --trials, two identical questions could not be told apart: which trial got the y
+    and which the n showed only in the result lines (newuser #12)."""
+    code_ = "print('hi')"
+    client = FakeClient(reply(tool_use("run_python", {"code": code_})), reply(text("a")),
+                        reply(tool_use("run_python", {"code": code_})), reply(text("b")))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "2",
+                                    "--no-sandbox"], client, stdin="y\nn\n")
+    assert code == 0, err
+    heads = [line for line in err.splitlines() if "run_python wants to run" in line]
+    assert heads == ["--- [trial 1] run_python wants to run 1 line ---",
+                     "--- [trial 2] run_python wants to run 1 line ---"]
+    assert "--- [trial 1] run it? [y/N] " in err and "--- [trial 2] run it? [y/N] " in err
+    assert "[trial 1]   run_python" in err and "-> ok" in err
+
+
+def test_a_failed_trial_says_which_condition_failed(capsys, workdir):
+    """`0 passed, 3 failed` without a word of why meant opening the JSON (newuser #17)."""
+    client = FakeClient(reply(text("42")), reply(text("99")),
+                        reply(text("99"), stop_reason="max_tokens"))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "3", "--expect",
+                                    "99", "--expect-stop", "end_turn"], client)
+    fails = [line for line in err.splitlines() if " fail: " in line]
+    assert code == 6 and fails == ["[trial 1] fail: --expect '99' is not in the answer",
+                                   "[trial 3] fail: --expect-stop end_turn, and it stopped with "
+                                   "max_tokens"], err
+    client = FakeClient(reply(text("hi"), stop_reason="max_tokens"))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "1"], client)
+    assert "[trial 1] fail: it stopped with max_tokens, not end_turn (no --expect was given)" \
+        in err.splitlines()
