@@ -1446,16 +1446,94 @@ SECRETS = set()  # values agent.py read as secrets (the API key): never sent or 
 
 
 def redact(text):
-    """`text` (str, or UTF-8 bytes) with every secret agent.py holds replaced by a marker. Every
-    door out redacts: the files (dump, OutputFile.put), stdout and stderr (to_stdout,
-    to_stderr), the collector (Counted), and every cut (shorten), so no prefix of a key is left
-    where its whole would have been caught."""
-    for secret in SECRETS:
-        if isinstance(text, bytes):
-            text = text.replace(utf8(secret), b"[redacted secret]")
-        elif secret in text:
+    """`text` (str, or UTF-8 bytes) with every secret agent.py holds replaced by a marker, and
+    so is every piece of one, a run of PIECE characters or more of it. Every door out redacts:
+    the files (dump, OutputFile.put), stdout and stderr (to_stdout, to_stderr), the collector
+    (Counted), and every cut (shorten), so no prefix of a key is left where its whole would have
+    been caught. Pieces, because a server that knows the key can write it in parts wherever it
+    likes (two text blocks, a text block and a tool call's input, two turns): each part is a
+    piece, found in whatever field or document it lands, with no need to know where its other
+    parts went. What is left of a key is runs of at most PIECE - 1 of its characters."""
+    if not SECRETS:
+        return text
+    if isinstance(text, bytes):  # the same, on the text the bytes hold (any bytes, kept as is)
+        if not any(utf8(block) in text for secret in SECRETS for block in secret_blocks(secret)[1]):
+            return text  # every piece holds a block: with none here, there is nothing to find
+        return redact(text.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
+    for secret in SECRETS:  # whole secrets first: the common case, and the cheapest
+        if secret in text:
             text = text.replace(secret, "[redacted secret]")
-    return text
+    kept, at = [], 0
+    for start, end in secret_runs(text):
+        kept += [text[at:start], "[redacted secret]"]
+        at = end
+    return "".join(kept) + text[at:] if kept else text
+
+
+PIECE = 12  # characters of a secret in a row that are redacted wherever they stand
+
+
+def secret_runs(text):
+    """Where `text` holds a piece of a secret (PIECE characters of it in a row, or the whole of
+    one shorter than that): sorted, disjoint (start, end) pairs. Each place a block of a secret
+    is found (one regex a secret, in C) is followed out to both sides, as far as the secret
+    goes on; a piece further on has a block further on, so the search resumes past it."""
+    found = []
+    for secret in SECRETS:
+        pattern, places, least = secret_blocks(secret)
+        at = 0
+        while hit := pattern.search(text, at):
+            at = hit.start() + 1
+            for offset in places[hit.group()]:  # each place the block has in the secret
+                left, right, shift = hit.start(), hit.end(), offset - hit.start()
+                while left > 0 and left + shift > 0 and text[left - 1] == secret[left - 1 + shift]:
+                    left -= 1
+                while right < len(text) and right + shift < len(secret) and \
+                        text[right] == secret[right + shift]:
+                    right += 1
+                if right - left >= least:
+                    found.append((left, right))
+                    at = max(at, right)
+    runs = []
+    for start, end in sorted(found):
+        if runs and start <= runs[-1][1]:
+            runs[-1] = (runs[-1][0], max(runs[-1][1], end))
+        else:
+            runs.append((start, end))
+    return runs
+
+
+BLOCKS = {}  # secret: what secret_blocks made of it, made once
+
+
+def secret_blocks(secret):
+    """(a regex that finds a block of `secret`, {block: the places it has in the secret}, the
+    length of a piece). The blocks cut the secret every half piece, so that every piece of it
+    holds a whole block, wherever the piece starts."""
+    if secret not in BLOCKS:
+        least = min(PIECE, len(secret))
+        half = (least + 1) // 2
+        blocks = {secret[i:i + half] for i in range(0, len(secret) - half + 1, half)}
+        places = {b: [j for j in range(len(secret)) if secret.startswith(b, j)] for b in blocks}
+        BLOCKS[secret] = re.compile("|".join(map(re.escape, sorted(blocks)))), places, least
+    return BLOCKS[secret]
+
+
+def secret_tail(text):
+    """How many characters at the end of `text` a stream holds back for its next part: the run
+    of a secret's characters it ends with (the next part may go on with the secret), from the
+    start of any piece that runs into it. What is written before is redacted whole, and what
+    is held is redacted with what follows: no piece is ever cut in two."""
+    cut = len(text)
+    for secret in SECRETS:
+        n = min(len(secret), len(text))
+        while n and text[len(text) - n:] not in secret:
+            n -= 1
+        cut = min(cut, len(text) - n)
+    for start, end in secret_runs(text):
+        if start < cut < end:
+            cut = start
+    return len(text) - cut
 
 
 def secret_start(text, least=1, ends=False):
@@ -4297,7 +4375,7 @@ class Reporter:
         self.events, self.trial, self.turn_no = events, trial, None
         self.telemetry = telemetry  # --otel: the same moments as spans
         self.pending = ""  # streamed text not yet ended by a newline
-        self.held = ""  # its end, not yet written: it could be the start of a secret
+        self.held = ""  # its end, not yet written: it could be part of a secret
         self.said = ""  # streamed text not yet sent as an event
         self.thinking = False  # streaming the summary of the model's thinking, not its text
         self.said_writing = 0.0  # when stderr last said how far a tool call's input has come
@@ -4331,9 +4409,9 @@ class Reporter:
 
     def emit_said(self, whole=True):
         """The text streamed so far as an event; mid-stream (not `whole`), an end that could
-        begin a secret waits for the next event, where redact finds the secret whole."""
+        be part of a piece of a secret waits for the next event, where redact finds it whole."""
         extra = {"thinking": True} if self.thinking else {}
-        held = 0 if whole else secret_start(self.said)
+        held = 0 if whole else secret_tail(self.said)
         said, self.said = (self.said[:-held], self.said[-held:]) if held else (self.said, "")
         self.events.emit("text", self.trial, turn=self.turn_no, text=said, **extra)
 
@@ -4360,9 +4438,9 @@ class Reporter:
             if len(self.said) >= 2000 or ("\n" in delta and len(self.said) >= 200):
                 self.emit_said(whole=False)
         self.pending += shown
-        if not self.prefix:  # the end that could begin a secret waits for the next delta
+        if not self.prefix:  # an end that could be part of a secret waits for the next delta
             shown, self.held = self.held + shown, ""
-            held = secret_start(shown)
+            held = secret_tail(shown)
             if held:
                 shown, self.held = shown[:-held], shown[-held:]
             self.write(shown)

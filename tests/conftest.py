@@ -1,6 +1,7 @@
 """The fixtures. What every test gets: none of the user's config, no network beyond loopback, no
 request the real API would reject, and nothing left behind in the temp directory. And what
-tests ask for by name: workdir, ctx, agent_copy, as_nobody. Helper functions are in helpers.py."""
+tests ask for by name: workdir, ctx, spans, agent_copy, as_nobody. Helper functions are in
+helpers.py."""
 
 import json
 import os
@@ -233,6 +234,28 @@ def workdir(tmp_path):
 def ctx(workdir, tmp_path):
     """A ToolContext on the workdir: no sandbox, every run_python call approved."""
     return tool_context(workdir, tmp_path)
+
+
+@pytest.fixture
+def spans(monkeypatch):
+    """--otel with the SDK's in-memory exporter in place of OTLP: the finished spans as they
+    leave (after agent.py's own door, Counted), of every run in the test."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    memories, real_start = [], agent.Telemetry.start
+
+    def start(report):
+        telemetry = real_start(report)  # what the environment says (content or not), then
+        memories.append(InMemorySpanExporter())  # spans kept in memory instead of sent (one
+        provider = TracerProvider()  # exporter a run: the end of a run shuts its own down)
+        counted = agent.Counted(memories[-1])
+        counted.where = "memory"
+        provider.add_span_processor(SimpleSpanProcessor(counted))
+        return agent.Telemetry(provider, counted, telemetry.content)
+
+    monkeypatch.setattr(agent.Telemetry, "start", staticmethod(start))
+    return lambda: [span for memory in memories for span in memory.get_finished_spans()]
 
 
 @pytest.fixture

@@ -15,29 +15,7 @@ from fakes import FakeAPIError, FakeClient, reply, text, tool_use
 from helpers import AGENT, agent_env, as_documented, documented, run_agent_py, run_cli, serve
 from otlp_receiver import HostileCollector, OTLPReceiver, attributes
 
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
 CAPTURE = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
-
-
-@pytest.fixture
-def spans(monkeypatch):
-    """--otel with the SDK's in-memory exporter in place of OTLP: the finished spans, by name."""
-    memories, real_start = [], agent.Telemetry.start
-
-    def start(report):
-        telemetry = real_start(report)  # what the environment says (content or not), then
-        memories.append(InMemorySpanExporter())  # spans kept in memory instead of sent (one
-        provider = TracerProvider()  # exporter a run: the end of a run shuts its own down)
-        counted = agent.Counted(memories[-1])
-        counted.where = "memory"
-        provider.add_span_processor(SimpleSpanProcessor(counted))
-        return agent.Telemetry(provider, counted, telemetry.content)
-
-    monkeypatch.setattr(agent.Telemetry, "start", staticmethod(start))
-    return lambda: [span for memory in memories for span in memory.get_finished_spans()]
 
 
 def run(capsys, workdir, client, *flags, stdin=""):
