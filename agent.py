@@ -1481,8 +1481,8 @@ def secret_runs(text):
     found = []
     for secret in SECRETS:
         pattern, places, least = secret_blocks(secret)
-        at = 0
-        while hit := pattern.search(text, at):
+        at, hit = 0, pattern.search(text)
+        while hit:  # (no :=, so that Python 3.7 reaches the version check at the top)
             at = hit.start() + 1
             for offset in places[hit.group()]:  # each place the block has in the secret
                 left, right, shift = hit.start(), hit.end(), offset - hit.start()
@@ -1494,6 +1494,7 @@ def secret_runs(text):
                 if right - left >= least:
                     found.append((left, right))
                     at = max(at, right)
+            hit = pattern.search(text, at)
     runs = []
     for start, end in sorted(found):
         if runs and start <= runs[-1][1]:
@@ -5717,7 +5718,7 @@ exit codes:
   130  interrupted (Ctrl-C, SIGTERM or SIGHUP)"""
 
 
-def whole(value):
+def whole_number(value):
     """A count as --help shows it (1,000,000) or Python writes it (1_000_000), or as digits."""
     if not re.fullmatch(r"[+-]?\d+([,_]\d+)*", value.strip()):
         raise argparse.ArgumentTypeError(f"{value!r} is not a whole number")
@@ -5729,7 +5730,7 @@ def tokens_or_off(value):
     if value == "off":
         return None
     try:
-        return whole(value)
+        return whole_number(value)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError("give a number of tokens, or off")
 
@@ -5766,14 +5767,14 @@ def parse_args(argv):
                      "this UTF-8 file (default: agent.py's, for questions about files); recorded "
                      "in the transcript, and kept by --resume")
     limits = p.add_argument_group("limits")
-    limits.add_argument("--max-turns", type=whole, metavar="N", default=Limits.max_turns,
+    limits.add_argument("--max-turns", type=whole_number, metavar="N", default=Limits.max_turns,
                         help=f"requests per run (default: {Limits.max_turns})")
-    limits.add_argument("--token-budget", type=whole, metavar="N", default=Limits.token_budget,
+    limits.add_argument("--token-budget", type=whole_number, metavar="N", default=Limits.token_budget,
                         help="input + cache + output tokens per run (default: "
                              f"{Limits.token_budget:,})")
     limits.add_argument("--budget-usd", type=float, metavar="X", help="dollars per run, "
                         "priced like the bill (default: no dollar limit)")
-    limits.add_argument("--max-tokens", type=whole, metavar="N", default=Limits.max_tokens,
+    limits.add_argument("--max-tokens", type=whole_number, metavar="N", default=Limits.max_tokens,
                         help=f"output tokens per response (default: {Limits.max_tokens:,})")
     limits.add_argument("--tool-timeout", type=float, metavar="SECONDS",
                         default=Limits.tool_timeout, help="seconds per run_python call "
@@ -5795,11 +5796,11 @@ def parse_args(argv):
                          "$XDG_STATE_HOME/agent.py/runs or ~/.local/state/agent.py/runs "
                          "(default: every run is kept there; AGENT_PY_NO_KEEP=1 keeps none)")
     trials = p.add_argument_group("trials: how stable is a behaviour")
-    trials.add_argument("--trials", type=whole, metavar="K", help=f"run the question K times "
+    trials.add_argument("--trials", type=whole_number, metavar="K", help=f"run the question K times "
                         f"(at most {MAX_TRIALS:,}); "
                         "report pass@k and pass^k (with no --expect, --expect-tool or "
                         "--expect-stop, a trial passes if it stopped with end_turn)")
-    trials.add_argument("--jobs", type=whole, metavar="N", default=1, help="trials run at once "
+    trials.add_argument("--jobs", type=whole_number, metavar="N", default=1, help="trials run at once "
                         f"(default: 1; at most {MAX_JOBS})")
     trials.add_argument("--trials-budget-usd", type=float, metavar="X", help="dollars over all "
                         "the trials: once they have spent X, no more start (--budget-usd bounds "
@@ -5818,10 +5819,10 @@ def parse_args(argv):
                          default=Limits.clear_at, help="once a prompt reaches TOKENS, send old "
                          "tool results as a one-line placeholder (default: "
                          f"{Limits.clear_at:,})")
-    context.add_argument("--keep-tool-results", type=whole, metavar="N",
+    context.add_argument("--keep-tool-results", type=whole_number, metavar="N",
                          default=Limits.keep_results, help="the newest tool results, never "
                          f"cleared (default: {Limits.keep_results})")
-    context.add_argument("--clear-at-least", type=whole, metavar="TOKENS",
+    context.add_argument("--clear-at-least", type=whole_number, metavar="TOKENS",
                          default=Limits.clear_at_least, help="clear only when that frees this "
                          "many tokens, since a clearing breaks the cache once (default: "
                          f"{Limits.clear_at_least:,})")
