@@ -469,7 +469,7 @@ def make_approver(yes, no_sandbox, sandbox, stdin):
         if yes and (no_sandbox or sandbox.confined):
             return True
         # The question is approval_question, under "Terminal": no two programs look alike there.
-        return agreed(approval_question(code, *terminal_size()), stdin)
+        return agreed(approval_question(code, *terminal_size(), sandbox.unconfined), stdin)
     return approve
 
 
@@ -4269,7 +4269,7 @@ def display_width(text):
     return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
 
 
-def approval_question(code, rows, columns):
+def approval_question(code, rows, columns, unconfined=None):
     """What stderr shows before run_python's [y/N] question. When the code is longer than the
     screen, its header comes again right above the question, saying how much has scrolled off."""
     lines, named = shown_code(code)
@@ -4286,6 +4286,8 @@ def approval_question(code, rows, columns):
         text += (f"--- run_python wants to run the {plural(len(lines), 'line')} above; "
                  f"{plural(tall + 3 - rows, 'row')} of them scrolled off the top of the screen "
                  "(scroll up to read them) ---\n")
+    if unconfined:  # a y runs it as the user, with their files and network: the question says so
+        return text + f"--- {who}run it UNCONFINED, as you: no sandbox ({unconfined})? [y/N] "
     return text + f"--- {who}run it? [y/N] "
 
 
@@ -5188,6 +5190,12 @@ class Sandbox:
         self.confined = False  # every call runs inside the boundary: the self-test proved it
         self.status = "sandbox: off (--no-sandbox); run_python runs unconfined"
         self.said, self.lock, self.macos = False, threading.Lock(), None
+        self.why = None if enabled else "--no-sandbox"  # why not confined, when it is not
+
+    @property
+    def unconfined(self):
+        """Why a call would run unconfined (for the approval question), or None."""
+        return None if self.confined else self.why
 
     @cached_property
     def policy(self):
@@ -5230,8 +5238,10 @@ class Sandbox:
         """No working boundary: say so; run_python then asks before every call, even with --yes."""
         self.landlock, self.mounts, self.macos, self.confined = False, False, None, False
         self.tested = True
+        self.why = why
         self.status = (f"sandbox: unavailable ({why}); run_python will ask before every call, "
-                       "even with --yes (pass --no-sandbox to run it unconfined)")
+                       "even with --yes, and a y runs it unconfined, as you (--no-sandbox runs it "
+                       "so without asking)")
 
     def ready(self):
         """Prove the boundary at the first run_python call and say once what guards it."""
