@@ -5972,6 +5972,8 @@ def parse_args(argv):
         raise UsageError("--trials-budget-usd needs --trials (for one run, --budget-usd)")
     if args.trials is not None and args.resume:
         raise UsageError("--trials cannot be combined with --resume")
+    if args.events and own_descriptor(args.events) == 1:  # stdout by its name: as - says it
+        args.events = "-"
     if args.events == "-" and args.transcript == "-":
         raise UsageError("--events - and --transcript - cannot share stdout")
     if args.keep_tool_results < 0:
