@@ -880,7 +880,7 @@ def not_a_stream(stream):
         return
     kind = headers.get("content-type") or ""
     if kind.split(";")[0].strip().lower() != "text/event-stream":
-        root = str(response.url).split("/v1/messages")[0]
+        root = (server_url(str(response.url)) or "").split("/v1/messages")[0]  # no password
         raise NotAStream(f"the server answered {response.status_code} with "
                          f"{'content-type ' + one_line(kind, 80) if kind else 'no content-type'}, "
                          "not an event stream (text/event-stream), to a streamed request: is "
