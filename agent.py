@@ -1481,8 +1481,8 @@ def secret_runs(text):
     found = []
     for secret in SECRETS:
         pattern, places, least = secret_blocks(secret)
-        at = 0
-        while hit := pattern.search(text, at):
+        hit = pattern.search(text)
+        while hit:
             at = hit.start() + 1
             for offset in places[hit.group()]:  # each place the block has in the secret
                 left, right, shift = hit.start(), hit.end(), offset - hit.start()
@@ -1494,6 +1494,7 @@ def secret_runs(text):
                 if right - left >= least:
                     found.append((left, right))
                     at = max(at, right)
+            hit = pattern.search(text, at)
     runs = []
     for start, end in sorted(found):
         if runs and start <= runs[-1][1]:
