@@ -880,7 +880,7 @@ def not_a_stream(stream):
         return
     kind = headers.get("content-type") or ""
     if kind.split(";")[0].strip().lower() != "text/event-stream":
-        root = str(response.url).split("/v1/messages")[0]
+        root = (server_url(str(response.url)) or "").split("/v1/messages")[0]  # no password
         raise NotAStream(f"the server answered {response.status_code} with "
                          f"{'content-type ' + one_line(kind, 80) if kind else 'no content-type'}, "
                          "not an event stream (text/event-stream), to a streamed request: is "
@@ -5776,6 +5776,9 @@ def tokens_or_off(value):
         raise argparse.ArgumentTypeError("give a number of tokens, or off")
 
 
+LONGEST_WAIT = 10 ** 9  # seconds a timeout may be: every clock agent.py waits on holds it
+
+
 def parse_args(argv):
     p = Parser(prog="agent.py", epilog=EPILOG, description=DESCRIPTION, allow_abbrev=False,
                formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -5945,6 +5948,9 @@ def parse_args(argv):
         value = getattr(args, name)
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise UsageError(f"--{name.replace('_', '-')} must be a positive number")
+        if name.endswith("timeout") and value > LONGEST_WAIT:  # a socket's, a CPU limit's
+            raise UsageError(f"--{name.replace('_', '-')} must be at most {LONGEST_WAIT:,} "
+                             "seconds")
     if args.replay and (args.resume or args.trials or args.question is not None or args.model
                         or args.effort or args.system_prompt):
         raise UsageError("--replay runs the recorded question and turns again: give it no "

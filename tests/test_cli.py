@@ -157,6 +157,25 @@ def test_usage_errors_exit_2_with_one_line_and_send_nothing(capsys, argv, fragme
     assert len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("flag, seconds", [("--tool-timeout", "1e19"),
+                                           ("--request-timeout", "1e10")])
+def test_a_timeout_no_clock_can_hold_is_one_usage_line(request, workdir, tmp_path, agent_copy,
+                                                        flag, seconds):
+    """A timeout larger than the clocks agent.py waits on can hold (red-team F15). Before,
+    --tool-timeout 1e19 was taken, and every run_python call then failed with 'could not
+    start the sandboxed interpreter' (the CPU limit overflowed), --no-sandbox or not; and
+    --request-timeout 1e10 made every request a 'Connection error' (the socket's timeout
+    overflowed): 5 attempts, then exit 1, the server blamed. Now it is one usage line, exit 2,
+    and nothing is sent."""
+    api = serve(request, reply(tool_use("run_python", {"code": "print('ran')"})),
+                reply(text("done")))
+    done = run_agent_py(agent_copy, "q", "--workdir", workdir, "--yes", "--no-sandbox",
+                        "--no-keep", flag, seconds, env=agent_env(api), cwd=tmp_path,
+                        timeout=60, stdin=subprocess.DEVNULL)
+    assert (done.returncode, api.requests) == (2, []), done.stderr
+    assert done.stderr == f"agent.py: {flag} must be at most 1,000,000,000 seconds\n"
+
+
 def test_help_names_the_stop_labels_what_passes_a_trial_and_that_resume_rewrites_its_file(
         capsys):
     code, out, _ = run_cli(capsys, ["--help"])
