@@ -4049,11 +4049,11 @@ class OTLPHTTP:
             raise UsageError(f"--otel: the collector {url!r} is not an http(s) URL with a host")
         named = "OTEL_EXPORTER_OTLP_TRACES_HEADERS" if os.environ.get(
             "OTEL_EXPORTER_OTLP_TRACES_HEADERS") else "OTEL_EXPORTER_OTLP_HEADERS"
-        items = (setting("HEADERS") or "").split(",")
-        for i, item in enumerate(items):  # the SDK would print a bad one whole: a secret
-            if item.strip() and "=" not in item:
+        pairs = (setting("HEADERS") or "").split(",")
+        for i, pair in enumerate(pairs):  # the SDK would print a bad one whole: a secret
+            if pair.strip() and "=" not in pair:
                 raise UsageError(f"--otel: {named} is not a comma-separated list of name=value "
-                                 f"(item {i + 1} of {len(items)} has no =: a header written "
+                                 f"(item {i + 1} of {len(pairs)} has no =: a header written "
                                  "\"Name: value\"?); its values are not shown")
         self.headers = {**parse_env_headers(setting("HEADERS") or "", liberal=True),
                         "Content-Type": "application/x-protobuf"}
