@@ -469,7 +469,9 @@ def make_approver(yes, no_sandbox, sandbox, stdin):
         if yes and (no_sandbox or sandbox.confined):
             return True
         # The question is approval_question, under "Terminal": no two programs look alike there.
-        return agreed(approval_question(code, *terminal_size()), stdin)
+        # Without the sandbox, the question itself says that a y runs the code unconfined.
+        unconfined = None if no_sandbox or sandbox.confined else sandbox.why
+        return agreed(approval_question(code, *terminal_size(), unconfined), stdin)
     return approve
 
 
@@ -4269,9 +4271,11 @@ def display_width(text):
     return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
 
 
-def approval_question(code, rows, columns):
+def approval_question(code, rows, columns, unconfined=None):
     """What stderr shows before run_python's [y/N] question. When the code is longer than the
-    screen, its header comes again right above the question, saying how much has scrolled off."""
+    screen, its header comes again right above the question, saying how much has scrolled off.
+    `unconfined`: why the sandbox is unavailable, which the question itself then says (a y runs
+    the code as the user, -q or not)."""
     lines, named = shown_code(code)
     legend = [f"  \u27e6U+{ord(ch):04X}\u27e7 is {unicodedata.name(ch, 'an unnamed character')}"
               f"{f' ({n} times)' if n > 1 else ''}" for ch, n in sorted(named.items())]
@@ -4286,6 +4290,9 @@ def approval_question(code, rows, columns):
         text += (f"--- run_python wants to run the {plural(len(lines), 'line')} above; "
                  f"{plural(tall + 3 - rows, 'row')} of them scrolled off the top of the screen "
                  "(scroll up to read them) ---\n")
+    if unconfined:
+        return text + (f"--- {who}run it UNCONFINED, as you, with your files and network (no "
+                       f"sandbox: {shorten(unconfined, 60)})? [y/N] ")
     return text + f"--- {who}run it? [y/N] "
 
 
@@ -5188,6 +5195,7 @@ class Sandbox:
         self.confined = False  # every call runs inside the boundary: the self-test proved it
         self.status = "sandbox: off (--no-sandbox); run_python runs unconfined"
         self.said, self.lock, self.macos = False, threading.Lock(), None
+        self.why = None  # why there is no sandbox, once unavailable() said so
 
     @cached_property
     def policy(self):
@@ -5229,9 +5237,10 @@ class Sandbox:
     def unavailable(self, why):
         """No working boundary: say so; run_python then asks before every call, even with --yes."""
         self.landlock, self.mounts, self.macos, self.confined = False, False, None, False
-        self.tested = True
+        self.tested, self.why = True, why
         self.status = (f"sandbox: unavailable ({why}); run_python will ask before every call, "
-                       "even with --yes (pass --no-sandbox to run it unconfined)")
+                       "even with --yes, and a y runs it unconfined (--no-sandbox runs it "
+                       "unasked)")
 
     def ready(self):
         """Prove the boundary at the first run_python call and say once what guards it."""

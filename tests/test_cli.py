@@ -1171,6 +1171,54 @@ def test_a_workdir_holding_the_interpreter_or_venv_as_given_is_refused(capsys, t
     assert (code, client.requests) == (2, []) and "holds the Python interpreter" in err, err
 
 
+NO_LANDLOCK = """import ctypes, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def op(code, k, jt=0, jf=0): return struct.pack("HBBI", code, jt, jf, k)
+prog = [op(0x20, 0)] + [op(0x15, nr, 3 - i, 0) for i, nr in enumerate((444, 445, 446))]
+prog += [op(0x06, 0x7fff0000), op(0x06, 0x00050000 | 38)]  # allow; else ENOSYS
+class Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+fprog = Fprog(len(prog), b"".join(prog))
+assert libc.prctl(38, 1, 0, 0, 0) == 0 and libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0
+os.execv(sys.argv[1], sys.argv[1:])
+"""  # Landlock's three syscalls answer ENOSYS, as under an older container seccomp profile
+
+
+@pytest.mark.parametrize("flags", [(), ("-q",), ("--yes", "-q")])
+def test_without_the_sandbox_the_question_itself_says_a_y_runs_it_unconfined(
+        request, workdir, agent_copy, flags):
+    """N34: on a machine without Landlock every call is asked, and a y runs it unconfined. The
+    screen the user answers (a terminal; with -q nothing else is drawn) must say so in the
+    question itself, with why; the call is declined here and nothing ran."""
+    import pty
+    if sys.platform != "linux" or platform_machine() not in ("x86_64", "aarch64"):
+        pytest.skip("Landlock is made unavailable with a seccomp filter for Linux")
+    api = serve(request, reply(tool_use("run_python", {"code": "open('ran', 'w')"})),
+                reply(text("ok")))
+    main, screen = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-c", NO_LANDLOCK, sys.executable, str(agent_copy),
+                             "q", "--workdir", str(workdir), "--no-keep", *flags],
+                            stdin=screen, stdout=subprocess.PIPE, stderr=screen,
+                            env=agent_env(api))
+    os.close(screen)
+    drawn, deadline = b"", time.monotonic() + 60
+    while b"[y/N]" not in drawn and time.monotonic() < deadline and proc.poll() is None:
+        drawn += os.read(main, 65536) if select.select([main], [], [], 0.2)[0] else b""
+    os.write(main, b"n\n")
+    out = proc.communicate(timeout=60)[0]
+    os.close(main)
+    question = re.sub(r"\x1b\[\d+m", "", drawn.decode()).replace("\r\n", "\n").rstrip()
+    question = question.splitlines()[-1]
+    assert "UNCONFINED" in question and "no Landlock" in question, drawn
+    assert question.endswith("[y/N]") and len(question) < 200, question
+    assert proc.returncode == 0 and out == b"ok\n" and not (workdir / "ran").exists()
+
+
+def platform_machine():
+    import platform
+    return platform.machine()
+
+
 def test_with_stderr_in_a_file_the_approval_question_is_asked_on_the_terminal(
         request, workdir, tmp_path, agent_copy):
     """`2>log` on a terminal (finding 63): the question goes to the terminal the answer comes
