@@ -1149,24 +1149,3 @@ print(after - before, len(run.stdout), run.stdout.count('bytes cut'))
     grown_kb, kept, notes = map(int, done.stdout.split())
     assert notes == 1 and kept < 15_100
     assert grown_kb < 10_000, f"peak RSS grew {grown_kb} KB while 50 MB went through"
-
-
-def test_without_a_working_sandbox_the_question_says_a_y_runs_it_unconfined(capsys, workdir,
-                                                                           monkeypatch):
-    """The question was word for word the sandboxed one, and `y` ran the code as the user, with
-    their files and network; the one sandbox line said `pass --no-sandbox to run it unconfined`,
-    as if it were not unconfined without it (newuser2 N34)."""
-    if sys.platform != "linux":
-        pytest.skip("Linux detection path")
-    monkeypatch.setattr(agent, "landlock_abi", lambda libc: (0, "the kernel has no Landlock"))
-    client = FakeClient(reply(tool_use("run_python", {"code": "open('ran', 'w')"})),
-                        reply(text("ok")))
-    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)], client, stdin="y\n")
-    assert code == 0 and (workdir / "ran").exists()
-    assert "sandbox: unavailable (the kernel has no Landlock); run_python will ask before every " \
-        "call, even with --yes, and a y runs it unconfined, as you" in err, err
-    assert "--- run it UNCONFINED, as you: no sandbox (the kernel has no Landlock)? [y/N] " in err
-    client = FakeClient(reply(tool_use("run_python", {"code": "print(1)"})), reply(text("ok")))
-    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--no-sandbox"], client,
-                           stdin="y\n")
-    assert code == 0 and "--- run it UNCONFINED, as you: no sandbox (--no-sandbox)? [y/N] " in err
