@@ -469,7 +469,9 @@ def make_approver(yes, no_sandbox, sandbox, stdin):
         if yes and (no_sandbox or sandbox.confined):
             return True
         # The question is approval_question, under "Terminal": no two programs look alike there.
-        return agreed(approval_question(code, *terminal_size()), stdin)
+        # Without the sandbox, the question itself says that a y runs the code unconfined.
+        unconfined = None if no_sandbox or sandbox.confined else sandbox.why
+        return agreed(approval_question(code, *terminal_size(), unconfined), stdin)
     return approve
 
 
@@ -4279,9 +4281,11 @@ def display_width(text):
     return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
 
 
-def approval_question(code, rows, columns):
+def approval_question(code, rows, columns, unconfined=None):
     """What stderr shows before run_python's [y/N] question. When the code is longer than the
-    screen, its header comes again right above the question, saying how much has scrolled off."""
+    screen, its header comes again right above the question, saying how much has scrolled off.
+    `unconfined`: why the sandbox is unavailable, which the question itself then says (a y runs
+    the code as the user, -q or not)."""
     lines, named = shown_code(code)
     legend = [f"  \u27e6U+{ord(ch):04X}\u27e7 is {unicodedata.name(ch, 'an unnamed character')}"
               f"{f' ({n} times)' if n > 1 else ''}" for ch, n in sorted(named.items())]
@@ -4296,6 +4300,9 @@ def approval_question(code, rows, columns):
         text += (f"--- run_python wants to run the {plural(len(lines), 'line')} above; "
                  f"{plural(tall + 3 - rows, 'row')} of them scrolled off the top of the screen "
                  "(scroll up to read them) ---\n")
+    if unconfined:
+        return text + (f"--- {who}run it UNCONFINED, as you, with your files and network (no "
+                       f"sandbox: {shorten(unconfined, 60)})? [y/N] ")
     return text + f"--- {who}run it? [y/N] "
 
 
@@ -5198,6 +5205,7 @@ class Sandbox:
         self.confined = False  # every call runs inside the boundary: the self-test proved it
         self.status = "sandbox: off (--no-sandbox); run_python runs unconfined"
         self.said, self.lock, self.macos = False, threading.Lock(), None
+        self.why = None  # why there is no sandbox, once unavailable() said so
 
     @cached_property
     def policy(self):
@@ -5239,9 +5247,10 @@ class Sandbox:
     def unavailable(self, why):
         """No working boundary: say so; run_python then asks before every call, even with --yes."""
         self.landlock, self.mounts, self.macos, self.confined = False, False, None, False
-        self.tested = True
+        self.tested, self.why = True, why
         self.status = (f"sandbox: unavailable ({why}); run_python will ask before every call, "
-                       "even with --yes (pass --no-sandbox to run it unconfined)")
+                       "even with --yes, and a y runs it unconfined (--no-sandbox runs it "
+                       "unasked)")
 
     def ready(self):
         """Prove the boundary at the first run_python call and say once what guards it."""
@@ -6088,10 +6097,164 @@ def check_workdir(workdir, where, confined=True):
                  and Path(e) != workdir]  # a name in the workdir: the model's code may swap it
         if real.is_relative_to(workdir) or named:
             real = named[0] if named and not real.is_relative_to(workdir) else real
-            raise UsageError(f"{where} holds {what} ({real}), which the model's code could "
-                             "rewrite before the next run: pass --workdir with the directory of "
-                             "the data (in a throwaway container, --no-sandbox allows it), e.g. "
-                             f"--workdir {sample_workdir()}")
+            refuse_workdir(where, f"holds {what} ({real})")
+    check_next_run(workdir, where)
+
+
+def refuse_workdir(where, said):
+    raise UsageError(f"{where} {said}, which the model's code could rewrite before the next run: "
+                     "pass --workdir with the directory of the data (in a throwaway container, "
+                     f"--no-sandbox allows it), e.g. --workdir {sample_workdir()}")
+
+
+def next_run():
+    """Beyond harness(), what else runs before or inside the next agent.py (docs/threat-model.md,
+    "what runs agent.py next time"), as (what, path, whether a workdir *inside* it is refused
+    too): the prefixes Python runs from, every directory on PATH (where README's `python3`, the
+    `#!/usr/bin/env python3` line and `uv` are looked up), /etc (ld.so.preload, the loader's
+    and the shell's configuration), the directories the dynamic loader takes libraries from
+    (inside one too: glibc-hwcaps/ below it comes first), the files this Python has mapped (its
+    libraries), and the home directory (~/.profile, ~/.bashrc run before agent.py)."""
+    found = [("the Python agent.py runs on", p, False)
+             for p in (sys.exec_prefix, sys.base_exec_prefix) if p]
+    found += [("a directory on PATH, where the next `python3` (or `uv`) is looked up", p or ".",
+               False) for p in os.environ.get("PATH", "").split(os.pathsep)]
+    found.append(("the system's configuration, where the dynamic loader's ld.so.preload and the "
+                  "shells' profiles are", "/etc", True))
+    found += [("a directory the dynamic loader takes libraries from", p, True)
+              for p in loader_directories()]
+    found += [("a file agent.py's Python has mapped (a library it runs)", p, False)
+              for p in mapped_files()]
+    found.append(("your home directory, whose shell startup files (~/.profile, ~/.bashrc) run "
+                  "before agent.py", os.path.expanduser("~"), False))
+    return found
+
+
+LOADER_DIRECTORIES = ("/lib", "/lib64", "/lib32", "/usr/lib", "/usr/lib64", "/usr/lib32",
+                      "/usr/local/lib")  # where ld.so looks whatever its configuration says
+
+
+def loader_directories(conf="/etc/ld.so.conf", depth=4):
+    """The directories the dynamic loader takes libraries from: its defaults, LD_LIBRARY_PATH,
+    and those ld.so.conf names (its `include` globs followed)."""
+    found = list(LOADER_DIRECTORIES) if depth == 4 else []
+    found += [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p] \
+        if depth == 4 else []
+    try:
+        lines = Path(conf).read_text(errors="replace").splitlines()[:1000]
+    except (OSError, ValueError):
+        return found
+    import glob
+    for line in (line.split("#")[0].strip() for line in lines):
+        if line.startswith("include") and depth:
+            for name in sorted(glob.glob(line[len("include"):].strip()))[:100]:
+                found += loader_directories(name, depth - 1)
+        elif line.startswith("/"):
+            found.append(line)
+    return found
+
+
+def mapped_files():
+    """The files this process has mapped (its interpreter and shared libraries), from
+    /proc/self/maps; none where there is no /proc."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split(None, 5)[5].rstrip("\n") for line in maps
+                     if len(line.split(None, 5)) == 6}
+    except OSError:
+        return []
+    return sorted(p for p in paths if p.startswith("/") and os.path.isfile(p))
+
+
+def file_id(path, follow=True):
+    """(st_dev, st_ino) of `path`, the file itself whatever name or mount reaches it; None if
+    there is nothing there."""
+    try:
+        found = os.stat(path, follow_symlinks=follow)
+    except (OSError, ValueError):
+        return None
+    return found.st_dev, found.st_ino
+
+
+def check_next_run(workdir, where):
+    """Refuse a workdir that reaches what runs agent.py next time (harness() and next_run()) by
+    path, or as the same file by another route (N46, N47): Landlock judges the path the script
+    opens, so a bind mount of the checkout (as the workdir, or mounted below it) and a hard link
+    to agent.py or its .env inside it are agent.py to the script. Compared by (st_dev, st_ino):
+    the workdir and each directory above it, every mount below it, and, when a protected file
+    has more than one link, every file in it."""
+    entries = [(what, path, kind == "tree") for what, path, kind in harness()] + next_run()
+    holds, inside = {}, {}  # (dev, ino) -> (what, real path)
+    for what, path, within in entries:
+        real = Path(os.path.realpath(path))
+        if real.is_relative_to(workdir):
+            refuse_workdir(where, f"holds {what} ({real})")
+        if within and workdir.is_relative_to(real):
+            refuse_workdir(where, f"is inside {what} ({real})")
+        for up in (real, *real.parents):
+            holds.setdefault(file_id(up), (what, real))
+        if within:
+            inside.setdefault(file_id(real), (what, real))
+    holds.pop(None, None)
+    inside.pop(None, None)
+    for up in (workdir, *workdir.parents):
+        if file_id(up) in inside:
+            what, real = inside[file_id(up)]
+            refuse_workdir(where, f"is inside {what} ({real}), reached through {up}")
+    if file_id(workdir) in holds:
+        what, real = holds[file_id(workdir)]
+        refuse_workdir(where, f"is the directory above {what} ({real}) reached by another path "
+                              "(a bind mount)")
+    for point in mounts_below(workdir):
+        if file_id(point) in holds:
+            what, real = holds[file_id(point)]
+            refuse_workdir(where, f"holds {what} ({real}) through the mount at {point}")
+    linked = {}
+    for what, path, _ in entries:
+        try:
+            found = os.stat(path)
+        except (OSError, ValueError):
+            continue
+        if stat.S_ISREG(found.st_mode) and found.st_nlink > 1:
+            linked[found.st_dev, found.st_ino] = (what, Path(os.path.realpath(path)))
+    if linked:
+        for name in hard_links_below(workdir, linked):
+            what, real = linked[file_id(name, follow=False)]
+            refuse_workdir(where, f"holds {name}, a hard link to {what} ({real})")
+
+
+def mounts_below(workdir):
+    """The mount points strictly below `workdir`, from /proc/self/mountinfo (its fifth field,
+    with the kernel's octal escapes of space, tab, newline and backslash undone)."""
+    try:
+        with open("/proc/self/mountinfo") as info:
+            points = [line.split()[4] for line in info if len(line.split()) > 4]
+    except OSError:
+        return []
+    points = [Path(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), p)) for p in points]
+    return [p for p in points if p != workdir and p.is_relative_to(workdir)]
+
+
+def hard_links_below(workdir, linked):
+    """Every regular file below `workdir` that is one of `linked` ((dev, ino) keys) under
+    another name; symlinks are not followed (a symlink is no way in: Landlock judges the
+    target's path)."""
+    todo = [str(workdir)]
+    while todo:
+        try:
+            entries = list(os.scandir(todo.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    todo.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    found = entry.stat(follow_symlinks=False)
+                    if found.st_nlink > 1 and (found.st_dev, found.st_ino) in linked:
+                        yield Path(entry.path)
+            except OSError:
+                continue
 
 
 def names_on_the_way(path, hops=40):
