@@ -5770,7 +5770,7 @@ exit codes:
 
 def whole_number(value):
     """A count as --help shows it (1,000,000) or Python writes it (1_000_000), or as digits."""
-    if not re.fullmatch(r"[+-]?\d+([,_]\d+)*", value.strip()):
+    if not re.fullmatch(r"[+-]?(\d{1,3}(,\d{3})+|\d+(_\d+)*)", value.strip()):  # 1,0 is no count
         raise argparse.ArgumentTypeError(f"{value!r} is not a whole number")
     return int(value.replace(",", "").replace("_", ""))
 

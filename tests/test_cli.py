@@ -1330,9 +1330,10 @@ def test_counts_are_taken_as_help_shows_them(capsys, workdir, tmp_path):
     assert code == 0, err
     assert (limits["token_budget"], limits["max_tokens"], limits["clear_at"]) == (
         1_000_000, 16_000, 80_000)
-    code, _, err = run_cli(capsys, ["q", "--token-budget", "1,00,0x"], FakeClient())
-    assert code == 2 and err == ("agent.py: argument --token-budget: '1,00,0x' is not a whole "
-                                 "number (see --help)\n")
+    for bad in ("1,00,0x", "1,0", "1,00", "10,00,000"):  # a comma only between groups of three
+        code, _, err = run_cli(capsys, ["q", "--token-budget", bad], FakeClient())  # (newuser2 N45)
+        assert code == 2 and err == (f"agent.py: argument --token-budget: {bad!r} is not a whole "
+                                     "number (see --help)\n")
 
 
 @pytest.mark.parametrize("named", ["/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"])
