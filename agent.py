@@ -5956,6 +5956,8 @@ def parse_args(argv):
         raise UsageError("--trials-budget-usd needs --trials (for one run, --budget-usd)")
     if args.trials is not None and args.resume:
         raise UsageError("--trials cannot be combined with --resume")
+    if args.events and args.events != "-" and own_descriptor(os.path.abspath(args.events)) == 1:
+        args.events = "-"  # /dev/stdout, /dev/fd/1: stdout, as - is, and nothing else goes there
     if args.events == "-" and args.transcript == "-":
         raise UsageError("--events - and --transcript - cannot share stdout")
     if args.keep_tool_results < 0:
