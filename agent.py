@@ -2929,14 +2929,32 @@ class ReplayCheck:
 
 # --- Trials ---
 
-def passed(session, expect):
-    """Did a trial meet every --expect condition (or, with none, stop with end_turn)?"""
+EXPECT_SECONDS = 5.0  # an --expect regex may search one answer this long (it may backtrack)
+SEARCH = "import re, sys; sys.exit(0 if re.search(sys.argv[1], sys.stdin.read()) else 1)"
+
+
+def expect_found(regex, answer):
+    """True if the --expect regex is in the answer, False if not, None if the search took over
+    EXPECT_SECONDS. It runs in a child: a regex that backtracks on the model's text holds the
+    GIL inside `re`, where no Ctrl-C or SIGTERM can reach agent.py; a child can be killed."""
+    try:
+        done = subprocess.run([sys.executable, "-I", "-S", "-c", SEARCH, regex],
+                              input=(answer or "").encode("utf-8", "surrogatepass"),
+                              capture_output=True, timeout=EXPECT_SECONDS)
+    except subprocess.TimeoutExpired:
+        return None
+    return done.returncode == 0
+
+
+def passed(session, expect, found=True):
+    """Did a trial meet every --expect condition (or, with none, stop with end_turn)? `found`:
+    whether the regex is in the answer (expect_found)."""
     stop = (session.get("stop") or {}).get("reason")
     if stop in ("api_error", "error"):  # a failed session never passes, whatever it did
         return False
     if not any(expect.values()):
         return stop == "end_turn"
-    if expect["regex"] and not re.search(expect["regex"], session.get("answer") or ""):
+    if expect["regex"] and not found:
         return False
     if expect["tool"] and not any(c["name"] == expect["tool"]
                                   for t in session["turns"] for c in t["tool_calls"]):
@@ -2944,15 +2962,18 @@ def passed(session, expect):
     return not expect["stop"] or stop == expect["stop"]
 
 
-def why_failed(session, expect):
+def why_failed(session, expect, found=True):
     """The first condition a trial that ran to a stop of the model's own did not meet, in
     words; None if it passed, or if the harness or the network ended it (not the model)."""
     stop = (session.get("stop") or {}).get("reason")
-    if stop in INFRA_STOPS or passed(session, expect):
+    if stop in INFRA_STOPS or passed(session, expect, found):
         return None
     if not any(expect.values()):
         return f"it stopped with {stop}, not end_turn (no --expect was given)"
-    if expect["regex"] and not re.search(expect["regex"], session.get("answer") or ""):
+    if expect["regex"] and found is None:
+        return (f"--expect {expect['regex']!r} timed out after {EXPECT_SECONDS:g} s on an answer "
+                f"of {len(session.get('answer') or ''):,} characters: the regex backtracks")
+    if expect["regex"] and not found:
         return f"--expect {expect['regex']!r} is not in the answer"
     if expect["tool"] and not any(c["name"] == expect["tool"]
                                   for t in session["turns"] for c in t["tool_calls"]):
@@ -3124,13 +3145,15 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
         report.trace("end", stop, session)
         save.events_lost(session, events)
         report.line(f"stop: {stop.reason} ({said_stop(stop)})", always=True)
-        if why_failed(session, spec.expect):
-            report.line(f"fail: {why_failed(session, spec.expect)}", always=True)
+        found = expect_found(spec.regex, session.get("answer")) \
+            if spec.regex and stop.reason != "interrupted" else not spec.regex
+        if why_failed(session, spec.expect, found):
+            report.line(f"fail: {why_failed(session, spec.expect, found)}", always=True)
         results.append({"index": index, "stop": stop.reason, "turns": len(session["turns"]),
                         "tokens": session["usage"]["tokens"],
                         "cost_usd": session["usage"]["cost_usd"],
                         "seconds": round(time.monotonic() - started, 3),
-                        "passed": passed(session, spec.expect), "transcript": path})
+                        "passed": passed(session, spec.expect, found), "transcript": path})
         report.emit("trial.end", **results[-1])
 
     futures = [pool.submit(trial, i) for i in range(1, spec.k + 1)]
@@ -4036,6 +4059,14 @@ class OTLPHTTP:
         self.url, self.encode, self.stopped = urllib.parse.urlsplit(url), encode, threading.Event()
         if self.url.scheme not in ("http", "https") or not self.url.hostname:
             raise UsageError(f"--otel: the collector {url!r} is not an http(s) URL with a host")
+        named = "OTEL_EXPORTER_OTLP_TRACES_HEADERS" if os.environ.get(
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS") else "OTEL_EXPORTER_OTLP_HEADERS"
+        pairs = (setting("HEADERS") or "").split(",")
+        for i, pair in enumerate(pairs):  # the SDK would print a bad one whole: a secret
+            if pair.strip() and "=" not in pair:
+                raise UsageError(f"--otel: {named} is not a comma-separated list of name=value "
+                                 f"(item {i + 1} of {len(pairs)} has no =: a header written "
+                                 "\"Name: value\"?); its values are not shown")
         self.headers = {**parse_env_headers(setting("HEADERS") or "", liberal=True),
                         "Content-Type": "application/x-protobuf"}
         self.compression = (setting("COMPRESSION") or "none").strip().lower()
@@ -5956,8 +5987,8 @@ def parse_args(argv):
         raise UsageError("--trials-budget-usd needs --trials (for one run, --budget-usd)")
     if args.trials is not None and args.resume:
         raise UsageError("--trials cannot be combined with --resume")
-    if args.events and args.events != "-" and own_descriptor(os.path.abspath(args.events)) == 1:
-        args.events = "-"  # /dev/stdout, /dev/fd/1: stdout, as - is, and nothing else goes there
+    if args.events and own_descriptor(args.events) == 1:  # stdout by its name: as - says it
+        args.events = "-"
     if args.events == "-" and args.transcript == "-":
         raise UsageError("--events - and --transcript - cannot share stdout")
     if args.keep_tool_results < 0:

@@ -311,3 +311,18 @@ def test_a_failed_trial_says_which_condition_failed(capsys, workdir):
     code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "1"], client)
     assert "[trial 1] fail: it stopped with max_tokens, not end_turn (no --expect was given)" \
         in err.splitlines()
+
+
+def test_an_expect_regex_that_backtracks_cannot_hang_the_run(capsys, workdir, monkeypatch):
+    """`--expect '(a+)+$'` on an answer of 40 a's and a `!` ran for ten minutes at full CPU, and
+    no Ctrl-C or SIGTERM could end it: `re` holds the GIL (newuser2 N41). The search is bounded;
+    the trial fails, saying why, and the next one runs."""
+    monkeypatch.setattr(agent, "EXPECT_SECONDS", 1.0)
+    client = FakeClient(reply(text("a" * 40 + "!")), reply(text("aaa")))
+    started = time.monotonic()
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "2", "--expect",
+                                    "(a+)+$"], client)
+    assert code == 6 and time.monotonic() - started < 10, err
+    assert "[trial 1] fail: --expect '(a+)+$' timed out after 1 s on an answer of 41 " \
+        "characters: the regex backtracks" in err.splitlines()
+    assert "trials: 2 of 2 ran: 1 passed, 1 failed" in err
