@@ -467,25 +467,6 @@ def test_events_inside_the_workdir_or_sharing_stdout_are_refused(capsys, workdir
     assert code == 2 and "share stdout" in err
 
 
-@pytest.mark.parametrize("name", ["/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"])
-def test_events_on_stdout_by_any_name_are_all_stdout_carries(request, workdir, tmp_path,
-                                                              agent_copy, name):
-    """--events /dev/stdout (or /dev/fd/1, /proc/self/fd/1) is stdout, as - is (red-team F18).
-    Before, the answer was printed among the events, a line that is no event, and
-    --transcript - was written into the middle of the stream, before run.stop. Now stdout
-    holds the events alone, and --transcript - beside them is refused, as it is with -."""
-    api = serve(request, reply(text("42")))
-    done = run_agent_py(agent_copy, "q", "--workdir", workdir, "--no-keep", "--events", name,
-                        env=agent_env(api), cwd=tmp_path, timeout=60, stdin=subprocess.DEVNULL)
-    lines = done.stdout.splitlines()
-    assert done.returncode == 0 and [line[:9] for line in lines] == ['{"type":"'] * len(lines)
-    assert json.loads(lines[-1])["type"] == "run.stop" and "42" in done.stderr
-    done = run_agent_py(agent_copy, "q", "--workdir", workdir, "--no-keep", "--events", name,
-                        "--transcript", "-", env=agent_env(api), cwd=tmp_path, timeout=60,
-                        stdin=subprocess.DEVNULL)
-    assert (done.returncode, len(api.requests)) == (2, 1) and "share stdout" in done.stderr
-
-
 def test_sigterm_still_ends_the_stream_with_run_stop(request, workdir, tmp_path, agent_copy):
     api = serve(request, reply(tool_use("run_python", {"code": "import time; time.sleep(60)"})))
     path = tmp_path / "e.jsonl"
