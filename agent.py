@@ -3770,6 +3770,7 @@ class Telemetry:
         self.tracer = provider.get_tracer("agent.py", AGENT_VERSION)
         self.lock, self.runs, self.failed = threading.Lock(), {}, None
         self.started = count(1)  # next() is the number of spans started so far, plus one
+        self.replay = None  # --replay: the recording, which every span names (no model called)
 
     @classmethod
     def start(cls, report):
@@ -3826,8 +3827,15 @@ class Telemetry:
         exporter.where = where
         return cls(provider, exporter, content)
 
+    @property
+    def cost_key(self):
+        """A replay spent nothing: the cost it shows is the recording's, named so."""
+        return "agent_py.recorded_cost_usd" if self.replay else "agent_py.cost_usd"
+
     def span(self, name, kind, parent, attributes):
         next(self.started)
+        if self.replay:  # no model was called: every span says so
+            attributes = {**attributes, "agent_py.replay": self.replay}
         context = self.trace.set_span_in_context(parent) if parent else None
         return self.tracer.start_span(name, context=context, attributes=attributes,
                                       kind=getattr(self.trace.SpanKind, kind))
@@ -3835,6 +3843,7 @@ class Telemetry:
     def begin(self, trial, session):
         """A run (a trial) starts: its invoke_agent span."""
         run_id = session["run_id"] + (f".{trial}" if trial else "")
+        self.replay = fields(session.get("replay")).get("source")  # --replay: the recording
         attributes = {"gen_ai.operation.name": "invoke_agent", "gen_ai.provider.name": "anthropic",
                       "gen_ai.agent.name": "agent.py", "gen_ai.agent.version": AGENT_VERSION,
                       "gen_ai.conversation.id": run_id, "gen_ai.request.model": session["model"]}
@@ -3879,7 +3888,7 @@ class Telemetry:
                              "agent_py.retries": len(record["retries"])})
         for key, value in (("gen_ai.response.id", record.get("message_id")),
                            ("anthropic.request.id", record.get("request_id")),
-                           ("agent_py.cost_usd", record["usage"]["cost_usd"])):
+                           (self.cost_key, record["usage"]["cost_usd"])):
             if value is not None:
                 chat.set_attribute(key, value)
         if self.content:
@@ -3936,7 +3945,7 @@ class Telemetry:
                              "agent_py.turns": len(session["turns"]),
                              "agent_py.retries": run["retries"] + len(stop.retries)})
         if session["usage"]["cost_usd"] is not None:
-            span.set_attribute("agent_py.cost_usd", session["usage"]["cost_usd"])
+            span.set_attribute(self.cost_key, session["usage"]["cost_usd"])
         if self.content and session.get("answer"):
             span.set_attribute("output.value", redact(session["answer"]))
         if stop.reason in INFRA_STOPS:
