@@ -2685,10 +2685,12 @@ class ReplayDiffers(Exception):
     """--replay --strict: a turn's tool results differ from the recording, so the recorded
     replies that follow answered results this run did not get. The next request raises it."""
 
-    def __init__(self, turn, differed, calls, source):
+    def __init__(self, turn, differed, calls, source, declined=0):
         super().__init__(f"turn {turn}: {differed} of {plural(calls, 'tool result')} "
                          f"{'differs' if differed == 1 else 'differ'} from {source}, and the "
-                         "recorded replies after it answered the recorded results (--strict)")
+                         "recorded replies after it answered the recorded results (--strict)"
+                         + (f"; {declined} of them not run: declined (no working sandbox, and "
+                            "no y)" if declined else ""))
 
 
 def load_recording(path):
@@ -2881,13 +2883,14 @@ class ReplayCheck:
         results = {b["tool_use_id"]: b for m in session["messages"][self.seen:]
                    if m["role"] == "user" for b in m["content"] if b["type"] == "tool_result"}
         for record in session["turns"][self.checked:]:
-            differed = sum(not self.compare(session["replay"], record["turn"], call,
-                                            results.get(call["id"]))
-                           for call in record["tool_calls"])
+            differed = [call for call in record["tool_calls"]
+                        if not self.compare(session["replay"], record["turn"], call,
+                                            results.get(call["id"]))]
             if differed and self.strict and not self.client.differs:  # the next request stops
-                self.client.differs = ReplayDiffers(record["turn"], differed,
+                self.client.differs = ReplayDiffers(record["turn"], len(differed),
                                                     len(record["tool_calls"]),
-                                                    session["replay"]["source"])
+                                                    session["replay"]["source"],
+                                                    sum(c["declined"] for c in differed))
         self.checked, self.seen = len(session["turns"]), len(session["messages"])
         if final:
             self.summary(session)
@@ -2903,8 +2906,11 @@ class ReplayCheck:
         diff = result_diff(then, result)
         replay["differences"].append({"turn": turn, "id": call["id"], "name": call["name"],
                                       "diff": diff})
-        self.report.error(f"  replay: turn {turn}, {call['name']} {call['id']}: the result "
-                          "differs from the recording")
+        self.report.error(f"  replay: turn {turn}, {call['name']} {call['id']}: " + (
+            "not run (declined: without a working sandbox run_python asks even with --yes, and "
+            "no one said y), so its result differs from the recording"
+            if call.get("declined") else  # (declined then too, the result would be the same)
+            "the result differs from the recording"))
         for line in diff:
             self.report.error(f"    {line}")
         if len(replay["differences"]) == 1 and self.client.given < len(self.client.replies) \
