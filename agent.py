@@ -3814,16 +3814,18 @@ class Telemetry:
         provider.add_span_processor(BatchSpanProcessor(exporter))
         capture = os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "")
         content = capture.strip().upper() in ("TRUE", "SPAN_ONLY", "SPAN_AND_EVENT")
-        report.line(f"otel: traces to {where} ({protocol}); message content "
+        shown = server_url(where) or "the collector's URL"  # no password, no query: its keys
+        report.line(f"otel: traces to {shown} ({protocol}); message content "
                     f"{'recorded' if content else 'not recorded'}")
         root = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or ""
         if not os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") and protocol != "grpc" \
                 and root.rstrip("/").endswith("/v1/traces"):  # as ANTHROPIC_BASE_URL's /v1 is said
+            root = server_url(root) or root
             report.error(f"note: OTEL_EXPORTER_OTLP_ENDPOINT {root} ends in /v1/traces, and "
                          "/v1/traces is added to it: give the collector's root "
                          f"({root.rstrip('/').removesuffix('/v1/traces')}), or the whole URL as "
                          "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        exporter.where = where
+        exporter.where = shown
         return cls(provider, exporter, content)
 
     def span(self, name, kind, parent, attributes):
