@@ -2919,6 +2919,9 @@ class ReplayCheck:
 
 # --- Trials ---
 
+EXPECT_SECONDS = 5  # the most --expect's regex may take over one answer (expect_found)
+
+
 def passed(session, expect):
     """Did a trial meet every --expect condition (or, with none, stop with end_turn)?"""
     stop = (session.get("stop") or {}).get("reason")
@@ -3761,6 +3764,8 @@ class Telemetry:
                     ["opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http"]
                     + grpc.split())))
             raise UsageError(OTEL_INSTALL.format(python=sys.executable) + grpc)
+        for name in ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"):
+            check_otlp_headers(name, os.environ.get(name) or "")
         where = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or \
             (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318").rstrip(
                 "/") + "/v1/traces"
@@ -4001,6 +4006,30 @@ def redacted_span(span, length=None, others=None):
 
 class CollectorError(Exception):
     """Why a batch did not reach the collector, in words for the --otel line."""
+
+
+HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")  # an HTTP header name (a token)
+
+
+def check_otlp_headers(name, value):
+    """A UsageError unless the variable `name` holds name=value pairs separated by commas, as
+    the OTLP exporter specification says: the SDK would print a malformed one, a collector's
+    secret, to stderr and send the spans without it. The line names the mistake, never a
+    character of the value."""
+    for n, header in enumerate(value.split(","), 1):
+        if not header.strip():
+            continue
+        key, equals, _ = header.partition("=")
+        if not equals:
+            shape = " (written \"Name: value\"? give Name=value)" if ":" in header else ""
+            why = f"has no '='{shape}"
+        elif not HEADER_NAME.fullmatch(key.strip()):
+            why = "has no header name before its '='" if not key.strip() else \
+                "has a name that is not an HTTP header name before its '='"
+        else:
+            continue
+        raise UsageError(f"--otel: {name} is not a comma-separated list of name=value: its "
+                         f"header {n} {why}; its value is not shown, since it may hold a secret")
 
 
 class OTLPHTTP:
