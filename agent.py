@@ -2922,14 +2922,15 @@ class ReplayCheck:
 EXPECT_SECONDS = 5  # the most --expect's regex may take over one answer (expect_found)
 
 
-def passed(session, expect):
+def passed(session, expect, cancel=None):
     """Did a trial meet every --expect condition (or, with none, stop with end_turn)?"""
     stop = (session.get("stop") or {}).get("reason")
     if stop in ("api_error", "error"):  # a failed session never passes, whatever it did
         return False
     if not any(expect.values()):
         return stop == "end_turn"
-    if expect["regex"] and not re.search(expect["regex"], session.get("answer") or ""):
+    if expect["regex"] and expect_found(expect["regex"], session.get("answer") or "",
+                                        cancel) is not True:
         return False
     if expect["tool"] and not any(c["name"] == expect["tool"]
                                   for t in session["turns"] for c in t["tool_calls"]):
@@ -2937,20 +2938,68 @@ def passed(session, expect):
     return not expect["stop"] or stop == expect["stop"]
 
 
-def why_failed(session, expect):
+def why_failed(session, expect, cancel=None):
     """The first condition a trial that ran to a stop of the model's own did not meet, in
     words; None if it passed, or if the harness or the network ended it (not the model)."""
     stop = (session.get("stop") or {}).get("reason")
-    if stop in INFRA_STOPS or passed(session, expect):
+    if stop in INFRA_STOPS or passed(session, expect, cancel):
         return None
     if not any(expect.values()):
         return f"it stopped with {stop}, not end_turn (no --expect was given)"
-    if expect["regex"] and not re.search(expect["regex"], session.get("answer") or ""):
-        return f"--expect {expect['regex']!r} is not in the answer"
+    found = expect["regex"] and expect_found(expect["regex"], session.get("answer") or "", cancel)
+    if expect["regex"] and found is not True:
+        return f"--expect {expect['regex']!r} " + (found or "is not in the answer")
     if expect["tool"] and not any(c["name"] == expect["tool"]
                                   for t in session["turns"] for c in t["tool_calls"]):
         return f"--expect-tool {expect['tool']} was not called"
     return f"--expect-stop {expect['stop']}, and it stopped with {stop}"
+
+
+def expect_found(regex, answer, cancel=None):
+    """Is --expect's `regex` in `answer`: True, False, or a string saying why it could not be
+    told. The regex is the user's but the text is the model's, and a regex that backtracks
+    (`^(\\w+\\s?)+$` over a sentence ending in `!`) holds the thread that runs it, and the GIL,
+    for as long as it takes: Ctrl-C could not even be heard. So it runs in a child Python,
+    for at most EXPECT_SECONDS, killed at once on Ctrl-C or the trial's cancel."""
+    if (regex, answer) in EXPECTED:
+        return EXPECTED[regex, answer]
+    child = subprocess.Popen([sys.executable, "-I", "-S", "-c", EXPECT_CHILD],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL)
+    try:
+        child.stdin.write(json.dumps([regex, answer]).encode())
+        child.stdin.close()
+        ends = time.monotonic() + EXPECT_SECONDS
+        while child.poll() is None and time.monotonic() < ends:
+            check_cancelled(cancel)
+            try:
+                child.wait(timeout=0.05)
+            except subprocess.TimeoutExpired:
+                pass
+        said = child.stdout.read() if child.poll() is not None else None
+    except OSError:
+        said = None
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
+        child.stdout.close()
+    if said in (b"1", b"0"):
+        found = said == b"1"
+    elif said is None:
+        found = (f"timed out after {EXPECT_SECONDS} s on a {len(answer)}-character answer (the "
+                 "regex backtracks: bound its repeats, or anchor it on a plainer pattern)")
+    else:
+        found = "could not be matched (the Python that runs it failed)"
+    if len(EXPECTED) > 1000:
+        EXPECTED.clear()
+    EXPECTED[regex, answer] = found
+    return found
+
+
+EXPECT_CHILD = ("import json, re, sys; r, a = json.load(sys.stdin); "
+                "sys.stdout.write(str(int(bool(re.search(r, a)))))")
+EXPECTED = {}  # (regex, answer) -> what expect_found found, so each trial pays once
 
 
 def pass_at_k(n, c, k):
@@ -3117,13 +3166,13 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
         report.trace("end", stop, session)
         save.events_lost(session, events)
         report.line(f"stop: {stop.reason} ({said_stop(stop)})", always=True)
-        if why_failed(session, spec.expect):
-            report.line(f"fail: {why_failed(session, spec.expect)}", always=True)
+        if why_failed(session, spec.expect, ctx.cancel):
+            report.line(f"fail: {why_failed(session, spec.expect, ctx.cancel)}", always=True)
         results.append({"index": index, "stop": stop.reason, "turns": len(session["turns"]),
                         "tokens": session["usage"]["tokens"],
                         "cost_usd": session["usage"]["cost_usd"],
                         "seconds": round(time.monotonic() - started, 3),
-                        "passed": passed(session, spec.expect), "transcript": path})
+                        "passed": passed(session, spec.expect, ctx.cancel), "transcript": path})
         report.emit("trial.end", **results[-1])
 
     futures = [pool.submit(trial, i) for i in range(1, spec.k + 1)]
