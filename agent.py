@@ -1462,10 +1462,7 @@ def redact(text):
         if not any(utf8(block) in text for secret in SECRETS for block in secret_blocks(secret)[1]):
             return text  # every piece holds a block: with none here, there is nothing to find
         return redact(text.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
-    for secret in SECRETS:  # whole secrets first: the common case, and the cheapest
-        if secret in text:
-            text = text.replace(secret, "[redacted secret]")
-    kept, at = [], 0
+    kept, at = [], 0  # (a whole secret is a piece too)
     for start, end in secret_runs(text):
         kept += [text[at:start], "[redacted secret]"]
         at = end
@@ -1493,6 +1490,10 @@ def secret_runs(text):
                 while right < len(text) and right + shift < len(secret) and \
                         text[right] == secret[right + shift]:
                     right += 1
+                while left < right and escaped(text, left):  # a \" stays whole: the files
+                    left += 1  # stay JSON, where the quote or backslash of a key is escaped
+                while right > left and escaped(text, right):
+                    right -= 1
                 if right - left >= least:
                     found.append((left, right))
                     at = max(at, right)
@@ -1504,6 +1505,15 @@ def secret_runs(text):
         else:
             runs.append((start, end))
     return runs
+
+
+def escaped(text, at):
+    """True if the character at `at` follows an odd run of backslashes: in JSON text, the
+    second half of an escape (\\" or \\\\), which a cut there would leave a lone backslash."""
+    start = at
+    while start > 0 and text[start - 1] == "\\":
+        start -= 1
+    return (at - start) % 2 == 1
 
 
 BLOCKS = {}  # secret: what secret_blocks made of it, made once
