@@ -2929,18 +2929,32 @@ class ReplayCheck:
 
 # --- Trials ---
 
-EXPECT_SECONDS = 5  # the most --expect's regex may take over one answer (expect_found)
+EXPECT_SECONDS = 5.0  # an --expect regex may search one answer this long (it may backtrack)
+SEARCH = "import re, sys; sys.exit(0 if re.search(sys.argv[1], sys.stdin.read()) else 1)"
 
 
-def passed(session, expect, cancel=None):
-    """Did a trial meet every --expect condition (or, with none, stop with end_turn)?"""
+def expect_found(regex, answer):
+    """True if the --expect regex is in the answer, False if not, None if the search took over
+    EXPECT_SECONDS. It runs in a child: a regex that backtracks on the model's text holds the
+    GIL inside `re`, where no Ctrl-C or SIGTERM can reach agent.py; a child can be killed."""
+    try:
+        done = subprocess.run([sys.executable, "-I", "-S", "-c", SEARCH, regex],
+                              input=(answer or "").encode("utf-8", "surrogatepass"),
+                              capture_output=True, timeout=EXPECT_SECONDS)
+    except subprocess.TimeoutExpired:
+        return None
+    return done.returncode == 0
+
+
+def passed(session, expect, found=True):
+    """Did a trial meet every --expect condition (or, with none, stop with end_turn)? `found`:
+    whether the regex is in the answer (expect_found)."""
     stop = (session.get("stop") or {}).get("reason")
     if stop in ("api_error", "error"):  # a failed session never passes, whatever it did
         return False
     if not any(expect.values()):
         return stop == "end_turn"
-    if expect["regex"] and expect_found(expect["regex"], session.get("answer") or "",
-                                        cancel) is not True:
+    if expect["regex"] and not found:
         return False
     if expect["tool"] and not any(c["name"] == expect["tool"]
                                   for t in session["turns"] for c in t["tool_calls"]):
@@ -2948,68 +2962,23 @@ def passed(session, expect, cancel=None):
     return not expect["stop"] or stop == expect["stop"]
 
 
-def why_failed(session, expect, cancel=None):
+def why_failed(session, expect, found=True):
     """The first condition a trial that ran to a stop of the model's own did not meet, in
     words; None if it passed, or if the harness or the network ended it (not the model)."""
     stop = (session.get("stop") or {}).get("reason")
-    if stop in INFRA_STOPS or passed(session, expect, cancel):
+    if stop in INFRA_STOPS or passed(session, expect, found):
         return None
     if not any(expect.values()):
         return f"it stopped with {stop}, not end_turn (no --expect was given)"
-    found = expect["regex"] and expect_found(expect["regex"], session.get("answer") or "", cancel)
-    if expect["regex"] and found is not True:
-        return f"--expect {expect['regex']!r} " + (found or "is not in the answer")
+    if expect["regex"] and found is None:
+        return (f"--expect {expect['regex']!r} timed out after {EXPECT_SECONDS:g} s on an answer "
+                f"of {len(session.get('answer') or ''):,} characters: the regex backtracks")
+    if expect["regex"] and not found:
+        return f"--expect {expect['regex']!r} is not in the answer"
     if expect["tool"] and not any(c["name"] == expect["tool"]
                                   for t in session["turns"] for c in t["tool_calls"]):
         return f"--expect-tool {expect['tool']} was not called"
     return f"--expect-stop {expect['stop']}, and it stopped with {stop}"
-
-
-def expect_found(regex, answer, cancel=None):
-    """Is --expect's `regex` in `answer`: True, False, or a string saying why it could not be
-    told. The regex is the user's but the text is the model's, and a regex that backtracks
-    (`^(\\w+\\s?)+$` over a sentence ending in `!`) holds the thread that runs it, and the GIL,
-    for as long as it takes: Ctrl-C could not even be heard. So it runs in a child Python,
-    for at most EXPECT_SECONDS, killed at once on Ctrl-C or the trial's cancel."""
-    if (regex, answer) in EXPECTED:
-        return EXPECTED[regex, answer]
-    child = subprocess.Popen([sys.executable, "-I", "-S", "-c", EXPECT_CHILD],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL)
-    try:
-        child.stdin.write(json.dumps([regex, answer]).encode())
-        child.stdin.close()
-        ends = time.monotonic() + EXPECT_SECONDS
-        while child.poll() is None and time.monotonic() < ends:
-            check_cancelled(cancel)
-            try:
-                child.wait(timeout=0.05)
-            except subprocess.TimeoutExpired:
-                pass
-        said = child.stdout.read() if child.poll() is not None else None
-    except OSError:
-        said = None
-    finally:
-        if child.poll() is None:
-            child.kill()
-        child.wait()
-        child.stdout.close()
-    if said in (b"1", b"0"):
-        found = said == b"1"
-    elif said is None:
-        found = (f"timed out after {EXPECT_SECONDS} s on a {len(answer)}-character answer (the "
-                 "regex backtracks: bound its repeats, or anchor it on a plainer pattern)")
-    else:
-        found = "could not be matched (the Python that runs it failed)"
-    if len(EXPECTED) > 1000:
-        EXPECTED.clear()
-    EXPECTED[regex, answer] = found
-    return found
-
-
-EXPECT_CHILD = ("import json, re, sys; r, a = json.load(sys.stdin); "
-                "sys.stdout.write(str(int(bool(re.search(r, a)))))")
-EXPECTED = {}  # (regex, answer) -> what expect_found found, so each trial pays once
 
 
 def pass_at_k(n, c, k):
@@ -3176,13 +3145,15 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
         report.trace("end", stop, session)
         save.events_lost(session, events)
         report.line(f"stop: {stop.reason} ({said_stop(stop)})", always=True)
-        if why_failed(session, spec.expect, ctx.cancel):
-            report.line(f"fail: {why_failed(session, spec.expect, ctx.cancel)}", always=True)
+        found = expect_found(spec.regex, session.get("answer")) \
+            if spec.regex and stop.reason != "interrupted" else not spec.regex
+        if why_failed(session, spec.expect, found):
+            report.line(f"fail: {why_failed(session, spec.expect, found)}", always=True)
         results.append({"index": index, "stop": stop.reason, "turns": len(session["turns"]),
                         "tokens": session["usage"]["tokens"],
                         "cost_usd": session["usage"]["cost_usd"],
                         "seconds": round(time.monotonic() - started, 3),
-                        "passed": passed(session, spec.expect, ctx.cancel), "transcript": path})
+                        "passed": passed(session, spec.expect, found), "transcript": path})
         report.emit("trial.end", **results[-1])
 
     futures = [pool.submit(trial, i) for i in range(1, spec.k + 1)]
@@ -3823,8 +3794,6 @@ class Telemetry:
                     ["opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http"]
                     + grpc.split())))
             raise UsageError(OTEL_INSTALL.format(python=sys.executable) + grpc)
-        for name in ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"):
-            check_otlp_headers(name, os.environ.get(name) or "")
         where = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or \
             (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318").rstrip(
                 "/") + "/v1/traces"
@@ -4067,28 +4036,9 @@ class CollectorError(Exception):
     """Why a batch did not reach the collector, in words for the --otel line."""
 
 
-HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")  # an HTTP header name (a token)
-
-
-def check_otlp_headers(name, value):
-    """A UsageError unless the variable `name` holds name=value pairs separated by commas, as
-    the OTLP exporter specification says: the SDK would print a malformed one, a collector's
-    secret, to stderr and send the spans without it. The line names the mistake, never a
-    character of the value."""
-    for n, header in enumerate(value.split(","), 1):
-        if not header.strip():
-            continue
-        key, equals, _ = header.partition("=")
-        if not equals:
-            shape = " (written \"Name: value\"? give Name=value)" if ":" in header else ""
-            why = f"has no '='{shape}"
-        elif not HEADER_NAME.fullmatch(key.strip()):
-            why = "has no header name before its '='" if not key.strip() else \
-                "has a name that is not an HTTP header name before its '='"
-        else:
-            continue
-        raise UsageError(f"--otel: {name} is not a comma-separated list of name=value: its "
-                         f"header {n} {why}; its value is not shown, since it may hold a secret")
+OTLP_HEADER = re.compile(r"[ \t]*[!#-'*+.0-9A-Z^-z|~-]+[ \t]*=[ \t]*[ !#-+\--:<-\[\]-~]*[ \t]*")
+# one name=value of OTEL_EXPORTER_OTLP_HEADERS as the SDK parses it (opentelemetry.util.re's
+# liberal pattern); the SDK prints any other whole, with its secret
 
 
 class OTLPHTTP:
@@ -4114,6 +4064,20 @@ class OTLPHTTP:
         self.url, self.encode, self.stopped = urllib.parse.urlsplit(url), encode, threading.Event()
         if self.url.scheme not in ("http", "https") or not self.url.hostname:
             raise UsageError(f"--otel: the collector {url!r} is not an http(s) URL with a host")
+        named = "OTEL_EXPORTER_OTLP_TRACES_HEADERS" if os.environ.get(
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS") else "OTEL_EXPORTER_OTLP_HEADERS"
+        pairs = (setting("HEADERS") or "").split(",")
+        for i, pair in enumerate(pairs):  # the SDK would print a bad one whole: a secret
+            if pair.strip() and "=" not in pair:
+                raise UsageError(f"--otel: {named} is not a comma-separated list of name=value "
+                                 f"(item {i + 1} of {len(pairs)} has no =: a header written "
+                                 "\"Name: value\"?); its values are not shown")
+            if pair.strip() and not OTLP_HEADER.fullmatch(pair):  # what the SDK parses
+                said = "no name before its =" if not pair.split("=")[0].strip() else \
+                    "a character a header name or value cannot hold"
+                raise UsageError(f"--otel: {named} is not a comma-separated list of name=value "
+                                 f"(item {i + 1} of {len(pairs)} has {said}); its values are not "
+                                 "shown")
         self.headers = {**parse_env_headers(setting("HEADERS") or "", liberal=True),
                         "Content-Type": "application/x-protobuf"}
         self.compression = (setting("COMPRESSION") or "none").strip().lower()
@@ -6034,6 +5998,8 @@ def parse_args(argv):
         raise UsageError("--trials-budget-usd needs --trials (for one run, --budget-usd)")
     if args.trials is not None and args.resume:
         raise UsageError("--trials cannot be combined with --resume")
+    if args.events and own_descriptor(args.events) == 1:  # stdout by its name: as - says it
+        args.events = "-"
     if args.events == "-" and args.transcript == "-":
         raise UsageError("--events - and --transcript - cannot share stdout")
     if args.keep_tool_results < 0:

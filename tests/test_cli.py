@@ -1333,3 +1333,19 @@ def test_counts_are_taken_as_help_shows_them(capsys, workdir, tmp_path):
     code, _, err = run_cli(capsys, ["q", "--token-budget", "1,00,0x"], FakeClient())
     assert code == 2 and err == ("agent.py: argument --token-budget: '1,00,0x' is not a whole "
                                  "number (see --help)\n")
+
+
+@pytest.mark.parametrize("named", ["/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"])
+def test_events_to_stdout_by_its_name_are_events_to_stdout(capsys, workdir, named):
+    """`--events /dev/stdout > ev.jsonl` put the answer between the events, where `--events -`
+    keeps stdout events-only; and `--transcript - --events /dev/stdout` mixed both documents,
+    where `--events - --transcript -` is refused (newuser2 N27)."""
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--events", named],
+                             FakeClient(reply(text("the answer"))))
+    events = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and events[-1]["type"] == "run.stop", out
+    assert events[-1]["answer"] == "the answer"
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--events", named,
+                                      "--transcript", "-"], FakeClient())
+    assert (code, out) == (2, "") and err == ("agent.py: --events - and --transcript - cannot "
+                                              "share stdout\n")

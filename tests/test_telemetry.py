@@ -434,3 +434,19 @@ def test_an_endpoint_ending_in_v1_traces_gets_the_hint_the_base_url_gets(capsys,
         "note: OTEL_EXPORTER_OTLP_ENDPOINT http://127.0.0.1:4318/v1/traces ends in /v1/traces, "
         "and /v1/traces is added to it: give the collector's root (http://127.0.0.1:4318), or "
         "the whole URL as OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"], err
+
+
+@pytest.mark.parametrize("name", ["OTEL_EXPORTER_OTLP_HEADERS",
+                                  "OTEL_EXPORTER_OTLP_TRACES_HEADERS"])
+def test_malformed_otlp_headers_are_one_line_that_shows_no_value(capsys, workdir, monkeypatch,
+                                                                 name):
+    """`Authorization: Bearer phx-SECRET` (not name=value): the SDK printed the header, the
+    collector's secret, on stderr, and the spans went without it (newuser2 N39)."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+    monkeypatch.setenv(name, "x-team=agents,Authorization: Bearer phx-SECRET-123")
+    client = FakeClient(reply(text("done")))
+    code, out, err = run(capsys, workdir, client)
+    assert (code, out, client.requests) == (2, "", [])
+    assert err == (f"agent.py: --otel: {name} is not a comma-separated list of name=value (item "
+                   "2 of 2 has no =: a header written \"Name: value\"?); its values are not "
+                   "shown\n"), err
