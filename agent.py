@@ -5723,11 +5723,15 @@ OTHER_TOOLS_FLAGS = {  # flags of claude, llm, codex exec, mini-swe-agent, and w
     "--continue": "to go on with the last run: --resume last",
     "-p": "no -p is needed: the question is the argument, and the answer goes to stdout",
     "--print": "no --print is needed: the answer goes to stdout",
-    "--max-steps": "did you mean --max-turns?", "--max-iterations": "did you mean --max-turns?"}
+    "--max-steps": "did you mean --max-turns?", "--max-iterations": "did you mean --max-turns?",
+    "--cost-limit": "did you mean --budget-usd?",
+    "-t": "no -t is needed: the question is the argument"}
 
 
 class Parser(argparse.ArgumentParser):
     def error(self, message):
+        if message.startswith("argument -r/--resume: expected one argument"):  # claude -r
+            message += " (last: the newest kept run; or a run id, or a transcript's path)"
         raise UsageError(f"{message} (see --help)")
 
     def __init__(self, *args, **kwargs):
@@ -5781,7 +5785,7 @@ exit codes:
 
 def whole_number(value):
     """A count as --help shows it (1,000,000) or Python writes it (1_000_000), or as digits."""
-    if not re.fullmatch(r"[+-]?\d+([,_]\d+)*", value.strip()):
+    if not re.fullmatch(r"[+-]?(\d{1,3}(,\d{3})+|\d+(_\d+)*)", value.strip()):  # 1,0 is no count
         raise argparse.ArgumentTypeError(f"{value!r} is not a whole number")
     return int(value.replace(",", "").replace("_", ""))
 
@@ -5939,7 +5943,9 @@ def parse_args(argv):
     if len(inspecting) > 1:
         raise UsageError(f"{' and '.join(inspecting)} cannot be combined: give one")
     if args.output and not (args.report or args.export):
-        raise UsageError("-o/--output goes with --report or --export")
+        raise UsageError("-o/--output goes with --report or --export (the answer goes to "
+                         f"stdout: > {shlex.quote(args.output)}; the transcript: --transcript "
+                         "FILE)" if args.output else "-o/--output goes with --report or --export")
     if inspecting and args.question is not None:
         raise UsageError(f"{inspecting[0]} takes no question, and {args.question!r} was given")
     if args.export and args.export[0] != "atif":
@@ -6037,7 +6043,7 @@ def read_question(stdin):
     raw = getattr(stdin, "buffer", None)
     if raw is None:
         return check_text(stdin.read(), "the question on stdin")
-    data = raw.read()
+    data = raw.read().removeprefix(b"\xef\xbb\xbf")  # a byte-order mark (Notepad's) is no text
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -6399,6 +6405,9 @@ def load_config(workdir, report):
             raise UsageError(install_hint())
         found = dotenv_values(stream=io.StringIO(text), interpolate=False)
     config = {n: os.environ.get(n) or found.get(n) for n in names}
+    model = config["ANTHROPIC_MODEL"]
+    if model and model != model.strip():  # sent as it is, a model id with a space is a 404
+        raise UsageError(f"ANTHROPIC_MODEL {model!r} has white space around it: give it without")
     key = config["ANTHROPIC_API_KEY"]
     odd = next((i for i, c in enumerate(key or "") if not c.isascii()), None)
     if odd is not None:  # where, and never a character of the key itself (it is a secret)
@@ -6859,7 +6868,10 @@ def main(argv=None, client=None, stdin=None):
         u, turns = session["usage"], plural(len(session["turns"]), "turn")
         cost = "cost unknown" if u["cost_usd"] is None else f"${u['cost_usd']:.6f}"
         say = report.error if stop.exit_code not in (0, 3) else report.line
-        say(f"stop: {stop.reason} ({said_stop(stop)}); {turns}, {u['tokens']} tokens, {cost}")
+        empty = ", with no text" if stop.reason in TEXT_STOPS and stop.exit_code == 0 and \
+            not (session["answer"] or "").strip() else ""  # nothing on stdout: say so here
+        say(f"stop: {stop.reason} ({said_stop(stop)}{empty}); {turns}, {u['tokens']} tokens, "
+            f"{cost}")
         if kept_line:
             report.line(kept_line)
             kept_line = None  # said: not again if the answer cannot be written
