@@ -4038,6 +4038,11 @@ class CollectorError(Exception):
     """Why a batch did not reach the collector, in words for the --otel line."""
 
 
+OTLP_HEADER = re.compile(r"[ \t]*[!#-'*+.0-9A-Z^-z|~-]+[ \t]*=[ \t]*[ !#-+\--:<-\[\]-~]*[ \t]*")
+# one name=value of OTEL_EXPORTER_OTLP_HEADERS as the SDK parses it (opentelemetry.util.re's
+# liberal pattern); the SDK prints any other whole, with its secret
+
+
 class OTLPHTTP:
     """OTLP over HTTP (protobuf), the SDK exporter's job, done so that a collector cannot hurt
     the run. Each batch is one POST on a new connection, given its timeout in all: a timer
@@ -4069,6 +4074,12 @@ class OTLPHTTP:
                 raise UsageError(f"--otel: {named} is not a comma-separated list of name=value "
                                  f"(item {i + 1} of {len(pairs)} has no =: a header written "
                                  "\"Name: value\"?); its values are not shown")
+            if pair.strip() and not OTLP_HEADER.fullmatch(pair):  # what the SDK parses
+                said = "no name before its =" if not pair.split("=")[0].strip() else \
+                    "a character a header name or value cannot hold"
+                raise UsageError(f"--otel: {named} is not a comma-separated list of name=value "
+                                 f"(item {i + 1} of {len(pairs)} has {said}); its values are not "
+                                 "shown")
         self.headers = {**parse_env_headers(setting("HEADERS") or "", liberal=True),
                         "Content-Type": "application/x-protobuf"}
         self.compression = (setting("COMPRESSION") or "none").strip().lower()
@@ -5714,11 +5725,15 @@ OTHER_TOOLS_FLAGS = {  # flags of claude, llm, codex exec, mini-swe-agent, and w
     "--continue": "to go on with the last run: --resume last",
     "-p": "no -p is needed: the question is the argument, and the answer goes to stdout",
     "--print": "no --print is needed: the answer goes to stdout",
-    "--max-steps": "did you mean --max-turns?", "--max-iterations": "did you mean --max-turns?"}
+    "--max-steps": "did you mean --max-turns?", "--max-iterations": "did you mean --max-turns?",
+    "--cost-limit": "did you mean --budget-usd?",
+    "-t": "no -t is needed: the question is the argument"}
 
 
 class Parser(argparse.ArgumentParser):
     def error(self, message):
+        if message.startswith("argument -r/--resume: expected one argument"):  # claude -r
+            message += " (last: the newest kept run; or a run id, or a transcript's path)"
         raise UsageError(f"{message} (see --help)")
 
     def __init__(self, *args, **kwargs):
@@ -5772,7 +5787,7 @@ exit codes:
 
 def whole_number(value):
     """A count as --help shows it (1,000,000) or Python writes it (1_000_000), or as digits."""
-    if not re.fullmatch(r"[+-]?\d+([,_]\d+)*", value.strip()):
+    if not re.fullmatch(r"[+-]?(\d{1,3}(,\d{3})+|\d+(_\d+)*)", value.strip()):  # 1,0 is no count
         raise argparse.ArgumentTypeError(f"{value!r} is not a whole number")
     return int(value.replace(",", "").replace("_", ""))
 
@@ -5930,7 +5945,9 @@ def parse_args(argv):
     if len(inspecting) > 1:
         raise UsageError(f"{' and '.join(inspecting)} cannot be combined: give one")
     if args.output and not (args.report or args.export):
-        raise UsageError("-o/--output goes with --report or --export")
+        raise UsageError("-o/--output goes with --report or --export (the answer goes to "
+                         f"stdout: > {shlex.quote(args.output)}; the transcript: --transcript "
+                         "FILE)" if args.output else "-o/--output goes with --report or --export")
     if inspecting and args.question is not None:
         raise UsageError(f"{inspecting[0]} takes no question, and {args.question!r} was given")
     if args.export and args.export[0] != "atif":
@@ -6028,7 +6045,7 @@ def read_question(stdin):
     raw = getattr(stdin, "buffer", None)
     if raw is None:
         return check_text(stdin.read(), "the question on stdin")
-    data = raw.read()
+    data = raw.read().removeprefix(b"\xef\xbb\xbf")  # a byte-order mark (Notepad's) is no text
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -6390,6 +6407,9 @@ def load_config(workdir, report):
             raise UsageError(install_hint())
         found = dotenv_values(stream=io.StringIO(text), interpolate=False)
     config = {n: os.environ.get(n) or found.get(n) for n in names}
+    model = config["ANTHROPIC_MODEL"]
+    if model and model != model.strip():  # sent as it is, a model id with a space is a 404
+        raise UsageError(f"ANTHROPIC_MODEL {model!r} has white space around it: give it without")
     key = config["ANTHROPIC_API_KEY"]
     odd = next((i for i, c in enumerate(key or "") if not c.isascii()), None)
     if odd is not None:  # where, and never a character of the key itself (it is a secret)
@@ -6850,7 +6870,10 @@ def main(argv=None, client=None, stdin=None):
         u, turns = session["usage"], plural(len(session["turns"]), "turn")
         cost = "cost unknown" if u["cost_usd"] is None else f"${u['cost_usd']:.6f}"
         say = report.error if stop.exit_code not in (0, 3) else report.line
-        say(f"stop: {stop.reason} ({said_stop(stop)}); {turns}, {u['tokens']} tokens, {cost}")
+        empty = ", with no text" if stop.reason in TEXT_STOPS and stop.exit_code == 0 and \
+            not (session["answer"] or "").strip() else ""  # nothing on stdout: say so here
+        say(f"stop: {stop.reason} ({said_stop(stop)}{empty}); {turns}, {u['tokens']} tokens, "
+            f"{cost}")
         if kept_line:
             report.line(kept_line)
             kept_line = None  # said: not again if the answer cannot be written

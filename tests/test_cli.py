@@ -142,6 +142,14 @@ def test_progress_is_cut_at_a_word_with_an_ellipsis_and_counts_turns_in_words(ca
     (["help"], "agent.py: a question of one word, 'help': did you mean --help? (to ask it, give "
      "more words)\n"),  # newuser #61
     (["version"], "did you mean --version?"),
+    (["q", "--cost-limit", "1"], "agent.py: unrecognized arguments: --cost-limit (did you mean "
+     "--budget-usd?)\n"),  # newuser2 N23: mini-swe-agent's
+    (["-t", "q"], "agent.py: unrecognized arguments: -t (no -t is needed: the question is the "
+     "argument)\n"),
+    (["q", "-o", "ans.txt"], "agent.py: -o/--output goes with --report or --export (the answer "
+     "goes to stdout: > ans.txt; the transcript: --transcript FILE)\n"),
+    (["-r"], "agent.py: argument -r/--resume: expected one argument (last: the newest kept run; "
+     "or a run id, or a transcript's path) (see --help)\n"),
     (["q", "--transcript", ""], "agent.py: --transcript is empty (an unset shell variable, as in "
      "--transcript \"$OUT\"?): give a path\n"),  # newuser2 N11: it silently meant none
     (["q", "--events", ""], "agent.py: --events is empty"),  # it meant the current directory
@@ -1330,9 +1338,10 @@ def test_counts_are_taken_as_help_shows_them(capsys, workdir, tmp_path):
     assert code == 0, err
     assert (limits["token_budget"], limits["max_tokens"], limits["clear_at"]) == (
         1_000_000, 16_000, 80_000)
-    code, _, err = run_cli(capsys, ["q", "--token-budget", "1,00,0x"], FakeClient())
-    assert code == 2 and err == ("agent.py: argument --token-budget: '1,00,0x' is not a whole "
-                                 "number (see --help)\n")
+    for bad in ("1,00,0x", "1,0", "1,00", "10,00,000"):  # a comma only between groups of three
+        code, _, err = run_cli(capsys, ["q", "--token-budget", bad], FakeClient())  # (newuser2 N45)
+        assert code == 2 and err == (f"agent.py: argument --token-budget: {bad!r} is not a whole "
+                                     "number (see --help)\n")
 
 
 @pytest.mark.parametrize("named", ["/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"])
@@ -1349,3 +1358,30 @@ def test_events_to_stdout_by_its_name_are_events_to_stdout(capsys, workdir, name
                                       "--transcript", "-"], FakeClient())
     assert (code, out) == (2, "") and err == ("agent.py: --events - and --transcript - cannot "
                                               "share stdout\n")
+
+
+def test_a_model_id_with_white_space_around_it_is_a_usage_error(capsys, workdir, monkeypatch):
+    """` claude-haiku-5-5` from the environment was sent as it was, for a 404, with a note that
+    no price is known for it (newuser2 N33)."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+    monkeypatch.setenv("ANTHROPIC_MODEL", " claude-haiku-5-5")
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir)])
+    assert (code, out) == (2, "") and err == ("agent.py: ANTHROPIC_MODEL ' claude-haiku-5-5' has "
+                                              "white space around it: give it without\n")
+
+
+def test_an_answer_with_no_text_says_so(capsys, workdir):
+    """A reply of no content, end_turn (local models do this after a tool result): exit 0 and
+    nothing anywhere said the answer was empty (newuser2 N36)."""
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir)], FakeClient(reply()))
+    assert (code, out) == (0, "")
+    assert "stop: end_turn (the model finished, with no text); 1 turn," in err, err
+
+
+def test_a_question_on_stdin_loses_a_byte_order_mark(capsys, workdir):
+    """A question file saved by Notepad starts with U+FEFF, which went to the model (newuser2
+    N42)."""
+    client = FakeClient(reply(text("ok")))
+    stdin = io.TextIOWrapper(io.BytesIO("\ufeffavg?\r\n".encode()), encoding="utf-8")
+    code, _, _ = run_cli(capsys, ["-", "--workdir", str(workdir)], client, stdin=stdin)
+    assert code == 0 and client.requests[0]["messages"][0]["content"][0]["text"] == "avg?"

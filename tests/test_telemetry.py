@@ -375,6 +375,25 @@ def test_a_collector_setting_agent_py_cannot_use_is_one_usage_line(capsys, workd
     assert len(err.strip().splitlines()) == 1 and err.startswith("agent.py: --otel: "), err
 
 
+@pytest.mark.parametrize("name", ["OTEL_EXPORTER_OTLP_HEADERS",
+                                  "OTEL_EXPORTER_OTLP_TRACES_HEADERS"])
+@pytest.mark.parametrize("headers", ["Authorization: Bearer phx-SECRET-123",
+                                     "x-team=ops,Authorization Bearer phx-SECRET-123",
+                                     "=phx-SECRET-123"])
+def test_malformed_collector_headers_are_one_line_without_their_secret(capsys, workdir,
+                                                                        monkeypatch, name,
+                                                                        headers):
+    """N39: `Name: value` where name=value is meant: the SDK printed the header, the
+    collector's secret, to stderr, and the spans went out without it. Now one usage line
+    that names the variable and the mistake, and no character of the value."""
+    monkeypatch.setenv(name, headers)
+    client = FakeClient(reply(text("done")))
+    code, out, err = run(capsys, workdir, client)
+    assert (code, client.requests, out) == (2, [], "")
+    assert len(err.strip().splitlines()) == 1 and err.startswith(f"agent.py: --otel: {name} "), err
+    assert "SECRET" not in err and "phx" not in err and "Bearer" not in err, err
+
+
 def test_ctrl_c_while_spans_wait_for_a_slow_collector_keeps_the_runs_exit_code(request, workdir,
                                                                               agent_copy):
     """The run is done, its spans wait on a collector that never answers: the Ctrl-C a user
