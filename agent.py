@@ -3821,16 +3821,18 @@ class Telemetry:
         provider.add_span_processor(BatchSpanProcessor(exporter))
         capture = os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "")
         content = capture.strip().upper() in ("TRUE", "SPAN_ONLY", "SPAN_AND_EVENT")
-        report.line(f"otel: traces to {where} ({protocol}); message content "
+        shown = server_url(where) or "the collector's URL"  # no password, no query: its keys
+        report.line(f"otel: traces to {shown} ({protocol}); message content "
                     f"{'recorded' if content else 'not recorded'}")
         root = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or ""
         if not os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") and protocol != "grpc" \
                 and root.rstrip("/").endswith("/v1/traces"):  # as ANTHROPIC_BASE_URL's /v1 is said
+            root = server_url(root) or root
             report.error(f"note: OTEL_EXPORTER_OTLP_ENDPOINT {root} ends in /v1/traces, and "
                          "/v1/traces is added to it: give the collector's root "
                          f"({root.rstrip('/').removesuffix('/v1/traces')}), or the whole URL as "
                          "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        exporter.where = where
+        exporter.where = shown
         return cls(provider, exporter, content)
 
     @property
@@ -4051,6 +4053,11 @@ class CollectorError(Exception):
     """Why a batch did not reach the collector, in words for the --otel line."""
 
 
+OTLP_HEADER = re.compile(r"[ \t]*[!#-'*+.0-9A-Z^-z|~-]+[ \t]*=[ \t]*[ !#-+\--:<-\[\]-~]*[ \t]*")
+# one name=value of OTEL_EXPORTER_OTLP_HEADERS as the SDK parses it (opentelemetry.util.re's
+# liberal pattern); the SDK prints any other whole, with its secret
+
+
 class OTLPHTTP:
     """OTLP over HTTP (protobuf), the SDK exporter's job, done so that a collector cannot hurt
     the run. Each batch is one POST on a new connection, given its timeout in all: a timer
@@ -4082,6 +4089,12 @@ class OTLPHTTP:
                 raise UsageError(f"--otel: {named} is not a comma-separated list of name=value "
                                  f"(item {i + 1} of {len(pairs)} has no =: a header written "
                                  "\"Name: value\"?); its values are not shown")
+            if pair.strip() and not OTLP_HEADER.fullmatch(pair):  # what the SDK parses
+                said = "no name before its =" if not pair.split("=")[0].strip() else \
+                    "a character a header name or value cannot hold"
+                raise UsageError(f"--otel: {named} is not a comma-separated list of name=value "
+                                 f"(item {i + 1} of {len(pairs)} has {said}); its values are not "
+                                 "shown")
         self.headers = {**parse_env_headers(setting("HEADERS") or "", liberal=True),
                         "Content-Type": "application/x-protobuf"}
         self.compression = (setting("COMPRESSION") or "none").strip().lower()

@@ -278,6 +278,24 @@ def test_a_length_limit_on_attributes_leaves_no_piece_of_the_key(request, workdi
     assert values and max(len(v) for v in values) <= 64
 
 
+@pytest.mark.parametrize("variable, url", [
+    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://agent:c0llect0r-pass@127.0.0.1:9"),
+    ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+     "http://agent:c0llect0r-pass@127.0.0.1:9/v1/traces?api_key=q3ry-t0ken#f")])
+def test_the_collectors_credentials_are_never_shown(request, workdir, agent_copy, variable, url):
+    """A collector's URL with a password or a key in its query (red-team F19): stderr named it
+    whole, in the 'otel: traces to' line and the line that says spans were lost, as it shows
+    no header (OTEL_EXPORTER_OTLP_HEADERS) and no ANTHROPIC_BASE_URL credentials. Now it
+    names scheme, host, port and path only."""
+    api = serve(request, reply(text("done")))
+    done = run_agent_py(agent_copy, "q", "--workdir", workdir, "--otel", timeout=60,
+                        env=agent_env(api, **{variable: url}))
+    assert done.returncode == 0, done.stderr
+    assert "otel: traces to http://127.0.0.1:9/v1/traces (http/protobuf)" in done.stderr
+    assert "the collector at http://127.0.0.1:9/v1/traces (" in done.stderr
+    assert "c0llect0r" not in done.stderr + done.stdout and "q3ry" not in done.stderr
+
+
 def test_a_redirecting_collector_gets_nothing_followed_and_its_spans_count_as_lost(
         request, workdir, agent_copy):
     api = serve(request, reply(text("done")))
@@ -357,6 +375,25 @@ def test_a_collector_setting_agent_py_cannot_use_is_one_usage_line(capsys, workd
     code, out, err = run(capsys, workdir, client)
     assert (code, client.requests, out) == (2, [], "")
     assert len(err.strip().splitlines()) == 1 and err.startswith("agent.py: --otel: "), err
+
+
+@pytest.mark.parametrize("name", ["OTEL_EXPORTER_OTLP_HEADERS",
+                                  "OTEL_EXPORTER_OTLP_TRACES_HEADERS"])
+@pytest.mark.parametrize("headers", ["Authorization: Bearer phx-SECRET-123",
+                                     "x-team=ops,Authorization Bearer phx-SECRET-123",
+                                     "=phx-SECRET-123"])
+def test_malformed_collector_headers_are_one_line_without_their_secret(capsys, workdir,
+                                                                        monkeypatch, name,
+                                                                        headers):
+    """N39: `Name: value` where name=value is meant: the SDK printed the header, the
+    collector's secret, to stderr, and the spans went out without it. Now one usage line
+    that names the variable and the mistake, and no character of the value."""
+    monkeypatch.setenv(name, headers)
+    client = FakeClient(reply(text("done")))
+    code, out, err = run(capsys, workdir, client)
+    assert (code, client.requests, out) == (2, [], "")
+    assert len(err.strip().splitlines()) == 1 and err.startswith(f"agent.py: --otel: {name} "), err
+    assert "SECRET" not in err and "phx" not in err and "Bearer" not in err, err
 
 
 def test_ctrl_c_while_spans_wait_for_a_slow_collector_keeps_the_runs_exit_code(request, workdir,
