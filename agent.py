@@ -2601,7 +2601,8 @@ def kept_run(name, flag, report):
         raise UsageError(f"{flag} {name}: {e}")
     except OSError as e:
         raise UsageError(f"{flag} {name}: the kept runs cannot be read: {e.strerror}")
-    found, trials = [], []  # (mtime, file) of the kept runs it names; trials runs passed over
+    found, trials, empty = [], [], []  # (mtime, file) of the kept runs it names; trials runs
+    #                                       passed over; files never written (a run killed)
     try:
         for entry in os.listdir(fd):
             kept = KEPT_FILE.fullmatch(entry)
@@ -2621,8 +2622,8 @@ def kept_run(name, flag, report):
                 info = os.stat(entry, dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
                 continue
-            if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() and info.st_size:
-                found.append((info.st_mtime_ns, entry))
+            if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid():
+                (found if info.st_size else empty).append((info.st_mtime_ns, entry))
     finally:
         os.close(fd)
     if not found and trials and name != "last":
@@ -2636,6 +2637,11 @@ def kept_run(name, flag, report):
     if os.path.lexists(name):
         report.error(f"note: {flag} {name} names a kept run; for the file {name} here, give "
                      f"./{name}")
+    if name == "last" and empty and max(empty) > max(found):  # a kept file is written at the
+        #                                      stop, which a kill -9 never reaches: say so
+        report.error(f"note: the newest run, {KEPT_FILE.fullmatch(max(empty)[1])[1]}, ended "
+                     "before it was kept (killed?): last names the one before it, "
+                     f"{KEPT_FILE.fullmatch(max(found)[1])[1]}")
     return str(real / max(found)[1])
 
 

@@ -461,3 +461,18 @@ def test_resume_last_of_a_run_that_worked_where_the_runs_are_says_so(capsys, wor
                    "code could have rewritten this file, so it is not resumed; give another "
                    f"run's id (--resume ID; they are in {runs()}), or remove this one (rm "
                    f"{kept}) and last names the one before\n")
+
+
+def test_resume_last_says_when_the_newest_run_was_never_kept(capsys, workdir):
+    """After a kill -9 the newest kept file is empty (it is written at the stop): `--resume
+    last` went on with an older, unrelated run without a word (newuser2 N31)."""
+    _, _, _, older = ask(capsys, workdir, "one")
+    died = runs() / "20991231-235959-deadbeef.json"
+    died.touch(mode=0o600)
+    os.utime(died, (time.time() + 60, time.time() + 60))
+    code, out, err = run_cli(capsys, ["--resume", "last", "and then?", "--workdir",
+                                      str(workdir)], FakeClient(reply(text("two"))))
+    assert code == 0 and out == "two\n", err
+    assert err.splitlines()[0] == (
+        "note: the newest run, 20991231-235959-deadbeef, ended before it was kept (killed?): "
+        f"last names the one before it, {older}")
