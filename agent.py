@@ -2639,8 +2639,9 @@ def kept_run(name, flag, report):
                      f"./{name}")
     if name == "last" and empty and max(empty) > max(found):  # a kept file is written at the
         #                                      stop, which a kill -9 never reaches: say so
-        report.error(f"note: the newest run, {KEPT_FILE.fullmatch(max(empty)[1])[1]}, ended "
-                     "before it was kept (killed?): last names the one before it, "
+        report.error(f"note: the newest run, {KEPT_FILE.fullmatch(max(empty)[1])[1]}, has "
+                     "nothing kept (still running, or killed before its stop): last names the "
+                     "one before it, "
                      f"{KEPT_FILE.fullmatch(max(found)[1])[1]}")
     return str(real / max(found)[1])
 

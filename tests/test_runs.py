@@ -474,5 +474,5 @@ def test_resume_last_says_when_the_newest_run_was_never_kept(capsys, workdir):
                                       str(workdir)], FakeClient(reply(text("two"))))
     assert code == 0 and out == "two\n", err
     assert err.splitlines()[0] == (
-        "note: the newest run, 20991231-235959-deadbeef, ended before it was kept (killed?): "
-        f"last names the one before it, {older}")
+        "note: the newest run, 20991231-235959-deadbeef, has nothing kept (still running, or "
+        f"killed before its stop): last names the one before it, {older}")
