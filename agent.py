@@ -3788,6 +3788,9 @@ class Telemetry:
     @classmethod
     def start(cls, report):
         """The OTLP exporter the environment describes, or a UsageError saying what is missing."""
+        if (os.environ.get("OTEL_SDK_DISABLED") or "").strip().lower() == "true":
+            raise UsageError("--otel: OTEL_SDK_DISABLED=true is set, so no span would be sent: "
+                             "unset it, or leave --otel out")
         protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or \
             os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
         try:
