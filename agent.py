@@ -3419,6 +3419,7 @@ def trials_report(summary, cap):
     interval = [f"{num(v):.3f}" for v in interval] if isinstance(interval, list) and \
         len(interval) == 2 else ["?", "?"]
     p1 = summary.get("pass@1")
+    finished = sum(t.get("stop") != "interrupted" for t in items(summary.get("trials")))
     expect = {k: v for k, v in fields(summary.get("expect")).items() if v}
     body = Bounded(cap)
     body.append(f"<h1>agent.py trials</h1><div class=\"q\">{esc(summary.get('question', ''))}</div>"
@@ -3428,8 +3429,32 @@ def trials_report(summary, cap):
                 f"<p>{esc(summary.get('n'))} of "
                 f"{esc(summary.get('requested'))} ran: {esc(summary.get('passes'))} passed, "
                 f"{esc(summary.get('failed'))} failed, {esc(summary.get('errored'))} errored "
-                f"(not counted in pass@k). pass@1 = {esc(f'{p1:.3f}' if isinstance(p1, float) else p1)}, 95% Wilson "
-                f"interval {esc(interval[0])}–{esc(interval[1])}.</p>{priced_as(summary)}")
+                "(not counted in pass@k). " + (
+                    f"pass@1 = {p1:.3f}, 95% Wilson interval {esc(interval[0])}–"
+                    f"{esc(interval[1])}." if isinstance(p1, (int, float)) and ks else
+                    "No trial was scored, so pass@k is unknown.") + "</p>" + (
+                    f"<p>Interrupted (Ctrl-C): {finished} of {esc(summary.get('requested'))} "
+                    "trials finished.</p>"
+                    if summary.get("interrupted") is True else "") + priced_as(summary))
+    if ks:
+        trials_chart(body, ks, at, hat)
+    body.append("<h2>Trials</h2><table><tr><th>trial</th><th>stop</th><th>result</th><th>"
+                "turns</th><th>tokens</th><th>cost</th><th>transcript</th></tr>")
+    for tr in items(summary.get("trials")):
+        transcript = tr.get("transcript")
+        result = "pass" if tr.get("passed") else "errored" if tr.get("stop") in INFRA_STOPS \
+            else "fail"
+        body.append(f"<tr><td>trial {esc(tr.get('index'))}</td><td>{esc(tr.get('stop'))}</td>"
+                    f"<td class=\"{'ok' if tr.get('passed') else 'error'}\">{result}</td><td>"
+                    f"{esc(tr.get('turns'))}</td><td>{num(tr.get('tokens')):,}</td><td>"
+                    f"{money(tr.get('cost_usd'))}</td><td><code>"
+                    f"{esc(transcript) if is_str(transcript) else ''}</code></td></tr>")
+    body.append("</table>")
+    return page("agent.py trials", "".join(body))
+
+
+def trials_chart(body, ks, at, hat):
+    """pass@k and pass^k for k = 1..scored: a table and a chart."""
     body.append("<h2>pass@k and pass^k</h2><table><tr><th>k</th><th>pass@k</th><th>pass^k</th>"
                 "</tr>")
     for k in ks:
@@ -3452,18 +3477,6 @@ def trials_report(summary, cap):
                 f'y="{height - 20}">0</text></svg><p class="legend"><span class="l-input">'
                 '</span>pass@k<span class="l-output"></span>pass^k (dashed; the lines meet '
                 'where every trial passed or none did)</p>')
-    body.append("<h2>Trials</h2><table><tr><th>trial</th><th>stop</th><th>result</th><th>"
-                "turns</th><th>tokens</th><th>cost</th><th>transcript</th></tr>")
-    for tr in items(summary.get("trials")):
-        transcript = tr.get("transcript")
-        body.append(f"<tr><td>trial {esc(tr.get('index'))}</td><td>{esc(tr.get('stop'))}</td>"
-                    f"<td class=\"{'ok' if tr.get('passed') else 'error'}\">"
-                    f"{'pass' if tr.get('passed') else 'fail'}</td><td>{esc(tr.get('turns'))}"
-                    f"</td><td>{num(tr.get('tokens')):,}</td><td>{money(tr.get('cost_usd'))}"
-                    f"</td><td><code>{esc(transcript) if is_str(transcript) else ''}</code>"
-                    "</td></tr>")
-    body.append("</table>")
-    return page("agent.py trials", "".join(body))
 
 
 class Bounded(list):
