@@ -5877,7 +5877,8 @@ def parse_args(argv):
     limits = p.add_argument_group("limits")
     limits.add_argument("--max-turns", type=whole_number, metavar="N", default=Limits.max_turns,
                         help=f"requests per run (default: {Limits.max_turns})")
-    limits.add_argument("--token-budget", type=whole_number, metavar="N", default=Limits.token_budget,
+    limits.add_argument("--token-budget", type=whole_number, metavar="N",
+                        default=Limits.token_budget,
                         help="input + cache + output tokens per run (default: "
                              f"{Limits.token_budget:,})")
     limits.add_argument("--budget-usd", type=float, metavar="X", help="dollars per run, "
@@ -5904,11 +5905,13 @@ def parse_args(argv):
                          "$XDG_STATE_HOME/agent.py/runs or ~/.local/state/agent.py/runs "
                          "(default: every run is kept there; AGENT_PY_NO_KEEP=1 keeps none)")
     trials = p.add_argument_group("trials: how stable is a behaviour")
-    trials.add_argument("--trials", type=whole_number, metavar="K", help=f"run the question K times "
+    trials.add_argument("--trials", type=whole_number, metavar="K",
+                        help=f"run the question K times "
                         f"(at most {MAX_TRIALS:,}); "
                         "report pass@k and pass^k (with no --expect, --expect-tool or "
                         "--expect-stop, a trial passes if it stopped with end_turn)")
-    trials.add_argument("--jobs", type=whole_number, metavar="N", default=1, help="trials run at once "
+    trials.add_argument("--jobs", type=whole_number, metavar="N", default=1,
+                        help="trials run at once "
                         f"(default: 1; at most {MAX_JOBS})")
     trials.add_argument("--trials-budget-usd", type=float, metavar="X", help="dollars over all "
                         "the trials: once they have spent X, no more start (--budget-usd bounds "
