@@ -2,11 +2,13 @@
 
 import json
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -468,3 +470,24 @@ def test_malformed_otlp_headers_are_one_line_that_shows_no_value(capsys, workdir
     assert err == (f"agent.py: --otel: {name} is not a comma-separated list of name=value (item "
                    "2 of 2 has no =: a header written \"Name: value\"?); its values are not "
                    "shown\n"), err
+
+
+def test_a_replay_sends_spans_marked_as_a_replay_with_no_cost_of_its_own(capsys, tmp_path,
+                                                                         spans):
+    """`--replay --strict --otel` in CI sent chat spans with the recording's cost, like real
+    model calls: dashboards counted every build as spend (newuser2 N24). Each span of a replay
+    says so (agent_py.replay: the recording), and its cost is the recording's, named so."""
+    workdir = tmp_path / "workspace"
+    shutil.copytree(Path(agent.__file__).with_name("workspace"), workdir)
+    example = tmp_path / "example-run.json"
+    shutil.copy(workdir / "example-run.json", example)
+    code, _, err = run_cli(capsys, ["--replay", str(example), "--workdir", str(workdir),
+                                    "--yes", "--otel"])
+    assert code == 0, err
+    got = spans()
+    assert {s.name for s in got} >= {"invoke_agent agent.py", "chat claude-haiku-5-5"}
+    for span in got:
+        assert span.attributes["agent_py.replay"] == str(example), span.name
+        assert "agent_py.cost_usd" not in span.attributes, span.name
+    chats = [s for s in got if s.name.startswith("chat ")]
+    assert chats[0].attributes["agent_py.recorded_cost_usd"] == 0.0002028
