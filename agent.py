@@ -6081,12 +6081,18 @@ class QuestionWasRead(io.StringIO):
     no_answer = "(no answer: stdin held the question; give --yes to run it unasked)"
 
 
+MAX_QUESTION = 32 << 20  # bytes of a question on stdin: the API takes no larger request
+
+
 def read_question(stdin):
     """The question on stdin (-): its bytes, which must be UTF-8, when it has them."""
     raw = getattr(stdin, "buffer", None)
     if raw is None:
         return check_text(stdin.read(), "the question on stdin")
-    data = raw.read().removeprefix(b"\xef\xbb\xbf")  # a byte-order mark (Notepad's) is no text
+    data = raw.read(MAX_QUESTION + 1).removeprefix(b"\xef\xbb\xbf")  # a BOM (Notepad's): no text
+    if len(data) > MAX_QUESTION:  # `yes | agent.py -` ends here, not when memory does
+        raise UsageError(f"the question on stdin is over {MAX_QUESTION >> 20} MiB, more than the "
+                         "API takes in one request")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
