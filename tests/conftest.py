@@ -2,6 +2,7 @@
 request the real API would reject, and nothing left behind in the temp directory. And what
 tests ask for by name: workdir, ctx, agent_copy, as_nobody. Helper functions are in helpers.py."""
 
+import gc
 import json
 import os
 import pwd
@@ -206,6 +207,7 @@ def nothing_left_in_tmp(tmp_path_factory):
     basetemp = str(tmp_path_factory.getbasetemp())
     before = agent_paths(temp_dirs, cgroups)
     yield
+    gc.collect()  # a Sandbox in a reference cycle: its launcher removes what it made when it goes
     deadline = time.monotonic() + 120
     while agent_paths(temp_dirs, cgroups) - before and still_cleaning(basetemp) \
             and time.monotonic() < deadline:
