@@ -4527,7 +4527,8 @@ def ask_launcher(launcher, code, workdir, box):
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     source = os.memfd_create("main.py")
     try:
-        write_all(source, script_bytes(code))
+        with open(source, "wb", closefd=False) as script:
+            script.write(script_bytes(code))
         os.lseek(source, 0, os.SEEK_SET)  # (one file offset, shared with the launcher's copy)
         request = {"workdir": str(workdir), "parent": call_parent(), "cgroup": box.cgroup,
                    "required": box.tested, "landlock": box.landlock, "mounts": box.mounts,
@@ -4551,12 +4552,6 @@ def script_bytes(code):
     """The approved code as the script's bytes. With a BOM Python reads the file as UTF-8 or not
     at all: a coding declaration (utf-7, say) cannot make it run other text than the text shown."""
     return ("\ufeff" + code).encode("utf-8")
-
-
-def write_all(fd, data):
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def call_parent():
@@ -4646,8 +4641,7 @@ def launch(box, request, fds, ahead):
 
 def kind_of(request):
     """What a child made ahead must have been made for, to serve this request."""
-    return tuple(repr(request[k]) for k in ("parent", "workdir", "cgroup", "required", "landlock",
-                                             "mounts"))
+    return tuple(repr(request[k]) for k in ("parent", "workdir", "cgroup", "landlock", "mounts"))
 
 
 class Child:
@@ -4979,7 +4973,7 @@ class Running:
             os.close(self.out)
             os.close(self.err)
             if status == "gone" and self.made:  # nobody else will remove them
-                threading.Thread(target=cleanup_later, args=self.made, daemon=True).start()
+                cleanup_later(*self.made)
             return
         kill_group(self.proc.pid)
         self.proc.stdout.close()
@@ -5069,7 +5063,7 @@ def cleanup(root, cgroups):
 
 def cleanup_later(root, cgroups):
     """cleanup, until the cgroups are empty enough to go (a launcher killed mid-call)."""
-    for _ in range(100):
+    for _ in range(50):
         cleanup(root, cgroups)
         if not any(os.path.exists(d) for d in cgroups):
             return
@@ -5321,7 +5315,8 @@ class Launcher:
             self.proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-c", LAUNCHER_BOOT, AGENT_FILE, str(theirs.fileno())],
                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE, env={}, cwd="/")  # nothing of the agent's environment
+                stderr=subprocess.PIPE, env={}, cwd="/",  # nothing of the agent's environment
+                start_new_session=True)  # a kill of the agent's group does not reach it
         finally:
             theirs.close()
         self.control, self.pid = ours, self.proc.pid
@@ -5411,7 +5406,8 @@ def serve(fd):
                 if not message:
                     return shut_down(children)
                 last = json.loads(message)
-                if ahead and ahead.kind != kind_of(last):  # made for another kind of call
+                if ahead and (ahead.kind != kind_of(last)  # made for another kind of call,
+                              or ahead.call.uncapped and last["required"]):  # or uncapped
                     ahead.kill(report=False)
                     ahead = None
                 child, ahead = launch(box, last, fds, ahead), None
@@ -5437,7 +5433,7 @@ def serve(fd):
                 del by_fd[fd]
                 poller.unregister(fd)
             child.finish()
-            ended = True
+            ended = ended or child.report is not None
         running = any(c.report and not c.killed_at for c in children.values())
         if ahead is None and last and (ended or not running):
             try:  # the next call's child, made while the model thinks: off the call's time

@@ -42,7 +42,9 @@ def new_box(workdir, **limits):
 
 @pytest.fixture
 def box(workdir):
-    return new_box(workdir)
+    box = new_box(workdir)
+    yield box
+    box.close()  # its launcher, and what it made ahead for a next call
 
 
 def execute(box, workdir, code, timeout=20, chars=30_000, cancel=None):
@@ -572,6 +574,176 @@ def test_a_pkill_of_agent_py_hits_the_keeper_too_and_still_nothing_survives(work
     while (alive(int(kid)) or os.path.exists(home)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(int(kid)) and not os.path.exists(os.path.dirname(home))
+
+
+# --- the launcher: what a script may not do to it or to another call, and what its end leaves ---
+
+AT_THE_LAUNCHER = r"""
+import ctypes, errno, json, os, sys
+libc, out = ctypes.CDLL(None, use_errno=True), {{}}
+NR, launcher = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {NR}, os.getppid()
+L = lambda v: ctypes.c_long(v) if isinstance(v, int) else v
+
+def sc(name, *args):
+    r = libc.syscall(ctypes.c_long(NR[name]), *map(L, args))
+    return "ok" if r >= 0 else errno.errorcode[ctypes.get_errno()]
+
+def attempt(name, fn):
+    try:
+        out[name] = fn()
+    except OSError as e:
+        out[name] = errno.errorcode[e.errno]
+
+buf = ctypes.create_string_buffer(64)
+attempt("signal", lambda: os.kill(launcher, 0) or "ok")
+attempt("sigkill", lambda: os.kill(launcher, 9) or "ok")
+attempt("group", lambda: os.killpg(os.getpgid(launcher), 0) or "ok")
+attempt("ptrace", lambda: sc("ptrace", 16, launcher, 0, 0))
+attempt("pidfd_open", lambda: sc("pidfd_open", launcher, 0))
+attempt("process_vm_readv", lambda: sc("process_vm_readv", launcher, buf, 1, buf, 1, 0))
+attempt("prlimit", lambda: sc("prlimit64", launcher, 7, None, buf))
+attempt("mem", lambda: open(f"/proc/{{launcher}}/mem", "rb").read(1) and "ok")
+attempt("environ", lambda: open(f"/proc/{{launcher}}/environ", "rb").read() and "ok")
+attempt("fds", lambda: os.listdir(f"/proc/{{launcher}}/fd") and "ok")
+attempt("fd0", lambda: os.readlink(f"/proc/{{launcher}}/fd/0") and "ok")
+out["fds_held"] = [fd for fd in range(3, 4096) if not ctypes.CDLL(None).fcntl(fd, 1, 0) < 0]
+out["launcher"] = launcher
+print(json.dumps(out))
+"""
+
+
+@needs_landlock
+def test_a_script_cannot_reach_its_launcher(box, workdir):
+    """The launcher is the script's parent: it may not be signalled, traced, read (memory,
+    environment, descriptors through /proc) or connected to, and the script holds no descriptor
+    of it or of anything else but its own stdio. The launcher then serves the next call."""
+    column = agent.ARCHES[MACHINE][1]
+    numbers = {name: nrs[column] for name, nrs in agent.SYSCALLS.items()}
+    run = execute(box, workdir, AT_THE_LAUNCHER.format(NR=repr(numbers)))
+    assert run.code == 0, run.stderr
+    seen = json.loads(run.stdout)
+    assert seen["launcher"] == box.launcher.pid
+    assert seen.pop("fds_held") == []
+    assert {k: v for k, v in seen.items() if k != "launcher"} == {
+        "signal": "EPERM", "sigkill": "EPERM", "group": "EPERM", "ptrace": "EPERM",
+        "pidfd_open": "EPERM", "process_vm_readv": "EPERM", "prlimit": "EPERM", "mem": "EACCES",
+        "environ": "EACCES", "fds": "EACCES", "fd0": "EACCES"}
+    assert execute(box, workdir, "print('next')").stdout == "next\n"
+
+
+@needs_landlock
+def test_two_calls_at_once_keep_their_own_caps_and_cannot_signal_each_other(workdir):
+    """Calls run at once through one Sandbox (trials): each has its own cgroup, so each may
+    make its own 40 tasks, and neither can signal the other (nor the other's children)."""
+    box = capped_box(workdir, max_tasks=40)
+    code = ("import os, sys, time\n"
+            "open(f'pid.{sys.argv[0][-20:].replace(\"/\", \"_\")}', 'w').write(str(os.getpid()))\n"
+            "made = 0\n"
+            "for _ in range(100):\n"
+            "    try:\n"
+            "        if os.fork() == 0:\n"
+            "            time.sleep(6)\n"
+            "            os._exit(0)\n"
+            "        made += 1\n"
+            "    except BlockingIOError:\n"
+            "        break\n"
+            "time.sleep(1)\n"  # both are now at their caps, and both still run
+            "others = [int(open(p).read()) for p in os.listdir('.') if p.startswith('pid.')]\n"
+            "refused = []\n"
+            "for pid in others:\n"
+            "    if pid != os.getpid():\n"
+            "        try:\n"
+            "            os.kill(pid, 9)\n"
+            "        except PermissionError:\n"
+            "            refused.append(pid)\n"
+            "time.sleep(1)\n"  # still running while the other tries
+            "print(made, len(others), len(refused))\n")
+    runs = {}
+    threads = [threading.Thread(target=lambda i=i: runs.update({i: execute(box, workdir, code)}))
+               for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seen = [runs[i].stdout.split() for i in range(2)]
+    assert all(run.code == 0 for run in runs.values()), [r.stderr for r in runs.values()]
+    for made, others, refused in seen:
+        assert 30 <= int(made) < 40 and others == "2" and refused == "1", seen
+
+
+LAUNCHER_KILLED = """
+import os, subprocess, time
+kids = [subprocess.Popen(['sleep', '60']) for _ in range(3)]
+info = [os.environ['HOME'], os.getppid(), os.getpid()] + [k.pid for k in kids]
+open('info.tmp', 'w').write(' '.join(map(str, info)))
+os.rename('info.tmp', 'info')
+time.sleep(60)
+"""
+
+
+def test_the_launcher_killed_mid_call_leaves_nothing_running(workdir):
+    """kill -9 of the launcher: the script dies with it (PDEATHSIG), the agent sees the call's
+    socket close, kills what the script started and removes the call's directory and cgroup;
+    the call ends at once, not at its timeout."""
+    proc, (home, launcher, *pids) = agent_running(LAUNCHER_KILLED, workdir)
+    pids = [int(p) for p in pids]
+    cgroups = cgroups_of(pids[0])
+    os.kill(int(launcher), signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in pids if alive(p)]
+    assert proc.wait(timeout=10) == 0  # the call ended, long before its 60 s
+    deadline = time.monotonic() + 5
+    while (os.path.exists(os.path.dirname(home)) or any(d.exists() for d in cgroups)) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(os.path.dirname(home)), "the call's directory outlived the launcher"
+    assert not [d for d in cgroups if d.exists()], "the call's cgroup outlived the launcher"
+
+
+def test_kill_9_of_the_agent_leaves_no_directory_of_its_launcher(workdir, tmp_path):
+    """The launcher makes the next call's directory, cgroup and child ahead: after a kill -9 of
+    the agent, those go too, and the launcher with them."""
+    private = tmp_path / "tmp"
+    private.mkdir(mode=0o700)
+    driver = (f"import sys, time; sys.path.insert(0, {str(AGENT.parent)!r})\n"
+              "import agent\nfrom pathlib import Path\n"
+              f"box = agent.Sandbox(Path({str(os.path.realpath(workdir))!r}), True, agent.Limits())\n"
+              "box.ready()\n"
+              "agent.execute('pass', box.workdir, box, 60, 1000)\n"
+              "print(box.launcher.pid, flush=True)\n"
+              "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(private)})
+    launcher = int(proc.stdout.readline())
+    deadline, capped = time.monotonic() + 10, bool(agent.cgroup_parents())
+    while time.monotonic() < deadline:  # the child made ahead, in its call's cgroup
+        made = os.listdir(private)
+        cgroups = [d for pid in children_of(launcher) for d in cgroups_of(pid)]
+        if made and (cgroups or not capped):
+            break
+        time.sleep(0.05)
+    assert made and all(name.startswith("agent-call-") for name in made)
+    assert cgroups or not capped, "the child made ahead is in no cgroup of its call"
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while (alive(launcher) or os.listdir(private)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(launcher) and os.listdir(private) == []
+    assert not [d for d in cgroups if d.exists()]
+
+
+def children_of(pid):
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(proc.name))
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 @needs_root
