@@ -4978,13 +4978,9 @@ class Running:
         kill_group(self.proc.pid)
         self.proc.stdout.close()
         self.proc.stderr.close()
-        try:
-            self.proc.wait(timeout=1)
-        except subprocess.TimeoutExpired:
-            threading.Thread(target=lambda: (self.proc.wait(), self.call.release()),
-                             daemon=True).start()
-            return
-        self.call.release()
+        threading.Thread(target=lambda: (self.proc.wait(), self.call.started(),  # (what it
+                                         cleanup_later(self.call.root, self.call.cgroups)),
+                         daemon=True).start()  # killed leaves the cgroups a moment later)
 
 
 def reap(children):
@@ -5322,19 +5318,20 @@ class Launcher:
         self.control, self.pid = ours, self.proc.pid
         policy = {k: sorted(v) if isinstance(v, frozenset) else v
                   for k, v in asdict(box.policy).items()}
+        answer, why = b"", ""
         try:
             ours.send(json.dumps({"workdir": str(box.workdir), "policy": policy}).encode())
             ours.settimeout(60)
             answer = ours.recv(4096)
             ours.settimeout(None)
         except OSError as e:
-            answer = str(e).encode()
+            why = str(e)
         self.ended = weakref.finalize(self, end_launcher, ours, self.proc)  # a Sandbox dropped
-        if answer != b"ready":
+        if answer != b"ready":  # what it said, or its last line on stderr
             self.close()
             text = answer.decode(errors="replace") or self.proc.stderr.read().decode(errors="replace")
             self.proc.stderr.close()
-            raise OSError((text.strip().splitlines() or [f"it exited {self.proc.returncode}"])[-1])
+            raise OSError((text.strip().splitlines() or [why or f"it exited {self.proc.returncode}"])[-1])
         self.proc.stderr.close()
 
     def close(self):

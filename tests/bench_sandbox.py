@@ -36,11 +36,17 @@ import agent  # noqa: E402
 
 # Each optimisation of a call's price, as a text edit that takes it out of a copy of agent.py.
 REMOVALS = {
+    "ahead": [  # the launcher forks each call's child at the call, not ahead of it
+        ("        if ahead is None and last and (ended or not running):", "        if False:")],
     "tasks": [  # join the call's v1 cgroups through cgroup.procs, as before
         ('joined = "tasks" if box.cgroup and box.cgroup[0] == "v1" else "cgroup.procs"',
          'joined = "cgroup.procs"')],
-    "report-first": [  # the agent waits for the keeper to remove everything and exit
-        ("proc.wait(timeout=0 if reported and self.box.keeper else 1)", "proc.wait(timeout=1)")],
+    "report-first": [  # the launcher removes the call's directory and cgroups, then reports
+        ("            for directory in (call.home, call.shm, call.scratch):",
+         "            call.release()\n            for directory in (call.home, call.shm, call.scratch):")],
+    "gc": [  # the launcher's objects not frozen, its fork's collector left on
+        ("    gc.freeze()  # what is loaded now stays", "    pass  # what is loaded now stays"),
+        ("        gc.disable()  # nothing to collect", "        pass  # nothing to collect")],
 }
 
 

@@ -558,16 +558,16 @@ def test_kill_9_of_the_agent_takes_the_script_and_its_traces_with_it(workdir, tm
     assert not [d for d in cgroups if d.exists()], "the call's cgroup outlived the agent"
 
 
-def test_a_pkill_of_agent_py_hits_the_keeper_too_and_still_nothing_survives(workdir):
-    """The keeper is a fork of the agent: `pkill -f agent.py` signals both. It ignores the
+def test_a_pkill_of_agent_py_hits_the_launcher_too_and_still_nothing_survives(workdir):
+    """The launcher runs agent.py too: `pkill -f agent.py` signals both. It ignores the
     signal, sees the agent go, kills the group and cleans up."""
     code = ("import os, subprocess, time\n"
             "kid = subprocess.Popen(['sleep', '60'])\n"
             "open('info.tmp', 'w').write(f\"{os.environ['HOME']} {os.getppid()} {kid.pid}\")\n"
             "os.rename('info.tmp', 'info')\n"
             "time.sleep(60)\n")
-    proc, (home, keeper, kid) = agent_running(code, workdir)
-    for pid in (proc.pid, int(keeper)):
+    proc, (home, launcher, kid) = agent_running(code, workdir)
+    for pid in (proc.pid, int(launcher)):
         os.kill(pid, signal.SIGTERM)
     proc.wait()
     deadline = time.monotonic() + 5
@@ -735,6 +735,48 @@ def test_kill_9_of_the_agent_leaves_no_directory_of_its_launcher(workdir, tmp_pa
     assert not [d for d in cgroups if d.exists()]
 
 
+def test_after_its_launcher_is_killed_a_call_is_refused_in_one_line(box, workdir):
+    os.kill(box.launcher.pid, signal.SIGKILL)
+    box.launcher.proc.wait()
+    with pytest.raises(agent.ToolError, match="launcher has ended .*nothing was run"):
+        execute(box, workdir, "open('ran', 'w')")
+    assert not (workdir / "ran").exists()
+
+
+NO_LAUNCHER = "import sys; sys.exit('no launcher on this machine')"
+
+
+@needs_landlock
+def test_where_the_launcher_cannot_start_the_sandbox_is_unavailable_and_says_why(workdir,
+                                                                                monkeypatch):
+    """No launcher, no boundary the self-test could prove: the status line says why, and
+    run_python asks before every call, even with --yes."""
+    monkeypatch.setattr(agent, "LAUNCHER_BOOT", NO_LAUNCHER)
+    box = agent.Sandbox(Path(os.path.realpath(workdir)), True, agent.Limits())
+    assert not box.ready()
+    assert box.status.startswith("sandbox: unavailable (its launcher could not start: no "
+                                 "launcher on this machine); run_python will ask"), box.status
+
+
+def test_no_sandbox_without_a_launcher_says_so_and_still_ends_the_group(capsys, workdir,
+                                                                        monkeypatch):
+    """--no-sandbox where the launcher cannot start: the status line says so, the agent starts
+    the call itself, and what the script left running dies when it ends."""
+    if sys.platform != "linux":
+        pytest.skip("the launcher is Linux's")
+    monkeypatch.setattr(agent, "LAUNCHER_BOOT", NO_LAUNCHER)
+    code_ = ("import subprocess\np = subprocess.Popen(['sleep', '60'])\n"
+             "open('child.pid', 'w').write(str(p.pid))\nprint('ran')\n")
+    client = FakeClient(reply(tool_use("run_python", {"code": code_})), reply(text("ok")))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox"],
+                           client)
+    assert code == 0 and ("sandbox: off (--no-sandbox); run_python runs unconfined; no launcher "
+                          "(no launcher on this machine): agent.py starts each call") in err
+    assert "ran" in final_messages(client)[-1]["content"][0]["content"]
+    time.sleep(0.1)
+    assert not alive(int((workdir / "child.pid").read_text()))
+
+
 def children_of(pid):
     found = []
     for proc in Path("/proc").iterdir():
@@ -792,7 +834,7 @@ def test_a_deep_mess_in_home_is_gone_after_the_call(workdir, mounts):
     run = execute(box, workdir, DEEP_MESS, timeout=60)
     assert run.code == 0, run.stderr
     root = Path(run.stdout.strip()).parent.parent
-    deadline = time.monotonic() + 30  # the keeper may still be removing it
+    deadline = time.monotonic() + 30  # the launcher may still be removing it
     while root.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not root.exists()
@@ -1021,7 +1063,7 @@ print(json.dumps({"code": run.code, "stdout": run.stdout, "stderr": run.stderr[-
 def test_out_of_memory_the_kernel_kills_the_calls_processes_never_the_agent(workdir, tmp_path):
     """The agent runs under a memory limit below the call's 4 GiB cap, as in a container, and
     the script spreads its memory over processes each smaller than the agent. The kernel kills
-    the script's processes (oom_score_adj 1000), never the agent or its keeper, and nothing of
+    the script's processes (oom_score_adj 1000), never the agent or its launcher, and nothing of
     the call outlives it."""
     if os.geteuid() != 0 or not agent.cgroup_parents():
         pytest.skip("needs root and a memory cgroup to put the agent in")
