@@ -5388,7 +5388,6 @@ def serve(fd):
     except Exception as e:
         control.send(f"{type(e).__name__}: {e}".encode())
         return
-    gc.freeze()  # what is loaded now stays: no collection walks it
     control.send(b"ready")
     poller, children, by_fd, ahead, last = select.poll(), {}, {}, None, None
     poller.register(control, select.POLLIN)

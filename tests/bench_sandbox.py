@@ -47,8 +47,6 @@ REMOVALS = {
     "report-first": [  # the launcher removes the call's directory and cgroups, then reports
         ("            with contextlib.suppress(OSError):  # its home gone",
          "            call.release()\n            with contextlib.suppress(OSError):  # its home gone")],
-    "freeze": [  # the launcher's objects (all of agent.py's) left to its garbage collector
-        ("    gc.freeze()  # what is loaded now stays", "    pass  # what is loaded now stays")],
 }
 
 
