@@ -28,6 +28,13 @@ terminal output, path safety, the sandbox (its whole policy is one value, `Sandb
 read in the order a call runs), and the command line.
 """
 
+import sys
+
+if sys.version_info < (3, 11):  # checked before the first import an older Python lacks
+    sys.stderr.write(f"agent.py: needs Python 3.11 or newer, and {sys.executable} is "
+                     f"{sys.version.split()[0]}: run it with python3.11 (or uv run agent.py)\n")
+    sys.exit(2)
+
 import argparse
 import contextlib
 import ctypes
@@ -55,7 +62,6 @@ import stat
 import statistics
 import struct
 import subprocess
-import sys
 import sysconfig
 import tempfile
 import threading
@@ -71,11 +77,6 @@ from functools import cached_property
 from datetime import datetime, timezone
 from itertools import count
 from pathlib import Path
-
-if sys.version_info < (3, 11):  # checked before the first line an older Python cannot run
-    sys.stderr.write(f"agent.py: needs Python 3.11 or newer, and {sys.executable} is "
-                     f"{sys.version.split()[0]}: run it with python3.11 (or uv run agent.py)\n")
-    sys.exit(2)
 
 
 # ================================================================================================
@@ -481,7 +482,7 @@ def agreed(question, stdin):
             return False  # a question no one can see is not agreed to
         answer = stdin.readline()
         if not answer.endswith("\n"):  # no one answered: end the line
-            to_stderr(dimmed("(no answer)\n", screen), screen)
+            to_stderr(dimmed(getattr(stdin, "no_answer", "(no answer)") + "\n", screen), screen)
     return answer.strip().lower() in ("y", "yes")
 
 
@@ -657,6 +658,42 @@ def on_stop_signal(signum, frame):
     raise KeyboardInterrupt
 
 
+class Connections:
+    """Every connection the SDK's client opens, noted as it is made (httpcore's trace extension,
+    set on each request by make_client's hook), so that Ctrl-C in trials can cut the requests
+    other threads wait on: a thread reading a socket wakes when it is shut down, not before the
+    server answers. Once cut, a connection made after is shut as it opens."""
+
+    lock, opened, cut = threading.Lock(), weakref.WeakSet(), False
+
+    @staticmethod
+    def hook(request):  # an httpx request hook: trace this request's connections
+        request.extensions["trace"] = Connections.trace
+
+    @staticmethod
+    def trace(name, info):
+        stream = info.get("return_value")
+        if name.endswith((".connect_tcp.complete", ".start_tls.complete")) and stream:
+            with Connections.lock:
+                Connections.opened.add(stream)
+            if Connections.cut:
+                Connections.shut(stream)
+
+    @staticmethod
+    def cut_all():
+        with Connections.lock:
+            Connections.cut, streams = True, list(Connections.opened)
+        for stream in streams:
+            Connections.shut(stream)
+
+    @staticmethod
+    def shut(stream):
+        try:  # shutdown, not close: it wakes a read blocked in another thread
+            stream.get_extra_info("socket").shutdown(socket.SHUT_RDWR)
+        except Exception:  # closed already, or the raw socket of a TLS one
+            pass
+
+
 # --- API plumbing and retries ---
 
 MAX_COUNT = 1 << 53  # the largest count agent.py reads or writes: what JSON carries exactly
@@ -773,6 +810,7 @@ def stream_once(client, request, report, cancel, limits):
     most = request["max_tokens"] * TOKEN_CHARS  # characters the reply may stream
     lasts = limits.request_timeout + request["max_tokens"] / MIN_TOKEN_RATE  # seconds it may take
     with messages.stream(**request) as stream:
+        not_a_stream(stream)
         watch = Watchdog(stream, limits.request_timeout, time.monotonic() + lasts)
         complete, streamed, writing, cut_off = False, 0, None, {}
         try:
@@ -818,6 +856,7 @@ def stream_once(client, request, report, cancel, limits):
             raise StreamIncomplete(f"the stream could not be read ({type(e).__name__}: {e}); "
                                    "a server left out or garbled an event") from e
         except Exception as e:
+            check_cancelled(cancel)
             if watch.fired:
                 raise StreamStalled(watch.fired) from e
             raise
@@ -825,6 +864,27 @@ def stream_once(client, request, report, cancel, limits):
             watch.stop()
         request_id = getattr(stream, "request_id", None)
     return (message.to_dict() if hasattr(message, "to_dict") else message), request_id, cut_off
+
+
+class NotAStream(Exception):
+    """A server answered a streamed request with something else (JSON, a page): api_error, not
+    retried, as a reply would come the same way again."""
+    status_code = 200
+
+
+def not_a_stream(stream):
+    """Raise NotAStream when the response is not an event stream (its content-type says)."""
+    response = getattr(stream, "response", None)
+    headers = getattr(response, "headers", None)
+    if headers is None:  # (a test's fake stream)
+        return
+    kind = headers.get("content-type") or ""
+    if kind.split(";")[0].strip().lower() != "text/event-stream":
+        root = str(response.url).split("/v1/messages")[0]
+        raise NotAStream(f"the server answered {response.status_code} with "
+                         f"{'content-type ' + one_line(kind, 80) if kind else 'no content-type'}, "
+                         "not an event stream (text/event-stream), to a streamed request: is "
+                         f"ANTHROPIC_BASE_URL ({root}) an Anthropic Messages API server?")
 
 
 def whole_json(text):
@@ -915,6 +975,7 @@ def request_with_retries(client, request, limits, report, cancel):
         except (Interrupted, KeyboardInterrupt):
             raise
         except Exception as exc:
+            check_cancelled(cancel)  # a request Ctrl-C cut (Connections): not a failure
             api_seconds += time.monotonic() - started
             delay = retry_delay(exc, attempt, limits)
             if delay is None or attempt == limits.max_attempts:
@@ -1385,16 +1446,94 @@ SECRETS = set()  # values agent.py read as secrets (the API key): never sent or 
 
 
 def redact(text):
-    """`text` (str, or UTF-8 bytes) with every secret agent.py holds replaced by a marker. Every
-    door out redacts: the files (dump, OutputFile.put), stdout and stderr (to_stdout,
-    to_stderr), the collector (Counted), and every cut (shorten), so no prefix of a key is left
-    where its whole would have been caught."""
-    for secret in SECRETS:
-        if isinstance(text, bytes):
-            text = text.replace(utf8(secret), b"[redacted secret]")
-        elif secret in text:
+    """`text` (str, or UTF-8 bytes) with every secret agent.py holds replaced by a marker, and
+    so is every piece of one, a run of PIECE characters or more of it. Every door out redacts:
+    the files (dump, OutputFile.put), stdout and stderr (to_stdout, to_stderr), the collector
+    (Counted), and every cut (shorten), so no prefix of a key is left where its whole would have
+    been caught. Pieces, because a server that knows the key can write it in parts wherever it
+    likes (two text blocks, a text block and a tool call's input, two turns): each part is a
+    piece, found in whatever field or document it lands, with no need to know where its other
+    parts went. What is left of a key is runs of at most PIECE - 1 of its characters."""
+    if not SECRETS:
+        return text
+    if isinstance(text, bytes):  # the same, on the text the bytes hold (any bytes, kept as is)
+        if not any(utf8(block) in text for secret in SECRETS for block in secret_blocks(secret)[1]):
+            return text  # every piece holds a block: with none here, there is nothing to find
+        return redact(text.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
+    for secret in SECRETS:  # whole secrets first: the common case, and the cheapest
+        if secret in text:
             text = text.replace(secret, "[redacted secret]")
-    return text
+    kept, at = [], 0
+    for start, end in secret_runs(text):
+        kept += [text[at:start], "[redacted secret]"]
+        at = end
+    return "".join(kept) + text[at:] if kept else text
+
+
+PIECE = 12  # characters of a secret in a row that are redacted wherever they stand
+
+
+def secret_runs(text):
+    """Where `text` holds a piece of a secret (PIECE characters of it in a row, or the whole of
+    one shorter than that): sorted, disjoint (start, end) pairs. Each place a block of a secret
+    is found (one regex a secret, in C) is followed out to both sides, as far as the secret
+    goes on; a piece further on has a block further on, so the search resumes past it."""
+    found = []
+    for secret in SECRETS:
+        pattern, places, least = secret_blocks(secret)
+        at = 0
+        while hit := pattern.search(text, at):
+            at = hit.start() + 1
+            for offset in places[hit.group()]:  # each place the block has in the secret
+                left, right, shift = hit.start(), hit.end(), offset - hit.start()
+                while left > 0 and left + shift > 0 and text[left - 1] == secret[left - 1 + shift]:
+                    left -= 1
+                while right < len(text) and right + shift < len(secret) and \
+                        text[right] == secret[right + shift]:
+                    right += 1
+                if right - left >= least:
+                    found.append((left, right))
+                    at = max(at, right)
+    runs = []
+    for start, end in sorted(found):
+        if runs and start <= runs[-1][1]:
+            runs[-1] = (runs[-1][0], max(runs[-1][1], end))
+        else:
+            runs.append((start, end))
+    return runs
+
+
+BLOCKS = {}  # secret: what secret_blocks made of it, made once
+
+
+def secret_blocks(secret):
+    """(a regex that finds a block of `secret`, {block: the places it has in the secret}, the
+    length of a piece). The blocks cut the secret every half piece, so that every piece of it
+    holds a whole block, wherever the piece starts."""
+    if secret not in BLOCKS:
+        least = min(PIECE, len(secret))
+        half = (least + 1) // 2
+        blocks = {secret[i:i + half] for i in range(0, len(secret) - half + 1, half)}
+        places = {b: [j for j in range(len(secret)) if secret.startswith(b, j)] for b in blocks}
+        BLOCKS[secret] = re.compile("|".join(map(re.escape, sorted(blocks)))), places, least
+    return BLOCKS[secret]
+
+
+def secret_tail(text):
+    """How many characters at the end of `text` a stream holds back for its next part: the run
+    of a secret's characters it ends with (the next part may go on with the secret), from the
+    start of any piece that runs into it. What is written before is redacted whole, and what
+    is held is redacted with what follows: no piece is ever cut in two."""
+    cut = len(text)
+    for secret in SECRETS:
+        n = min(len(secret), len(text))
+        while n and text[len(text) - n:] not in secret:
+            n -= 1
+        cut = min(cut, len(text) - n)
+    for start, end in secret_runs(text):
+        if start < cut < end:
+            cut = start
+    return len(text) - cut
 
 
 def secret_start(text, least=1, ends=False):
@@ -1870,7 +2009,8 @@ SUMMARY_SCHEMA = {
            "interrupted": BOOL, "question": STRING, "model": STRING,
            "expect": obj({"regex": nullable(STRING), "tool": nullable(STRING),
                           "stop": nullable(STRING)}),
-           "decline_message": STRING}, {"events_lost": STRING, "base_url": STRING})}
+           "decline_message": STRING}, {"events_lost": STRING, "base_url": STRING,
+                                        "budget_usd": NUMBER})}
 SCHEMAS = {"transcript": TRANSCRIPT_SCHEMA, "events": EVENTS_SCHEMA, "summary": SUMMARY_SCHEMA}
 
 
@@ -2791,6 +2931,22 @@ def passed(session, expect):
     return not expect["stop"] or stop == expect["stop"]
 
 
+def why_failed(session, expect):
+    """The first condition a trial that ran to a stop of the model's own did not meet, in
+    words; None if it passed, or if the harness or the network ended it (not the model)."""
+    stop = (session.get("stop") or {}).get("reason")
+    if stop in INFRA_STOPS or passed(session, expect):
+        return None
+    if not any(expect.values()):
+        return f"it stopped with {stop}, not end_turn (no --expect was given)"
+    if expect["regex"] and not re.search(expect["regex"], session.get("answer") or ""):
+        return f"--expect {expect['regex']!r} is not in the answer"
+    if expect["tool"] and not any(c["name"] == expect["tool"]
+                                  for t in session["turns"] for c in t["tool_calls"]):
+        return f"--expect-tool {expect['tool']} was not called"
+    return f"--expect-stop {expect['stop']}, and it stopped with {stop}"
+
+
 def pass_at_k(n, c, k):
     """Unbiased pass@k: the chance that at least one of k trials drawn from n passes."""
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
@@ -2861,6 +3017,9 @@ def print_summary(summary, report):
         say("   k   pass@k   pass^k")
         for k in summary["pass_at_k"]:
             say(f"{k:>4}   {summary['pass_at_k'][k]:.3f}    {summary['pass_hat_k'][k]:.3f}")
+    if not summary["n"]:  # Ctrl-C before any began: nothing per trial to tell
+        say(f"total {summary['tokens']} tokens, {money(summary['cost_usd'])}")
+        return
     say("stops: " + ", ".join(f"{label} {n}" for label, n in summary["stops"].items()))
     per = summary["per_trial"]
     for key, show in (("turns", "{:.1f}"), ("tokens", "{:.0f}"), ("seconds", "{:.1f}")):
@@ -2870,6 +3029,26 @@ def print_summary(summary, report):
     say(f"per trial: cost mean {money(per['cost_usd']['mean'])}, median "
         f"{money(per['cost_usd']['median'])}; total {summary['tokens']} tokens, "
         f"{money(summary['cost_usd'])}")
+
+
+TRIAL = threading.local()  # .index: the trial this thread runs, if any (approval_question)
+MAX_TRIALS = 1000  # --trials at most: a typo'd zero (1000000) is a usage error, not a bill
+MAX_JOBS = 32  # --jobs at most: trials at once, each a thread, a connection and a sandbox
+
+
+def room_for_trials(k):
+    """Open files enough for k trials (each holds its transcript's directory and its kept copy's
+    open): the soft limit raised toward the hard one if need be, else a UsageError."""
+    need = 2 * k + 256  # and the rest of the process: the SDK, the sandbox, the outputs
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        top = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (top, hard))
+            soft = top
+        if soft < need:
+            raise UsageError(f"--trials {k} needs about {need} open files, and this process may "
+                             f"open {soft} (ulimit -n): give fewer trials, or raise the limit")
 
 
 @dataclass(frozen=True)
@@ -2887,6 +3066,7 @@ class TrialSpec:
     quiet: bool = False  # no progress on stderr, only the summary
     system: str = SYSTEM_PROMPT  # the system prompt every trial is sent (--system-prompt)
     server: str | None = None  # ANTHROPIC_BASE_URL as recorded (server_url); None: Anthropic's
+    budget_usd: float | None = None  # --trials-budget-usd: no trial starts once all spent this
 
     @property
     def expect(self):
@@ -2898,9 +3078,21 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
     file, if any (run.json -> run.1.json); `kept`, each trial's KeptRun. A Ctrl-C cancels the
     trials still running."""
     ctx = replace(ctx, cancel=threading.Event())
-    results, pool = [], ThreadPoolExecutor(max_workers=spec.jobs)
+    results, pool, running = [], ThreadPoolExecutor(max_workers=spec.jobs), {}
+    starting = threading.Lock()
+
+    def spent():  # dollars of the trials ended and running
+        ended = sum(r["cost_usd"] or 0 for r in results)
+        return ended + sum(total_usage(begun[0])["cost_usd"] or 0
+                           for i, begun in list(running.items())
+                           if begun and i not in {r["index"] for r in results})
 
     def trial(index):
+        TRIAL.index = index  # for the approval question, asked in this thread
+        with starting:  # the total decides whether it starts; then it counts in the total
+            if spec.budget_usd is not None and spent() >= spec.budget_usd:
+                return
+            running[index] = None
         report = Reporter(spec.quiet, prefix=f"[trial {index}] ", events=events, trial=index,
                           telemetry=telemetry)
         out, keep = outputs.get(index), (kept or {}).get(index)
@@ -2912,12 +3104,15 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
         path = str(out.path) if out else str(keep.output.path) if keep else None
         report.emit("trial.start", transcript=path)
         started = time.monotonic()
+        running[index] = (session, path, started)
         save = Saver(out, keep)
         report.trace("begin", session)
         stop = drive(client, session, ctx, report, save)
         report.trace("end", stop, session)
         save.events_lost(session, events)
-        report.line(f"stop: {stop.reason} ({stop.detail})", always=True)
+        report.line(f"stop: {stop.reason} ({said_stop(stop)})", always=True)
+        if why_failed(session, spec.expect):
+            report.line(f"fail: {why_failed(session, spec.expect)}", always=True)
         results.append({"index": index, "stop": stop.reason, "turns": len(session["turns"]),
                         "tokens": session["usage"]["tokens"],
                         "cost_usd": session["usage"]["cost_usd"],
@@ -2936,15 +3131,30 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
         ctx.cancel.set()
         for f in futures:
             f.cancel()
+        Connections.cut_all()  # the requests in flight end now, not when their server answers
         wait(futures, timeout=10)
     pool.shutdown(wait=False, cancel_futures=True)
+    for index, begun in list(running.items()):  # one still not ended
+        if begun and index not in {r["index"] for r in results}:
+            session, path, started = begun
+            usage = total_usage(session)
+            results.append({"index": index, "stop": "interrupted", "turns": len(session["turns"]),
+                            "tokens": usage["tokens"], "cost_usd": usage["cost_usd"],
+                            "seconds": round(time.monotonic() - started, 3),
+                            "passed": False, "transcript": path})
     summary = summarize(results, spec.k)
     summary.update(interrupted=interrupted, question=spec.question, model=spec.model,
                    expect=spec.expect, decline_message=ctx.decline_message)  # what was measured
     if spec.server:
         summary["base_url"] = spec.server
     report = Reporter(spec.quiet, events=events)
+    if spec.budget_usd is not None:
+        summary["budget_usd"] = spec.budget_usd
     print_summary(summary, report)
+    if spec.budget_usd is not None and summary["n"] < spec.k and not interrupted:
+        report.line(f"budget: the trials spent {money(summary['cost_usd'])} of the "
+                    f"--trials-budget-usd {money(spec.budget_usd)}; the other "
+                    f"{plural(spec.k - summary['n'], 'trial')} did not start", always=True)
     if interrupted:
         finished = sum(r["stop"] != "interrupted" for r in results)
         report.line(f"interrupted: {finished} of {spec.k} trials finished", always=True)
@@ -3095,6 +3305,11 @@ def priced_as(t):
     url = t.get("base_url")
     if not is_str(url) or urllib.parse.urlsplit(url).hostname == ANTHROPIC_HOST:
         return ""
+    model = t.get("model") if is_str(t.get("model")) else "the model"
+    if base_model(model) not in PRICING:  # nothing was priced: say so, not how it was
+        return (f"<p>No cost is shown: agent.py knows no price for {esc(model)} (it prices "
+                f"Anthropic's models as Anthropic's API bills them), and {esc(url)} may bill "
+                "otherwise, or nothing.</p>")
     return (f"<p>The cost is priced as {esc(t.get('model', 'the model'))} would be on "
             f"Anthropic's API, not by {esc(url)}, which may bill otherwise, or nothing.</p>")
 
@@ -3686,13 +3901,18 @@ class Telemetry:
         """Send what is left, waiting OTEL_GRACE seconds at most; say once if any was lost."""
         ending = threading.Thread(target=self.provider.shutdown, daemon=True)
         ending.start()
-        ending.join(OTEL_GRACE)
+        interrupted = False
+        try:
+            ending.join(OTEL_GRACE)
+        except KeyboardInterrupt:  # the run is done: Ctrl-C now gives up the spans, not the run
+            interrupted = True
         if ending.is_alive():  # the collector is slow or away: stop its retries, go on
             self.exporter.shutdown()
         started = next(self.started) - 1
         lost = started - self.exporter.sent
         if self.failed or lost:
-            why = self.failed or self.exporter.why or (
+            why = "interrupted by Ctrl-C while they were sent" if interrupted and lost else \
+                self.failed or self.exporter.why or (
                 f"no answer within {OTEL_GRACE:g} s" if ending.is_alive()
                 else "the collector refused them")
             report.error(f"agent.py: --otel: {lost} of {plural(started, 'span')} did not reach "
@@ -4042,7 +4262,8 @@ def approval_question(code, rows, columns):
               f"{f' ({n} times)' if n > 1 else ''}" for ch, n in sorted(named.items())]
     if len(legend) > 12:
         legend = legend[:11] + [f"  and {len(legend) - 11} more characters shown by code point"]
-    head = f"--- run_python wants to run {plural(len(lines), 'line')} ---"
+    who = f"[trial {TRIAL.index}] " if getattr(TRIAL, "index", None) else ""  # --trials
+    head = f"--- {who}run_python wants to run {plural(len(lines), 'line')} ---"
     body = lines + (["--- characters shown by their code point:"] + legend if legend else [])
     tall = sum(max(1, -(-display_width(line) // max(columns, 20))) for line in body)
     text = "\n" + head + "\n" + "\n".join(body) + "\n"
@@ -4050,7 +4271,7 @@ def approval_question(code, rows, columns):
         text += (f"--- run_python wants to run the {plural(len(lines), 'line')} above; "
                  f"{plural(tall + 3 - rows, 'row')} of them scrolled off the top of the screen "
                  "(scroll up to read them) ---\n")
-    return text + "--- run it? [y/N] "
+    return text + f"--- {who}run it? [y/N] "
 
 
 DIM, UNDIM = "\x1b[2m", "\x1b[22m"  # SGR faint, and back to normal intensity
@@ -4140,7 +4361,7 @@ class Reporter:
         self.events, self.trial, self.turn_no = events, trial, None
         self.telemetry = telemetry  # --otel: the same moments as spans
         self.pending = ""  # streamed text not yet ended by a newline
-        self.held = ""  # its end, not yet written: it could be the start of a secret
+        self.held = ""  # its end, not yet written: it could be part of a secret
         self.said = ""  # streamed text not yet sent as an event
         self.thinking = False  # streaming the summary of the model's thinking, not its text
         self.said_writing = 0.0  # when stderr last said how far a tool call's input has come
@@ -4174,9 +4395,9 @@ class Reporter:
 
     def emit_said(self, whole=True):
         """The text streamed so far as an event; mid-stream (not `whole`), an end that could
-        begin a secret waits for the next event, where redact finds the secret whole."""
+        be part of a piece of a secret waits for the next event, where redact finds it whole."""
         extra = {"thinking": True} if self.thinking else {}
-        held = 0 if whole else secret_start(self.said)
+        held = 0 if whole else secret_tail(self.said)
         said, self.said = (self.said[:-held], self.said[-held:]) if held else (self.said, "")
         self.events.emit("text", self.trial, turn=self.turn_no, text=said, **extra)
 
@@ -4203,9 +4424,9 @@ class Reporter:
             if len(self.said) >= 2000 or ("\n" in delta and len(self.said) >= 200):
                 self.emit_said(whole=False)
         self.pending += shown
-        if not self.prefix:  # the end that could begin a secret waits for the next delta
+        if not self.prefix:  # an end that could be part of a secret waits for the next delta
             shown, self.held = self.held + shown, ""
-            held = secret_start(shown)
+            held = secret_tail(shown)
             if held:
                 shown, self.held = shown[:-held], shown[-held:]
             self.write(shown)
@@ -4269,6 +4490,9 @@ class Reporter:
     def tool(self, block, result, seconds, facts):
         args = shorten(json.dumps(block.get("input"), ensure_ascii=False), 100)
         lines = result["content"].strip().splitlines() if result.get("is_error") else []
+        if lines and lines[-1] == "--- stderr ---":  # nothing on stderr: how the script ended
+            lines = [f"exit code {facts['exit_code']}" if facts.get("exit_code") is not None
+                     else lines[0].split(";")[0]]
         outcome = "error: " + shorten(lines[-1], 100) if lines else "error" if result.get(
             "is_error") else "ok"
         self.line(f"  {block['name']} {args} -> {outcome} ({seconds:.2f}s)")
@@ -4345,8 +4569,8 @@ def read_window(fd, path, offset, limit, max_bytes):
     """Lines [offset, offset+limit) (at most max_bytes), reading fixed-size chunks, never a
     whole line: the rest of the file is only counted, so memory stays bounded."""
     kept, line, last, cut_line, seen, tail = bytearray(), 1, offset - 1, False, 0, b"\n"
-    while chunk := os.read(fd, 1 << 16):
-        seen += len(chunk)
+    for chunk in iter(lambda: os.read(fd, 1 << 16), b""):  # (no :=, so that Python 3.7 can
+        seen += len(chunk)  # parse the file and reach the version check at its top)
         tail = chunk[-1:]
         start = 0
         while start < len(chunk) and line < offset + limit and not cut_line:
@@ -4448,7 +4672,9 @@ def sandbox_policy(workdir, limits, system=None):
                  ("PYTHONSAFEPATH", "1"),  # no script dir or cwd on sys.path: no stdlib shadowed
                  # a name that is not UTF-8 (os.listdir gives it a lone surrogate) prints as
                  # the escape Python source can use again, caf\udce9.csv, not a crash
-                 ("PYTHONIOENCODING", "utf-8:backslashreplace"), ("MPLBACKEND", "Agg")),
+                 ("PYTHONIOENCODING", "utf-8:backslashreplace"), ("MPLBACKEND", "Agg"),
+                 # what a script printed before a timeout or Ctrl-C killed it reaches the model
+                 ("PYTHONUNBUFFERED", "1")),
         rlimits=(("RLIMIT_CORE", 1, 1),  # 1, not 0: no core-dump pipe helper either
                  ("RLIMIT_SIGPENDING", 256, 256),  # a count the kernel keeps per user
                  ("RLIMIT_NOFILE", 4096, 4096),  # the machine's file table is shared
@@ -5810,6 +6036,26 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):
         raise UsageError(f"{message} (see --help)")
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name in (None, "store"):  # every option with a value, in every group
+            self.register("action", name, Once)
+
+
+class Once(argparse.Action):
+    """An option's value, given once: a second one (`-C a -C b`, where the last used to win
+    without a word) is a usage error, unless it says the same."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = namespace.__dict__.setdefault("_given", {})
+        if self.dest in given and given[self.dest] != values:
+            shown = [" ".join(v) if isinstance(v, list) else str(v)
+                     for v in (given[self.dest], values)]
+            raise UsageError(f"{'/'.join(self.option_strings)} was given twice ({shown[0]}, "
+                             f"then {shown[1]}): give it once")
+        given[self.dest] = values
+        setattr(namespace, self.dest, values)
+
 
 DESCRIPTION = """Answer a question about the files in a directory with Claude, through a
 hand-written agent loop with two tools: read_file, and run_python in an OS sandbox.
@@ -5910,11 +6156,15 @@ def parse_args(argv):
                          "$XDG_STATE_HOME/agent.py/runs or ~/.local/state/agent.py/runs "
                          "(default: every run is kept there; AGENT_PY_NO_KEEP=1 keeps none)")
     trials = p.add_argument_group("trials: how stable is a behaviour")
-    trials.add_argument("--trials", type=int, metavar="K", help="run the question K times; "
+    trials.add_argument("--trials", type=int, metavar="K", help=f"run the question K times "
+                        f"(at most {MAX_TRIALS:,}); "
                         "report pass@k and pass^k (with no --expect, --expect-tool or "
                         "--expect-stop, a trial passes if it stopped with end_turn)")
     trials.add_argument("--jobs", type=int, metavar="N", default=1, help="trials run at once "
-                        "(default: 1)")
+                        f"(default: 1; at most {MAX_JOBS})")
+    trials.add_argument("--trials-budget-usd", type=float, metavar="X", help="dollars over all "
+                        "the trials: once they have spent X, no more start (--budget-usd bounds "
+                        "each one; default: no total)")
     trials.add_argument("--expect", metavar="REGEX", help="a trial passes if this regex is in "
                         "the answer")
     trials.add_argument("--expect-tool", metavar="NAME", choices=list(TOOL_FUNCTIONS),
@@ -5992,7 +6242,13 @@ def parse_args(argv):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
-    for name in ("tool_timeout", "budget_usd", "request_timeout"):
+    for name, most in (("trials", MAX_TRIALS), ("jobs", MAX_JOBS)):
+        value = getattr(args, name)
+        if value is not None and value > most:
+            raise UsageError(f"--{name} {value:,} is over {most:,}, the most agent.py runs in "
+                             f"one go: give at most {most:,} (split a bigger measurement into "
+                             "several runs)")
+    for name in ("tool_timeout", "budget_usd", "request_timeout", "trials_budget_usd"):
         value = getattr(args, name)
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise UsageError(f"--{name.replace('_', '-')} must be a positive number")
@@ -6019,6 +6275,8 @@ def parse_args(argv):
         raise UsageError("--expect, --expect-tool and --expect-stop need --trials")
     if args.trials is None and args.jobs != 1:
         raise UsageError("--jobs needs --trials")
+    if args.trials is None and args.trials_budget_usd is not None:
+        raise UsageError("--trials-budget-usd needs --trials (for one run, --budget-usd)")
     if args.trials is not None and args.resume:
         raise UsageError("--trials cannot be combined with --resume")
     if args.events == "-" and args.transcript == "-":
@@ -6045,6 +6303,12 @@ def not_utf8(what, byte, before):
     said = f"byte 0x{byte:02x}" if byte is not None else "a lone surrogate"
     raise UsageError(f"{what} is not valid UTF-8: {said} after {shorten(before, 40)!r}; give it "
                      "as UTF-8 text (iconv -t UTF-8 converts a file)")
+
+
+class QuestionWasRead(io.StringIO):
+    """stdin once the question (-) was read from it: nothing is left to answer a question with,
+    and agreed says so."""
+    no_answer = "(no answer: stdin held the question; give --yes to run it unasked)"
 
 
 def read_question(stdin):
@@ -6212,6 +6476,13 @@ def resolved_directory(path):
         return path, f" ({e.strerror})"
 
 
+def recorded_workdir(given, workdir):
+    """A workdir a file recorded, as it recorded it, and where that is from here if it differs
+    (a relative one): `workspace (here /tmp/x/workspace)`."""
+    given = shown_path(given)
+    return given if given == shown_path(workdir) else f"{given} (here {shown_path(workdir)})"
+
+
 def shown_path(path):
     """A path a file named, as it is when plain, else quoted, escaped and cut to two rows."""
     shown = str(path)
@@ -6248,7 +6519,17 @@ def load_config(workdir, report):
         except ImportError:
             raise UsageError(install_hint())
         found = dotenv_values(stream=io.StringIO(text), interpolate=False)
-    return {n: check_text(os.environ.get(n) or found.get(n), n) for n in names}
+    config = {n: os.environ.get(n) or found.get(n) for n in names}
+    key = config["ANTHROPIC_API_KEY"]
+    odd = next((i for i, c in enumerate(key or "") if not c.isascii()), None)
+    if odd is not None:  # where, and never a character of the key itself (it is a secret)
+        byte = key[odd]
+        where = "" if os.environ.get("ANTHROPIC_API_KEY") else f" (from {dotenv_path()})"
+        said = f"is not valid UTF-8: byte 0x{os.fsencode(byte)[0]:02x}" \
+            if "\udc80" <= byte <= "\udcff" else "has a character that is not ASCII"
+        raise UsageError(f"ANTHROPIC_API_KEY{where} {said} at position {odd + 1} of {len(key)}: "
+                         "copy the key again")
+    return {n: check_text(config[n], n) for n in names}
 
 
 def learn_secrets():
@@ -6392,6 +6673,9 @@ def make_client(config, limits, otel=False, workdir=None):
                    timeout=anthropic.Timeout(limits.request_timeout, connect=10.0))
     if otel:  # agent.py's own chat spans, and no trace context sent to the API
         options["open_telemetry"] = False
+    Connections.cut = False  # (tests make many clients in one process)
+    options["http_client"] = anthropic.DefaultHttpxClient(
+        event_hooks={"request": [Connections.hook]})  # so that Ctrl-C can cut trials' requests
     return anthropic.Anthropic(**options)
 
 
@@ -6458,6 +6742,7 @@ def main(argv=None, client=None, stdin=None):
                              "/dev/null)")
         if args.question == "-":
             args.question = read_question(stdin).strip()
+            stdin = QuestionWasRead()
             if not args.question:
                 raise UsageError("the question is - but stdin held none")
         system = read_system_prompt(args.system_prompt) if args.system_prompt else None
@@ -6478,7 +6763,7 @@ def main(argv=None, client=None, stdin=None):
             return 0
         report.quiet = args.quiet
         args.no_keep = no_keep_variable() or args.no_keep  # the variable checked either way
-        args.resume = kept_run(args.resume, "--resume", report)
+        asked, args.resume = args.resume, kept_run(args.resume, "--resume", report)
         args.replay = kept_run(args.replay, "--replay", report)
         session, unanswered = prepare_resume(load_transcript(args.resume), args.question) \
             if args.resume else (None, 0)
@@ -6491,7 +6776,13 @@ def main(argv=None, client=None, stdin=None):
             if args.workdir else f"the workdir {source} recorded ({shown_path(workdir)})" \
             if recorded else f"the current directory ({workdir}; no --workdir was given)"
         if why is not None:
-            gone = args.workdir and not why and not os.path.lexists(workdir)
+            gone = not why and not os.path.lexists(workdir)
+            if recorded and not args.workdir:  # not the user's word: name the file, the way out
+                named = recorded_workdir(given, workdir)
+                raise UsageError(f"{source} recorded the workdir {named}, which "
+                                 f"{'does not exist' if gone else 'is not a directory'}{why} "
+                                 f"here: give -C DIR (--workdir) to "
+                                 f"{'replay' if replay else 'resume'} it in another directory")
             home = "; a ~ in quotes is not your home directory: leave it unquoted, or write " \
                 "$HOME" if gone and args.workdir.startswith("~") else ""
             raise UsageError(f"{where} {'does not exist' if gone else 'is not a directory'}{why}"
@@ -6500,6 +6791,15 @@ def main(argv=None, client=None, stdin=None):
         if not args.no_sandbox:  # unconfined, the model's code can write anywhere anyway
             check_runs_apart(workdir, where)
         for inside in {workdir, Path(os.path.realpath(recorded.get("workdir") or workdir))}:
+            if args.resume and Path(os.path.realpath(args.resume)).is_relative_to(inside) \
+                    and inside != workdir and asked != args.resume:  # a kept run, by its name
+                raise UsageError(f"--resume {asked} is the kept run {args.resume}, made by a run "
+                                 f"whose workdir, {inside}, holds the kept runs (only "
+                                 "--no-sandbox allows that): its code could have rewritten this "
+                                 "file, so it is not resumed; give another run's id (--resume "
+                                 f"ID; they are in {Path(args.resume).parent}), or remove this "
+                                 f"one (rm {args.resume})" + (" and last names the one before"
+                                                              if asked == "last" else ""))
             if args.resume and Path(os.path.realpath(args.resume)).is_relative_to(inside):
                 raise UsageError(f"--resume {args.resume} is inside the workdir {inside}, where "
                                  "the model's code could have rewritten it; it is not resumed "
@@ -6536,6 +6836,8 @@ def main(argv=None, client=None, stdin=None):
         reach = None if args.no_sandbox else workdir  # where the model's code can write, if not
         output = OutputFile(target, reach, "--transcript" if args.transcript else "--resume") \
             if target not in (None, "-") else None  # reach None: everywhere
+        if args.trials:
+            room_for_trials(args.trials)
         trial_outputs = {i: OutputFile(trial_path(output.path, i), reach, named=False)
                          for i in range(1, args.trials + 1)} if args.trials and output else {}
         events_out = OutputFile(args.events, reach, "--events", stream=True) \
@@ -6554,9 +6856,11 @@ def main(argv=None, client=None, stdin=None):
                            + [("--events", events_out)] * bool(events_out)
                            + [(f"trial {i}'s transcript", o) for i, o in trial_outputs.items()],
                            [("--system-prompt", args.system_prompt)])
-        if args.budget_usd is not None and base_model(model) not in PRICING:
-            raise UsageError(f"--budget-usd needs a known price, and {model} is not in the "
-                             "pricing table")
+        for flag, given in (("--budget-usd", args.budget_usd),
+                            ("--trials-budget-usd", args.trials_budget_usd)):
+            if given is not None and base_model(model) not in PRICING:
+                raise UsageError(f"{flag} needs a known price, and {model} is not in the "
+                                 "pricing table")
         limits = Limits(max_turns=args.max_turns, token_budget=args.token_budget,
                         budget_usd=args.budget_usd, max_tokens=args.max_tokens,
                         tool_timeout=args.tool_timeout, request_timeout=args.request_timeout,
@@ -6616,7 +6920,7 @@ def main(argv=None, client=None, stdin=None):
         if args.trials:
             spec = TrialSpec(args.question, model, args.effort, args.trials, args.jobs,
                              args.expect, args.expect_tool, args.expect_stop, args.quiet,
-                             system or SYSTEM_PROMPT, server)
+                             system or SYSTEM_PROMPT, server, args.trials_budget_usd)
             summary = run_trials(spec, client, ctx, trial_outputs, events, telemetry,
                                  kept_trials)
             if events and events.lost:
@@ -6662,9 +6966,10 @@ def main(argv=None, client=None, stdin=None):
         u, turns = session["usage"], plural(len(session["turns"]), "turn")
         cost = "cost unknown" if u["cost_usd"] is None else f"${u['cost_usd']:.6f}"
         say = report.error if stop.exit_code not in (0, 3) else report.line
-        say(f"stop: {stop.reason} ({stop.detail}); {turns}, {u['tokens']} tokens, {cost}")
+        say(f"stop: {stop.reason} ({said_stop(stop)}); {turns}, {u['tokens']} tokens, {cost}")
         if kept_line:
             report.line(kept_line)
+            kept_line = None  # said: not again if the answer cannot be written
         if args.transcript == "-":
             print_document(session)
         elif session["answer"] and args.events != "-" and not already_streamed(report):
@@ -6685,6 +6990,12 @@ def main(argv=None, client=None, stdin=None):
             telemetry.finish(report)
         if events:
             events.close()
+
+
+def said_stop(stop):
+    """A Stop's detail as the stop line says it: with how many attempts failed, when the turn
+    was retried (with -q, the retry lines before it do not show)."""
+    return stop.detail + (f"; after {len(stop.retries) + 1} attempts" if stop.retries else "")
 
 
 def failed(report, stop):

@@ -1,6 +1,7 @@
 """The fixtures. What every test gets: none of the user's config, no network beyond loopback, no
 request the real API would reject, and nothing left behind in the temp directory. And what
-tests ask for by name: workdir, ctx, agent_copy, as_nobody. Helper functions are in helpers.py."""
+tests ask for by name: workdir, ctx, spans, agent_copy, as_nobody. Helper functions are in
+helpers.py."""
 
 import gc
 import json
@@ -18,7 +19,8 @@ import pytest
 
 import agent
 import fakes
-from helpers import AGENT, kept_by_the_tests, loopback, schema_errors, tool_context
+from helpers import (AGENT, OTHER_USERS, kept_by_the_tests, loopback, schema_errors,
+                     tool_context)
 
 
 @pytest.fixture(autouse=True)
@@ -239,6 +241,28 @@ def ctx(workdir, tmp_path):
 
 
 @pytest.fixture
+def spans(monkeypatch):
+    """--otel with the SDK's in-memory exporter in place of OTLP: the finished spans as they
+    leave (after agent.py's own door, Counted), of every run in the test."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    memories, real_start = [], agent.Telemetry.start
+
+    def start(report):
+        telemetry = real_start(report)  # what the environment says (content or not), then
+        memories.append(InMemorySpanExporter())  # spans kept in memory instead of sent (one
+        provider = TracerProvider()  # exporter a run: the end of a run shuts its own down)
+        counted = agent.Counted(memories[-1])
+        counted.where = "memory"
+        provider.add_span_processor(SimpleSpanProcessor(counted))
+        return agent.Telemetry(provider, counted, telemetry.content)
+
+    monkeypatch.setattr(agent.Telemetry, "start", staticmethod(start))
+    return lambda: [span for memory in memories for span in memory.get_finished_spans()]
+
+
+@pytest.fixture
 def agent_copy(tmp_path):
     """agent.py alone in a directory: no .env of the user's beside it, nothing else."""
     copy = tmp_path / "agent" / "agent.py"
@@ -253,6 +277,8 @@ def as_nobody(request):
     may be in a 0700 home or temp directory, so agent.py is copied to a directory of its own in
     /tmp (root's, sticky and open to all, as /tmp is), beside a directory that nobody owns. All
     of it is removed after the test however it ends, what nobody made there included."""
+    if OTHER_USERS:
+        pytest.skip(OTHER_USERS)
     python = shutil.which("python3", path="/usr/bin:/bin")
     if python is None:
         pytest.skip("no /usr/bin/python3 an ordinary user can run")

@@ -12,11 +12,14 @@ import ipaddress
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import jsonschema
+import pytest
 
 import agent
 from fake_api import FakeAPI
@@ -93,6 +96,61 @@ def measured(script, *args, cwd):
                           stdin=subprocess.DEVNULL)
     code, rss, seconds = done.stdout.split()[-3:]
     return int(code), done.stderr, int(rss) / 1024, float(seconds)
+
+
+# --- what root may do here: probed, for the tests that act as another user ---
+
+def unmapped(uid):
+    """`; uid N is not mapped in this user namespace (...)`, when /proc/self/uid_map says so."""
+    try:
+        ranges = [tuple(map(int, line.split())) for line in
+                  Path("/proc/self/uid_map").read_text().splitlines()]
+    except (OSError, ValueError):
+        return ""
+    if any(inside <= uid < inside + count for inside, _, count in ranges):
+        return ""
+    shown = "; ".join(" ".join(map(str, r)) for r in ranges)
+    return f": uid {uid} is not mapped in this user namespace (/proc/self/uid_map: {shown})"
+
+
+def probe_other_users(uids=(65534, 12345, 1)):
+    """None if this process can give a file to each of `uids` (what the tests that plant another
+    user's files, or run as `nobody`, need); else why not, as the skip reason: not root, or root
+    in a user namespace that maps no other uid (`unshare -Ur`, a rootless container)."""
+    if os.geteuid() != 0:
+        return "needs root, to make files another user owns and to run as another user"
+    with tempfile.TemporaryDirectory() as d:
+        probe = os.path.join(d, "probe")
+        open(probe, "w").close()
+        for uid in uids:
+            try:
+                os.chown(probe, uid, uid)
+            except OSError as e:
+                return (f"needs root able to act as another user, and os.chown to uid {uid} "
+                        f"fails here ({e.strerror}){unmapped(uid)}")
+    return None
+
+
+def probe_mknod():
+    """None if this process can make a character device node (1, 3: what /dev/null is); else
+    why not, as the skip reason."""
+    with tempfile.TemporaryDirectory() as d:
+        try:
+            os.mknod(os.path.join(d, "null"), 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+        except OSError as e:
+            return f"needs to make a device node, and os.mknod fails here ({e.strerror})"
+    return None
+
+
+OTHER_USERS = probe_other_users()  # None, or why the tests cannot act as another user here
+MKNOD = probe_mknod()  # None, or why no device node can be made here
+as_other_users = pytest.mark.skipif(OTHER_USERS is not None, reason=str(OTHER_USERS))
+
+
+def need_other_users():
+    """Skip the test, saying why, where this process cannot act as another user."""
+    if OTHER_USERS:
+        pytest.skip(OTHER_USERS)
 
 
 # --- a local Messages API for the real SDK ---

@@ -641,3 +641,44 @@ def test_a_base_url_ending_in_v1_names_the_url_asked_and_the_root(request, capsy
         f"stop: api_error (404 Not Found from {url}/v1/v1/messages: an empty body, not the API's "
         f"JSON error; ANTHROPIC_BASE_URL is the server's root, without /v1 ({url})); 0 turns, 0 "
         "tokens, $0.000000\n")
+
+
+def test_the_stop_line_says_how_many_attempts_failed(capsys, workdir):
+    """With -q only the stop line shows: five failed attempts read as one (newuser #15)."""
+    client = FakeClient(*[FakeAPIError(500, "api_error", "fake 500", {"retry-after": "0"})] * 5)
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "-q"], client)
+    assert code == 1 and err.splitlines()[0] == (
+        "stop: api_error (500 api_error: fake 500; after 5 attempts); 0 turns, 0 tokens, $0.000000")
+    client = FakeClient(FakeAPIError(400, "invalid_request_error", "bad"))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "-q"], client)
+    assert code == 1 and "(400 invalid_request_error: bad); 0 turns" in err  # one attempt
+
+
+def test_a_reply_that_is_not_a_stream_is_named_by_its_content_type(request, capsys, workdir):
+    """A 200 answered with JSON (or a page) to a streamed request was `the response stream
+    ended before message_stop`, retried as if cut: it is named, once (newuser #19)."""
+    api = serve(request, {"status": 200, "body": '"not a message"'}, reply(text("never")))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "-q"], api=api)
+    assert code == 1 and len(api.requests) == 1, err
+    assert err.splitlines()[0] == (
+        "stop: api_error (the server answered 200 with content-type application/json, not an "
+        "event stream (text/event-stream), to a streamed request: is ANTHROPIC_BASE_URL "
+        f"({api.url}) an Anthropic Messages API server?); 0 turns, 0 tokens, $0.000000")
+    api.script.clear()  # the reply never asked for
+
+
+@pytest.mark.parametrize("key, said", [
+    ("sk-ant-api03-SECRETSECRET\udcffabc", "ANTHROPIC_API_KEY is not valid UTF-8: byte 0xff at "
+                                           "position 26 of 29"),
+    ("sk-ant-api03-SECRETSECRET\u00e9", "ANTHROPIC_API_KEY has a character that is not ASCII at "
+                                        "position 26 of 26"),
+])
+def test_a_key_that_is_not_ascii_is_a_usage_error_that_shows_none_of_it(capsys, workdir, key,
+                                                                        said, monkeypatch):
+    """A byte that is not UTF-8 printed the key up to it; an é was sent mangled (newuser2 N6,
+    N8). Keys are ASCII: where the odd character is, and nothing of the key."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", key)
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:9")
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir)])
+    assert (code, out) == (2, "") and err == f"agent.py: {said}: copy the key again\n", err
+    assert "SECRET" not in err

@@ -18,7 +18,8 @@ import pytest
 
 import agent
 from fakes import FakeAPIError, FakeClient, alive, reply, text, tool_use
-from helpers import AGENT, DOTENV_PATH, Silent, agent_env, run_agent_py, run_cli, serve
+from helpers import (AGENT, DOTENV_PATH, Silent, agent_env, as_other_users, run_agent_py, run_cli,
+                     serve)
 
 
 # --- the terminal shows the truth ---
@@ -125,6 +126,10 @@ def test_progress_is_cut_at_a_word_with_an_ellipsis_and_counts_turns_in_words(ca
     (["q", "-m", " "], "agent.py: --model is empty"),
     (["--", "-5 degrees?", "-C", "w", "--yes"], "agent.py: unrecognized arguments: -C w --yes; "
      "options go before --, after which every word is the question's\n"),
+    (["q", "-C", "workspace", "-C", "/tmp/ws"], "agent.py: -C/--workdir was given twice "
+     "(workspace, then /tmp/ws): give it once\n"),  # newuser #40: the last one silently won
+    (["q", "--transcript", "a.json", "--transcript=b.json"], "agent.py: --transcript was given "
+     "twice (a.json, then b.json): give it once\n"),
 ])
 def test_usage_errors_exit_2_with_one_line_and_send_nothing(capsys, argv, fragment):
     client = FakeClient()
@@ -502,6 +507,8 @@ def test_a_full_stdout_or_device_is_one_line_exit_1(request, workdir, agent_copy
     where = "/dev/full" if "/dev/full" in argv else "stdout"
     assert f"agent.py: cannot write to {where}: No space left on device" in \
         done.stderr.splitlines() and "internal error" not in done.stderr, done.stderr
+    kept = [line for line in done.stderr.splitlines() if line.startswith("kept: ")]
+    assert len(kept) == (argv == ["q"]), done.stderr  # said once, not again after the error
 
 
 # --- .env and config ---
@@ -873,7 +880,7 @@ def test_a_planted_dotenv_cannot_redirect_any_later_run(request, tmp_path, workd
 
 
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to make a file another user owns")
+needs_root = as_other_users  # to make a file another user owns
 OTHER_WRITERS = {"owned by nobody": (65534, 0o600), "group-writable": (0, 0o620),
                  "world-writable": (0, 0o602)}
 
@@ -941,14 +948,15 @@ def test_whose_dotenv_counts_as_an_ordinary_user(as_nobody):
         assert read or "another user could have written it" in notes[0]
 
 OLDER_PYTHONS = sorted(p for p in Path(os.path.expanduser("~/.pyenv/versions")).glob(
-    "3.[89]*/bin/python") if p.exists()) + sorted(Path(os.path.expanduser(
+    "3.[6789]*/bin/python") if p.exists()) + sorted(Path(os.path.expanduser(
         "~/.pyenv/versions")).glob("3.10*/bin/python"))
 
 
-def test_agent_py_reads_as_python_3_8_up_to_its_version_check():
-    """Older Pythons must reach the check, not stop at a line they cannot parse."""
+def test_agent_py_reads_as_python_3_6_up_to_its_version_check():
+    """Older Pythons must reach the check, not stop at a line they cannot parse (3.6 and 3.7
+    stopped at a := with a SyntaxError traceback, newuser #28)."""
     import ast
-    ast.parse(AGENT.read_text(), feature_version=(3, 8))
+    ast.parse(AGENT.read_text(), feature_version=(3, 6))
 
 
 @pytest.mark.parametrize("python", OLDER_PYTHONS or [None], ids=str)
@@ -1055,3 +1063,27 @@ def test_a_mistyped_flag_is_named_alone_with_the_flag_meant(capsys, argv, line):
     assert (code, out, client.requests) == (2, "", [])
     assert err.startswith(f"agent.py: {line}") and len(err.splitlines()) == 1, err
     assert " q" not in err.split("unrecognized arguments:")[1], err
+
+
+def test_a_question_on_stdin_says_why_run_python_got_no_answer(capsys, workdir):
+    """`printf 'q' | agent.py -`: stdin held the question, so the approval question gets no
+    answer; the line says so and what to do, not a bare `(no answer)` (newuser #13)."""
+    client = FakeClient(reply(tool_use("run_python", {"code": "print(1)"})), reply(text("ok")))
+    code, _, err = run_cli(capsys, ["-", "--workdir", str(workdir), "--no-sandbox"], client,
+                           stdin="What is the average?\n")
+    assert code == 0 and "(no answer: stdin held the question; give --yes to run it unasked)" \
+        in err, err
+    assert client.requests[0]["messages"][0]["content"][0]["text"] == "What is the average?"
+
+
+def test_a_key_in_the_dotenv_that_is_not_utf8_is_a_usage_error_not_a_mangled_key(
+        capsys, beside, workdir):
+    """A Latin-1 byte in the .env's key was replaced by U+FFFD and the key sent so, for a 401
+    whose cause no one could see (newuser2 N7)."""
+    dotenv = beside / ".env"
+    dotenv.write_bytes(b"ANTHROPIC_API_KEY=k-SECRET-\xff-latin1\n")
+    dotenv.chmod(0o600)
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir)])
+    assert (code, out) == (2, "") and err == (
+        f"agent.py: ANTHROPIC_API_KEY (from {dotenv}) has a character that is not ASCII at "
+        "position 10 of 17: copy the key again\n"), err

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import agent
-from fakes import FakeAPIError, FakeClient, RECORDED, recorded_loop, reply, text, tool_use
+from fakes import (Chunked, FakeAPIError, FakeClient, RECORDED, recorded_loop, reply, text,
+                   tool_use)
 from helpers import events_of, final_messages, run_cli, tool_context
 
 
@@ -180,34 +181,76 @@ def test_no_cut_of_text_bound_for_an_output_leaves_a_piece_of_the_key(capsys, wo
     assert leaked == dict.fromkeys(written, []), leaked
 
 
-@pytest.mark.parametrize("split", [20, 1, len(KEY) - 1])
+HALF = len(KEY) // 2  # a split in two: each half is a piece of 12 characters or more
+THINKING = {"type": "thinking", "thinking": f"I will write {KEY[:HALF]}", "signature": "sig"}
+SPLITS = {  # a server's replies that write the key in pieces, by where it splits them
+    "text | text, at 20, over three blocks": lambda: [reply(
+        text(f"here: {KEY[:20]}"), text(KEY[20:30]), text(f"{KEY[30:]} end"))],
+    "text | text, at 1": lambda: [reply(text(f"here: {KEY[:1]}"), text(f"{KEY[1:]} end"))],
+    "text | text, at -1": lambda: [reply(text(f"here: {KEY[:-1]}"), text(f"{KEY[-1:]} end"))],
+    "text | a tool call's input": lambda: [reply(
+        text(f"x {KEY[:HALF]}"), tool_use("read_file", {"path": KEY[HALF:]})), reply(text("ok"))],
+    "thinking | text": lambda: [reply(THINKING, text(f"{KEY[HALF:]} end"))],
+    "a tool call's input | the next one's": lambda: [reply(
+        tool_use("read_file", {"path": KEY[:HALF]}), tool_use("read_file", {"path": KEY[HALF:]})),
+        reply(text("ok"))],
+    "text | the next turn's text": lambda: [reply(
+        text(f"x {KEY[:HALF]}"), tool_use("read_file", {"path": "notes.md"})),
+        reply(text(f"{KEY[HALF:]} end"))],
+    "a piece of 20 alone, 5 characters a delta": lambda: [Chunked(reply(text(
+        "a" * 1990 + f" {KEY[4:24]} end")))],  # cut 9 | 11 where the events cut at 2,000
+}
+
+
+@pytest.mark.parametrize("capture", ["off", "on"])
+@pytest.mark.parametrize("split", SPLITS)
 def test_a_key_split_over_adjacent_text_blocks_is_written_nowhere(capsys, workdir, tmp_path,
-                                                                  monkeypatch, split):
-    """A server's reply of text blocks whose pieces make the key (split after `split`
-    characters, and once over three blocks): stderr and the events, which stream the blocks
-    as one text, redacted it; the transcript, the kept run, the report and the export kept
-    the pieces side by side. Now no piece of 12 characters of it is in any of them."""
+                                                                  monkeypatch, spans, split,
+                                                                  capture):
+    """A server's reply that writes the key in pieces, each of which alone is not the key:
+    over text blocks (red-team F7: stderr and the events, which stream the blocks as one text,
+    redacted it; the transcript, the kept run, the report and the export kept the pieces side
+    by side), between a text block and a tool call's input (F7b: both halves were written
+    everywhere), a thinking block and text, two tool calls, two turns; or a piece of it alone.
+    No piece of 12 characters of it is in anything agent.py writes: stdout, stderr, the
+    transcript, the events, the kept run, the spans (--otel, content capture on and off); nor
+    in a report, an export or a replay of a transcript that a run which did not know the key
+    wrote with the pieces in it."""
+    if capture == "on":
+        monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
+    raw = tmp_path / "raw.json"  # written by a run that did not know the key
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--no-keep", "--transcript",
+                                    str(raw)],
+                           FakeClient(*SPLITS[split]()))
+    assert code == 0 and pieces(KEY) & set(pieces(raw.read_text())), err  # the pieces are there
     monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
-    pieces_ = [text(f"here: {KEY[:split]}"), text(f"{KEY[split:]} end")]
-    if split == 20:
-        pieces_[1:] = [text(KEY[split:30]), text(f"{KEY[30:]} end")]
     transcript, events = tmp_path / "run.json", tmp_path / "events.jsonl"
-    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript",
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--otel", "--transcript",
                                       str(transcript), "--events", str(events)],
-                             FakeClient(reply(*pieces_)))
+                             FakeClient(*SPLITS[split]()))
     assert code == 0, err
     written = {"stdout": out, "stderr": err, "transcript": transcript.read_text(),
-               "events": events.read_text()}
+               "events": events.read_text(), "the events' text, joined": "".join(
+                   e.get("text", "") for e in events_of(events) if e["type"] == "text")}
     written.update({f"kept {p.name}": p.read_text()
                     for p in Path(os.environ["XDG_STATE_HOME"]).rglob("*.json")})
-    for flags, name in ((["--report", str(transcript)], "run.html"),
-                        (["--export", "atif", str(transcript)], "run.atif.json")):
-        done, out, err = run_cli(capsys, flags + ["-o", str(tmp_path / name)])
+    written["spans"] = "\n".join(str(v) for s in spans() for v in [
+        s.name, s.status.description, *s.attributes.values(),
+        *(f"{e.name} {dict(e.attributes)}" for e in s.events)])
+    assert len(spans()) > 1
+    for flags, name in ((["--report", str(raw)], "raw.html"),
+                        (["--export", "atif", str(raw)], "raw.atif.json"),
+                        (["--replay", str(raw), "--workdir", str(workdir), "--yes",
+                          "--events", str(tmp_path / "replayed.jsonl")], "replayed.json")):
+        out_flag = "--transcript" if name == "replayed.json" else "-o"
+        done, out, err = run_cli(capsys, flags + [out_flag, str(tmp_path / name)])
         assert done == 0, err
         written[name] = (tmp_path / name).read_text() + out + err
+    written["replayed.jsonl"] = (tmp_path / "replayed.jsonl").read_text()
     leaked = {name: sorted(p for p in pieces(KEY) if p in value) for name, value in written.items()}
-    assert leaked == dict.fromkeys(written, []), leaked
-    assert "here: [redacted secret]" in json.loads(transcript.read_text())["answer"]
+    assert leaked == dict.fromkeys(written, []), ", ".join(
+        f"{name}: {len(found)} pieces" for name, found in leaked.items() if found)
+    assert "[redacted secret]" in written["transcript"]  # the pieces were there, and redacted
 
 
 def test_the_consent_question_leaves_no_piece_of_the_key_where_it_cuts():
@@ -225,7 +268,8 @@ def test_the_consent_question_leaves_no_piece_of_the_key_where_it_cuts():
 # Every slice of agent.py, reviewed: none cuts text bound for an output but the cutters, which
 # redact first or drop a piece of a secret at the cut. A new slice fails here until it is one of
 # these or the text goes through `shorten` (or `fitted`, `Clip`, `read_window`).
-CUTTERS = {"shorten", "fitted", "Clip", "read_window", "secret_start", "Reporter",
+CUTTERS = {"shorten", "fitted", "Clip", "read_window", "secret_start", "Reporter", "redact",
+           "secret_blocks", "secret_tail",
            "redact_across"}
 NOT_TEXT_FOR_AN_OUTPUT = {  # (function, slice): what it cuts
     ("result_diff", "diff[DIFF_LINES - 1:]"): "a list of lines, each shortened",

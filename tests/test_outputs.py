@@ -21,9 +21,9 @@ import pytest
 
 import agent
 from fakes import FakeClient, reply, text
-from helpers import AGENT, agent_env, run_cli, serve
+from helpers import AGENT, OTHER_USERS, agent_env, as_other_users, run_cli, serve
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="planting another user's files needs root")
+needs_root = as_other_users  # planting another user's files: root, with other uids mapped
 NOBODY = 65534
 OTHER = 12345  # an attacker that is neither the user nor root, when the user is `nobody`
 
@@ -336,8 +336,8 @@ def test_a_long_file_name_is_written_or_refused_in_one_line(capsys, workdir, tmp
 def as_nobody_here(shared):
     """agent.py, copied where `nobody` can run it, and how to run it as `nobody`."""
     python = shutil.which("python3", path="/usr/bin:/bin")
-    if python is None or os.geteuid() != 0:
-        pytest.skip("needs root and a /usr/bin/python3 an ordinary user can run")
+    if python is None or OTHER_USERS:
+        pytest.skip(OTHER_USERS or "needs a /usr/bin/python3 an ordinary user can run")
     shutil.copyfile(AGENT, shared / "agent.py")
     (shared / "agent.py").chmod(0o644)
 

@@ -274,3 +274,20 @@ def test_a_summary_whose_pass_at_k_keys_are_not_plain_numbers_is_a_usage_error(c
     code, out, err = run_cli(capsys, ["--report", str(source)])
     assert (code, out) == (2, "") and "not a plain number" in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "summary.html").exists()
+
+
+def test_the_report_of_an_unpriced_model_does_not_say_it_was_priced(capsys, workdir, tmp_path,
+                                                                    monkeypatch):
+    """-m my-local-model against a server of one's own: the cost is unknown, and the page said
+    it was priced as that model would be on Anthropic's API (newuser #16)."""
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:8080")
+    path = tmp_path / "run.json"
+    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "-m", "my-local-model",
+                                  "--transcript", str(path)], FakeClient(reply(text("42"))))
+    assert code == 0
+    report(capsys, path)
+    page = (tmp_path / "run.html").read_text()
+    assert "priced as" not in page
+    assert ("<p>No cost is shown: agent.py knows no price for my-local-model (it prices "
+            "Anthropic's models as Anthropic's API bills them), and http://127.0.0.1:8080 may "
+            "bill otherwise, or nothing.</p>") in page

@@ -15,7 +15,7 @@ import pytest
 
 import agent
 from fakes import FakeClient, reply, text, tool_use
-from helpers import agent_env, run_agent_py, run_cli, serve
+from helpers import agent_env, need_other_users, run_agent_py, run_cli, serve
 
 KEPT_LINE = re.compile(r"^kept: run (\d{8}-\d{6}-[0-9a-f]{8}) in (\S+) \(--resume last, or "
                        r"--resume \1\)$", re.M)
@@ -205,8 +205,7 @@ def test_nothing_is_made_through_another_users_symlink_on_the_state_path(capsys,
     where the state directory does not exist yet: the run is not kept, and now nothing is made
     there either. Before, the check came after os.makedirs, which followed nobody's link and
     made the directories it named, as root."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to make a symlink that is nobody's")
+    need_other_users()
     nobody = pwd.getpwnam("nobody")
     theirs, target = tmp_path / "theirs", tmp_path / "where-nobody-chose"
     theirs.mkdir()
@@ -223,8 +222,7 @@ def test_nothing_is_made_through_another_users_symlink_on_the_state_path(capsys,
 
 
 def test_a_runs_directory_another_user_owns_or_can_write_is_refused(capsys, workdir):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to give a directory to nobody")
+    need_other_users()
     nobody = pwd.getpwnam("nobody")
     runs().mkdir(parents=True, mode=0o700)
     os.chown(runs(), nobody.pw_uid, nobody.pw_gid)
@@ -405,8 +403,7 @@ def test_last_passes_over_what_is_not_a_finished_file_of_its_own(capsys, workdir
 def test_a_state_directory_reached_through_another_users_symlink_is_refused(capsys, workdir,
                                                                             tmp_path,
                                                                             monkeypatch):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to make a symlink another user owns")
+    need_other_users()
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     link = tmp_path / "state-link"
@@ -443,3 +440,24 @@ def test_a_missing_home_is_not_made_to_keep_a_run(capsys, workdir, tmp_path, mon
     assert (code, out, run) == (0, "42\n", None), err
     assert f"note: this run is not kept: the home directory {home} does not exist" in err, err
     assert not home.exists()
+
+
+def test_resume_last_of_a_run_that_worked_where_the_runs_are_says_so(capsys, workdir, tmp_path,
+                                                                     monkeypatch):
+    """A --no-sandbox run in ~ (which holds the kept runs) is kept; `--resume last` then
+    refuses it, naming that run's workdir as the kept run's, not as the user's, and what to do
+    (newuser #50)."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("XDG_STATE_HOME", str(home / ".local" / "state"))
+    home.mkdir()
+    code, _, err, run = ask(capsys, home, "42", "--no-sandbox")
+    assert code == 0 and run, err
+    kept = runs() / f"{run}.json"
+    code, out, err = run_cli(capsys, ["--resume", "last", "and?", "--workdir", str(workdir)],
+                             FakeClient(reply(text("never"))))
+    assert (code, out) == (2, "")
+    assert err == (f"agent.py: --resume last is the kept run {kept}, made by a run whose "
+                   f"workdir, {home}, holds the kept runs (only --no-sandbox allows that): its "
+                   "code could have rewritten this file, so it is not resumed; give another "
+                   f"run's id (--resume ID; they are in {runs()}), or remove this one (rm "
+                   f"{kept}) and last names the one before\n")

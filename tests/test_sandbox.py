@@ -17,7 +17,8 @@ import pytest
 import agent
 import bpf
 from fakes import FakeClient, alive, reply, text, tool_use
-from helpers import AGENT, call, final_messages, run_cli, tool_context
+from helpers import (AGENT, as_other_users, call, final_messages, need_other_users, run_cli,
+                     tool_context)
 
 
 MACHINE = agent.platform.machine()
@@ -31,7 +32,7 @@ def landlock_abi():
 
 ABI = landlock_abi()
 needs_landlock = pytest.mark.skipif(ABI < 6, reason=f"needs Landlock ABI >= 6 on Linux (have {ABI})")
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to also test as another user")
+needs_root = as_other_users  # to also test as another user
 
 
 def new_box(workdir, **limits):
@@ -955,6 +956,7 @@ def test_a_call_is_made_nowhere_another_user_could_swap_it(box, workdir, tmp_pat
     shared = tmp_path / "shared"
     shared.mkdir()
     if opened == "another user's":
+        need_other_users()
         os.chown(shared, 65534, 65534)  # nobody's, 0755: nobody alone may rename in it
         shared.chmod(0o755)
     else:

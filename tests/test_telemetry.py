@@ -2,6 +2,7 @@
 
 import json
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -14,29 +15,7 @@ from fakes import FakeAPIError, FakeClient, reply, text, tool_use
 from helpers import AGENT, agent_env, as_documented, documented, run_agent_py, run_cli, serve
 from otlp_receiver import HostileCollector, OTLPReceiver, attributes
 
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
 CAPTURE = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
-
-
-@pytest.fixture
-def spans(monkeypatch):
-    """--otel with the SDK's in-memory exporter in place of OTLP: the finished spans, by name."""
-    memories, real_start = [], agent.Telemetry.start
-
-    def start(report):
-        telemetry = real_start(report)  # what the environment says (content or not), then
-        memories.append(InMemorySpanExporter())  # spans kept in memory instead of sent (one
-        provider = TracerProvider()  # exporter a run: the end of a run shuts its own down)
-        counted = agent.Counted(memories[-1])
-        counted.where = "memory"
-        provider.add_span_processor(SimpleSpanProcessor(counted))
-        return agent.Telemetry(provider, counted, telemetry.content)
-
-    monkeypatch.setattr(agent.Telemetry, "start", staticmethod(start))
-    return lambda: [span for memory in memories for span in memory.get_finished_spans()]
 
 
 def run(capsys, workdir, client, *flags, stdin=""):
@@ -374,3 +353,35 @@ def test_a_collector_setting_agent_py_cannot_use_is_one_usage_line(capsys, workd
     code, out, err = run(capsys, workdir, client)
     assert (code, client.requests, out) == (2, [], "")
     assert len(err.strip().splitlines()) == 1 and err.startswith("agent.py: --otel: "), err
+
+
+def test_ctrl_c_while_spans_wait_for_a_slow_collector_keeps_the_runs_exit_code(request, workdir,
+                                                                              agent_copy):
+    """The run is done, its spans wait on a collector that never answers: the Ctrl-C a user
+    presses then ended in a traceback and exit 130 (newuser2 N21). Now one --otel line, and the
+    run's own exit code."""
+    api = serve(request, reply(text("done")))
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts, never reads, never answers
+    request.addfinalizer(silent.close)
+    proc = run_agent_py(agent_copy, "q", "--workdir", workdir, "--otel", background=True,
+                        env=agent_env(api, **otel_env(
+                            f"http://127.0.0.1:{silent.getsockname()[1]}")),
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        stdin=subprocess.DEVNULL)
+    lines = []
+    while not any(line.startswith("stop: ") for line in lines):
+        line = proc.stderr.readline()
+        assert line, lines
+        lines.append(line)
+    time.sleep(0.5)  # in the grace the spans are given
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    err = "".join(lines) + err
+    assert (proc.returncode, out) == (0, "done\n"), err
+    assert "Traceback" not in err
+    said = [line for line in err.splitlines() if "--otel" in line]
+    assert len(said) == 1 and said[0].endswith("(interrupted by Ctrl-C while they were sent)"), err
+    assert all(as_documented(said[0], line)
+               for line in documented("docs/telemetry.md", "agent.py: --otel:")), said[0]

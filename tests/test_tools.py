@@ -467,3 +467,35 @@ def test_code_longer_than_the_screen_is_asked_about_with_its_header_again():
     wide = agent.approval_question("s = '" + "平" * 200 + "'", 24, 80)  # wraps onto 6 rows
     assert "lines above" not in wide and "lines above" in agent.approval_question(
         "s = '" + "平" * 200 + "'\n" * 18, 24, 80)  # 19 lines on 24 rows: too tall, wrapped
+
+def test_the_line_of_a_failed_script_with_nothing_on_stderr_says_how_it_ended(capsys, workdir):
+    """A timeout, or a non-zero exit with an empty stderr, showed `-> error: --- stderr ---`
+    (the marker of the empty stderr); now how it ended (newuser #10). A script that writes to
+    stderr still shows its last line."""
+    client = FakeClient(reply(tool_use("run_python", {"code": "import time\nprint('partial')\n"
+                                                               "time.sleep(30)"}),
+                              tool_use("run_python", {"code": "import sys\nprint('x')\n"
+                                                               "sys.exit(3)"}),
+                              tool_use("run_python", {"code": "1/0"})),
+                        reply(text("done")))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox",
+                                    "--tool-timeout", "1"], client)
+    lines = [line.split(" -> ")[1] for line in err.splitlines() if " -> " in line]
+    assert code == 0 and len(lines) == 3, err
+    assert lines[0].startswith("error: timed out after 1 s (")
+    assert lines[1].startswith("error: exit code 3 (")
+    assert lines[2].startswith("error: ZeroDivisionError: division by zero (")
+
+
+@pytest.mark.parametrize("flags", [["--no-sandbox"], []], ids=["unconfined", "sandboxed"])
+def test_what_a_timed_out_script_printed_reaches_the_model(capsys, workdir, flags):
+    """Its stdout is a pipe: block-buffered, what it printed died with it, and `Output so far`
+    was empty, the very output that shows where it hung (newuser2 N9)."""
+    client = FakeClient(reply(tool_use("run_python", {"code": "import time\nprint('partial')\n"
+                                                               "time.sleep(30)"})),
+                        reply(text("done")))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--tool-timeout",
+                                    "2", *flags], client)
+    result = final_messages(client)[-1]["content"][0]
+    assert code == 0 and result["is_error"], err
+    assert "Output so far:\n--- stdout ---\npartial\n" in result["content"], result["content"]

@@ -18,7 +18,7 @@ import pytest
 import agent
 from api_rules import check_request
 from fakes import Chunked, FakeAPIError, FakeClient, reply, text, tool_use
-from helpers import (agent_env, assert_well_formed, budget_stopped, events_of, lone_surrogates,
+from helpers import (MKNOD, agent_env, assert_well_formed, budget_stopped, events_of, lone_surrogates,
                      run_agent_py, surrogate_run, with_lone_surrogates,
                      run_cli, schema_errors, serve)
 
@@ -247,8 +247,8 @@ def node(tmp_path):
         if kind == "fifo":
             os.mkfifo(path)
         else:
-            if os.geteuid() != 0:
-                pytest.skip("making a device node needs root")
+            if MKNOD:
+                pytest.skip(MKNOD)
             os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, {"null": 3, "full": 7}[kind]))
         return path
     return make
@@ -978,8 +978,19 @@ def test_resume_with_a_deleted_workdir_names_the_transcripts(capsys, tmp_path):
             FakeClient(reply(text("done"))))
     workdir.rmdir()
     code, _, err = run_cli(capsys, ["--resume", str(path), "more"], FakeClient())
-    assert code == 2 and f"the workdir {path} recorded ({workdir}) is not a directory" in err
-    assert "--workdir " + str(workdir) not in err
+    assert code == 2 and err == (f"agent.py: {path} recorded the workdir {workdir}, which does "
+                                 "not exist here: give -C DIR (--workdir) to resume it in "
+                                 "another directory\n")  # the way out named (newuser #3, #24)
+
+
+def test_replay_of_a_recording_whose_workdir_is_not_here_names_the_way_out(capsys, tmp_path):
+    """The example from another directory: its relative workdir `workspace` is not there."""
+    example = Path(agent.__file__).with_name("workspace") / "example-run.json"
+    code, out, err = run_cli(capsys, ["--replay", str(example), "--yes"])
+    assert (code, out) == (2, "")
+    assert err == (f"agent.py: {example} recorded the workdir workspace (here "
+                   f"{Path.cwd() / 'workspace'}), which does not exist here: give -C DIR "
+                   "(--workdir) to replay it in another directory\n")
 
 
 def test_a_transcript_inside_its_recorded_workdir_is_refused(capsys, workdir, tmp_path):

@@ -2,6 +2,8 @@
 
 import json
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -10,7 +12,8 @@ import pytest
 
 import agent
 from fakes import FakeAPIError, FakeClient, reply, text, tool_use
-from helpers import assert_well_formed, events_of, run_cli, schema_errors
+from helpers import (agent_env, assert_well_formed, events_of, run_agent_py, run_cli,
+                     schema_errors, serve)
 
 
 # --- scoring ---
@@ -167,3 +170,144 @@ def test_ctrl_c_stops_trials_and_keeps_what_finished(capsys, workdir, tmp_path, 
     assert (summary["scored"], summary["errored"], summary["passes"]) == (1, 1, 1)
     assert json.loads((tmp_path / "run.2.json").read_text())["stop"]["reason"] == "interrupted"
     assert not (tmp_path / "run.3.json").exists()
+
+
+@pytest.mark.parametrize("hold", ["before-headers", "mid-stream"])
+def test_ctrl_c_ends_trials_at_once_and_records_the_running_ones(request, workdir, tmp_path,
+                                                                 agent_copy, hold):
+    """Ctrl-C while two trials wait on a slow server (one that has not answered yet, or one
+    that streams nothing but pings): the in-flight requests are cut, so agent.py ends in about
+    a second, not when the server answers; and both running trials are in the summary, marked
+    interrupted, each with its transcript (newuser #48, #49)."""
+    released, arrived = threading.Event(), []
+
+    def slow(body):
+        arrived.append(time.monotonic())
+        released.wait(40)  # a server that takes its time to answer at all
+        return reply(text("late"))
+
+    item = slow if hold == "before-headers" else {"pings": 40}
+    api = serve(request, item, item, reply(text("never")))
+    request.addfinalizer(released.set)
+    path = tmp_path / "run.json"
+    proc = run_agent_py(agent_copy, "q", "--workdir", workdir, "--trials", "3", "--jobs", "2",
+                        "--transcript", path, background=True, env=agent_env(api), cwd=tmp_path,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while len(api.requests) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # both requests in flight
+    proc.send_signal(signal.SIGINT)
+    started = time.monotonic()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and time.monotonic() - started < 3, err
+    assert "Traceback" not in err
+    summary = json.loads(path.read_text())
+    assert summary["interrupted"] is True and summary["n"] == 2, err
+    assert [(t["index"], t["stop"]) for t in summary["trials"]] == [(1, "interrupted"),
+                                                                    (2, "interrupted")]
+    for index in (1, 2):
+        saved = json.loads((tmp_path / f"run.{index}.json").read_text())
+        assert saved["stop"]["reason"] == "interrupted"
+    assert "interrupted: 0 of 3 trials finished" in err
+    assert "[trial 1] stop: interrupted" in err and "[trial 2] stop: interrupted" in err
+
+
+def test_a_summary_of_no_trial_prints_no_empty_lines(capsys):
+    """Ctrl-C before any trial began: the summary says so, with no empty `stops:` line and no
+    per-trial figures of nothing (newuser #49)."""
+    summary = agent.summarize([], 3)
+    agent.print_summary(summary, agent.Reporter())
+    err = capsys.readouterr().err
+    assert err.splitlines()[0].startswith("trials: 0 of 3 ran")
+    assert "stops:" not in err and "per trial" not in err
+    assert "total 0 tokens, $0.000000" in err
+
+
+# --- bounds on a whole trials run ---
+
+@pytest.mark.parametrize("flags, said", [
+    (["--trials", "1000000"], "--trials 1,000,000 is over 1,000, the most agent.py runs in one go"),
+    (["--trials", "2", "--jobs", "1000"], "--jobs 1,000 is over 32, the most agent.py runs in "
+                                          "one go"),
+    (["--trials-budget-usd", "1"], "--trials-budget-usd needs --trials"),
+    (["--trials", "2", "--trials-budget-usd", "0"], "--trials-budget-usd must be a positive "
+                                                     "number"),
+    (["--trials", "2", "--trials-budget-usd", "1", "-m", "my-local-model"],
+     "--trials-budget-usd needs a known price, and my-local-model is not in the pricing table"),
+])
+def test_a_trials_run_has_documented_bounds(capsys, workdir, flags, said):
+    """A typo'd zero (--trials 1000000 --jobs 1000) is a usage error before anything is sent,
+    not thousands of requests at once (newuser #56)."""
+    client = FakeClient(reply(text("42")))
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), *flags], client)
+    assert (code, out, client.requests) == (2, "", [])
+    assert err.splitlines() == [f"agent.py: {err.splitlines()[0][10:]}"] and said in err
+
+
+def test_the_trials_budget_bounds_the_whole_run(capsys, workdir, tmp_path):
+    """--trials-budget-usd: once the trials have spent it, no more start; the summary records
+    the budget, and stderr says how many did not start (newuser #56). Each trial here costs
+    $0.000015 (haiku, the fakes' usage): a budget of $0.00004 lets three start."""
+    path = tmp_path / "run.json"
+    client = FakeClient(*[reply(text("42")) for _ in range(5)])
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "5",
+                                    "--trials-budget-usd", "0.00004", "--transcript", str(path)],
+                           client)
+    summary = json.loads(path.read_text())
+    assert code == 6 and len(client.requests) == 3
+    assert (summary["requested"], summary["n"], summary["budget_usd"]) == (5, 3, 0.00004)
+    assert summary["cost_usd"] == pytest.approx(0.000045)
+    assert "budget: the trials spent $0.000045 of the --trials-budget-usd $0.000040; the other " \
+        "2 trials did not start" in err
+    assert not (tmp_path / "run.4.json").exists()
+
+
+def test_trials_need_open_files_and_say_so(workdir, tmp_path, agent_copy):
+    """Each trial holds two files' directories open: where ulimit -n cannot give that, one
+    line says so before anything is sent, not `internal error: Too many open files` after
+    hundreds of trials ran."""
+    import resource
+
+    def low():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (512, 512))
+
+    done = subprocess.run([sys.executable, str(agent_copy), "q", "--workdir", str(workdir),
+                           "--trials", "1000", "--transcript", str(tmp_path / "run.json")],
+                          capture_output=True, text=True, env=agent_env(), cwd=tmp_path,
+                          preexec_fn=low, timeout=60)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == ("agent.py: --trials 1000 needs about 2256 open files, and this process "
+                           "may open 512 (ulimit -n): give fewer trials, or raise the limit\n")
+
+
+def test_the_approval_question_names_the_trial_that_asks(capsys, workdir):
+    """With --trials, two identical questions could not be told apart: which trial got the y
+    and which the n showed only in the result lines (newuser #12)."""
+    code_ = "print('hi')"
+    client = FakeClient(reply(tool_use("run_python", {"code": code_})), reply(text("a")),
+                        reply(tool_use("run_python", {"code": code_})), reply(text("b")))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "2",
+                                    "--no-sandbox"], client, stdin="y\nn\n")
+    assert code == 0, err
+    heads = [line for line in err.splitlines() if "run_python wants to run" in line]
+    assert heads == ["--- [trial 1] run_python wants to run 1 line ---",
+                     "--- [trial 2] run_python wants to run 1 line ---"]
+    assert "--- [trial 1] run it? [y/N] " in err and "--- [trial 2] run it? [y/N] " in err
+    assert "[trial 1]   run_python" in err and "-> ok" in err
+
+
+def test_a_failed_trial_says_which_condition_failed(capsys, workdir):
+    """`0 passed, 3 failed` without a word of why meant opening the JSON (newuser #17)."""
+    client = FakeClient(reply(text("42")), reply(text("99")),
+                        reply(text("99"), stop_reason="max_tokens"))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "3", "--expect",
+                                    "99", "--expect-stop", "end_turn"], client)
+    fails = [line for line in err.splitlines() if " fail: " in line]
+    assert code == 6 and fails == ["[trial 1] fail: --expect '99' is not in the answer",
+                                   "[trial 3] fail: --expect-stop end_turn, and it stopped with "
+                                   "max_tokens"], err
+    client = FakeClient(reply(text("hi"), stop_reason="max_tokens"))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "1"], client)
+    assert "[trial 1] fail: it stopped with max_tokens, not end_turn (no --expect was given)" \
+        in err.splitlines()
