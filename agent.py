@@ -880,7 +880,7 @@ def not_a_stream(stream):
         return
     kind = headers.get("content-type") or ""
     if kind.split(";")[0].strip().lower() != "text/event-stream":
-        root = str(response.url).split("/v1/messages")[0]
+        root = (server_url(str(response.url)) or "").split("/v1/messages")[0]  # no password
         raise NotAStream(f"the server answered {response.status_code} with "
                          f"{'content-type ' + one_line(kind, 80) if kind else 'no content-type'}, "
                          "not an event stream (text/event-stream), to a streamed request: is "
@@ -1481,8 +1481,8 @@ def secret_runs(text):
     found = []
     for secret in SECRETS:
         pattern, places, least = secret_blocks(secret)
-        at = 0
-        while hit := pattern.search(text, at):
+        at, hit = 0, pattern.search(text)
+        while hit:  # (no :=, so that Python 3.7 reaches the version check at the top)
             at = hit.start() + 1
             for offset in places[hit.group()]:  # each place the block has in the secret
                 left, right, shift = hit.start(), hit.end(), offset - hit.start()
@@ -1494,6 +1494,7 @@ def secret_runs(text):
                 if right - left >= least:
                     found.append((left, right))
                     at = max(at, right)
+            hit = pattern.search(text, at)
     runs = []
     for start, end in sorted(found):
         if runs and start <= runs[-1][1]:
@@ -3716,6 +3717,9 @@ def iso_time(value):
 OTEL_INSTALL = ("--otel needs the OpenTelemetry SDK and its OTLP exporter, which {python} "
                 "cannot import: {python} -m pip install opentelemetry-sdk "
                 "opentelemetry-exporter-otlp-proto-http")
+OTEL_UV = ("--otel needs the OpenTelemetry SDK and its OTLP exporter, which uv's environment "
+           "for agent.py ({python}) cannot import: run it as uv run --with {packages} agent.py "
+           "... --otel")
 OTEL_GRACE = 3.0  # seconds the end of a run may wait for the last spans to reach the collector
 COLLECTOR_TIMEOUT = 10.0  # seconds one batch may take in all, unless OTEL_EXPORTER_OTLP_TIMEOUT says
 COLLECTOR_READ = 4096  # bytes of a collector's refusal read, for the reason; a success: none
@@ -3749,8 +3753,12 @@ class Telemetry:
                 raise UsageError(f"--otel: OTEL_EXPORTER_OTLP_PROTOCOL {protocol!r} is not one "
                                  "the Python exporters speak: use http/protobuf or grpc")
         except ImportError:
-            raise UsageError(OTEL_INSTALL.format(python=sys.executable) + (
-                " opentelemetry-exporter-otlp-proto-grpc" if protocol == "grpc" else ""))
+            grpc = " opentelemetry-exporter-otlp-proto-grpc" if protocol == "grpc" else ""
+            if os.environ.get("UV"):  # `uv run`: its environment has no pip, and is uv's to make
+                raise UsageError(OTEL_UV.format(python=sys.executable, packages=" --with ".join(
+                    ["opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http"]
+                    + grpc.split())))
+            raise UsageError(OTEL_INSTALL.format(python=sys.executable) + grpc)
         where = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or \
             (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318").rstrip(
                 "/") + "/v1/traces"
@@ -3773,6 +3781,13 @@ class Telemetry:
         content = capture.strip().upper() in ("TRUE", "SPAN_ONLY", "SPAN_AND_EVENT")
         report.line(f"otel: traces to {where} ({protocol}); message content "
                     f"{'recorded' if content else 'not recorded'}")
+        root = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or ""
+        if not os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") and protocol != "grpc" \
+                and root.rstrip("/").endswith("/v1/traces"):  # as ANTHROPIC_BASE_URL's /v1 is said
+            report.error(f"note: OTEL_EXPORTER_OTLP_ENDPOINT {root} ends in /v1/traces, and "
+                         "/v1/traces is added to it: give the collector's root "
+                         f"({root.rstrip('/').removesuffix('/v1/traces')}), or the whole URL as "
+                         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         exporter.where = where
         return cls(provider, exporter, content)
 
@@ -6026,10 +6041,22 @@ def meant_flags(parser, extra):
     shown = []
     for flag in (a for a in extra if a.startswith("-") and a != "-"):
         name = flag.split("=")[0]
+        if name in OTHER_TOOLS_FLAGS:  # what another agent CLI means by it
+            shown.append(f"{flag} ({OTHER_TOOLS_FLAGS[name]})")
+            continue
         near = [k for k in known if k.lower() == name.lower()] or \
             difflib.get_close_matches(name, [k for k in known if k.startswith("--")], 1, 0.7)
         shown.append(f"{flag} (did you mean {near[0]}?)" if near else f"{flag} (see --help)")
     return shown
+
+
+OTHER_TOOLS_FLAGS = {  # flags of claude, llm, codex exec, mini-swe-agent, and what they are here
+    "-c": "did you mean -C? to go on with the last run, as claude -c and llm -c do: --resume "
+          "last",
+    "--continue": "to go on with the last run: --resume last",
+    "-p": "no -p is needed: the question is the argument, and the answer goes to stdout",
+    "--print": "no --print is needed: the answer goes to stdout",
+    "--max-steps": "did you mean --max-turns?", "--max-iterations": "did you mean --max-turns?"}
 
 
 class Parser(argparse.ArgumentParser):
@@ -6080,9 +6107,16 @@ exit codes:
   3    max_turns: the last turn ran with tools off; stdout has the interim answer
   4    token_budget, cost_budget: stopped before running the pending tool calls
   5    max_tokens, refusal, model_context_window_exceeded: stdout has the partial text
-  6    --trials: some trials failed
+  6    --trials: some trials failed (or, past --trials-budget-usd, did not start)
   7    replay_differs: --replay --strict, and a tool result differs from the recording
   130  interrupted (Ctrl-C, SIGTERM or SIGHUP)"""
+
+
+def whole_number(value):
+    """A count as --help shows it (1,000,000) or Python writes it (1_000_000), or as digits."""
+    if not re.fullmatch(r"[+-]?\d+([,_]\d+)*", value.strip()):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number")
+    return int(value.replace(",", "").replace("_", ""))
 
 
 def tokens_or_off(value):
@@ -6090,9 +6124,12 @@ def tokens_or_off(value):
     if value == "off":
         return None
     try:
-        return int(value)
-    except ValueError:
+        return whole_number(value)
+    except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError("give a number of tokens, or off")
+
+
+LONGEST_WAIT = 10 ** 9  # seconds a timeout may be: every clock agent.py waits on holds it
 
 
 def parse_args(argv):
@@ -6127,14 +6164,14 @@ def parse_args(argv):
                      "this UTF-8 file (default: agent.py's, for questions about files); recorded "
                      "in the transcript, and kept by --resume")
     limits = p.add_argument_group("limits")
-    limits.add_argument("--max-turns", type=int, metavar="N", default=Limits.max_turns,
+    limits.add_argument("--max-turns", type=whole_number, metavar="N", default=Limits.max_turns,
                         help=f"requests per run (default: {Limits.max_turns})")
-    limits.add_argument("--token-budget", type=int, metavar="N", default=Limits.token_budget,
+    limits.add_argument("--token-budget", type=whole_number, metavar="N", default=Limits.token_budget,
                         help="input + cache + output tokens per run (default: "
                              f"{Limits.token_budget:,})")
     limits.add_argument("--budget-usd", type=float, metavar="X", help="dollars per run, "
                         "priced like the bill (default: no dollar limit)")
-    limits.add_argument("--max-tokens", type=int, metavar="N", default=Limits.max_tokens,
+    limits.add_argument("--max-tokens", type=whole_number, metavar="N", default=Limits.max_tokens,
                         help=f"output tokens per response (default: {Limits.max_tokens:,})")
     limits.add_argument("--tool-timeout", type=float, metavar="SECONDS",
                         default=Limits.tool_timeout, help="seconds per run_python call "
@@ -6156,11 +6193,11 @@ def parse_args(argv):
                          "$XDG_STATE_HOME/agent.py/runs or ~/.local/state/agent.py/runs "
                          "(default: every run is kept there; AGENT_PY_NO_KEEP=1 keeps none)")
     trials = p.add_argument_group("trials: how stable is a behaviour")
-    trials.add_argument("--trials", type=int, metavar="K", help=f"run the question K times "
+    trials.add_argument("--trials", type=whole_number, metavar="K", help=f"run the question K times "
                         f"(at most {MAX_TRIALS:,}); "
                         "report pass@k and pass^k (with no --expect, --expect-tool or "
                         "--expect-stop, a trial passes if it stopped with end_turn)")
-    trials.add_argument("--jobs", type=int, metavar="N", default=1, help="trials run at once "
+    trials.add_argument("--jobs", type=whole_number, metavar="N", default=1, help="trials run at once "
                         f"(default: 1; at most {MAX_JOBS})")
     trials.add_argument("--trials-budget-usd", type=float, metavar="X", help="dollars over all "
                         "the trials: once they have spent X, no more start (--budget-usd bounds "
@@ -6179,10 +6216,10 @@ def parse_args(argv):
                          default=Limits.clear_at, help="once a prompt reaches TOKENS, send old "
                          "tool results as a one-line placeholder (default: "
                          f"{Limits.clear_at:,})")
-    context.add_argument("--keep-tool-results", type=int, metavar="N",
+    context.add_argument("--keep-tool-results", type=whole_number, metavar="N",
                          default=Limits.keep_results, help="the newest tool results, never "
                          f"cleared (default: {Limits.keep_results})")
-    context.add_argument("--clear-at-least", type=int, metavar="TOKENS",
+    context.add_argument("--clear-at-least", type=whole_number, metavar="TOKENS",
                          default=Limits.clear_at_least, help="clear only when that frees this "
                          "many tokens, since a clearing breaks the cache once (default: "
                          f"{Limits.clear_at_least:,})")
@@ -6215,6 +6252,14 @@ def parse_args(argv):
                f"{shlex.quote(' '.join([args.question, *words]))} ..." \
             if args.question is not None else " (see --help)"
         raise UsageError(f"unrecognized arguments: {' '.join(extra)}{hint}")
+    for action in p._actions:  # a path given as "" is an unset variable, never a choice
+        if action.metavar in ("PATH", "DIR", "JSON", "FILE") and getattr(args, action.dest) == "":
+            raise UsageError(f"{'/'.join(action.option_strings)} is empty (an unset shell "
+                             f"variable, as in {action.option_strings[-1]} \"$OUT\"?): give "
+                             "a path")
+    if args.report == "-" or args.export and args.export[1] == "-":
+        raise UsageError(f"{'--report' if args.report else '--export'} reads a file, not stdin: "
+                         "give the path of a transcript or summary (or last)")
     inspecting = [flag for flag, given in (("--schema", args.schema), ("--report", args.report),
                                            ("--export", args.export)) if given]
     if args.count_tokens:  # it runs nothing: what a run would do with these, it would not do
@@ -6237,6 +6282,9 @@ def parse_args(argv):
                          "a model id, or leave -m out for the default")
     if inspecting or args.count_tokens:
         return args
+    if args.question in ("help", "version"):  # a first try at what --help and --version do
+        raise UsageError(f"a question of one word, {args.question!r}: did you mean "
+                         f"--{args.question}? (to ask it, give more words)")
     for name in ("max_turns", "token_budget", "max_tokens", "jobs", "trials", "clear_tool_results",
                  "clear_at_least"):
         value = getattr(args, name)
@@ -6246,12 +6294,16 @@ def parse_args(argv):
         value = getattr(args, name)
         if value is not None and value > most:
             raise UsageError(f"--{name} {value:,} is over {most:,}, the most agent.py runs in "
-                             f"one go: give at most {most:,} (split a bigger measurement into "
-                             "several runs)")
+                             f"one go: give at most {most:,}" + (
+                                 " (split a bigger measurement into several runs)"
+                                 if name == "trials" else ""))
     for name in ("tool_timeout", "budget_usd", "request_timeout", "trials_budget_usd"):
         value = getattr(args, name)
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise UsageError(f"--{name.replace('_', '-')} must be a positive number")
+        if name.endswith("timeout") and value > LONGEST_WAIT:  # a socket's, a CPU limit's
+            raise UsageError(f"--{name.replace('_', '-')} must be at most {LONGEST_WAIT:,} "
+                             "seconds")
     if args.replay and (args.resume or args.trials or args.question is not None or args.model
                         or args.effort or args.system_prompt):
         raise UsageError("--replay runs the recorded question and turns again: give it no "
@@ -6331,6 +6383,10 @@ def read_system_prompt(path):
     """The text of --system-prompt FILE, read only from a regular file (nothing at the path can
     make agent.py block), as UTF-8; else a UsageError saying what is there."""
     flag = f"--system-prompt {path}"
+    if not os.path.lexists(path) and " " in path:  # text where a file is meant, as llm's -s?
+        raise UsageError(f"--system-prompt takes a FILE, and there is no file {path!r} (llm's -s "
+                         "and claude's --system-prompt take the text itself; here, put it in a "
+                         "file)")
     data = read_regular(flag, path, MAX_SYSTEM_PROMPT + 1)
     if len(data) > MAX_SYSTEM_PROMPT:
         raise UsageError(f"{flag} is over {MAX_SYSTEM_PROMPT >> 20} MiB: too long for a system "
@@ -6561,6 +6617,18 @@ def read_dotenv(path, workdir, report):
                      os.O_CLOEXEC)
     except FileNotFoundError:
         return None
+    except PermissionError as e:  # not a file anyone else could write: one this user cannot read
+        if report:
+            try:
+                info = os.lstat(path)
+                whose = f": it is {'root' if info.st_uid == 0 else user_name(info.st_uid)}'s, " \
+                    f"mode {stat.filemode(info.st_mode)}"
+            except OSError:
+                whose = ""
+            report.error(f"note: cannot read {path} ({e.strerror}{whose}), so its settings are "
+                         "not used (set ANTHROPIC_* in the environment, or make it readable to "
+                         "you)")
+        return None
     except OSError as e:
         why = "it is a symlink" if e.errno == errno.ELOOP else e.strerror
     else:
@@ -6598,8 +6666,10 @@ def no_key(workdir):
     path = dotenv_path()
     line = "no API key: set ANTHROPIC_API_KEY in the environment"
     if path:
-        line += (f" or in {path} " + ("(it holds none)" if os.path.lexists(path) else
-                                      "(copy .env.example there)") + ", the one .env agent.py reads")
+        line += (f" or in {path} " + (
+            "(copy .env.example there)" if not os.path.lexists(path) else "(it holds none)"
+            if os.access(path, os.R_OK) else "(which you cannot read)") +
+            ", the one .env agent.py reads")
     try:
         places = [Path.cwd()] + ([Path(workdir)] if workdir else [])
     except OSError:  # no current directory any more

@@ -2,10 +2,12 @@
 
 import functools
 import json
+import os
 import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -665,6 +667,27 @@ def test_a_reply_that_is_not_a_stream_is_named_by_its_content_type(request, caps
         "event stream (text/event-stream), to a streamed request: is ANTHROPIC_BASE_URL "
         f"({api.url}) an Anthropic Messages API server?); 0 turns, 0 tokens, $0.000000")
     api.script.clear()  # the reply never asked for
+
+
+def test_a_reply_that_is_not_a_stream_names_the_server_without_its_credentials(
+        request, capsys, workdir, tmp_path, monkeypatch):
+    """The same 200, from a server whose ANTHROPIC_BASE_URL carries credentials (user:password@):
+    the line named the URL as asked, password and all, so it went to stderr, the transcript,
+    the kept run and the events (red-team F16). Now it names the server as the transcript
+    records it (server_url): the password is nowhere."""
+    api = serve(request, {"status": 200, "body": '"not a message"'})
+    port = api.url.rsplit(":", 1)[1]
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-api03-THE-KEY-0123456789")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL",
+                       f"http://agent:s3cret-pass@127.0.0.1:{port}")
+    transcript, events = tmp_path / "run.json", tmp_path / "events.jsonl"
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript",
+                                      str(transcript), "--events", str(events)])
+    assert code == 1 and len(api.requests) == 1, err
+    assert f"is ANTHROPIC_BASE_URL (http://127.0.0.1:{port}) an Anthropic" in err
+    written = [out, err, transcript.read_text(), events.read_text()] + [
+        p.read_text() for p in Path(os.environ["XDG_STATE_HOME"]).rglob("*.json")]
+    assert len(written) == 5 and not [w for w in written if "s3cret" in w]
 
 
 @pytest.mark.parametrize("key, said", [

@@ -130,12 +130,50 @@ def test_progress_is_cut_at_a_word_with_an_ellipsis_and_counts_turns_in_words(ca
      "(workspace, then /tmp/ws): give it once\n"),  # newuser #40: the last one silently won
     (["q", "--transcript", "a.json", "--transcript=b.json"], "agent.py: --transcript was given "
      "twice (a.json, then b.json): give it once\n"),
+    (["q", "-s", "Be brief."], "agent.py: --system-prompt takes a FILE, and there is no file "
+     "'Be brief.' (llm's -s and claude's --system-prompt take the text itself; here, put it in a "
+     "file)\n"),  # newuser2 N1
+    (["-c", "and the median?"], "agent.py: unrecognized arguments: -c (did you mean -C? to go "
+     "on with the last run, as claude -c and llm -c do: --resume last)\n"),  # newuser2 N2
+    (["-p", "q"], "agent.py: unrecognized arguments: -p (no -p is needed: the question is the "
+     "argument, and the answer goes to stdout)\n"),
+    (["q", "--max-steps", "3"], "agent.py: unrecognized arguments: --max-steps (did you mean "
+     "--max-turns?)\n"),
+    (["help"], "agent.py: a question of one word, 'help': did you mean --help? (to ask it, give "
+     "more words)\n"),  # newuser #61
+    (["version"], "did you mean --version?"),
+    (["q", "--transcript", ""], "agent.py: --transcript is empty (an unset shell variable, as in "
+     "--transcript \"$OUT\"?): give a path\n"),  # newuser2 N11: it silently meant none
+    (["q", "--events", ""], "agent.py: --events is empty"),  # it meant the current directory
+    (["--report", "RUN", "-o", ""], "agent.py: -o/--output is empty"),  # newuser #53
+    (["q", "-C", ""], "agent.py: -C/--workdir is empty"),
+    (["--report", "-"], "agent.py: --report reads a file, not stdin: give the path of a "
+     "transcript or summary (or last)\n"),  # newuser #53
 ])
 def test_usage_errors_exit_2_with_one_line_and_send_nothing(capsys, argv, fragment):
     client = FakeClient()
     code, out, err = run_cli(capsys, argv, client)
     assert (code, out, client.requests) == (2, "", []) and fragment in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("flag, seconds", [("--tool-timeout", "1e19"),
+                                           ("--request-timeout", "1e10")])
+def test_a_timeout_no_clock_can_hold_is_one_usage_line(request, workdir, tmp_path, agent_copy,
+                                                        flag, seconds):
+    """A timeout larger than the clocks agent.py waits on can hold (red-team F15). Before,
+    --tool-timeout 1e19 was taken, and every run_python call then failed with 'could not
+    start the sandboxed interpreter' (the CPU limit overflowed), --no-sandbox or not; and
+    --request-timeout 1e10 made every request a 'Connection error' (the socket's timeout
+    overflowed): 5 attempts, then exit 1, the server blamed. Now it is one usage line, exit 2,
+    and nothing is sent."""
+    api = serve(request, reply(tool_use("run_python", {"code": "print('ran')"})),
+                reply(text("done")))
+    done = run_agent_py(agent_copy, "q", "--workdir", workdir, "--yes", "--no-sandbox",
+                        "--no-keep", flag, seconds, env=agent_env(api), cwd=tmp_path,
+                        timeout=60, stdin=subprocess.DEVNULL)
+    assert (done.returncode, api.requests) == (2, []), done.stderr
+    assert done.stderr == f"agent.py: {flag} must be at most 1,000,000,000 seconds\n"
 
 
 def test_help_names_the_stop_labels_what_passes_a_trial_and_that_resume_rewrites_its_file(
@@ -1051,7 +1089,7 @@ def test_with_stderr_in_a_file_the_approval_question_is_asked_on_the_terminal(
 @pytest.mark.parametrize("argv, line", [
     (["--work", "workspace", "q"], "unrecognized arguments: --work (did you mean --workdir?)"),
     (["--dir", "workspace", "q"], "unrecognized arguments: --dir (did you mean --workdir?)"),
-    (["-c", "workspace", "q"], "unrecognized arguments: -c (did you mean -C?)"),
+    (["-c", "workspace", "q"], "unrecognized arguments: -c (did you mean -C? to go on with"),
     (["q", "--max-turn", "3"], "unrecognized arguments: --max-turn (did you mean --max-turns?)"),
     (["q", "--frobnicate"], "unrecognized arguments: --frobnicate (see --help)"),
 ])
@@ -1087,3 +1125,46 @@ def test_a_key_in_the_dotenv_that_is_not_utf8_is_a_usage_error_not_a_mangled_key
     assert (code, out) == (2, "") and err == (
         f"agent.py: ANTHROPIC_API_KEY (from {dotenv}) has a character that is not ASCII at "
         "position 10 of 17: copy the key again\n"), err
+
+
+@needs_root
+def test_a_dotenv_the_user_cannot_read_is_said_to_be_so(as_nobody):
+    """Root's 0600 .env, agent.py run as nobody: `Permission denied, so the model's code could
+    have written it`, then `(it holds none)`: a wrong reason, and a file that does hold a key
+    (newuser2 N14)."""
+    dotenv = as_nobody.agent_dir / ".env"
+    dotenv.write_text("ANTHROPIC_API_KEY=root-only-key\n")
+    dotenv.chmod(0o600)
+    driver = (f"import sys; sys.path.insert(0, {str(as_nobody.agent_dir)!r})\n"
+              "import agent\n"
+              "print(agent.read_dotenv(agent.dotenv_path(), None, agent.Reporter()))\n"
+              "print(agent.no_key(None))")
+    done = subprocess.run([as_nobody.python, "-c", driver], capture_output=True, text=True,
+                          timeout=60, cwd="/", env={"PATH": "/usr/bin:/bin"},
+                          user=as_nobody.user.pw_uid, group=as_nobody.user.pw_gid,
+                          extra_groups=[])
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == (f"note: cannot read {dotenv} (Permission denied: it is root's, mode "
+                           "-rw-------), so its settings are not used (set ANTHROPIC_* in the "
+                           "environment, or make it readable to you)\n")
+    none, line = done.stdout.splitlines()
+    assert none == "None" and line == (
+        f"no API key: set ANTHROPIC_API_KEY in the environment or in {dotenv} (which you cannot "
+        "read), the one .env agent.py reads")
+
+
+def test_counts_are_taken_as_help_shows_them(capsys, workdir, tmp_path):
+    """--help shows `(default: 1,000,000)`; `--token-budget 1,000,000` was `invalid int value`
+    (newuser2 N15). A count with , or _ between its digits is that count; anything else is one
+    line."""
+    path = tmp_path / "events.jsonl"
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--token-budget", "1,000,000",
+                                    "--max-tokens", "16_000", "--clear-tool-results", "80,000",
+                                    "--events", str(path)], FakeClient(reply(text("42"))))
+    limits = json.loads(path.read_text().splitlines()[0])["limits"]
+    assert code == 0, err
+    assert (limits["token_budget"], limits["max_tokens"], limits["clear_at"]) == (
+        1_000_000, 16_000, 80_000)
+    code, _, err = run_cli(capsys, ["q", "--token-budget", "1,00,0x"], FakeClient())
+    assert code == 2 and err == ("agent.py: argument --token-budget: '1,00,0x' is not a whole "
+                                 "number (see --help)\n")

@@ -193,8 +193,10 @@ def test_without_the_packages_otel_is_a_usage_error_naming_the_install(tmp_path,
                "sys.path.insert(0, %r); import agent; "
                "sys.exit(agent.main(['q', '--workdir', %r, '--otel'], client=object()))"
                % (str(AGENT), str(AGENT.parent), str(workdir)))
+    env = agent_env(ANTHROPIC_API_KEY="test-key")
+    env.pop("UV", None)  # not under `uv run` (which the next test is)
     done = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True,
-                          env=agent_env(ANTHROPIC_API_KEY="test-key"), timeout=60)
+                          env=env, timeout=60)
     assert done.returncode == 2 and "pip install opentelemetry-sdk" in done.stderr
     assert f"{sys.executable} -m pip install" in done.stderr  # the pip of this interpreter
     assert len(done.stderr.strip().splitlines()) == 1
@@ -385,3 +387,31 @@ def test_ctrl_c_while_spans_wait_for_a_slow_collector_keeps_the_runs_exit_code(r
     assert len(said) == 1 and said[0].endswith("(interrupted by Ctrl-C while they were sent)"), err
     assert all(as_documented(said[0], line)
                for line in documented("docs/telemetry.md", "agent.py: --otel:")), said[0]
+
+
+def test_under_uv_run_the_otel_install_hint_is_uvs(tmp_path, workdir):
+    """`uv run agent.py --otel` named `python -m pip install ...`, which uv's environment has no
+    pip for, and which is uv's cache, not the user's to install into (newuser #66)."""
+    blocked = ("import sys; sys.modules['opentelemetry.sdk'] = None; sys.argv[0] = %r; "
+               "sys.path.insert(0, %r); import agent; "
+               "sys.exit(agent.main(['q', '--workdir', %r, '--otel'], client=object()))"
+               % (str(AGENT), str(AGENT.parent), str(workdir)))
+    done = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True,
+                          env=agent_env(ANTHROPIC_API_KEY="test-key", UV="/usr/local/bin/uv"),
+                          timeout=60)
+    assert done.returncode == 2 and done.stderr == (
+        "agent.py: --otel needs the OpenTelemetry SDK and its OTLP exporter, which uv's "
+        f"environment for agent.py ({sys.executable}) cannot import: run it as uv run --with "
+        "opentelemetry-sdk --with opentelemetry-exporter-otlp-proto-http agent.py ... --otel\n")
+
+
+def test_an_endpoint_ending_in_v1_traces_gets_the_hint_the_base_url_gets(capsys, workdir, spans,
+                                                                          monkeypatch):
+    """Per the spec /v1/traces is added to OTEL_EXPORTER_OTLP_ENDPOINT, so one that already ends
+    in it names .../v1/traces/v1/traces: a 404 at every export, unexplained (newuser #62)."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318/v1/traces")
+    code, _, err = run(capsys, workdir, FakeClient(reply(text("done"))), "-q")
+    assert code == 0 and err.splitlines() == [
+        "note: OTEL_EXPORTER_OTLP_ENDPOINT http://127.0.0.1:4318/v1/traces ends in /v1/traces, "
+        "and /v1/traces is added to it: give the collector's root (http://127.0.0.1:4318), or "
+        "the whole URL as OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"], err

@@ -229,7 +229,7 @@ def test_a_summary_of_no_trial_prints_no_empty_lines(capsys):
 @pytest.mark.parametrize("flags, said", [
     (["--trials", "1000000"], "--trials 1,000,000 is over 1,000, the most agent.py runs in one go"),
     (["--trials", "2", "--jobs", "1000"], "--jobs 1,000 is over 32, the most agent.py runs in "
-                                          "one go"),
+                                          "one go: give at most 32\n"),  # (no advice to split)
     (["--trials-budget-usd", "1"], "--trials-budget-usd needs --trials"),
     (["--trials", "2", "--trials-budget-usd", "0"], "--trials-budget-usd must be a positive "
                                                      "number"),
