@@ -4778,11 +4778,13 @@ def ask_launcher(launcher, code, workdir, box):
         request = {"workdir": str(workdir), "parent": call_parent(), "cgroup": box.cgroup,
                    "required": box.tested, "landlock": box.landlock, "mounts": box.mounts,
                    "env": child_env(box.policy, "")}  # (home is the launcher's to fill in)
+        launcher.drain()
         socket.send_fds(launcher.control, [json.dumps(request).encode()],
                         [out_w, err_w, theirs.fileno(), source])
     except BaseException as e:
         os.close(out), os.close(err), mine.close()
         if isinstance(e, OSError):
+            launcher.gone()
             raise ToolError("run_python's launcher has ended (was it killed?); nothing was run: "
                             "start agent.py again") from None
         raise
@@ -4790,7 +4792,7 @@ def ask_launcher(launcher, code, workdir, box):
         for fd in (out_w, err_w, source):
             os.close(fd)
         theirs.close()
-    return Running(out, err, report=mine)
+    return Running(out, err, report=mine, launcher=launcher)
 
 
 def script_bytes(code):
@@ -5181,9 +5183,9 @@ class Running:
     """The agent's side of one call: the read ends of the script's stdout and stderr, and the
     launcher's socket for this call (closing it ends the call); without a launcher, the child."""
 
-    def __init__(self, out, err, report=None, proc=None, call=None):
+    def __init__(self, out, err, report=None, proc=None, call=None, launcher=None):
         self.out, self.err, self.report, self.proc, self.call = out, err, report, proc, call
-        self.pid, self.made = None, None  # the script's group, what the launcher made for it
+        self.launcher, self.pid = launcher, None  # the script's group
 
     def heard(self, box):
         """The launcher's message: the script's pid (None), its end (code, OOM kills), or an
@@ -5198,7 +5200,8 @@ class Running:
             raise ToolError(message["error"])
         if "status" in message:
             return tuple(message["status"])
-        self.pid, self.made = message["pid"], (message["root"], message["cgroups"])
+        self.pid = message["pid"]
+        self.launcher.note(message["root"], message["cgroups"])
         if message["uncapped"]:
             box.cgroup = None  # found out by the self-test: the status line says so
         return None
@@ -5216,8 +5219,8 @@ class Running:
             self.report.close()
             os.close(self.out)
             os.close(self.err)
-            if status == "gone" and self.made:  # nobody else will remove them
-                cleanup_later(*self.made)
+            if status == "gone":  # nobody else will remove what it made
+                self.launcher.gone()
             return
         kill_group(self.proc.pid)
         self.proc.stdout.close()
@@ -5559,7 +5562,7 @@ class Launcher:
                 start_new_session=True)  # a kill of the agent's group does not reach it
         finally:
             theirs.close()
-        self.control, self.pid = ours, self.proc.pid
+        self.control, self.pid, self.made = ours, self.proc.pid, []
         policy = {k: sorted(v) if isinstance(v, frozenset) else v
                   for k, v in asdict(box.policy).items()}
         answer, why = b"", ""
@@ -5581,12 +5584,32 @@ class Launcher:
     def close(self):
         """Close the agent's end: the launcher ends every call and removes what it made."""
         self.ended.detach()
+        self.drain()
         self.control.close()
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        if self.proc.returncode:  # killed: what it made is the agent's to remove
+            self.gone()
+
+    def note(self, root, cgroups):
+        """What the launcher made (a call's directory and cgroups, or the next call's): the
+        last few, for the agent to remove should the launcher be killed (gone)."""
+        self.made = self.made[-15:] + [(root, cgroups)]
+
+    def drain(self):
+        """Take the launcher's notes of what it made ahead (never waits)."""
+        with contextlib.suppress(OSError):
+            for note in iter(lambda: self.control.recv(65536, socket.MSG_DONTWAIT), b""):
+                self.note(*json.loads(note)["ahead"])
+
+    def gone(self):
+        """The launcher was killed: remove what it had made (what it removed already is gone)."""
+        made, self.made = self.made, []
+        for root, cgroups in made:
+            cleanup_later(root, cgroups)
 
 
 def end_launcher(control, proc):
@@ -5642,7 +5665,10 @@ def serve(fd):
         ended = False
         for fd, _ in poller.poll(50 if any(c.killed_at for c in children.values()) else None):
             if fd == control.fileno():
-                message, fds, _, _ = socket.recv_fds(control, 1 << 16, 4)
+                try:
+                    message, fds, _, _ = socket.recv_fds(control, 1 << 16, 4)
+                except OSError:  # (ECONNRESET: the agent went with a note of ours unread)
+                    message = b""
                 if not message:
                     return shut_down(children)
                 last = json.loads(message)
@@ -5684,6 +5710,9 @@ def serve(fd):
             del children[0]
             children[ahead.pid] = ahead
             watch(ahead.pidfd, ahead)
+            with contextlib.suppress(OSError):  # for the agent to remove, should this be killed
+                control.send(json.dumps({"ahead": [ahead.call.root, ahead.call.cgroups]}).encode(),
+                             socket.MSG_DONTWAIT)
 
 
 def tupled(value):

@@ -1303,7 +1303,7 @@ def test_child_env_is_an_allowlist(monkeypatch, tmp_path):
     assert set(env) <= {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "LC_TIME", "TZ", "USER",
                         "LOGNAME", "HOME", "TMPDIR", "TEMP", "TMP", "PYTHONNOUSERSITE",
                         "PYTHONSAFEPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING",
-                        "MPLBACKEND"}
+                        "MPLBACKEND", "PYTHONUNBUFFERED"}
     assert env["HOME"] == env["TMPDIR"] == str(tmp_path) and env["LC_TIME"] == "C"
 
 
