@@ -4705,9 +4705,9 @@ def sandbox_policy(workdir, limits, system=None):
 # launcher, launch gives the call to a Child: a fork of the launcher that has its Call (the
 # call's directory, cgroup and Landlock ruleset), has confined itself (Call.run, Call.enter)
 # and waits for its go, the call's stdio and environment; then it execs the script. The
-# launcher makes the next call's Child as soon as a call ends, while the model thinks
-# (bench_sandbox: without it a sandboxed call costs 1.6x; FIGURE), so a call pays for none of
-# that; a call that finds none (the first, or one of several at once) waits for its own.
+# launcher makes the next call's Child as soon as a call ends, while the model thinks, so a
+# call pays for none of that (bench_sandbox --without ahead: 1.25-1.33x a call's time); a call
+# that finds none (the first, or one of several at once) waits for its own.
 
 def execute(code, workdir, box, timeout, output_chars, cancel=None):
     """Run a script in the sandbox with bounded time and output; nothing of it outlives the call."""
@@ -4940,7 +4940,7 @@ class Child:
 
     def finish(self):
         """Tell the agent how the script ended, once the call's home is gone; then remove the
-        rest, after the report (off the call's time)."""
+        rest, after the report (bench_sandbox --without report-first: 1.05-1.34x a call)."""
         call = self.call
         os.close(self.pidfd)
         self.go.setblocking(False)
@@ -5081,8 +5081,9 @@ class Call:
         call's cgroup, its mount namespace, rlimits, no capabilities, Landlock and seccomp."""
         box, parent = self.box, os.getppid()
         # On v1, "tasks" moves this one thread (all a forked child has) without the lock on every
-        # thread group that "cgroup.procs" takes, and its wait for a grace period (bench_sandbox:
-        # 1.10-1.25x a call's time through cgroup.procs; the join alone 7.8 ms against 0.3)
+        # thread group that "cgroup.procs" takes, and its wait for a grace period (bench_sandbox
+        # --without ahead+tasks against --without ahead: 1.35-1.76x the time of a call whose child
+        # was not made ahead; the join alone 7.8 ms against 0.3)
         joined = "tasks" if box.cgroup and box.cgroup[0] == "v1" else "cgroup.procs"
         for directory in self.cgroups:
             Path(directory, joined).write_text("0")
