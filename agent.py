@@ -469,7 +469,9 @@ def make_approver(yes, no_sandbox, sandbox, stdin):
         if yes and (no_sandbox or sandbox.confined):
             return True
         # The question is approval_question, under "Terminal": no two programs look alike there.
-        return agreed(approval_question(code, *terminal_size()), stdin)
+        # Without the sandbox, the question itself says that a y runs the code unconfined.
+        unconfined = None if no_sandbox or sandbox.confined else sandbox.why
+        return agreed(approval_question(code, *terminal_size(), unconfined), stdin)
     return approve
 
 
@@ -1460,10 +1462,7 @@ def redact(text):
         if not any(utf8(block) in text for secret in SECRETS for block in secret_blocks(secret)[1]):
             return text  # every piece holds a block: with none here, there is nothing to find
         return redact(text.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
-    for secret in SECRETS:  # whole secrets first: the common case, and the cheapest
-        if secret in text:
-            text = text.replace(secret, "[redacted secret]")
-    kept, at = [], 0
+    kept, at = [], 0  # (a whole secret is a piece too)
     for start, end in secret_runs(text):
         kept += [text[at:start], "[redacted secret]"]
         at = end
@@ -1491,6 +1490,10 @@ def secret_runs(text):
                 while right < len(text) and right + shift < len(secret) and \
                         text[right] == secret[right + shift]:
                     right += 1
+                while left < right and escaped(text, left):  # a \" stays whole: the files
+                    left += 1  # stay JSON, where the quote or backslash of a key is escaped
+                while right > left and escaped(text, right):
+                    right -= 1
                 if right - left >= least:
                     found.append((left, right))
                     at = max(at, right)
@@ -1502,6 +1505,15 @@ def secret_runs(text):
         else:
             runs.append((start, end))
     return runs
+
+
+def escaped(text, at):
+    """True if the character at `at` follows an odd run of backslashes: in JSON text, the
+    second half of an escape (\\" or \\\\), which a cut there would leave a lone backslash."""
+    start = at
+    while start > 0 and text[start - 1] == "\\":
+        start -= 1
+    return (at - start) % 2 == 1
 
 
 BLOCKS = {}  # secret: what secret_blocks made of it, made once
@@ -2917,14 +2929,32 @@ class ReplayCheck:
 
 # --- Trials ---
 
-def passed(session, expect):
-    """Did a trial meet every --expect condition (or, with none, stop with end_turn)?"""
+EXPECT_SECONDS = 5.0  # an --expect regex may search one answer this long (it may backtrack)
+SEARCH = "import re, sys; sys.exit(0 if re.search(sys.argv[1], sys.stdin.read()) else 1)"
+
+
+def expect_found(regex, answer):
+    """True if the --expect regex is in the answer, False if not, None if the search took over
+    EXPECT_SECONDS. It runs in a child: a regex that backtracks on the model's text holds the
+    GIL inside `re`, where no Ctrl-C or SIGTERM can reach agent.py; a child can be killed."""
+    try:
+        done = subprocess.run([sys.executable, "-I", "-S", "-c", SEARCH, regex],
+                              input=(answer or "").encode("utf-8", "surrogatepass"),
+                              capture_output=True, timeout=EXPECT_SECONDS)
+    except subprocess.TimeoutExpired:
+        return None
+    return done.returncode == 0
+
+
+def passed(session, expect, found=True):
+    """Did a trial meet every --expect condition (or, with none, stop with end_turn)? `found`:
+    whether the regex is in the answer (expect_found)."""
     stop = (session.get("stop") or {}).get("reason")
     if stop in ("api_error", "error"):  # a failed session never passes, whatever it did
         return False
     if not any(expect.values()):
         return stop == "end_turn"
-    if expect["regex"] and not re.search(expect["regex"], session.get("answer") or ""):
+    if expect["regex"] and not found:
         return False
     if expect["tool"] and not any(c["name"] == expect["tool"]
                                   for t in session["turns"] for c in t["tool_calls"]):
@@ -2932,15 +2962,18 @@ def passed(session, expect):
     return not expect["stop"] or stop == expect["stop"]
 
 
-def why_failed(session, expect):
+def why_failed(session, expect, found=True):
     """The first condition a trial that ran to a stop of the model's own did not meet, in
     words; None if it passed, or if the harness or the network ended it (not the model)."""
     stop = (session.get("stop") or {}).get("reason")
-    if stop in INFRA_STOPS or passed(session, expect):
+    if stop in INFRA_STOPS or passed(session, expect, found):
         return None
     if not any(expect.values()):
         return f"it stopped with {stop}, not end_turn (no --expect was given)"
-    if expect["regex"] and not re.search(expect["regex"], session.get("answer") or ""):
+    if expect["regex"] and found is None:
+        return (f"--expect {expect['regex']!r} timed out after {EXPECT_SECONDS:g} s on an answer "
+                f"of {len(session.get('answer') or ''):,} characters: the regex backtracks")
+    if expect["regex"] and not found:
         return f"--expect {expect['regex']!r} is not in the answer"
     if expect["tool"] and not any(c["name"] == expect["tool"]
                                   for t in session["turns"] for c in t["tool_calls"]):
@@ -3112,13 +3145,15 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
         report.trace("end", stop, session)
         save.events_lost(session, events)
         report.line(f"stop: {stop.reason} ({said_stop(stop)})", always=True)
-        if why_failed(session, spec.expect):
-            report.line(f"fail: {why_failed(session, spec.expect)}", always=True)
+        found = expect_found(spec.regex, session.get("answer")) \
+            if spec.regex and stop.reason != "interrupted" else not spec.regex
+        if why_failed(session, spec.expect, found):
+            report.line(f"fail: {why_failed(session, spec.expect, found)}", always=True)
         results.append({"index": index, "stop": stop.reason, "turns": len(session["turns"]),
                         "tokens": session["usage"]["tokens"],
                         "cost_usd": session["usage"]["cost_usd"],
                         "seconds": round(time.monotonic() - started, 3),
-                        "passed": passed(session, spec.expect), "transcript": path})
+                        "passed": passed(session, spec.expect, found), "transcript": path})
         report.emit("trial.end", **results[-1])
 
     futures = [pool.submit(trial, i) for i in range(1, spec.k + 1)]
@@ -4001,6 +4036,11 @@ class CollectorError(Exception):
     """Why a batch did not reach the collector, in words for the --otel line."""
 
 
+OTLP_HEADER = re.compile(r"[ \t]*[!#-'*+.0-9A-Z^-z|~-]+[ \t]*=[ \t]*[ !#-+\--:<-\[\]-~]*[ \t]*")
+# one name=value of OTEL_EXPORTER_OTLP_HEADERS as the SDK parses it (opentelemetry.util.re's
+# liberal pattern); the SDK prints any other whole, with its secret
+
+
 class OTLPHTTP:
     """OTLP over HTTP (protobuf), the SDK exporter's job, done so that a collector cannot hurt
     the run. Each batch is one POST on a new connection, given its timeout in all: a timer
@@ -4024,6 +4064,20 @@ class OTLPHTTP:
         self.url, self.encode, self.stopped = urllib.parse.urlsplit(url), encode, threading.Event()
         if self.url.scheme not in ("http", "https") or not self.url.hostname:
             raise UsageError(f"--otel: the collector {url!r} is not an http(s) URL with a host")
+        named = "OTEL_EXPORTER_OTLP_TRACES_HEADERS" if os.environ.get(
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS") else "OTEL_EXPORTER_OTLP_HEADERS"
+        pairs = (setting("HEADERS") or "").split(",")
+        for i, pair in enumerate(pairs):  # the SDK would print a bad one whole: a secret
+            if pair.strip() and "=" not in pair:
+                raise UsageError(f"--otel: {named} is not a comma-separated list of name=value "
+                                 f"(item {i + 1} of {len(pairs)} has no =: a header written "
+                                 "\"Name: value\"?); its values are not shown")
+            if pair.strip() and not OTLP_HEADER.fullmatch(pair):  # what the SDK parses
+                said = "no name before its =" if not pair.split("=")[0].strip() else \
+                    "a character a header name or value cannot hold"
+                raise UsageError(f"--otel: {named} is not a comma-separated list of name=value "
+                                 f"(item {i + 1} of {len(pairs)} has {said}); its values are not "
+                                 "shown")
         self.headers = {**parse_env_headers(setting("HEADERS") or "", liberal=True),
                         "Content-Type": "application/x-protobuf"}
         self.compression = (setting("COMPRESSION") or "none").strip().lower()
@@ -4269,9 +4323,11 @@ def display_width(text):
     return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
 
 
-def approval_question(code, rows, columns):
+def approval_question(code, rows, columns, unconfined=None):
     """What stderr shows before run_python's [y/N] question. When the code is longer than the
-    screen, its header comes again right above the question, saying how much has scrolled off."""
+    screen, its header comes again right above the question, saying how much has scrolled off.
+    `unconfined`: why the sandbox is unavailable, which the question itself then says (a y runs
+    the code as the user, -q or not)."""
     lines, named = shown_code(code)
     legend = [f"  \u27e6U+{ord(ch):04X}\u27e7 is {unicodedata.name(ch, 'an unnamed character')}"
               f"{f' ({n} times)' if n > 1 else ''}" for ch, n in sorted(named.items())]
@@ -4286,6 +4342,9 @@ def approval_question(code, rows, columns):
         text += (f"--- run_python wants to run the {plural(len(lines), 'line')} above; "
                  f"{plural(tall + 3 - rows, 'row')} of them scrolled off the top of the screen "
                  "(scroll up to read them) ---\n")
+    if unconfined:
+        return text + (f"--- {who}run it UNCONFINED, as you, with your files and network (no "
+                       f"sandbox: {shorten(unconfined, 60)})? [y/N] ")
     return text + f"--- {who}run it? [y/N] "
 
 
@@ -5396,6 +5455,7 @@ class Sandbox:
         self.status = "sandbox: off (--no-sandbox); run_python runs unconfined"
         self.said, self.lock, self.macos = False, threading.Lock(), None
         self.launcher, self.no_launcher, self.starting = None, "", threading.Lock()
+        self.why = None  # why there is no sandbox, once unavailable() said so
 
     @cached_property
     def policy(self):
@@ -5437,9 +5497,10 @@ class Sandbox:
     def unavailable(self, why):
         """No working boundary: say so; run_python then asks before every call, even with --yes."""
         self.landlock, self.mounts, self.macos, self.confined = False, False, None, False
-        self.tested = True
+        self.tested, self.why = True, why
         self.status = (f"sandbox: unavailable ({why}); run_python will ask before every call, "
-                       "even with --yes (pass --no-sandbox to run it unconfined)")
+                       "even with --yes, and a y runs it unconfined (--no-sandbox runs it "
+                       "unasked)")
 
     def launched(self):
         """The run's launcher, started at the first call; None without one (not Linux, or it
@@ -6086,11 +6147,15 @@ OTHER_TOOLS_FLAGS = {  # flags of claude, llm, codex exec, mini-swe-agent, and w
     "--continue": "to go on with the last run: --resume last",
     "-p": "no -p is needed: the question is the argument, and the answer goes to stdout",
     "--print": "no --print is needed: the answer goes to stdout",
-    "--max-steps": "did you mean --max-turns?", "--max-iterations": "did you mean --max-turns?"}
+    "--max-steps": "did you mean --max-turns?", "--max-iterations": "did you mean --max-turns?",
+    "--cost-limit": "did you mean --budget-usd?",
+    "-t": "no -t is needed: the question is the argument"}
 
 
 class Parser(argparse.ArgumentParser):
     def error(self, message):
+        if message.startswith("argument -r/--resume: expected one argument"):  # claude -r
+            message += " (last: the newest kept run; or a run id, or a transcript's path)"
         raise UsageError(f"{message} (see --help)")
 
     def __init__(self, *args, **kwargs):
@@ -6144,7 +6209,7 @@ exit codes:
 
 def whole_number(value):
     """A count as --help shows it (1,000,000) or Python writes it (1_000_000), or as digits."""
-    if not re.fullmatch(r"[+-]?\d+([,_]\d+)*", value.strip()):
+    if not re.fullmatch(r"[+-]?(\d{1,3}(,\d{3})+|\d+(_\d+)*)", value.strip()):  # 1,0 is no count
         raise argparse.ArgumentTypeError(f"{value!r} is not a whole number")
     return int(value.replace(",", "").replace("_", ""))
 
@@ -6302,7 +6367,9 @@ def parse_args(argv):
     if len(inspecting) > 1:
         raise UsageError(f"{' and '.join(inspecting)} cannot be combined: give one")
     if args.output and not (args.report or args.export):
-        raise UsageError("-o/--output goes with --report or --export")
+        raise UsageError("-o/--output goes with --report or --export (the answer goes to "
+                         f"stdout: > {shlex.quote(args.output)}; the transcript: --transcript "
+                         "FILE)" if args.output else "-o/--output goes with --report or --export")
     if inspecting and args.question is not None:
         raise UsageError(f"{inspecting[0]} takes no question, and {args.question!r} was given")
     if args.export and args.export[0] != "atif":
@@ -6361,6 +6428,8 @@ def parse_args(argv):
         raise UsageError("--trials-budget-usd needs --trials (for one run, --budget-usd)")
     if args.trials is not None and args.resume:
         raise UsageError("--trials cannot be combined with --resume")
+    if args.events and own_descriptor(args.events) == 1:  # stdout by its name: as - says it
+        args.events = "-"
     if args.events == "-" and args.transcript == "-":
         raise UsageError("--events - and --transcript - cannot share stdout")
     if args.keep_tool_results < 0:
@@ -6398,7 +6467,7 @@ def read_question(stdin):
     raw = getattr(stdin, "buffer", None)
     if raw is None:
         return check_text(stdin.read(), "the question on stdin")
-    data = raw.read()
+    data = raw.read().removeprefix(b"\xef\xbb\xbf")  # a byte-order mark (Notepad's) is no text
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -6502,10 +6571,164 @@ def check_workdir(workdir, where, confined=True):
                  and Path(e) != workdir]  # a name in the workdir: the model's code may swap it
         if real.is_relative_to(workdir) or named:
             real = named[0] if named and not real.is_relative_to(workdir) else real
-            raise UsageError(f"{where} holds {what} ({real}), which the model's code could "
-                             "rewrite before the next run: pass --workdir with the directory of "
-                             "the data (in a throwaway container, --no-sandbox allows it), e.g. "
-                             f"--workdir {sample_workdir()}")
+            refuse_workdir(where, f"holds {what} ({real})")
+    check_next_run(workdir, where)
+
+
+def refuse_workdir(where, said):
+    raise UsageError(f"{where} {said}, which the model's code could rewrite before the next run: "
+                     "pass --workdir with the directory of the data (in a throwaway container, "
+                     f"--no-sandbox allows it), e.g. --workdir {sample_workdir()}")
+
+
+def next_run():
+    """Beyond harness(), what else runs before or inside the next agent.py (docs/threat-model.md,
+    "what runs agent.py next time"), as (what, path, whether a workdir *inside* it is refused
+    too): the prefixes Python runs from, every directory on PATH (where README's `python3`, the
+    `#!/usr/bin/env python3` line and `uv` are looked up), /etc (ld.so.preload, the loader's
+    and the shell's configuration), the directories the dynamic loader takes libraries from
+    (inside one too: glibc-hwcaps/ below it comes first), the files this Python has mapped (its
+    libraries), and the home directory (~/.profile, ~/.bashrc run before agent.py)."""
+    found = [("the Python agent.py runs on", p, False)
+             for p in (sys.exec_prefix, sys.base_exec_prefix) if p]
+    found += [("a directory on PATH, where the next `python3` (or `uv`) is looked up", p or ".",
+               False) for p in os.environ.get("PATH", "").split(os.pathsep)]
+    found.append(("the system's configuration, where the dynamic loader's ld.so.preload and the "
+                  "shells' profiles are", "/etc", True))
+    found += [("a directory the dynamic loader takes libraries from", p, True)
+              for p in loader_directories()]
+    found += [("a file agent.py's Python has mapped (a library it runs)", p, False)
+              for p in mapped_files()]
+    found.append(("your home directory, whose shell startup files (~/.profile, ~/.bashrc) run "
+                  "before agent.py", os.path.expanduser("~"), False))
+    return found
+
+
+LOADER_DIRECTORIES = ("/lib", "/lib64", "/lib32", "/usr/lib", "/usr/lib64", "/usr/lib32",
+                      "/usr/local/lib")  # where ld.so looks whatever its configuration says
+
+
+def loader_directories(conf="/etc/ld.so.conf", depth=4):
+    """The directories the dynamic loader takes libraries from: its defaults, LD_LIBRARY_PATH,
+    and those ld.so.conf names (its `include` globs followed)."""
+    found = list(LOADER_DIRECTORIES) if depth == 4 else []
+    found += [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p] \
+        if depth == 4 else []
+    try:
+        lines = Path(conf).read_text(errors="replace").splitlines()[:1000]
+    except (OSError, ValueError):
+        return found
+    import glob
+    for line in (line.split("#")[0].strip() for line in lines):
+        if line.startswith("include") and depth:
+            for name in sorted(glob.glob(line[len("include"):].strip()))[:100]:
+                found += loader_directories(name, depth - 1)
+        elif line.startswith("/"):
+            found.append(line)
+    return found
+
+
+def mapped_files():
+    """The files this process has mapped (its interpreter and shared libraries), from
+    /proc/self/maps; none where there is no /proc."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split(None, 5)[5].rstrip("\n") for line in maps
+                     if len(line.split(None, 5)) == 6}
+    except OSError:
+        return []
+    return sorted(p for p in paths if p.startswith("/") and os.path.isfile(p))
+
+
+def file_id(path, follow=True):
+    """(st_dev, st_ino) of `path`, the file itself whatever name or mount reaches it; None if
+    there is nothing there."""
+    try:
+        found = os.stat(path, follow_symlinks=follow)
+    except (OSError, ValueError):
+        return None
+    return found.st_dev, found.st_ino
+
+
+def check_next_run(workdir, where):
+    """Refuse a workdir that reaches what runs agent.py next time (harness() and next_run()) by
+    path, or as the same file by another route (N46, N47): Landlock judges the path the script
+    opens, so a bind mount of the checkout (as the workdir, or mounted below it) and a hard link
+    to agent.py or its .env inside it are agent.py to the script. Compared by (st_dev, st_ino):
+    the workdir and each directory above it, every mount below it, and, when a protected file
+    has more than one link, every file in it."""
+    entries = [(what, path, kind == "tree") for what, path, kind in harness()] + next_run()
+    holds, inside = {}, {}  # (dev, ino) -> (what, real path)
+    for what, path, within in entries:
+        real = Path(os.path.realpath(path))
+        if real.is_relative_to(workdir):
+            refuse_workdir(where, f"holds {what} ({real})")
+        if within and workdir.is_relative_to(real):
+            refuse_workdir(where, f"is inside {what} ({real})")
+        for up in (real, *real.parents):
+            holds.setdefault(file_id(up), (what, real))
+        if within:
+            inside.setdefault(file_id(real), (what, real))
+    holds.pop(None, None)
+    inside.pop(None, None)
+    for up in (workdir, *workdir.parents):
+        if file_id(up) in inside:
+            what, real = inside[file_id(up)]
+            refuse_workdir(where, f"is inside {what} ({real}), reached through {up}")
+    if file_id(workdir) in holds:
+        what, real = holds[file_id(workdir)]
+        refuse_workdir(where, f"is the directory above {what} ({real}) reached by another path "
+                              "(a bind mount)")
+    for point in mounts_below(workdir):
+        if file_id(point) in holds:
+            what, real = holds[file_id(point)]
+            refuse_workdir(where, f"holds {what} ({real}) through the mount at {point}")
+    linked = {}
+    for what, path, _ in entries:
+        try:
+            found = os.stat(path)
+        except (OSError, ValueError):
+            continue
+        if stat.S_ISREG(found.st_mode) and found.st_nlink > 1:
+            linked[found.st_dev, found.st_ino] = (what, Path(os.path.realpath(path)))
+    if linked:
+        for name in hard_links_below(workdir, linked):
+            what, real = linked[file_id(name, follow=False)]
+            refuse_workdir(where, f"holds {name}, a hard link to {what} ({real})")
+
+
+def mounts_below(workdir):
+    """The mount points strictly below `workdir`, from /proc/self/mountinfo (its fifth field,
+    with the kernel's octal escapes of space, tab, newline and backslash undone)."""
+    try:
+        with open("/proc/self/mountinfo") as info:
+            points = [line.split()[4] for line in info if len(line.split()) > 4]
+    except OSError:
+        return []
+    points = [Path(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), p)) for p in points]
+    return [p for p in points if p != workdir and p.is_relative_to(workdir)]
+
+
+def hard_links_below(workdir, linked):
+    """Every regular file below `workdir` that is one of `linked` ((dev, ino) keys) under
+    another name; symlinks are not followed (a symlink is no way in: Landlock judges the
+    target's path)."""
+    todo = [str(workdir)]
+    while todo:
+        try:
+            entries = list(os.scandir(todo.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    todo.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    found = entry.stat(follow_symlinks=False)
+                    if found.st_nlink > 1 and (found.st_dev, found.st_ino) in linked:
+                        yield Path(entry.path)
+            except OSError:
+                continue
 
 
 def names_on_the_way(path, hops=40):
@@ -6606,6 +6829,9 @@ def load_config(workdir, report):
             raise UsageError(install_hint())
         found = dotenv_values(stream=io.StringIO(text), interpolate=False)
     config = {n: os.environ.get(n) or found.get(n) for n in names}
+    model = config["ANTHROPIC_MODEL"]
+    if model and model != model.strip():  # sent as it is, a model id with a space is a 404
+        raise UsageError(f"ANTHROPIC_MODEL {model!r} has white space around it: give it without")
     key = config["ANTHROPIC_API_KEY"]
     odd = next((i for i, c in enumerate(key or "") if not c.isascii()), None)
     if odd is not None:  # where, and never a character of the key itself (it is a secret)
@@ -7066,7 +7292,10 @@ def main(argv=None, client=None, stdin=None):
         u, turns = session["usage"], plural(len(session["turns"]), "turn")
         cost = "cost unknown" if u["cost_usd"] is None else f"${u['cost_usd']:.6f}"
         say = report.error if stop.exit_code not in (0, 3) else report.line
-        say(f"stop: {stop.reason} ({said_stop(stop)}); {turns}, {u['tokens']} tokens, {cost}")
+        empty = ", with no text" if stop.reason in TEXT_STOPS and stop.exit_code == 0 and \
+            not (session["answer"] or "").strip() else ""  # nothing on stdout: say so here
+        say(f"stop: {stop.reason} ({said_stop(stop)}{empty}); {turns}, {u['tokens']} tokens, "
+            f"{cost}")
         if kept_line:
             report.line(kept_line)
             kept_line = None  # said: not again if the answer cannot be written

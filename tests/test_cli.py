@@ -142,6 +142,14 @@ def test_progress_is_cut_at_a_word_with_an_ellipsis_and_counts_turns_in_words(ca
     (["help"], "agent.py: a question of one word, 'help': did you mean --help? (to ask it, give "
      "more words)\n"),  # newuser #61
     (["version"], "did you mean --version?"),
+    (["q", "--cost-limit", "1"], "agent.py: unrecognized arguments: --cost-limit (did you mean "
+     "--budget-usd?)\n"),  # newuser2 N23: mini-swe-agent's
+    (["-t", "q"], "agent.py: unrecognized arguments: -t (no -t is needed: the question is the "
+     "argument)\n"),
+    (["q", "-o", "ans.txt"], "agent.py: -o/--output goes with --report or --export (the answer "
+     "goes to stdout: > ans.txt; the transcript: --transcript FILE)\n"),
+    (["-r"], "agent.py: argument -r/--resume: expected one argument (last: the newest kept run; "
+     "or a run id, or a transcript's path) (see --help)\n"),
     (["q", "--transcript", ""], "agent.py: --transcript is empty (an unset shell variable, as in "
      "--transcript \"$OUT\"?): give a path\n"),  # newuser2 N11: it silently meant none
     (["q", "--events", ""], "agent.py: --events is empty"),  # it meant the current directory
@@ -365,6 +373,123 @@ def test_a_workdir_holding_pythons_user_site_is_refused(capsys, tmp_path, monkey
     code, _, err = run_cli(capsys, ["q", "--workdir", str(home), "--yes"], client)
     assert (code, client.requests) == (2, [])
     assert "Python's user base" in err and ".pth" in err and str(home / ".local") in err
+
+
+# --- a workdir never holds what runs agent.py next time (N44, N46, N47) ---
+
+def attack_writes(path):
+    """A run_python script that plants `path` (absolute) and says so."""
+    return (f"import os\np = {str(path)!r}\nos.makedirs(os.path.dirname(p), exist_ok=True)\n"
+            "open(p, 'a').write('# planted by the model\\n')\nprint('planted', p)")
+
+
+def refused_once(code, err, client):
+    """The refusal the user sees: one line, exit 2, nothing sent."""
+    assert (code, client.requests) == (2, []), err
+    assert err.startswith("agent.py: ") and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("kind", ["/etc", "a directory inside /etc", "/usr/lib", "/usr",
+                                  "/usr/local/bin", "a directory on PATH",
+                                  "a directory holding one on PATH", "LD_LIBRARY_PATH",
+                                  "the home directory"])
+def test_a_workdir_holding_what_runs_the_next_run_is_refused(capsys, tmp_path, monkeypatch, kind):
+    """The attack of N44: the sandbox lets the model's code write anywhere in the workdir, and
+    the kernel lets root (and a user, in its own ~/bin) write there: ld.so.preload in /etc, a
+    library in a directory the loader searches, a python3 early on PATH, a ~/.profile would run,
+    unsandboxed and with the key, in the next agent.py. Each is planted by the script the run
+    would approve; refused up front, nothing is sent and nothing planted."""
+    probe = f".agent-test-probe-{os.getpid()}-{time.monotonic_ns()}"
+    mine = tmp_path / "mine"
+    if kind == "/etc":
+        workdir, planted = Path("/etc"), Path("/etc") / probe
+    elif kind == "a directory inside /etc":
+        workdir = next(Path(e.path) for e in sorted(os.scandir("/etc"), key=lambda e: e.name)
+                       if e.is_dir(follow_symlinks=False) and not e.name.startswith("."))
+        planted = workdir / probe
+    elif kind in ("/usr/lib", "/usr", "/usr/local/bin"):
+        workdir, planted = Path(kind), Path(kind) / probe
+    elif kind == "LD_LIBRARY_PATH":
+        monkeypatch.setenv("LD_LIBRARY_PATH", str(mine / "lib"))
+        workdir, planted = mine, mine / "lib" / "libc.so.6"
+    elif kind == "the home directory":
+        monkeypatch.setenv("HOME", str(mine))
+        monkeypatch.setenv("PYTHONUSERBASE", str(tmp_path / "userbase"))
+        import site
+        monkeypatch.setattr(site, "USER_BASE", str(tmp_path / "userbase"))
+        monkeypatch.setattr(site, "USER_SITE", str(tmp_path / "userbase" / "site"))
+        workdir, planted = mine, mine / ".profile"
+    else:  # ~/bin first on PATH, as Debian's ~/.profile puts it
+        monkeypatch.setenv("PATH", f"{mine / 'bin'}:{os.environ['PATH']}")
+        workdir = mine / "bin" if kind == "a directory on PATH" else mine
+        planted = mine / "bin" / "python3"
+    (mine / "bin").mkdir(parents=True)
+    if not workdir.is_dir():
+        pytest.skip(f"no {workdir} here")
+    client = FakeClient(reply(tool_use("run_python", {"code": attack_writes(planted)})),
+                        reply(text("ok")))
+    try:
+        code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-keep"],
+                               client)
+        assert not planted.exists(), f"the model's code planted {planted}"
+    finally:
+        if str(planted).startswith(("/etc/", "/usr/")) and planted.exists():
+            planted.unlink()
+    refused_once(code, err, client)
+    assert f"--workdir {workdir} " in err and "next run" in err, err
+
+
+@pytest.mark.parametrize("linked", ["agent.py", "its .env"])
+def test_a_hard_link_to_agent_py_or_its_dotenv_in_the_workdir_is_refused(
+        capsys, tmp_path, monkeypatch, linked):
+    """The attack of N46: a hard-link snapshot (cp -al, rsync --link-dest) of the checkout in
+    the workdir is agent.py (or its .env) under another name: Landlock allows the write, since
+    the path is in the workdir. Refused up front; agent.py's bytes are unchanged."""
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    shutil.copy(AGENT, checkout / "agent.py")
+    (checkout / ".env").write_text("ANTHROPIC_MODEL=claude-haiku-5-5\n")
+    monkeypatch.setattr(agent, "__file__", str(checkout / "agent.py"))
+    monkeypatch.setattr(agent, "dotenv_path", lambda: checkout / ".env")
+    victim = checkout / ("agent.py" if linked == "agent.py" else ".env")
+    before = victim.read_bytes()
+    workdir = tmp_path / "snapshot" / "deep"
+    workdir.mkdir(parents=True)
+    os.link(victim, workdir / "tool.py")
+    client = FakeClient(reply(tool_use("run_python", {"code": attack_writes(workdir / "tool.py")})),
+                        reply(text("ok")))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(tmp_path / "snapshot"), "--yes",
+                                    "--no-keep"], client)
+    assert victim.read_bytes() == before, "the model's code rewrote it through the hard link"
+    refused_once(code, err, client)
+    assert str(workdir / "tool.py") in err and "hard link" in err, err
+
+
+@pytest.mark.parametrize("mounted", ["as the workdir", "under the workdir"])
+def test_the_checkout_bind_mounted_as_or_under_the_workdir_is_refused(
+        request, tmp_path, agent_copy, mounted):
+    """The attack of N47: the checkout reached through a bind mount (a container mounting one
+    host directory at two paths) is the same directory under another path. Performed in a
+    private mount namespace: the script appends to agent.py through the mount."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare(1) to make a private mount namespace")
+    workdir = tmp_path / "data"
+    mount_point = workdir if mounted == "as the workdir" else workdir / "app"
+    mount_point.mkdir(parents=True)
+    before = agent_copy.read_bytes()
+    api = serve(request, reply(tool_use("run_python", {"code": attack_writes(
+        mount_point / "agent.py")})), reply(text("ok")))
+    script = ('mount --make-rprivate / && mount --bind "$1" "$2" && shift 2 && exec "$@"')
+    done = subprocess.run(
+        ["unshare", "--mount", "sh", "-c", script, "sh", str(agent_copy.parent), str(mount_point),
+         sys.executable, str(agent_copy), "q", "--workdir", str(workdir), "--yes", "--no-keep"],
+        capture_output=True, text=True, env=agent_env(api), stdin=subprocess.DEVNULL, timeout=60)
+    if "mount" in done.stderr and done.returncode not in (0, 2):
+        pytest.skip(f"no bind mount here: {done.stderr.strip()}")
+    assert agent_copy.read_bytes() == before, "the model's code rewrote agent.py through the mount"
+    assert done.returncode == 2 and api.requests == [], done.stderr
+    assert done.stderr.startswith("agent.py: --workdir ") and len(done.stderr.splitlines()) == 1
+    assert "agent.py" in done.stderr and "mount" in done.stderr, done.stderr
 
 
 # --- what a task harness needs: its own system prompt, a container's workdir, the version ---
@@ -1054,6 +1179,54 @@ def test_a_workdir_holding_the_interpreter_or_venv_as_given_is_refused(capsys, t
     assert (code, client.requests) == (2, []) and "holds the Python interpreter" in err, err
 
 
+NO_LANDLOCK = """import ctypes, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def op(code, k, jt=0, jf=0): return struct.pack("HBBI", code, jt, jf, k)
+prog = [op(0x20, 0)] + [op(0x15, nr, 3 - i, 0) for i, nr in enumerate((444, 445, 446))]
+prog += [op(0x06, 0x7fff0000), op(0x06, 0x00050000 | 38)]  # allow; else ENOSYS
+class Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+fprog = Fprog(len(prog), b"".join(prog))
+assert libc.prctl(38, 1, 0, 0, 0) == 0 and libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0
+os.execv(sys.argv[1], sys.argv[1:])
+"""  # Landlock's three syscalls answer ENOSYS, as under an older container seccomp profile
+
+
+@pytest.mark.parametrize("flags", [(), ("-q",), ("--yes", "-q")])
+def test_without_the_sandbox_the_question_itself_says_a_y_runs_it_unconfined(
+        request, workdir, agent_copy, flags):
+    """N34: on a machine without Landlock every call is asked, and a y runs it unconfined. The
+    screen the user answers (a terminal; with -q nothing else is drawn) must say so in the
+    question itself, with why; the call is declined here and nothing ran."""
+    import pty
+    if sys.platform != "linux" or platform_machine() not in ("x86_64", "aarch64"):
+        pytest.skip("Landlock is made unavailable with a seccomp filter for Linux")
+    api = serve(request, reply(tool_use("run_python", {"code": "open('ran', 'w')"})),
+                reply(text("ok")))
+    main, screen = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-c", NO_LANDLOCK, sys.executable, str(agent_copy),
+                             "q", "--workdir", str(workdir), "--no-keep", *flags],
+                            stdin=screen, stdout=subprocess.PIPE, stderr=screen,
+                            env=agent_env(api))
+    os.close(screen)
+    drawn, deadline = b"", time.monotonic() + 60
+    while b"[y/N]" not in drawn and time.monotonic() < deadline and proc.poll() is None:
+        drawn += os.read(main, 65536) if select.select([main], [], [], 0.2)[0] else b""
+    os.write(main, b"n\n")
+    out = proc.communicate(timeout=60)[0]
+    os.close(main)
+    question = re.sub(r"\x1b\[\d+m", "", drawn.decode()).replace("\r\n", "\n").rstrip()
+    question = question.splitlines()[-1]
+    assert "UNCONFINED" in question and "no Landlock" in question, drawn
+    assert question.endswith("[y/N]") and len(question) < 200, question
+    assert proc.returncode == 0 and out == b"ok\n" and not (workdir / "ran").exists()
+
+
+def platform_machine():
+    import platform
+    return platform.machine()
+
+
 def test_with_stderr_in_a_file_the_approval_question_is_asked_on_the_terminal(
         request, workdir, tmp_path, agent_copy):
     """`2>log` on a terminal (finding 63): the question goes to the terminal the answer comes
@@ -1165,6 +1338,50 @@ def test_counts_are_taken_as_help_shows_them(capsys, workdir, tmp_path):
     assert code == 0, err
     assert (limits["token_budget"], limits["max_tokens"], limits["clear_at"]) == (
         1_000_000, 16_000, 80_000)
-    code, _, err = run_cli(capsys, ["q", "--token-budget", "1,00,0x"], FakeClient())
-    assert code == 2 and err == ("agent.py: argument --token-budget: '1,00,0x' is not a whole "
-                                 "number (see --help)\n")
+    for bad in ("1,00,0x", "1,0", "1,00", "10,00,000"):  # a comma only between groups of three
+        code, _, err = run_cli(capsys, ["q", "--token-budget", bad], FakeClient())  # (newuser2 N45)
+        assert code == 2 and err == (f"agent.py: argument --token-budget: {bad!r} is not a whole "
+                                     "number (see --help)\n")
+
+
+@pytest.mark.parametrize("named", ["/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"])
+def test_events_to_stdout_by_its_name_are_events_to_stdout(capsys, workdir, named):
+    """`--events /dev/stdout > ev.jsonl` put the answer between the events, where `--events -`
+    keeps stdout events-only; and `--transcript - --events /dev/stdout` mixed both documents,
+    where `--events - --transcript -` is refused (newuser2 N27)."""
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--events", named],
+                             FakeClient(reply(text("the answer"))))
+    events = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and events[-1]["type"] == "run.stop", out
+    assert events[-1]["answer"] == "the answer"
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--events", named,
+                                      "--transcript", "-"], FakeClient())
+    assert (code, out) == (2, "") and err == ("agent.py: --events - and --transcript - cannot "
+                                              "share stdout\n")
+
+
+def test_a_model_id_with_white_space_around_it_is_a_usage_error(capsys, workdir, monkeypatch):
+    """` claude-haiku-5-5` from the environment was sent as it was, for a 404, with a note that
+    no price is known for it (newuser2 N33)."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+    monkeypatch.setenv("ANTHROPIC_MODEL", " claude-haiku-5-5")
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir)])
+    assert (code, out) == (2, "") and err == ("agent.py: ANTHROPIC_MODEL ' claude-haiku-5-5' has "
+                                              "white space around it: give it without\n")
+
+
+def test_an_answer_with_no_text_says_so(capsys, workdir):
+    """A reply of no content, end_turn (local models do this after a tool result): exit 0 and
+    nothing anywhere said the answer was empty (newuser2 N36)."""
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir)], FakeClient(reply()))
+    assert (code, out) == (0, "")
+    assert "stop: end_turn (the model finished, with no text); 1 turn," in err, err
+
+
+def test_a_question_on_stdin_loses_a_byte_order_mark(capsys, workdir):
+    """A question file saved by Notepad starts with U+FEFF, which went to the model (newuser2
+    N42)."""
+    client = FakeClient(reply(text("ok")))
+    stdin = io.TextIOWrapper(io.BytesIO("\ufeffavg?\r\n".encode()), encoding="utf-8")
+    code, _, _ = run_cli(capsys, ["-", "--workdir", str(workdir)], client, stdin=stdin)
+    assert code == 0 and client.requests[0]["messages"][0]["content"][0]["text"] == "avg?"

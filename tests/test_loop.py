@@ -253,6 +253,33 @@ def test_a_key_split_over_adjacent_text_blocks_is_written_nowhere(capsys, workdi
     assert "[redacted secret]" in written["transcript"]  # the pieces were there, and redacted
 
 
+@pytest.mark.parametrize("key", ['sk-ant-api03-A-QUOTE"IN-THE-KEY-0123456789',
+                                 "sk-ant-api03-A-BACKSLASH\\IN-THE-KEY-0123456789",
+                                 "sk-ant-api03-TWO-BACKSLASHES-0123\\\\",
+                                 '"sk-ant-api03-QUOTED-FIRST-0123456789'])
+def test_a_key_holding_a_character_json_escapes_leaves_every_file_json(capsys, workdir,
+                                                                        tmp_path, monkeypatch,
+                                                                        key):
+    """A key with a quote or a backslash, which JSON writes as two characters (\\" or \\\\),
+    echoed by a server: the files redact the pieces around the escape, and stay JSON that
+    agent.py reads back. Before, a piece that began at the escaped quote was cut out of its
+    escape, leaving a lone backslash: the transcript and the events were no JSON at all, and
+    the run ended in an internal error reading its own transcript back."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", key)
+    transcript, events = tmp_path / "run.json", tmp_path / "events.jsonl"
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript",
+                                      str(transcript), "--events", str(events)],
+                             FakeClient(reply(text(f"your key is {key}, is it not?"))))
+    assert code == 0, err
+    document = json.loads(transcript.read_text())
+    lines = [json.loads(line) for line in events.read_text().splitlines()]
+    values = [document["answer"]] + [e.get("text", "") for e in lines]
+    assert "[redacted secret]" in document["answer"] and lines[-1]["type"] == "run.stop"
+    assert not [p for p in pieces(key) for v in values if p in v], values
+    code, _, err = run_cli(capsys, ["--report", str(transcript), "-o", str(tmp_path / "r.html")])
+    assert code == 0, err  # and agent.py reads it back
+
+
 def test_the_consent_question_leaves_no_piece_of_the_key_where_it_cuts():
     """A transcript's model or workdir holding the key where the question cuts the value in
     the middle to fit its rows: the screen shows no piece of 12 characters of it."""
@@ -303,6 +330,10 @@ NOT_TEXT_FOR_AN_OUTPUT = {  # (function, slice): what it cuts
     ("Saver", "value[-1:]"): "a list",
     ("Sandbox", "out[6:]"): "the self-test's own word after LEAK: ",
     ("Sandbox", "(run.stderr.strip() or out)[-200:]"): "the self-test's stderr, no secret in it",
+    ("loader_directories", "Path(conf).read_text(errors='replace').splitlines()[:1000]"):
+        "a list of ld.so.conf's lines", ("loader_directories", "line[len('include'):]"):
+        "an include line's glob, after its keyword",
+    ("loader_directories", "sorted(glob.glob(line[len('include'):].strip()))[:100]"): "a list",
 }
 
 

@@ -357,6 +357,25 @@ def test_a_collector_setting_agent_py_cannot_use_is_one_usage_line(capsys, workd
     assert len(err.strip().splitlines()) == 1 and err.startswith("agent.py: --otel: "), err
 
 
+@pytest.mark.parametrize("name", ["OTEL_EXPORTER_OTLP_HEADERS",
+                                  "OTEL_EXPORTER_OTLP_TRACES_HEADERS"])
+@pytest.mark.parametrize("headers", ["Authorization: Bearer phx-SECRET-123",
+                                     "x-team=ops,Authorization Bearer phx-SECRET-123",
+                                     "=phx-SECRET-123"])
+def test_malformed_collector_headers_are_one_line_without_their_secret(capsys, workdir,
+                                                                        monkeypatch, name,
+                                                                        headers):
+    """N39: `Name: value` where name=value is meant: the SDK printed the header, the
+    collector's secret, to stderr, and the spans went out without it. Now one usage line
+    that names the variable and the mistake, and no character of the value."""
+    monkeypatch.setenv(name, headers)
+    client = FakeClient(reply(text("done")))
+    code, out, err = run(capsys, workdir, client)
+    assert (code, client.requests, out) == (2, [], "")
+    assert len(err.strip().splitlines()) == 1 and err.startswith(f"agent.py: --otel: {name} "), err
+    assert "SECRET" not in err and "phx" not in err and "Bearer" not in err, err
+
+
 def test_ctrl_c_while_spans_wait_for_a_slow_collector_keeps_the_runs_exit_code(request, workdir,
                                                                               agent_copy):
     """The run is done, its spans wait on a collector that never answers: the Ctrl-C a user
@@ -415,3 +434,19 @@ def test_an_endpoint_ending_in_v1_traces_gets_the_hint_the_base_url_gets(capsys,
         "note: OTEL_EXPORTER_OTLP_ENDPOINT http://127.0.0.1:4318/v1/traces ends in /v1/traces, "
         "and /v1/traces is added to it: give the collector's root (http://127.0.0.1:4318), or "
         "the whole URL as OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"], err
+
+
+@pytest.mark.parametrize("name", ["OTEL_EXPORTER_OTLP_HEADERS",
+                                  "OTEL_EXPORTER_OTLP_TRACES_HEADERS"])
+def test_malformed_otlp_headers_are_one_line_that_shows_no_value(capsys, workdir, monkeypatch,
+                                                                 name):
+    """`Authorization: Bearer phx-SECRET` (not name=value): the SDK printed the header, the
+    collector's secret, on stderr, and the spans went without it (newuser2 N39)."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+    monkeypatch.setenv(name, "x-team=agents,Authorization: Bearer phx-SECRET-123")
+    client = FakeClient(reply(text("done")))
+    code, out, err = run(capsys, workdir, client)
+    assert (code, out, client.requests) == (2, "", [])
+    assert err == (f"agent.py: --otel: {name} is not a comma-separated list of name=value (item "
+                   "2 of 2 has no =: a header written \"Name: value\"?); its values are not "
+                   "shown\n"), err

@@ -311,3 +311,62 @@ def test_a_failed_trial_says_which_condition_failed(capsys, workdir):
     code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "1"], client)
     assert "[trial 1] fail: it stopped with max_tokens, not end_turn (no --expect was given)" \
         in err.splitlines()
+
+
+def test_an_expect_regex_that_backtracks_cannot_hang_the_run(capsys, workdir, monkeypatch):
+    """`--expect '(a+)+$'` on an answer of 40 a's and a `!` ran for ten minutes at full CPU, and
+    no Ctrl-C or SIGTERM could end it: `re` holds the GIL (newuser2 N41). The search is bounded;
+    the trial fails, saying why, and the next one runs."""
+    monkeypatch.setattr(agent, "EXPECT_SECONDS", 1.0)
+    client = FakeClient(reply(text("a" * 40 + "!")), reply(text("aaa")))
+    started = time.monotonic()
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "2", "--expect",
+                                    "(a+)+$"], client)
+    assert code == 6 and time.monotonic() - started < 10, err
+    assert "[trial 1] fail: --expect '(a+)+$' timed out after 1 s on an answer of 41 " \
+        "characters: the regex backtracks" in err.splitlines()
+    assert "trials: 2 of 2 ran: 1 passed, 1 failed" in err
+
+
+BACKTRACKS = r"^(\w+\s?)+$"  # a realistic "the answer is words only" check (N41)
+WORDY = "The average score of all the students in both classes is seventy nine point nine!"
+
+
+def test_an_expect_regex_that_backtracks_fails_the_trial_in_bounded_time(request, workdir,
+                                                                         agent_copy):
+    """N41 as the user met it, through the CLI: `^(\\w+\\s?)+$` on this answer backtracks for
+    longer than anyone waits (before: still running after 15 minutes, Ctrl-C and SIGTERM
+    ignored). The trial fails, saying why, within the time --expect is given."""
+    api = serve(request, reply(text(WORDY)))
+    started = time.monotonic()
+    done = run_agent_py(agent_copy, "q", "--workdir", workdir, "--trials", "1", "--no-keep",
+                        "--expect", BACKTRACKS, env=agent_env(api), stdin=subprocess.DEVNULL,
+                        timeout=120)
+    assert done.returncode == 6 and time.monotonic() - started < agent.EXPECT_SECONDS + 20
+    assert (f"[trial 1] fail: --expect {BACKTRACKS!r} timed out after "
+            f"{agent.EXPECT_SECONDS:g} s on an answer of {len(WORDY)} characters: the regex "
+            "backtracks") in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_ends_a_run_while_expect_is_matched(request, workdir, agent_copy, signum):
+    """N41: while the regex is matched, Ctrl-C and SIGTERM end the run, with its summary,
+    within the time the match is given (before: ignored; only kill -9 ended it)."""
+    api = serve(request, reply(text(WORDY)))
+    proc = run_agent_py(agent_copy, "q", "--workdir", workdir, "--trials", "1", "--no-keep",
+                        "--expect", BACKTRACKS, env=agent_env(api), stdin=subprocess.DEVNULL,
+                        stderr=subprocess.PIPE, stdout=subprocess.PIPE, background=True)
+    seen = ""
+    while "stop: end_turn" not in seen and proc.poll() is None:
+        seen += proc.stderr.readline()
+    time.sleep(0.5)  # the match has begun
+    signalled = time.monotonic()
+    proc.send_signal(signum)
+    try:
+        out, err = proc.communicate(timeout=agent.EXPECT_SECONDS + 30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, seen + err
+    assert time.monotonic() - signalled < agent.EXPECT_SECONDS + 2, "Ctrl-C was not heard"
+    assert "trials: " in err and "Traceback" not in err, err
