@@ -201,6 +201,9 @@ def run_session(client, session, ctx, report, save):
         for usage in reply.usages:  # a retried cut tool call was billed too
             add_usage(record["usage"], usage_record(session["model"], usage))
         add_usage(used, record["usage"])
+        if reply.failed["tokens"]:  # attempts that failed were billed too: budgets see them
+            record["failed_usage"] = reply.failed
+            add_usage(used, reply.failed)
         session["turns"].append(record)
         if content:
             session["messages"].append({"role": "assistant", "content": content})
@@ -234,6 +237,9 @@ def drive(client, session, ctx, report, save):
                        "exit_code": stop.exit_code}
     if stop.retries:  # the attempts of the turn that failed
         session["stop"]["retries"] = stop.retries
+    if stop.failed_usage and stop.failed_usage["tokens"]:  # and what they reported spending
+        session["stop"]["failed_usage"] = stop.failed_usage
+    failed_usage(session)
     session["answer"] = final_text(session) if stop.reason in TEXT_STOPS else None
     session["usage"] = total_usage(session)
     session["ended_at"] = now()
@@ -278,6 +284,7 @@ class Stop:
     reason: str  # a label of EXIT_CODES
     detail: str  # what happened, in words, for stderr and the transcript
     retries: list = field(default_factory=list)  # the failed attempts of the last turn, if any
+    failed_usage: dict | None = None  # what that turn's failed attempts reported they spent
 
     @property
     def exit_code(self):
@@ -334,13 +341,14 @@ def stop_for(exc, api=True):
     status, retries = getattr(exc, "status_code", None), getattr(exc, "retries", [])
     if not api or status is None and not transport_error(exc) \
             and not type(exc).__module__.startswith("anthropic"):
-        return Stop("error", f"{type(exc).__name__}: {exc}", retries)
-    detail = api_message(exc)
+        return Stop("error", f"{type(exc).__name__}: {exc}", retries,
+                    getattr(exc, "failed_usage", None))
+    detail, spent = api_message(exc), getattr(exc, "failed_usage", None)
     if status == 401:
         detail += " (check ANTHROPIC_API_KEY)"
     if status == 400 and CONTEXT_ERROR.search(detail):
-        return Stop("model_context_window_exceeded", detail, retries)
-    return Stop("api_error", detail, retries)
+        return Stop("model_context_window_exceeded", detail, retries, spent)
+    return Stop("api_error", detail, retries, spent)
 
 
 def trials_stop(summary):
@@ -806,8 +814,31 @@ class Watchdog:
 
 
 def stream_once(client, request, report, cancel, limits):
+    """stream_reply; an attempt that fails carries what the server reported it spent
+    (`reported_usage`: message_start's counts, then message_delta's cumulative ones), which
+    was billed though no reply came of it (N17)."""
+    seen = {}
+    try:
+        return stream_reply(client, request, report, cancel, limits, seen)
+    except Exception as e:
+        e.reported_usage = seen.get("usage") or {}
+        raise
+
+
+def reported_usage(stream):
+    """The usage the SDK's snapshot of a stream holds so far ({} if none can be read)."""
+    try:
+        usage = stream.current_message_snapshot.usage
+        usage = usage.to_dict() if hasattr(usage, "to_dict") else usage
+    except Exception:  # no message_start yet, or a test's fake stream
+        return {}
+    return usage if isinstance(usage, dict) else {}
+
+
+def stream_reply(client, request, report, cancel, limits, seen):
     """Send one request, stream its text to the reporter; return (message dict, request id,
-    {tool_use id: its arguments' JSON, for each call whose JSON did not arrive whole})."""
+    {tool_use id: its arguments' JSON, for each call whose JSON did not arrive whole}). `seen`
+    gets the usage the server has reported so far."""
     messages = client.beta.messages if "betas" in request else client.messages
     most = request["max_tokens"] * TOKEN_CHARS  # characters the reply may stream
     lasts = limits.request_timeout + request["max_tokens"] / MIN_TOKEN_RATE  # seconds it may take
@@ -843,6 +874,8 @@ def stream_once(client, request, report, cancel, limits):
                     writing = None
                 elif event.type == "message_stop":
                     complete = True
+                elif event.type in ("message_start", "message_delta"):
+                    seen["usage"] = reported_usage(stream)
                 if streamed > most:
                     raise StreamRunaway(f"the reply streamed over {most:,} characters, more than "
                                         f"max_tokens {request['max_tokens']} can hold; the "
@@ -966,22 +999,25 @@ def retry_delay(exc, attempt, limits):
 def request_with_retries(client, request, limits, report, cancel):
     """Up to max_attempts requests for one turn, backing off on transient failures.
     Returns (message, request id, attempts, retry records, seconds spent on the API, the
-    calls whose arguments were cut off)."""
-    retries, api_seconds = [], 0.0
+    calls whose arguments were cut off, the usage the failed attempts reported)."""
+    retries, api_seconds, spent = [], 0.0, empty_usage()
     for attempt in range(1, limits.max_attempts + 1):
         started = time.monotonic()
         try:
             message, request_id, cut_off = stream_once(client, request, report, cancel, limits)
             return message, request_id, attempt, retries, \
-                api_seconds + time.monotonic() - started, cut_off
+                api_seconds + time.monotonic() - started, cut_off, spent
         except (Interrupted, KeyboardInterrupt):
             raise
         except Exception as exc:
             check_cancelled(cancel)  # a request Ctrl-C cut (Connections): not a failure
             api_seconds += time.monotonic() - started
+            if getattr(exc, "reported_usage", None):  # what the server said it spent
+                add_usage(spent, usage_record(request["model"], exc.reported_usage))
             delay = retry_delay(exc, attempt, limits)
             if delay is None or attempt == limits.max_attempts:
                 exc.retries, exc.api_seconds = retries, api_seconds  # kept in the transcript
+                exc.failed_usage = spent
                 raise
             retries.append({"attempt": attempt, "status": getattr(exc, "status_code", None),
                             "error": api_message(exc), "delay": round(delay, 3)})
@@ -1009,15 +1045,16 @@ class Reply:
     api_seconds: float  # time spent waiting on the API, backoff excluded
     cut: str | None = None  # why a cut tool call was dropped
     cut_off: dict = field(default_factory=dict)  # tool_use id -> its arguments, JSON cut off
+    failed: dict = field(default_factory=lambda: empty_usage())  # what failed attempts reported
 
 
 def request_turn(client, request, limits, report, cancel):
     """One turn: a reply cut inside a tool call is retried once with twice the max_tokens,
     if that can help (the prompt and the new max_tokens must fit the context window)."""
-    message, request_id, attempts, retries, seconds, cut_off = request_with_retries(
+    message, request_id, attempts, retries, seconds, cut_off, spent = request_with_retries(
         client, request, limits, report, cancel)
     reply = Reply(message, request_id, attempts, [message.get("usage") or {}], retries, seconds,
-                  cut_off=cut_off)
+                  cut_off=cut_off, failed=spent)
     sizes, model = [request["max_tokens"]], base_model(request["model"])
     bigger = min(2 * request["max_tokens"], MAX_OUTPUT.get(model, DEFAULT_MAX_OUTPUT))
     window, prompt = CONTEXT_WINDOW.get(model), prompt_tokens(reply.usages[0])
@@ -1030,8 +1067,9 @@ def request_turn(client, request, limits, report, cancel):
     if is_cut_tool_call(message) and bigger > request["max_tokens"] and not why_not:
         report.line(f"the reply was cut inside a tool call at max_tokens "
                     f"{request['max_tokens']}; retrying the turn with {bigger}")
-        message, reply.request_id, n, more, seconds, reply.cut_off = request_with_retries(
-            client, dict(request, max_tokens=bigger), limits, report, cancel)
+        message, reply.request_id, n, more, seconds, reply.cut_off, spent = \
+            request_with_retries(client, dict(request, max_tokens=bigger), limits, report, cancel)
+        add_usage(reply.failed, spent)
         reply.usages.append(message.get("usage") or {})
         reply.attempts, reply.api_seconds = reply.attempts + n, reply.api_seconds + seconds
         reply.retries += more
@@ -1339,6 +1377,20 @@ def total_usage(session):
     total = empty_usage()
     for record in session["turns"]:
         add_usage(total, record["usage"])
+    return total
+
+
+def failed_usage(session):
+    """Set the transcript's `failed_usage`: what the server reported for attempts that failed
+    (cut, stalled, an error mid-stream), over every turn and the turn that stopped the run.
+    Kept apart from `usage` (the totals over turns' replies); counted in the budgets and said
+    on the stop line. Left out when nothing was reported."""
+    total = empty_usage()
+    for record in session["turns"] + [session.get("stop") or {}]:
+        if isinstance(record.get("failed_usage"), dict):
+            add_usage(total, record["failed_usage"])
+    if total["tokens"]:
+        session["failed_usage"] = total
     return total
 
 
@@ -1957,6 +2009,7 @@ TRANSCRIPT_SCHEMA = {
                                         {"declined": BOOL, "exit_code": nullable(
                                             {"type": "integer"}), "bytes": COUNT}))},
                {"started_at": TIME, "attempts": COUNT, "retries": array(RETRY_SCHEMA),
+                "failed_usage": USAGE_SCHEMA,
                 "api_seconds": NUMBER, "notes": array(STRING), "message_id": nullable(STRING),
                 "prompt_tokens": COUNT, "cache_miss": nullable({"type": "object"}),
                 "context_edits": array({"type": "object"}),
@@ -1964,9 +2017,11 @@ TRANSCRIPT_SCHEMA = {
                 "in_history": {"const": False}})),
            "stop": nullable(obj({"reason": LABEL, "detail": STRING},
                                 {"exit_code": {"type": "integer"},
-                                 "retries": array(RETRY_SCHEMA)})),
+                                 "retries": array(RETRY_SCHEMA),
+                                 "failed_usage": USAGE_SCHEMA})),
            "answer": nullable(STRING), "usage": USAGE_SCHEMA},
           {"agent_version": STRING, "run_id": STRING, "started_at": TIME,
+           "failed_usage": USAGE_SCHEMA,
            "ended_at": nullable(TIME), "trial": COUNT, "cleared": array(STRING),
            "events_lost": STRING, "produced_by": PRODUCED_BY, "base_url": STRING, "replay": obj(
                {"source": STRING, "differences": array(obj(
@@ -6871,7 +6926,7 @@ def main(argv=None, client=None, stdin=None):
         empty = ", with no text" if stop.reason in TEXT_STOPS and stop.exit_code == 0 and \
             not (session["answer"] or "").strip() else ""  # nothing on stdout: say so here
         say(f"stop: {stop.reason} ({said_stop(stop)}{empty}); {turns}, {u['tokens']} tokens, "
-            f"{cost}")
+            f"{cost}{failed_said(session)}")
         if kept_line:
             report.line(kept_line)
             kept_line = None  # said: not again if the answer cannot be written
@@ -6894,6 +6949,19 @@ def main(argv=None, client=None, stdin=None):
             telemetry.finish(report)
         if events:
             events.close()
+
+
+def failed_said(session):
+    """The stop line's word on what failed attempts reported spending, if they did (N17)."""
+    spent = session.get("failed_usage")
+    if not spent:
+        return ""
+    attempts = sum(len(t.get("retries") or []) for t in session["turns"]) + \
+        len((session.get("stop") or {}).get("retries") or []) + \
+        ("failed_usage" in (session.get("stop") or {}))  # the last attempt of a failed turn
+    cost = "cost unknown" if spent["cost_usd"] is None else f"${spent['cost_usd']:.6f}"
+    return (f", and {spent['tokens']} tokens, {cost} that the server reported for "
+            f"{plural(attempts, 'failed attempt')} (billed, not in the totals above)")
 
 
 def said_stop(stop):
