@@ -2740,10 +2740,12 @@ class ReplayDiffers(Exception):
     """--replay --strict: a turn's tool results differ from the recording, so the recorded
     replies that follow answered results this run did not get. The next request raises it."""
 
-    def __init__(self, turn, differed, calls, source):
+    def __init__(self, turn, differed, calls, source, declined=0):
         super().__init__(f"turn {turn}: {differed} of {plural(calls, 'tool result')} "
                          f"{'differs' if differed == 1 else 'differ'} from {source}, and the "
-                         "recorded replies after it answered the recorded results (--strict)")
+                         "recorded replies after it answered the recorded results (--strict)"
+                         + (f"; {declined} of them not run: declined (no working sandbox, and "
+                            "no y)" if declined else ""))
 
 
 def load_recording(path):
@@ -2936,13 +2938,14 @@ class ReplayCheck:
         results = {b["tool_use_id"]: b for m in session["messages"][self.seen:]
                    if m["role"] == "user" for b in m["content"] if b["type"] == "tool_result"}
         for record in session["turns"][self.checked:]:
-            differed = sum(not self.compare(session["replay"], record["turn"], call,
-                                            results.get(call["id"]))
-                           for call in record["tool_calls"])
+            differed = [call for call in record["tool_calls"]
+                        if not self.compare(session["replay"], record["turn"], call,
+                                            results.get(call["id"]))]
             if differed and self.strict and not self.client.differs:  # the next request stops
-                self.client.differs = ReplayDiffers(record["turn"], differed,
+                self.client.differs = ReplayDiffers(record["turn"], len(differed),
                                                     len(record["tool_calls"]),
-                                                    session["replay"]["source"])
+                                                    session["replay"]["source"],
+                                                    sum(c["declined"] for c in differed))
         self.checked, self.seen = len(session["turns"]), len(session["messages"])
         if final:
             self.summary(session)
@@ -2958,8 +2961,11 @@ class ReplayCheck:
         diff = result_diff(then, result)
         replay["differences"].append({"turn": turn, "id": call["id"], "name": call["name"],
                                       "diff": diff})
-        self.report.error(f"  replay: turn {turn}, {call['name']} {call['id']}: the result "
-                          "differs from the recording")
+        self.report.error(f"  replay: turn {turn}, {call['name']} {call['id']}: " + (
+            "not run (declined: without a working sandbox run_python asks even with --yes, and "
+            "no one said y), so its result differs from the recording"
+            if call.get("declined") else  # (declined then too, the result would be the same)
+            "the result differs from the recording"))
         for line in diff:
             self.report.error(f"    {line}")
         if len(replay["differences"]) == 1 and self.client.given < len(self.client.replies) \
@@ -3825,6 +3831,7 @@ class Telemetry:
         self.tracer = provider.get_tracer("agent.py", AGENT_VERSION)
         self.lock, self.runs, self.failed = threading.Lock(), {}, None
         self.started = count(1)  # next() is the number of spans started so far, plus one
+        self.replay = None  # --replay: the recording, which every span names (no model called)
 
     @classmethod
     def start(cls, report):
@@ -3869,20 +3876,29 @@ class Telemetry:
         provider.add_span_processor(BatchSpanProcessor(exporter))
         capture = os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "")
         content = capture.strip().upper() in ("TRUE", "SPAN_ONLY", "SPAN_AND_EVENT")
-        report.line(f"otel: traces to {where} ({protocol}); message content "
+        shown = server_url(where) or "the collector's URL"  # no password, no query: its keys
+        report.line(f"otel: traces to {shown} ({protocol}); message content "
                     f"{'recorded' if content else 'not recorded'}")
         root = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or ""
         if not os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") and protocol != "grpc" \
                 and root.rstrip("/").endswith("/v1/traces"):  # as ANTHROPIC_BASE_URL's /v1 is said
+            root = server_url(root) or root
             report.error(f"note: OTEL_EXPORTER_OTLP_ENDPOINT {root} ends in /v1/traces, and "
                          "/v1/traces is added to it: give the collector's root "
                          f"({root.rstrip('/').removesuffix('/v1/traces')}), or the whole URL as "
                          "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        exporter.where = where
+        exporter.where = shown
         return cls(provider, exporter, content)
+
+    @property
+    def cost_key(self):
+        """A replay spent nothing: the cost it shows is the recording's, named so."""
+        return "agent_py.recorded_cost_usd" if self.replay else "agent_py.cost_usd"
 
     def span(self, name, kind, parent, attributes):
         next(self.started)
+        if self.replay:  # no model was called: every span says so
+            attributes = {**attributes, "agent_py.replay": self.replay}
         context = self.trace.set_span_in_context(parent) if parent else None
         return self.tracer.start_span(name, context=context, attributes=attributes,
                                       kind=getattr(self.trace.SpanKind, kind))
@@ -3890,6 +3906,7 @@ class Telemetry:
     def begin(self, trial, session):
         """A run (a trial) starts: its invoke_agent span."""
         run_id = session["run_id"] + (f".{trial}" if trial else "")
+        self.replay = fields(session.get("replay")).get("source")  # --replay: the recording
         attributes = {"gen_ai.operation.name": "invoke_agent", "gen_ai.provider.name": "anthropic",
                       "gen_ai.agent.name": "agent.py", "gen_ai.agent.version": AGENT_VERSION,
                       "gen_ai.conversation.id": run_id, "gen_ai.request.model": session["model"]}
@@ -3934,7 +3951,7 @@ class Telemetry:
                              "agent_py.retries": len(record["retries"])})
         for key, value in (("gen_ai.response.id", record.get("message_id")),
                            ("anthropic.request.id", record.get("request_id")),
-                           ("agent_py.cost_usd", record["usage"]["cost_usd"])):
+                           (self.cost_key, record["usage"]["cost_usd"])):
             if value is not None:
                 chat.set_attribute(key, value)
         if self.content:
@@ -3991,7 +4008,7 @@ class Telemetry:
                              "agent_py.turns": len(session["turns"]),
                              "agent_py.retries": run["retries"] + len(stop.retries)})
         if session["usage"]["cost_usd"] is not None:
-            span.set_attribute("agent_py.cost_usd", session["usage"]["cost_usd"])
+            span.set_attribute(self.cost_key, session["usage"]["cost_usd"])
         if self.content and session.get("answer"):
             span.set_attribute("output.value", redact(session["answer"]))
         if stop.reason in INFRA_STOPS:
@@ -6093,12 +6110,18 @@ class QuestionWasRead(io.StringIO):
     no_answer = "(no answer: stdin held the question; give --yes to run it unasked)"
 
 
+MAX_QUESTION = 32 << 20  # bytes of a question on stdin: the API takes no larger request
+
+
 def read_question(stdin):
     """The question on stdin (-): its bytes, which must be UTF-8, when it has them."""
     raw = getattr(stdin, "buffer", None)
     if raw is None:
         return check_text(stdin.read(), "the question on stdin")
-    data = raw.read().removeprefix(b"\xef\xbb\xbf")  # a byte-order mark (Notepad's) is no text
+    data = raw.read(MAX_QUESTION + 1).removeprefix(b"\xef\xbb\xbf")  # a BOM (Notepad's): no text
+    if len(data) > MAX_QUESTION:  # `yes | agent.py -` ends here, not when memory does
+        raise UsageError(f"the question on stdin is over {MAX_QUESTION >> 20} MiB, more than the "
+                         "API takes in one request")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
