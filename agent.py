@@ -201,6 +201,9 @@ def run_session(client, session, ctx, report, save):
         for usage in reply.usages:  # a retried cut tool call was billed too
             add_usage(record["usage"], usage_record(session["model"], usage))
         add_usage(used, record["usage"])
+        if reply.failed["tokens"]:  # attempts that failed were billed too: budgets see them
+            record["failed_usage"] = reply.failed
+            add_usage(used, reply.failed)
         session["turns"].append(record)
         if content:
             session["messages"].append({"role": "assistant", "content": content})
@@ -234,6 +237,9 @@ def drive(client, session, ctx, report, save):
                        "exit_code": stop.exit_code}
     if stop.retries:  # the attempts of the turn that failed
         session["stop"]["retries"] = stop.retries
+    if stop.failed_usage and stop.failed_usage["tokens"]:  # and what they reported spending
+        session["stop"]["failed_usage"] = stop.failed_usage
+    failed_usage(session)
     session["answer"] = final_text(session) if stop.reason in TEXT_STOPS else None
     session["usage"] = total_usage(session)
     session["ended_at"] = now()
@@ -278,6 +284,7 @@ class Stop:
     reason: str  # a label of EXIT_CODES
     detail: str  # what happened, in words, for stderr and the transcript
     retries: list = field(default_factory=list)  # the failed attempts of the last turn, if any
+    failed_usage: dict | None = None  # what that turn's failed attempts reported they spent
 
     @property
     def exit_code(self):
@@ -334,13 +341,14 @@ def stop_for(exc, api=True):
     status, retries = getattr(exc, "status_code", None), getattr(exc, "retries", [])
     if not api or status is None and not transport_error(exc) \
             and not type(exc).__module__.startswith("anthropic"):
-        return Stop("error", f"{type(exc).__name__}: {exc}", retries)
-    detail = api_message(exc)
+        return Stop("error", f"{type(exc).__name__}: {exc}", retries,
+                    getattr(exc, "failed_usage", None))
+    detail, spent = api_message(exc), getattr(exc, "failed_usage", None)
     if status == 401:
         detail += " (check ANTHROPIC_API_KEY)"
     if status == 400 and CONTEXT_ERROR.search(detail):
-        return Stop("model_context_window_exceeded", detail, retries)
-    return Stop("api_error", detail, retries)
+        return Stop("model_context_window_exceeded", detail, retries, spent)
+    return Stop("api_error", detail, retries, spent)
 
 
 def trials_stop(summary):
@@ -806,8 +814,31 @@ class Watchdog:
 
 
 def stream_once(client, request, report, cancel, limits):
+    """stream_reply; an attempt that fails carries what the server reported it spent
+    (`reported_usage`: message_start's counts, then message_delta's cumulative ones), which
+    was billed though no reply came of it (N17)."""
+    seen = {}
+    try:
+        return stream_reply(client, request, report, cancel, limits, seen)
+    except Exception as e:
+        e.reported_usage = seen.get("usage") or {}
+        raise
+
+
+def reported_usage(stream):
+    """The usage the SDK's snapshot of a stream holds so far ({} if none can be read)."""
+    try:
+        usage = stream.current_message_snapshot.usage
+        usage = usage.to_dict() if hasattr(usage, "to_dict") else usage
+    except Exception:  # no message_start yet, or a test's fake stream
+        return {}
+    return usage if isinstance(usage, dict) else {}
+
+
+def stream_reply(client, request, report, cancel, limits, seen):
     """Send one request, stream its text to the reporter; return (message dict, request id,
-    {tool_use id: its arguments' JSON, for each call whose JSON did not arrive whole})."""
+    {tool_use id: its arguments' JSON, for each call whose JSON did not arrive whole}). `seen`
+    gets the usage the server has reported so far."""
     messages = client.beta.messages if "betas" in request else client.messages
     most = request["max_tokens"] * TOKEN_CHARS  # characters the reply may stream
     lasts = limits.request_timeout + request["max_tokens"] / MIN_TOKEN_RATE  # seconds it may take
@@ -843,6 +874,8 @@ def stream_once(client, request, report, cancel, limits):
                     writing = None
                 elif event.type == "message_stop":
                     complete = True
+                elif event.type in ("message_start", "message_delta"):
+                    seen["usage"] = reported_usage(stream)
                 if streamed > most:
                     raise StreamRunaway(f"the reply streamed over {most:,} characters, more than "
                                         f"max_tokens {request['max_tokens']} can hold; the "
@@ -966,22 +999,25 @@ def retry_delay(exc, attempt, limits):
 def request_with_retries(client, request, limits, report, cancel):
     """Up to max_attempts requests for one turn, backing off on transient failures.
     Returns (message, request id, attempts, retry records, seconds spent on the API, the
-    calls whose arguments were cut off)."""
-    retries, api_seconds = [], 0.0
+    calls whose arguments were cut off, the usage the failed attempts reported)."""
+    retries, api_seconds, spent = [], 0.0, empty_usage()
     for attempt in range(1, limits.max_attempts + 1):
         started = time.monotonic()
         try:
             message, request_id, cut_off = stream_once(client, request, report, cancel, limits)
             return message, request_id, attempt, retries, \
-                api_seconds + time.monotonic() - started, cut_off
+                api_seconds + time.monotonic() - started, cut_off, spent
         except (Interrupted, KeyboardInterrupt):
             raise
         except Exception as exc:
             check_cancelled(cancel)  # a request Ctrl-C cut (Connections): not a failure
             api_seconds += time.monotonic() - started
+            if getattr(exc, "reported_usage", None):  # what the server said it spent
+                add_usage(spent, usage_record(request["model"], exc.reported_usage))
             delay = retry_delay(exc, attempt, limits)
             if delay is None or attempt == limits.max_attempts:
                 exc.retries, exc.api_seconds = retries, api_seconds  # kept in the transcript
+                exc.failed_usage = spent
                 raise
             retries.append({"attempt": attempt, "status": getattr(exc, "status_code", None),
                             "error": api_message(exc), "delay": round(delay, 3)})
@@ -1009,15 +1045,16 @@ class Reply:
     api_seconds: float  # time spent waiting on the API, backoff excluded
     cut: str | None = None  # why a cut tool call was dropped
     cut_off: dict = field(default_factory=dict)  # tool_use id -> its arguments, JSON cut off
+    failed: dict = field(default_factory=lambda: empty_usage())  # what failed attempts reported
 
 
 def request_turn(client, request, limits, report, cancel):
     """One turn: a reply cut inside a tool call is retried once with twice the max_tokens,
     if that can help (the prompt and the new max_tokens must fit the context window)."""
-    message, request_id, attempts, retries, seconds, cut_off = request_with_retries(
+    message, request_id, attempts, retries, seconds, cut_off, spent = request_with_retries(
         client, request, limits, report, cancel)
     reply = Reply(message, request_id, attempts, [message.get("usage") or {}], retries, seconds,
-                  cut_off=cut_off)
+                  cut_off=cut_off, failed=spent)
     sizes, model = [request["max_tokens"]], base_model(request["model"])
     bigger = min(2 * request["max_tokens"], MAX_OUTPUT.get(model, DEFAULT_MAX_OUTPUT))
     window, prompt = CONTEXT_WINDOW.get(model), prompt_tokens(reply.usages[0])
@@ -1030,8 +1067,9 @@ def request_turn(client, request, limits, report, cancel):
     if is_cut_tool_call(message) and bigger > request["max_tokens"] and not why_not:
         report.line(f"the reply was cut inside a tool call at max_tokens "
                     f"{request['max_tokens']}; retrying the turn with {bigger}")
-        message, reply.request_id, n, more, seconds, reply.cut_off = request_with_retries(
-            client, dict(request, max_tokens=bigger), limits, report, cancel)
+        message, reply.request_id, n, more, seconds, reply.cut_off, spent = \
+            request_with_retries(client, dict(request, max_tokens=bigger), limits, report, cancel)
+        add_usage(reply.failed, spent)
         reply.usages.append(message.get("usage") or {})
         reply.attempts, reply.api_seconds = reply.attempts + n, reply.api_seconds + seconds
         reply.retries += more
@@ -1339,6 +1377,20 @@ def total_usage(session):
     total = empty_usage()
     for record in session["turns"]:
         add_usage(total, record["usage"])
+    return total
+
+
+def failed_usage(session):
+    """Set the transcript's `failed_usage`: what the server reported for attempts that failed
+    (cut, stalled, an error mid-stream), over every turn and the turn that stopped the run.
+    Kept apart from `usage` (the totals over turns' replies); counted in the budgets and said
+    on the stop line. Left out when nothing was reported."""
+    total = empty_usage()
+    for record in session["turns"] + [session.get("stop") or {}]:
+        if isinstance(record.get("failed_usage"), dict):
+            add_usage(total, record["failed_usage"])
+    if total["tokens"]:
+        session["failed_usage"] = total
     return total
 
 
@@ -1957,6 +2009,7 @@ TRANSCRIPT_SCHEMA = {
                                         {"declined": BOOL, "exit_code": nullable(
                                             {"type": "integer"}), "bytes": COUNT}))},
                {"started_at": TIME, "attempts": COUNT, "retries": array(RETRY_SCHEMA),
+                "failed_usage": USAGE_SCHEMA,
                 "api_seconds": NUMBER, "notes": array(STRING), "message_id": nullable(STRING),
                 "prompt_tokens": COUNT, "cache_miss": nullable({"type": "object"}),
                 "context_edits": array({"type": "object"}),
@@ -1964,9 +2017,11 @@ TRANSCRIPT_SCHEMA = {
                 "in_history": {"const": False}})),
            "stop": nullable(obj({"reason": LABEL, "detail": STRING},
                                 {"exit_code": {"type": "integer"},
-                                 "retries": array(RETRY_SCHEMA)})),
+                                 "retries": array(RETRY_SCHEMA),
+                                 "failed_usage": USAGE_SCHEMA})),
            "answer": nullable(STRING), "usage": USAGE_SCHEMA},
           {"agent_version": STRING, "run_id": STRING, "started_at": TIME,
+           "failed_usage": USAGE_SCHEMA,
            "ended_at": nullable(TIME), "trial": COUNT, "cleared": array(STRING),
            "events_lost": STRING, "produced_by": PRODUCED_BY, "base_url": STRING, "replay": obj(
                {"source": STRING, "differences": array(obj(
@@ -2685,10 +2740,12 @@ class ReplayDiffers(Exception):
     """--replay --strict: a turn's tool results differ from the recording, so the recorded
     replies that follow answered results this run did not get. The next request raises it."""
 
-    def __init__(self, turn, differed, calls, source):
+    def __init__(self, turn, differed, calls, source, declined=0):
         super().__init__(f"turn {turn}: {differed} of {plural(calls, 'tool result')} "
                          f"{'differs' if differed == 1 else 'differ'} from {source}, and the "
-                         "recorded replies after it answered the recorded results (--strict)")
+                         "recorded replies after it answered the recorded results (--strict)"
+                         + (f"; {declined} of them not run: declined (no working sandbox, and "
+                            "no y)" if declined else ""))
 
 
 def load_recording(path):
@@ -2881,13 +2938,14 @@ class ReplayCheck:
         results = {b["tool_use_id"]: b for m in session["messages"][self.seen:]
                    if m["role"] == "user" for b in m["content"] if b["type"] == "tool_result"}
         for record in session["turns"][self.checked:]:
-            differed = sum(not self.compare(session["replay"], record["turn"], call,
-                                            results.get(call["id"]))
-                           for call in record["tool_calls"])
+            differed = [call for call in record["tool_calls"]
+                        if not self.compare(session["replay"], record["turn"], call,
+                                            results.get(call["id"]))]
             if differed and self.strict and not self.client.differs:  # the next request stops
-                self.client.differs = ReplayDiffers(record["turn"], differed,
+                self.client.differs = ReplayDiffers(record["turn"], len(differed),
                                                     len(record["tool_calls"]),
-                                                    session["replay"]["source"])
+                                                    session["replay"]["source"],
+                                                    sum(c["declined"] for c in differed))
         self.checked, self.seen = len(session["turns"]), len(session["messages"])
         if final:
             self.summary(session)
@@ -2903,8 +2961,11 @@ class ReplayCheck:
         diff = result_diff(then, result)
         replay["differences"].append({"turn": turn, "id": call["id"], "name": call["name"],
                                       "diff": diff})
-        self.report.error(f"  replay: turn {turn}, {call['name']} {call['id']}: the result "
-                          "differs from the recording")
+        self.report.error(f"  replay: turn {turn}, {call['name']} {call['id']}: " + (
+            "not run (declined: without a working sandbox run_python asks even with --yes, and "
+            "no one said y), so its result differs from the recording"
+            if call.get("declined") else  # (declined then too, the result would be the same)
+            "the result differs from the recording"))
         for line in diff:
             self.report.error(f"    {line}")
         if len(replay["differences"]) == 1 and self.client.given < len(self.client.replies) \
@@ -3770,6 +3831,7 @@ class Telemetry:
         self.tracer = provider.get_tracer("agent.py", AGENT_VERSION)
         self.lock, self.runs, self.failed = threading.Lock(), {}, None
         self.started = count(1)  # next() is the number of spans started so far, plus one
+        self.replay = None  # --replay: the recording, which every span names (no model called)
 
     @classmethod
     def start(cls, report):
@@ -3814,20 +3876,29 @@ class Telemetry:
         provider.add_span_processor(BatchSpanProcessor(exporter))
         capture = os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "")
         content = capture.strip().upper() in ("TRUE", "SPAN_ONLY", "SPAN_AND_EVENT")
-        report.line(f"otel: traces to {where} ({protocol}); message content "
+        shown = server_url(where) or "the collector's URL"  # no password, no query: its keys
+        report.line(f"otel: traces to {shown} ({protocol}); message content "
                     f"{'recorded' if content else 'not recorded'}")
         root = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or ""
         if not os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") and protocol != "grpc" \
                 and root.rstrip("/").endswith("/v1/traces"):  # as ANTHROPIC_BASE_URL's /v1 is said
+            root = server_url(root) or root
             report.error(f"note: OTEL_EXPORTER_OTLP_ENDPOINT {root} ends in /v1/traces, and "
                          "/v1/traces is added to it: give the collector's root "
                          f"({root.rstrip('/').removesuffix('/v1/traces')}), or the whole URL as "
                          "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        exporter.where = where
+        exporter.where = shown
         return cls(provider, exporter, content)
+
+    @property
+    def cost_key(self):
+        """A replay spent nothing: the cost it shows is the recording's, named so."""
+        return "agent_py.recorded_cost_usd" if self.replay else "agent_py.cost_usd"
 
     def span(self, name, kind, parent, attributes):
         next(self.started)
+        if self.replay:  # no model was called: every span says so
+            attributes = {**attributes, "agent_py.replay": self.replay}
         context = self.trace.set_span_in_context(parent) if parent else None
         return self.tracer.start_span(name, context=context, attributes=attributes,
                                       kind=getattr(self.trace.SpanKind, kind))
@@ -3835,6 +3906,7 @@ class Telemetry:
     def begin(self, trial, session):
         """A run (a trial) starts: its invoke_agent span."""
         run_id = session["run_id"] + (f".{trial}" if trial else "")
+        self.replay = fields(session.get("replay")).get("source")  # --replay: the recording
         attributes = {"gen_ai.operation.name": "invoke_agent", "gen_ai.provider.name": "anthropic",
                       "gen_ai.agent.name": "agent.py", "gen_ai.agent.version": AGENT_VERSION,
                       "gen_ai.conversation.id": run_id, "gen_ai.request.model": session["model"]}
@@ -3879,7 +3951,7 @@ class Telemetry:
                              "agent_py.retries": len(record["retries"])})
         for key, value in (("gen_ai.response.id", record.get("message_id")),
                            ("anthropic.request.id", record.get("request_id")),
-                           ("agent_py.cost_usd", record["usage"]["cost_usd"])):
+                           (self.cost_key, record["usage"]["cost_usd"])):
             if value is not None:
                 chat.set_attribute(key, value)
         if self.content:
@@ -3936,7 +4008,7 @@ class Telemetry:
                              "agent_py.turns": len(session["turns"]),
                              "agent_py.retries": run["retries"] + len(stop.retries)})
         if session["usage"]["cost_usd"] is not None:
-            span.set_attribute("agent_py.cost_usd", session["usage"]["cost_usd"])
+            span.set_attribute(self.cost_key, session["usage"]["cost_usd"])
         if self.content and session.get("answer"):
             span.set_attribute("output.value", redact(session["answer"]))
         if stop.reason in INFRA_STOPS:
@@ -6462,12 +6534,18 @@ class QuestionWasRead(io.StringIO):
     no_answer = "(no answer: stdin held the question; give --yes to run it unasked)"
 
 
+MAX_QUESTION = 32 << 20  # bytes of a question on stdin: the API takes no larger request
+
+
 def read_question(stdin):
     """The question on stdin (-): its bytes, which must be UTF-8, when it has them."""
     raw = getattr(stdin, "buffer", None)
     if raw is None:
         return check_text(stdin.read(), "the question on stdin")
-    data = raw.read().removeprefix(b"\xef\xbb\xbf")  # a byte-order mark (Notepad's) is no text
+    data = raw.read(MAX_QUESTION + 1).removeprefix(b"\xef\xbb\xbf")  # a BOM (Notepad's): no text
+    if len(data) > MAX_QUESTION:  # `yes | agent.py -` ends here, not when memory does
+        raise UsageError(f"the question on stdin is over {MAX_QUESTION >> 20} MiB, more than the "
+                         "API takes in one request")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -7295,7 +7373,7 @@ def main(argv=None, client=None, stdin=None):
         empty = ", with no text" if stop.reason in TEXT_STOPS and stop.exit_code == 0 and \
             not (session["answer"] or "").strip() else ""  # nothing on stdout: say so here
         say(f"stop: {stop.reason} ({said_stop(stop)}{empty}); {turns}, {u['tokens']} tokens, "
-            f"{cost}")
+            f"{cost}{failed_said(session)}")
         if kept_line:
             report.line(kept_line)
             kept_line = None  # said: not again if the answer cannot be written
@@ -7319,6 +7397,19 @@ def main(argv=None, client=None, stdin=None):
             telemetry.finish(report)
         if events:
             events.close()
+
+
+def failed_said(session):
+    """The stop line's word on what failed attempts reported spending, if they did (N17)."""
+    spent = session.get("failed_usage")
+    if not spent:
+        return ""
+    attempts = sum(len(t.get("retries") or []) for t in session["turns"]) + \
+        len((session.get("stop") or {}).get("retries") or []) + \
+        ("failed_usage" in (session.get("stop") or {}))  # the last attempt of a failed turn
+    cost = "cost unknown" if spent["cost_usd"] is None else f"${spent['cost_usd']:.6f}"
+    return (f", and {spent['tokens']} tokens, {cost} that the server reported for "
+            f"{plural(attempts, 'failed attempt')} (billed, not in the totals above)")
 
 
 def said_stop(stop):

@@ -203,6 +203,24 @@ def test_help_names_the_stop_labels_what_passes_a_trial_and_that_resume_rewrites
     assert "rewrites PATH" in help_of("--resume") and "--transcript" in help_of("--resume")
 
 
+def test_an_endless_question_on_stdin_is_one_usage_line(request, workdir, tmp_path, agent_copy):
+    """`agent.py - < /dev/zero` (or `yes | agent.py -`): the question was read whole, however
+    long, so memory grew until the kernel or the allocator stopped it (red-team F20; here
+    under a 1 GiB address-space limit, an internal error with a MemoryError). Now at most
+    32 MiB, the most the API takes in one request, is read: past that, one usage line,
+    exit 2, nothing sent."""
+    import resource
+    api = serve(request)
+    with open("/dev/zero", "rb") as endless:
+        done = run_agent_py(agent_copy, "-", "--workdir", workdir, "--no-keep",
+                            env=agent_env(api), cwd=tmp_path, timeout=120, stdin=endless,
+                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS,
+                                                                  (1 << 30, 1 << 30)))
+    assert (done.returncode, api.requests) == (2, []), done.stderr[-300:]
+    assert done.stderr == ("agent.py: the question on stdin is over 32 MiB, more than the API "
+                           "takes in one request\n")
+
+
 def test_a_dash_question_is_read_from_stdin_and_an_empty_one_refused(capsys, workdir):
     client = FakeClient(reply(text("4")))
     code, out, _ = run_cli(capsys, ["-", "--workdir", str(workdir)], client,

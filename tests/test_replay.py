@@ -522,3 +522,19 @@ def test_a_long_recording_replays_in_the_memory_of_a_live_run(capsys, workdir, t
                                  cwd=tmp_path)
     assert code == 3 and "981 recorded replies not replayed" in err, err[-300:]
     assert rss < 150, rss  # MiB: a run of 20 turns, not of 1,000
+
+
+def test_a_replay_whose_script_no_one_could_approve_says_so(capsys, workdir, tmp_path,
+                                                            monkeypatch):
+    """--replay --strict --yes in CI on a machine without the sandbox: the script was declined
+    (no one to approve it), and the replay said only `the result differs`, sending the reader
+    hunting for a regression (newuser2 N35). The line and the stop say it was not run."""
+    path, _ = record(capsys, workdir, tmp_path)
+    monkeypatch.setattr(agent, "landlock_abi", lambda libc: (0, "the kernel has no Landlock"))
+    code, out, err, new = replay(capsys, path, workdir, tmp_path, "--yes", "--strict")
+    assert (code, out) == (7, ""), err
+    assert "  replay: turn 2, run_python toolu_C: not run (declined: without a working sandbox " \
+        "run_python asks even with --yes, and no one said y), so its result differs from the " \
+        "recording" in err.splitlines(), err
+    assert "stop: replay_differs (turn 2: 1 of 1 tool result differs from " in err
+    assert "; 1 of them not run: declined" in new["stop"]["detail"]

@@ -2,11 +2,13 @@
 
 import json
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -276,6 +278,24 @@ def test_a_length_limit_on_attributes_leaves_no_piece_of_the_key(request, workdi
     assert values and max(len(v) for v in values) <= 64
 
 
+@pytest.mark.parametrize("variable, url", [
+    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://agent:c0llect0r-pass@127.0.0.1:9"),
+    ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+     "http://agent:c0llect0r-pass@127.0.0.1:9/v1/traces?api_key=q3ry-t0ken#f")])
+def test_the_collectors_credentials_are_never_shown(request, workdir, agent_copy, variable, url):
+    """A collector's URL with a password or a key in its query (red-team F19): stderr named it
+    whole, in the 'otel: traces to' line and the line that says spans were lost, as it shows
+    no header (OTEL_EXPORTER_OTLP_HEADERS) and no ANTHROPIC_BASE_URL credentials. Now it
+    names scheme, host, port and path only."""
+    api = serve(request, reply(text("done")))
+    done = run_agent_py(agent_copy, "q", "--workdir", workdir, "--otel", timeout=60,
+                        env=agent_env(api, **{variable: url}))
+    assert done.returncode == 0, done.stderr
+    assert "otel: traces to http://127.0.0.1:9/v1/traces (http/protobuf)" in done.stderr
+    assert "the collector at http://127.0.0.1:9/v1/traces (" in done.stderr
+    assert "c0llect0r" not in done.stderr + done.stdout and "q3ry" not in done.stderr
+
+
 def test_a_redirecting_collector_gets_nothing_followed_and_its_spans_count_as_lost(
         request, workdir, agent_copy):
     api = serve(request, reply(text("done")))
@@ -450,3 +470,24 @@ def test_malformed_otlp_headers_are_one_line_that_shows_no_value(capsys, workdir
     assert err == (f"agent.py: --otel: {name} is not a comma-separated list of name=value (item "
                    "2 of 2 has no =: a header written \"Name: value\"?); its values are not "
                    "shown\n"), err
+
+
+def test_a_replay_sends_spans_marked_as_a_replay_with_no_cost_of_its_own(capsys, tmp_path,
+                                                                         spans):
+    """`--replay --strict --otel` in CI sent chat spans with the recording's cost, like real
+    model calls: dashboards counted every build as spend (newuser2 N24). Each span of a replay
+    says so (agent_py.replay: the recording), and its cost is the recording's, named so."""
+    workdir = tmp_path / "workspace"
+    shutil.copytree(Path(agent.__file__).with_name("workspace"), workdir)
+    example = tmp_path / "example-run.json"
+    shutil.copy(workdir / "example-run.json", example)
+    code, _, err = run_cli(capsys, ["--replay", str(example), "--workdir", str(workdir),
+                                    "--yes", "--otel"])
+    assert code == 0, err
+    got = spans()
+    assert {s.name for s in got} >= {"invoke_agent agent.py", "chat claude-haiku-5-5"}
+    for span in got:
+        assert span.attributes["agent_py.replay"] == str(example), span.name
+        assert "agent_py.cost_usd" not in span.attributes, span.name
+    chats = [s for s in got if s.name.startswith("chat ")]
+    assert chats[0].attributes["agent_py.recorded_cost_usd"] == 0.0002028
