@@ -705,3 +705,55 @@ def test_a_key_that_is_not_ascii_is_a_usage_error_that_shows_none_of_it(capsys, 
     code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir)])
     assert (code, out) == (2, "") and err == f"agent.py: {said}: copy the key again\n", err
     assert "SECRET" not in err
+
+
+# --- what failed attempts cost: counted as the server reported it (N17) ---
+
+def no_backoff(monkeypatch):
+    real = agent.retry_delay
+    monkeypatch.setattr(agent, "retry_delay",
+                        lambda exc, attempt, limits: None if real(exc, attempt, limits) is None
+                        else 0.0)
+
+
+def test_the_tokens_of_failed_attempts_are_counted_and_said(request, capsys, workdir, tmp_path,
+                                                            monkeypatch):
+    """N17: five replies streamed (each message_start says 100 input tokens, message_delta 10
+    output), each cut before message_stop: the run said `0 tokens, $0.000000`. What the server
+    reported for each failed attempt is now in the transcript (`failed_usage`, a field of its
+    own: `usage` stays the totals over turns) and on the stop line."""
+    no_backoff(monkeypatch)
+    cut = dict(reply(text("Let me read the file."), input_tokens=100, output_tokens=10), _cut=True)
+    api = serve(request, *[cut] * 5)
+    path = tmp_path / "run.json"
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
+                           api=api)
+    session = json.loads(path.read_text())
+    assert (code, len(api.requests)) == (1, 5), err
+    assert session["usage"]["tokens"] == 0  # no turn: the totals over turns are unchanged
+    failed = session["failed_usage"]
+    assert (failed["input_tokens"], failed["output_tokens"], failed["tokens"]) == (500, 50, 550)
+    assert failed["cost_usd"] > 0 and session["stop"]["failed_usage"] == failed
+    stop_line = next(l for l in err.splitlines() if l.startswith("stop: api_error"))
+    assert "0 turns, 0 tokens, $0.000000" in stop_line and "550 tokens" in stop_line, stop_line
+    assert "5 failed attempts" in stop_line, stop_line
+
+
+def test_failed_attempts_count_against_the_token_budget(request, capsys, workdir, tmp_path,
+                                                        monkeypatch):
+    """A turn that succeeds on its third attempt spent what the two cut ones reported too:
+    --token-budget sees it (before, the run went on to turn 2 as if only 110 tokens were spent)."""
+    no_backoff(monkeypatch)
+    cut = dict(reply(text("Let me read."), input_tokens=100, output_tokens=10), _cut=True)
+    api = serve(request, cut, cut, reply(tool_use("read_file", {"path": "notes.md"}),
+                                         input_tokens=100, output_tokens=10),
+                reply(text("ok")))
+    path = tmp_path / "run.json"
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--token-budget", "300",
+                                      "--transcript", str(path)], api=api)
+    session = json.loads(path.read_text())
+    assert session["stop"]["reason"] == "token_budget", err
+    assert len(api.requests) == 3 and out != "ok\n"
+    assert session["turns"][0]["failed_usage"]["tokens"] == 220
+    assert session["turns"][0]["usage"]["tokens"] == 110  # the turn's own reply, as before
+    assert session["failed_usage"]["tokens"] == 220

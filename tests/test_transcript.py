@@ -62,11 +62,11 @@ def test_the_transcript_has_every_field_its_schema_names(capsys, workdir, tmp_pa
     saved = json.loads(path.read_text())
     schema = agent.TRANSCRIPT_SCHEMA
     assert set(schema["properties"]) - {"trial", "cleared", "events_lost", "produced_by",
-                                        "replay", "base_url"} <= set(saved)  # used (those in
-    # test_replay.py; base_url with ANTHROPIC_BASE_URL)
+                                        "replay", "base_url", "failed_usage"} <= set(saved)
+    # (those in test_replay.py; base_url with ANTHROPIC_BASE_URL; failed_usage in test_api.py)
     turn = schema["properties"]["turns"]["items"]
-    assert set(turn["properties"]) - {"context_edits", "cleared", "in_history"} <= set(
-        saved["turns"][0])  # those three when they happen
+    assert set(turn["properties"]) - {"context_edits", "cleared", "in_history",
+                                      "failed_usage"} <= set(saved["turns"][0])  # when they happen
     call = saved["turns"][0]["tool_calls"][0]
     assert set(turn["properties"]["tool_calls"]["items"]["properties"]) <= set(call)
     assert (call["exit_code"], call["declined"], call["is_error"]) == (3, False, True)
