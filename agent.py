@@ -2657,6 +2657,7 @@ def kept_run(name, flag, report):
     except OSError as e:
         raise UsageError(f"{flag} {name}: the kept runs cannot be read: {e.strerror}")
     found, trials = [], []  # (mtime, file) of the kept runs it names; trials runs passed over
+    empty = []  # (mtime, file) of its own kept runs with nothing in them yet
     try:
         for entry in os.listdir(fd):
             kept = KEPT_FILE.fullmatch(entry)
@@ -2678,6 +2679,8 @@ def kept_run(name, flag, report):
                 continue
             if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() and info.st_size:
                 found.append((info.st_mtime_ns, entry))
+            elif stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid():
+                empty.append((info.st_mtime_ns, entry))
     finally:
         os.close(fd)
     if not found and trials and name != "last":
@@ -2691,6 +2694,15 @@ def kept_run(name, flag, report):
     if os.path.lexists(name):
         report.error(f"note: {flag} {name} names a kept run; for the file {name} here, give "
                      f"./{name}")
+    newer = [entry for when, entry in empty if when > max(found)[0]] if name == "last" else []
+    if newer:  # never pass over the run the user just had without a word (N31)
+        taken = max(found)[1].removesuffix(".json")
+        said = time.strftime("%H:%M:%S", time.localtime(max(found)[0] / 1e9))
+        report.error(f"note: the newest kept run, {max(newer).removesuffix('.json')}, is empty "
+                     "(still running before its first turn ended, or killed then: kill -9, out "
+                     "of memory; with --transcript, that file has its turns); "
+                     f"{flag} last takes the one before it, {taken}, last written at {said}; "
+                     f"give {flag} ID to choose")
     return str(real / max(found)[1])
 
 
