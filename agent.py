@@ -1763,6 +1763,8 @@ class OutputFile:
                 "agent.py only replaces regular files: give a file name"
             raise UsageError(f"{flag} {path} is not a regular file ({FILE_KINDS.get(kind, 'a special file')}{unnamed}); {why}")
         else:
+            if there:  # agent.py's checkout: only what agent.py writes is replaced there
+                check_not_the_checkouts(parent / self.name, flag, path, self.dir_fd)
             try:
                 self.write(b"")  # proves the directory writable before anything is paid for
             except OSError as e:
@@ -6203,6 +6205,37 @@ def harness():
 
 
 MODULE_SUFFIXES = (".py", ".pyc", ".pth", ".so", ".zip")  # what Python imports from a directory
+
+
+OWN_OUTPUTS = re.compile(  # how each file agent.py writes begins: a transcript or trials
+    rb'\s*\{\s*"(version|schema_version)"\s*:|'  # summary (version), an ATIF export,
+    rb'\{"type":"[a-z.]+","seq":|'  # events (JSON Lines), a report (its own head)
+    rb'<!doctype html><html lang="en"><head><meta charset="utf-8"><meta http-equiv="Content-'
+    rb'Security-Policy" content="default-src \'none\'; style-src \'nonce-')
+
+
+def check_not_the_checkouts(path, flag, given, dir_fd):
+    """Refuse to replace a file in agent.py's own directory tree (its checkout: requirements.txt,
+    README.md, tests/ ...) unless it is empty or one agent.py writes (a transcript, trials
+    summary, events, report or ATIF export, by how it begins): `--events requirements.txt` is
+    one tab-completion away from `--events run.jsonl`, and git would be the only way back.
+    Elsewhere an output replaces any regular file of the user's, as README says."""
+    home = Path(os.path.realpath(__file__)).parent
+    if not path.is_relative_to(home):
+        return
+    try:
+        fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=dir_fd)
+        try:
+            head = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+    except OSError:
+        head = b"?"  # cannot be read: not shown to be agent.py's own
+    if head and not OWN_OUTPUTS.match(head):
+        raise UsageError(f"{flag} {given} would replace {path}, a file of agent.py's checkout "
+                         f"({home}) that agent.py did not write; there an output replaces "
+                         "only agent.py's own outputs (or an empty file): give another name")
 
 
 def check_harness(path, flag, given):
