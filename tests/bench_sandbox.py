@@ -1,16 +1,19 @@
 """Benchmark: what a run_python call costs, against a plain interpreter start and against a
 peer's sandbox, and what each of the sandbox's optimisations is worth.
 
-    .venv/bin/python tests/bench_sandbox.py [--runs 40] [--without NAME ...]
+    .venv/bin/python tests/bench_sandbox.py [--runs 40] [--pause 0.05] [--without NAME[+NAME] ...]
 
 Times one trivial run_python call (the script `pass`, through the execution layer, no
 approval prompt) side by side, in rounds whose order rotates: the whole sandbox; --no-sandbox
-(the keeper, the cgroup and the rlimits, nothing else); a plain `subprocess.run` of the same
+(the launcher, the cgroup and the rlimits, nothing else); a plain `subprocess.run` of the same
 interpreter (the floor the goals are measured against: the sandbox within 1.3x of it,
 --no-sandbox within 1.1x); and, where `bwrap` is installed (Debian's `bubblewrap`), the peer's
 figure: `bwrap --unshare-all --die-with-parent --ro-bind / / --dev /dev --proc /proc python
 -c pass` against `python -c pass` (the plain subprocess: the same interpreter). With --without, the same calls through a copy of agent.py
-with that optimisation taken out (REMOVALS), in the same rounds. Medians, the ratio of medians,
+with that optimisation taken out (REMOVALS; a+b takes out both), in the same rounds. After each
+call the bench waits --pause seconds, not counted, as a run waits for the model between calls:
+what one way leaves to do in the background (the launcher's cleanup, the next call's child)
+then does not land in the next way's time. Medians, the ratio of medians,
 and the ratio taken round by round: median (quartiles). Then what the first call's plan and
 self-test cost, and this process's peak RSS while a script prints 50 MB. Not part of the test
 run.
@@ -36,11 +39,14 @@ import agent  # noqa: E402
 
 # Each optimisation of a call's price, as a text edit that takes it out of a copy of agent.py.
 REMOVALS = {
+    "ahead": [  # the launcher forks each call's child at the call, not ahead of it
+        ("        if ahead is None and last and (ended or not running):", "        if False:")],
     "tasks": [  # join the call's v1 cgroups through cgroup.procs, as before
         ('joined = "tasks" if box.cgroup and box.cgroup[0] == "v1" else "cgroup.procs"',
          'joined = "cgroup.procs"')],
-    "report-first": [  # the agent waits for the keeper to remove everything and exit
-        ("proc.wait(timeout=0 if reported and self.box.keeper else 1)", "proc.wait(timeout=1)")],
+    "report-first": [  # the launcher removes the call's directory and cgroups, then reports
+        ("            with contextlib.suppress(OSError):  # its home gone",
+         "            call.release()\n            with contextlib.suppress(OSError):  # its home gone")],
 }
 
 
@@ -68,8 +74,12 @@ def quartiles(values):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=40)
-    parser.add_argument("--without", action="append", default=[], choices=sorted(REMOVALS))
+    parser.add_argument("--pause", type=float, default=0.05)
+    parser.add_argument("--without", action="append", default=[])
     args = parser.parse_args()
+    for name in args.without:
+        if not set(name.split("+")) <= set(REMOVALS):
+            parser.error(f"--without {name}: each of {'+'.join(sorted(REMOVALS))} or several")
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(os.path.realpath(tmp)) / "work"
         workdir.mkdir()
@@ -89,7 +99,7 @@ def main():
                                           capture_output=True)
 
         def keeper_alone():  # a preexec_fn that only forks a keeper, which waits: the floor
-            if os.fork():  # of any design that confines the child in Python before exec
+            if os.fork():  # of the design before the launcher (two forks of the agent)
                 os.closerange(0, 3)
                 os.closerange(4, 1 << 16)
                 os.wait()
@@ -107,7 +117,7 @@ def main():
             uncapped.cgroup = None
             ways["sandbox without a cgroup"] = call(agent, uncapped)
         for name in args.without:
-            module = agent_copy(tmp, [name])
+            module = agent_copy(tmp, name.split("+"))
             box = module.Sandbox(workdir, True, module.Limits())
             box.ready()
             ways[f"sandbox without {name}"] = call(module, box)
@@ -127,6 +137,7 @@ def main():
                 started = time.perf_counter()
                 ways[name]()
                 times[name].append((time.perf_counter() - started) * 1000)
+                time.sleep(args.pause)
 
         def ratio(name, base):
             each = [a / b for a, b in zip(times[name], times[base])]
@@ -135,7 +146,7 @@ def main():
 
         print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
               f"{platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M')}; load "
-              f"{os.getloadavg()[0]:.2f}")
+              f"{os.getloadavg()[0]:.2f}; {args.pause * 1000:.0f} ms between calls")
         print(boxed.status)
         print(f"trivial run_python, {args.runs} alternated rounds: median ms, ratio of medians to "
               "the plain subprocess, and that ratio round by round: median (quartiles)")

@@ -3,6 +3,7 @@ request the real API would reject, and nothing left behind in the temp directory
 tests ask for by name: workdir, ctx, spans, agent_copy, as_nobody. Helper functions are in
 helpers.py."""
 
+import gc
 import json
 import os
 import pwd
@@ -170,16 +171,16 @@ def agent_paths(temp_dirs, cgroups):
             try:
                 if path.lstat().st_uid == os.getuid():
                     found.add(str(path))
-            except FileNotFoundError:  # removed since the listing: by its keeper, say
+            except FileNotFoundError:  # removed since the listing: by its launcher, say
                 pass
     return found | {str(p) for parent in cgroups for p in Path(parent).glob("agent-*")}
 
 
 def still_cleaning(basetemp):
     """The processes of this session that may still be removing a call's directory or cgroup:
-    a fork of this process (the keeper of a call made in-process: Call.finish leaves one that
-    takes more than a second to the background) and a process run from the session's temp
-    directory (a copy of agent.py, or a driver of agent.execute, and their keepers)."""
+    a fork of this process, and a process run from the session's temp directory (a copy of
+    agent.py, or a driver of agent.execute). A launcher removes what it made when its Sandbox is
+    closed or dropped (below)."""
     me, own, found = os.getpid(), Path("/proc/self/cmdline").read_bytes(), []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == me:
@@ -199,7 +200,7 @@ def still_cleaning(basetemp):
 @pytest.fixture(scope="session", autouse=True)
 def nothing_left_in_tmp(tmp_path_factory):
     """agent.py's per-call directories, canaries and cgroups, and the tests' own agent-test-*
-    directories, are gone when the tests are. A keeper may still be removing a call's
+    directories, are gone when the tests are. A launcher may still be removing a call's
     directory when the last test ends: the check first waits for whatever of this session
     may still be at it, then gives what is left 20 seconds more (another session's run on
     this machine makes and removes such directories too: only what stays is left behind)."""
@@ -208,6 +209,9 @@ def nothing_left_in_tmp(tmp_path_factory):
     basetemp = str(tmp_path_factory.getbasetemp())
     before = agent_paths(temp_dirs, cgroups)
     yield
+    gc.collect()  # a Sandbox in a reference cycle, or one pytest still holds (the last test's):
+    for box in [o for o in gc.get_objects() if isinstance(o, agent.Sandbox)]:
+        box.close()  # its launcher removes what it made ahead for a next call when it goes
     deadline = time.monotonic() + 120
     while agent_paths(temp_dirs, cgroups) - before and still_cleaning(basetemp) \
             and time.monotonic() < deadline:

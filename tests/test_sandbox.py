@@ -43,7 +43,9 @@ def new_box(workdir, **limits):
 
 @pytest.fixture
 def box(workdir):
-    return new_box(workdir)
+    box = new_box(workdir)
+    yield box
+    box.close()  # its launcher, and what it made ahead for a next call
 
 
 def execute(box, workdir, code, timeout=20, chars=30_000, cancel=None):
@@ -455,8 +457,44 @@ def test_unix_sockets_are_allowed_only_where_landlock_handles_them(monkeypatch, 
 
 # --- nothing outlives the call ---
 
+AFTER_A_CALL = """
+import json, os, sys, time
+sys.path.insert(0, sys.argv[2])
+import agent
+from pathlib import Path
+
+def tree():
+    found = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            state, parent = (proc / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            found[int(proc.name)] = (int(parent), state, (proc / "cmdline").read_bytes())
+        except (OSError, ValueError):
+            continue
+    return found
+
+box = agent.Sandbox(Path(sys.argv[1]), True, agent.Limits())
+box.ready()
+run = agent.execute(sys.stdin.read(), box.workdir, box, 30, 1000)
+launcher, deadline = box.launcher.pid, time.monotonic() + 10
+while True:  # the launcher may still be reaping; it may have made the next call's child
+    now = tree()
+    mine = [(p, s) for p, (parent, s, _) in now.items() if parent == os.getpid()]
+    below = [(p, s, c == now[launcher][2]) for p, (parent, s, c) in now.items()
+             if parent == launcher]
+    if mine == [(launcher, "S")] and all(s != "Z" and same for _, s, same in below) \
+            and len(below) <= 1 or time.monotonic() > deadline:
+        break
+    time.sleep(0.05)
+print(json.dumps({"out": run.stdout, "mine": mine, "launcher": launcher, "below": below}))
+"""
+
+
 @needs_landlock
-def test_the_agent_is_parent_of_nothing_after_a_call(box, workdir):
+def test_after_a_call_the_agent_is_parent_of_its_launcher_alone(workdir):
+    """The script's orphans (double forks, left zombies) are reaped by the launcher, their
+    subreaper: after the call the agent's one child is its launcher, whose one child (if any) is
+    the copy of itself it made for the next call; none is a zombie, none is the script's."""
     code = ("import os\n"
             "for _ in range(50):\n"
             "    if os.fork() == 0:\n"
@@ -464,15 +502,13 @@ def test_the_agent_is_parent_of_nothing_after_a_call(box, workdir):
             "            os._exit(0)\n"  # an orphan, reparented and left a zombie
             "        os._exit(0)\n"
             "print('forked')")
-    assert execute(box, workdir, code).stdout == "forked\n"
-    deadline = time.monotonic() + 10  # the keeper may still be removing the call's directory
-    while time.monotonic() < deadline:
-        try:
-            if os.waitpid(-1, os.WNOHANG) == (0, 0):
-                time.sleep(0.05)
-        except ChildProcessError:
-            return  # no child of ours, not even a zombie
-    pytest.fail("the agent is still parent of something")
+    done = subprocess.run([sys.executable, "-c", AFTER_A_CALL, os.path.realpath(workdir),
+                           str(AGENT.parent)], input=code, capture_output=True, text=True,
+                          timeout=60)
+    seen = json.loads(done.stdout)
+    assert seen["out"] == "forked\n", done.stderr
+    assert seen["mine"] == [[seen["launcher"], "S"]], seen
+    assert len(seen["below"]) <= 1 and all(s != "Z" and same for _, s, same in seen["below"]), seen
 
 
 def agent_running(code, workdir):
@@ -523,22 +559,234 @@ def test_kill_9_of_the_agent_takes_the_script_and_its_traces_with_it(workdir, tm
     assert not [d for d in cgroups if d.exists()], "the call's cgroup outlived the agent"
 
 
-def test_a_pkill_of_agent_py_hits_the_keeper_too_and_still_nothing_survives(workdir):
-    """The keeper is a fork of the agent: `pkill -f agent.py` signals both. It ignores the
+def test_a_pkill_of_agent_py_hits_the_launcher_too_and_still_nothing_survives(workdir):
+    """The launcher runs agent.py too: `pkill -f agent.py` signals both. It ignores the
     signal, sees the agent go, kills the group and cleans up."""
     code = ("import os, subprocess, time\n"
             "kid = subprocess.Popen(['sleep', '60'])\n"
             "open('info.tmp', 'w').write(f\"{os.environ['HOME']} {os.getppid()} {kid.pid}\")\n"
             "os.rename('info.tmp', 'info')\n"
             "time.sleep(60)\n")
-    proc, (home, keeper, kid) = agent_running(code, workdir)
-    for pid in (proc.pid, int(keeper)):
+    proc, (home, launcher, kid) = agent_running(code, workdir)
+    for pid in (proc.pid, int(launcher)):
         os.kill(pid, signal.SIGTERM)
     proc.wait()
     deadline = time.monotonic() + 5
     while (alive(int(kid)) or os.path.exists(home)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(int(kid)) and not os.path.exists(os.path.dirname(home))
+
+
+# --- the launcher: what a script may not do to it or to another call, and what its end leaves ---
+
+AT_THE_LAUNCHER = r"""
+import ctypes, errno, json, os, sys
+libc, out = ctypes.CDLL(None, use_errno=True), {{}}
+NR, launcher = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {NR}, os.getppid()
+L = lambda v: ctypes.c_long(v) if isinstance(v, int) else v
+
+def sc(name, *args):
+    r = libc.syscall(ctypes.c_long(NR[name]), *map(L, args))
+    return "ok" if r >= 0 else errno.errorcode[ctypes.get_errno()]
+
+def attempt(name, fn):
+    try:
+        out[name] = fn()
+    except OSError as e:
+        out[name] = errno.errorcode[e.errno]
+
+buf = ctypes.create_string_buffer(64)
+attempt("signal", lambda: os.kill(launcher, 0) or "ok")
+attempt("sigkill", lambda: os.kill(launcher, 9) or "ok")
+attempt("group", lambda: os.killpg(os.getpgid(launcher), 0) or "ok")
+attempt("ptrace", lambda: sc("ptrace", 16, launcher, 0, 0))
+attempt("pidfd_open", lambda: sc("pidfd_open", launcher, 0))
+attempt("process_vm_readv", lambda: sc("process_vm_readv", launcher, buf, 1, buf, 1, 0))
+attempt("prlimit", lambda: sc("prlimit64", launcher, 7, None, buf))
+attempt("mem", lambda: open(f"/proc/{{launcher}}/mem", "rb").read(1) and "ok")
+attempt("environ", lambda: open(f"/proc/{{launcher}}/environ", "rb").read() and "ok")
+attempt("fds", lambda: os.listdir(f"/proc/{{launcher}}/fd") and "ok")
+attempt("fd0", lambda: os.readlink(f"/proc/{{launcher}}/fd/0") and "ok")
+out["fds_held"] = [fd for fd in range(3, 4096) if not ctypes.CDLL(None).fcntl(fd, 1, 0) < 0]
+out["launcher"] = launcher
+print(json.dumps(out))
+"""
+
+
+@needs_landlock
+def test_a_script_cannot_reach_its_launcher(box, workdir):
+    """The launcher is the script's parent: it may not be signalled, traced, read (memory,
+    environment, descriptors through /proc) or connected to, and the script holds no descriptor
+    of it or of anything else but its own stdio. The launcher then serves the next call."""
+    column = agent.ARCHES[MACHINE][1]
+    numbers = {name: nrs[column] for name, nrs in agent.SYSCALLS.items()}
+    run = execute(box, workdir, AT_THE_LAUNCHER.format(NR=repr(numbers)))
+    assert run.code == 0, run.stderr
+    seen = json.loads(run.stdout)
+    assert seen["launcher"] == box.launcher.pid
+    assert seen.pop("fds_held") == []
+    assert {k: v for k, v in seen.items() if k != "launcher"} == {
+        "signal": "EPERM", "sigkill": "EPERM", "group": "EPERM", "ptrace": "EPERM",
+        "pidfd_open": "EPERM", "process_vm_readv": "EPERM", "prlimit": "EPERM", "mem": "EACCES",
+        "environ": "EACCES", "fds": "EACCES", "fd0": "EACCES"}
+    assert execute(box, workdir, "print('next')").stdout == "next\n"
+
+
+@needs_landlock
+def test_two_calls_at_once_keep_their_own_caps_and_cannot_signal_each_other(workdir):
+    """Calls run at once through one Sandbox (trials): each has its own cgroup, so each may
+    make its own 40 tasks, and neither can signal the other (nor the other's children)."""
+    box = capped_box(workdir, max_tasks=40)
+    code = ("import os, sys, time\n"
+            "open(f'pid.{sys.argv[0][-20:].replace(\"/\", \"_\")}', 'w').write(str(os.getpid()))\n"
+            "made = 0\n"
+            "for _ in range(100):\n"
+            "    try:\n"
+            "        if os.fork() == 0:\n"
+            "            time.sleep(6)\n"
+            "            os._exit(0)\n"
+            "        made += 1\n"
+            "    except BlockingIOError:\n"
+            "        break\n"
+            "time.sleep(1)\n"  # both are now at their caps, and both still run
+            "others = [int(open(p).read()) for p in os.listdir('.') if p.startswith('pid.')]\n"
+            "refused = []\n"
+            "for pid in others:\n"
+            "    if pid != os.getpid():\n"
+            "        try:\n"
+            "            os.kill(pid, 9)\n"
+            "        except PermissionError:\n"
+            "            refused.append(pid)\n"
+            "time.sleep(1)\n"  # still running while the other tries
+            "print(made, len(others), len(refused))\n")
+    runs = {}
+    threads = [threading.Thread(target=lambda i=i: runs.update({i: execute(box, workdir, code)}))
+               for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seen = [runs[i].stdout.split() for i in range(2)]
+    assert all(run.code == 0 for run in runs.values()), [r.stderr for r in runs.values()]
+    for made, others, refused in seen:
+        assert 30 <= int(made) < 40 and others == "2" and refused == "1", seen
+
+
+LAUNCHER_KILLED = """
+import os, subprocess, time
+kids = [subprocess.Popen(['sleep', '60']) for _ in range(3)]
+info = [os.environ['HOME'], os.getppid(), os.getpid()] + [k.pid for k in kids]
+open('info.tmp', 'w').write(' '.join(map(str, info)))
+os.rename('info.tmp', 'info')
+time.sleep(60)
+"""
+
+
+def test_the_launcher_killed_mid_call_leaves_nothing_running(workdir):
+    """kill -9 of the launcher: the script dies with it (PDEATHSIG), the agent sees the call's
+    socket close, kills what the script started and removes the call's directory and cgroup;
+    the call ends at once, not at its timeout."""
+    proc, (home, launcher, *pids) = agent_running(LAUNCHER_KILLED, workdir)
+    pids = [int(p) for p in pids]
+    cgroups = cgroups_of(pids[0])
+    os.kill(int(launcher), signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in pids if alive(p)]
+    assert proc.wait(timeout=10) == 0  # the call ended, long before its 60 s
+    deadline = time.monotonic() + 5
+    while (os.path.exists(os.path.dirname(home)) or any(d.exists() for d in cgroups)) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(os.path.dirname(home)), "the call's directory outlived the launcher"
+    assert not [d for d in cgroups if d.exists()], "the call's cgroup outlived the launcher"
+
+
+def test_kill_9_of_the_agent_leaves_no_directory_of_its_launcher(workdir, tmp_path):
+    """The launcher makes the next call's directory, cgroup and child ahead: after a kill -9 of
+    the agent, those go too, and the launcher with them."""
+    private = tmp_path / "tmp"
+    private.mkdir(mode=0o700)
+    driver = (f"import sys, time; sys.path.insert(0, {str(AGENT.parent)!r})\n"
+              "import agent\nfrom pathlib import Path\n"
+              f"box = agent.Sandbox(Path({str(os.path.realpath(workdir))!r}), True, agent.Limits())\n"
+              "box.ready()\n"
+              "agent.execute('pass', box.workdir, box, 60, 1000)\n"
+              "print(box.launcher.pid, flush=True)\n"
+              "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(private)})
+    launcher = int(proc.stdout.readline())
+    deadline, capped = time.monotonic() + 10, bool(agent.cgroup_parents())
+    while time.monotonic() < deadline:  # the child made ahead, in its call's cgroup
+        made = os.listdir(private)
+        cgroups = [d for pid in children_of(launcher) for d in cgroups_of(pid)]
+        if made and (cgroups or not capped):
+            break
+        time.sleep(0.05)
+    assert made and all(name.startswith("agent-call-") for name in made)
+    assert cgroups or not capped, "the child made ahead is in no cgroup of its call"
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while (alive(launcher) or os.listdir(private)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(launcher) and os.listdir(private) == []
+    assert not [d for d in cgroups if d.exists()]
+
+
+def test_after_its_launcher_is_killed_a_call_is_refused_in_one_line(box, workdir):
+    os.kill(box.launcher.pid, signal.SIGKILL)
+    box.launcher.proc.wait()
+    with pytest.raises(agent.ToolError, match="launcher has ended .*nothing was run"):
+        execute(box, workdir, "open('ran', 'w')")
+    assert not (workdir / "ran").exists()
+
+
+NO_LAUNCHER = "import sys; sys.exit('no launcher on this machine')"
+
+
+@needs_landlock
+def test_where_the_launcher_cannot_start_the_sandbox_is_unavailable_and_says_why(workdir,
+                                                                                monkeypatch):
+    """No launcher, no boundary the self-test could prove: the status line says why, and
+    run_python asks before every call, even with --yes."""
+    monkeypatch.setattr(agent, "LAUNCHER_BOOT", NO_LAUNCHER)
+    box = agent.Sandbox(Path(os.path.realpath(workdir)), True, agent.Limits())
+    assert not box.ready()
+    assert box.status.startswith("sandbox: unavailable (its launcher could not start: no "
+                                 "launcher on this machine); run_python will ask"), box.status
+
+
+def test_no_sandbox_without_a_launcher_says_so_and_still_ends_the_group(capsys, workdir,
+                                                                        monkeypatch):
+    """--no-sandbox where the launcher cannot start: the status line says so, the agent starts
+    the call itself, and what the script left running dies when it ends."""
+    if sys.platform != "linux":
+        pytest.skip("the launcher is Linux's")
+    monkeypatch.setattr(agent, "LAUNCHER_BOOT", NO_LAUNCHER)
+    code_ = ("import subprocess\np = subprocess.Popen(['sleep', '60'])\n"
+             "open('child.pid', 'w').write(str(p.pid))\nprint('ran')\n")
+    client = FakeClient(reply(tool_use("run_python", {"code": code_})), reply(text("ok")))
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox"],
+                           client)
+    assert code == 0 and ("sandbox: off (--no-sandbox); run_python runs unconfined; no launcher "
+                          "(no launcher on this machine): agent.py starts each call") in err
+    assert "ran" in final_messages(client)[-1]["content"][0]["content"]
+    time.sleep(0.1)
+    assert not alive(int((workdir / "child.pid").read_text()))
+
+
+def children_of(pid):
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(proc.name))
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 @needs_root
@@ -587,7 +835,7 @@ def test_a_deep_mess_in_home_is_gone_after_the_call(workdir, mounts):
     run = execute(box, workdir, DEEP_MESS, timeout=60)
     assert run.code == 0, run.stderr
     root = Path(run.stdout.strip()).parent.parent
-    deadline = time.monotonic() + 30  # the keeper may still be removing it
+    deadline = time.monotonic() + 30  # the launcher may still be removing it
     while root.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not root.exists()
@@ -628,15 +876,12 @@ def test_remove_tree_takes_any_shape(tmp_path):
 
 
 @needs_landlock
-def test_a_call_whose_cgroup_cannot_be_made_is_refused(workdir, monkeypatch):
+def test_a_call_whose_cgroup_cannot_be_made_is_refused(workdir):
     box = new_box(workdir)
     if not box.cgroup:
         pytest.skip("no cgroup here")
 
-    def refuse(cgroup, limits):
-        raise OSError(17, "File exists")
-
-    monkeypatch.setattr(agent, "make_cgroups", refuse)
+    box.cgroup = (box.cgroup[0], [str(workdir / "no-such-parent")] * len(box.cgroup[1]))
     with pytest.raises(agent.ToolError, match="not run without its caps"):
         execute(box, workdir, "open('ran', 'w')")
     assert not (workdir / "ran").exists()
@@ -820,7 +1065,7 @@ print(json.dumps({"code": run.code, "stdout": run.stdout, "stderr": run.stderr[-
 def test_out_of_memory_the_kernel_kills_the_calls_processes_never_the_agent(workdir, tmp_path):
     """The agent runs under a memory limit below the call's 4 GiB cap, as in a container, and
     the script spreads its memory over processes each smaller than the agent. The kernel kills
-    the script's processes (oom_score_adj 1000), never the agent or its keeper, and nothing of
+    the script's processes (oom_score_adj 1000), never the agent or its launcher, and nothing of
     the call outlives it."""
     if os.geteuid() != 0 or not agent.cgroup_parents():
         pytest.skip("needs root and a memory cgroup to put the agent in")
@@ -938,7 +1183,7 @@ def test_the_macos_profile_is_built_from_the_policy(workdir, tmp_path):
             assert added not in profile and added in other, field
     box = agent.Sandbox(Path(os.path.realpath(workdir)), True, agent.Limits())
     box.macos = agent.macos_profile(box.policy)
-    call = agent.Call(box, "pass")
+    call = agent.Call(box, agent.script_bytes("pass"))
     try:
         argv = call.command()
         assert argv[:3] == ["/usr/bin/sandbox-exec", "-p", box.macos]
