@@ -1763,6 +1763,8 @@ class OutputFile:
                 "agent.py only replaces regular files: give a file name"
             raise UsageError(f"{flag} {path} is not a regular file ({FILE_KINDS.get(kind, 'a special file')}{unnamed}); {why}")
         else:
+            if there:  # agent.py's checkout: only what agent.py writes is replaced there
+                check_not_the_checkouts(parent / self.name, flag, path, self.dir_fd)
             try:
                 self.write(b"")  # proves the directory writable before anything is paid for
             except OSError as e:
@@ -2656,8 +2658,8 @@ def kept_run(name, flag, report):
         raise UsageError(f"{flag} {name}: {e}")
     except OSError as e:
         raise UsageError(f"{flag} {name}: the kept runs cannot be read: {e.strerror}")
-    found, trials, empty = [], [], []  # (mtime, file) of the kept runs it names; trials runs
-    #                                       passed over; files never written (a run killed)
+    found, trials = [], []  # (mtime, file) of the kept runs it names; trials runs passed over
+    empty = []  # (mtime, file) of its own kept runs with nothing in them yet
     try:
         for entry in os.listdir(fd):
             kept = KEPT_FILE.fullmatch(entry)
@@ -2677,8 +2679,10 @@ def kept_run(name, flag, report):
                 info = os.stat(entry, dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
                 continue
-            if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid():
-                (found if info.st_size else empty).append((info.st_mtime_ns, entry))
+            if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() and info.st_size:
+                found.append((info.st_mtime_ns, entry))
+            elif stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid():
+                empty.append((info.st_mtime_ns, entry))
     finally:
         os.close(fd)
     if not found and trials and name != "last":
@@ -2692,12 +2696,15 @@ def kept_run(name, flag, report):
     if os.path.lexists(name):
         report.error(f"note: {flag} {name} names a kept run; for the file {name} here, give "
                      f"./{name}")
-    if name == "last" and empty and max(empty) > max(found):  # a kept file is written at the
-        #                                      stop, which a kill -9 never reaches: say so
-        report.error(f"note: the newest run, {KEPT_FILE.fullmatch(max(empty)[1])[1]}, has "
-                     "nothing kept (still running, or killed before its stop): last names the "
-                     "one before it, "
-                     f"{KEPT_FILE.fullmatch(max(found)[1])[1]}")
+    newer = [entry for when, entry in empty if when > max(found)[0]] if name == "last" else []
+    if newer:  # never pass over the run the user just had without a word (N31)
+        taken = max(found)[1].removesuffix(".json")
+        said = time.strftime("%H:%M:%S", time.localtime(max(found)[0] / 1e9))
+        report.error(f"note: the newest kept run, {max(newer).removesuffix('.json')}, is empty "
+                     "(still running before its first turn ended, or killed then: kill -9, out "
+                     "of memory; with --transcript, that file has its turns); "
+                     f"{flag} last takes the one before it, {taken}, last written at {said}; "
+                     f"give {flag} ID to choose")
     return str(real / max(found)[1])
 
 
@@ -6641,6 +6648,37 @@ def harness():
 
 
 MODULE_SUFFIXES = (".py", ".pyc", ".pth", ".so", ".zip")  # what Python imports from a directory
+
+
+OWN_OUTPUTS = re.compile(  # how each file agent.py writes begins: a transcript or trials
+    rb'\s*\{\s*"(version|schema_version)"\s*:|'  # summary (version), an ATIF export,
+    rb'\{"type":"[a-z.]+","seq":|'  # events (JSON Lines), a report (its own head)
+    rb'<!doctype html><html lang="en"><head><meta charset="utf-8"><meta http-equiv="Content-'
+    rb'Security-Policy" content="default-src \'none\'; style-src \'nonce-')
+
+
+def check_not_the_checkouts(path, flag, given, dir_fd):
+    """Refuse to replace a file in agent.py's own directory tree (its checkout: requirements.txt,
+    README.md, tests/ ...) unless it is empty or one agent.py writes (a transcript, trials
+    summary, events, report or ATIF export, by how it begins): `--events requirements.txt` is
+    one tab-completion away from `--events run.jsonl`, and git would be the only way back.
+    Elsewhere an output replaces any regular file of the user's, as README says."""
+    home = Path(os.path.realpath(__file__)).parent
+    if not path.is_relative_to(home):
+        return
+    try:
+        fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=dir_fd)
+        try:
+            head = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+    except OSError:
+        head = b"?"  # cannot be read: not shown to be agent.py's own
+    if head and not OWN_OUTPUTS.match(head):
+        raise UsageError(f"{flag} {given} would replace {path}, a file of agent.py's checkout "
+                         f"({home}) that agent.py did not write; there an output replaces "
+                         "only agent.py's own outputs (or an empty file): give another name")
 
 
 def check_harness(path, flag, given):

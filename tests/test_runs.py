@@ -7,6 +7,7 @@ import os
 import pwd
 import re
 import stat
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -463,16 +464,31 @@ def test_resume_last_of_a_run_that_worked_where_the_runs_are_says_so(capsys, wor
                    f"{kept}) and last names the one before\n")
 
 
-def test_resume_last_says_when_the_newest_run_was_never_kept(capsys, workdir):
-    """After a kill -9 the newest kept file is empty (it is written at the stop): `--resume
-    last` went on with an older, unrelated run without a word (newuser2 N31)."""
-    _, _, _, older = ask(capsys, workdir, "one")
-    died = runs() / "20991231-235959-deadbeef.json"
-    died.touch(mode=0o600)
-    os.utime(died, (time.time() + 60, time.time() + 60))
-    code, out, err = run_cli(capsys, ["--resume", "last", "and then?", "--workdir",
-                                      str(workdir)], FakeClient(reply(text("two"))))
-    assert code == 0 and out == "two\n", err
-    assert err.splitlines()[0] == (
-        "note: the newest run, 20991231-235959-deadbeef, has nothing kept (still running, or "
-        f"killed before its stop): last names the one before it, {older}")
+def test_resume_last_says_so_when_the_newest_run_was_killed_before_it_was_kept(
+        request, capsys, workdir, agent_copy):
+    """N31: a run killed with kill -9 (the OOM killer, docker kill) while its first turn's tool
+    ran left its kept file empty, and `--resume last` went on with an older, unrelated run
+    without a word. Now a note names the newest run, says why it is not taken, and names the
+    one that is."""
+    _, _, _, older = ask(capsys, workdir, "an older conversation")
+    api = serve(request, reply(tool_use("run_python", {"code": "import time; time.sleep(60)"})))
+    proc = run_agent_py(agent_copy, "avg?", "--workdir", workdir, "--yes", env=agent_env(api),
+                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                        stderr=subprocess.PIPE, background=True)
+    seen = ""
+    while "sandbox:" not in seen and proc.poll() is None:
+        seen += proc.stderr.readline()
+    time.sleep(0.5)
+    proc.kill()  # SIGKILL: nothing of agent.py runs after it
+    proc.wait(timeout=30)
+    proc.stderr.close()
+    killed = [n for n in kept_files() if n != f"{older}.json"]
+    assert len(killed) == 1 and (runs() / killed[0]).stat().st_size == 0, kept_files()
+    client = FakeClient(reply(text("continued")))
+    code, out, err = run_cli(capsys, ["--resume", "last", "continue", "--workdir", str(workdir)],
+                             client)
+    note = [line for line in err.splitlines() if line.startswith("note: ")
+            and killed[0].removesuffix(".json") in line]
+    assert len(note) == 1, err
+    assert older in note[0] and "empty" in note[0] and "kill" in note[0], note
+    assert code == 0 and out == "continued\n"
