@@ -6448,6 +6448,13 @@ def parse_args(argv):
                              "after which every word is the question's")
         if words != extra:  # a mistyped flag: the words after it may be its value, not extra
             raise UsageError(f"unrecognized arguments: {' '.join(meant_flags(p, extra))}")
+        both = [args.question, *words] if args.question is not None and len(words) == 1 else []
+        folders = [w for w in both if os.path.isdir(w)]
+        if len(folders) == 1:  # `agent.py "avg?" workspace`: the directory is the workdir
+            asked = next(w for w in both if w != folders[0])
+            raise UsageError(f"unrecognized arguments: {' '.join(extra)}; {folders[0]} is a "
+                             f"directory: did you mean agent.py {shlex.quote(asked)} --workdir "
+                             f"{shlex.quote(folders[0])}?")
         hint = f"; a question of several words goes in quotes: agent.py " \
                f"{shlex.quote(' '.join([args.question, *words]))} ..." \
             if args.question is not None else " (see --help)"
@@ -6471,6 +6478,16 @@ def parse_args(argv):
                              ": it counts a question's tokens and runs nothing; give one of them")
     if len(inspecting) > 1:
         raise UsageError(f"{' and '.join(inspecting)} cannot be combined: give one")
+    if inspecting:  # they read a saved run and run nothing: a run's flag would be dropped
+        dropped = [flag for flag, given in (
+            ("--replay", args.replay), ("--resume", args.resume), ("--trials", args.trials),
+            ("--transcript", args.transcript), ("--events", args.events),
+            ("--otel", args.otel or None)) if given is not None]
+        if dropped:
+            what = {"--schema": "prints a schema", "--report": "writes a report of a saved run",
+                    "--export": "converts a saved run"}[inspecting[0]]
+            raise UsageError(f"{inspecting[0]} cannot be combined with {dropped[0]}: it {what}, "
+                             "and runs nothing; give one of them")
     if args.output and not (args.report or args.export):
         raise UsageError("-o/--output goes with --report or --export (the answer goes to "
                          f"stdout: > {shlex.quote(args.output)}; the transcript: --transcript "
