@@ -2723,6 +2723,15 @@ def check_runs_apart(workdir, where):
                          "XDG_STATE_HOME elsewhere)")
 
 
+def in_runs_dir(path):
+    """True if `path` is a file directly in the directory of kept runs."""
+    try:
+        runs = os.path.realpath(runs_dir())
+    except OSError:
+        return False
+    return os.path.realpath(os.path.dirname(os.path.abspath(path))) == runs
+
+
 def is_kept(path, trial=False):
     """Is `path` a kept run (with `trial`: a kept trial), which a run going on in it keeps?"""
     kept = KEPT_FILE.fullmatch(Path(path).name)
@@ -7319,6 +7328,10 @@ def main(argv=None, client=None, stdin=None):
         if target == args.resume and args.resume and is_kept(args.resume, trial=True):
             target = None  # but a kept trial stays as it ran: the run goes on as a new kept run
         reach = None if args.no_sandbox else workdir  # where the model's code can write, if not
+        if args.transcript not in (None, "-") and in_runs_dir(args.transcript):  # agent.py's
+            raise UsageError(f"--transcript {args.transcript} is in the directory of kept runs, "
+                             "whose files agent.py names by run id: give a path elsewhere (the "
+                             "run is kept there anyway)")
         output = OutputFile(target, reach, "--transcript" if args.transcript else "--resume") \
             if target not in (None, "-") else None  # reach None: everywhere
         if args.trials:

@@ -492,3 +492,17 @@ def test_resume_last_says_so_when_the_newest_run_was_killed_before_it_was_kept(
     assert len(note) == 1, err
     assert older in note[0] and "empty" in note[0] and "kill" in note[0], note
     assert code == 0 and out == "continued\n"
+
+
+def test_a_transcript_is_never_written_into_the_directory_of_kept_runs(capsys, workdir):
+    """`--transcript ~/.local/state/agent.py/runs/ID.json` replaced another kept run, whose
+    name then named a different run (newuser2 N26): agent.py names the files there."""
+    _, _, _, older = ask(capsys, workdir, "one")
+    target = runs() / f"{older}.json"
+    before = target.read_bytes()
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript",
+                                      str(target)], FakeClient(reply(text("two"))))
+    assert (code, out) == (2, "") and err == (
+        f"agent.py: --transcript {target} is in the directory of kept runs, whose files agent.py "
+        "names by run id: give a path elsewhere (the run is kept there anyway)\n"), err
+    assert target.read_bytes() == before
