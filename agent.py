@@ -6603,6 +6603,26 @@ class QuestionWasRead(io.StringIO):
     no_answer = "(no answer: stdin held the question; give --yes to run it unasked)"
 
 
+class PipedAnswers:
+    """stdin that is not a terminal (`echo y | agent.py ...`): no terminal echoes the answer
+    read from it, so it is shown after the question, said to come from stdin, and the line
+    ends; an answer without a line break is still that answer."""
+
+    def __init__(self, stdin):
+        self.stdin = stdin
+
+    def __getattr__(self, name):  # isatty, no_answer, buffer ...: stdin's own
+        return getattr(self.stdin, name)
+
+    def readline(self):
+        answer = self.stdin.readline()
+        if answer.strip():
+            to_stderr(dimmed(f"{shorten(visible(answer.strip()), 40)} (from stdin)\n",
+                             sys.stderr), sys.stderr)
+            return answer if answer.endswith("\n") else answer + "\n"
+        return answer
+
+
 MAX_QUESTION = 32 << 20  # bytes of a question on stdin: the API takes no larger request
 
 
@@ -7251,6 +7271,9 @@ def main(argv=None, client=None, stdin=None):
             stdin = QuestionWasRead()
             if not args.question:
                 raise UsageError("the question is - but stdin held none")
+        with contextlib.suppress(AttributeError, ValueError, OSError):  # no file: left as is
+            if not stdin.isatty():  # no terminal shows the answer: agreed's question does
+                stdin = PipedAnswers(stdin)
         system = read_system_prompt(args.system_prompt) if args.system_prompt else None
         if args.count_tokens:
             config = load_config(None, report)

@@ -15,7 +15,8 @@ import pytest
 
 import agent
 from fakes import FakeClient, reply, text, tool_use
-from helpers import Silent, call, final_messages, measured, run_cli, tool_context
+from helpers import (AGENT, Silent, agent_env, call, final_messages, measured, run_agent_py,
+                     run_cli, tool_context)
 
 
 # --- read_file ---
@@ -333,6 +334,22 @@ def test_without_yes_the_code_is_shown_and_y_runs_it(capsys, workdir):
     code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)], client, stdin="y\n")
     assert code == 0 and "print(6*7)" in err and "[y/N]" in err
     assert "42" in final_messages(client)[-1]["content"][0]["content"]
+
+
+def test_an_answer_read_from_a_pipe_is_echoed_and_ends_the_line(capsys, workdir):
+    """newuser2 N3: `echo y | agent.py ...` showed no answer, so the next line was glued to
+    the prompt; the answer is shown after it, said to come from stdin, and the line ends."""
+    for given, shown in (("y\n", "y"), ("n\n", "n"), ("y", "y")):
+        client = FakeClient(reply(tool_use("run_python", {"code": "print(6*7)"})),
+                            reply(text("42")))
+        code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--no-sandbox"], client,
+                               stdin=given)
+        assert code == 0 and f"--- run it? [y/N] {shown} (from stdin)\n" in err, err
+        assert "(no answer)" not in err
+    done = run_agent_py(AGENT, "--replay", AGENT.parent / "workspace" / "example-run.json",
+                        "--workdir", AGENT.parent / "workspace", env=agent_env(), input="y\n",
+                        timeout=60)
+    assert done.returncode == 0 and "--- run it? [y/N] y (from stdin)\n" in done.stderr
 
 
 @pytest.mark.parametrize("stdin", ["n\n", "", "sure\n"])
