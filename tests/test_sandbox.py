@@ -2,8 +2,10 @@
 
 import json
 import os
+import pwd
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -885,6 +887,65 @@ def test_a_call_whose_cgroup_cannot_be_made_is_refused(workdir):
     with pytest.raises(agent.ToolError, match="not run without its caps"):
         execute(box, workdir, "open('ran', 'w')")
     assert not (workdir / "ran").exists()
+
+
+# --- the workdir is the one opened at the start, not whatever its name names later ---
+
+SWAPPED_WORKDIR = ("import os, time\nopen('started', 'w').close()\n"
+                   "while not os.path.exists('swapped'):\n    time.sleep(0.02)\n")
+
+
+@as_other_users
+@pytest.mark.parametrize("way", ["sandboxed", "no-sandbox", "no-launcher"])
+def test_another_user_cannot_swap_the_workdir_of_the_next_call(way, tmp_path, monkeypatch):
+    """S1: root works in a directory of nobody's in /tmp (whose sticky bit lets its owner rename
+    it). During the first call nobody renames it and puts a symlink to a root-only directory in
+    its place: the next call still runs in, and may write only, the directory opened at the
+    start: it lists that one's files, and what it writes lands there, not behind the link. With
+    the launcher and Landlock, without Landlock (--no-sandbox), and without a launcher (the agent
+    starts the call itself)."""
+    if not os.stat("/tmp").st_mode & stat.S_ISVTX:
+        pytest.skip("/tmp has no sticky bit")
+    if way == "no-launcher":
+        monkeypatch.setattr(agent, "LAUNCHER_BOOT", NO_LAUNCHER)
+    roots = tmp_path / "roots"  # root's: nobody cannot even look in
+    roots.mkdir(mode=0o700)
+    (roots / "private.txt").write_text("root's\n")
+    theirs, moved = Path(f"/tmp/agent-s1-{os.getpid()}"), Path(f"/tmp/agent-s1-{os.getpid()}.old")
+    nobody_does("mkdir", "-m", "0777", str(theirs))  # (a capless root must write it)
+    (theirs / "data.csv").write_text("a,b\n")  # (root may write in nobody's directory)
+    box = agent.Sandbox(theirs, way == "sandboxed", agent.Limits())
+    try:
+        assert box.ready() == (way == "sandboxed"), box.status
+        done = {}
+        first = threading.Thread(target=lambda: done.update(run=agent.execute(
+            SWAPPED_WORKDIR, theirs, box, 30, 2000)))
+        first.start()
+        deadline = time.monotonic() + 20
+        while not (theirs / "started").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        nobody_does("sh", "-c", f"mv {theirs} {moved} && ln -s {roots} {theirs}")
+        (moved / "swapped").touch()  # the first call may end: the launcher makes the next one's
+        first.join()
+        assert done["run"].code == 0, done["run"]
+        assert os.path.realpath(theirs) == str(roots)  # the swap took
+        second = agent.execute("import os\nprint(sorted(os.listdir('.')))\n"
+                               "open('planted', 'w').write('x')\n", theirs, box, 30, 2000)
+        assert second.code == 0, second
+        assert "private.txt" not in second.stdout and "data.csv" in second.stdout, second
+        assert not (roots / "planted").exists(), "the script wrote into root's directory"
+        assert (moved / "planted").read_text() == "x"  # where the run's workdir went
+    finally:
+        box.close()
+        if theirs.is_symlink():
+            theirs.unlink()
+        for d in (theirs, moved):
+            subprocess.run(["rm", "-rf", str(d)], check=False)
+
+
+def nobody_does(*argv):
+    nobody = pwd.getpwnam("nobody")
+    subprocess.run(argv, check=True, user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[])
 
 
 # --- what runs is what was approved ---
