@@ -5364,6 +5364,7 @@ class Running:
     def __init__(self, out, err, report=None, proc=None, call=None, launcher=None):
         self.out, self.err, self.report, self.proc, self.call = out, err, report, proc, call
         self.launcher, self.pid = launcher, None  # the script's group
+        self.made = None  # the call's directory and cgroups, as the launcher named them
 
     def heard(self, box):
         """The launcher's message: the script's pid (None), its end (code, OOM kills), or an
@@ -5378,8 +5379,8 @@ class Running:
             raise ToolError(message["error"])
         if "status" in message:
             return tuple(message["status"])
-        self.pid = message["pid"]
-        self.launcher.note(message["root"], message["cgroups"])
+        self.pid, self.made = message["pid"], (message["root"], message["cgroups"])
+        self.launcher.note(*self.made)
         if message["uncapped"]:
             box.cgroup = None  # found out by the self-test: the status line says so
         return None
@@ -5397,7 +5398,9 @@ class Running:
             self.report.close()
             os.close(self.out)
             os.close(self.err)
-            if status == "gone":  # nobody else will remove what it made
+            if status == "gone":  # nobody else will remove what it made: this call's things
+                if self.made:  # (however many calls ran), then what the agent noted
+                    cleanup_later(*self.made)
                 self.launcher.gone()
             return
         kill_group(self.proc.pid)

@@ -1,5 +1,6 @@
 """Path safety and the sandbox: run_python's boundary attacked from outside; scripts still work."""
 
+import contextlib
 import json
 import os
 import pwd
@@ -703,6 +704,41 @@ def test_the_launcher_killed_mid_call_leaves_nothing_running(workdir):
         time.sleep(0.05)
     assert not os.path.exists(os.path.dirname(home)), "the call's directory outlived the launcher"
     assert not [d for d in cgroups if d.exists()], "the call's cgroup outlived the launcher"
+
+
+def test_the_launcher_killed_with_many_calls_running_leaves_no_directory(workdir, tmp_path,
+                                                                         monkeypatch):
+    """S5: more calls at once (trials, --jobs) than the agent's note of what the launcher made
+    ahead holds (16): the launcher killed, each call removes its own directory and cgroups."""
+    private = tmp_path / "tmp"
+    private.mkdir(mode=0o700)
+    monkeypatch.setenv("TMPDIR", str(private))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    box = new_box(workdir)
+    n, runs = 20, []
+    code = "import os, time\nopen(f'up.{os.getpid()}', 'w').close()\ntime.sleep(60)\n"
+    threads = [threading.Thread(target=lambda: runs.append(execute(box, workdir, code, 90, 1000)))
+               for _ in range(n)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while len(list(workdir.glob("up.*"))) < n and time.monotonic() < deadline:
+        time.sleep(0.1)
+    groups = {d for up in workdir.glob("up.*") for d in cgroups_of(int(up.name[3:]))}
+    os.kill(box.launcher.pid, signal.SIGKILL)
+    for t in threads:
+        t.join()
+    deadline = time.monotonic() + 8
+    while (os.listdir(private) or [d for d in groups if d.exists()]) \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left, kept = os.listdir(private), [d for d in groups if d.exists()]
+    box.close()
+    for d in kept:  # (after the proof: what the agent forgot, if it is still there)
+        with contextlib.suppress(OSError):
+            d.rmdir()
+    assert len(runs) == n and left == [], f"{len(left)} calls' directories outlived the launcher"
+    assert kept == [], f"{len(kept)} calls' cgroups outlived the launcher"
 
 
 def test_kill_9_of_the_agent_leaves_no_directory_of_its_launcher(workdir, tmp_path):
