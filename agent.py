@@ -5710,9 +5710,10 @@ class Launcher:
         self.ended = weakref.finalize(self, end_launcher, ours, self.proc)  # a Sandbox dropped
         if answer != b"ready":  # what it said, or its last line on stderr
             self.close()
-            text = answer.decode(errors="replace") or self.proc.stderr.read().decode(errors="replace")
+            text = (answer or self.proc.stderr.read()).decode(errors="replace").strip()
             self.proc.stderr.close()
-            raise OSError((text.strip().splitlines() or [why or f"it exited {self.proc.returncode}"])[-1])
+            why = why or f"it exited {self.proc.returncode}"
+            raise OSError((text.splitlines() or [why])[-1])
         self.proc.stderr.close()
 
     def close(self):
@@ -5795,59 +5796,63 @@ def serve(fd):
         by_fd[fd] = child
         poller.register(fd, select.POLLIN)
 
-    while True:
-        ended = False
-        for fd, _ in poller.poll(50 if any(c.killed_at for c in children.values()) else None):
-            if fd == control.fileno():
-                try:
-                    message, fds, _, _ = socket.recv_fds(control, 1 << 16, 4)
-                except OSError:  # (ECONNRESET: the agent went with a note of ours unread)
-                    message = b""
-                if not message:
-                    return shut_down(children)
-                last = json.loads(message)
-                if ahead and (ahead.kind != kind_of(last)  # made for another kind of call,
-                              or ahead.call.uncapped and last["required"]):  # or uncapped
-                    ahead.kill(report=False)
-                    ahead = None
-                child, ahead = launch(box, last, fds, ahead), None
-                if child:
-                    if child.pid not in children:
-                        children[child.pid] = child
-                        watch(child.pidfd, child)
-                    watch(child.report.fileno(), child)
-            elif fd == wake:
-                with contextlib.suppress(BlockingIOError):
-                    while os.read(wake, 4096):
-                        pass
-            elif fd in by_fd:  # its child ended, or the agent ended the call: end the group
-                child = by_fd.pop(fd)
-                poller.unregister(fd)
-                child.kill()
-                if child is ahead:
-                    ahead = None
-        reap(children)
-        for child in [c for c in children.values() if c.killed_at and c.over()]:
-            del children[child.pid]
-            for fd in [fd for fd, c in by_fd.items() if c is child]:
-                del by_fd[fd]
-                poller.unregister(fd)
-            child.finish()
-            ended = ended or child.report is not None
-        running = any(c.report and not c.killed_at for c in children.values())
-        if ahead is None and last and (ended or not running):
-            try:  # the next call's child, made while the model thinks: off the call's time
-                ahead = children[0] = Child(box, last)
-            except Exception:
-                last = None  # made at the next call, which then says why
-                continue
-            del children[0]
-            children[ahead.pid] = ahead
-            watch(ahead.pidfd, ahead)
-            with contextlib.suppress(OSError):  # for the agent to remove, should this be killed
-                control.send(json.dumps({"ahead": [ahead.call.root, ahead.call.cgroups]}).encode(),
-                             socket.MSG_DONTWAIT)
+    try:
+        while True:
+            ended = False
+            for fd, _ in poller.poll(50 if any(c.killed_at for c in children.values()) else None):
+                if fd == control.fileno():
+                    try:
+                        message, fds, _, _ = socket.recv_fds(control, 1 << 16, 4)
+                    except OSError:  # (ECONNRESET: the agent went with a note of ours unread)
+                        message = b""
+                    if not message:
+                        return shut_down(children)
+                    last = json.loads(message)
+                    if ahead and (ahead.kind != kind_of(last)  # made for another kind of call,
+                                  or ahead.call.uncapped and last["required"]):  # or uncapped
+                        ahead.kill(report=False)
+                        ahead = None
+                    child, ahead = launch(box, last, fds, ahead), None
+                    if child:
+                        if child.pid not in children:
+                            children[child.pid] = child
+                            watch(child.pidfd, child)
+                        watch(child.report.fileno(), child)
+                elif fd == wake:
+                    with contextlib.suppress(BlockingIOError):
+                        while os.read(wake, 4096):
+                            pass
+                elif fd in by_fd:  # its child ended, or the agent ended the call: end the group
+                    child = by_fd.pop(fd)
+                    poller.unregister(fd)
+                    child.kill()
+                    if child is ahead:
+                        ahead = None
+            reap(children)
+            for child in [c for c in children.values() if c.killed_at and c.over()]:
+                del children[child.pid]
+                for fd in [fd for fd, c in by_fd.items() if c is child]:
+                    del by_fd[fd]
+                    poller.unregister(fd)
+                child.finish()
+                ended = ended or child.report is not None
+            running = any(c.report and not c.killed_at for c in children.values())
+            if ahead is None and last and (ended or not running):
+                try:  # the next call's child, made while the model thinks: off the call's time
+                    ahead = children[0] = Child(box, last)
+                except Exception:
+                    last = None  # made at the next call, which then says why
+                    continue
+                del children[0]
+                children[ahead.pid] = ahead
+                watch(ahead.pidfd, ahead)
+                with contextlib.suppress(OSError):  # for the agent to remove, should this be killed
+                    note = {"ahead": [ahead.call.root, ahead.call.cgroups]}
+                    control.send(json.dumps(note).encode(), socket.MSG_DONTWAIT)
 
+    except BaseException:  # a bug here must not leave a call running or its things behind
+        shut_down(children)
+        raise
 
 def tupled(value):
     return tuple(map(tupled, value)) if isinstance(value, list) else value
