@@ -1763,6 +1763,8 @@ class OutputFile:
                 "agent.py only replaces regular files: give a file name"
             raise UsageError(f"{flag} {path} is not a regular file ({FILE_KINDS.get(kind, 'a special file')}{unnamed}); {why}")
         else:
+            if there:  # agent.py's checkout: only what agent.py writes is replaced there
+                check_not_the_checkouts(parent / self.name, flag, path, self.dir_fd)
             try:
                 self.write(b"")  # proves the directory writable before anything is paid for
             except OSError as e:
@@ -2657,6 +2659,7 @@ def kept_run(name, flag, report):
     except OSError as e:
         raise UsageError(f"{flag} {name}: the kept runs cannot be read: {e.strerror}")
     found, trials = [], []  # (mtime, file) of the kept runs it names; trials runs passed over
+    empty = []  # (mtime, file) of its own kept runs with nothing in them yet
     try:
         for entry in os.listdir(fd):
             kept = KEPT_FILE.fullmatch(entry)
@@ -2678,6 +2681,8 @@ def kept_run(name, flag, report):
                 continue
             if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() and info.st_size:
                 found.append((info.st_mtime_ns, entry))
+            elif stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid():
+                empty.append((info.st_mtime_ns, entry))
     finally:
         os.close(fd)
     if not found and trials and name != "last":
@@ -2691,6 +2696,15 @@ def kept_run(name, flag, report):
     if os.path.lexists(name):
         report.error(f"note: {flag} {name} names a kept run; for the file {name} here, give "
                      f"./{name}")
+    newer = [entry for when, entry in empty if when > max(found)[0]] if name == "last" else []
+    if newer:  # never pass over the run the user just had without a word (N31)
+        taken = max(found)[1].removesuffix(".json")
+        said = time.strftime("%H:%M:%S", time.localtime(max(found)[0] / 1e9))
+        report.error(f"note: the newest kept run, {max(newer).removesuffix('.json')}, is empty "
+                     "(still running before its first turn ended, or killed then: kill -9, out "
+                     "of memory; with --transcript, that file has its turns); "
+                     f"{flag} last takes the one before it, {taken}, last written at {said}; "
+                     f"give {flag} ID to choose")
     return str(real / max(found)[1])
 
 
@@ -2707,6 +2721,15 @@ def check_runs_apart(workdir, where):
                          "the model's code could read kept runs or plant one that --resume last "
                          "would take up; give --workdir a directory of data only (or set "
                          "XDG_STATE_HOME elsewhere)")
+
+
+def in_runs_dir(path):
+    """True if `path` is a file directly in the directory of kept runs."""
+    try:
+        runs = os.path.realpath(runs_dir())
+    except OSError:
+        return False
+    return os.path.realpath(os.path.dirname(os.path.abspath(path))) == runs
 
 
 def is_kept(path, trial=False):
@@ -3467,6 +3490,7 @@ def trials_report(summary, cap):
     interval = [f"{num(v):.3f}" for v in interval] if isinstance(interval, list) and \
         len(interval) == 2 else ["?", "?"]
     p1 = summary.get("pass@1")
+    finished = sum(t.get("stop") != "interrupted" for t in items(summary.get("trials")))
     expect = {k: v for k, v in fields(summary.get("expect")).items() if v}
     body = Bounded(cap)
     body.append(f"<h1>agent.py trials</h1><div class=\"q\">{esc(summary.get('question', ''))}</div>"
@@ -3476,8 +3500,32 @@ def trials_report(summary, cap):
                 f"<p>{esc(summary.get('n'))} of "
                 f"{esc(summary.get('requested'))} ran: {esc(summary.get('passes'))} passed, "
                 f"{esc(summary.get('failed'))} failed, {esc(summary.get('errored'))} errored "
-                f"(not counted in pass@k). pass@1 = {esc(f'{p1:.3f}' if isinstance(p1, float) else p1)}, 95% Wilson "
-                f"interval {esc(interval[0])}–{esc(interval[1])}.</p>{priced_as(summary)}")
+                "(not counted in pass@k). " + (
+                    f"pass@1 = {p1:.3f}, 95% Wilson interval {esc(interval[0])}–"
+                    f"{esc(interval[1])}." if isinstance(p1, (int, float)) and ks else
+                    "No trial was scored, so pass@k is unknown.") + "</p>" + (
+                    f"<p>Interrupted (Ctrl-C): {finished} of {esc(summary.get('requested'))} "
+                    "trials finished.</p>"
+                    if summary.get("interrupted") is True else "") + priced_as(summary))
+    if ks:
+        trials_chart(body, ks, at, hat)
+    body.append("<h2>Trials</h2><table><tr><th>trial</th><th>stop</th><th>result</th><th>"
+                "turns</th><th>tokens</th><th>cost</th><th>transcript</th></tr>")
+    for tr in items(summary.get("trials")):
+        transcript = tr.get("transcript")
+        result = "pass" if tr.get("passed") else "errored" if tr.get("stop") in INFRA_STOPS \
+            else "fail"
+        body.append(f"<tr><td>trial {esc(tr.get('index'))}</td><td>{esc(tr.get('stop'))}</td>"
+                    f"<td class=\"{'ok' if tr.get('passed') else 'error'}\">{result}</td><td>"
+                    f"{esc(tr.get('turns'))}</td><td>{num(tr.get('tokens')):,}</td><td>"
+                    f"{money(tr.get('cost_usd'))}</td><td><code>"
+                    f"{esc(transcript) if is_str(transcript) else ''}</code></td></tr>")
+    body.append("</table>")
+    return page("agent.py trials", "".join(body))
+
+
+def trials_chart(body, ks, at, hat):
+    """pass@k and pass^k for k = 1..scored: a table and a chart."""
     body.append("<h2>pass@k and pass^k</h2><table><tr><th>k</th><th>pass@k</th><th>pass^k</th>"
                 "</tr>")
     for k in ks:
@@ -3500,18 +3548,6 @@ def trials_report(summary, cap):
                 f'y="{height - 20}">0</text></svg><p class="legend"><span class="l-input">'
                 '</span>pass@k<span class="l-output"></span>pass^k (dashed; the lines meet '
                 'where every trial passed or none did)</p>')
-    body.append("<h2>Trials</h2><table><tr><th>trial</th><th>stop</th><th>result</th><th>"
-                "turns</th><th>tokens</th><th>cost</th><th>transcript</th></tr>")
-    for tr in items(summary.get("trials")):
-        transcript = tr.get("transcript")
-        body.append(f"<tr><td>trial {esc(tr.get('index'))}</td><td>{esc(tr.get('stop'))}</td>"
-                    f"<td class=\"{'ok' if tr.get('passed') else 'error'}\">"
-                    f"{'pass' if tr.get('passed') else 'fail'}</td><td>{esc(tr.get('turns'))}"
-                    f"</td><td>{num(tr.get('tokens')):,}</td><td>{money(tr.get('cost_usd'))}"
-                    f"</td><td><code>{esc(transcript) if is_str(transcript) else ''}</code>"
-                    "</td></tr>")
-    body.append("</table>")
-    return page("agent.py trials", "".join(body))
 
 
 class Bounded(list):
@@ -3836,6 +3872,9 @@ class Telemetry:
     @classmethod
     def start(cls, report):
         """The OTLP exporter the environment describes, or a UsageError saying what is missing."""
+        if (os.environ.get("OTEL_SDK_DISABLED") or "").strip().lower() == "true":
+            raise UsageError("--otel: OTEL_SDK_DISABLED=true is set, so no span would be sent: "
+                             "unset it, or leave --otel out")
         protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or \
             os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
         try:
@@ -6338,7 +6377,8 @@ def parse_args(argv):
     limits = p.add_argument_group("limits")
     limits.add_argument("--max-turns", type=whole_number, metavar="N", default=Limits.max_turns,
                         help=f"requests per run (default: {Limits.max_turns})")
-    limits.add_argument("--token-budget", type=whole_number, metavar="N", default=Limits.token_budget,
+    limits.add_argument("--token-budget", type=whole_number, metavar="N",
+                        default=Limits.token_budget,
                         help="input + cache + output tokens per run (default: "
                              f"{Limits.token_budget:,})")
     limits.add_argument("--budget-usd", type=float, metavar="X", help="dollars per run, "
@@ -6365,11 +6405,13 @@ def parse_args(argv):
                          "$XDG_STATE_HOME/agent.py/runs or ~/.local/state/agent.py/runs "
                          "(default: every run is kept there; AGENT_PY_NO_KEEP=1 keeps none)")
     trials = p.add_argument_group("trials: how stable is a behaviour")
-    trials.add_argument("--trials", type=whole_number, metavar="K", help=f"run the question K times "
+    trials.add_argument("--trials", type=whole_number, metavar="K",
+                        help=f"run the question K times "
                         f"(at most {MAX_TRIALS:,}); "
                         "report pass@k and pass^k (with no --expect, --expect-tool or "
                         "--expect-stop, a trial passes if it stopped with end_turn)")
-    trials.add_argument("--jobs", type=whole_number, metavar="N", default=1, help="trials run at once "
+    trials.add_argument("--jobs", type=whole_number, metavar="N", default=1,
+                        help="trials run at once "
                         f"(default: 1; at most {MAX_JOBS})")
     trials.add_argument("--trials-budget-usd", type=float, metavar="X", help="dollars over all "
                         "the trials: once they have spent X, no more start (--budget-usd bounds "
@@ -6420,6 +6462,13 @@ def parse_args(argv):
                              "after which every word is the question's")
         if words != extra:  # a mistyped flag: the words after it may be its value, not extra
             raise UsageError(f"unrecognized arguments: {' '.join(meant_flags(p, extra))}")
+        both = [args.question, *words] if args.question is not None and len(words) == 1 else []
+        folders = [w for w in both if os.path.isdir(w)]
+        if len(folders) == 1:  # `agent.py "avg?" workspace`: the directory is the workdir
+            asked = next(w for w in both if w != folders[0])
+            raise UsageError(f"unrecognized arguments: {' '.join(extra)}; {folders[0]} is a "
+                             f"directory: did you mean agent.py {shlex.quote(asked)} --workdir "
+                             f"{shlex.quote(folders[0])}?")
         hint = f"; a question of several words goes in quotes: agent.py " \
                f"{shlex.quote(' '.join([args.question, *words]))} ..." \
             if args.question is not None else " (see --help)"
@@ -6443,6 +6492,16 @@ def parse_args(argv):
                              ": it counts a question's tokens and runs nothing; give one of them")
     if len(inspecting) > 1:
         raise UsageError(f"{' and '.join(inspecting)} cannot be combined: give one")
+    if inspecting:  # they read a saved run and run nothing: a run's flag would be dropped
+        dropped = [flag for flag, given in (
+            ("--replay", args.replay), ("--resume", args.resume), ("--trials", args.trials),
+            ("--transcript", args.transcript), ("--events", args.events),
+            ("--otel", args.otel or None)) if given is not None]
+        if dropped:
+            what = {"--schema": "prints a schema", "--report": "writes a report of a saved run",
+                    "--export": "converts a saved run"}[inspecting[0]]
+            raise UsageError(f"{inspecting[0]} cannot be combined with {dropped[0]}: it {what}, "
+                             "and runs nothing; give one of them")
     if args.output and not (args.report or args.export):
         raise UsageError("-o/--output goes with --report or --export (the answer goes to "
                          f"stdout: > {shlex.quote(args.output)}; the transcript: --transcript "
@@ -6620,6 +6679,37 @@ def harness():
 
 
 MODULE_SUFFIXES = (".py", ".pyc", ".pth", ".so", ".zip")  # what Python imports from a directory
+
+
+OWN_OUTPUTS = re.compile(  # how each file agent.py writes begins: a transcript or trials
+    rb'\s*\{\s*"(version|schema_version)"\s*:|'  # summary (version), an ATIF export,
+    rb'\{"type":"[a-z.]+","seq":|'  # events (JSON Lines), a report (its own head)
+    rb'<!doctype html><html lang="en"><head><meta charset="utf-8"><meta http-equiv="Content-'
+    rb'Security-Policy" content="default-src \'none\'; style-src \'nonce-')
+
+
+def check_not_the_checkouts(path, flag, given, dir_fd):
+    """Refuse to replace a file in agent.py's own directory tree (its checkout: requirements.txt,
+    README.md, tests/ ...) unless it is empty or one agent.py writes (a transcript, trials
+    summary, events, report or ATIF export, by how it begins): `--events requirements.txt` is
+    one tab-completion away from `--events run.jsonl`, and git would be the only way back.
+    Elsewhere an output replaces any regular file of the user's, as README says."""
+    home = Path(os.path.realpath(__file__)).parent
+    if not path.is_relative_to(home):
+        return
+    try:
+        fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=dir_fd)
+        try:
+            head = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+    except OSError:
+        head = b"?"  # cannot be read: not shown to be agent.py's own
+    if head and not OWN_OUTPUTS.match(head):
+        raise UsageError(f"{flag} {given} would replace {path}, a file of agent.py's checkout "
+                         f"({home}) that agent.py did not write; there an output replaces "
+                         "only agent.py's own outputs (or an empty file): give another name")
 
 
 def check_harness(path, flag, given):
@@ -7243,6 +7333,10 @@ def main(argv=None, client=None, stdin=None):
         if target == args.resume and args.resume and is_kept(args.resume, trial=True):
             target = None  # but a kept trial stays as it ran: the run goes on as a new kept run
         reach = None if args.no_sandbox else workdir  # where the model's code can write, if not
+        if args.transcript not in (None, "-") and in_runs_dir(args.transcript):  # agent.py's
+            raise UsageError(f"--transcript {args.transcript} is in the directory of kept runs, "
+                             "whose files agent.py names by run id: give a path elsewhere (the "
+                             "run is kept there anyway)")
         output = OutputFile(target, reach, "--transcript" if args.transcript else "--resume") \
             if target not in (None, "-") else None  # reach None: everywhere
         if args.trials:

@@ -1403,3 +1403,25 @@ def test_a_question_on_stdin_loses_a_byte_order_mark(capsys, workdir):
     stdin = io.TextIOWrapper(io.BytesIO("\ufeffavg?\r\n".encode()), encoding="utf-8")
     code, _, _ = run_cli(capsys, ["-", "--workdir", str(workdir)], client, stdin=stdin)
     assert code == 0 and client.requests[0]["messages"][0]["content"][0]["text"] == "avg?"
+
+
+@pytest.mark.parametrize("argv", [["avg?", "WORK"], ["WORK", "avg?"]])
+def test_a_directory_given_as_a_second_word_is_named_as_the_workdir(capsys, workdir, argv):
+    """`agent.py "avg?" workspace` got the hint to quote `'avg? workspace'` as one question
+    (newuser2 N38): a word that is a directory here is most likely the workdir."""
+    argv = [str(workdir) if a == "WORK" else a for a in argv]
+    code, out, err = run_cli(capsys, argv, FakeClient())
+    assert (code, out) == (2, "") and err == (
+        f"agent.py: unrecognized arguments: {argv[1]}; {workdir} is a directory: did you mean "
+        f"agent.py 'avg?' --workdir {workdir}?\n"), err
+
+
+@pytest.mark.parametrize("extra", [["--replay", "RUN"], ["--trials", "3"],
+                                   ["--transcript", "t.json"], ["--otel"], ["--resume", "RUN"]])
+def test_an_inspection_with_a_run_flag_is_refused(capsys, extra):
+    """`--report last --replay X` wrote last's report and dropped --replay without a word
+    (newuser2 N25), while --report with --export was already refused."""
+    code, out, err = run_cli(capsys, ["--report", "last", *extra], FakeClient())
+    assert (code, out) == (2, "") and err == (
+        f"agent.py: --report cannot be combined with {extra[0]}: it writes a report of a saved "
+        "run, and runs nothing; give one of them\n"), err

@@ -403,3 +403,64 @@ def test_resume_never_replaces_another_users_transcript(capsys, workdir, shared,
     code, _, err = run_cli(capsys, ["--resume", str(theirs), "go on", "--workdir", str(workdir),
                                     "--transcript", str(mine)], client)
     assert code == 0 and theirs.read_bytes() == before and b"more" in mine.read_bytes(), err
+
+
+# --- a file of agent.py's checkout is replaced only by its own kind (old #21) ---
+
+@pytest.fixture
+def checkout(tmp_path, monkeypatch):
+    """agent.py's directory, as a clone has it: files the project needs beside agent.py."""
+    root = tmp_path / "checkout"
+    (root / "tests").mkdir(parents=True)
+    shutil.copy(AGENT, root / "agent.py")
+    (root / "requirements.txt").write_text("anthropic>=0.40\npython-dotenv\n")
+    (root / "README.md").write_text("# agent.py\n")
+    (root / "tests" / "test_x.py").write_text("def test_x():\n    pass\n")
+    monkeypatch.setattr(agent, "__file__", str(root / "agent.py"))
+    return root
+
+
+@pytest.mark.parametrize("flag", ["--events", "--transcript", "--report -o", "--export -o"])
+@pytest.mark.parametrize("victim", ["requirements.txt", "README.md", "tests/test_x.py"])
+def test_an_output_never_replaces_a_file_of_agent_pys_checkout(capsys, workdir, tmp_path,
+                                                                checkout, flag, victim):
+    """`--events requirements.txt` (one tab-completion away from `run.json`) turned the
+    project's requirements into JSON Lines, exit 0. In agent.py's own directory tree an output
+    replaces only a file agent.py writes (a transcript, trials summary, events, report or
+    export) or an empty one: one line, exit 2, the file's bytes unchanged."""
+    target = checkout / victim
+    before = target.read_bytes()
+    if flag in ("--events", "--transcript"):
+        argv = ["q", "--workdir", str(workdir), "--no-keep", flag, str(target)]
+    else:
+        run = tmp_path / "run.json"
+        assert run_cli(capsys, ["q", "--workdir", str(workdir), "--no-keep", "--transcript",
+                                str(run)], FakeClient(reply(text("42"))))[0] == 0
+        argv = [flag.split()[0], *(["atif"] if flag.startswith("--export") else []), str(run),
+                "-o", str(target)]
+    client = FakeClient(reply(text("42")))
+    code, out, err = run_cli(capsys, argv, client)
+    assert target.read_bytes() == before, f"{victim} was replaced"
+    assert code == 2 and client.requests == [] and err.count("\n") == 1, err
+    assert err.startswith("agent.py: ") and str(target) in err and "agent.py's" in err, err
+
+
+def test_agent_pys_own_outputs_in_its_checkout_are_replaced_as_before(capsys, workdir, checkout):
+    """What agent.py wrote there before (a transcript, events), an empty file and a new name
+    are written as before."""
+    run, events, empty = checkout / "run.json", checkout / "run.jsonl", checkout / "out.json"
+    empty.write_text("")
+    for _ in range(2):  # the second time over the files the first wrote
+        code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--no-keep",
+                                        "--transcript", str(run), "--events", str(events)],
+                               FakeClient(reply(text("42"))))
+        assert code == 0, err
+    assert json.loads(run.read_text())["answer"] == "42"
+    assert json.loads(events.read_text().splitlines()[0])["type"] == "run.start"
+    for name in ("report", "export"):
+        argv = ["--report", str(run), "-o", str(empty)] if name == "report" else \
+            ["--export", "atif", str(run), "-o", str(empty)]
+        for _ in range(2):
+            code, _, err = run_cli(capsys, argv)
+            assert code == 0, err
+        empty.write_text("")

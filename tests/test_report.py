@@ -291,3 +291,24 @@ def test_the_report_of_an_unpriced_model_does_not_say_it_was_priced(capsys, work
     assert ("<p>No cost is shown: agent.py knows no price for my-local-model (it prices "
             "Anthropic's models as Anthropic's API bills them), and http://127.0.0.1:8080 may "
             "bill otherwise, or nothing.</p>") in page
+
+
+def test_the_report_of_interrupted_trials_says_so_and_scores_nothing(capsys, tmp_path):
+    """Ctrl-C before any trial finished: the page said `pass@1 = None, 95% Wilson interval ?–?`,
+    drew an empty table and chart, and marked the interrupted trials `fail` under `0 failed, 2
+    errored`, with no word of the interruption (newuser2 N30)."""
+    trials = [{"index": i, "stop": "interrupted", "turns": 0, "tokens": 0, "cost_usd": 0.0,
+               "seconds": 1.0, "passed": False, "transcript": None} for i in (1, 2)]
+    summary = agent.summarize(trials, 3)
+    summary.update(interrupted=True, question="q", model="claude-haiku-5-5",
+                   expect={"regex": None, "tool": None, "stop": None},
+                   decline_message=agent.DECLINE_MESSAGE)
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(summary))
+    report(capsys, path)
+    page = (tmp_path / "s.html").read_text()
+    assert "None" not in page and "?–?" not in page
+    assert "No trial was scored, so pass@k is unknown." in page
+    assert "Interrupted (Ctrl-C): 0 of 3 trials finished." in page
+    assert "<h2>pass@k and pass^k</h2>" not in page and '<svg class="passk"' not in page
+    assert page.count('<td class="error">errored</td>') == 2 and ">fail<" not in page

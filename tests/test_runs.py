@@ -7,6 +7,7 @@ import os
 import pwd
 import re
 import stat
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -461,3 +462,47 @@ def test_resume_last_of_a_run_that_worked_where_the_runs_are_says_so(capsys, wor
                    "code could have rewritten this file, so it is not resumed; give another "
                    f"run's id (--resume ID; they are in {runs()}), or remove this one (rm "
                    f"{kept}) and last names the one before\n")
+
+
+def test_resume_last_says_so_when_the_newest_run_was_killed_before_it_was_kept(
+        request, capsys, workdir, agent_copy):
+    """N31: a run killed with kill -9 (the OOM killer, docker kill) while its first turn's tool
+    ran left its kept file empty, and `--resume last` went on with an older, unrelated run
+    without a word. Now a note names the newest run, says why it is not taken, and names the
+    one that is."""
+    _, _, _, older = ask(capsys, workdir, "an older conversation")
+    api = serve(request, reply(tool_use("run_python", {"code": "import time; time.sleep(60)"})))
+    proc = run_agent_py(agent_copy, "avg?", "--workdir", workdir, "--yes", env=agent_env(api),
+                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                        stderr=subprocess.PIPE, background=True)
+    seen = ""
+    while "sandbox:" not in seen and proc.poll() is None:
+        seen += proc.stderr.readline()
+    time.sleep(0.5)
+    proc.kill()  # SIGKILL: nothing of agent.py runs after it
+    proc.wait(timeout=30)
+    proc.stderr.close()
+    killed = [n for n in kept_files() if n != f"{older}.json"]
+    assert len(killed) == 1 and (runs() / killed[0]).stat().st_size == 0, kept_files()
+    client = FakeClient(reply(text("continued")))
+    code, out, err = run_cli(capsys, ["--resume", "last", "continue", "--workdir", str(workdir)],
+                             client)
+    note = [line for line in err.splitlines() if line.startswith("note: ")
+            and killed[0].removesuffix(".json") in line]
+    assert len(note) == 1, err
+    assert older in note[0] and "empty" in note[0] and "kill" in note[0], note
+    assert code == 0 and out == "continued\n"
+
+
+def test_a_transcript_is_never_written_into_the_directory_of_kept_runs(capsys, workdir):
+    """`--transcript ~/.local/state/agent.py/runs/ID.json` replaced another kept run, whose
+    name then named a different run (newuser2 N26): agent.py names the files there."""
+    _, _, _, older = ask(capsys, workdir, "one")
+    target = runs() / f"{older}.json"
+    before = target.read_bytes()
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript",
+                                      str(target)], FakeClient(reply(text("two"))))
+    assert (code, out) == (2, "") and err == (
+        f"agent.py: --transcript {target} is in the directory of kept runs, whose files agent.py "
+        "names by run id: give a path elsewhere (the run is kept there anyway)\n"), err
+    assert target.read_bytes() == before

@@ -491,3 +491,14 @@ def test_a_replay_sends_spans_marked_as_a_replay_with_no_cost_of_its_own(capsys,
         assert "agent_py.cost_usd" not in span.attributes, span.name
     chats = [s for s in got if s.name.startswith("chat ")]
     assert chats[0].attributes["agent_py.recorded_cost_usd"] == 0.0002028
+
+
+def test_otel_with_the_sdk_disabled_is_a_usage_error(capsys, workdir, monkeypatch):
+    """OTEL_SDK_DISABLED=true: nothing was sent, and the end said the collector refused the
+    spans, which it never saw (newuser2 N40)."""
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    client = FakeClient(reply(text("done")))
+    code, out, err = run(capsys, workdir, client)
+    assert (code, out, client.requests) == (2, "", [])
+    assert err == ("agent.py: --otel: OTEL_SDK_DISABLED=true is set, so no span would be sent: "
+                   "unset it, or leave --otel out\n")
