@@ -5729,10 +5729,13 @@ class Launcher:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", LAUNCHER_BOOT, AGENT_FILE, str(theirs.fileno())],
-                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                [sys.executable, "-I", "-S", "-B", "-c", LAUNCHER_BOOT, AGENT_FILE,
+                 str(theirs.fileno())],
+                pass_fds=[theirs.fileno()], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE, env={}, cwd="/",  # nothing of the agent's environment
                 start_new_session=True)  # a kill of the agent's group does not reach it
+            with contextlib.suppress(OSError), self.proc.stdin:  # (if it ended, it says why)
+                self.proc.stdin.write(AGENT_SOURCE)
         finally:
             theirs.close()
         self.control, self.pid, self.made = ours, self.proc.pid, []
@@ -5793,10 +5796,17 @@ def end_launcher(control, proc):
 
 
 AGENT_FILE = os.path.abspath(__file__)
-LAUNCHER_BOOT = ("import importlib.util, sys\n"
-                 "spec = importlib.util.spec_from_file_location('agent_launcher', sys.argv[1])\n"
-                 "agent = sys.modules[spec.name] = importlib.util.module_from_spec(spec)\n"
-                 "spec.loader.exec_module(agent)\n"
+# The launcher runs the source this agent runs, read once at its start and handed over on the
+# launcher's stdin: not agent.py as it is on disk at the first call (a newer version, mid-run),
+# and never a bytecode cache beside it, which a script with that directory as its workdir
+# could have written (an unchecked-hash .pyc is never compared with its source: red-team S3).
+# In the launcher, LAUNCHER_BOOT has set it already: the launcher reads no file of its own.
+AGENT_SOURCE = globals().get("AGENT_SOURCE") or Path(AGENT_FILE).read_bytes()
+LAUNCHER_BOOT = ("import sys, types\n"
+                 "agent = sys.modules['agent_launcher'] = types.ModuleType('agent_launcher')\n"
+                 "agent.__file__, source = sys.argv[1], sys.stdin.buffer.read()\n"
+                 "agent.AGENT_SOURCE = source\n"
+                 "exec(compile(source, sys.argv[1], 'exec'), agent.__dict__)\n"
                  "agent.serve(int(sys.argv[2]))\n")
 LAUNCHER_IGNORES = (signal.SIGPIPE, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -6669,6 +6679,8 @@ def harness():
              ("the Python it is built on", sys.base_prefix, None),
              ("Python's standard library", sysconfig.get_path("stdlib"), "tree")]
     found += [("a directory agent.py imports from", p, "modules") for p in sys.path if p]
+    found.append(("agent.py's bytecode cache, which `import agent` (the tests, the benchmarks) "
+                  "would run", os.path.join(os.path.dirname(__file__), "__pycache__"), "tree"))
     found += [("Python's user base, whose site-packages .pth files run at every Python start "
                "(unsandboxed: one could redirect the next run's key)", site.getuserbase(), None),
               ("Python's user site-packages, whose .pth files run at every Python start",
