@@ -5746,10 +5746,13 @@ class Launcher:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", LAUNCHER_BOOT, AGENT_FILE, str(theirs.fileno())],
-                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                [sys.executable, "-I", "-S", "-B", "-c", LAUNCHER_BOOT, AGENT_FILE,
+                 str(theirs.fileno())],
+                pass_fds=[theirs.fileno()], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE, env={}, cwd="/",  # nothing of the agent's environment
                 start_new_session=True)  # a kill of the agent's group does not reach it
+            with contextlib.suppress(OSError), self.proc.stdin:  # (if it ended, it says why)
+                self.proc.stdin.write(AGENT_SOURCE)
         finally:
             theirs.close()
         self.control, self.pid, self.made = ours, self.proc.pid, []
@@ -5767,9 +5770,10 @@ class Launcher:
         self.ended = weakref.finalize(self, end_launcher, ours, self.proc)  # a Sandbox dropped
         if answer != b"ready":  # what it said, or its last line on stderr
             self.close()
-            text = answer.decode(errors="replace") or self.proc.stderr.read().decode(errors="replace")
+            text = (answer or self.proc.stderr.read()).decode(errors="replace").strip()
             self.proc.stderr.close()
-            raise OSError((text.strip().splitlines() or [why or f"it exited {self.proc.returncode}"])[-1])
+            why = why or f"it exited {self.proc.returncode}"
+            raise OSError((text.splitlines() or [why])[-1])
         self.proc.stderr.close()
 
     def close(self):
@@ -5816,10 +5820,17 @@ def end_launcher(control, proc):
 
 
 AGENT_FILE = os.path.abspath(__file__)
-LAUNCHER_BOOT = ("import importlib.util, sys\n"
-                 "spec = importlib.util.spec_from_file_location('agent_launcher', sys.argv[1])\n"
-                 "agent = sys.modules[spec.name] = importlib.util.module_from_spec(spec)\n"
-                 "spec.loader.exec_module(agent)\n"
+# The launcher runs the source this agent runs, read once at its start and handed over on the
+# launcher's stdin: not agent.py as it is on disk at the first call (a newer version, mid-run),
+# and never a bytecode cache beside it, which a script with that directory as its workdir
+# could have written (an unchecked-hash .pyc is never compared with its source: red-team S3).
+# In the launcher, LAUNCHER_BOOT has set it already: the launcher reads no file of its own.
+AGENT_SOURCE = globals().get("AGENT_SOURCE") or Path(AGENT_FILE).read_bytes()
+LAUNCHER_BOOT = ("import sys, types\n"
+                 "agent = sys.modules['agent_launcher'] = types.ModuleType('agent_launcher')\n"
+                 "agent.__file__, source = sys.argv[1], sys.stdin.buffer.read()\n"
+                 "agent.AGENT_SOURCE = source\n"
+                 "exec(compile(source, sys.argv[1], 'exec'), agent.__dict__)\n"
                  "agent.serve(int(sys.argv[2]))\n")
 LAUNCHER_IGNORES = (signal.SIGPIPE, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -5863,59 +5874,63 @@ def serve(fd):
         by_fd[fd] = child
         poller.register(fd, select.POLLIN)
 
-    while True:
-        ended = False
-        for fd, _ in poller.poll(50 if any(c.killed_at for c in children.values()) else None):
-            if fd == control.fileno():
-                try:
-                    message, fds, _, _ = socket.recv_fds(control, 1 << 16, 4)
-                except OSError:  # (ECONNRESET: the agent went with a note of ours unread)
-                    message = b""
-                if not message:
-                    return shut_down(children)
-                last = json.loads(message)
-                if ahead and (ahead.kind != kind_of(last)  # made for another kind of call,
-                              or ahead.call.uncapped and last["required"]):  # or uncapped
-                    ahead.kill(report=False)
-                    ahead = None
-                child, ahead = launch(box, last, fds, ahead), None
-                if child:
-                    if child.pid not in children:
-                        children[child.pid] = child
-                        watch(child.pidfd, child)
-                    watch(child.report.fileno(), child)
-            elif fd == wake:
-                with contextlib.suppress(BlockingIOError):
-                    while os.read(wake, 4096):
-                        pass
-            elif fd in by_fd:  # its child ended, or the agent ended the call: end the group
-                child = by_fd.pop(fd)
-                poller.unregister(fd)
-                child.kill()
-                if child is ahead:
-                    ahead = None
-        reap(children)
-        for child in [c for c in children.values() if c.killed_at and c.over()]:
-            del children[child.pid]
-            for fd in [fd for fd, c in by_fd.items() if c is child]:
-                del by_fd[fd]
-                poller.unregister(fd)
-            child.finish()
-            ended = ended or child.report is not None
-        running = any(c.report and not c.killed_at for c in children.values())
-        if ahead is None and last and (ended or not running):
-            try:  # the next call's child, made while the model thinks: off the call's time
-                ahead = children[0] = Child(box, last)
-            except Exception:
-                last = None  # made at the next call, which then says why
-                continue
-            del children[0]
-            children[ahead.pid] = ahead
-            watch(ahead.pidfd, ahead)
-            with contextlib.suppress(OSError):  # for the agent to remove, should this be killed
-                control.send(json.dumps({"ahead": [ahead.call.root, ahead.call.cgroups]}).encode(),
-                             socket.MSG_DONTWAIT)
+    try:
+        while True:
+            ended = False
+            for fd, _ in poller.poll(50 if any(c.killed_at for c in children.values()) else None):
+                if fd == control.fileno():
+                    try:
+                        message, fds, _, _ = socket.recv_fds(control, 1 << 16, 4)
+                    except OSError:  # (ECONNRESET: the agent went with a note of ours unread)
+                        message = b""
+                    if not message:
+                        return shut_down(children)
+                    last = json.loads(message)
+                    if ahead and (ahead.kind != kind_of(last)  # made for another kind of call,
+                                  or ahead.call.uncapped and last["required"]):  # or uncapped
+                        ahead.kill(report=False)
+                        ahead = None
+                    child, ahead = launch(box, last, fds, ahead), None
+                    if child:
+                        if child.pid not in children:
+                            children[child.pid] = child
+                            watch(child.pidfd, child)
+                        watch(child.report.fileno(), child)
+                elif fd == wake:
+                    with contextlib.suppress(BlockingIOError):
+                        while os.read(wake, 4096):
+                            pass
+                elif fd in by_fd:  # its child ended, or the agent ended the call: end the group
+                    child = by_fd.pop(fd)
+                    poller.unregister(fd)
+                    child.kill()
+                    if child is ahead:
+                        ahead = None
+            reap(children)
+            for child in [c for c in children.values() if c.killed_at and c.over()]:
+                del children[child.pid]
+                for fd in [fd for fd, c in by_fd.items() if c is child]:
+                    del by_fd[fd]
+                    poller.unregister(fd)
+                child.finish()
+                ended = ended or child.report is not None
+            running = any(c.report and not c.killed_at for c in children.values())
+            if ahead is None and last and (ended or not running):
+                try:  # the next call's child, made while the model thinks: off the call's time
+                    ahead = children[0] = Child(box, last)
+                except Exception:
+                    last = None  # made at the next call, which then says why
+                    continue
+                del children[0]
+                children[ahead.pid] = ahead
+                watch(ahead.pidfd, ahead)
+                with contextlib.suppress(OSError):  # for the agent to remove, should this be killed
+                    note = {"ahead": [ahead.call.root, ahead.call.cgroups]}
+                    control.send(json.dumps(note).encode(), socket.MSG_DONTWAIT)
 
+    except BaseException:  # a bug here must not leave a call running or its things behind
+        shut_down(children)
+        raise
 
 def tupled(value):
     return tuple(map(tupled, value)) if isinstance(value, list) else value
@@ -6693,6 +6708,8 @@ def harness():
              ("the Python it is built on", sys.base_prefix, None),
              ("Python's standard library", sysconfig.get_path("stdlib"), "tree")]
     found += [("a directory agent.py imports from", p, "modules") for p in sys.path if p]
+    found.append(("agent.py's bytecode cache, which `import agent` (the tests, the benchmarks) "
+                  "would run", os.path.join(os.path.dirname(__file__), "__pycache__"), "tree"))
     found += [("Python's user base, whose site-packages .pth files run at every Python start "
                "(unsandboxed: one could redirect the next run's key)", site.getuserbase(), None),
               ("Python's user site-packages, whose .pth files run at every Python start",

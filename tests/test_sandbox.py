@@ -2,6 +2,7 @@
 
 import contextlib
 import json
+import marshal
 import os
 import pwd
 import signal
@@ -13,6 +14,7 @@ import tempfile
 import threading
 import time
 from dataclasses import replace
+from importlib.util import MAGIC_NUMBER
 from pathlib import Path
 
 import pytest
@@ -20,8 +22,8 @@ import pytest
 import agent
 import bpf
 from fakes import FakeClient, alive, reply, text, tool_use
-from helpers import (AGENT, as_other_users, call, final_messages, need_other_users, run_cli,
-                     tool_context)
+from helpers import (AGENT, agent_env, as_other_users, call, final_messages, need_other_users,
+                     run_agent_py, run_cli, serve, tool_context)
 
 
 MACHINE = agent.platform.machine()
@@ -1491,3 +1493,40 @@ print(after - before, len(run.stdout), run.stdout.count('bytes cut'))
     grown_kb, kept, notes = map(int, done.stdout.split())
     assert notes == 1 and kept < 15_100
     assert grown_kb < 10_000, f"peak RSS grew {grown_kb} KB while 50 MB went through"
+
+
+def test_the_launcher_runs_the_agents_own_source_never_a_bytecode_cache(request, tmp_path,
+                                                                          agent_copy):
+    """Red-team S3: the launcher imported agent.py, so it read (and wrote, as root) the .pyc in
+    agent.py's __pycache__; a script whose workdir was that directory planted one with an
+    unchecked hash (never compared with agent.py), and the NEXT run's launcher ran it: root,
+    unconfined, in the process that confines every call. Now the launcher runs the source the
+    agent itself runs, handed over on its stdin; and that cache is no workdir."""
+    cache = agent_copy.parent / "__pycache__"
+    cache.mkdir()
+    marker = tmp_path / "PWNED"
+    source = compile(agent_copy.read_text(), str(agent_copy), "exec")
+    payload = compile(f"open({str(marker)!r}, 'w').write('ran')\n"
+                      f"exec(__import__('marshal').loads({marshal.dumps(source)!r}), globals())\n",
+                      str(agent_copy), "exec")
+    for name in ("agent", "agent_launcher"):  # (what the launcher imported, and any name it may)
+        (cache / f"{name}.{sys.implementation.cache_tag}.pyc").write_bytes(
+            MAGIC_NUMBER + (1).to_bytes(4, "little") + b"\0" * 8 + marshal.dumps(payload))
+    planted = sorted((p.name, p.read_bytes()) for p in cache.iterdir())
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    api = serve(request, reply(tool_use("run_python", {"code": "print('ran here')"})),
+                reply(text("done")))
+    done = run_agent_py(agent_copy, "q", "--workdir", workdir, "--yes", "--no-keep",
+                        "--transcript", tmp_path / "t.json", env=agent_env(api), cwd=tmp_path,
+                        timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    results = [b for m in json.loads((tmp_path / "t.json").read_text())["messages"]
+               if isinstance(m["content"], list) for b in m["content"]
+               if b.get("type") == "tool_result"]
+    assert "ran here" in json.dumps(results) and "sandbox: landlock" in done.stderr, done.stderr
+    assert not marker.exists(), "a planted .pyc ran, unconfined, in the launcher"
+    assert sorted((p.name, p.read_bytes()) for p in cache.iterdir()) == planted  # none written
+    again = run_agent_py(agent_copy, "q", "--workdir", cache, "--yes", "--no-keep",
+                         env=agent_env(api), cwd=tmp_path, timeout=60, stdin=subprocess.DEVNULL)
+    assert again.returncode == 2 and "bytecode cache" in again.stderr, again.stderr
