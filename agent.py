@@ -420,7 +420,9 @@ class ToolContext:
     cancel: threading.Event | None = None  # set to stop this run (its trial) from outside
 
     def __post_init__(self):
-        self.workdir_fd = os.open(self.workdir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        box = self.sandbox  # its workdir, opened at the start: the directory run_python works in
+        self.workdir_fd = os.dup(box.pinned) if getattr(box, "workdir", None) == self.workdir \
+            else os.open(self.workdir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self.asking = threading.local()  # seconds this thread spent waiting for approval
 
 
@@ -5008,10 +5010,11 @@ def start_here(code, workdir, box):
     try:
         if call.uncapped:
             box.cgroup = None  # found out by the self-test: the status line says so
-        proc = subprocess.Popen(
-            call.command(), cwd=workdir, env=child_env(box.policy, call.home),
+        proc = subprocess.Popen(  # in the workdir pinned at the start (its descriptor)
+            call.command(), env=child_env(box.policy, call.home),
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            close_fds=True, start_new_session=True, preexec_fn=call.enter)
+            close_fds=True, start_new_session=True,
+            preexec_fn=lambda: (os.fchdir(box.pinned), call.enter()))
     except BaseException as e:  # Ctrl-C included: the call's directory must not stay
         call.release()
         if isinstance(e, (OSError, subprocess.SubprocessError)):
@@ -5077,7 +5080,7 @@ class Child:
             self.go, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             pid = os.fork()
             if pid == 0:
-                self.call.run(theirs.fileno(), request["workdir"])  # never returns
+                self.call.run(theirs.fileno(), box.pinned)  # never returns
         except BaseException:
             self.call.release()
             raise
@@ -5187,9 +5190,11 @@ class Call:
         return fd
 
     def add_rule(self, ruleset, path, names):
-        """Grant `names` beneath `path` (or on the file), as far as this kernel knows them."""
+        """Grant `names` beneath `path` (or on the file), as far as this kernel knows them. A
+        descriptor (the pinned workdir) is the rule's parent as it is, never reopened by name."""
+        pinned = isinstance(path, int)
         try:
-            parent = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            parent = path if pinned else os.open(path, os.O_PATH | os.O_CLOEXEC)
         except OSError:
             return  # not on this machine
         box = self.box
@@ -5199,7 +5204,8 @@ class Call:
             rule = PathBeneath(rights(LANDLOCK_FS, box.abi, names) & box.handled[0], parent)
             syscall(box.libc, "landlock_add_rule", ruleset, 1, ctypes.byref(rule), 0)
         finally:
-            os.close(parent)
+            if not pinned:
+                os.close(parent)
 
     def command(self):
         """The argv that runs the script: this interpreter, wrapped on macOS."""
@@ -5213,13 +5219,15 @@ class Call:
         return argv
 
     def run(self, go, workdir):
-        """In the launcher's fork, made ahead of its call where it can be: hold nothing of the
-        launcher's, take a session of its own, confine itself (enter), then wait for the call's
-        go (its stdout, stderr and environment) and exec the script. Never returns; an error
-        before the exec goes back on `go`."""
+        """In the launcher's fork, made ahead of its call where it can be: go into the workdir (by
+        its descriptor `workdir`, never its name), hold nothing of the launcher's, take a session
+        of its own, confine itself (enter), then wait for the call's go (its stdout, stderr and
+        environment) and exec the script. Never returns; an error before the exec goes back on
+        `go`."""
         try:
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            os.fchdir(workdir)  # the directory pinned at the start, not what its name is now
             low = 3  # nothing of the launcher's: its socket, other calls' ends
             for fd in sorted({go, self.ruleset} - {-1}):
                 os.closerange(low, fd)
@@ -5227,7 +5235,6 @@ class Call:
             os.closerange(low, MAX_FD)
             os.setsid()  # a group (and session) of its own: the one the launcher kills
             null, waiting = os.open(os.devnull, os.O_RDONLY), socket.socket(fileno=go)
-            os.chdir(workdir)
             self.enter()
             self.started()
             message, fds, _, _ = socket.recv_fds(waiting, 1 << 20, 2)
@@ -5357,6 +5364,7 @@ class Running:
     def __init__(self, out, err, report=None, proc=None, call=None, launcher=None):
         self.out, self.err, self.report, self.proc, self.call = out, err, report, proc, call
         self.launcher, self.pid = launcher, None  # the script's group
+        self.made = None  # the call's directory and cgroups, as the launcher named them
 
     def heard(self, box):
         """The launcher's message: the script's pid (None), its end (code, OOM kills), or an
@@ -5371,8 +5379,8 @@ class Running:
             raise ToolError(message["error"])
         if "status" in message:
             return tuple(message["status"])
-        self.pid = message["pid"]
-        self.launcher.note(message["root"], message["cgroups"])
+        self.pid, self.made = message["pid"], (message["root"], message["cgroups"])
+        self.launcher.note(*self.made)
         if message["uncapped"]:
             box.cgroup = None  # found out by the self-test: the status line says so
         return None
@@ -5390,7 +5398,9 @@ class Running:
             self.report.close()
             os.close(self.out)
             os.close(self.err)
-            if status == "gone":  # nobody else will remove what it made
+            if status == "gone":  # nobody else will remove what it made: this call's things
+                if self.made:  # (however many calls ran), then what the agent noted
+                    cleanup_later(*self.made)
                 self.launcher.gone()
             return
         kill_group(self.proc.pid)
@@ -5554,8 +5564,13 @@ def opened_dir(dir_fd, name):
 class Sandbox:
     """run_python's boundary for one run: planned and proven at the first call, then reused."""
 
-    def __init__(self, workdir, enabled, limits, report=None):
+    def __init__(self, workdir, enabled, limits, report=None, pinned=None):
         self.workdir, self.limits, self.report = workdir, limits, report or (lambda line: None)
+        # The workdir as opened now, at the run's start: every call's cwd and writable tree is
+        # this directory, whatever its name names later (another user who can rename it may
+        # swap it for a symlink to / mid-run). `workdir` is its name, for messages and policy.
+        self.pinned = pin_directory(workdir) if pinned is None else pinned
+        self.unpin = weakref.finalize(self, os.close, self.pinned)
         self.linux = sys.platform == "linux"  # elsewhere the agent kills the group itself
         self.libc = libc_call() if self.linux else None
         self.landlock = False  # Landlock, seccomp and no capabilities for every call
@@ -5600,7 +5615,8 @@ class Sandbox:
         self.grants = ([(p, READ_EXEC) for p in policy.read_exec]
                        + [(f, {"read_file"}) for f in policy.read_files]
                        + [(f, {"read_file", "write_file", "truncate"}) for f in policy.write_files]
-                       + [(d, READ_WRITE) for d in policy.read_write])
+                       + [(self.pinned if d == str(self.workdir) else d, READ_WRITE)
+                          for d in policy.read_write])  # the workdir by its descriptor
         parts = ["fs"] + ["tcp"] * bool(self.handled[1]) + ["scope"] * bool(self.handled[2])
         self.kind = f"landlock ABI {self.abi} ({', '.join(parts)}) + seccomp, no capabilities"
         self.landlock = True
@@ -5691,6 +5707,7 @@ class Sandbox:
             if self.launcher:
                 self.launcher.close()
             self.launcher, self.no_launcher = None, "closed"
+            self.unpin()
 
 
 SELF_TEST = """import ctypes, os
@@ -5743,7 +5760,8 @@ class Launcher:
                   for k, v in asdict(box.policy).items()}
         answer, why = b"", ""
         try:
-            ours.send(json.dumps({"workdir": str(box.workdir), "policy": policy}).encode())
+            socket.send_fds(ours, [json.dumps({"workdir": str(box.workdir),
+                                               "policy": policy}).encode()], [box.pinned])
             ours.settimeout(60)
             answer = ours.recv(4096)
             ours.settimeout(None)
@@ -5752,9 +5770,10 @@ class Launcher:
         self.ended = weakref.finalize(self, end_launcher, ours, self.proc)  # a Sandbox dropped
         if answer != b"ready":  # what it said, or its last line on stderr
             self.close()
-            text = answer.decode(errors="replace") or self.proc.stderr.read().decode(errors="replace")
+            text = (answer or self.proc.stderr.read()).decode(errors="replace").strip()
             self.proc.stderr.close()
-            raise OSError((text.strip().splitlines() or [why or f"it exited {self.proc.returncode}"])[-1])
+            why = why or f"it exited {self.proc.returncode}"
+            raise OSError((text.splitlines() or [why])[-1])
         self.proc.stderr.close()
 
     def close(self):
@@ -5786,6 +5805,12 @@ class Launcher:
         made, self.made = self.made, []
         for root, cgroups in made:
             cleanup_later(root, cgroups)
+
+
+def pin_directory(path):
+    """A descriptor of the directory `path` names now, for fchdir and Landlock (O_PATH where
+    there is one), closed on exec."""
+    return os.open(path, getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC)
 
 
 def end_launcher(control, proc):
@@ -5825,8 +5850,13 @@ def serve(fd):
     signal.set_wakeup_fd(woken)  # a child's end wakes the loop: reap it
     signal.signal(signal.SIGCHLD, lambda *_: None)
     try:
-        config = json.loads(control.recv(1 << 20))
-        box = Sandbox(Path(config["workdir"]), True, Limits())
+        message, fds, _, _ = socket.recv_fds(control, 1 << 20, 1)
+        for fd in fds:
+            os.set_inheritable(fd, False)
+        config = json.loads(message)
+        if len(fds) != 1:
+            raise OSError("the agent sent no workdir descriptor")
+        box = Sandbox(Path(config["workdir"]), True, Limits(), pinned=fds[0])
         box.policy = SandboxPolicy(**{k: frozenset(v) if k == "env_keep" else tupled(v)
                                       for k, v in config["policy"].items()})
         os.close(os.pidfd_open(os.getpid()))  # Linux 5.3, or no launcher
@@ -5844,59 +5874,63 @@ def serve(fd):
         by_fd[fd] = child
         poller.register(fd, select.POLLIN)
 
-    while True:
-        ended = False
-        for fd, _ in poller.poll(50 if any(c.killed_at for c in children.values()) else None):
-            if fd == control.fileno():
-                try:
-                    message, fds, _, _ = socket.recv_fds(control, 1 << 16, 4)
-                except OSError:  # (ECONNRESET: the agent went with a note of ours unread)
-                    message = b""
-                if not message:
-                    return shut_down(children)
-                last = json.loads(message)
-                if ahead and (ahead.kind != kind_of(last)  # made for another kind of call,
-                              or ahead.call.uncapped and last["required"]):  # or uncapped
-                    ahead.kill(report=False)
-                    ahead = None
-                child, ahead = launch(box, last, fds, ahead), None
-                if child:
-                    if child.pid not in children:
-                        children[child.pid] = child
-                        watch(child.pidfd, child)
-                    watch(child.report.fileno(), child)
-            elif fd == wake:
-                with contextlib.suppress(BlockingIOError):
-                    while os.read(wake, 4096):
-                        pass
-            elif fd in by_fd:  # its child ended, or the agent ended the call: end the group
-                child = by_fd.pop(fd)
-                poller.unregister(fd)
-                child.kill()
-                if child is ahead:
-                    ahead = None
-        reap(children)
-        for child in [c for c in children.values() if c.killed_at and c.over()]:
-            del children[child.pid]
-            for fd in [fd for fd, c in by_fd.items() if c is child]:
-                del by_fd[fd]
-                poller.unregister(fd)
-            child.finish()
-            ended = ended or child.report is not None
-        running = any(c.report and not c.killed_at for c in children.values())
-        if ahead is None and last and (ended or not running):
-            try:  # the next call's child, made while the model thinks: off the call's time
-                ahead = children[0] = Child(box, last)
-            except Exception:
-                last = None  # made at the next call, which then says why
-                continue
-            del children[0]
-            children[ahead.pid] = ahead
-            watch(ahead.pidfd, ahead)
-            with contextlib.suppress(OSError):  # for the agent to remove, should this be killed
-                control.send(json.dumps({"ahead": [ahead.call.root, ahead.call.cgroups]}).encode(),
-                             socket.MSG_DONTWAIT)
+    try:
+        while True:
+            ended = False
+            for fd, _ in poller.poll(50 if any(c.killed_at for c in children.values()) else None):
+                if fd == control.fileno():
+                    try:
+                        message, fds, _, _ = socket.recv_fds(control, 1 << 16, 4)
+                    except OSError:  # (ECONNRESET: the agent went with a note of ours unread)
+                        message = b""
+                    if not message:
+                        return shut_down(children)
+                    last = json.loads(message)
+                    if ahead and (ahead.kind != kind_of(last)  # made for another kind of call,
+                                  or ahead.call.uncapped and last["required"]):  # or uncapped
+                        ahead.kill(report=False)
+                        ahead = None
+                    child, ahead = launch(box, last, fds, ahead), None
+                    if child:
+                        if child.pid not in children:
+                            children[child.pid] = child
+                            watch(child.pidfd, child)
+                        watch(child.report.fileno(), child)
+                elif fd == wake:
+                    with contextlib.suppress(BlockingIOError):
+                        while os.read(wake, 4096):
+                            pass
+                elif fd in by_fd:  # its child ended, or the agent ended the call: end the group
+                    child = by_fd.pop(fd)
+                    poller.unregister(fd)
+                    child.kill()
+                    if child is ahead:
+                        ahead = None
+            reap(children)
+            for child in [c for c in children.values() if c.killed_at and c.over()]:
+                del children[child.pid]
+                for fd in [fd for fd, c in by_fd.items() if c is child]:
+                    del by_fd[fd]
+                    poller.unregister(fd)
+                child.finish()
+                ended = ended or child.report is not None
+            running = any(c.report and not c.killed_at for c in children.values())
+            if ahead is None and last and (ended or not running):
+                try:  # the next call's child, made while the model thinks: off the call's time
+                    ahead = children[0] = Child(box, last)
+                except Exception:
+                    last = None  # made at the next call, which then says why
+                    continue
+                del children[0]
+                children[ahead.pid] = ahead
+                watch(ahead.pidfd, ahead)
+                with contextlib.suppress(OSError):  # for the agent to remove, should this be killed
+                    note = {"ahead": [ahead.call.root, ahead.call.cgroups]}
+                    control.send(json.dumps(note).encode(), socket.MSG_DONTWAIT)
 
+    except BaseException:  # a bug here must not leave a call running or its things behind
+        shut_down(children)
+        raise
 
 def tupled(value):
     return tuple(map(tupled, value)) if isinstance(value, list) else value

@@ -171,14 +171,15 @@ def sdk_client(api, **limits):
 
 # --- tools and the loop, without the CLI ---
 
-def unconfined(tmp_path):
-    return agent.Sandbox(tmp_path, False, agent.Limits())
+def unconfined(workdir):
+    return agent.Sandbox(workdir, False, agent.Limits())
 
 
 def tool_context(workdir, tmp_path, limits=None):
     """A ToolContext on `workdir`: no sandbox, every run_python call approved."""
-    return agent.ToolContext(Path(os.path.realpath(workdir)), limits or agent.Limits(),
-                             unconfined(tmp_path), approve=lambda code: True)
+    workdir = Path(os.path.realpath(workdir))  # (run_python works in its sandbox's workdir)
+    return agent.ToolContext(workdir, limits or agent.Limits(), unconfined(workdir),
+                             approve=lambda code: True)
 
 
 def call(ctx, name, **args):

@@ -1,10 +1,13 @@
 """Path safety and the sandbox: run_python's boundary attacked from outside; scripts still work."""
 
+import contextlib
 import json
 import marshal
 import os
+import pwd
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -705,6 +708,41 @@ def test_the_launcher_killed_mid_call_leaves_nothing_running(workdir):
     assert not [d for d in cgroups if d.exists()], "the call's cgroup outlived the launcher"
 
 
+def test_the_launcher_killed_with_many_calls_running_leaves_no_directory(workdir, tmp_path,
+                                                                         monkeypatch):
+    """S5: more calls at once (trials, --jobs) than the agent's note of what the launcher made
+    ahead holds (16): the launcher killed, each call removes its own directory and cgroups."""
+    private = tmp_path / "tmp"
+    private.mkdir(mode=0o700)
+    monkeypatch.setenv("TMPDIR", str(private))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    box = new_box(workdir)
+    n, runs = 20, []
+    code = "import os, time\nopen(f'up.{os.getpid()}', 'w').close()\ntime.sleep(60)\n"
+    threads = [threading.Thread(target=lambda: runs.append(execute(box, workdir, code, 90, 1000)))
+               for _ in range(n)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while len(list(workdir.glob("up.*"))) < n and time.monotonic() < deadline:
+        time.sleep(0.1)
+    groups = {d for up in workdir.glob("up.*") for d in cgroups_of(int(up.name[3:]))}
+    os.kill(box.launcher.pid, signal.SIGKILL)
+    for t in threads:
+        t.join()
+    deadline = time.monotonic() + 8
+    while (os.listdir(private) or [d for d in groups if d.exists()]) \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left, kept = os.listdir(private), [d for d in groups if d.exists()]
+    box.close()
+    for d in kept:  # (after the proof: what the agent forgot, if it is still there)
+        with contextlib.suppress(OSError):
+            d.rmdir()
+    assert len(runs) == n and left == [], f"{len(left)} calls' directories outlived the launcher"
+    assert kept == [], f"{len(kept)} calls' cgroups outlived the launcher"
+
+
 def test_kill_9_of_the_agent_leaves_no_directory_of_its_launcher(workdir, tmp_path):
     """The launcher makes the next call's directory, cgroup and child ahead: after a kill -9 of
     the agent, those go too, and the launcher with them."""
@@ -887,6 +925,65 @@ def test_a_call_whose_cgroup_cannot_be_made_is_refused(workdir):
     with pytest.raises(agent.ToolError, match="not run without its caps"):
         execute(box, workdir, "open('ran', 'w')")
     assert not (workdir / "ran").exists()
+
+
+# --- the workdir is the one opened at the start, not whatever its name names later ---
+
+SWAPPED_WORKDIR = ("import os, time\nopen('started', 'w').close()\n"
+                   "while not os.path.exists('swapped'):\n    time.sleep(0.02)\n")
+
+
+@as_other_users
+@pytest.mark.parametrize("way", ["sandboxed", "no-sandbox", "no-launcher"])
+def test_another_user_cannot_swap_the_workdir_of_the_next_call(way, tmp_path, monkeypatch):
+    """S1: root works in a directory of nobody's in /tmp (whose sticky bit lets its owner rename
+    it). During the first call nobody renames it and puts a symlink to a root-only directory in
+    its place: the next call still runs in, and may write only, the directory opened at the
+    start: it lists that one's files, and what it writes lands there, not behind the link. With
+    the launcher and Landlock, without Landlock (--no-sandbox), and without a launcher (the agent
+    starts the call itself)."""
+    if not os.stat("/tmp").st_mode & stat.S_ISVTX:
+        pytest.skip("/tmp has no sticky bit")
+    if way == "no-launcher":
+        monkeypatch.setattr(agent, "LAUNCHER_BOOT", NO_LAUNCHER)
+    roots = tmp_path / "roots"  # root's: nobody cannot even look in
+    roots.mkdir(mode=0o700)
+    (roots / "private.txt").write_text("root's\n")
+    theirs, moved = Path(f"/tmp/agent-s1-{os.getpid()}"), Path(f"/tmp/agent-s1-{os.getpid()}.old")
+    nobody_does("mkdir", "-m", "0777", str(theirs))  # (a capless root must write it)
+    (theirs / "data.csv").write_text("a,b\n")  # (root may write in nobody's directory)
+    box = agent.Sandbox(theirs, way == "sandboxed", agent.Limits())
+    try:
+        assert box.ready() == (way == "sandboxed"), box.status
+        done = {}
+        first = threading.Thread(target=lambda: done.update(run=agent.execute(
+            SWAPPED_WORKDIR, theirs, box, 30, 2000)))
+        first.start()
+        deadline = time.monotonic() + 20
+        while not (theirs / "started").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        nobody_does("sh", "-c", f"mv {theirs} {moved} && ln -s {roots} {theirs}")
+        (moved / "swapped").touch()  # the first call may end: the launcher makes the next one's
+        first.join()
+        assert done["run"].code == 0, done["run"]
+        assert os.path.realpath(theirs) == str(roots)  # the swap took
+        second = agent.execute("import os\nprint(sorted(os.listdir('.')))\n"
+                               "open('planted', 'w').write('x')\n", theirs, box, 30, 2000)
+        assert second.code == 0, second
+        assert "private.txt" not in second.stdout and "data.csv" in second.stdout, second
+        assert not (roots / "planted").exists(), "the script wrote into root's directory"
+        assert (moved / "planted").read_text() == "x"  # where the run's workdir went
+    finally:
+        box.close()
+        if theirs.is_symlink():
+            theirs.unlink()
+        for d in (theirs, moved):
+            subprocess.run(["rm", "-rf", str(d)], check=False)
+
+
+def nobody_does(*argv):
+    nobody = pwd.getpwnam("nobody")
+    subprocess.run(argv, check=True, user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[])
 
 
 # --- what runs is what was approved ---
