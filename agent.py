@@ -6637,6 +6637,9 @@ class QuestionWasRead(io.StringIO):
     no_answer = "(no answer: stdin held the question; give --yes to run it unasked)"
 
 
+ELSEWHERE = "y"  # what --resume's consent to another server is: a y, which no flag gives
+
+
 class PipedAnswers:
     """stdin that is not a terminal (`echo y | agent.py ...`): no terminal echoes the answer
     read from it, so it is shown after the question, said to come from stdin, and the line
@@ -7381,16 +7384,20 @@ def main(argv=None, client=None, stdin=None):
         made_with = (server_url(made_with) or made_with) if is_str(made_with) else None
         made_with, going_to = made_with or ANTHROPIC_URL, server or ANTHROPIC_URL
         if made_with != going_to:  # its whole history goes to this server: the user says so
-            taken["ANTHROPIC_BASE_URL (or answer y)"] = (  # one line, its URL fitted to it
+            taken[ELSEWHERE] = (  # one line, its URL fitted to it
                 "server", made_with, f" (its history would now go to {visible(going_to)})")
         if prompt:
             taken["--system-prompt FILE"] = ("system prompt", prompt,
                                              f" ({len(prompt):,} characters)")
         if taken and not agreed(consent_question(source, taken.values(), terminal_size()[1]),
                                 stdin):
+            given = [flag for flag in taken if flag != ELSEWHERE]  # what a flag can say
+            why = [f"give {' and '.join(given)} to say how {source} goes on"] if given else []
+            if ELSEWHERE in taken:  # ANTHROPIC_BASE_URL was given: only a y consents
+                why.append(f"{source} goes on with a server other than the one that made it "
+                           "only when you answer y (echo y | agent.py ...)")
             raise UsageError(f"not replayed: give --workdir DIR to say where {source} runs"
-                             if replay else f"not resumed: give {' and '.join(taken)} to say "
-                             f"how {source} goes on")
+                             if replay else "not resumed: " + "; and ".join(why))
         if session is not None and system:
             session["system"] = system
         target = args.transcript or args.resume  # --resume goes on in the file it continues

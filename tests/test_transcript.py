@@ -802,8 +802,9 @@ def test_resume_sends_its_history_to_another_server_only_if_the_user_agrees(
     shown = recorded or "https://api.anthropic.com"
     assert (code, client.requests) == (2, []), err
     assert f'  server "{shown}" (its history would now go to http://127.0.0.1:8767)\n' in err
-    assert err.rstrip().endswith("not resumed: give ANTHROPIC_BASE_URL (or answer y) to say how "
-                                 f"{path} goes on"), err
+    assert err.rstrip().endswith(  # newuser2 N4: not "give ANTHROPIC_BASE_URL", which was given
+        f"not resumed: {path} goes on with a server other than the one that made it only when "
+        "you answer y (echo y | agent.py ...)"), err
     client = FakeClient(reply(text("a")))
     code, _, err = run_cli(capsys, given, client, stdin="y\n")
     assert code == 0 and len(client.requests) == 1
