@@ -666,8 +666,16 @@ def on_stop_signal(signum, frame):
     The KeyboardInterrupt is lost if the signal lands where Python swallows exceptions (an
     at-fork hook of subprocess, a __del__), so the flag stays set for the loops that wait to
     see."""
+    say_stop_signal(signum)
     STOPPING.set()
     raise KeyboardInterrupt
+
+
+def say_stop_signal(signum=None):
+    """STOPPED (the interrupted stop's detail, in the transcript and on stderr) names SIGHUP,
+    a closed terminal, which is neither Ctrl-C nor SIGTERM; main sets it back for each run."""
+    globals()["STOPPED"] = ("stopped by SIGHUP" if signum == signal.SIGHUP else
+                            "stopped by Ctrl-C or SIGTERM")
 
 
 class Connections:
@@ -7276,6 +7284,7 @@ def main(argv=None, client=None, stdin=None):
     """Parse flags, run one session (or trials), print the answer; return the exit code."""
     report, events, telemetry, run_id = Reporter(), None, None, uuid.uuid4().hex
     STOPPING.clear()
+    say_stop_signal()
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="backslashreplace")  # a lone surrogate must not crash it
     try:

@@ -942,8 +942,9 @@ def test_subprocess_ctrl_c_kills_the_tool_and_keeps_the_transcript(request, work
     saved = json.loads(transcript.read_text())
     assert saved["stop"]["reason"] == "interrupted"
     # the killed call is on stderr, in the events and in the turn; the call after it answered
-    assert "run_python" in err and "-> error: interrupted: stopped by Ctrl-C or SIGTERM while " \
-        "it ran" in err
+    said = "stopped by SIGHUP" if signum == signal.SIGHUP else "stopped by Ctrl-C or SIGTERM"
+    assert saved["stop"]["detail"] == said and f"stop: interrupted ({said})" in err  # N16
+    assert "run_python" in err and f"-> error: interrupted: {said} while it ran" in err
     ends = [e for e in map(json.loads, events.read_text().splitlines()) if e["type"] == "tool.end"]
     assert [(e["id"], e["is_error"]) for e in ends] == [("toolu_slow", True)]
     assert [(c["id"], c["is_error"]) for c in saved["turns"][0]["tool_calls"]] == [
