@@ -7382,6 +7382,9 @@ def main(argv=None, client=None, stdin=None):
         config = load_config(workdir, report) if not replay else dict.fromkeys(  # no key
             ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL"))
         server = server_url(config["ANTHROPIC_BASE_URL"] or "")  # recorded; None: Anthropic's
+        if server and "@" in urllib.parse.urlsplit(config["ANTHROPIC_BASE_URL"]).netloc:  # N28
+            report.error("note: ANTHROPIC_BASE_URL holds a user:password@, which is sent as the "
+                         "Authorization header in place of the API key's")
         model = args.model or config["ANTHROPIC_MODEL"] or recorded.get("model") or DEFAULT_MODEL
         prompt = own_prompt(session) if session is not None and system is None else None
         taken = {"--workdir DIR": ("workdir", str(workdir), "")} \

@@ -1389,6 +1389,22 @@ def test_a_model_id_with_white_space_around_it_is_a_usage_error(capsys, workdir,
                                               "white space around it: give it without\n")
 
 
+def test_a_password_in_the_base_url_is_said_to_replace_the_keys_authorization(
+        capsys, workdir, monkeypatch):
+    """newuser2 N28: user:password@ in ANTHROPIC_BASE_URL is sent as Authorization: Basic,
+    in place of the key's header, and nothing said so; a note does, showing no password."""
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://user:s3cr3t-pw@127.0.0.1:9")
+    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir)],
+                             FakeClient(reply(text("ok"))))
+    assert code == 0 and out == "ok\n", err
+    assert ("note: ANTHROPIC_BASE_URL holds a user:password@, which is sent as the "
+            "Authorization header in place of the API key's\n") in err
+    assert "s3cr3t-pw" not in err
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:9")
+    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir)], FakeClient(reply(text("ok"))))
+    assert code == 0 and "user:password" not in err
+
+
 def test_an_answer_with_no_text_says_so(capsys, workdir):
     """A reply of no content, end_turn (local models do this after a tool result): exit 0 and
     nothing anywhere said the answer was empty (newuser2 N36)."""
