@@ -2364,6 +2364,9 @@ def read_document(path, flag, sized=False):
         if isinstance(lines, dict) and "seq" in lines and "type" in lines:
             raise UsageError(f"{flag} {path} is an event stream (--events, JSON Lines), not "
                              f"the one JSON document {flag} reads")
+        if data.startswith(b"\xef\xbb\xbf"):  # newuser2 N12: Python's advice was no help
+            raise UsageError(f"{flag} {path} starts with a byte-order mark (saved by an "
+                             "editor?), which no JSON document starts with: save it without one")
         raise UsageError(f"{flag} {path} is not a JSON document ({e})")
 
 
@@ -2391,10 +2394,14 @@ def no_constant(name):
     raise json.JSONDecodeError(f"{name} is not JSON", name, 0)
 
 
+JSON_NAMES = {type(None): "null", str: "string", int: "number", float: "number", bool: "boolean",
+              list: "list"}  # what a document that is no object is, in JSON's words
+
+
 def document_kind(document):
     """What a JSON document is, in words, to tell the user what they gave."""
     if not isinstance(document, dict):
-        return f"a JSON {type(document).__name__}"  # a list, a str ...: the caller says not what
+        return f"a JSON {JSON_NAMES.get(type(document), 'list')}"  # the caller says not what
     if document.get("kind") == "trials":
         return "a trials summary"
     if str(document.get("schema_version", "")).startswith("ATIF"):

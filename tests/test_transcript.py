@@ -565,6 +565,10 @@ def test_resume_after_a_refusal_drops_the_refused_turn(capsys, workdir, tmp_path
     ('{"version": 1, "model": "m", "turns": [{}], "messages": [{"role": "user", "content": '
      '[{"type": "text", "text": "q"}]}]}', "not a version 1"),
     ('[1, 2]', "cannot resume: {path} is a JSON list, not a transcript\n"),
+    ("null", "cannot resume: {path} is a JSON null, not a transcript\n"),  # newuser2 N12
+    ('"text"', "cannot resume: {path} is a JSON string, not a transcript\n"),
+    ('\ufeff{"version": 1}', "--resume {path} starts with a byte-order mark (saved by an "
+     "editor?), which no JSON document starts with: save it without one\n"),
     ('{"version": 99, "turns": []}', "cannot resume: {path} is a JSON object, not a transcript\n"),
     ("{}", "is an empty JSON object, not a transcript"),
     ('{"version": 2, "kind": "trials", "trials": []}', "is a trials summary, not a transcript"),
