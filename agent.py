@@ -7408,6 +7408,9 @@ def main(argv=None, client=None, stdin=None):
         if prompt:
             taken["--system-prompt FILE"] = ("system prompt", prompt,
                                              f" ({len(prompt):,} characters)")
+        if taken and not replay and client is None and importlib.util.find_spec(
+                "anthropic") is None:  # N37: what to install first, not a question, then that
+            raise UsageError(install_hint())
         if taken and not agreed(consent_question(source, taken.values(), terminal_size()[1]),
                                 stdin):
             given = [flag for flag in taken if flag != ELSEWHERE]  # what a flag can say

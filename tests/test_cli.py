@@ -996,6 +996,23 @@ def test_without_its_packages_agent_py_says_so_before_asking_for_a_key(tmp_path,
     assert "pip install -r agent/requirements.txt" in done.stderr and "API key" not in done.stderr
 
 
+@pytest.mark.skipif(not BASE_PYTHON.exists() or subprocess.run(
+    [str(BASE_PYTHON), "-c", "import anthropic"], capture_output=True).returncode == 0,
+    reason="needs a Python without the anthropic package")
+def test_without_its_packages_resume_says_so_before_asking_its_question(tmp_path, agent_copy):
+    """newuser2 N37: --resume asked its consent question first, and only after a y said that
+    the packages were missing."""
+    example = tmp_path / "run.json"  # it recorded a workdir (workspace, here too): asked
+    example.write_bytes((AGENT.parent / "workspace" / "example-run.json").read_bytes())
+    (tmp_path / "workspace").mkdir()
+    done = subprocess.run([str(BASE_PYTHON), str(agent_copy), "--resume", str(example), "more"],
+                          capture_output=True, text=True, env=agent_env(), cwd=tmp_path,
+                          timeout=60, input="y\n")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "needs the anthropic and python-dotenv packages" in done.stderr
+    assert "[y/N]" not in done.stderr
+
+
 def test_subprocess_without_a_key_is_one_clear_line(tmp_path, workdir, agent_copy):
     done = run_agent_py(agent_copy, "hi", "--workdir", workdir, env=agent_env(), cwd=tmp_path,
                         timeout=30, stdin=subprocess.DEVNULL)
