@@ -5158,7 +5158,8 @@ class Call:
         self.box, self.cgroups, self.ruleset, self.uncapped = box, [], -1, False
         self.key = (parent, repr(box.cgroup), box.landlock)  # what kind of call it can serve
         self.rlimits = box.rlimits  # worked out here: enter() runs in the forked child
-        self.root = tempfile.mkdtemp(prefix="agent-call-", dir=parent or call_parent())  # 0700
+        self.root = tempfile.mkdtemp(prefix="-".join(["agent-call", *box.tag, ""]),  # 0700
+                                     dir=parent or call_parent())
         try:  # from here on, whatever happens (Ctrl-C included), nothing is left behind
             self.script = os.path.join(self.root, "main.py")  # the child may read, not change it
             self.scratch = os.path.join(self.root, "scratch")  # a capped tmpfs, where mounts work
@@ -5170,7 +5171,7 @@ class Call:
             self.write(source)  # (made ahead, it is empty until the call: its rule is made now)
             if box.cgroup:
                 try:
-                    self.cgroups = make_cgroups(box.cgroup, box.policy)
+                    self.cgroups = make_cgroups(box.cgroup, box.policy, box.tag)
                 except OSError as e:
                     if box.tested:  # promised on the status line: keep it
                         raise ToolError(f"could not make this call's cgroup ({e.strerror}); the "
@@ -5313,9 +5314,9 @@ class Call:
         cleanup(self.root, self.cgroups)
 
 
-def make_cgroups(cgroup, policy):
+def make_cgroups(cgroup, policy, tag=()):
     """Make a call's cgroup (one per controller on v1), named at random, with its caps."""
-    memory, name = policy.memory_mb << 20, f"agent-{uuid.uuid4().hex[:16]}"
+    memory, name = policy.memory_mb << 20, "-".join(["agent", *tag, uuid.uuid4().hex[:16]])
     caps = {"pids.max": policy.max_tasks, "memory.max": memory, "memory.swap.max": 0,
             "memory.oom.group": 1,  # v2: out of memory, the call's processes go together
             "memory.limit_in_bytes": memory, "memory.memsw.limit_in_bytes": memory}  # v1
@@ -5585,6 +5586,7 @@ class Sandbox:
         # this directory, whatever its name names later (another user who can rename it may
         # swap it for a symlink to / mid-run). `workdir` is its name, for messages and policy.
         self.pinned = pin_directory(workdir) if pinned is None else pinned
+        self.tag = []  # in a launcher, its run's tag, in every name it makes (Launcher.gone)
         self.unpin = weakref.finalize(self, os.close, self.pinned)
         self.linux = sys.platform == "linux"  # elsewhere the agent kills the group itself
         self.libc = libc_call() if self.linux else None
@@ -5771,11 +5773,15 @@ class Launcher:
         finally:
             theirs.close()
         self.control, self.pid, self.made = ours, self.proc.pid, []
+        # Every name the launcher makes (call directories, cgroups) carries this run's tag, so
+        # that should it be killed while it makes one, before its note comes, gone() finds it
+        self.tag = os.urandom(6).hex()
+        self.where = [call_parent(), *(box.cgroup[1] if box.cgroup else [])]
         policy = {k: sorted(v) if isinstance(v, frozenset) else v
                   for k, v in asdict(box.policy).items()}
         answer, why = b"", ""
         try:
-            socket.send_fds(ours, [json.dumps({"workdir": str(box.workdir),
+            socket.send_fds(ours, [json.dumps({"workdir": str(box.workdir), "tag": self.tag,
                                                "policy": policy}).encode()], [box.pinned])
             ours.settimeout(60)
             answer = ours.recv(4096)
@@ -5820,6 +5826,12 @@ class Launcher:
         made, self.made = self.made, []
         for root, cgroups in made:
             cleanup_later(root, cgroups)
+        for parent in self.where:  # what it was making when it was killed, not yet noted
+            with contextlib.suppress(OSError):
+                for name in os.listdir(parent):
+                    if name.startswith((f"agent-call-{self.tag}-", f"agent-{self.tag}-")):
+                        cleanup_later(*((os.path.join(parent, name), []) if name.startswith(
+                            "agent-call-") else (None, [os.path.join(parent, name)])))
 
 
 def pin_directory(path):
@@ -5872,6 +5884,7 @@ def serve(fd):
         if len(fds) != 1:
             raise OSError("the agent sent no workdir descriptor")
         box = Sandbox(Path(config["workdir"]), True, Limits(), pinned=fds[0])
+        box.tag = [config["tag"]]
         box.policy = SandboxPolicy(**{k: frozenset(v) if k == "env_keep" else tupled(v)
                                       for k, v in config["policy"].items()})
         os.close(os.pidfd_open(os.getpid()))  # Linux 5.3, or no launcher

@@ -155,5 +155,5 @@ def alive(pid):
     """True unless the process is gone or a zombie (PID 1 here may never reap orphans)."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # (gone between the open and the read)
         return False
