@@ -1245,17 +1245,24 @@ def test_without_the_sandbox_the_question_itself_says_a_y_runs_it_unconfined(
                             stdin=screen, stdout=subprocess.PIPE, stderr=screen,
                             env=agent_env(api))
     os.close(screen)
-    drawn, deadline = b"", time.monotonic() + 60
-    while b"[y/N]" not in drawn and time.monotonic() < deadline and proc.poll() is None:
-        drawn += os.read(main, 65536) if select.select([main], [], [], 0.2)[0] else b""
-    os.write(main, b"n\n")
-    out = proc.communicate(timeout=60)[0]
-    os.close(main)
+    drawn, out = answered_on_the_screen(main, proc, b"n\n")
     question = re.sub(r"\x1b\[\d+m", "", drawn.decode()).replace("\r\n", "\n").rstrip()
     question = question.splitlines()[-1]
     assert "UNCONFINED" in question and "no Landlock" in question, drawn
     assert question.endswith("[y/N]") and len(question) < 200, question
     assert proc.returncode == 0 and out == b"ok\n" and not (workdir / "ran").exists()
+
+
+def answered_on_the_screen(main, proc, answer):
+    """Read the terminal `main` until the approval question is drawn, type `answer`; (what was
+    drawn, the run's stdout), the run ended and the terminal closed."""
+    drawn, deadline = b"", time.monotonic() + 60
+    while b"[y/N]" not in drawn and time.monotonic() < deadline and proc.poll() is None:
+        drawn += os.read(main, 65536) if select.select([main], [], [], 0.2)[0] else b""
+    os.write(main, answer)
+    out = proc.communicate(timeout=60)[0]
+    os.close(main)
+    return drawn, out
 
 
 def platform_machine():
@@ -1283,12 +1290,7 @@ def test_with_stderr_in_a_file_the_approval_question_is_asked_on_the_terminal(
                                 stdin=screen, stdout=subprocess.PIPE, stderr=log,
                                 env=agent_env(api), preexec_fn=own_terminal)
     os.close(screen)
-    drawn, deadline = b"", time.monotonic() + 60
-    while b"[y/N]" not in drawn and time.monotonic() < deadline and proc.poll() is None:
-        drawn += os.read(main, 65536) if select.select([main], [], [], 0.2)[0] else b""
-    os.write(main, b"y\n")
-    out = proc.communicate(timeout=60)[0]
-    os.close(main)
+    drawn, out = answered_on_the_screen(main, proc, b"y\n")
     logged = (tmp_path / "log").read_text()
     assert b"--- run it? [y/N] " in drawn and b"print(6 * 7)" in drawn, (drawn, logged)
     assert "[y/N]" not in logged and "run_python" in logged and "stop: end_turn" in logged
