@@ -4969,8 +4969,7 @@ def ask_launcher(launcher, code, workdir, box, timeout):
                    "env": child_env(box.policy, ""),  # (home is the launcher's to fill in)
                    "timeout": timeout}  # (the launcher ends the call too, LAUNCHER_GRACE later)
         launcher.drain()
-        socket.send_fds(launcher.control, [json.dumps(request).encode()],
-                        [out_w, err_w, theirs.fileno(), source])
+        send_whole(launcher.control, request, [out_w, err_w, theirs.fileno(), source])
     except BaseException as e:
         os.close(out), os.close(err), mine.close()
         if isinstance(e, OSError):
@@ -5012,13 +5011,77 @@ def call_parent():
 
 
 def child_env(policy, home, environ=None):
-    """The environment run_python's child gets: the policy's allowlist, nothing like a secret."""
+    """The environment run_python's child gets: the policy's allowlist, nothing like a secret;
+    a ToolError if it is more than a program may be given (check_exec_room)."""
     secret = re.compile(policy.env_secret, re.I)
     env = {k: v for k, v in (os.environ if environ is None else environ).items()
            if (k in policy.env_keep or k.startswith("LC_")) and not secret.search(k)}
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     env.update((name, value.format(home=home)) for name, value in policy.env_set)
+    check_exec_room(env)
     return env
+
+
+def check_exec_room(env):
+    """One line, before anything runs, for an environment execve would refuse (E2BIG): on Linux
+    one "NAME=value" over 128 KiB, or all of them, with the command line, over a quarter of the
+    stack limit (at most 6 MiB; fs/exec.c); elsewhere over ARG_MAX."""
+    sizes = {k: len(os.fsencode(k)) + 1 + len(os.fsencode(v)) for k, v in env.items()}
+    name = max(sizes, key=sizes.get, default=None)
+    linux, stack = sys.platform == "linux", resource.getrlimit(resource.RLIMIT_STACK)[0]
+    if linux:
+        room = 6 << 20 if stack == resource.RLIM_INFINITY else max(min(stack // 4, 6 << 20),
+                                                                    128 << 10)
+    else:
+        room = os.sysconf("SC_ARG_MAX")
+    room -= EXEC_ARGV_ROOM  # (the interpreter and the script's path, and their pointers)
+    used = sum(size + 1 + 8 for size in sizes.values())  # its NUL, its pointer
+    if linux and name and sizes[name] >= 128 << 10:
+        why, which = (f"{name} is {sizes[name]:,} bytes, and Linux gives a program no variable "
+                      "over 131,071"), name
+    elif used > room:
+        why = (f"its variables take {used:,} bytes, and a program may be given at most "
+               f"{room:,} here (a quarter of `ulimit -s`, on Linux)")
+        which = f"the largest, {name},"
+    else:
+        return
+    raise ToolError(f"run_python's environment is too large: {why}: unset or shorten {which} in "
+                    "agent.py's environment; nothing was run")
+
+
+EXEC_ARGV_ROOM = 16 << 10  # bytes kept for the script's command line, from the exec's room
+
+
+def send_whole(sock, value, fds):
+    """Send `value` (as JSON) with the descriptors `fds` on a SEQPACKET socket, whole however
+    large: it travels in a memfd beside them, as the script does. A message itself is cut to
+    the reader's buffer, or refused (EMSGSIZE) over the socket's (208 KiB by default); an
+    environment may take megabytes (check_exec_room)."""
+    data = os.memfd_create("message")
+    try:
+        with open(data, "wb", closefd=False) as file:
+            file.write(json.dumps(value).encode())
+        socket.send_fds(sock, [b"json"], [*fds, data])
+    finally:
+        os.close(data)
+
+
+def receive_whole(sock, count):
+    """What send_whole sent: (the value, its `count` descriptors); (None, []) if the other end
+    has closed its socket."""
+    message, fds, _, _ = socket.recv_fds(sock, 16, count + 1)
+    if not message:
+        for fd in fds:
+            os.close(fd)
+        return None, []
+    if len(fds) != count + 1:
+        for fd in fds:
+            os.close(fd)
+        raise OSError(f"a message came with {len(fds)} descriptors, not {count + 1}")
+    *fds, data = fds
+    with open(data, "rb") as file:  # (one file offset, shared with the sender's copy)
+        file.seek(0)
+        return json.loads(file.read()), fds
 
 
 def start_here(code, workdir, box):
@@ -5056,9 +5119,9 @@ def launch(box, request, fds, ahead):
             source = code.read()
         child = ahead or Child(box, request)
         child.call.write(source)
-        go = json.dumps(child_env(box.policy, child.call.home, request["env"])).encode()
+        go = child_env(box.policy, child.call.home, request["env"])
         with contextlib.suppress(OSError):  # (a child that died confining itself says why)
-            socket.send_fds(child.go, [go], [out, err])
+            send_whole(child.go, go, [out, err])
     except Exception as e:
         with contextlib.suppress(OSError):
             report.send(json.dumps({"error": str(e)}).encode())
@@ -5256,8 +5319,8 @@ class Call:
             null, waiting = os.open(os.devnull, os.O_RDONLY), socket.socket(fileno=go)
             self.enter()
             self.started()
-            message, fds, _, _ = socket.recv_fds(waiting, 1 << 20, 2)
-            if not message:
+            env, fds = receive_whole(waiting, 2)
+            if env is None:
                 os._exit(0)  # not needed after all (the launcher is ending)
             for fd, target in ((null, 0), *zip(fds, (1, 2))):
                 os.dup2(fd, target)
@@ -5265,7 +5328,7 @@ class Call:
             for sig in (*LAUNCHER_IGNORES, signal.SIGXFSZ):
                 signal.signal(sig, signal.SIG_DFL)  # as a script started by Popen has them
             argv = self.command()
-            os.execve(argv[0], argv, json.loads(message))
+            os.execve(argv[0], argv, env)
         except BaseException as e:
             with contextlib.suppress(BaseException):
                 os.write(go, f"could not start the sandboxed interpreter: {e}".encode())
@@ -5916,12 +5979,12 @@ def serve(fd):
             for fd, _ in poller.poll(end_overdue(deadlines, killing)):
                 if fd == control.fileno():
                     try:
-                        message, fds, _, _ = socket.recv_fds(control, 1 << 16, 4)
+                        message, fds = receive_whole(control, 4)
                     except OSError:  # (ECONNRESET: the agent went with a note of ours unread)
-                        message = b""
-                    if not message:
+                        message = None
+                    if message is None:
                         return shut_down(children)
-                    last = json.loads(message)
+                    last = message
                     if ahead and (ahead.kind != kind_of(last)  # made for another kind of call,
                                   or ahead.call.uncapped and last["required"]):  # or uncapped
                         ahead.kill(report=False)

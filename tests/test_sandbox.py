@@ -1513,6 +1513,49 @@ def test_a_stalled_agent_does_not_keep_a_script_past_its_timeout(workdir):
     assert not [d for d in cgroups if d.exists()], "the call's cgroup outlived the call"
 
 
+BIG = "é" + "x" * 99_998  # 100,000 bytes as UTF-8, 100,004 as the JSON of a request
+
+
+@pytest.mark.parametrize("names", [["LC_FOO"], [f"LC_BIG{i}" for i in range(12)]],
+                         ids=["100-kb", "1.2-mb"])
+def test_a_large_environment_reaches_the_script_whole(box, workdir, monkeypatch, names):
+    """An LC_* variable of 100 KB (or twelve of them: more than one socket message holds)
+    reaches the script as a small one does; before, the launcher's read of the request was
+    cut at 64 KiB and it died, and every call after it was refused."""
+    for i, name in enumerate(names):
+        monkeypatch.setenv(name, BIG + str(i))
+    code = ("import os\n"
+            f"for i, name in enumerate({names!r}):\n"
+            f"    assert os.environ[name] == {BIG!r} + str(i), name\n"
+            f"print(len(os.environ[{names[0]!r}]))\n")
+    run = execute(box, workdir, code)
+    assert (run.code, run.stdout) == (0, f"{len(BIG) + 1}\n"), run.stderr
+    for name in names:
+        monkeypatch.delenv(name)
+    assert execute(box, workdir, "print('next')").stdout == "next\n"
+
+
+@pytest.mark.parametrize("names, size, said", [
+    (["LC_HUGE"], 200_000, "LC_HUGE is 200,008 bytes, and Linux"),
+    ([f"LC_BIG{i}" for i in range(70)], 100_000, "variables take 7,00")], ids=["one", "all"])
+def test_an_environment_no_program_can_get_is_one_line_and_nothing_runs(box, workdir, monkeypatch,
+                                                                        names, size, said):
+    """What execve would refuse (Linux: one variable over 128 KiB, or all of them over the
+    exec's room, at most 6 MiB): one line that names it and what to do, nothing run, and the
+    launcher still serves the next call."""
+    for name in names:
+        monkeypatch.setenv(name, "x" * size)
+    with pytest.raises(agent.ToolError) as raised:
+        execute(box, workdir, "open('ran', 'w').close()")
+    assert "\n" not in str(raised.value) and said in str(raised.value), raised.value
+    assert names[0][:6] in str(raised.value).split("unset or shorten ")[1]  # (the largest)
+    assert str(raised.value).endswith("; nothing was run")
+    assert not (workdir / "ran").exists()
+    for name in names:
+        monkeypatch.delenv(name)
+    assert execute(box, workdir, "print('next')").stdout == "next\n"
+
+
 def test_a_grandchild_left_running_dies_when_the_script_exits(box, workdir):
     code = ("import subprocess\n"
             "p = subprocess.Popen(['sleep', '60'])\n"
