@@ -5035,7 +5035,7 @@ def check_exec_room(env):
     else:
         room = os.sysconf("SC_ARG_MAX")
     room -= EXEC_ARGV_ROOM  # (the interpreter and the script's path, and their pointers)
-    used = sum(size + 1 + 8 for size in sizes.values())  # its NUL, its pointer
+    used = sum(n + 1 + 8 for n in sizes.values())  # with its NUL and its pointer
     if linux and name and sizes[name] >= 128 << 10:
         why, which = (f"{name} is {sizes[name]:,} bytes, and Linux gives a program no variable "
                       "over 131,071"), name
@@ -6045,9 +6045,9 @@ def end_overdue(deadlines, wait):
     launcher ends the call LAUNCHER_GRACE later and tells the agent it timed out. Returns how
     long the launcher's poll may wait, in ms: `wait` (None: for ever) or less, to wake by the
     next deadline."""
-    now = time.monotonic()
+    moment = time.monotonic()
     for child, at in list(deadlines.items()):
-        if child.killed_at is None and at <= now:
+        if child.killed_at is None and at <= moment:
             with contextlib.suppress(OSError):  # (an agent that has closed the call meanwhile)
                 child.report.send(json.dumps({"timed_out": True}).encode())
             child.kill()
@@ -6055,7 +6055,7 @@ def end_overdue(deadlines, wait):
             del deadlines[child]
     if not deadlines:
         return wait
-    soonest = min(math.ceil((min(deadlines.values()) - now) * 1000), 60_000)
+    soonest = min(math.ceil((min(deadlines.values()) - moment) * 1000), 60_000)
     return soonest if wait is None else min(wait, soonest)
 
 
