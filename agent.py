@@ -4887,14 +4887,16 @@ def sandbox_policy(workdir, limits, system=None):
         syscalls=SECCOMP_RULES, unix_sockets=UNIX_SOCKET_RULES)
 
 
-# A call, from run_python to the exec of its script, in the order it happens: in the agent,
+# A call, from run_python to its script's first line, in the order it happens: in the agent,
 # execute hands the call to the launcher (ask_launcher) and reads the script's output; in the
 # launcher, launch gives the call to a Child: a fork of the launcher that has its Call (the
 # call's directory, cgroup and Landlock ruleset), has confined itself (Call.run, Call.enter)
-# and waits for its go, the call's stdio and environment; then it execs the script. The
+# and exec'd the interpreter on its main.py, which holds the STUB until the call: the launcher
+# writes the script there and gives the go, and the interpreter, started already, runs it. The
 # launcher makes the next call's Child as soon as a call ends, while the model thinks, so a
-# call pays for none of that (bench_sandbox --without ahead: 1.25-1.33x a call's time); a call
-# that finds none (the first, or one of several at once) waits for its own.
+# call pays for none of that, not even the interpreter's start (bench_sandbox --without ahead:
+# 2.9-3.8x a call's time); a call that finds none (the first, or one of several at once)
+# waits for its own.
 
 def execute(code, workdir, box, timeout, output_chars, cancel=None):
     """Run a script in the sandbox with bounded time and output; nothing of it outlives the call."""
@@ -4952,10 +4954,9 @@ class Execution:
 
 def ask_launcher(launcher, code, workdir, box):
     """Hand a call to the run's launcher in one message: what the call needs to know, and as
-    descriptors the write ends of the script's stdout and stderr, a socket of the call's own (the
-    launcher answers on it; the agent closing it ends the call) and the code."""
-    out, out_w = os.pipe()
-    err, err_w = os.pipe()
+    descriptors the code and a socket of the call's own (the launcher answers on it; the agent
+    closing it ends the call). The first answer is the script's pid, with the read ends of its
+    stdout and stderr (made with the script's process, ahead of the call), or why not."""
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     source = os.memfd_create("main.py")
     try:
@@ -4966,20 +4967,29 @@ def ask_launcher(launcher, code, workdir, box):
                    "required": box.tested, "landlock": box.landlock, "mounts": box.mounts,
                    "env": child_env(box.policy, "")}  # (home is the launcher's to fill in)
         launcher.drain()
-        socket.send_fds(launcher.control, [json.dumps(request).encode()],
-                        [out_w, err_w, theirs.fileno(), source])
+        try:
+            socket.send_fds(launcher.control, [json.dumps(request).encode()],
+                            [theirs.fileno(), source])
+        finally:
+            os.close(source)
+            theirs.close()
+        answer, pipes, _, _ = socket.recv_fds(mine, 65536, 2)
+        if len(pipes) != 2:  # no script: why, or (nothing at all) the launcher has ended
+            for fd in pipes:
+                os.close(fd)
+            if not answer:
+                raise OSError("the launcher has ended")
+            raise ToolError(json.loads(answer)["error"])
     except BaseException as e:
-        os.close(out), os.close(err), mine.close()
+        mine.close()
         if isinstance(e, OSError):
             launcher.gone()
             raise ToolError("run_python's launcher has ended (was it killed?); nothing was run: "
                             "start agent.py again") from None
         raise
-    finally:
-        for fd in (out_w, err_w, source):
-            os.close(fd)
-        theirs.close()
-    return Running(out, err, report=mine, launcher=launcher)
+    run = Running(*pipes, report=mine, launcher=launcher)
+    run.heard(box, answer)
+    return run
 
 
 def script_bytes(code):
@@ -5043,19 +5053,22 @@ def start_here(code, workdir, box):
 # confinement, then the exec.
 
 def launch(box, request, fds, ahead):
-    """Start the call the agent asked for: the child made ahead for this kind of call (or one
-    forked now) gets the script, then its go; the agent gets the script's pid. Returns the
-    Child, or None if none could be made (the agent was told why)."""
-    out, err, report, code = fds
+    """Start the call the agent asked for: the script's process made ahead for this kind of call
+    (or one started now) gets the script in its main.py, then its go; the agent gets its pid
+    and the read ends of its stdout and stderr. Returns the Child, or None if none could be
+    made (the agent was told why)."""
+    report, code = fds
     report, child = socket.socket(fileno=report), None
     try:
         with open(code, "rb") as code:
             source = code.read()
         child = ahead or Child(box, request)
+        started = child.go.recv(4096)  # at once for a child made ahead (or it is not yet running)
+        if started not in (b"r", b""):  # (b"": its interpreter ended: its exit code says why)
+            raise ToolError(started.decode(errors="replace"))
         child.call.write(source)
-        go = json.dumps(child_env(box.policy, child.call.home, request["env"])).encode()
-        with contextlib.suppress(OSError):  # (a child that died confining itself says why)
-            socket.send_fds(child.go, [go], [out, err])
+        with contextlib.suppress(OSError):
+            child.go.send(b"g")
     except Exception as e:
         with contextlib.suppress(OSError):
             report.send(json.dumps({"error": str(e)}).encode())
@@ -5063,21 +5076,60 @@ def launch(box, request, fds, ahead):
             report.close()
             return None
         child.kill(report=False)  # its end is watched like any other
+    child.report, pipes, child.pipes = report, child.pipes, ()
+    try:
+        if child.tell:  # (an agent that has closed the call: killed next)
+            socket.send_fds(report, [json.dumps({
+                "pid": child.pid, "root": child.call.root, "cgroups": child.call.cgroups,
+                "uncapped": child.call.uncapped}).encode()], pipes)
+    except OSError:
+        child.kill(report=False)
     finally:
-        os.close(out)
-        os.close(err)
-    child.report = report
-    if child.tell:
-        with contextlib.suppress(OSError):  # (an agent that has closed the call: killed next)
-            report.send(json.dumps({"pid": child.pid, "root": child.call.root,
-                                    "cgroups": child.call.cgroups,
-                                    "uncapped": child.call.uncapped}).encode())
+        for fd in pipes:
+            os.close(fd)
     return child
 
 
 def kind_of(request):
     """What a child made ahead must have been made for, to serve this request."""
-    return tuple(repr(request[k]) for k in ("parent", "workdir", "cgroup", "landlock", "mounts"))
+    return tuple(repr(request[k])
+                 for k in ("parent", "workdir", "cgroup", "landlock", "mounts", "env"))
+
+
+# What a call's main.py holds from its process's start, ahead of the call, until its go: the
+# interpreter has started (bench_sandbox --against the code before it: 0.38-0.41x a call's
+# time, and a call 0.4-0.5x a plain interpreter's start), and this waits on stdin for the go,
+# takes /dev/null (fd 3) as stdin, and runs the script the launcher has written over it, as the
+# interpreter runs a file: in __main__, its own frames first in a traceback, exit code 1 (or
+# SIGINT) for an exception nothing caught. The one trace of it: two frames below the script's in
+# inspect.stack().
+STUB = b"""def _(os=__import__("os"), sys=__import__("sys")):
+    os.write(0, b"r")  # started: main.py may now be written
+    if os.read(0, 1) != b"g":  # the go: main.py now holds the call's script
+        os._exit(0)  # (not needed after all)
+    os.dup2(3, 0)  # stdin: /dev/null, opened before the process was confined
+    os.close(3)
+    main = sys.modules["__main__"].__dict__
+    del main["_"]
+    with open(main["__file__"], "rb") as script:
+        source = script.read()
+    try:
+        exec(compile(source, main["__file__"], "exec", dont_inherit=True), main)
+    except SystemExit:
+        raise
+    except BaseException as e:  # as the interpreter reports it, from the script's frames on
+        e = e.with_traceback(e.__traceback__.tb_next)
+        sys.last_type, sys.last_value, sys.last_traceback = type(e), e, e.__traceback__
+        sys.excepthook(type(e), e, e.__traceback__)
+        if not isinstance(e, KeyboardInterrupt):
+            raise SystemExit(1) from None
+        __import__("atexit")._run_exitfuncs()
+        sys.stdout.flush(), sys.stderr.flush()
+        signal = __import__("signal")
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+_()
+"""
 
 
 class Child:
@@ -5089,17 +5141,25 @@ class Child:
         box.landlock, box.mounts = request["landlock"], request["mounts"]
         if box.landlock and not hasattr(box, "handled"):
             box.plan()
-        self.kind, self.call = kind_of(request), Call(box, b"", request["parent"])
+        self.kind, self.call = kind_of(request), Call(box, STUB, request["parent"])
         self.report, self.status, self.killed_at, self.tell = None, None, None, True
+        self.pipes, theirs = (), []
         try:
-            self.go, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            env = child_env(box.policy, self.call.home, request["env"])
+            self.go, go = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            out, out_w = os.pipe()
+            err, err_w = os.pipe()
+            self.pipes, theirs = (out, err), [go.detach(), out_w, err_w]
             pid = os.fork()
             if pid == 0:
-                self.call.run(theirs.fileno(), box.pinned)  # never returns
+                self.call.run(*theirs, box.pinned, env)  # never returns
         except BaseException:
+            for fd in (*self.pipes, *theirs):
+                os.close(fd)
             self.call.release()
             raise
-        theirs.close()
+        for fd in theirs:
+            os.close(fd)
         self.call.started()
         self.pid, self.pidfd = pid, os.pidfd_open(pid)  # readable once the child has exited
 
@@ -5130,7 +5190,8 @@ class Child:
         """Tell the agent how the script ended, once the call's home is gone; then remove the
         rest, after the report (bench_sandbox --without report-first: 1.05-1.34x a call)."""
         call = self.call
-        os.close(self.pidfd)
+        for fd in (self.pidfd, *self.pipes):  # (pipes not handed to the agent: made ahead)
+            os.close(fd)
         self.go.setblocking(False)
         try:  # the child is dead or has exec'd: its end is closed, nothing to wait for
             error = self.go.recv(4096).decode(errors="replace")
@@ -5234,38 +5295,35 @@ class Call:
                 x for param in params for x in ("-D", param)] + argv
         return argv
 
-    def run(self, go, workdir):
+    def run(self, go, out, err, workdir, env):
         """In the launcher's fork, made ahead of its call where it can be: go into the workdir (by
-        its descriptor `workdir`, never its name), hold nothing of the launcher's, take a session
-        of its own, confine itself (enter), then wait for the call's go (its stdout, stderr and
-        environment) and exec the script. Never returns; an error before the exec goes back on
-        `go`."""
+        its descriptor `workdir`, never its name), take the call's stdio (stdin the socket its go
+        comes on, stdout and stderr the pipes the agent will read), hold nothing else of the
+        launcher's, take a session of its own, confine itself (enter) and exec the interpreter
+        on main.py, which until the go holds STUB. Never returns; an error before the exec goes
+        back on `go`."""
         try:
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            null = os.open(os.devnull, os.O_RDONLY)  # the script's stdin, once the go has come
+            for fd, target in ((go, 0), (out, 1), (err, 2), (null, 3)):
+                os.dup2(fd, target)
             os.fchdir(workdir)  # the directory pinned at the start, not what its name is now
-            low = 3  # nothing of the launcher's: its socket, other calls' ends
-            for fd in sorted({go, self.ruleset} - {-1}):
+            low = 4  # nothing of the launcher's: its socket, other calls' ends
+            for fd in sorted({self.ruleset} - {-1}):
                 os.closerange(low, fd)
                 low = fd + 1
             os.closerange(low, MAX_FD)
             os.setsid()  # a group (and session) of its own: the one the launcher kills
-            null, waiting = os.open(os.devnull, os.O_RDONLY), socket.socket(fileno=go)
             self.enter()
             self.started()
-            message, fds, _, _ = socket.recv_fds(waiting, 1 << 20, 2)
-            if not message:
-                os._exit(0)  # not needed after all (the launcher is ending)
-            for fd, target in ((null, 0), *zip(fds, (1, 2))):
-                os.dup2(fd, target)
-                os.close(fd)
             for sig in (*LAUNCHER_IGNORES, signal.SIGXFSZ):
                 signal.signal(sig, signal.SIG_DFL)  # as a script started by Popen has them
             argv = self.command()
-            os.execve(argv[0], argv, json.loads(message))
+            os.execve(argv[0], argv, env)
         except BaseException as e:
             with contextlib.suppress(BaseException):
-                os.write(go, f"could not start the sandboxed interpreter: {e}".encode())
+                os.write(0, f"could not start the sandboxed interpreter: {e}".encode())
         finally:
             os._exit(127)
 
@@ -5382,10 +5440,10 @@ class Running:
         self.launcher, self.pid = launcher, None  # the script's group
         self.made = None  # the call's directory and cgroups, as the launcher named them
 
-    def heard(self, box):
+    def heard(self, box, data=None):
         """The launcher's message: the script's pid (None), its end (code, OOM kills), or an
         error (ToolError); "gone" if the launcher is (killed: then the agent kills the group)."""
-        data = self.report.recv(65536)
+        data = self.report.recv(65536) if data is None else data
         if not data:
             if self.pid:  # the script died with the launcher (PDEATHSIG); what it started now
                 kill_group(self.pid)
@@ -5915,7 +5973,8 @@ def serve(fd):
                         return shut_down(children)
                     last = json.loads(message)
                     if ahead and (ahead.kind != kind_of(last)  # made for another kind of call,
-                                  or ahead.call.uncapped and last["required"]):  # or uncapped
+                                  or ahead.call.uncapped and last["required"]  # or uncapped,
+                                  or select.select([ahead.pidfd], [], [], 0)[0]):  # or ended
                         ahead.kill(report=False)
                         ahead = None
                     child, ahead = launch(box, last, fds, ahead), None

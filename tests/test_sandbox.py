@@ -468,6 +468,16 @@ sys.path.insert(0, sys.argv[2])
 import agent
 from pathlib import Path
 
+def next_call(cmdline):  # a copy of the launcher making the next call's process, or that
+    argv = cmdline.split(b"\\0")  # process waiting: the interpreter on a main.py holding the STUB
+    if len(argv) == 3 and argv[0] == now[launcher][2].split(b"\\0")[0] \\
+            and argv[1].endswith(b"/main.py"):
+        try:
+            return Path(os.fsdecode(argv[1])).read_bytes() == agent.STUB
+        except OSError:
+            return False
+    return cmdline == now[launcher][2]
+
 def tree():
     found = {}
     for proc in Path("/proc").iterdir():
@@ -485,7 +495,7 @@ launcher, deadline = box.launcher.pid, time.monotonic() + 10
 while True:  # the launcher may still be reaping; it may have made the next call's child
     now = tree()
     mine = [(p, s) for p, (parent, s, _) in now.items() if parent == os.getpid()]
-    below = [(p, s, c == now[launcher][2]) for p, (parent, s, c) in now.items()
+    below = [(p, s, next_call(c)) for p, (parent, s, c) in now.items()
              if parent == launcher]
     if mine == [(launcher, "S")] and all(s != "Z" and same for _, s, same in below) \
             and len(below) <= 1 or time.monotonic() > deadline:
@@ -499,7 +509,8 @@ print(json.dumps({"out": run.stdout, "mine": mine, "launcher": launcher, "below"
 def test_after_a_call_the_agent_is_parent_of_its_launcher_alone(workdir):
     """The script's orphans (double forks, left zombies) are reaped by the launcher, their
     subreaper: after the call the agent's one child is its launcher, whose one child (if any) is
-    the copy of itself it made for the next call; none is a zombie, none is the script's."""
+    the next call's (a copy of the launcher, or the interpreter it became, on a main.py that holds
+    the STUB); none is a zombie, none is the script's."""
     code = ("import os\n"
             "for _ in range(50):\n"
             "    if os.fork() == 0:\n"
@@ -1094,6 +1105,115 @@ def test_a_call_is_made_nowhere_another_user_could_swap_it(box, workdir, tmp_pat
         thread.join()
     assert str(shared) in str(refused.value)
     assert os.listdir(shared) == [] and victim.read_text() == "precious"
+
+
+# --- the interpreter started ahead of the call (STUB): a script sees what it would see started
+# plainly, `python main.py`, but for two frames below its own
+
+def plainly(tmp_path, workdir, code, home):
+    """The script run as a plain interpreter runs it, in the same directory and environment."""
+    script = tmp_path / "plain" / "main.py"
+    script.parent.mkdir(exist_ok=True)
+    script.write_bytes(agent.script_bytes(code))
+    done = subprocess.run([sys.executable, str(script)], cwd=workdir, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=30,
+                          env=agent.child_env(agent.sandbox_policy(workdir, agent.Limits()), home))
+    return done.returncode, done.stdout, done.stderr.replace(str(script), "MAIN")
+
+
+LOOKS = """import json, os, stat, sys
+def opened(fd):
+    try:
+        return os.fstat(fd)
+    except OSError:
+        return None
+print(json.dumps({"globals": sorted(globals()), "argv": [os.path.basename(a) for a in sys.argv],
+                  "orig_argv": [os.path.basename(a) for a in sys.orig_argv],
+                  "modules": sorted(sys.modules), "fds": [fd for fd in range(64) if opened(fd)],
+                  "stdin": os.fstat(0).st_rdev == os.stat(os.devnull).st_rdev,
+                  "stdin_read": sys.stdin.read(), "name": __name__,
+                  "file": os.path.basename(__file__), "flags": str(sys.flags)}))
+"""
+
+
+@pytest.mark.parametrize("sandboxed", [True, False], ids=["sandbox", "no-sandbox"])
+def test_a_script_started_ahead_sees_what_a_plainly_started_one_sees(workdir, tmp_path,
+                                                                        sandboxed):
+    """Its globals, argv, modules, open descriptors (0, 1, 2: stdin /dev/null, read empty),
+    __name__, __file__ and flags are those of `python main.py` in the same environment; the
+    second call's process is the one made ahead."""
+    box = agent.Sandbox(Path(os.path.realpath(workdir)), sandboxed, agent.Limits())
+    try:
+        box.ready()
+        seen = [execute(box, workdir, LOOKS) for _ in range(2)]  # the first made at the call
+    finally:
+        box.close()
+    code, out, err = plainly(tmp_path, workdir, LOOKS, str(tmp_path))
+    assert code == 0, err
+    for run in seen:
+        assert run.code == 0 and run.stderr == "", run.stderr
+        assert json.loads(run.stdout) == json.loads(out)
+
+
+ENDINGS = {  # what ends a script, and how the interpreter reports it
+    "exception": "def f():\n    1 / 0\nf()\n",
+    "syntax": "x = (\n",
+    "keyboard-interrupt": "print('before')\nraise KeyboardInterrupt\n",
+    "exit-text": "import sys\nsys.exit('bye')\n",
+    "exit-code": "import sys\nsys.exit(3)\n",
+    "own-excepthook": "import sys\nsys.excepthook = lambda t, v, tb: print('hook', t.__name__, "
+                      "tb.tb_frame.f_code.co_name)\nraise ValueError('x')\n",
+    "atexit": "import atexit\natexit.register(print, 'at exit')\nraise ValueError('x')\n",
+    "chained": "try:\n    1 / 0\nexcept ZeroDivisionError:\n    raise KeyError('k')\n",
+}
+
+
+@pytest.mark.parametrize("ending", sorted(ENDINGS))
+def test_a_script_started_ahead_ends_as_a_plainly_started_one_does(box, workdir, tmp_path,
+                                                                      ending):
+    """Exit code (or signal), stdout and stderr, traceback included, are the interpreter's own:
+    the stub's frames are not in it."""
+    code = ENDINGS[ending]
+    execute(box, workdir, "pass")  # the call below gets the process made ahead
+    run = execute(box, workdir, code)
+    main = next((line.split('"')[1] for line in run.stderr.splitlines()
+                 if line.startswith('  File "')), "MAIN")
+    expected = plainly(tmp_path, workdir, code, str(tmp_path))
+    assert (run.code, run.stdout, run.stderr.replace(main, "MAIN")) == expected
+
+
+def ahead_of(launcher):
+    """The next call's process, made ahead: the launcher's child on a main.py holding STUB."""
+    for child in Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split():
+        with contextlib.suppress(OSError, IndexError):
+            argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+            if Path(os.fsdecode(argv[1])).read_bytes() == agent.STUB:
+                return int(child)
+    return None
+
+
+@needs_landlock
+def test_a_call_whose_process_made_ahead_was_killed_still_runs(box, workdir):
+    execute(box, workdir, "pass")
+    deadline = time.monotonic() + 10
+    while ahead_of(box.launcher.pid) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    made = ahead_of(box.launcher.pid)
+    assert made, "no process was made ahead"
+    os.kill(made, signal.SIGKILL)
+    run = execute(box, workdir, "print('ran')")
+    assert (run.code, run.stdout) == (0, "ran\n"), run.stderr
+
+
+@needs_landlock
+def test_a_change_of_the_agents_environment_reaches_the_next_call(box, workdir, monkeypatch):
+    """The process made ahead was started with the environment of the call before; a call with
+    another gets a process started with its own."""
+    show = "import os\nprint(os.environ.get('LC_PAPER'))"
+    monkeypatch.setenv("LC_PAPER", "first")
+    assert execute(box, workdir, show).stdout == "first\n"
+    monkeypatch.setenv("LC_PAPER", "second")
+    assert execute(box, workdir, show).stdout == "second\n"
 
 
 # --- bounded as a whole ---
