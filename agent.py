@@ -5064,7 +5064,9 @@ def launch(box, request, fds, ahead):
             source = code.read()
         child = ahead or Child(box, request)
         started = child.go.recv(4096)  # at once for a child made ahead (or it is not yet running)
-        if started not in (b"r", b""):  # (b"": its interpreter ended: its exit code says why)
+        if started.startswith(b"="):  # its interpreter ended already: its exit code says why
+            child.early = started
+        elif started not in (b"r", b""):  # (b"": likewise, without a namespace of its own)
             raise ToolError(started.decode(errors="replace"))
         child.call.write(source)
         with contextlib.suppress(OSError):
@@ -5079,8 +5081,9 @@ def launch(box, request, fds, ahead):
     child.report, pipes, child.pipes = report, child.pipes, ()
     try:
         if child.tell:  # (an agent that has closed the call: killed next)
-            socket.send_fds(report, [json.dumps({
-                "pid": child.pid, "root": child.call.root, "cgroups": child.call.cgroups,
+            socket.send_fds(report, [json.dumps({  # (no pid: its namespace dies with it)
+                "pid": None if child.call.pidns else child.pid, "root": child.call.root,
+                "cgroups": child.call.cgroups,
                 "uncapped": child.call.uncapped}).encode()], pipes)
     except OSError:
         child.kill(report=False)
@@ -5143,14 +5146,14 @@ class Child:
             box.plan()
         self.kind, self.call = kind_of(request), Call(box, STUB, request["parent"])
         self.report, self.status, self.killed_at, self.tell = None, None, None, True
-        self.pipes, theirs = (), []
+        self.pipes, theirs, self.early = (), [], b""
         try:
             env = child_env(box.policy, self.call.home, request["env"])
             self.go, go = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             out, out_w = os.pipe()
             err, err_w = os.pipe()
             self.pipes, theirs = (out, err), [go.detach(), out_w, err_w]
-            pid = os.fork()
+            pid = fork_call(box, self.call)
             if pid == 0:
                 self.call.run(*theirs, box.pinned, env)  # never returns
         except BaseException:
@@ -5193,10 +5196,14 @@ class Child:
         for fd in (self.pidfd, *self.pipes):  # (pipes not handed to the agent: made ahead)
             os.close(fd)
         self.go.setblocking(False)
-        try:  # the child is dead or has exec'd: its end is closed, nothing to wait for
-            error = self.go.recv(4096).decode(errors="replace")
-        except OSError:
-            error = ""
+        error, words = "", [self.early]
+        with contextlib.suppress(OSError):  # the call's processes are gone: nothing to wait for
+            words += iter(lambda: self.go.recv(4096), b"")
+        for word in words:  # "=N": the script's exit code, from the init of its namespace;
+            if word.startswith(b"="):  # else why it could not start
+                self.status = int(word[1:])
+            elif word not in (b"", b"r"):
+                error = word.decode(errors="replace")
         self.go.close()
         if self.tell and self.report:
             message = {"error": error} if error else {
@@ -5210,6 +5217,30 @@ class Child:
         call.release()
 
 
+def fork_call(box, call):
+    """fork, in the launcher, for a call: where the kernel lets this user make one (root, or a
+    user namespace for anyone else), the child is the first process, pid 1, of a PID namespace of
+    its own, and runs the script as the second (Call.run, init). When the first dies, killed or
+    with the launcher (PDEATHSIG), the kernel kills every process in the namespace: nothing the
+    script started outlives the call, even with the agent and the launcher killed at once
+    (red-team S2; `pkill -9 -f agent.py` did that). Elsewhere a plain fork."""
+    if box.pidns:
+        flags = CLONE_NEWPID | (CLONE_NEWUSER if os.geteuid() else 0) | signal.SIGCHLD
+        nr = SYSCALLS["clone"][ARCHES[platform.machine()][1]]
+        ctypes.pythonapi.PyOS_BeforeFork()  # as os.fork does, around the kernel's fork
+        pid = box.libc.syscall(ctypes.c_long(nr), ctypes.c_ulong(flags), None, None, None, None)
+        if pid == 0:
+            ctypes.pythonapi.PyOS_AfterFork_Child()
+            call.pidns = True
+            return 0
+        ctypes.pythonapi.PyOS_AfterFork_Parent()
+        if pid > 0:
+            call.pidns = True
+            return pid
+        box.pidns = False  # refused here (EPERM, EINVAL): a plain fork, now and from now on
+    return os.fork()
+
+
 class Call:
     """One run_python call's own things: its directory (the script, which the child can read but
     not change, and a private home), its cgroup and its Landlock ruleset. Made in the launcher,
@@ -5217,6 +5248,8 @@ class Call:
 
     def __init__(self, box, source, parent=None):
         self.box, self.cgroups, self.ruleset, self.uncapped = box, [], -1, False
+        self.pidns = False  # its process is the first of a PID namespace of its own (fork_call)
+        self.ids = (os.getuid(), os.getgid())
         self.key = (parent, repr(box.cgroup), box.landlock)  # what kind of call it can serve
         self.rlimits = box.rlimits  # worked out here: enter() runs in the forked child
         self.root = tempfile.mkdtemp(prefix="-".join(["agent-call", *box.tag, ""]),  # 0700
@@ -5303,6 +5336,8 @@ class Call:
         on main.py, which until the go holds STUB. Never returns; an error before the exec goes
         back on `go`."""
         try:
+            if self.pidns and self.ids[0] != 0:  # in the user namespace fork_call made: be
+                own_ids(*self.ids)  # the same user in it as outside
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             null = os.open(os.devnull, os.O_RDONLY)  # the script's stdin, once the go has come
@@ -5317,10 +5352,13 @@ class Call:
             os.setsid()  # a group (and session) of its own: the one the launcher kills
             self.enter()
             self.started()
-            for sig in (*LAUNCHER_IGNORES, signal.SIGXFSZ):
-                signal.signal(sig, signal.SIG_DFL)  # as a script started by Popen has them
-            argv = self.command()
-            os.execve(argv[0], argv, env)
+            script = os.fork() if self.pidns else 0  # this process, or the second of its
+            if script == 0:  # namespace
+                for sig in (*LAUNCHER_IGNORES, signal.SIGXFSZ):
+                    signal.signal(sig, signal.SIG_DFL)  # as a script started by Popen has them
+                argv = self.command()
+                os.execve(argv[0], argv, env)
+            init(script)  # never returns
         except BaseException as e:
             with contextlib.suppress(BaseException):
                 os.write(0, f"could not start the sandboxed interpreter: {e}".encode())
@@ -5350,7 +5388,7 @@ class Call:
             drop_capabilities(box.libc)
         if box.linux:  # after every change of credentials, which would clear it
             box.libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            if os.getppid() != parent:
+            if os.getppid() != parent or self.pidns and launcher_gone():
                 os._exit(1)
         if box.landlock:
             if box.libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
@@ -5370,6 +5408,28 @@ class Call:
         """Remove what the call made (idempotent)."""
         self.started()
         cleanup(self.root, self.cgroups)
+
+
+def init(script):
+    """The first process of a call's PID namespace, once it has started the script: hold none of
+    the call's stdio, reap whatever comes to it, and when the script ends, say its exit code on
+    the launcher's socket (stdin) and end, which ends every process left in the namespace."""
+    for fd in (1, 2):
+        os.dup2(3, fd)
+    os.close(3)
+    while True:
+        pid, status = os.waitpid(-1, 0)
+        if pid == script:
+            os.write(0, b"=%d" % os.waitstatus_to_exitcode(status))
+            os._exit(0)
+
+
+def launcher_gone():
+    """Seen from a call's own PID namespace, where the launcher has no pid: has it ended (its
+    end of the socket on stdin closed)?"""
+    poller = select.poll()
+    poller.register(0, select.POLLHUP)
+    return any(event & select.POLLHUP for _, event in poller.poll(0))
 
 
 def make_cgroups(cgroup, policy, tag=()):
@@ -5396,13 +5456,11 @@ def private_scratch(libc, call):
     """Give the script a mount namespace of its own with a fresh, capped tmpfs holding the
     policy's own trees: its home, and its shm, seen at /dev/shm. The kernel frees the tmpfs when
     the call's last process exits."""
-    uid, gid, root = os.getuid(), os.getgid(), os.geteuid() == 0
-    if libc.unshare(CLONE_NEWNS | (0 if root else CLONE_NEWUSER)) != 0:
+    user = os.geteuid() != 0 and not call.pidns  # (fork_call made one already)
+    if libc.unshare(CLONE_NEWNS | (CLONE_NEWUSER if user else 0)) != 0:
         raise OSError(ctypes.get_errno(), "unshare failed")
-    if not root:  # the only id mapping an unprivileged process may write: its own
-        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
-                           ("gid_map", f"{gid} {gid} 1")):
-            Path(f"/proc/self/{name}").write_text(text)
+    if user:
+        own_ids(*call.ids)
     policy = call.box.policy
     options = f"size={policy.scratch_mb}m,nr_inodes=65536,mode=0700".encode()
     shm = "shm" in policy.own_read_write and policy.shm
@@ -5418,6 +5476,14 @@ def private_scratch(libc, call):
             raise OSError(ctypes.get_errno(), f"mount {dst.decode()} failed")
     for name in policy.own_read_write:  # new inodes: the parent's ruleset cannot know them
         call.add_rule(call.ruleset, call.own[name], READ_WRITE)
+
+
+def own_ids(uid, gid):
+    """In a new user namespace, be the user and group one is outside it (`uid`, `gid`): the only
+    mapping an unprivileged process may write."""
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
+                       ("gid_map", f"{gid} {gid} 1")):
+        Path(f"/proc/self/{name}").write_text(text)
 
 
 def drop_capabilities(libc):
@@ -5650,6 +5716,7 @@ class Sandbox:
         self.libc = libc_call() if self.linux else None
         self.landlock = False  # Landlock, seccomp and no capabilities for every call
         self.mounts = self.linux and enabled  # own tmpfs and /dev/shm, unless the kernel refuses
+        self.pidns = self.linux  # a PID namespace for each call, unless the kernel refuses
         self.cgroup = cgroup_parents() if self.linux else None
         self.tested = not enabled  # the self-test has run (with --no-sandbox there is none)
         self.confined = False  # every call runs inside the boundary: the self-test proved it
@@ -5796,7 +5863,7 @@ for name, pid in (("the agent", {agent}), ("its launcher", {launcher})):
     try:
         os.kill(pid, 0)
         leaks.append("signal " + name)
-    except PermissionError:
+    except (PermissionError, ProcessLookupError):  # refused, or not in this PID namespace
         pass
 if {linux}:
     long = ctypes.c_long
@@ -6328,6 +6395,7 @@ PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 36, 38, 47
 SECCOMP_MODE_FILTER, CAP_VERSION_3, MAX_FD = 2, 0x20080522, 1 << 16
 SECCOMP_ALLOW, SECCOMP_KILL, SECCOMP_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
 CLONE_NEWNS, CLONE_NEWUSER, MS_BIND, MS_REC, MS_PRIVATE = 0x20000, 0x10000000, 0x1000, 0x4000, 1 << 18
+CLONE_NEWPID = 0x20000000
 MS_NOSUID, MS_NODEV = 0x2, 0x4
 
 
