@@ -5053,7 +5053,7 @@ def start_here(code, workdir, box):
 
 
 # In the launcher, for each call: its Child (made ahead), the script, the go; in the Child, the
-# confinement, then the exec.
+# confinement, the exec, the STUB's wait, the script.
 
 def launch(box, request, fds, ahead):
     """Start the call the agent asked for: the script's process made ahead for this kind of call
@@ -5100,42 +5100,6 @@ def kind_of(request):
     """What a child made ahead must have been made for, to serve this request."""
     return tuple(repr(request[k])
                  for k in ("parent", "workdir", "cgroup", "landlock", "mounts", "env"))
-
-
-# What a call's main.py holds from its process's start, ahead of the call, until its go: the
-# interpreter has started (bench_sandbox --against the code before it: 0.38-0.41x a call's
-# time, and a call 0.4-0.5x a plain interpreter's start), and this waits on stdin for the go,
-# takes /dev/null (fd 3) as stdin, and runs the script the launcher has written over it, as the
-# interpreter runs a file: in __main__, its own frames first in a traceback, exit code 1 (or
-# SIGINT) for an exception nothing caught. The one trace of it: two frames below the script's in
-# inspect.stack().
-STUB = b"""def _(os=__import__("os"), sys=__import__("sys")):
-    os.write(0, b"r")  # started: main.py may now be written
-    if os.read(0, 1) != b"g":  # the go: main.py now holds the call's script
-        os._exit(0)  # (not needed after all)
-    os.dup2(3, 0)  # stdin: /dev/null, opened before the process was confined
-    os.close(3)
-    main = sys.modules["__main__"].__dict__
-    del main["_"]
-    with open(main["__file__"], "rb") as script:
-        source = script.read()
-    try:
-        exec(compile(source, main["__file__"], "exec", dont_inherit=True), main)
-    except SystemExit:
-        raise
-    except BaseException as e:  # as the interpreter reports it, from the script's frames on
-        e = e.with_traceback(e.__traceback__.tb_next)
-        sys.last_type, sys.last_value, sys.last_traceback = type(e), e, e.__traceback__
-        sys.excepthook(type(e), e, e.__traceback__)
-        if not isinstance(e, KeyboardInterrupt):
-            raise SystemExit(1) from None
-        __import__("atexit")._run_exitfuncs()
-        sys.stdout.flush(), sys.stderr.flush()
-        signal = __import__("signal")
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-_()
-"""
 
 
 class Child:
@@ -5204,7 +5168,7 @@ class Child:
             words += iter(lambda: self.go.recv(4096), b"")
         for word in words:  # "=N": the script's exit code, from the init of its namespace;
             if word.startswith(b"="):  # else why it could not start
-                self.status = int(word[1:])
+                self.status = int(word.partition(b"=")[2])
             elif word not in (b"", b"r"):
                 error = word.decode(errors="replace")
         self.go.close()
@@ -5435,6 +5399,42 @@ def launcher_gone():
     return any(event & select.POLLHUP for _, event in poller.poll(0))
 
 
+# What a call's main.py holds from its process's start, ahead of the call, until its go: the
+# interpreter has started (bench_sandbox --against the code before it: 0.38-0.41x a call's
+# time, and a call 0.4-0.5x a plain interpreter's start), and this waits on stdin for the go,
+# takes /dev/null (fd 3) as stdin, and runs the script the launcher has written over it, as the
+# interpreter runs a file: in __main__, its own frames first in a traceback, exit code 1 (or
+# SIGINT) for an exception nothing caught. The one trace of it: two frames below the script's in
+# inspect.stack().
+STUB = b"""def _(os=__import__("os"), sys=__import__("sys")):
+    os.write(0, b"r")  # started: main.py may now be written
+    if os.read(0, 1) != b"g":  # the go: main.py now holds the call's script
+        os._exit(0)  # (not needed after all)
+    os.dup2(3, 0)  # stdin: /dev/null, opened before the process was confined
+    os.close(3)
+    main = sys.modules["__main__"].__dict__
+    del main["_"]
+    with open(main["__file__"], "rb") as script:
+        source = script.read()
+    try:
+        exec(compile(source, main["__file__"], "exec", dont_inherit=True), main)
+    except SystemExit:
+        raise
+    except BaseException as e:  # as the interpreter reports it, from the script's frames on
+        e = e.with_traceback(e.__traceback__.tb_next)
+        sys.last_type, sys.last_value, sys.last_traceback = type(e), e, e.__traceback__
+        sys.excepthook(type(e), e, e.__traceback__)
+        if not isinstance(e, KeyboardInterrupt):
+            raise SystemExit(1) from None
+        __import__("atexit")._run_exitfuncs()
+        sys.stdout.flush(), sys.stderr.flush()
+        signal = __import__("signal")
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+_()
+"""
+
+
 def make_cgroups(cgroup, policy, tag=()):
     """Make a call's cgroup (one per controller on v1), named at random, with its caps."""
     memory, name = policy.memory_mb << 20, "-".join(["agent", *tag, uuid.uuid4().hex[:16]])
@@ -5514,7 +5514,7 @@ class Running:
         error (ToolError); "gone" if the launcher is (killed: then the agent kills the group);
         "timed out" if the launcher ended the call at its timeout, the agent having not."""
         data = self.report.recv(65536) if data is None else data
-        if not data:
+        if not data:  # (no pid: the call's PID namespace went with the launcher, all of it)
             if self.pid:  # the script died with the launcher (PDEATHSIG); what it started now
                 kill_group(self.pid)
             return "gone"
@@ -6108,9 +6108,9 @@ def end_overdue(deadlines, wait):
     launcher ends the call LAUNCHER_GRACE later and tells the agent it timed out. Returns how
     long the launcher's poll may wait, in ms: `wait` (None: for ever) or less, to wake by the
     next deadline."""
-    now = time.monotonic()
+    moment = time.monotonic()
     for child, at in list(deadlines.items()):
-        if child.killed_at is None and at <= now:
+        if child.killed_at is None and at <= moment:
             with contextlib.suppress(OSError):  # (an agent that has closed the call meanwhile)
                 child.report.send(json.dumps({"timed_out": True}).encode())
             child.kill()
@@ -6118,7 +6118,7 @@ def end_overdue(deadlines, wait):
             del deadlines[child]
     if not deadlines:
         return wait
-    soonest = min(math.ceil((min(deadlines.values()) - now) * 1000), 60_000)
+    soonest = min(math.ceil((min(deadlines.values()) - moment) * 1000), 60_000)
     return soonest if wait is None else min(wait, soonest)
 
 

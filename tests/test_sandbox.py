@@ -1699,7 +1699,7 @@ def test_a_stalled_agent_does_not_keep_a_script_past_its_timeout(workdir):
     run on: it is killed while the agent is still stopped. Resumed, the agent reports a timeout,
     as it does when it wins, and nothing of the call is left."""
     code = ("import os, time\n"
-            "open('info.tmp', 'w').write(f\"{os.environ['HOME']} {os.getpid()}\")\n"
+            "open('info.tmp', 'w').write(f\"{os.environ['HOME']} {os.readlink('/proc/self')}\")\n"
             "os.rename('info.tmp', 'info')\n"
             "print('started', flush=True)\n"
             "time.sleep(60)\n")
