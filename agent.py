@@ -4909,7 +4909,8 @@ def sandbox_policy(workdir, limits, system=None):
 def execute(code, workdir, box, timeout, output_chars, cancel=None):
     """Run a script in the sandbox with bounded time and output; nothing of it outlives the call."""
     launcher = box.launched()
-    run = ask_launcher(launcher, code, workdir, box) if launcher else start_here(code, workdir, box)
+    run = ask_launcher(launcher, code, workdir, box, timeout) if launcher else start_here(
+        code, workdir, box)
     status = None
     try:  # from here the launcher is told when the call is over, however it ends
         clips = {run.out: Clip(output_chars // 4), run.err: Clip(output_chars // 4)}
@@ -4947,7 +4948,8 @@ def execute(code, workdir, box, timeout, output_chars, cancel=None):
                             sel.unregister(key.fd)
     finally:
         run.end(status)
-    code, oom = (None, 0) if status in (None, "gone") else status
+    timed_out = timed_out or status == "timed out"  # (the launcher's word, a grace after ours)
+    code, oom = (None, 0) if status in (None, "gone", "timed out") else status
     return Execution(code, clips[run.out].text(), clips[run.err].text(), timed_out, bool(oom))
 
 
@@ -4960,7 +4962,7 @@ class Execution:
     oom: bool = False  # the call went over its memory cap and the kernel killed a process
 
 
-def ask_launcher(launcher, code, workdir, box):
+def ask_launcher(launcher, code, workdir, box, timeout):
     """Hand a call to the run's launcher in one message: what the call needs to know, and as
     descriptors the write ends of the script's stdout and stderr, a socket of the call's own (the
     launcher answers on it; the agent closing it ends the call) and the code."""
@@ -4974,7 +4976,8 @@ def ask_launcher(launcher, code, workdir, box):
         os.lseek(source, 0, os.SEEK_SET)  # (one file offset, shared with the launcher's copy)
         request = {"workdir": str(workdir), "parent": call_parent(), "cgroup": box.cgroup,
                    "required": box.tested, "landlock": box.landlock, "mounts": box.mounts,
-                   "env": child_env(box.policy, "")}  # (home is the launcher's to fill in)
+                   "env": child_env(box.policy, ""),  # (home is the launcher's to fill in)
+                   "timeout": timeout}  # (the launcher ends the call too, LAUNCHER_GRACE later)
         launcher.drain()
         socket.send_fds(launcher.control, [json.dumps(request).encode()],
                         [out_w, err_w, theirs.fileno(), source])
@@ -5394,7 +5397,8 @@ class Running:
 
     def heard(self, box):
         """The launcher's message: the script's pid (None), its end (code, OOM kills), or an
-        error (ToolError); "gone" if the launcher is (killed: then the agent kills the group)."""
+        error (ToolError); "gone" if the launcher is (killed: then the agent kills the group);
+        "timed out" if the launcher ended the call at its timeout, the agent having not."""
         data = self.report.recv(65536)
         if not data:
             if self.pid:  # the script died with the launcher (PDEATHSIG); what it started now
@@ -5405,6 +5409,8 @@ class Running:
             raise ToolError(message["error"])
         if "status" in message:
             return tuple(message["status"])
+        if "timed_out" in message:
+            return "timed out"
         self.pid, self.made = message["pid"], (message["root"], message["cgroups"])
         self.launcher.note(*self.made)
         if message["uncapped"]:
@@ -5415,10 +5421,10 @@ class Running:
         """The call is over: close the launcher's socket (it kills whatever is left of the group,
         then removes the call's things) and the pipes; without a launcher, do that here."""
         if self.report:
-            if status is None:  # timed out, cancelled, or failed: the launcher ends the group,
-                with contextlib.suppress(OSError):  # and says when it is gone (a second at most)
+            if status in (None, "timed out"):  # timed out, cancelled or failed: the launcher
+                with contextlib.suppress(OSError):  # ends the group and says when it is gone,
                     self.report.shutdown(socket.SHUT_WR)
-                    self.report.settimeout(1)
+                    self.report.settimeout(1)  # (a second at most)
                     while self.report.recv(65536):
                         pass
             self.report.close()
@@ -5905,6 +5911,7 @@ def serve(fd):
         return
     control.send(b"ready")
     poller, children, by_fd, ahead, last = select.poll(), {}, {}, None, None
+    deadlines = {}  # each running call's child: when the launcher ends it, if the agent has not
     poller.register(control, select.POLLIN)
     poller.register(wake, select.POLLIN)
 
@@ -5915,7 +5922,8 @@ def serve(fd):
     try:
         while True:
             ended = False
-            for fd, _ in poller.poll(50 if any(c.killed_at for c in children.values()) else None):
+            killing = 50 if any(c.killed_at for c in children.values()) else None
+            for fd, _ in poller.poll(end_overdue(deadlines, killing)):
                 if fd == control.fileno():
                     try:
                         message, fds, _, _ = socket.recv_fds(control, 1 << 16, 4)
@@ -5929,6 +5937,8 @@ def serve(fd):
                         ahead.kill(report=False)
                         ahead = None
                     child, ahead = launch(box, last, fds, ahead), None
+                    if child and not child.killed_at and last.get("timeout") is not None:
+                        deadlines[child] = time.monotonic() + last["timeout"] + LAUNCHER_GRACE
                     if child:
                         if child.pid not in children:
                             children[child.pid] = child
@@ -5972,6 +5982,28 @@ def serve(fd):
 
 def tupled(value):
     return tuple(map(tupled, value)) if isinstance(value, list) else value
+
+
+LAUNCHER_GRACE = 2.0  # seconds past a call's timeout before the launcher ends it itself
+
+
+def end_overdue(deadlines, wait):
+    """The agent ends a call at its timeout; should it not (stopped, stalled: red-team S4), the
+    launcher ends the call LAUNCHER_GRACE later and tells the agent it timed out. Returns how
+    long the launcher's poll may wait, in ms: `wait` (None: for ever) or less, to wake by the
+    next deadline."""
+    now = time.monotonic()
+    for child, at in list(deadlines.items()):
+        if child.killed_at is None and at <= now:
+            with contextlib.suppress(OSError):  # (an agent that has closed the call meanwhile)
+                child.report.send(json.dumps({"timed_out": True}).encode())
+            child.kill()
+        if child.killed_at is not None:  # ended: by its script, the agent, or here
+            del deadlines[child]
+    if not deadlines:
+        return wait
+    soonest = min(math.ceil((min(deadlines.values()) - now) * 1000), 60_000)
+    return soonest if wait is None else min(wait, soonest)
 
 
 def shut_down(children):

@@ -1457,6 +1457,62 @@ def test_timeout_kills_the_whole_group(box, workdir):
     assert not alive(int((workdir / "child.pid").read_text()))
 
 
+STALLED = """
+import json, sys; sys.path.insert(0, {agent_dir!r})
+import agent
+from pathlib import Path
+box = agent.Sandbox(Path({workdir!r}), True, agent.Limits())
+box.ready()
+run = agent.execute({code!r}, box.workdir, box, {timeout}, 1000)
+print(json.dumps({{"timed_out": run.timed_out, "code": run.code, "out": run.stdout}}), flush=True)
+box.close()
+"""
+
+
+def state_of(pid):
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_stalled_agent_does_not_keep_a_script_past_its_timeout(workdir):
+    """Red-team S4: the agent enforces the timeout, and the launcher does too, a grace later
+    (LAUNCHER_GRACE), so an agent stopped (SIGSTOP) or stalled mid-call does not let the script
+    run on: it is killed while the agent is still stopped. Resumed, the agent reports a timeout,
+    as it does when it wins, and nothing of the call is left."""
+    code = ("import os, time\n"
+            "open('info.tmp', 'w').write(f\"{os.environ['HOME']} {os.getpid()}\")\n"
+            "os.rename('info.tmp', 'info')\n"
+            "print('started', flush=True)\n"
+            "time.sleep(60)\n")
+    timeout = 1
+    driver = STALLED.format(agent_dir=str(AGENT.parent), workdir=os.path.realpath(workdir),
+                            code=code, timeout=timeout)
+    proc = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (workdir / "info").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGSTOP)
+        started = time.monotonic()  # the script started a moment before: its timeout runs
+        home, pid = (workdir / "info").read_text().split()
+        cgroups = cgroups_of(int(pid))
+        limit = started + timeout + agent.LAUNCHER_GRACE + 5  # (slack for a loaded machine)
+        while alive(int(pid)) and time.monotonic() < limit:
+            time.sleep(0.05)
+        assert not alive(int(pid)), "the script ran on past its timeout while the agent stalled"
+        assert state_of(proc.pid) == "T", "the agent was not stopped all along"
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert json.loads(out) == {"timed_out": True, "code": None, "out": "started\n"}
+    deadline = time.monotonic() + 5
+    while (os.path.exists(os.path.dirname(home)) or any(d.exists() for d in cgroups)) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(os.path.dirname(home)), "the call's directory outlived the call"
+    assert not [d for d in cgroups if d.exists()], "the call's cgroup outlived the call"
+
+
 def test_a_grandchild_left_running_dies_when_the_script_exits(box, workdir):
     code = ("import subprocess\n"
             "p = subprocess.Popen(['sleep', '60'])\n"
