@@ -5066,7 +5066,13 @@ def launch(box, request, fds, ahead):
         with open(code, "rb") as code:
             source = code.read()
         child = ahead or Child(box, request)
-        started = child.go.recv(4096)  # at once for a child made ahead (or it is not yet running)
+        child.go.settimeout(request.get("timeout") or 60)  # (an interpreter that never starts)
+        try:
+            started = child.go.recv(4096)  # at once for a child made ahead, else at its start
+        except TimeoutError:
+            raise ToolError("the sandboxed interpreter did not start within the call's "
+                            "timeout; nothing was run") from None
+        child.go.settimeout(None)
         if started.startswith(b"="):  # its interpreter ended already: its exit code says why
             child.early = started
         elif started not in (b"r", b""):  # (b"": likewise, without a namespace of its own)
@@ -5162,10 +5168,14 @@ class Child:
         call = self.call
         for fd in (self.pidfd, *self.pipes):  # (pipes not handed to the agent: made ahead)
             os.close(fd)
-        self.go.setblocking(False)
-        error, words = "", [self.early]
-        with contextlib.suppress(OSError):  # the call's processes are gone: nothing to wait for
-            words += iter(lambda: self.go.recv(4096), b"")
+        self.go.setblocking(False)  # the call's processes are gone: nothing to wait for
+        error, words, word = "", [self.early], True
+        while word:
+            try:
+                word = self.go.recv(4096)
+            except OSError:
+                word = b""
+            words.append(word)
         for word in words:  # "=N": the script's exit code, from the init of its namespace;
             if word.startswith(b"="):  # else why it could not start
                 self.status = int(word.partition(b"=")[2])

@@ -1,6 +1,7 @@
 """Path safety and the sandbox: run_python's boundary attacked from outside; scripts still work."""
 
 import contextlib
+import importlib.util
 import json
 import marshal
 import os
@@ -1295,6 +1296,31 @@ def test_a_call_whose_process_made_ahead_was_killed_still_runs(box, workdir):
         time.sleep(0.02)  # launcher has reaped it)
     run = execute(box, workdir, "print('ran')")
     assert (run.code, run.stdout) == (0, "ran\n"), run.stderr
+
+
+def test_an_interpreter_that_never_starts_is_one_error_within_the_timeout(agent_copy,
+                                                                         workdir):
+    """A call's interpreter that never says it started (here, a STUB that sleeps first) is a
+    tool error at the call's timeout, not a launcher blocked for ever; the next call runs."""
+    source = agent_copy.read_text()
+    stalled = source.replace('    os.write(0, b"r")  # started: main.py may now be written',
+                             '    __import__("time").sleep(60)')
+    assert stalled != source
+    agent_copy.write_text(stalled)
+    spec = importlib.util.spec_from_file_location("agent_stalled", agent_copy)
+    copy = sys.modules["agent_stalled"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    box = copy.Sandbox(Path(os.path.realpath(workdir)), False, copy.Limits())
+    try:
+        box.ready()
+        started = time.monotonic()
+        with pytest.raises(copy.ToolError, match="did not start within the call's timeout"):
+            copy.execute("print('ran')", box.workdir, box, 2, 1000)
+        assert time.monotonic() - started < 6
+        assert box.launcher.proc.poll() is None, "the launcher ended"
+    finally:
+        box.close()
+        del sys.modules["agent_stalled"]
 
 
 @needs_landlock
