@@ -4897,14 +4897,16 @@ def sandbox_policy(workdir, limits, system=None):
         syscalls=SECCOMP_RULES, unix_sockets=UNIX_SOCKET_RULES)
 
 
-# A call, from run_python to the exec of its script, in the order it happens: in the agent,
+# A call, from run_python to its script's first line, in the order it happens: in the agent,
 # execute hands the call to the launcher (ask_launcher) and reads the script's output; in the
 # launcher, launch gives the call to a Child: a fork of the launcher that has its Call (the
 # call's directory, cgroup and Landlock ruleset), has confined itself (Call.run, Call.enter)
-# and waits for its go, the call's stdio and environment; then it execs the script. The
+# and exec'd the interpreter on its main.py, which holds the STUB until the call: the launcher
+# writes the script there and gives the go, and the interpreter, started already, runs it. The
 # launcher makes the next call's Child as soon as a call ends, while the model thinks, so a
-# call pays for none of that (bench_sandbox --without ahead: 1.25-1.33x a call's time); a call
-# that finds none (the first, or one of several at once) waits for its own.
+# call pays for none of that, not even the interpreter's start (bench_sandbox --without ahead:
+# 2.9-3.8x a call's time); a call that finds none (the first, or one of several at once)
+# waits for its own.
 
 def execute(code, workdir, box, timeout, output_chars, cancel=None):
     """Run a script in the sandbox with bounded time and output; nothing of it outlives the call."""
@@ -4964,10 +4966,9 @@ class Execution:
 
 def ask_launcher(launcher, code, workdir, box, timeout):
     """Hand a call to the run's launcher in one message: what the call needs to know, and as
-    descriptors the write ends of the script's stdout and stderr, a socket of the call's own (the
-    launcher answers on it; the agent closing it ends the call) and the code."""
-    out, out_w = os.pipe()
-    err, err_w = os.pipe()
+    descriptors the code and a socket of the call's own (the launcher answers on it; the agent
+    closing it ends the call). The first answer is the script's pid, with the read ends of its
+    stdout and stderr (made with the script's process, ahead of the call), or why not."""
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     source = os.memfd_create("main.py")
     try:
@@ -4979,20 +4980,29 @@ def ask_launcher(launcher, code, workdir, box, timeout):
                    "env": child_env(box.policy, ""),  # (home is the launcher's to fill in)
                    "timeout": timeout}  # (the launcher ends the call too, LAUNCHER_GRACE later)
         launcher.drain()
-        socket.send_fds(launcher.control, [json.dumps(request).encode()],
-                        [out_w, err_w, theirs.fileno(), source])
+        try:
+            socket.send_fds(launcher.control, [json.dumps(request).encode()],
+                            [theirs.fileno(), source])
+        finally:
+            os.close(source)
+            theirs.close()
+        answer, pipes, _, _ = socket.recv_fds(mine, 65536, 2)
+        if len(pipes) != 2:  # no script: why, or (nothing at all) the launcher has ended
+            for fd in pipes:
+                os.close(fd)
+            if not answer:
+                raise OSError("the launcher has ended")
+            raise ToolError(json.loads(answer)["error"])
     except BaseException as e:
-        os.close(out), os.close(err), mine.close()
+        mine.close()
         if isinstance(e, OSError):
             launcher.gone()
             raise ToolError("run_python's launcher has ended (was it killed?); nothing was run: "
                             "start agent.py again") from None
         raise
-    finally:
-        for fd in (out_w, err_w, source):
-            os.close(fd)
-        theirs.close()
-    return Running(out, err, report=mine, launcher=launcher)
+    run = Running(*pipes, report=mine, launcher=launcher)
+    run.heard(box, answer)
+    return run
 
 
 def script_bytes(code):
@@ -5053,22 +5063,33 @@ def start_here(code, workdir, box):
 
 
 # In the launcher, for each call: its Child (made ahead), the script, the go; in the Child, the
-# confinement, then the exec.
+# confinement, the exec, the STUB's wait, the script.
 
 def launch(box, request, fds, ahead):
-    """Start the call the agent asked for: the child made ahead for this kind of call (or one
-    forked now) gets the script, then its go; the agent gets the script's pid. Returns the
-    Child, or None if none could be made (the agent was told why)."""
-    out, err, report, code = fds
+    """Start the call the agent asked for: the script's process made ahead for this kind of call
+    (or one started now) gets the script in its main.py, then its go; the agent gets its pid
+    and the read ends of its stdout and stderr. Returns the Child, or None if none could be
+    made (the agent was told why)."""
+    report, code = fds
     report, child = socket.socket(fileno=report), None
     try:
         with open(code, "rb") as code:
             source = code.read()
         child = ahead or Child(box, request)
+        child.go.settimeout(request.get("timeout") or 60)  # (an interpreter that never starts)
+        try:
+            started = child.go.recv(4096)  # at once for a child made ahead, else at its start
+        except TimeoutError:
+            raise ToolError("the sandboxed interpreter did not start within the call's "
+                            "timeout; nothing was run") from None
+        child.go.settimeout(None)
+        if started.startswith(b"="):  # its interpreter ended already: its exit code says why
+            child.early = started
+        elif started not in (b"r", b""):  # (b"": likewise, without a namespace of its own)
+            raise ToolError(started.decode(errors="replace"))
         child.call.write(source)
-        go = json.dumps(child_env(box.policy, child.call.home, request["env"])).encode()
-        with contextlib.suppress(OSError):  # (a child that died confining itself says why)
-            socket.send_fds(child.go, [go], [out, err])
+        with contextlib.suppress(OSError):
+            child.go.send(b"g")
     except Exception as e:
         with contextlib.suppress(OSError):
             report.send(json.dumps({"error": str(e)}).encode())
@@ -5076,21 +5097,25 @@ def launch(box, request, fds, ahead):
             report.close()
             return None
         child.kill(report=False)  # its end is watched like any other
+    child.report, pipes, child.pipes = report, child.pipes, ()
+    try:
+        if child.tell:  # (an agent that has closed the call: killed next)
+            socket.send_fds(report, [json.dumps({  # (no pid: its namespace dies with it)
+                "pid": None if child.call.pidns else child.pid, "root": child.call.root,
+                "cgroups": child.call.cgroups,
+                "uncapped": child.call.uncapped}).encode()], pipes)
+    except OSError:
+        child.kill(report=False)
     finally:
-        os.close(out)
-        os.close(err)
-    child.report = report
-    if child.tell:
-        with contextlib.suppress(OSError):  # (an agent that has closed the call: killed next)
-            report.send(json.dumps({"pid": child.pid, "root": child.call.root,
-                                    "cgroups": child.call.cgroups,
-                                    "uncapped": child.call.uncapped}).encode())
+        for fd in pipes:
+            os.close(fd)
     return child
 
 
 def kind_of(request):
     """What a child made ahead must have been made for, to serve this request."""
-    return tuple(repr(request[k]) for k in ("parent", "workdir", "cgroup", "landlock", "mounts"))
+    return tuple(repr(request[k])
+                 for k in ("parent", "workdir", "cgroup", "landlock", "mounts", "env"))
 
 
 class Child:
@@ -5102,17 +5127,25 @@ class Child:
         box.landlock, box.mounts = request["landlock"], request["mounts"]
         if box.landlock and not hasattr(box, "handled"):
             box.plan()
-        self.kind, self.call = kind_of(request), Call(box, b"", request["parent"])
+        self.kind, self.call = kind_of(request), Call(box, STUB, request["parent"])
         self.report, self.status, self.killed_at, self.tell = None, None, None, True
+        self.pipes, theirs, self.early = (), [], b""
         try:
-            self.go, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            pid = os.fork()
+            env = child_env(box.policy, self.call.home, request["env"])
+            self.go, go = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            out, out_w = os.pipe()
+            err, err_w = os.pipe()
+            self.pipes, theirs = (out, err), [go.detach(), out_w, err_w]
+            pid = fork_call(box, self.call)
             if pid == 0:
-                self.call.run(theirs.fileno(), box.pinned)  # never returns
+                self.call.run(*theirs, box.pinned, env)  # never returns
         except BaseException:
+            for fd in (*self.pipes, *theirs):
+                os.close(fd)
             self.call.release()
             raise
-        theirs.close()
+        for fd in theirs:
+            os.close(fd)
         self.call.started()
         self.pid, self.pidfd = pid, os.pidfd_open(pid)  # readable once the child has exited
 
@@ -5143,12 +5176,21 @@ class Child:
         """Tell the agent how the script ended, once the call's home is gone; then remove the
         rest, after the report (bench_sandbox --without report-first: 1.05-1.34x a call)."""
         call = self.call
-        os.close(self.pidfd)
-        self.go.setblocking(False)
-        try:  # the child is dead or has exec'd: its end is closed, nothing to wait for
-            error = self.go.recv(4096).decode(errors="replace")
-        except OSError:
-            error = ""
+        for fd in (self.pidfd, *self.pipes):  # (pipes not handed to the agent: made ahead)
+            os.close(fd)
+        self.go.setblocking(False)  # the call's processes are gone: nothing to wait for
+        error, words, word = "", [self.early], True
+        while word:
+            try:
+                word = self.go.recv(4096)
+            except OSError:
+                word = b""
+            words.append(word)
+        for word in words:  # "=N": the script's exit code, from the init of its namespace;
+            if word.startswith(b"="):  # else why it could not start
+                self.status = int(word.partition(b"=")[2])
+            elif word not in (b"", b"r"):
+                error = word.decode(errors="replace")
         self.go.close()
         if self.tell and self.report:
             message = {"error": error} if error else {
@@ -5162,6 +5204,30 @@ class Child:
         call.release()
 
 
+def fork_call(box, call):
+    """fork, in the launcher, for a call: where the kernel lets this user make one (root, or a
+    user namespace for anyone else), the child is the first process, pid 1, of a PID namespace of
+    its own, and runs the script as the second (Call.run, init). When the first dies, killed or
+    with the launcher (PDEATHSIG), the kernel kills every process in the namespace: nothing the
+    script started outlives the call, even with the agent and the launcher killed at once
+    (red-team S2; `pkill -9 -f agent.py` did that). Elsewhere a plain fork."""
+    if box.pidns:
+        flags = CLONE_NEWPID | (CLONE_NEWUSER if os.geteuid() else 0) | signal.SIGCHLD
+        nr = SYSCALLS["clone"][ARCHES[platform.machine()][1]]
+        ctypes.pythonapi.PyOS_BeforeFork()  # as os.fork does, around the kernel's fork
+        pid = box.libc.syscall(ctypes.c_long(nr), ctypes.c_ulong(flags), None, None, None, None)
+        if pid == 0:
+            ctypes.pythonapi.PyOS_AfterFork_Child()
+            call.pidns = True
+            return 0
+        ctypes.pythonapi.PyOS_AfterFork_Parent()
+        if pid > 0:
+            call.pidns = True
+            return pid
+        box.pidns = False  # refused here (EPERM, EINVAL): a plain fork, now and from now on
+    return os.fork()
+
+
 class Call:
     """One run_python call's own things: its directory (the script, which the child can read but
     not change, and a private home), its cgroup and its Landlock ruleset. Made in the launcher,
@@ -5169,6 +5235,8 @@ class Call:
 
     def __init__(self, box, source, parent=None):
         self.box, self.cgroups, self.ruleset, self.uncapped = box, [], -1, False
+        self.pidns = False  # its process is the first of a PID namespace of its own (fork_call)
+        self.ids = (os.getuid(), os.getgid())
         self.key = (parent, repr(box.cgroup), box.landlock)  # what kind of call it can serve
         self.rlimits = box.rlimits  # worked out here: enter() runs in the forked child
         self.root = tempfile.mkdtemp(prefix="-".join(["agent-call", *box.tag, ""]),  # 0700
@@ -5247,38 +5315,40 @@ class Call:
                 x for param in params for x in ("-D", param)] + argv
         return argv
 
-    def run(self, go, workdir):
+    def run(self, go, out, err, workdir, env):
         """In the launcher's fork, made ahead of its call where it can be: go into the workdir (by
-        its descriptor `workdir`, never its name), hold nothing of the launcher's, take a session
-        of its own, confine itself (enter), then wait for the call's go (its stdout, stderr and
-        environment) and exec the script. Never returns; an error before the exec goes back on
-        `go`."""
+        its descriptor `workdir`, never its name), take the call's stdio (stdin the socket its go
+        comes on, stdout and stderr the pipes the agent will read), hold nothing else of the
+        launcher's, take a session of its own, confine itself (enter) and exec the interpreter
+        on main.py, which until the go holds STUB. Never returns; an error before the exec goes
+        back on `go`."""
         try:
+            if self.pidns and self.ids[0] != 0:  # in the user namespace fork_call made: be
+                own_ids(*self.ids)  # the same user in it as outside
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            null = os.open(os.devnull, os.O_RDONLY)  # the script's stdin, once the go has come
+            for fd, target in ((go, 0), (out, 1), (err, 2), (null, 3)):
+                os.dup2(fd, target)
             os.fchdir(workdir)  # the directory pinned at the start, not what its name is now
-            low = 3  # nothing of the launcher's: its socket, other calls' ends
-            for fd in sorted({go, self.ruleset} - {-1}):
+            low = 4  # nothing of the launcher's: its socket, other calls' ends
+            for fd in sorted({self.ruleset} - {-1}):
                 os.closerange(low, fd)
                 low = fd + 1
             os.closerange(low, MAX_FD)
             os.setsid()  # a group (and session) of its own: the one the launcher kills
-            null, waiting = os.open(os.devnull, os.O_RDONLY), socket.socket(fileno=go)
             self.enter()
             self.started()
-            message, fds, _, _ = socket.recv_fds(waiting, 1 << 20, 2)
-            if not message:
-                os._exit(0)  # not needed after all (the launcher is ending)
-            for fd, target in ((null, 0), *zip(fds, (1, 2))):
-                os.dup2(fd, target)
-                os.close(fd)
-            for sig in (*LAUNCHER_IGNORES, signal.SIGXFSZ):
-                signal.signal(sig, signal.SIG_DFL)  # as a script started by Popen has them
-            argv = self.command()
-            os.execve(argv[0], argv, json.loads(message))
+            script = os.fork() if self.pidns else 0  # this process, or the second of its
+            if script == 0:  # namespace
+                for sig in (*LAUNCHER_IGNORES, signal.SIGXFSZ):
+                    signal.signal(sig, signal.SIG_DFL)  # as a script started by Popen has them
+                argv = self.command()
+                os.execve(argv[0], argv, env)
+            init(script)  # never returns
         except BaseException as e:
             with contextlib.suppress(BaseException):
-                os.write(go, f"could not start the sandboxed interpreter: {e}".encode())
+                os.write(0, f"could not start the sandboxed interpreter: {e}".encode())
         finally:
             os._exit(127)
 
@@ -5305,7 +5375,7 @@ class Call:
             drop_capabilities(box.libc)
         if box.linux:  # after every change of credentials, which would clear it
             box.libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            if os.getppid() != parent:
+            if os.getppid() != parent or self.pidns and launcher_gone():
                 os._exit(1)
         if box.landlock:
             if box.libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
@@ -5325,6 +5395,64 @@ class Call:
         """Remove what the call made (idempotent)."""
         self.started()
         cleanup(self.root, self.cgroups)
+
+
+def init(script):
+    """The first process of a call's PID namespace, once it has started the script: hold none of
+    the call's stdio, reap whatever comes to it, and when the script ends, say its exit code on
+    the launcher's socket (stdin) and end, which ends every process left in the namespace."""
+    for fd in (1, 2):
+        os.dup2(3, fd)
+    os.close(3)
+    while True:
+        pid, status = os.waitpid(-1, 0)
+        if pid == script:
+            os.write(0, b"=%d" % os.waitstatus_to_exitcode(status))
+            os._exit(0)
+
+
+def launcher_gone():
+    """Seen from a call's own PID namespace, where the launcher has no pid: has it ended (its
+    end of the socket on stdin closed)?"""
+    poller = select.poll()
+    poller.register(0, select.POLLHUP)
+    return any(event & select.POLLHUP for _, event in poller.poll(0))
+
+
+# What a call's main.py holds from its process's start, ahead of the call, until its go: the
+# interpreter has started (bench_sandbox --against the code before it: 0.38-0.41x a call's
+# time, and a call 0.4-0.5x a plain interpreter's start), and this waits on stdin for the go,
+# takes /dev/null (fd 3) as stdin, and runs the script the launcher has written over it, as the
+# interpreter runs a file: in __main__, its own frames first in a traceback, exit code 1 (or
+# SIGINT) for an exception nothing caught. The one trace of it: two frames below the script's in
+# inspect.stack().
+STUB = b"""def _(os=__import__("os"), sys=__import__("sys")):
+    os.write(0, b"r")  # started: main.py may now be written
+    if os.read(0, 1) != b"g":  # the go: main.py now holds the call's script
+        os._exit(0)  # (not needed after all)
+    os.dup2(3, 0)  # stdin: /dev/null, opened before the process was confined
+    os.close(3)
+    main = sys.modules["__main__"].__dict__
+    del main["_"]
+    with open(main["__file__"], "rb") as script:
+        source = script.read()
+    try:
+        exec(compile(source, main["__file__"], "exec", dont_inherit=True), main)
+    except SystemExit:
+        raise
+    except BaseException as e:  # as the interpreter reports it, from the script's frames on
+        e = e.with_traceback(e.__traceback__.tb_next)
+        sys.last_type, sys.last_value, sys.last_traceback = type(e), e, e.__traceback__
+        sys.excepthook(type(e), e, e.__traceback__)
+        if not isinstance(e, KeyboardInterrupt):
+            raise SystemExit(1) from None
+        __import__("atexit")._run_exitfuncs()
+        sys.stdout.flush(), sys.stderr.flush()
+        signal = __import__("signal")
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+_()
+"""
 
 
 def make_cgroups(cgroup, policy, tag=()):
@@ -5351,13 +5479,11 @@ def private_scratch(libc, call):
     """Give the script a mount namespace of its own with a fresh, capped tmpfs holding the
     policy's own trees: its home, and its shm, seen at /dev/shm. The kernel frees the tmpfs when
     the call's last process exits."""
-    uid, gid, root = os.getuid(), os.getgid(), os.geteuid() == 0
-    if libc.unshare(CLONE_NEWNS | (0 if root else CLONE_NEWUSER)) != 0:
+    user = os.geteuid() != 0 and not call.pidns  # (fork_call made one already)
+    if libc.unshare(CLONE_NEWNS | (CLONE_NEWUSER if user else 0)) != 0:
         raise OSError(ctypes.get_errno(), "unshare failed")
-    if not root:  # the only id mapping an unprivileged process may write: its own
-        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
-                           ("gid_map", f"{gid} {gid} 1")):
-            Path(f"/proc/self/{name}").write_text(text)
+    if user:
+        own_ids(*call.ids)
     policy = call.box.policy
     options = f"size={policy.scratch_mb}m,nr_inodes=65536,mode=0700".encode()
     shm = "shm" in policy.own_read_write and policy.shm
@@ -5373,6 +5499,14 @@ def private_scratch(libc, call):
             raise OSError(ctypes.get_errno(), f"mount {dst.decode()} failed")
     for name in policy.own_read_write:  # new inodes: the parent's ruleset cannot know them
         call.add_rule(call.ruleset, call.own[name], READ_WRITE)
+
+
+def own_ids(uid, gid):
+    """In a new user namespace, be the user and group one is outside it (`uid`, `gid`): the only
+    mapping an unprivileged process may write."""
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
+                       ("gid_map", f"{gid} {gid} 1")):
+        Path(f"/proc/self/{name}").write_text(text)
 
 
 def drop_capabilities(libc):
@@ -5395,12 +5529,12 @@ class Running:
         self.launcher, self.pid = launcher, None  # the script's group
         self.made = None  # the call's directory and cgroups, as the launcher named them
 
-    def heard(self, box):
+    def heard(self, box, data=None):
         """The launcher's message: the script's pid (None), its end (code, OOM kills), or an
         error (ToolError); "gone" if the launcher is (killed: then the agent kills the group);
         "timed out" if the launcher ended the call at its timeout, the agent having not."""
-        data = self.report.recv(65536)
-        if not data:
+        data = self.report.recv(65536) if data is None else data
+        if not data:  # (no pid: the call's PID namespace went with the launcher, all of it)
             if self.pid:  # the script died with the launcher (PDEATHSIG); what it started now
                 kill_group(self.pid)
             return "gone"
@@ -5608,6 +5742,7 @@ class Sandbox:
         self.libc = libc_call() if self.linux else None
         self.landlock = False  # Landlock, seccomp and no capabilities for every call
         self.mounts = self.linux and enabled  # own tmpfs and /dev/shm, unless the kernel refuses
+        self.pidns = self.linux  # a PID namespace for each call, unless the kernel refuses
         self.cgroup = cgroup_parents() if self.linux else None
         self.tested = not enabled  # the self-test has run (with --no-sandbox there is none)
         self.confined = False  # every call runs inside the boundary: the self-test proved it
@@ -5754,7 +5889,7 @@ for name, pid in (("the agent", {agent}), ("its launcher", {launcher})):
     try:
         os.kill(pid, 0)
         leaks.append("signal " + name)
-    except PermissionError:
+    except (PermissionError, ProcessLookupError):  # refused, or not in this PID namespace
         pass
 if {linux}:
     long = ctypes.c_long
@@ -5933,7 +6068,8 @@ def serve(fd):
                         return shut_down(children)
                     last = json.loads(message)
                     if ahead and (ahead.kind != kind_of(last)  # made for another kind of call,
-                                  or ahead.call.uncapped and last["required"]):  # or uncapped
+                                  or ahead.call.uncapped and last["required"]  # or uncapped,
+                                  or select.select([ahead.pidfd], [], [], 0)[0]):  # or ended
                         ahead.kill(report=False)
                         ahead = None
                     child, ahead = launch(box, last, fds, ahead), None
@@ -5992,9 +6128,9 @@ def end_overdue(deadlines, wait):
     launcher ends the call LAUNCHER_GRACE later and tells the agent it timed out. Returns how
     long the launcher's poll may wait, in ms: `wait` (None: for ever) or less, to wake by the
     next deadline."""
-    now = time.monotonic()
+    moment = time.monotonic()
     for child, at in list(deadlines.items()):
-        if child.killed_at is None and at <= now:
+        if child.killed_at is None and at <= moment:
             with contextlib.suppress(OSError):  # (an agent that has closed the call meanwhile)
                 child.report.send(json.dumps({"timed_out": True}).encode())
             child.kill()
@@ -6002,7 +6138,7 @@ def end_overdue(deadlines, wait):
             del deadlines[child]
     if not deadlines:
         return wait
-    soonest = min(math.ceil((min(deadlines.values()) - now) * 1000), 60_000)
+    soonest = min(math.ceil((min(deadlines.values()) - moment) * 1000), 60_000)
     return soonest if wait is None else min(wait, soonest)
 
 
@@ -6311,6 +6447,7 @@ PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 36, 38, 47
 SECCOMP_MODE_FILTER, CAP_VERSION_3, MAX_FD = 2, 0x20080522, 1 << 16
 SECCOMP_ALLOW, SECCOMP_KILL, SECCOMP_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
 CLONE_NEWNS, CLONE_NEWUSER, MS_BIND, MS_REC, MS_PRIVATE = 0x20000, 0x10000000, 0x1000, 0x4000, 1 << 18
+CLONE_NEWPID = 0x20000000
 MS_NOSUID, MS_NODEV = 0x2, 0x4
 
 

@@ -2,6 +2,7 @@
 peer's sandbox, and what each of the sandbox's optimisations is worth.
 
     .venv/bin/python tests/bench_sandbox.py [--runs 40] [--pause 0.05] [--without NAME[+NAME] ...]
+                                            [--against OTHER_AGENT_PY]
 
 Times one trivial run_python call (the script `pass`, through the execution layer, no
 approval prompt) side by side, in rounds whose order rotates: the whole sandbox; --no-sandbox
@@ -13,7 +14,10 @@ figure: `bwrap --unshare-all --die-with-parent --ro-bind / / --dev /dev --proc /
 with that optimisation taken out (REMOVALS; a+b takes out both), in the same rounds. After each
 call the bench waits --pause seconds, not counted, as a run waits for the model between calls:
 what one way leaves to do in the background (the launcher's cleanup, the next call's child)
-then does not land in the next way's time. Medians, the ratio of medians,
+then does not land in the next way's time. Then each way's calls in a row, with nothing between
+them: what is made ahead has then no time to be ready. With --against, the same calls through another
+agent.py (an earlier commit's: `git show REV:agent.py > /tmp/before.py`), in the same rounds:
+before and after side by side. Medians, the ratio of medians,
 and the ratio taken round by round: median (quartiles). Then what the first call's plan and
 self-test cost, and this process's peak RSS while a script prints 50 MB. Not part of the test
 run.
@@ -39,7 +43,8 @@ import agent  # noqa: E402
 
 # Each optimisation of a call's price, as a text edit that takes it out of a copy of agent.py.
 REMOVALS = {
-    "ahead": [  # the launcher forks each call's child at the call, not ahead of it
+    "ahead": [  # the launcher makes each call's process (fork, confinement, the interpreter's
+        #         start) at the call, not ahead of it
         ("        if ahead is None and last and (ended or not running):", "        if False:")],
     "tasks": [  # join the call's v1 cgroups through cgroup.procs, as before
         ('joined = "tasks" if box.cgroup and box.cgroup[0] == "v1" else "cgroup.procs"',
@@ -50,14 +55,16 @@ REMOVALS = {
 }
 
 
-def agent_copy(folder, removed):
-    """agent.py imported from a copy in `folder` with the optimisations in `removed` taken out."""
-    source = (ROOT / "agent.py").read_text(encoding="utf-8")
+def agent_copy(folder, removed, source=None):
+    """agent.py imported from a copy in `folder` with the optimisations in `removed` taken out
+    (or, given its `source`, another agent.py as it is)."""
+    stem = "agent_other" if source else "agent_without_" + "_".join(removed).replace("-", "_")
+    source = source or (ROOT / "agent.py").read_text(encoding="utf-8")
     for name in removed:
         for old, new in REMOVALS[name]:
             assert old in source, f"{name}: {old!r} is no longer in agent.py"
             source = source.replace(old, new)
-    path = Path(folder, f"agent_without_{'_'.join(removed).replace('-', '_')}.py")
+    path = Path(folder, f"{stem}.py")
     path.write_text(source, encoding="utf-8")
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
@@ -76,6 +83,7 @@ def main():
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--pause", type=float, default=0.05)
     parser.add_argument("--without", action="append", default=[])
+    parser.add_argument("--against", type=Path)
     args = parser.parse_args()
     for name in args.without:
         if not set(name.split("+")) <= set(REMOVALS):
@@ -123,6 +131,13 @@ def main():
             ways[f"sandbox without {name}"] = call(module, box)
             ways[f"no-sandbox without {name}"] = call(module, module.Sandbox(workdir, False,
                                                                              module.Limits()))
+        if args.against:  # before and after, side by side
+            module = agent_copy(tmp, [], args.against.read_text(encoding="utf-8"))
+            box = module.Sandbox(workdir, True, module.Limits())
+            box.ready()
+            ways["sandbox, --against"] = call(module, box)
+            ways["no-sandbox, --against"] = call(module, module.Sandbox(workdir, False,
+                                                                        module.Limits()))
         bwrap = shutil.which("bwrap")
         if bwrap:  # the same interpreter as the plain subprocess, so that is the base
             ways["bwrap"] = command([bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/",
@@ -159,6 +174,10 @@ def main():
         for name in args.without:  # what each optimisation is worth: the call without it, to
             for kind in ("sandbox", "no-sandbox"):  # the call with it, round by round
                 print(f"    {kind} without {name} / {kind}: {ratio(f'{kind} without {name}', kind)}")
+        if args.against:
+            for kind in ("sandbox", "no-sandbox"):
+                print(f"    {kind} / {kind}, --against {args.against}: "
+                      f"{ratio(kind, f'{kind}, --against')}")
         if "sandbox without a cgroup" in times:
             print(f"    sandbox without a cgroup / sandbox: "
                   f"{ratio('sandbox without a cgroup', 'sandbox')}")
@@ -168,6 +187,17 @@ def main():
                   f"{ratio('bwrap', 'plain subprocess')} the plain subprocess")
         else:
             print("the peer's figure: skipped, bwrap is not installed (apt install bubblewrap)")
+        row = {}  # each way's calls one right after another, as a turn's several calls run:
+        for name in ("sandbox", "no-sandbox", "plain subprocess"):  # what is made ahead has
+            row[name] = []  # no time to be ready
+            for _ in range(args.runs):
+                started = time.perf_counter()
+                ways[name]()
+                row[name].append((time.perf_counter() - started) * 1000)
+        print(f"{args.runs} calls in a row, nothing between them: "
+              + ", ".join(f"{name} {statistics.median(row[name]):.1f} ms "
+                          f"({statistics.median(row[name]) / statistics.median(row['plain subprocess']):.2f})"
+                          for name in row))
         print(f"the first call's plan and self-test: {proving * 1000:.0f} ms (once per run, at "
               "the first run_python call; nothing at startup)")
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -920,9 +920,15 @@ def test_subprocess_end_to_end(request, workdir, tmp_path, agent_copy):
                          ids=["ctrl-c", "sigterm", "sighup"])  # SIGHUP: a closed terminal
 def test_subprocess_ctrl_c_kills_the_tool_and_keeps_the_transcript(request, workdir, tmp_path,
                                                                    signum, agent_copy):
-    code = ("import os, subprocess, time\n"
-            "child = subprocess.Popen(['sleep', '60'])\n"
-            "open('pids', 'w').write(f'{os.getpid()} {child.pid}')\n"
+    # the pids of the script and its child as this machine sees them (/proc/self), not as
+    # os.getpid() gives them in the call's own PID namespace
+    code = ("import os, subprocess, sys, time\n"
+            "child = subprocess.Popen([sys.executable, '-c', \"import os, time; open('kid.tmp', "
+            "'w').write(os.readlink('/proc/self')); os.rename('kid.tmp', 'kid'); "
+            "time.sleep(60)\"])\n"
+            "while not os.path.exists('kid'):\n"
+            "    time.sleep(0.01)\n"
+            "open('pids', 'w').write(os.readlink('/proc/self') + ' ' + open('kid').read())\n"
             "time.sleep(60)\n")
     api = serve(request, reply(tool_use("run_python", {"code": code}, id="toolu_slow"),
                                tool_use("read_file", {"path": "notes.md"}, id="toolu_after")))

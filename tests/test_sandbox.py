@@ -1,6 +1,7 @@
 """Path safety and the sandbox: run_python's boundary attacked from outside; scripts still work."""
 
 import contextlib
+import importlib.util
 import json
 import marshal
 import os
@@ -238,8 +239,11 @@ attempt("setpriority_user", lambda: sc("setpriority", 2, 0, 19))
 attempt("setpriority_self", lambda: sc("setpriority", 0, 0, 19))  # nicer: always allowed
 attempt("ioprio_agent", lambda: sc("ioprio_set", 1, AGENT, (2 << 13) | 7))
 attempt("affinity_agent", lambda: sc("sched_setaffinity", AGENT, 8, buf))
-attempt("signal_agent", lambda: os.kill(AGENT, 0) or "ok")
-attempt("signal_init", lambda: os.kill(1, 0) or "ok")
+OWN = os.getpid() != int(os.readlink("/proc/self"))  # a PID namespace of the call's own, where
+attempt("signal_agent", lambda: os.kill(AGENT, 0) or "ok")  # the agent has no pid
+# its pid 1 is the call's own first process, which the kernel shields from the namespace's
+# signals: were the SIGKILL taken, this probe would die with it (elsewhere, the machine's init)
+attempt("signal_init", lambda: os.kill(1, 9 if OWN else 0) or ("shielded" if OWN else "ok"))
 attempt("mknod_char", lambda: os.mknod("null", 0o600 | stat.S_IFCHR, os.makedev(1, 3)) or "ok")
 attempt("mknod_block", lambda: os.mknod("disk", 0o600 | stat.S_IFBLK, os.makedev(7, 0)) or "ok")
 attempt("mkfifo", lambda: os.mkfifo("fifo") or "ok")
@@ -281,6 +285,7 @@ out["capabilities"] = list(caps)
 out["bounding"] = sum(libc.prctl(23, ctypes.c_ulong(c), 0, 0, 0) == 1 for c in range(64))
 out["ambient"] = sum(libc.prctl(47, ctypes.c_ulong(1), ctypes.c_ulong(c), 0, 0) == 1 for c in range(64))
 out["no_new_privs"] = libc.prctl(39, 0, 0, 0, 0)
+out["own_namespace"] = OWN
 print(json.dumps(out))
 """
 
@@ -326,9 +331,18 @@ def probed(tmp_path_factory):
     return json.loads(run.stdout)
 
 
+def refused(probed, route):
+    """The errno that says the route was stopped, or, where the call has a PID namespace of its
+    own, what says that a signal could not reach its aim: the agent has no pid there (ESRCH),
+    and the first process there ignores its namespace's signals ("shielded")."""
+    if probed["own_namespace"] and route in ("signal_agent", "signal_init"):
+        return {"signal_agent": "ESRCH", "signal_init": "shielded"}[route]
+    return REFUSED[route]
+
+
 @pytest.mark.parametrize("route", sorted(REFUSED))
 def test_every_route_to_the_host_is_refused(probed, route):
-    assert probed[route] == REFUSED[route]
+    assert probed[route] == refused(probed, route)
 
 
 @pytest.mark.parametrize("route", STILL_ALLOWED)
@@ -369,7 +383,7 @@ def ordinary_user_probe(as_nobody):
         if route not in ("ptrace_agent", "process_vm_readv", "kcmp", "pidfd_open_agent",
                          "prlimit_agent_cpu", "prlimit_agent_fsize", "setpriority_agent",
                          "ioprio_agent", "affinity_agent", "signal_agent"):  # aimed at the test
-            assert found[route] == errno, route
+            assert found[route] == refused(found, route), route
     assert found["capabilities"] == [0] * 6 and found["no_new_privs"] == 1
 
 
@@ -468,6 +482,16 @@ sys.path.insert(0, sys.argv[2])
 import agent
 from pathlib import Path
 
+def next_call(cmdline):  # a copy of the launcher making the next call's process, or that
+    argv = cmdline.split(b"\\0")  # process waiting: the interpreter on a main.py holding the STUB
+    if len(argv) == 3 and argv[0] == now[launcher][2].split(b"\\0")[0] \\
+            and argv[1].endswith(b"/main.py"):
+        try:
+            return Path(os.fsdecode(argv[1])).read_bytes() == agent.STUB
+        except OSError:
+            return False
+    return cmdline == now[launcher][2]
+
 def tree():
     found = {}
     for proc in Path("/proc").iterdir():
@@ -485,7 +509,7 @@ launcher, deadline = box.launcher.pid, time.monotonic() + 10
 while True:  # the launcher may still be reaping; it may have made the next call's child
     now = tree()
     mine = [(p, s) for p, (parent, s, _) in now.items() if parent == os.getpid()]
-    below = [(p, s, c == now[launcher][2]) for p, (parent, s, c) in now.items()
+    below = [(p, s, next_call(c)) for p, (parent, s, c) in now.items()
              if parent == launcher]
     if mine == [(launcher, "S")] and all(s != "Z" and same for _, s, same in below) \
             and len(below) <= 1 or time.monotonic() > deadline:
@@ -499,7 +523,8 @@ print(json.dumps({"out": run.stdout, "mine": mine, "launcher": launcher, "below"
 def test_after_a_call_the_agent_is_parent_of_its_launcher_alone(workdir):
     """The script's orphans (double forks, left zombies) are reaped by the launcher, their
     subreaper: after the call the agent's one child is its launcher, whose one child (if any) is
-    the copy of itself it made for the next call; none is a zombie, none is the script's."""
+    the next call's (a copy of the launcher, or the interpreter it became, on a main.py that holds
+    the STUB); none is a zombie, none is the script's."""
     code = ("import os\n"
             "for _ in range(50):\n"
             "    if os.fork() == 0:\n"
@@ -541,16 +566,41 @@ def cgroups_of(pid):
     return found
 
 
+# A script's own pid (os.getpid()) is its PID namespace's; /proc is the machine's, so
+# /proc/self names it as the tests see it
+HOST_PID = 'int(os.readlink("/proc/self"))'
+
+
+def parent_of(pid):
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def descendants(pid):
+    """A process's descendants, by the machine's pids."""
+    found, todo = [], [pid]
+    while todo:
+        found += (kids := children_of(todo.pop()))
+        todo += kids
+    return found
+
+
+def launcher_of(pid):
+    """The launcher above a script: its parent, or its namespace's first process's."""
+    while b"agent_launcher" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+        pid = parent_of(pid)
+    return pid
+
+
 def test_kill_9_of_the_agent_takes_the_script_and_its_traces_with_it(workdir, tmp_path):
     code = ("import os, subprocess, time\n"
             "kids = [subprocess.Popen(['sleep', '60']) for _ in range(3)]\n"
-            "pids = ' '.join(str(p) for p in [k.pid for k in kids] + [os.getpid()])\n"
-            "open('info.tmp', 'w').write(os.environ['HOME'] + ' ' + pids)\n"
+            f"open('info.tmp', 'w').write(os.environ['HOME'] + ' ' + str({HOST_PID}))\n"
             "os.rename('info.tmp', 'info')\n"
             "time.sleep(60)\n")
-    proc, (home, *pids) = agent_running(code, workdir)
-    pids = [int(p) for p in pids]
-    cgroups = cgroups_of(pids[-1])
+    proc, (home, script) = agent_running(code, workdir)
+    pids = [int(script), *descendants(int(script))]
+    assert len(pids) == 4, pids
+    cgroups = cgroups_of(pids[0])
     if agent.cgroup_parents():
         assert cgroups, "the script was in no cgroup of its call"
     proc.send_signal(signal.SIGKILL)
@@ -569,11 +619,12 @@ def test_a_pkill_of_agent_py_hits_the_launcher_too_and_still_nothing_survives(wo
     signal, sees the agent go, kills the group and cleans up."""
     code = ("import os, subprocess, time\n"
             "kid = subprocess.Popen(['sleep', '60'])\n"
-            "open('info.tmp', 'w').write(f\"{os.environ['HOME']} {os.getppid()} {kid.pid}\")\n"
+            f"open('info.tmp', 'w').write(os.environ['HOME'] + ' ' + str({HOST_PID}))\n"
             "os.rename('info.tmp', 'info')\n"
             "time.sleep(60)\n")
-    proc, (home, launcher, kid) = agent_running(code, workdir)
-    for pid in (proc.pid, int(launcher)):
+    proc, (home, script) = agent_running(code, workdir)
+    launcher, (kid,) = launcher_of(int(script)), descendants(int(script))
+    for pid in (proc.pid, launcher):
         os.kill(pid, signal.SIGTERM)
     proc.wait()
     deadline = time.monotonic() + 5
@@ -582,12 +633,54 @@ def test_a_pkill_of_agent_py_hits_the_launcher_too_and_still_nothing_survives(wo
     assert not alive(int(kid)) and not os.path.exists(os.path.dirname(home))
 
 
+@needs_landlock
+def test_kill_9_of_the_agent_and_its_launcher_at_once_leaves_nothing_running(workdir, tmp_path,
+                                                                            monkeypatch):
+    """Red-team S2: `pkill -9 -f agent.py` kills the agent and the launcher together. The
+    script dies with the launcher (PDEATHSIG), and before, what it had started ran on: a child,
+    a grandchild, an orphan of a double fork. Now the call's PID namespace goes with it."""
+    private = tmp_path / "tmp"
+    private.mkdir(mode=0o700)
+    monkeypatch.setenv("TMPDIR", str(private))  # what nobody is left to remove, removed below
+    code = ("import os, subprocess, time\n"
+            "kid = subprocess.Popen(['sh', '-c', 'sleep 60 & sleep 60'])\n"  # a grandchild too
+            "if os.fork() == 0:\n"  # an orphan: its parent ends at once
+            "    if os.fork() == 0:\n"
+            "        time.sleep(60)\n"
+            "    os._exit(0)\n"
+            "time.sleep(1)\n"
+            f"open('info.tmp', 'w').write(os.environ['HOME'] + ' ' + str({HOST_PID}))\n"
+            "os.rename('info.tmp', 'info')\n"
+            "time.sleep(60)\n")
+    proc, (home, script) = agent_running(code, workdir)
+    launcher = launcher_of(int(script))
+    started = [int(script), *descendants(int(script)), *[  # the orphan, and the namespace's
+        p for p in children_of(parent_of(int(script))) if p != int(script)]]  # first, above it
+    cgroups = cgroups_of(int(script))
+    assert len(started) >= 5, started  # the script, sh, two sleeps, the orphan
+    for pid in (proc.pid, launcher):  # what pkill -9 -f agent.py does
+        os.kill(pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while [p for p in started if alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [p for p in started if alive(p)]
+    for pid in left:  # (after the proof)
+        os.kill(pid, signal.SIGKILL)
+    for directory in cgroups:
+        with contextlib.suppress(OSError):
+            directory.rmdir()
+    for name in os.listdir(private):
+        agent.remove_tree(str(private / name))
+    assert left == [], f"{len(left)} of the script's {len(started)} processes outlived both"
+
+
 # --- the launcher: what a script may not do to it or to another call, and what its end leaves ---
 
 AT_THE_LAUNCHER = r"""
 import ctypes, errno, json, os, sys
 libc, out = ctypes.CDLL(None, use_errno=True), {{}}
-NR, launcher = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {NR}, os.getppid()
+NR, launcher = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {NR}, {LAUNCHER}
 L = lambda v: ctypes.c_long(v) if isinstance(v, int) else v
 
 def sc(name, *args):
@@ -614,24 +707,29 @@ attempt("fds", lambda: os.listdir(f"/proc/{{launcher}}/fd") and "ok")
 attempt("fd0", lambda: os.readlink(f"/proc/{{launcher}}/fd/0") and "ok")
 out["fds_held"] = [fd for fd in range(3, 4096) if not ctypes.CDLL(None).fcntl(fd, 1, 0) < 0]
 out["launcher"] = launcher
+out["own_namespace"] = os.getpid() != int(os.readlink("/proc/self"))
 print(json.dumps(out))
 """
 
 
 @needs_landlock
 def test_a_script_cannot_reach_its_launcher(box, workdir):
-    """The launcher is the script's parent: it may not be signalled, traced, read (memory,
-    environment, descriptors through /proc) or connected to, and the script holds no descriptor
-    of it or of anything else but its own stdio. The launcher then serves the next call."""
+    """The launcher is above the script (its parent, or its PID namespace's first process's): it
+    may not be signalled (where the script has a PID namespace of its own, the launcher has no
+    pid in it), traced, read (memory, environment, descriptors through /proc) or connected to,
+    and the script holds no descriptor of it or of anything else but its own stdio. The launcher
+    then serves the next call."""
     column = agent.ARCHES[MACHINE][1]
     numbers = {name: nrs[column] for name, nrs in agent.SYSCALLS.items()}
-    run = execute(box, workdir, AT_THE_LAUNCHER.format(NR=repr(numbers)))
+    run = execute(box, workdir, AT_THE_LAUNCHER.format(NR=repr(numbers),
+                                                       LAUNCHER=box.launcher.pid))
     assert run.code == 0, run.stderr
     seen = json.loads(run.stdout)
-    assert seen["launcher"] == box.launcher.pid
+    assert seen.pop("launcher") == box.launcher.pid
     assert seen.pop("fds_held") == []
-    assert {k: v for k, v in seen.items() if k != "launcher"} == {
-        "signal": "EPERM", "sigkill": "EPERM", "group": "EPERM", "ptrace": "EPERM",
+    unseen = "ESRCH" if seen.pop("own_namespace") else "EPERM"
+    assert seen == {
+        "signal": unseen, "sigkill": unseen, "group": unseen, "ptrace": "EPERM",
         "pidfd_open": "EPERM", "process_vm_readv": "EPERM", "prlimit": "EPERM", "mem": "EACCES",
         "environ": "EACCES", "fds": "EACCES", "fd0": "EACCES"}
     assert execute(box, workdir, "print('next')").stdout == "next\n"
@@ -643,7 +741,8 @@ def test_two_calls_at_once_keep_their_own_caps_and_cannot_signal_each_other(work
     make its own 40 tasks, and neither can signal the other (nor the other's children)."""
     box = capped_box(workdir, max_tasks=40)
     code = ("import os, sys, time\n"
-            "open(f'pid.{sys.argv[0][-20:].replace(\"/\", \"_\")}', 'w').write(str(os.getpid()))\n"
+            "open(f'pid.{sys.argv[0][-20:].replace(\"/\", \"_\")}', 'w')"
+            f".write(str({HOST_PID}))\n"
             "made = 0\n"
             "for _ in range(100):\n"
             "    try:\n"
@@ -657,10 +756,10 @@ def test_two_calls_at_once_keep_their_own_caps_and_cannot_signal_each_other(work
             "others = [int(open(p).read()) for p in os.listdir('.') if p.startswith('pid.')]\n"
             "refused = []\n"
             "for pid in others:\n"
-            "    if pid != os.getpid():\n"
+            f"    if pid != {HOST_PID}:\n"
             "        try:\n"
             "            os.kill(pid, 9)\n"
-            "        except PermissionError:\n"
+            "        except (PermissionError, ProcessLookupError):\n"  # (not in its namespace)
             "            refused.append(pid)\n"
             "time.sleep(1)\n"  # still running while the other tries
             "print(made, len(others), len(refused))\n")
@@ -677,10 +776,10 @@ def test_two_calls_at_once_keep_their_own_caps_and_cannot_signal_each_other(work
         assert 30 <= int(made) < 40 and others == "2" and refused == "1", seen
 
 
-LAUNCHER_KILLED = """
+LAUNCHER_KILLED = f"""
 import os, subprocess, time
 kids = [subprocess.Popen(['sleep', '60']) for _ in range(3)]
-info = [os.environ['HOME'], os.getppid(), os.getpid()] + [k.pid for k in kids]
+info = [os.environ['HOME'], {HOST_PID}]
 open('info.tmp', 'w').write(' '.join(map(str, info)))
 os.rename('info.tmp', 'info')
 time.sleep(60)
@@ -691,8 +790,9 @@ def test_the_launcher_killed_mid_call_leaves_nothing_running(workdir):
     """kill -9 of the launcher: the script dies with it (PDEATHSIG), the agent sees the call's
     socket close, kills what the script started and removes the call's directory and cgroup;
     the call ends at once, not at its timeout."""
-    proc, (home, launcher, *pids) = agent_running(LAUNCHER_KILLED, workdir)
-    pids = [int(p) for p in pids]
+    proc, (home, script) = agent_running(LAUNCHER_KILLED, workdir)
+    launcher, pids = launcher_of(int(script)), [int(script), *descendants(int(script))]
+    assert len(pids) == 4, pids
     cgroups = cgroups_of(pids[0])
     os.kill(int(launcher), signal.SIGKILL)
     deadline = time.monotonic() + 5
@@ -718,7 +818,7 @@ def test_the_launcher_killed_with_many_calls_running_leaves_no_directory(workdir
     monkeypatch.setattr(tempfile, "tempdir", None)
     box = new_box(workdir)
     n, runs = 20, []
-    code = "import os, time\nopen(f'up.{os.getpid()}', 'w').close()\ntime.sleep(60)\n"
+    code = f"import os, time\nopen(f'up.{{{HOST_PID}}}', 'w').close()\ntime.sleep(60)\n"
     threads = [threading.Thread(target=lambda: runs.append(execute(box, workdir, code, 90, 1000)))
                for _ in range(n)]
     for t in threads:
@@ -1096,6 +1196,144 @@ def test_a_call_is_made_nowhere_another_user_could_swap_it(box, workdir, tmp_pat
     assert os.listdir(shared) == [] and victim.read_text() == "precious"
 
 
+# --- the interpreter started ahead of the call (STUB): a script sees what it would see started
+# plainly, `python main.py`, but for two frames below its own
+
+def plainly(tmp_path, workdir, code, home):
+    """The script run as a plain interpreter runs it, in the same directory and environment."""
+    script = tmp_path / "plain" / "main.py"
+    script.parent.mkdir(exist_ok=True)
+    script.write_bytes(agent.script_bytes(code))
+    done = subprocess.run([sys.executable, str(script)], cwd=workdir, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=30,
+                          env=agent.child_env(agent.sandbox_policy(workdir, agent.Limits()), home))
+    return done.returncode, done.stdout, done.stderr.replace(str(script), "MAIN")
+
+
+LOOKS = """import json, os, stat, sys
+def opened(fd):
+    try:
+        return os.fstat(fd)
+    except OSError:
+        return None
+print(json.dumps({"globals": sorted(globals()), "argv": [os.path.basename(a) for a in sys.argv],
+                  "orig_argv": [os.path.basename(a) for a in sys.orig_argv],
+                  "modules": sorted(sys.modules), "fds": [fd for fd in range(64) if opened(fd)],
+                  "stdin": os.fstat(0).st_rdev == os.stat(os.devnull).st_rdev,
+                  "stdin_read": sys.stdin.read(), "name": __name__,
+                  "file": os.path.basename(__file__), "flags": str(sys.flags)}))
+"""
+
+
+@pytest.mark.parametrize("sandboxed", [True, False], ids=["sandbox", "no-sandbox"])
+def test_a_script_started_ahead_sees_what_a_plainly_started_one_sees(workdir, tmp_path,
+                                                                        sandboxed):
+    """Its globals, argv, modules, open descriptors (0, 1, 2: stdin /dev/null, read empty),
+    __name__, __file__ and flags are those of `python main.py` in the same environment; the
+    second call's process is the one made ahead."""
+    box = agent.Sandbox(Path(os.path.realpath(workdir)), sandboxed, agent.Limits())
+    try:
+        box.ready()
+        seen = [execute(box, workdir, LOOKS) for _ in range(2)]  # the first made at the call
+    finally:
+        box.close()
+    code, out, err = plainly(tmp_path, workdir, LOOKS, str(tmp_path))
+    assert code == 0, err
+    for run in seen:
+        assert run.code == 0 and run.stderr == "", run.stderr
+        assert json.loads(run.stdout) == json.loads(out)
+
+
+ENDINGS = {  # what ends a script, and how the interpreter reports it
+    "exception": "def f():\n    1 / 0\nf()\n",
+    "syntax": "x = (\n",
+    "keyboard-interrupt": "print('before')\nraise KeyboardInterrupt\n",
+    "exit-text": "import sys\nsys.exit('bye')\n",
+    "exit-code": "import sys\nsys.exit(3)\n",
+    "own-excepthook": "import sys\nsys.excepthook = lambda t, v, tb: print('hook', t.__name__, "
+                      "tb.tb_frame.f_code.co_name)\nraise ValueError('x')\n",
+    "atexit": "import atexit\natexit.register(print, 'at exit')\nraise ValueError('x')\n",
+    "chained": "try:\n    1 / 0\nexcept ZeroDivisionError:\n    raise KeyError('k')\n",
+}
+
+
+@pytest.mark.parametrize("ending", sorted(ENDINGS))
+def test_a_script_started_ahead_ends_as_a_plainly_started_one_does(box, workdir, tmp_path,
+                                                                      ending):
+    """Exit code (or signal), stdout and stderr, traceback included, are the interpreter's own:
+    the stub's frames are not in it."""
+    code = ENDINGS[ending]
+    execute(box, workdir, "pass")  # the call below gets the process made ahead
+    run = execute(box, workdir, code)
+    main = next((line.split('"')[1] for line in run.stderr.splitlines()
+                 if line.startswith('  File "')), "MAIN")
+    expected = plainly(tmp_path, workdir, code, str(tmp_path))
+    assert (run.code, run.stdout, run.stderr.replace(main, "MAIN")) == expected
+
+
+def ahead_of(launcher):
+    """The next call's process, made ahead: the launcher's child on a main.py holding STUB, or
+    the launcher's child whose child that is (the first process of its PID namespace)."""
+    for child in children_of(launcher):
+        for process in (child, *children_of(child)):
+            with contextlib.suppress(OSError, IndexError):
+                argv = Path(f"/proc/{process}/cmdline").read_bytes().split(b"\0")
+                if Path(os.fsdecode(argv[1])).read_bytes() == agent.STUB:
+                    return child
+    return None
+
+
+@needs_landlock
+def test_a_call_whose_process_made_ahead_was_killed_still_runs(box, workdir):
+    execute(box, workdir, "pass")
+    deadline = time.monotonic() + 10
+    while ahead_of(box.launcher.pid) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    made = ahead_of(box.launcher.pid)
+    assert made, "no process was made ahead"
+    os.kill(made, signal.SIGKILL)
+    while os.path.exists(f"/proc/{made}") and time.monotonic() < deadline:  # (until the
+        time.sleep(0.02)  # launcher has reaped it)
+    run = execute(box, workdir, "print('ran')")
+    assert (run.code, run.stdout) == (0, "ran\n"), run.stderr
+
+
+def test_an_interpreter_that_never_starts_is_one_error_within_the_timeout(agent_copy,
+                                                                         workdir):
+    """A call's interpreter that never says it started (here, a STUB that sleeps first) is a
+    tool error at the call's timeout, not a launcher blocked for ever; the next call runs."""
+    source = agent_copy.read_text()
+    stalled = source.replace('    os.write(0, b"r")  # started: main.py may now be written',
+                             '    __import__("time").sleep(60)')
+    assert stalled != source
+    agent_copy.write_text(stalled)
+    spec = importlib.util.spec_from_file_location("agent_stalled", agent_copy)
+    copy = sys.modules["agent_stalled"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    box = copy.Sandbox(Path(os.path.realpath(workdir)), False, copy.Limits())
+    try:
+        box.ready()
+        started = time.monotonic()
+        with pytest.raises(copy.ToolError, match="did not start within the call's timeout"):
+            copy.execute("print('ran')", box.workdir, box, 2, 1000)
+        assert time.monotonic() - started < 6
+        assert box.launcher.proc.poll() is None, "the launcher ended"
+    finally:
+        box.close()
+        del sys.modules["agent_stalled"]
+
+
+@needs_landlock
+def test_a_change_of_the_agents_environment_reaches_the_next_call(box, workdir, monkeypatch):
+    """The process made ahead was started with the environment of the call before; a call with
+    another gets a process started with its own."""
+    show = "import os\nprint(os.environ.get('LC_PAPER'))"
+    monkeypatch.setenv("LC_PAPER", "first")
+    assert execute(box, workdir, show).stdout == "first\n"
+    monkeypatch.setenv("LC_PAPER", "second")
+    assert execute(box, workdir, show).stdout == "second\n"
+
+
 # --- bounded as a whole ---
 
 @needs_landlock
@@ -1446,11 +1684,19 @@ def test_stdin_is_empty_and_rlimits_are_set(box, workdir):
     assert run.stdout.split("\n")[:2] == ["''", "4 (1, 1) 1 35 256"]
 
 
+def sleeper(name):
+    """Code that starts a child which writes its pid, as the machine sees it, to `name` and
+    sleeps; it goes on once the pid is there."""
+    return ("import os, subprocess, sys, time\n"
+            f"subprocess.Popen([sys.executable, '-c', \"import os, time; open('{name}.tmp', 'w')"
+            f".write(os.readlink('/proc/self')); os.rename('{name}.tmp', '{name}'); "
+            "time.sleep(60)\"])\n"
+            f"while not os.path.exists('{name}'):\n"
+            "    time.sleep(0.01)\n")
+
+
 def test_timeout_kills_the_whole_group(box, workdir):
-    code = ("import subprocess, time\n"
-            "p = subprocess.Popen(['sleep', '60'])\n"
-            "open('child.pid', 'w').write(str(p.pid))\n"
-            "time.sleep(60)\n")
+    code = sleeper("child.pid") + "time.sleep(60)\n"
     started = time.monotonic()
     run = execute(box, workdir, code, timeout=1)
     assert run.timed_out and time.monotonic() - started < 5
@@ -1479,7 +1725,7 @@ def test_a_stalled_agent_does_not_keep_a_script_past_its_timeout(workdir):
     run on: it is killed while the agent is still stopped. Resumed, the agent reports a timeout,
     as it does when it wins, and nothing of the call is left."""
     code = ("import os, time\n"
-            "open('info.tmp', 'w').write(f\"{os.environ['HOME']} {os.getpid()}\")\n"
+            "open('info.tmp', 'w').write(f\"{os.environ['HOME']} {os.readlink('/proc/self')}\")\n"
             "os.rename('info.tmp', 'info')\n"
             "print('started', flush=True)\n"
             "time.sleep(60)\n")
@@ -1514,9 +1760,7 @@ def test_a_stalled_agent_does_not_keep_a_script_past_its_timeout(workdir):
 
 
 def test_a_grandchild_left_running_dies_when_the_script_exits(box, workdir):
-    code = ("import subprocess\n"
-            "p = subprocess.Popen(['sleep', '60'])\n"
-            "open('child.pid', 'w').write(str(p.pid))\n")
+    code = sleeper("child.pid")
     started = time.monotonic()
     run = execute(box, workdir, code)
     assert run.code == 0 and time.monotonic() - started < 5
