@@ -5220,11 +5220,14 @@ def fork_call(box, call):
             ctypes.pythonapi.PyOS_AfterFork_Child()
             call.pidns = True
             return 0
+        error = ctypes.get_errno()
         ctypes.pythonapi.PyOS_AfterFork_Parent()
         if pid > 0:
             call.pidns = True
             return pid
-        box.pidns = False  # refused here (EPERM, EINVAL): a plain fork, now and from now on
+        if error not in (errno.EPERM, errno.EINVAL):  # a passing want (EAGAIN: a task limit
+            raise OSError(error, os.strerror(error))  # full; ENOMEM): this call fails, as a
+        box.pidns = False  # fork would; refused for good here: a plain fork from now on (S6)
     return os.fork()
 
 
@@ -5438,19 +5441,43 @@ STUB = b"""def _(os=__import__("os"), sys=__import__("sys")):
         source = script.read()
     try:
         exec(compile(source, main["__file__"], "exec", dont_inherit=True), main)
+        return
     except SystemExit:
         raise
-    except BaseException as e:  # as the interpreter reports it, from the script's frames on
-        e = e.with_traceback(e.__traceback__.tb_next)
-        sys.last_type, sys.last_value, sys.last_traceback = type(e), e, e.__traceback__
-        sys.excepthook(type(e), e, e.__traceback__)
-        if not isinstance(e, KeyboardInterrupt):
-            raise SystemExit(1) from None
-        __import__("atexit")._run_exitfuncs()
-        sys.stdout.flush(), sys.stderr.flush()
-        signal = __import__("signal")
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
+    except BaseException:  # what the interpreter does with it (PyErr_Print, Py_RunMain), but
+        kind, e, tb = sys.exc_info()  # from the script's own frames on
+    tb = tb.tb_next
+    BaseException.with_traceback(e, tb)
+    sys.last_type, sys.last_value, sys.last_traceback = kind, e, tb
+    if sys.version_info >= (3, 12):
+        sys.last_exc = e
+    if not hasattr(sys, "excepthook"):
+        sys.stderr.write("sys.excepthook is missing\\n")
+        sys.__excepthook__(kind, e, tb)
+    else:
+        try:
+            sys.excepthook(kind, e, tb)
+        except SystemExit:
+            raise
+        except BaseException:
+            kind2, e2, tb2 = sys.exc_info()
+            BaseException.with_traceback(e2, tb2.tb_next)
+            sys.stdout.flush()
+            sys.stderr.write("Error in sys.excepthook:\\n")
+            sys.__excepthook__(kind2, e2, tb2.tb_next)
+            sys.stderr.write("\\nOriginal exception was:\\n")
+            sys.__excepthook__(kind, e, tb)
+    if not issubclass(kind, KeyboardInterrupt):
+        raise SystemExit(1)
+    if "threading" in sys.modules:  # Ctrl-C's exit: the interpreter ends, then kills itself
+        sys.modules["threading"]._shutdown()  # with SIGINT (130 if that does not end it)
+    __import__("atexit")._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    signal = __import__("signal")
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+    os._exit(130)
 _()
 """
 
