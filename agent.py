@@ -276,7 +276,6 @@ TEXT_STOPS = {"end_turn", "stop_sequence", "max_turns", "max_tokens", "refusal",
               "model_context_window_exceeded"}  # stops whose final text goes to stdout
 EXIT_USAGE = 2  # a mistake on the command line (UsageError): nothing was sent
 EXIT_TRIALS_FAILED = 6  # --trials: not every trial passed
-STOPPED = "stopped by Ctrl-C or SIGTERM"  # the detail of the interrupted stop
 
 
 @dataclass
@@ -328,10 +327,10 @@ def check_stop(message, content, turn, last_turn, used, limits, cut=None):
 
 
 def stop_for(exc, api=True):
-    """The Stop an exception means: Ctrl-C or SIGTERM, the API's or the network's refusal or
-    failure (when `api`: it came out of the loop, which talks to the API), or a bug."""
+    """The Stop an exception means: Ctrl-C, SIGTERM or SIGHUP, the API's or the network's
+    refusal or failure (when `api`: it came out of the loop, which talks to the API), or a bug."""
     if isinstance(exc, (KeyboardInterrupt, Interrupted)):
-        return Stop("interrupted", STOPPED)
+        return Stop("interrupted", stopped_by(exc))
     if isinstance(exc, ReplayEnded):  # --replay asked past the recording: it knows the Stop
         return exc.stop
     if isinstance(exc, OutputLost):  # a full disk, a closed stdout: said as it is, not a bug
@@ -349,6 +348,14 @@ def stop_for(exc, api=True):
     if status == 400 and CONTEXT_ERROR.search(detail):
         return Stop("model_context_window_exceeded", detail, retries, spent)
     return Stop("api_error", detail, retries, spent)
+
+
+def stopped_by(exc):
+    """The interrupted stop's detail. A StopSignal says which signal it was: SIGHUP, a closed
+    terminal, is named; Ctrl-C and SIGTERM, and a trial cancelled by them, are said as one."""
+    if isinstance(exc, StopSignal) and exc.signum == signal.SIGHUP:
+        return "stopped by SIGHUP"
+    return "stopped by Ctrl-C or SIGTERM"
 
 
 def trials_stop(summary):
@@ -587,9 +594,9 @@ def run_tools(blocks, ctx, report, cut_off=None):
         started, asked = time.monotonic(), getattr(ctx.asking, "seconds", 0.0)
         try:
             results[i], facts[i] = call_tool(blocks[i], ctx, cut_off)
-        except (KeyboardInterrupt, Interrupted):
-            results[i], facts[i] = unfinished(blocks[i], "at its approval question: it was not "
-                                              "run" if getattr(ctx.asking, "now", False) else
+        except (KeyboardInterrupt, Interrupted) as e:
+            results[i], facts[i] = unfinished(blocks[i], e, "at its approval question: it was "
+                                              "not run" if getattr(ctx.asking, "now", False) else
                                               "while it ran, before it finished")
             raise
         finally:
@@ -617,7 +624,7 @@ def run_tools(blocks, ctx, report, cut_off=None):
         stopped = e
         for i, block in enumerate(blocks):
             if results[i] is None:
-                results[i], facts[i] = unfinished(block, "before it ran: it was not run")
+                results[i], facts[i] = unfinished(block, e, "before it ran: it was not run")
     spent = 0
     for i, block in enumerate(blocks):
         if spent + size(results[i]) > ctx.limits.turn_bytes:
@@ -630,10 +637,11 @@ def run_tools(blocks, ctx, report, cut_off=None):
     return results, calls, stopped
 
 
-def unfinished(block, when):
-    """The answer to a call that Ctrl-C or SIGTERM cut short, or kept from running."""
+def unfinished(block, stopped, when):
+    """The answer to a call that a stop (`stopped`: the signal's exception, or a trial's
+    Interrupted) cut short, or kept from running."""
     return ({"type": "tool_result", "tool_use_id": block["id"], "is_error": True,
-             "content": f"interrupted: {STOPPED} {when}."},
+             "content": f"interrupted: {stopped_by(stopped)} {when}."},
             {"exit_code": None, "declined": False})
 
 
@@ -643,9 +651,18 @@ def unfinished(block, when):
 # ================================================================================================
 
 
-# --- Stopping: Ctrl-C, SIGTERM and a trial's cancel ---
+# --- Stopping: Ctrl-C, SIGTERM, SIGHUP and a trial's cancel ---
 
-STOPPING = threading.Event()  # set by Ctrl-C or SIGTERM (on_stop_signal), cleared by main
+STOPPING = threading.Event()  # set by on_stop_signal (with the signal: .signum), cleared by main
+
+
+class StopSignal(KeyboardInterrupt):
+    """Ctrl-C, SIGTERM or SIGHUP: the KeyboardInterrupt on_stop_signal raises, which says which
+    signal it was (`signum`), for the stop's detail (stopped_by)."""
+
+    def __init__(self, signum=None):
+        super().__init__()
+        self.signum = signum
 
 
 class Interrupted(Exception):
@@ -653,29 +670,22 @@ class Interrupted(Exception):
 
 
 def check_cancelled(cancel):
-    """Raise if the run must stop: Ctrl-C or SIGTERM (even one whose KeyboardInterrupt Python
-    swallowed: see on_stop_signal), or `cancel` set for this trial."""
-    if STOPPING.is_set():
-        raise KeyboardInterrupt
+    """Raise if the run must stop: a stop signal (even one whose StopSignal Python swallowed:
+    see on_stop_signal), or `cancel` set for this trial."""
+    if STOPPING.is_set():  # signum: the handler's; none when the flag was set by hand
+        raise StopSignal(getattr(STOPPING, "signum", None))
     if cancel is not None and cancel.is_set():
         raise Interrupted()
 
 
 def on_stop_signal(signum, frame):
     """Ctrl-C, SIGTERM and SIGHUP (a closed terminal): kill the running tool, save, exit 130.
-    The KeyboardInterrupt is lost if the signal lands where Python swallows exceptions (an
-    at-fork hook of subprocess, a __del__), so the flag stays set for the loops that wait to
-    see."""
-    say_stop_signal(signum)
+    The StopSignal is lost if the signal lands where Python swallows exceptions (an at-fork
+    hook of subprocess, a __del__), so the flag stays set, with the signal, for the loops that
+    wait to see."""
+    STOPPING.signum = signum
     STOPPING.set()
-    raise KeyboardInterrupt
-
-
-def say_stop_signal(signum=None):
-    """STOPPED (the interrupted stop's detail, in the transcript and on stderr) names SIGHUP,
-    a closed terminal, which is neither Ctrl-C nor SIGTERM; main sets it back for each run."""
-    globals()["STOPPED"] = ("stopped by SIGHUP" if signum == signal.SIGHUP else
-                            "stopped by Ctrl-C or SIGTERM")
+    raise StopSignal(signum)
 
 
 class Connections:
@@ -1033,8 +1043,8 @@ def request_with_retries(client, request, limits, report, cancel):
                             "error": api_message(exc), "delay": round(delay, 3)})
             report.retry(retries[-1], limits.max_attempts)
             if cancel is not None:
-                if cancel.wait(delay):
-                    raise Interrupted()
+                if cancel.wait(delay):  # the trial was cancelled: by a stop signal, it says so
+                    check_cancelled(cancel)
             else:
                 time.sleep(delay)
 
@@ -5129,7 +5139,13 @@ def launch(box, request, fds, ahead):
         with open(code, "rb") as code:
             source = code.read()
         child = ahead or Child(box, request)
-        started = child.go.recv(4096)  # at once for a child made ahead (or it is not yet running)
+        child.go.settimeout(request.get("timeout") or 60)  # (an interpreter that never starts)
+        try:
+            started = child.go.recv(4096)  # at once for a child made ahead, else at its start
+        except TimeoutError:
+            raise ToolError("the sandboxed interpreter did not start within the call's "
+                            "timeout; nothing was run") from None
+        child.go.settimeout(None)
         if started.startswith(b"="):  # its interpreter ended already: its exit code says why
             child.early = started
         elif started not in (b"r", b""):  # (b"": likewise, without a namespace of its own)
@@ -5225,10 +5241,14 @@ class Child:
         call = self.call
         for fd in (self.pidfd, *self.pipes):  # (pipes not handed to the agent: made ahead)
             os.close(fd)
-        self.go.setblocking(False)
-        error, words = "", [self.early]
-        with contextlib.suppress(OSError):  # the call's processes are gone: nothing to wait for
-            words += iter(lambda: self.go.recv(4096), b"")
+        self.go.setblocking(False)  # the call's processes are gone: nothing to wait for
+        error, words, word = "", [self.early], True
+        while word:
+            try:
+                word = self.go.recv(4096)
+            except OSError:
+                word = b""
+            words.append(word)
         for word in words:  # "=N": the script's exit code, from the init of its namespace;
             if word.startswith(b"="):  # else why it could not start
                 self.status = int(word.partition(b"=")[2])
@@ -5263,11 +5283,14 @@ def fork_call(box, call):
             ctypes.pythonapi.PyOS_AfterFork_Child()
             call.pidns = True
             return 0
+        error = ctypes.get_errno()
         ctypes.pythonapi.PyOS_AfterFork_Parent()
         if pid > 0:
             call.pidns = True
             return pid
-        box.pidns = False  # refused here (EPERM, EINVAL): a plain fork, now and from now on
+        if error not in (errno.EPERM, errno.EINVAL):  # a passing want (EAGAIN: a task limit
+            raise OSError(error, os.strerror(error))  # full; ENOMEM): this call fails, as a
+        box.pidns = False  # fork would; refused for good here: a plain fork from now on (S6)
     return os.fork()
 
 
@@ -5481,19 +5504,43 @@ STUB = b"""def _(os=__import__("os"), sys=__import__("sys")):
         source = script.read()
     try:
         exec(compile(source, main["__file__"], "exec", dont_inherit=True), main)
+        return
     except SystemExit:
         raise
-    except BaseException as e:  # as the interpreter reports it, from the script's frames on
-        e = e.with_traceback(e.__traceback__.tb_next)
-        sys.last_type, sys.last_value, sys.last_traceback = type(e), e, e.__traceback__
-        sys.excepthook(type(e), e, e.__traceback__)
-        if not isinstance(e, KeyboardInterrupt):
-            raise SystemExit(1) from None
-        __import__("atexit")._run_exitfuncs()
-        sys.stdout.flush(), sys.stderr.flush()
-        signal = __import__("signal")
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
+    except BaseException:  # what the interpreter does with it (PyErr_Print, Py_RunMain), but
+        kind, e, tb = sys.exc_info()  # from the script's own frames on
+    tb = tb.tb_next
+    BaseException.with_traceback(e, tb)
+    sys.last_type, sys.last_value, sys.last_traceback = kind, e, tb
+    if sys.version_info >= (3, 12):
+        sys.last_exc = e
+    if not hasattr(sys, "excepthook"):
+        sys.stderr.write("sys.excepthook is missing\\n")
+        sys.__excepthook__(kind, e, tb)
+    else:
+        try:
+            sys.excepthook(kind, e, tb)
+        except SystemExit:
+            raise
+        except BaseException:
+            kind2, e2, tb2 = sys.exc_info()
+            BaseException.with_traceback(e2, tb2.tb_next)
+            sys.stdout.flush()
+            sys.stderr.write("Error in sys.excepthook:\\n")
+            sys.__excepthook__(kind2, e2, tb2.tb_next)
+            sys.stderr.write("\\nOriginal exception was:\\n")
+            sys.__excepthook__(kind, e, tb)
+    if not issubclass(kind, KeyboardInterrupt):
+        raise SystemExit(1)
+    if "threading" in sys.modules:  # Ctrl-C's exit: the interpreter ends, then kills itself
+        sys.modules["threading"]._shutdown()  # with SIGINT (130 if that does not end it)
+    __import__("atexit")._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    signal = __import__("signal")
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+    os._exit(130)
 _()
 """
 
@@ -7526,7 +7573,6 @@ def main(argv=None, client=None, stdin=None):
     """Parse flags, run one session (or trials), print the answer; return the exit code."""
     report, events, telemetry, run_id = Reporter(), None, None, uuid.uuid4().hex
     STOPPING.clear()
-    say_stop_signal()
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="backslashreplace")  # a lone surrogate must not crash it
     try:

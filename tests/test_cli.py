@@ -1241,7 +1241,7 @@ def test_without_the_sandbox_the_question_itself_says_a_y_runs_it_unconfined(
     screen the user answers (a terminal; with -q nothing else is drawn) must say so in the
     question itself, with why; the call is declined here and nothing ran."""
     import pty
-    if sys.platform != "linux" or platform_machine() not in ("x86_64", "aarch64"):
+    if sys.platform != "linux" or agent.platform.machine() not in ("x86_64", "aarch64"):
         pytest.skip("Landlock is made unavailable with a seccomp filter for Linux")
     api = serve(request, reply(tool_use("run_python", {"code": "open('ran', 'w')"})),
                 reply(text("ok")))
@@ -1269,11 +1269,6 @@ def answered_on_the_screen(main, proc, answer):
     out = proc.communicate(timeout=60)[0]
     os.close(main)
     return drawn, out
-
-
-def platform_machine():
-    import platform
-    return platform.machine()
 
 
 def test_with_stderr_in_a_file_the_approval_question_is_asked_on_the_terminal(

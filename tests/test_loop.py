@@ -6,6 +6,8 @@ import builtins
 import io
 import json
 import os
+import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -589,6 +591,32 @@ def test_interrupted(capsys, workdir, tmp_path):
     assert code == 130 and "Traceback" not in err
     saved = json.loads(transcript.read_text())
     assert saved["stop"]["reason"] == "interrupted" and len(saved["turns"]) == 1
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # meant to be
+def test_a_sighup_whose_keyboardinterrupt_was_lost_still_names_sighup(capsys, workdir, tmp_path,
+                                                                      monkeypatch):
+    """SIGHUP's exception dropped in a __del__ (see on_stop_signal): the handler's flag alone
+    stops the run, and the stop still says which signal it was, a closed terminal (N16)."""
+    monkeypatch.setattr(agent, "STOPPING", threading.Event())
+    transcript = tmp_path / "run.json"
+
+    class Swallows:
+        def __del__(self):
+            signal.raise_signal(signal.SIGHUP)  # the handler's KeyboardInterrupt dies here
+
+    def hangup(request):
+        Swallows()
+        return reply(text("late"))
+
+    previous = signal.signal(signal.SIGHUP, agent.on_stop_signal)
+    try:
+        code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript",
+                                        str(transcript)], FakeClient(hangup))
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    assert code == 130 and "stop: interrupted (stopped by SIGHUP)" in err
+    assert json.loads(transcript.read_text())["stop"]["detail"] == "stopped by SIGHUP"
 
 
 def test_every_label_has_an_exit_code_and_the_help_lists_them():

@@ -1,6 +1,7 @@
 """Path safety and the sandbox: run_python's boundary attacked from outside; scripts still work."""
 
 import contextlib
+import importlib.util
 import json
 import marshal
 import os
@@ -674,6 +675,80 @@ def test_kill_9_of_the_agent_and_its_launcher_at_once_leaves_nothing_running(wor
     assert left == [], f"{len(left)} of the script's {len(started)} processes outlived both"
 
 
+PASSING_WANT = r"""
+import json, os, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+import agent
+from pathlib import Path
+wd = Path(sys.argv[2])
+box = agent.Sandbox(wd, True, agent.Limits())
+assert box.ready(), box.status
+seen = {}
+def run(name, code):
+    try:
+        seen[name] = agent.execute(code, wd, box, 30, 20000).stdout
+    except agent.ToolError as e:
+        seen[name] = "ToolError: " + str(e)
+HOG = '''import os, time
+n = 0
+try:
+    while True:
+        if os.fork() == 0:
+            time.sleep(6)
+            os._exit(0)
+        n += 1
+except OSError:
+    pass
+open("hog.up", "w").close()
+print("forked", n, flush=True)
+time.sleep(6)
+'''
+hog = threading.Thread(target=run, args=("hog", HOG))
+hog.start()  # one trial's script takes every task its parent cgroup has left
+deadline = time.monotonic() + 30
+while not (wd / "hog.up").exists() and time.monotonic() < deadline:
+    time.sleep(0.05)
+run("during", "import os; print(os.getpid())")  # another trial's call: its clone fails
+hog.join()
+run("after", "import os; print(os.getpid())")  # the tasks back: a call as any other
+box.close()
+print(json.dumps(seen))
+"""
+
+
+@needs_landlock
+def test_a_passing_want_of_tasks_leaves_later_calls_their_pid_namespace(workdir):
+    """Red-team S6: a task limit around the agent (a container's, here a pids cgroup of 200)
+    filled for a moment by one trial's script made the launcher's clone of another call fail
+    (EAGAIN), and fork_call then gave up the PID namespace for the rest of the run, so kill -9
+    of agent and launcher left later calls' processes running again (S2). That call fails; the
+    next one, the tasks back, has its namespace again (its pid is 2)."""
+    cgroup = agent.cgroup_parents()
+    if os.geteuid() != 0 or not cgroup or cgroup[0] != "v1":
+        pytest.skip("needs root and cgroup v1 (a pids cgroup of the test's own)")
+    parent = Path(cgroup[1][0], f"agent-test-s6-{os.getpid()}")
+    parent.mkdir()
+    try:
+        (parent / "pids.max").write_text("200")
+        done = subprocess.run(
+            [sys.executable, "-c", PASSING_WANT, str(AGENT.parent), os.path.realpath(workdir)],
+            capture_output=True, text=True, timeout=120,
+            preexec_fn=lambda: (parent / "cgroup.procs").write_text("0"))
+        assert done.returncode == 0, done.stderr
+        seen = json.loads(done.stdout.splitlines()[-1])
+        assert seen["hog"].startswith("forked") and seen["during"].startswith("ToolError"), seen
+        assert seen["after"] == "2\n", seen
+    finally:
+        deadline = time.monotonic() + 10
+        while parent.exists() and time.monotonic() < deadline:
+            for child in parent.glob("agent-*"):
+                with contextlib.suppress(OSError):
+                    child.rmdir()
+            with contextlib.suppress(OSError):
+                parent.rmdir()
+            time.sleep(0.1)
+
+
 # --- the launcher: what a script may not do to it or to another call, and what its end leaves ---
 
 AT_THE_LAUNCHER = r"""
@@ -1253,6 +1328,20 @@ ENDINGS = {  # what ends a script, and how the interpreter reports it
                       "tb.tb_frame.f_code.co_name)\nraise ValueError('x')\n",
     "atexit": "import atexit\natexit.register(print, 'at exit')\nraise ValueError('x')\n",
     "chained": "try:\n    1 / 0\nexcept ZeroDivisionError:\n    raise KeyError('k')\n",
+    # red-team S7: each of these ended otherwise through the first stub
+    "keyboard-interrupt-blocked": "import signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, "
+                                  "{signal.SIGINT})\nraise KeyboardInterrupt\n",
+    "raising-excepthook": "import sys\ndef hook(*args):\n    raise RuntimeError('in the hook')\n"
+                          "sys.excepthook = hook\nraise KeyboardInterrupt\n",
+    "thread-then-keyboard-interrupt": "import threading, time\nthreading.Thread(target=lambda: "
+                                      "(time.sleep(0.5), print('thread done'))).start()\n"
+                                      "raise KeyboardInterrupt\n",
+    "traceback-property": "class E(Exception):\n    __traceback__ = property(lambda self: None)\n"
+                          "raise E('boom')\n",
+    "with-traceback-overridden": "class E(Exception):\n    def with_traceback(self, tb):\n"
+                                 "        return None\nraise E('boom')\n",
+    "excepthook-none": "import sys\nsys.excepthook = None\nraise ValueError('x')\n",
+    "excepthook-missing": "import sys\ndel sys.excepthook\nraise ValueError('x')\n",
 }
 
 
@@ -1295,6 +1384,31 @@ def test_a_call_whose_process_made_ahead_was_killed_still_runs(box, workdir):
         time.sleep(0.02)  # launcher has reaped it)
     run = execute(box, workdir, "print('ran')")
     assert (run.code, run.stdout) == (0, "ran\n"), run.stderr
+
+
+def test_an_interpreter_that_never_starts_is_one_error_within_the_timeout(agent_copy,
+                                                                         workdir):
+    """A call's interpreter that never says it started (here, a STUB that sleeps first) is a
+    tool error at the call's timeout, not a launcher blocked for ever; the next call runs."""
+    source = agent_copy.read_text()
+    stalled = source.replace('    os.write(0, b"r")  # started: main.py may now be written',
+                             '    __import__("time").sleep(60)')
+    assert stalled != source
+    agent_copy.write_text(stalled)
+    spec = importlib.util.spec_from_file_location("agent_stalled", agent_copy)
+    copy = sys.modules["agent_stalled"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    box = copy.Sandbox(Path(os.path.realpath(workdir)), False, copy.Limits())
+    try:
+        box.ready()
+        started = time.monotonic()
+        with pytest.raises(copy.ToolError, match="did not start within the call's timeout"):
+            copy.execute("print('ran')", box.workdir, box, 2, 1000)
+        assert time.monotonic() - started < 6
+        assert box.launcher.proc.poll() is None, "the launcher ended"
+    finally:
+        box.close()
+        del sys.modules["agent_stalled"]
 
 
 @needs_landlock

@@ -172,6 +172,34 @@ def test_ctrl_c_stops_trials_and_keeps_what_finished(capsys, workdir, tmp_path, 
     assert not (tmp_path / "run.3.json").exists()
 
 
+@pytest.mark.parametrize("where", ["reading-a-reply", "waiting-to-retry"])
+def test_sighup_stops_trials_and_the_trial_it_cut_names_it(capsys, workdir, tmp_path,
+                                                           monkeypatch, where):
+    """SIGHUP (a closed terminal) cuts the running trial short, whether it was reading a reply
+    or waiting out a retry-after, and that trial's stop says SIGHUP, as a session's does (N16)."""
+    path = tmp_path / "run.json"
+    monkeypatch.setattr(agent, "STOPPING", threading.Event())
+
+    def hangup(request):
+        threading.Timer(0.2, signal.raise_signal, (signal.SIGHUP,)).start()
+        if where == "waiting-to-retry":
+            return FakeAPIError(529, "overloaded_error", "Overloaded", {"retry-after": "30"})
+        time.sleep(1.0)
+        return reply(text("late"))
+
+    client = FakeClient(reply(text("first")), hangup, reply(text("never")))
+    started, previous = time.monotonic(), signal.signal(signal.SIGHUP, agent.on_stop_signal)
+    try:
+        code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "3",
+                                        "--transcript", str(path)], client)
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    assert code == 130 and time.monotonic() - started < 8
+    assert "[trial 2] stop: interrupted (stopped by SIGHUP)" in err
+    cut = json.loads((tmp_path / "run.2.json").read_text())["stop"]
+    assert (cut["reason"], cut["detail"]) == ("interrupted", "stopped by SIGHUP")
+
+
 @pytest.mark.parametrize("hold", ["before-headers", "mid-stream"])
 def test_ctrl_c_ends_trials_at_once_and_records_the_running_ones(request, workdir, tmp_path,
                                                                  agent_copy, hold):
