@@ -45,7 +45,10 @@ import agent  # noqa: E402
 REMOVALS = {
     "ahead": [  # the launcher makes each call's process (fork, confinement, the interpreter's
         #         start) at the call, not ahead of it
-        ("        if ahead is None and last and (ended or not running):", "        if False:")],
+        ("            while len(spares) < AHEAD and last and (ended or not running):",
+         "            while False:")],
+    "spare": [  # one call's process made ahead, not two
+        ("AHEAD = 2", "AHEAD = 1")],
     "tasks": [  # join the call's v1 cgroups through cgroup.procs, as before
         ('joined = "tasks" if box.cgroup and box.cgroup[0] == "v1" else "cgroup.procs"',
          'joined = "cgroup.procs"')],
@@ -188,7 +191,9 @@ def main():
         else:
             print("the peer's figure: skipped, bwrap is not installed (apt install bubblewrap)")
         row = {}  # each way's calls one right after another, as a turn's several calls run:
-        for name in ("sandbox", "no-sandbox", "plain subprocess"):  # what is made ahead has
+        for name in ("sandbox", "no-sandbox", "plain subprocess",  # what is made ahead has
+                     *[way for way in ways if way.endswith(", --against")
+                       or " without " in way and way != "sandbox without a cgroup"]):
             row[name] = []  # no time to be ready
             for _ in range(args.runs):
                 started = time.perf_counter()
