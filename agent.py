@@ -6186,6 +6186,8 @@ def serve(fd):
             reap(children)
             for child in [c for c in children.values() if c.killed_at and c.over()]:
                 del children[child.pid]
+                if child in spares:  # (one made ahead that died, and was reaped, unheard)
+                    spares.remove(child)
                 for fd in [fd for fd, c in by_fd.items() if c is child]:
                     del by_fd[fd]
                     poller.unregister(fd)
