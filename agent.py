@@ -5242,18 +5242,25 @@ class Child:
         for fd in (self.pidfd, *self.pipes):  # (pipes not handed to the agent: made ahead)
             os.close(fd)
         self.go.setblocking(False)  # the call's processes are gone: nothing to wait for
-        error, words, word = "", [self.early], True
+        error, words, word, reset = "", [self.early], True, False
         while word:
             try:
                 word = self.go.recv(4096)
+            except ConnectionResetError:  # once, for a go its reader died before reading: the
+                word, reset = not reset, True  # words before it are still there (red-team S9)
+                continue
             except OSError:
                 word = b""
             words.append(word)
+        told = [word for word in words if word.startswith(b"=")]
         for word in words:  # "=N": the script's exit code, from the init of its namespace;
             if word.startswith(b"="):  # else why it could not start
                 self.status = int(word.partition(b"=")[2])
             elif word not in (b"", b"r"):
                 error = word.decode(errors="replace")
+        if call.pidns and not told and not error and self.status == 0:  # its first process
+            error = ("the sandboxed interpreter ended before the script's end was told; it may "
+                     "not have run")  # ended (0) with no word of the script's end
         self.go.close()
         if self.tell and self.report:
             message = {"error": error} if error else {

@@ -1364,6 +1364,40 @@ def test_an_interpreter_that_never_starts_is_one_error_within_the_timeout(agent_
         del sys.modules["agent_stalled"]
 
 
+def test_a_spare_whose_interpreter_died_is_never_reported_as_a_script_that_ran(box, workdir):
+    """Red-team S9: a process made ahead whose interpreter dies after saying it started, but
+    before its go, taken by a call before the launcher has heard. The go then lay unread at a
+    dead end, the launcher's next read of the socket got ECONNRESET, which it took for the end,
+    and so lost the namespace's word of the script's end (-9): the call was reported as exit 0
+    with no output, though its script never ran. (Each spare's first process is held stopped
+    while its interpreter is killed, so that it is still a spare when the call comes.)"""
+    execute(box, workdir, "pass")
+    deadline, inits = time.monotonic() + 10, []
+    while time.monotonic() < deadline:  # both made ahead, each first process with its stub
+        inits = children_of(box.launcher.pid)
+        if len(inits) == agent.AHEAD and all(children_of(p) for p in inits):
+            break
+        time.sleep(0.05)
+    if not all(children_of(p) for p in inits):
+        pytest.skip("no PID namespace for a call here: each spare is its interpreter alone")
+    time.sleep(1)  # (each stub has said it started)
+    try:
+        for init in inits:
+            os.kill(init, signal.SIGSTOP)
+            os.kill(children_of(init)[0], signal.SIGKILL)
+        threading.Timer(1.0, lambda: [os.kill(p, signal.SIGCONT) for p in inits]).start()
+        run = execute(box, workdir, "open('ran', 'w').write('x')\nprint('ran')")
+    finally:
+        time.sleep(1.2)
+        for init in inits:
+            with contextlib.suppress(OSError):
+                os.kill(init, signal.SIGCONT)
+    ran = (workdir / "ran").exists()
+    assert (run.code, run.stdout, ran) == (0, "ran\n", True) or run.code not in (0, None) \
+        and not ran, (run, ran)
+    assert execute(box, workdir, "print('after')").stdout == "after\n"
+
+
 @needs_landlock
 def test_a_change_of_the_agents_environment_reaches_the_next_call(box, workdir, monkeypatch):
     """The process made ahead was started with the environment of the call before; a call with
