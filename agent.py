@@ -4903,10 +4903,10 @@ def sandbox_policy(workdir, limits, system=None):
 # call's directory, cgroup and Landlock ruleset), has confined itself (Call.run, Call.enter)
 # and exec'd the interpreter on its main.py, which holds the STUB until the call: the launcher
 # writes the script there and gives the go, and the interpreter, started already, runs it. The
-# launcher makes the next call's Child as soon as a call ends, while the model thinks, so a
-# call pays for none of that, not even the interpreter's start (bench_sandbox --without ahead:
-# 2.9-3.8x a call's time); a call that finds none (the first, or one of several at once)
-# waits for its own.
+# launcher makes the next calls' Children (AHEAD) as soon as a call ends, while the model
+# thinks, so a call pays for none of that, not even the interpreter's start (bench_sandbox
+# --without ahead: 3.3-3.4x a call's time); a call that finds none (the first, or one of
+# several at once) waits for its own.
 
 def execute(code, workdir, box, timeout, output_chars, cancel=None):
     """Run a script in the sandbox with bounded time and output; nothing of it outlives the call."""
@@ -4965,25 +4965,22 @@ class Execution:
 
 
 def ask_launcher(launcher, code, workdir, box, timeout):
-    """Hand a call to the run's launcher in one message: what the call needs to know, and as
-    descriptors the code and a socket of the call's own (the launcher answers on it; the agent
+    """Hand a call to the run's launcher in one message: the code and what the call needs to
+    know, and as a descriptor a socket of the call's own (the launcher answers on it; the agent
     closing it ends the call). The first answer is the script's pid, with the read ends of its
     stdout and stderr (made with the script's process, ahead of the call), or why not."""
+    script_bytes(code)  # (code the script's file cannot hold fails here, as without a launcher)
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    source = os.memfd_create("main.py")
     try:
-        with open(source, "wb", closefd=False) as script:
-            script.write(script_bytes(code))
-        os.lseek(source, 0, os.SEEK_SET)  # (one file offset, shared with the launcher's copy)
-        request = {"workdir": str(workdir), "parent": call_parent(), "cgroup": box.cgroup,
-                   "required": box.tested, "landlock": box.landlock, "mounts": box.mounts,
+        request = {"code": code, "workdir": str(workdir), "parent": call_parent(),
+                   "cgroup": box.cgroup, "required": box.tested, "landlock": box.landlock,
+                   "mounts": box.mounts,
                    "env": child_env(box.policy, ""),  # (home is the launcher's to fill in)
                    "timeout": timeout}  # (the launcher ends the call too, LAUNCHER_GRACE later)
         launcher.drain()
         try:
-            send_whole(launcher.control, request, [theirs.fileno(), source])
+            send_whole(launcher.control, request, [theirs.fileno()])
         finally:
-            os.close(source)
             theirs.close()
         answer, pipes, _, _ = socket.recv_fds(mine, 65536, 2)
         if len(pipes) != 2:  # no script: why, or (nothing at all) the launcher has ended
@@ -5074,7 +5071,7 @@ EXEC_ARGV_ROOM = 16 << 10  # bytes kept for the script's command line, from the 
 
 def send_whole(sock, value, fds):
     """Send `value` (as JSON) with the descriptors `fds` on a SEQPACKET socket, whole however
-    large: it travels in a memfd beside them, as the script does. A message itself is cut to
+    large: it travels in a memfd beside them. A message itself is cut to
     the reader's buffer, or refused (EMSGSIZE) over the socket's (208 KiB by default); an
     environment may take megabytes (check_exec_room)."""
     data = os.memfd_create("message")
@@ -5133,11 +5130,8 @@ def launch(box, request, fds, ahead):
     (or one started now) gets the script in its main.py, then its go; the agent gets its pid
     and the read ends of its stdout and stderr. Returns the Child, or None if none could be
     made (the agent was told why)."""
-    report, code = fds
-    report, child = socket.socket(fileno=report), None
+    report, child = socket.socket(fileno=fds[0]), None
     try:
-        with open(code, "rb") as code:
-            source = code.read()
         child = ahead or Child(box, request)
         child.go.settimeout(request.get("timeout") or 60)  # (an interpreter that never starts)
         try:
@@ -5150,7 +5144,7 @@ def launch(box, request, fds, ahead):
             child.early = started
         elif started not in (b"r", b""):  # (b"": likewise, without a namespace of its own)
             raise ToolError(started.decode(errors="replace"))
-        child.call.write(source)
+        child.call.write(script_bytes(request["code"]))
         with contextlib.suppress(OSError):
             child.go.send(b"g")
     except Exception as e:
@@ -5242,20 +5236,20 @@ class Child:
         for fd in (self.pidfd, *self.pipes):  # (pipes not handed to the agent: made ahead)
             os.close(fd)
         self.go.setblocking(False)  # the call's processes are gone: nothing to wait for
-        error, words, word, reset = "", [self.early], True, False
-        while word:
+        error, told, words, resets = "", False, [self.early], 0
+        while resets < 2:
             try:
-                word = self.go.recv(4096)
+                words.append(self.go.recv(4096))
             except ConnectionResetError:  # once, for a go its reader died before reading: the
-                word, reset = not reset, True  # words before it are still there (red-team S9)
+                resets += 1  # words before it are still there (red-team S9)
                 continue
             except OSError:
-                word = b""
-            words.append(word)
-        told = [word for word in words if word.startswith(b"=")]
+                break
+            if not words[-1]:
+                break
         for word in words:  # "=N": the script's exit code, from the init of its namespace;
             if word.startswith(b"="):  # else why it could not start
-                self.status = int(word.partition(b"=")[2])
+                self.status, told = int(word.partition(b"=")[2]), True
             elif word not in (b"", b"r"):
                 error = word.decode(errors="replace")
         if call.pidns and not told and not error and self.status == 0:  # its first process
@@ -5310,7 +5304,6 @@ class Call:
         self.box, self.cgroups, self.ruleset, self.uncapped = box, [], -1, False
         self.pidns = False  # its process is the first of a PID namespace of its own (fork_call)
         self.ids = (os.getuid(), os.getgid())
-        self.key = (parent, repr(box.cgroup), box.landlock)  # what kind of call it can serve
         self.rlimits = box.rlimits  # worked out here: enter() runs in the forked child
         self.root = tempfile.mkdtemp(prefix="-".join(["agent-call", *box.tag, ""]),  # 0700
                                      dir=parent or call_parent())
@@ -5493,8 +5486,8 @@ def launcher_gone():
 
 
 # What a call's main.py holds from its process's start, ahead of the call, until its go: the
-# interpreter has started (bench_sandbox --against the code before it: 0.38-0.41x a call's
-# time, and a call 0.4-0.5x a plain interpreter's start), and this waits on stdin for the go,
+# interpreter has started (bench_sandbox --against the code before it: 0.44-0.47x a call's
+# time, and a call 0.54-0.63x a plain interpreter's start), and this waits on stdin for the go,
 # takes /dev/null (fd 3) as stdin, and runs the script the launcher has written over it, as the
 # interpreter runs a file: in __main__, its own frames first in a traceback, exit code 1 (or
 # SIGINT) for an exception nothing caught. The one trace of it: two frames below the script's in
@@ -6115,7 +6108,7 @@ def serve(fd):
     its script (its pidfd), its call's socket (the agent closes it at the timeout, on Ctrl-C, or
     when done) and the agent's socket (closed when the agent is gone, kill -9 included); end
     each call's group, reap what it left, report, clean up. Between calls it makes the next
-    call's directory, cgroup and ruleset."""
+    calls' processes (AHEAD): directory, cgroup, ruleset, confinement, the interpreter's start."""
     control = socket.socket(fileno=fd)
     for sig in LAUNCHER_IGNORES:  # `pkill -f agent.py` or a Ctrl-C at the terminal hit the
         signal.signal(sig, signal.SIG_IGN)  # launcher too: it goes when the agent does, and
@@ -6161,7 +6154,7 @@ def serve(fd):
             for fd, _ in poller.poll(end_overdue(deadlines, killing)):
                 if fd == control.fileno():
                     try:
-                        message, fds = receive_whole(control, 2)
+                        message, fds = receive_whole(control, 1)
                     except OSError:  # (ECONNRESET: the agent went with a note of ours unread)
                         message = None
                     if message is None:
@@ -6169,7 +6162,8 @@ def serve(fd):
                     last = message
                     for spare in [s for s in spares if s.kind != kind_of(last)  # made for another
                                   or s.call.uncapped and last["required"]  # kind of call, or
-                                  or select.select([s.pidfd], [], [], 0)[0]]:  # uncapped, or ended
+                                  or s.killed_at  # uncapped, or killed, or ended
+                                  or select.select([s.pidfd], [], [], 0)[0]]:
                         spare.kill(report=False)
                         spares.remove(spare)
                     child = launch(box, last, fds, spares.pop(0) if spares else None)
@@ -6188,12 +6182,10 @@ def serve(fd):
                     child = by_fd.pop(fd)
                     poller.unregister(fd)
                     child.kill()
-                    if child in spares:
-                        spares.remove(child)
             reap(children)
             for child in [c for c in children.values() if c.killed_at and c.over()]:
                 del children[child.pid]
-                if child in spares:  # (one made ahead that died, and was reaped, unheard)
+                if child in spares:  # (one made ahead that died: killed, or reaped unheard)
                     spares.remove(child)
                 for fd in [fd for fd, c in by_fd.items() if c is child]:
                     del by_fd[fd]
