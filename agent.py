@@ -31,8 +31,10 @@ read in the order a call runs), and the command line.
 import sys
 
 if sys.version_info < (3, 11):  # checked before the first import an older Python lacks
-    sys.stderr.write(f"agent.py: needs Python 3.11 or newer, and {sys.executable} is "
-                     f"{sys.version.split()[0]}: run it with python3.11 (or uv run agent.py)\n")
+    sys.stderr.write(
+        f"agent.py: needs Python 3.11 or newer, and {sys.executable} is "
+        f"{sys.version.split()[0]}: run it with python3.11 (or uv run agent.py)\n"
+    )
     sys.exit(2)
 
 import argparse
@@ -73,11 +75,10 @@ import warnings
 import weakref
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
 from functools import cached_property
-from datetime import datetime, timezone
 from itertools import count
 from pathlib import Path
-
 
 # ================================================================================================
 # 1. Config and limits
@@ -133,14 +134,27 @@ class Limits:
 # 2. The loop
 # ================================================================================================
 
+
 def new_session(question, model, workdir, effort, run_id=None, system=SYSTEM_PROMPT):
     """A run as the transcript keeps it: the history, each turn's record, how it stopped."""
-    return {"version": TRANSCRIPT_VERSION, "agent_version": AGENT_VERSION,
-            "run_id": run_id or uuid.uuid4().hex, "started_at": now(), "ended_at": None,
-            "model": model, "effort": effort, "system": system, "tools": TOOLS,
-            "workdir": str(workdir), "question": question,
-            "messages": [{"role": "user", "content": [{"type": "text", "text": question}]}],
-            "turns": [], "stop": None, "answer": None, "usage": empty_usage()}
+    return {
+        "version": TRANSCRIPT_VERSION,
+        "agent_version": AGENT_VERSION,
+        "run_id": run_id or uuid.uuid4().hex,
+        "started_at": now(),
+        "ended_at": None,
+        "model": model,
+        "effort": effort,
+        "system": system,
+        "tools": TOOLS,
+        "workdir": str(workdir),
+        "question": question,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": question}]}],
+        "turns": [],
+        "stop": None,
+        "answer": None,
+        "usage": empty_usage(),
+    }
 
 
 def mark_final_turn(messages):
@@ -152,12 +166,19 @@ def mark_final_turn(messages):
 
 def build_request(session, limits, final):
     """The whole request of a turn: the API is stateless, so the whole history goes again."""
-    request = {"model": session["model"], "max_tokens": limits.max_tokens,
-               "system": session["system"], "tools": session["tools"],
-               "messages": sent_view(session),
-               "cache_control": {"type": "ephemeral"},  # caches everything up to the last block
-               "diagnostics": {"previous_message_id": next(  # the API says why a cache missed
-                   (t.get("message_id") for t in reversed(session["turns"])), None)}}
+    request = {
+        "model": session["model"],
+        "max_tokens": limits.max_tokens,
+        "system": session["system"],
+        "tools": session["tools"],
+        "messages": sent_view(session),
+        "cache_control": {"type": "ephemeral"},  # caches everything up to the last block
+        "diagnostics": {
+            "previous_message_id": next(  # the API says why a cache missed
+                (t.get("message_id") for t in reversed(session["turns"])), None
+            )
+        },
+    }
     if final:
         request["tool_choice"] = {"type": "none"}
     if session.get("effort"):
@@ -166,11 +187,16 @@ def build_request(session, limits, final):
         request["thinking"] = {"type": "adaptive", "display": "summarized"}
     if limits.clear_at and limits.context_edit == "server":  # the API clears, in its beta
         request["betas"] = [CONTEXT_EDIT_BETA]
-        request["context_management"] = {"edits": [{
-            "type": "clear_tool_uses_20250919",
-            "trigger": {"type": "input_tokens", "value": limits.clear_at},
-            "keep": {"type": "tool_uses", "value": limits.keep_results},
-            "clear_at_least": {"type": "input_tokens", "value": limits.clear_at_least}}]}
+        request["context_management"] = {
+            "edits": [
+                {
+                    "type": "clear_tool_uses_20250919",
+                    "trigger": {"type": "input_tokens", "value": limits.clear_at},
+                    "keep": {"type": "tool_uses", "value": limits.keep_results},
+                    "clear_at_least": {"type": "input_tokens", "value": limits.clear_at_least},
+                }
+            ]
+        }
     return request
 
 
@@ -188,16 +214,30 @@ def run_session(client, session, ctx, report, save):
         cleared = clear_old_results(session, limits)
         if cleared:
             record["cleared"] = {"tool_results": cleared[0], "estimated_tokens": cleared[1]}
-            report.line(f"cleared {plural(cleared[0], 'old tool result')} (about {cleared[1]} "
-                        "tokens) from what is sent; the history keeps them")
-        reply = request_turn(client, build_request(session, limits, final=turn == last_turn),
-                             limits, report, ctx.cancel)
+            report.line(
+                f"cleared {plural(cleared[0], 'old tool result')} (about {cleared[1]} "
+                "tokens) from what is sent; the history keeps them"
+            )
+        reply = request_turn(
+            client,
+            build_request(session, limits, final=turn == last_turn),
+            limits,
+            report,
+            ctx.cancel,
+        )
         content, notes = check_reply(reply.message, reply.cut_off)
-        record.update(stop_reason=reply.message.get("stop_reason"), usage=empty_usage(),
-                      request_id=reply.request_id, attempts=reply.attempts,
-                      retries=reply.retries, seconds=round(time.monotonic() - started, 3),
-                      api_seconds=round(reply.api_seconds, 3), tool_calls=[], notes=notes,
-                      **reply_facts(reply))
+        record.update(
+            stop_reason=reply.message.get("stop_reason"),
+            usage=empty_usage(),
+            request_id=reply.request_id,
+            attempts=reply.attempts,
+            retries=reply.retries,
+            seconds=round(time.monotonic() - started, 3),
+            api_seconds=round(reply.api_seconds, 3),
+            tool_calls=[],
+            notes=notes,
+            **reply_facts(reply),
+        )
         for usage in reply.usages:  # a retried cut tool call was billed too
             add_usage(record["usage"], usage_record(session["model"], usage))
         add_usage(used, record["usage"])
@@ -214,8 +254,9 @@ def run_session(client, session, ctx, report, save):
         tool_uses = [] if stop else [b for b in content if b["type"] == "tool_use"]
         stopped = None  # a Ctrl-C or SIGTERM while the tools ran: recorded, then the run ends
         if tool_uses:  # pause_turn has none: the paused content itself is the next request's end
-            results, record["tool_calls"], stopped = run_tools(tool_uses, ctx, report,
-                                                               reply.cut_off)
+            results, record["tool_calls"], stopped = run_tools(
+                tool_uses, ctx, report, reply.cut_off
+            )
             session["messages"].append({"role": "user", "content": results})
         record["seconds"] = round(time.monotonic() - started, 3)  # tools included
         report.turn_end(record)
@@ -233,8 +274,11 @@ def drive(client, session, ctx, report, save):
         stop = run_session(client, session, ctx, report, save)
     except (KeyboardInterrupt, Interrupted, Exception) as exc:
         stop = stop_for(exc)
-    session["stop"] = {"reason": stop.reason, "detail": redact(stop.detail),
-                       "exit_code": stop.exit_code}
+    session["stop"] = {
+        "reason": stop.reason,
+        "detail": redact(stop.detail),
+        "exit_code": stop.exit_code,
+    }
     if stop.retries:  # the attempts of the turn that failed
         session["stop"]["retries"] = stop.retries
     if stop.failed_usage and stop.failed_usage["tokens"]:  # and what they reported spending
@@ -264,16 +308,27 @@ def final_text(session):
 # run.stop event's stop, and what stderr and the tests say. check_stop decides after each
 # response; stop_for decides when an exception ends the run; trials_stop how --trials ends.
 EXIT_CODES = {
-    "end_turn": 0, "stop_sequence": 0,  # the model finished
+    "end_turn": 0,
+    "stop_sequence": 0,  # the model finished
     "max_turns": 3,  # the last allowed turn ran with tools off; its text is an interim answer
-    "token_budget": 4, "cost_budget": 4,  # checked after a response, before its tools run
-    "max_tokens": 5, "refusal": 5, "model_context_window_exceeded": 5,  # stopped unfinished
-    "api_error": 1, "error": 1,  # the API refused or failed; a bug or unknown stop_reason
+    "token_budget": 4,
+    "cost_budget": 4,  # checked after a response, before its tools run
+    "max_tokens": 5,
+    "refusal": 5,
+    "model_context_window_exceeded": 5,  # stopped unfinished
+    "api_error": 1,
+    "error": 1,  # the API refused or failed; a bug or unknown stop_reason
     "interrupted": 130,  # Ctrl-C, SIGTERM or SIGHUP
     "replay_differs": 7,  # --replay --strict: a tool result is not the recorded one
 }
-TEXT_STOPS = {"end_turn", "stop_sequence", "max_turns", "max_tokens", "refusal",
-              "model_context_window_exceeded"}  # stops whose final text goes to stdout
+TEXT_STOPS = {
+    "end_turn",
+    "stop_sequence",
+    "max_turns",
+    "max_tokens",
+    "refusal",
+    "model_context_window_exceeded",
+}  # stops whose final text goes to stdout
 EXIT_USAGE = 2  # a mistake on the command line (UsageError): nothing was sent
 EXIT_TRIALS_FAILED = 6  # --trials: not every trial passed
 
@@ -299,11 +354,17 @@ def check_stop(message, content, turn, last_turn, used, limits, cut=None):
     reason = message.get("stop_reason")
     calls = sum(b.get("type") == "tool_use" for b in content)
     if turn >= last_turn:
-        ignored = (f"; the server ignored tool_choice none, and its "
-                   f"{plural(calls, 'tool call')} {'was' if calls == 1 else 'were'} not run"
-                   if calls else "")
-        return Stop("max_turns", f"reached the limit of {plural(limits.max_turns, 'turn')}; "
-                                 f"the last one ran with tools off{ignored}")
+        ignored = (
+            f"; the server ignored tool_choice none, and its "
+            f"{plural(calls, 'tool call')} {'was' if calls == 1 else 'were'} not run"
+            if calls
+            else ""
+        )
+        return Stop(
+            "max_turns",
+            f"reached the limit of {plural(limits.max_turns, 'turn')}; "
+            f"the last one ran with tools off{ignored}",
+        )
     if reason in ("end_turn", "stop_sequence"):
         return Stop(reason, "the model finished")
     if reason == "max_tokens":
@@ -315,14 +376,22 @@ def check_stop(message, content, turn, last_turn, used, limits, cut=None):
     if reason not in ("tool_use", "pause_turn"):
         return Stop("error", f"unknown stop_reason {reason!r}")
     if reason == "tool_use" and not calls:  # nothing to answer: a request now would be prefill
-        return Stop("end_turn", "the reply said tool_use but held no tool call; its text is "
-                                "taken as the answer")
+        return Stop(
+            "end_turn",
+            "the reply said tool_use but held no tool call; its text is taken as the answer",
+        )
     if used["tokens"] >= limits.token_budget:
-        return Stop("token_budget", f"used {used['tokens']} tokens of the {limits.token_budget} "
-                                    "budget; the pending tool calls were not run")
+        return Stop(
+            "token_budget",
+            f"used {used['tokens']} tokens of the {limits.token_budget} "
+            "budget; the pending tool calls were not run",
+        )
     if limits.budget_usd is not None and (used["cost_usd"] or 0) >= limits.budget_usd:
-        return Stop("cost_budget", f"spent ${used['cost_usd']:.6f} of the ${limits.budget_usd:.6f} "
-                                   "budget; the pending tool calls were not run")
+        return Stop(
+            "cost_budget",
+            f"spent ${used['cost_usd']:.6f} of the ${limits.budget_usd:.6f} "
+            "budget; the pending tool calls were not run",
+        )
     return None
 
 
@@ -338,10 +407,15 @@ def stop_for(exc, api=True):
     if isinstance(exc, ReplayDiffers):  # --strict: the replies that follow answered other results
         return Stop("replay_differs", str(exc))
     status, retries = getattr(exc, "status_code", None), getattr(exc, "retries", [])
-    if not api or status is None and not transport_error(exc) \
-            and not type(exc).__module__.startswith("anthropic"):
-        return Stop("error", f"{type(exc).__name__}: {exc}", retries,
-                    getattr(exc, "failed_usage", None))
+    if (
+        not api
+        or status is None
+        and not transport_error(exc)
+        and not type(exc).__module__.startswith("anthropic")
+    ):
+        return Stop(
+            "error", f"{type(exc).__name__}: {exc}", retries, getattr(exc, "failed_usage", None)
+        )
     detail, spent = api_message(exc), getattr(exc, "failed_usage", None)
     if status == 401:
         detail += " (check ANTHROPIC_API_KEY)"
@@ -372,6 +446,7 @@ def trials_stop(summary):
 # 4. The tools, and the approval step
 # ================================================================================================
 
+
 class ToolError(Exception):
     """A tool failure, reported to the model as an is_error tool_result."""
 
@@ -390,12 +465,20 @@ TOOLS = [
         "input_schema": {
             "type": "object",
             "properties": {
-                "path": {"type": "string",
-                         "description": "Path relative to the working directory."},
-                "offset": {"type": "integer", "minimum": 1,
-                           "description": "First line to return (1-based)."},
-                "limit": {"type": "integer", "minimum": 1,
-                          "description": "Number of lines to return."},
+                "path": {
+                    "type": "string",
+                    "description": "Path relative to the working directory.",
+                },
+                "offset": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "First line to return (1-based).",
+                },
+                "limit": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "Number of lines to return.",
+                },
             },
             "required": ["path"],
         },
@@ -419,6 +502,7 @@ TOOLS = [
 @dataclass
 class ToolContext:
     """What the loop and the tools of one run share."""
+
     workdir: Path  # where the tools work: read_file cannot leave it, run_python is confined to it
     limits: Limits  # the run's only Limits
     sandbox: "Sandbox"  # run_python's boundary, proven at its first call
@@ -428,8 +512,11 @@ class ToolContext:
 
     def __post_init__(self):
         box = self.sandbox  # its workdir, opened at the start: the directory run_python works in
-        self.workdir_fd = os.dup(box.pinned) if getattr(box, "workdir", None) == self.workdir \
+        self.workdir_fd = (
+            os.dup(box.pinned)
+            if getattr(box, "workdir", None) == self.workdir
             else os.open(self.workdir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        )
         self.asking = threading.local()  # seconds this thread spent waiting for approval
 
 
@@ -439,11 +526,15 @@ def read_file(ctx, path, offset=1, limit=None):
     try:
         info = os.fstat(fd)
         if stat.S_ISDIR(info.st_mode):
-            raise ToolError(f"{path!r} is a directory. List it with run_python "
-                            f"(os.listdir({path!r})) and read one of its files.")
+            raise ToolError(
+                f"{path!r} is a directory. List it with run_python "
+                f"(os.listdir({path!r})) and read one of its files."
+            )
         if not stat.S_ISREG(info.st_mode):  # never opened for reading: a FIFO would block
-            raise ToolError(f"{path!r} is not a regular file (a FIFO, socket or device); "
-                            "read_file only reads regular text files.")
+            raise ToolError(
+                f"{path!r} is not a regular file (a FIFO, socket or device); "
+                "read_file only reads regular text files."
+            )
         reading = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)  # the same inode
     except OSError as e:
         raise ToolError(f"cannot open {path!r}: {e.strerror}.")
@@ -465,16 +556,21 @@ def run_python(ctx, code):
     ctx.asking.seconds = getattr(ctx.asking, "seconds", 0.0) + time.monotonic() - asked
     if not approved:
         raise ToolError(ctx.decline_message, declined=True)
-    run = execute(code, ctx.workdir, ctx.sandbox, ctx.limits.tool_timeout,
-                  ctx.limits.output_chars, ctx.cancel)
+    run = execute(
+        code, ctx.workdir, ctx.sandbox, ctx.limits.tool_timeout, ctx.limits.output_chars, ctx.cancel
+    )
     output = f"--- stdout ---\n{run.stdout}\n--- stderr ---\n{run.stderr}"
     if run.timed_out:
-        raise ToolError(f"timed out after {ctx.limits.tool_timeout:g} s; the script and every "
-                        f"process it started were killed. Output so far:\n{output}")
+        raise ToolError(
+            f"timed out after {ctx.limits.tool_timeout:g} s; the script and every "
+            f"process it started were killed. Output so far:\n{output}"
+        )
     report = f"exit code: {run.code}\n{output}"
     if run.oom:
-        report = (f"killed: the script and its processes went over their memory cap of "
-                  f"{ctx.limits.memory_mb} MiB.\n{report}")
+        report = (
+            f"killed: the script and its processes went over their memory cap of "
+            f"{ctx.limits.memory_mb} MiB.\n{report}"
+        )
     if run.code != 0:
         raise ToolError(f"the script failed.\n{report}", exit_code=run.code)
     return report
@@ -482,6 +578,7 @@ def run_python(ctx, code):
 
 def make_approver(yes, no_sandbox, sandbox, stdin):
     """run_python runs unasked only with --yes and a proven sandbox (or --no-sandbox)."""
+
     def approve(code):
         if yes and (no_sandbox or sandbox.confined):
             return True
@@ -489,6 +586,7 @@ def make_approver(yes, no_sandbox, sandbox, stdin):
         # Without the sandbox, the question itself says that a y runs the code unconfined.
         unconfined = None if no_sandbox or sandbox.confined else sandbox.why
         return agreed(approval_question(code, *terminal_size(), unconfined), stdin)
+
     return approve
 
 
@@ -496,8 +594,10 @@ def agreed(question, stdin):
     """Ask on stderr (or, when that is a file and the answer comes from a terminal, on the
     terminal); True only for y or yes. No answer (stdin closed) is a no."""
     with Reporter.lock, answer_screen(stdin) as screen:
-        if not to_stderr(dimmed(visible(question if question.endswith("] ") else
-                                        question + " [y/N] "), screen), screen):
+        if not to_stderr(
+            dimmed(visible(question if question.endswith("] ") else question + " [y/N] "), screen),
+            screen,
+        ):
             return False  # a question no one can see is not agreed to
         answer = stdin.readline()
         if not answer.endswith("\n"):  # no one answered: end the line
@@ -523,8 +623,9 @@ def check_arguments(name, arguments):
             raise ToolError(f"{name} has no argument {key!r}; it takes {', '.join(props)}.")
         kind = props[key]["type"]
         if not isinstance(value, JSON_TYPES[kind]) or isinstance(value, bool):
-            raise ToolError(f"{name}: {key!r} must be a {kind}, got "
-                            f"{shorten(json.dumps(value), 80)}.")
+            raise ToolError(
+                f"{name}: {key!r} must be a {kind}, got {shorten(json.dumps(value), 80)}."
+            )
         if kind == "integer" and value < props[key].get("minimum", value):
             raise ToolError(f"{name}: {key!r} must be at least {props[key]['minimum']}.")
     return arguments
@@ -539,12 +640,15 @@ def call_tool(block, ctx, cut_off=None):
     try:
         function = TOOL_FUNCTIONS.get(block["name"])
         if function is None:
-            raise ToolError(f"there is no tool {block['name']!r}; the tools are "
-                            f"{', '.join(TOOL_FUNCTIONS)}.")
+            raise ToolError(
+                f"there is no tool {block['name']!r}; the tools are {', '.join(TOOL_FUNCTIONS)}."
+            )
         if block["id"] in (cut_off or {}):
-            raise ToolError(f"{block['name']}'s arguments did not arrive whole: the JSON was cut "
-                            f"off ({shorten(cut_off[block['id']], 100)!r}); the call was not run. "
-                            "Send it again with all its arguments.")
+            raise ToolError(
+                f"{block['name']}'s arguments did not arrive whole: the JSON was cut "
+                f"off ({shorten(cut_off[block['id']], 100)!r}); the call was not run. "
+                "Send it again with all its arguments."
+            )
         result["content"] = function(ctx, **check_arguments(block["name"], block.get("input")))
     except ToolError as e:
         result["content"], result["is_error"] = str(e), True
@@ -561,21 +665,34 @@ def call_tool(block, ctx, cut_off=None):
 
 def over_budget(block, result, limit):
     """The answer to a call whose result no longer fits this turn's budget of bytes."""
-    ran = (f"The script ran, but its {size(result)} bytes of output were not sent"
-           if block["name"] == "run_python" else f"Its {size(result)} bytes were not sent")
-    return {"type": "tool_result", "tool_use_id": block["id"], "is_error": True,
-            "content": f"{ran}: this turn's tool results already reached the limit of {limit} "
-                       "bytes. Read fewer files at once (one or two per turn), or parts of them "
-                       "with offset and limit."}
+    ran = (
+        f"The script ran, but its {size(result)} bytes of output were not sent"
+        if block["name"] == "run_python"
+        else f"Its {size(result)} bytes were not sent"
+    )
+    return {
+        "type": "tool_result",
+        "tool_use_id": block["id"],
+        "is_error": True,
+        "content": f"{ran}: this turn's tool results already reached the limit of {limit} "
+        "bytes. Read fewer files at once (one or two per turn), or parts of them "
+        "with offset and limit.",
+    }
 
 
 def not_run(block, limit):
     """The answer to a call past the most calls one turn runs: what a turn holds and how long
     it takes stay bounded however many calls a reply asks for."""
-    return ({"type": "tool_result", "tool_use_id": block["id"], "is_error": True,
-             "content": f"Not run: one turn runs at most {limit} tool calls. Read fewer files "
-                        "at once (one or two per turn), and make fewer calls in one turn."},
-            {"exit_code": None, "declined": False})
+    return (
+        {
+            "type": "tool_result",
+            "tool_use_id": block["id"],
+            "is_error": True,
+            "content": f"Not run: one turn runs at most {limit} tool calls. Read fewer files "
+            "at once (one or two per turn), and make fewer calls in one turn.",
+        },
+        {"exit_code": None, "declined": False},
+    )
 
 
 def size(result):
@@ -595,9 +712,13 @@ def run_tools(blocks, ctx, report, cut_off=None):
         try:
             results[i], facts[i] = call_tool(blocks[i], ctx, cut_off)
         except (KeyboardInterrupt, Interrupted) as e:
-            results[i], facts[i] = unfinished(blocks[i], e, "at its approval question: it was "
-                                              "not run" if getattr(ctx.asking, "now", False) else
-                                              "while it ran, before it finished")
+            results[i], facts[i] = unfinished(
+                blocks[i],
+                e,
+                "at its approval question: it was not run"
+                if getattr(ctx.asking, "now", False)
+                else "while it ran, before it finished",
+            )
             raise
         finally:
             waited = getattr(ctx.asking, "seconds", 0.0) - asked  # the user's time, not the tool's
@@ -611,13 +732,13 @@ def run_tools(blocks, ctx, report, cut_off=None):
         report.tool(blocks[i], results[i], 0.0, facts[i])
     stopped = None
     try:
-        reads = [i for i, b in enumerate(blocks)
-                 if b["name"] == "read_file" and results[i] is None]
+        reads = [i for i, b in enumerate(blocks) if b["name"] == "read_file" and results[i] is None]
         if len(reads) > 1:
             with ThreadPoolExecutor(max_workers=min(8, len(reads))) as pool:
                 for future in [pool.submit(timed, i) for i in reads]:
                     future.result()
-        for i, block in enumerate(blocks):  # run_python has side effects: one at a time, in order
+        # run_python has side effects: one at a time, in order
+        for i in range(len(blocks)):
             if results[i] is None:
                 timed(i)
     except (KeyboardInterrupt, Interrupted) as e:
@@ -631,18 +752,33 @@ def run_tools(blocks, ctx, report, cut_off=None):
             results[i] = over_budget(block, results[i], ctx.limits.turn_bytes)
             report.tool(block, results[i], seconds[i], dict(facts[i], withheld=True))
         spent += size(results[i])
-    calls = [{"id": b["id"], "name": b["name"], "is_error": bool(r.get("is_error")),
-              "declined": f["declined"], "exit_code": f["exit_code"], "bytes": size(r),
-              "seconds": round(s, 3)} for b, r, f, s in zip(blocks, results, facts, seconds)]
+    calls = [
+        {
+            "id": b["id"],
+            "name": b["name"],
+            "is_error": bool(r.get("is_error")),
+            "declined": f["declined"],
+            "exit_code": f["exit_code"],
+            "bytes": size(r),
+            "seconds": round(s, 3),
+        }
+        for b, r, f, s in zip(blocks, results, facts, seconds, strict=True)
+    ]
     return results, calls, stopped
 
 
 def unfinished(block, stopped, when):
     """The answer to a call that a stop (`stopped`: the signal's exception, or a trial's
     Interrupted) cut short, or kept from running."""
-    return ({"type": "tool_result", "tool_use_id": block["id"], "is_error": True,
-             "content": f"interrupted: {stopped_by(stopped)} {when}."},
-            {"exit_code": None, "declined": False})
+    return (
+        {
+            "type": "tool_result",
+            "tool_use_id": block["id"],
+            "is_error": True,
+            "content": f"interrupted: {stopped_by(stopped)} {when}.",
+        },
+        {"exit_code": None, "declined": False},
+    )
 
 
 # ================================================================================================
@@ -732,8 +868,11 @@ MAX_COUNT = 1 << 53  # the largest count agent.py reads or writes: what JSON car
 def number(value):
     """A token count as a server sent it, or 0 when it sent something else (not a count, or
     past 2**53, which no count reaches and a float could not hold)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) \
-        and 0 <= value <= MAX_COUNT else 0
+    return (
+        value
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
+        else 0
+    )
 
 
 def json_safe(value):
@@ -746,8 +885,13 @@ def json_safe(value):
             todo.extend(v.values())
         elif isinstance(v, list):
             todo.extend(v)
-        elif isinstance(v, float) and not math.isfinite(v) or isinstance(v, int) \
-                and not isinstance(v, bool) and abs(v) > MAX_COUNT:
+        elif (
+            isinstance(v, float)
+            and not math.isfinite(v)
+            or isinstance(v, int)
+            and not isinstance(v, bool)
+            and abs(v) > MAX_COUNT
+        ):
             return False
     return True
 
@@ -811,17 +955,20 @@ class Watchdog:
             time.sleep(0.2)
             moment = time.monotonic()
             with Watchdog.lock:
-                due = {w for w in Watchdog.active
-                       if moment - w.last > w.seconds or moment > w.deadline}
+                due = {
+                    w for w in Watchdog.active if moment - w.last > w.seconds or moment > w.deadline
+                }
                 Watchdog.active -= due
             for watch in due:
                 watch.fire(moment)
 
     def fire(self, moment):
-        self.fired = (f"the reply went on past {self.deadline - self.started:.0f} s, the most "
-                      f"its max_tokens may take at {MIN_TOKEN_RATE} tokens a second"
-                      if moment > self.deadline else
-                      f"no event for {self.seconds:g} s; the server may be stuck")
+        self.fired = (
+            f"the reply went on past {self.deadline - self.started:.0f} s, the most "
+            f"its max_tokens may take at {MIN_TOKEN_RATE} tokens a second"
+            if moment > self.deadline
+            else f"no event for {self.seconds:g} s; the server may be stuck"
+        )
         try:  # shutdown, not close: it wakes a read blocked in another thread
             network = self.stream.response.extensions.get("network_stream")
             sock = network.get_extra_info("socket") if network else None
@@ -878,8 +1025,11 @@ def stream_reply(client, request, report, cancel, limits, seen):
                     streamed += len(event.thinking)
                 elif event.type == "content_block_start":
                     block = event.content_block
-                    writing = [getattr(block, "name", "?"), 0, getattr(block, "id", None), []] \
-                        if block.type == "tool_use" else None
+                    writing = (
+                        [getattr(block, "name", "?"), 0, getattr(block, "id", None), []]
+                        if block.type == "tool_use"
+                        else None
+                    )
                     if writing:
                         report.writing(writing[0], writing[1])
                 elif event.type == "input_json" and writing:
@@ -897,19 +1047,26 @@ def stream_reply(client, request, report, cancel, limits, seen):
                 elif event.type in ("message_start", "message_delta"):
                     seen["usage"] = reported_usage(stream)
                 if streamed > most:
-                    raise StreamRunaway(f"the reply streamed over {most:,} characters, more than "
-                                        f"max_tokens {request['max_tokens']} can hold; the "
-                                        "server does not stop")
+                    raise StreamRunaway(
+                        f"the reply streamed over {most:,} characters, more than "
+                        f"max_tokens {request['max_tokens']} can hold; the "
+                        "server does not stop"
+                    )
             if not complete:
-                raise StreamStalled(watch.fired) if watch.fired else \
-                    StreamIncomplete("the response stream ended before message_stop")
+                raise (
+                    StreamStalled(watch.fired)
+                    if watch.fired
+                    else StreamIncomplete("the response stream ended before message_stop")
+                )
             message = stream.get_final_message()
         except (Interrupted, KeyboardInterrupt, StreamIncomplete, StreamStalled):
             raise
         except (AssertionError, AttributeError, KeyError, TypeError, ValueError) as e:  # the
             # SDK's own parsing, of a stream a server garbled
-            raise StreamIncomplete(f"the stream could not be read ({type(e).__name__}: {e}); "
-                                   "a server left out or garbled an event") from e
+            raise StreamIncomplete(
+                f"the stream could not be read ({type(e).__name__}: {e}); "
+                "a server left out or garbled an event"
+            ) from e
         except Exception as e:
             check_cancelled(cancel)
             if watch.fired:
@@ -924,6 +1081,7 @@ def stream_reply(client, request, report, cancel, limits, seen):
 class NotAStream(Exception):
     """A server answered a streamed request with something else (JSON, a page): api_error, not
     retried, as a reply would come the same way again."""
+
     status_code = 200
 
 
@@ -936,10 +1094,12 @@ def not_a_stream(stream):
     kind = headers.get("content-type") or ""
     if kind.split(";")[0].strip().lower() != "text/event-stream":
         root = (server_url(str(response.url)) or "").split("/v1/messages")[0]  # no password
-        raise NotAStream(f"the server answered {response.status_code} with "
-                         f"{'content-type ' + one_line(kind, 80) if kind else 'no content-type'}, "
-                         "not an event stream (text/event-stream), to a streamed request: is "
-                         f"ANTHROPIC_BASE_URL ({root}) an Anthropic Messages API server?")
+        raise NotAStream(
+            f"the server answered {response.status_code} with "
+            f"{'content-type ' + one_line(kind, 80) if kind else 'no content-type'}, "
+            "not an event stream (text/event-stream), to a streamed request: is "
+            f"ANTHROPIC_BASE_URL ({root}) an Anthropic Messages API server?"
+        )
 
 
 def whole_json(text):
@@ -954,8 +1114,17 @@ def whole_json(text):
 def transport_error(exc):
     """A network failure below HTTP (reset, refused, closed, timed out): worth another try."""
     names = {k.__name__ for e in (exc, exc.__cause__) if e is not None for k in type(e).__mro__}
-    return bool(names & {"APIConnectionError", "APITimeoutError", "TransportError",
-                         "StreamIncomplete", "StreamStalled", "ConnectionError"})
+    return bool(
+        names
+        & {
+            "APIConnectionError",
+            "APITimeoutError",
+            "TransportError",
+            "StreamIncomplete",
+            "StreamStalled",
+            "ConnectionError",
+        }
+    )
 
 
 def closed_idle_connection(exc):
@@ -975,8 +1144,10 @@ def unreachable(exc):
             return "connection refused: is the server running?"
         if isinstance(exc, socket.gaierror):
             return f"no such host: {exc.strerror}"
-        if type(exc).__name__ == "SSLError" and getattr(exc, "reason", "") == \
-                "WRONG_VERSION_NUMBER":  # the answer to a TLS hello was not TLS
+        if (
+            type(exc).__name__ == "SSLError"
+            and getattr(exc, "reason", "") == "WRONG_VERSION_NUMBER"
+        ):  # the answer to a TLS hello was not TLS
             return PLAIN_HTTP
         exc = exc.__cause__ or exc.__context__
     return None
@@ -1025,8 +1196,15 @@ def request_with_retries(client, request, limits, report, cancel):
         started = time.monotonic()
         try:
             message, request_id, cut_off = stream_once(client, request, report, cancel, limits)
-            return message, request_id, attempt, retries, \
-                api_seconds + time.monotonic() - started, cut_off, spent
+            return (
+                message,
+                request_id,
+                attempt,
+                retries,
+                api_seconds + time.monotonic() - started,
+                cut_off,
+                spent,
+            )
         except (Interrupted, KeyboardInterrupt):
             raise
         except Exception as exc:
@@ -1039,8 +1217,14 @@ def request_with_retries(client, request, limits, report, cancel):
                 exc.retries, exc.api_seconds = retries, api_seconds  # kept in the transcript
                 exc.failed_usage = spent
                 raise
-            retries.append({"attempt": attempt, "status": getattr(exc, "status_code", None),
-                            "error": api_message(exc), "delay": round(delay, 3)})
+            retries.append(
+                {
+                    "attempt": attempt,
+                    "status": getattr(exc, "status_code", None),
+                    "error": api_message(exc),
+                    "delay": round(delay, 3),
+                }
+            )
             report.retry(retries[-1], limits.max_attempts)
             if cancel is not None:
                 if cancel.wait(delay):  # the trial was cancelled: by a stop signal, it says so
@@ -1051,8 +1235,12 @@ def request_with_retries(client, request, limits, report, cancel):
 
 def is_cut_tool_call(message):
     content = message.get("content")
-    return message.get("stop_reason") == "max_tokens" and isinstance(content, list) and \
-        bool(content) and fields(content[-1]).get("type") == "tool_use"
+    return (
+        message.get("stop_reason") == "max_tokens"
+        and isinstance(content, list)
+        and bool(content)
+        and fields(content[-1]).get("type") == "tool_use"
+    )
 
 
 @dataclass
@@ -1072,23 +1260,41 @@ def request_turn(client, request, limits, report, cancel):
     """One turn: a reply cut inside a tool call is retried once with twice the max_tokens,
     if that can help (the prompt and the new max_tokens must fit the context window)."""
     message, request_id, attempts, retries, seconds, cut_off, spent = request_with_retries(
-        client, request, limits, report, cancel)
-    reply = Reply(message, request_id, attempts, [message.get("usage") or {}], retries, seconds,
-                  cut_off=cut_off, failed=spent)
+        client, request, limits, report, cancel
+    )
+    reply = Reply(
+        message,
+        request_id,
+        attempts,
+        [message.get("usage") or {}],
+        retries,
+        seconds,
+        cut_off=cut_off,
+        failed=spent,
+    )
     sizes, model = [request["max_tokens"]], base_model(request["model"])
     bigger = min(2 * request["max_tokens"], MAX_OUTPUT.get(model, DEFAULT_MAX_OUTPUT))
     window, prompt = CONTEXT_WINDOW.get(model), prompt_tokens(reply.usages[0])
-    why_not = (f"; not retried: its prompt of {prompt} tokens and {bigger} more would not fit "
-               f"the context window of {window}" if window and prompt + bigger > window else "")
+    why_not = (
+        f"; not retried: its prompt of {prompt} tokens and {bigger} more would not fit "
+        f"the context window of {window}"
+        if window and prompt + bigger > window
+        else ""
+    )
     written = number(fields(message.get("usage")).get("output_tokens"))
     if not why_not and 0 < written < request["max_tokens"]:  # a server's full context says so
-        why_not = (f"; not retried: it stopped at {written} output tokens, below max_tokens "
-                   f"{request['max_tokens']}, so the server's context, not max_tokens, was full")
+        why_not = (
+            f"; not retried: it stopped at {written} output tokens, below max_tokens "
+            f"{request['max_tokens']}, so the server's context, not max_tokens, was full"
+        )
     if is_cut_tool_call(message) and bigger > request["max_tokens"] and not why_not:
-        report.line(f"the reply was cut inside a tool call at max_tokens "
-                    f"{request['max_tokens']}; retrying the turn with {bigger}")
-        message, reply.request_id, n, more, seconds, reply.cut_off, spent = \
-            request_with_retries(client, dict(request, max_tokens=bigger), limits, report, cancel)
+        report.line(
+            f"the reply was cut inside a tool call at max_tokens "
+            f"{request['max_tokens']}; retrying the turn with {bigger}"
+        )
+        message, reply.request_id, n, more, seconds, reply.cut_off, spent = request_with_retries(
+            client, dict(request, max_tokens=bigger), limits, report, cancel
+        )
         add_usage(reply.failed, spent)
         reply.usages.append(message.get("usage") or {})
         reply.attempts, reply.api_seconds = reply.attempts + n, reply.api_seconds + seconds
@@ -1096,9 +1302,11 @@ def request_turn(client, request, limits, report, cancel):
         sizes.append(bigger)
     if is_cut_tool_call(message):  # never keep or run a tool call whose input is incomplete
         message = dict(message, content=message["content"][:-1])
-        reply.cut = (f"the reply was cut inside a tool call at max_tokens "
-                     f"{' and again at '.join(map(str, sizes))}{why_not}; the incomplete call "
-                     "was not run")
+        reply.cut = (
+            f"the reply was cut inside a tool call at max_tokens "
+            f"{' and again at '.join(map(str, sizes))}{why_not}; the incomplete call "
+            "was not run"
+        )
     if not isinstance(message.get("stop_reason"), (str, type(None))):  # kept, as a string
         message = dict(message, stop_reason=shorten(json.dumps(message["stop_reason"]), 80))
     message = dict(message, content=redact_across(message.get("content")))
@@ -1108,17 +1316,33 @@ def request_turn(client, request, limits, report, cancel):
 
 WORD = "a non-empty string"  # what an id or a name must be
 BLOCK_FIELDS = {  # what a block of each kind must hold to be sent (a reply's, or a resumed one)
-    "text": {"text": str}, "tool_use": {"id": WORD, "name": WORD, "input": dict},
-    "tool_result": {"tool_use_id": WORD}, "thinking": {"thinking": str, "signature": str},
-    "redacted_thinking": {"data": str}}
+    "text": {"text": str},
+    "tool_use": {"id": WORD, "name": WORD, "input": dict},
+    "tool_result": {"tool_use_id": WORD},
+    "thinking": {"thinking": str, "signature": str},
+    "redacted_thinking": {"data": str},
+}
 
 
 ROLE_BLOCKS = {  # the kinds of block each side may send; a server tool's go back as they came
     "user": {"text", "tool_result"},
-    "assistant": {"text", "thinking", "redacted_thinking", "tool_use", "server_tool_use",
-                  "web_search_tool_result", "web_fetch_tool_result", "code_execution_tool_result",
-                  "bash_code_execution_tool_result", "text_editor_code_execution_tool_result",
-                  "tool_search_tool_result", "mcp_tool_use", "mcp_tool_result", "container_upload"}}
+    "assistant": {
+        "text",
+        "thinking",
+        "redacted_thinking",
+        "tool_use",
+        "server_tool_use",
+        "web_search_tool_result",
+        "web_fetch_tool_result",
+        "code_execution_tool_result",
+        "bash_code_execution_tool_result",
+        "text_editor_code_execution_tool_result",
+        "tool_search_tool_result",
+        "mcp_tool_use",
+        "mcp_tool_result",
+        "container_upload",
+    },
+}
 
 
 def block_problem(block, role):
@@ -1153,15 +1377,18 @@ def check_reply(message, cut_off=None):
         elif block["type"] == "text" and not block["text"].strip():
             continue
         elif block["type"] == "tool_use" and block["id"] in seen:
-            notes.append(f"a tool_use with a repeated or missing id ({block['id']!r}) was "
-                         "dropped, not run")
+            notes.append(
+                f"a tool_use with a repeated or missing id ({block['id']!r}) was dropped, not run"
+            )
         else:
             seen.add(block.get("id"))
             kept.append(block)
             if block["type"] == "tool_use" and block["id"] in (cut_off or {}):
-                notes.append(f"the arguments of tool call {block['id']} ({block['name']}) did not "
-                             f"arrive whole (the JSON was cut off: "
-                             f"{shorten(cut_off[block['id']], 100)!r}); it was not run")
+                notes.append(
+                    f"the arguments of tool call {block['id']} ({block['name']}) did not "
+                    f"arrive whole (the JSON was cut off: "
+                    f"{shorten(cut_off[block['id']], 100)!r}); it was not run"
+                )
     return kept, notes
 
 
@@ -1170,14 +1397,18 @@ def reply_facts(reply):
     the API about cache misses against it), its prompt size (the clearing trigger), why the
     cache missed and what the API cleared, where it said so."""
     message = reply.message
-    facts = {"message_id": message.get("id") if isinstance(message.get("id"), str) else None,
-             "prompt_tokens": prompt_tokens(billed(reply.usages[-1])[-1]),
-             "cache_miss": fields(message.get("diagnostics")).get("cache_miss_reason")}
+    facts = {
+        "message_id": message.get("id") if isinstance(message.get("id"), str) else None,
+        "prompt_tokens": prompt_tokens(billed(reply.usages[-1])[-1]),
+        "cache_miss": fields(message.get("diagnostics")).get("cache_miss_reason"),
+    }
     if not json_safe(facts["cache_miss"]):
         facts["cache_miss"] = None
     edits = fields(message.get("context_management")).get("applied_edits")
-    return {**facts, **({"context_edits": edits} if isinstance(edits, list)
-                        and json_safe(edits) else {})}
+    return {
+        **facts,
+        **({"context_edits": edits} if isinstance(edits, list) and json_safe(edits) else {}),
+    }
 
 
 def request_host(exc):
@@ -1240,8 +1471,10 @@ def wrong_root(asked):
     root = re.sub(r"/v1(/messages)?/?$", "", given)
     if root == given:
         return ""
-    return f"ANTHROPIC_BASE_URL is the server's root, without " \
+    return (
+        f"ANTHROPIC_BASE_URL is the server's root, without "
         f"{given.removeprefix(root).rstrip('/')} ({root})"
+    )
 
 
 def foreign_error(exc, status, body, asked):
@@ -1249,19 +1482,21 @@ def foreign_error(exc, status, body, asked):
     One line: the status, the URL asked, what the body was (a short excerpt, tags and controls
     taken out), and, unless the API itself answered, whether the base URL is a Messages API."""
     try:
-        reason = http.HTTPStatus(status).phrase  # not the server's own phrase: it could say anything
+        reason = http.HTTPStatus(
+            status
+        ).phrase  # not the server's own phrase: it could say anything
     except ValueError:
         reason = ""
     headers = getattr(getattr(exc, "response", None), "headers", None) or {}
     raw = body if isinstance(body, str) else "" if body is None else json.dumps(body)
-    is_page = "html" in str(headers.get("content-type", "")).lower() or \
-        raw.lstrip()[:1] == "<"
+    is_page = "html" in str(headers.get("content-type", "")).lower() or raw.lstrip()[:1] == "<"
     if is_page:
         raw = re.sub(r"(?is)<(head|script|style)\b.*?</\1\s*>|<!--.*?-->|<[^>]*>", " ", raw)
         raw = html.unescape(raw)
     excerpt = one_line(raw, 100)
-    what = ("an empty body" if not excerpt else
-            "an HTML page" if is_page else "a body") + ", not the API's JSON error"
+    what = (
+        "an empty body" if not excerpt else "an HTML page" if is_page else "a body"
+    ) + ", not the API's JSON error"
     line = f"{status}{f' {reason}' if reason else ''} from {asked}: {what}"
     line += f" ({excerpt})" if excerpt else ""
     root = wrong_root(asked)
@@ -1279,11 +1514,15 @@ def one_line(text, width):
     return shorten(" ".join(INVISIBLE.sub(" ", clean(text)).split()), width)
 
 
-CONTEXT_ERROR = re.compile(r"prompt is too long|context (window|length|size)|exceeds the "
-                           r"(available )?context|maximum context", re.I)
+CONTEXT_ERROR = re.compile(
+    r"prompt is too long|context (window|length|size)|exceeds the "
+    r"(available )?context|maximum context",
+    re.I,
+)
 
 
 # --- Usage and cost ---
+
 
 @dataclass(frozen=True)
 class Price:
@@ -1306,8 +1545,10 @@ class Price:
 _OPUS_4 = ((None, Price(5.00, 25.00, 6.25, 10.00, 0.50)),)
 _SONNET_4 = ((None, Price(3.00, 15.00, 3.75, 6.00, 0.30)),)
 PRICING = {
-    "claude-haiku-5-5": ((100_000, Price(0.10, 0.50, 0.125, 0.20, 0.01)),
-                         (None, Price(0.50, 2.50, 0.625, 1.00, 0.05))),
+    "claude-haiku-5-5": (
+        (100_000, Price(0.10, 0.50, 0.125, 0.20, 0.01)),
+        (None, Price(0.50, 2.50, 0.625, 1.00, 0.05)),
+    ),
     "claude-sonnet-5-5": ((None, Price(2.00, 10.00, 2.50, 4.00, 0.10)),),
     "claude-opus-5-5": ((None, Price(4.00, 20.00, 5.00, 8.00, 0.20)),),
     "claude-fable-5-2": ((None, Price(8.00, 40.00, 10.00, 16.00, 0.20)),),
@@ -1315,23 +1556,38 @@ PRICING = {
     "claude-fable-5": ((None, Price(10.00, 50.00, 12.50, 20.00, 1.00)),),
     "claude-opus-5": _OPUS_4,
     "claude-sonnet-5": ((None, Price(2.00, 10.00, 2.50, 4.00, 0.20)),),
-    "claude-opus-4-8": _OPUS_4, "claude-opus-4-7": _OPUS_4, "claude-opus-4-6": _OPUS_4,
+    "claude-opus-4-8": _OPUS_4,
+    "claude-opus-4-7": _OPUS_4,
+    "claude-opus-4-6": _OPUS_4,
     "claude-opus-4-5": _OPUS_4,
-    "claude-sonnet-4-6": _SONNET_4, "claude-sonnet-4-5": _SONNET_4,
+    "claude-sonnet-4-6": _SONNET_4,
+    "claude-sonnet-4-5": _SONNET_4,
     "claude-haiku-4-5": ((None, Price(1.00, 5.00, 1.25, 2.00, 0.10)),),
 }
-COUNTS = ("input_tokens", "output_tokens", "cache_creation_input_tokens",
-          "cache_read_input_tokens")  # the billed token counts of a response's usage
-MAX_OUTPUT = {"claude-haiku-4-5": 64_000, "claude-sonnet-4-5": 64_000,
-              "claude-sonnet-4-6": 64_000}  # output-token ceiling; 128K for the others
+COUNTS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+)  # the billed token counts of a response's usage
+MAX_OUTPUT = {
+    "claude-haiku-4-5": 64_000,
+    "claude-sonnet-4-5": 64_000,
+    "claude-sonnet-4-6": 64_000,
+}  # output-token ceiling; 128K for the others
 DEFAULT_MAX_OUTPUT = 128_000
 SHOW_THINKING = {"claude-opus-5-5", "claude-sonnet-5-5", "claude-fable-5", "claude-fable-5-1"}
 # ^ models that write their notes between tool calls as thinking, shown only on request
 # ("display" defaults to "omitted"; the model overview pages, 2026-12-02): without it, stderr
 # goes silent between tool calls. Haiku 5.5 writes no such notes.
 CONTEXT_WINDOW = {  # tokens of prompt + output, where the model overview pages give them
-    "claude-haiku-5-5": 1_000_000, "claude-sonnet-5-5": 1_000_000, "claude-opus-5-5": 1_000_000,
-    "claude-haiku-4-5": 200_000, "claude-sonnet-4-5": 200_000, "claude-opus-4-5": 200_000}
+    "claude-haiku-5-5": 1_000_000,
+    "claude-sonnet-5-5": 1_000_000,
+    "claude-opus-5-5": 1_000_000,
+    "claude-haiku-4-5": 200_000,
+    "claude-sonnet-4-5": 200_000,
+    "claude-opus-4-5": 200_000,
+}
 
 
 def base_model(model):
@@ -1360,8 +1616,13 @@ def cost_usd(model, usage):
         price = next(p for limit, p in bands if limit is None or fresh + written + read <= limit)
         write_1h = number((part.get("cache_creation") or {}).get("ephemeral_1h_input_tokens"))
         write_5m = written - write_1h  # without the split, every write is a 5-minute write
-        total += (fresh * price.input + out * price.output + write_5m * price.write_5m
-                  + write_1h * price.write_1h + read * price.read)
+        total += (
+            fresh * price.input
+            + out * price.output
+            + write_5m * price.write_5m
+            + write_1h * price.write_1h
+            + read * price.read
+        )
     return total / 1_000_000
 
 
@@ -1384,8 +1645,11 @@ def add_usage(total, part):
     count stops at 2**53, which no run reaches: what agent.py writes, it reads back."""
     for key in COUNTS + ("tokens",):
         total[key] = min(total[key] + part[key], MAX_COUNT)
-    total["cost_usd"] = None if None in (total["cost_usd"], part["cost_usd"]) else \
-        round(total["cost_usd"] + part["cost_usd"], 10)
+    total["cost_usd"] = (
+        None
+        if None in (total["cost_usd"], part["cost_usd"])
+        else round(total["cost_usd"] + part["cost_usd"], 10)
+    )
     return total
 
 
@@ -1415,37 +1679,57 @@ def failed_usage(session):
 
 
 EXAMPLE_QUESTION = "scores.csv 里平均分是多少？"  # the article's experiment 1
-TOOL_USE_PROMPT = dict.fromkeys(("claude-haiku-5-5", "claude-sonnet-5-5", "claude-opus-5-5"),
-                                286)  # tokens the API adds with tools (pricing page, 2026-12-02)
+TOOL_USE_PROMPT = dict.fromkeys(
+    ("claude-haiku-5-5", "claude-sonnet-5-5", "claude-opus-5-5"), 286
+)  # tokens the API adds with tools (pricing page, 2026-12-02)
 
 
 def count_tokens(client, model, question, system=SYSTEM_PROMPT):
     """What one request's fixed part costs in input tokens, part by part: three calls to the
     API's count_tokens endpoint (free; nothing is generated), each adding one part."""
+
     def counted(**parts):
-        value = getattr(client.messages.count_tokens(
-            model=model, messages=[{"role": "user", "content": [{"type": "text",
-                                                               "text": question}]}],
-            **parts), "input_tokens", None)
+        value = getattr(
+            client.messages.count_tokens(
+                model=model,
+                messages=[{"role": "user", "content": [{"type": "text", "text": question}]}],
+                **parts,
+            ),
+            "input_tokens",
+            None,
+        )
         if number(value) != value or value is True:
-            raise ValueError(f"the server's count_tokens reply held no token count "
-                             f"(input_tokens: {shorten(repr(value), 40)})")
+            raise ValueError(
+                f"the server's count_tokens reply held no token count "
+                f"(input_tokens: {shorten(repr(value), 40)})"
+            )
         return value
 
-    bare, with_system, everything = counted(), counted(system=system), \
-        counted(system=system, tools=TOOLS)
+    bare, with_system, everything = (
+        counted(),
+        counted(system=system),
+        counted(system=system, tools=TOOLS),
+    )
     added = TOOL_USE_PROMPT.get(base_model(model))  # from the pricing page, where it says
     rows = [("the question", bare), ("the system prompt", with_system - bare)]
     if added is not None and everything - with_system >= added:
-        rows += [(f"the {len(TOOLS)} tool definitions", everything - with_system - added),
-                 ("the tool-use system prompt the API adds", added)]
+        rows += [
+            (f"the {len(TOOLS)} tool definitions", everything - with_system - added),
+            ("the tool-use system prompt the API adds", added),
+        ]
     else:
-        rows += [(f"the {len(TOOLS)} tool definitions, with the API's tool-use system prompt",
-                  everything - with_system)]
+        rows += [
+            (
+                f"the {len(TOOLS)} tool definitions, with the API's tool-use system prompt",
+                everything - with_system,
+            )
+        ]
     rows.append(("every request starts with", everything))
     width = max(len(label) for label, _ in rows)
-    return "\n".join([f"{model}, input tokens by the API's count_tokens, for {question!r}:"] +
-                      [f"  {label:<{width}}  {n:>7,}" for label, n in rows])
+    return "\n".join(
+        [f"{model}, input tokens by the API's count_tokens, for {question!r}:"]
+        + [f"  {label:<{width}}  {n:>7,}" for label, n in rows]
+    )
 
 
 # --- Clearing old tool results ---
@@ -1466,14 +1750,26 @@ def clear_old_results(session, limits):
     cache once, so it should be worth it). Sticky: the ids only ever grow, and the history
     itself is never edited. Returns (how many, tokens freed) or None."""
     turns = session["turns"]
-    if not limits.clear_at or limits.context_edit != "client" or not turns \
-            or turns[-1].get("prompt_tokens", 0) < limits.clear_at:
+    if (
+        not limits.clear_at
+        or limits.context_edit != "client"
+        or not turns
+        or turns[-1].get("prompt_tokens", 0) < limits.clear_at
+    ):
         return None
     cleared = set(session.setdefault("cleared", []))
-    results = [b for m in session["messages"] if m["role"] == "user" for b in m["content"]
-               if b.get("type") == "tool_result"]
-    old = [b for b in results[: max(0, len(results) - limits.keep_results)]
-           if b["tool_use_id"] not in cleared]
+    results = [
+        b
+        for m in session["messages"]
+        if m["role"] == "user"
+        for b in m["content"]
+        if b.get("type") == "tool_result"
+    ]
+    old = [
+        b
+        for b in results[: max(0, len(results) - limits.keep_results)]
+        if b["tool_use_id"] not in cleared
+    ]
     freed = sum(estimated_tokens(b) for b in old)
     if not old or freed < limits.clear_at_least:
         return None
@@ -1492,15 +1788,24 @@ def sent_view(session):
         if m["role"] == "assistant":
             calls.update((b["id"], b) for b in m["content"] if b.get("type") == "tool_use")
         elif any(b.get("tool_use_id") in cleared for b in m["content"]):
-            view[i] = {"role": "user", "content": [
-                placeholder(b, calls) if b.get("type") == "tool_result"
-                and b["tool_use_id"] in cleared else b for b in m["content"]]}
-    previous_end = next((i - 1 for i in range(len(messages) - 1, -1, -1)
-                         if messages[i]["role"] == "assistant"), -1)
+            view[i] = {
+                "role": "user",
+                "content": [
+                    placeholder(b, calls)
+                    if b.get("type") == "tool_result" and b["tool_use_id"] in cleared
+                    else b
+                    for b in m["content"]
+                ],
+            }
+    previous_end = next(
+        (i - 1 for i in range(len(messages) - 1, -1, -1) if messages[i]["role"] == "assistant"), -1
+    )
     if previous_end >= 0 and view[previous_end]["role"] == "user":
         content = view[previous_end]["content"]
-        view[previous_end] = {"role": "user", "content": content[:-1] + [
-            dict(content[-1], cache_control={"type": "ephemeral"})]}
+        view[previous_end] = {
+            "role": "user",
+            "content": content[:-1] + [dict(content[-1], cache_control={"type": "ephemeral"})],
+        }
     return view
 
 
@@ -1510,8 +1815,10 @@ def placeholder(block, calls):
     what = f"the result of {call.get('name', 'a tool call')}"
     if call.get("name") == "read_file":
         what += " " + shorten(json.dumps(call.get("input"), ensure_ascii=False), 100)
-    return {**{k: v for k, v in block.items() if k in ("type", "tool_use_id", "is_error")},
-            "content": CLEARED.format(what=what)}
+    return {
+        **{k: v for k, v in block.items() if k in ("type", "tool_use_id", "is_error")},
+        "content": CLEARED.format(what=what),
+    }
 
 
 # --- Transcript, events, schemas and resume ---
@@ -1559,8 +1866,11 @@ def secret_runs(text):
                 left, right, shift = hit.start(), hit.end(), offset - hit.start()
                 while left > 0 and left + shift > 0 and text[left - 1] == secret[left - 1 + shift]:
                     left -= 1
-                while right < len(text) and right + shift < len(secret) and \
-                        text[right] == secret[right + shift]:
+                while (
+                    right < len(text)
+                    and right + shift < len(secret)
+                    and text[right] == secret[right + shift]
+                ):
                     right += 1
                 while left < right and escaped(text, left):  # a \" stays whole: the files
                     left += 1  # stay JSON, where the quote or backslash of a key is escaped
@@ -1598,7 +1908,7 @@ def secret_blocks(secret):
     if secret not in BLOCKS:
         least = min(PIECE, len(secret))
         half = (least + 1) // 2
-        blocks = {secret[i:i + half] for i in range(0, len(secret) - half + 1, half)}
+        blocks = {secret[i : i + half] for i in range(0, len(secret) - half + 1, half)}
         places = {b: [j for j in range(len(secret)) if secret.startswith(b, j)] for b in blocks}
         BLOCKS[secret] = re.compile("|".join(map(re.escape, sorted(blocks)))), places, least
     return BLOCKS[secret]
@@ -1612,7 +1922,7 @@ def secret_tail(text):
     cut = len(text)
     for secret in SECRETS:
         n = min(len(secret), len(text))
-        while n and text[len(text) - n:] not in secret:
+        while n and text[len(text) - n :] not in secret:
             n -= 1
         cut = min(cut, len(text) - n)
     for start, end in secret_runs(text):
@@ -1637,11 +1947,14 @@ def secret_start(text, least=1, ends=False):
 
 def now():
     """The time as the transcript and events write it: ISO-8601 UTC, milliseconds."""
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"),  # made once, not per call
-                           allow_nan=False)  # NaN and Infinity are not JSON
+ENCODER = json.JSONEncoder(
+    ensure_ascii=False,
+    separators=(",", ":"),  # made once, not per call
+    allow_nan=False,
+)  # NaN and Infinity are not JSON
 
 
 def dump(document):
@@ -1690,19 +2003,26 @@ def redact_across(content):
         return content
     content, start = list(content), 0
     for end in range(len(content) + 1):
-        if end < len(content) and isinstance(content[end], dict) and \
-                content[end].get("type") == "text" and isinstance(content[end].get("text"), str):
+        if (
+            end < len(content)
+            and isinstance(content[end], dict)
+            and content[end].get("type") == "text"
+            and isinstance(content[end].get("text"), str)
+        ):
             continue
         texts = [b["text"] for b in content[start:end]]
         joined, at = "".join(texts), 0
-        found = sorted((m.start(), m.end()) for secret in SECRETS
-                       for m in re.finditer(re.escape(secret), joined))
+        found = sorted(
+            (m.start(), m.end())
+            for secret in SECRETS
+            for m in re.finditer(re.escape(secret), joined)
+        )
         for k, text in enumerate(texts if len(texts) > 1 and found else ()):
             kept, here, stop = [], at, at + len(text)
             for first, last in found:
                 if last <= here or first >= stop:
                     continue
-                kept.append(joined[here:max(first, here)])
+                kept.append(joined[here : max(first, here)])
                 kept.append("[redacted secret]" if first >= at else "")
                 here = max(here, min(last, stop))
             kept.append(joined[here:stop])
@@ -1737,21 +2057,30 @@ class OutputFile:
         check_harness(parent / self.name, flag, path)
         if workdir is not None and (parent / self.name).is_relative_to(workdir):
             trusted = " (and --resume would trust it)" if flag == "--transcript" else ""
-            raise UsageError(f"{flag} {path} is inside the workdir {workdir}, where the model's "
-                             f"code could rewrite it{trusted}: put it outside, e.g. next to the "
-                             "workdir")
+            raise UsageError(
+                f"{flag} {path} is inside the workdir {workdir}, where the model's "
+                f"code could rewrite it{trusted}: put it outside, e.g. next to the "
+                "workdir"
+            )
         try:
             self.dir_fd = open_directory(parent)
         except OSError as e:
-            raise UsageError(f"{flag} {path}: the directory {parent} {'does not exist' if e.errno == errno.ENOENT else e.strerror}")
+            raise UsageError(
+                f"{flag} {path}: the directory {parent} {'does not exist' if e.errno == errno.ENOENT else e.strerror}"
+            )
         try:
             there = os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False)
         except FileNotFoundError:
             there = None
         except OSError as e:  # a name too long, say
             raise UsageError(f"{flag} {path} cannot be written: {e.strerror}")
-        if there and stat.S_ISLNK(there.st_mode) and stream and named \
-                and there.st_uid in (os.geteuid(), 0):  # /dev/stdout, /dev/fd/63: a pipe?
+        if (
+            there
+            and stat.S_ISLNK(there.st_mode)
+            and stream
+            and named
+            and there.st_uid in (os.geteuid(), 0)
+        ):  # /dev/stdout, /dev/fd/63: a pipe?
             target = os.path.realpath(path)
             if workdir is not None and Path(target).is_relative_to(workdir):
                 raise UsageError(f"{flag} {path} leads into the workdir {workdir} ({target})")
@@ -1760,28 +2089,41 @@ class OutputFile:
             except OSError:
                 there = None
             if not there or stat.S_IFMT(there.st_mode) not in (stat.S_IFIFO, stat.S_IFCHR):
-                raise UsageError(f"{flag} {path} is a symlink; agent.py writes no file through "
-                                 "one: give the file itself")
+                raise UsageError(
+                    f"{flag} {path} is a symlink; agent.py writes no file through "
+                    "one: give the file itself"
+                )
         kind = there and stat.S_IFMT(there.st_mode)
         if kind == stat.S_IFDIR:
             raise UsageError(f"{flag} {path} is a directory; give a file name")
         if kind == stat.S_IFLNK:
-            raise UsageError(f"{flag} {path} is a symlink; agent.py writes no file through one: "
-                             "give the file itself")
+            raise UsageError(
+                f"{flag} {path} is a symlink; agent.py writes no file through one: "
+                "give the file itself"
+            )
         if there and there.st_uid not in (os.geteuid(), 0):
             other = " with --transcript" if flag == "--resume" else ""
-            raise UsageError(f"{flag} {path} is {FILE_KINDS.get(kind, 'a file')} that belongs to "
-                             f"another user (uid {there.st_uid}); agent.py writes into or over "
-                             f"no one else's file: give another name{other}")
+            raise UsageError(
+                f"{flag} {path} is {FILE_KINDS.get(kind, 'a file')} that belongs to "
+                f"another user (uid {there.st_uid}); agent.py writes into or over "
+                f"no one else's file: give another name{other}"
+            )
         if kind in (stat.S_IFIFO, stat.S_IFCHR) and stream and named:
             self.device = self.open_device(there)
         elif kind and kind != stat.S_IFREG:
             unnamed = "" if named else ", and it is no path you named"
-            why = ("a transcript is rewritten after every turn, so it only replaces a file; give "
-                   "a file name, or --transcript - for stdout at the end (with --no-keep for no "
-                   "copy at all)") if flag == "--transcript" and named else \
-                "agent.py only replaces regular files: give a file name"
-            raise UsageError(f"{flag} {path} is not a regular file ({FILE_KINDS.get(kind, 'a special file')}{unnamed}); {why}")
+            why = (
+                (
+                    "a transcript is rewritten after every turn, so it only replaces a file; give "
+                    "a file name, or --transcript - for stdout at the end (with --no-keep for no "
+                    "copy at all)"
+                )
+                if flag == "--transcript" and named
+                else "agent.py only replaces regular files: give a file name"
+            )
+            raise UsageError(
+                f"{flag} {path} is not a regular file ({FILE_KINDS.get(kind, 'a special file')}{unnamed}); {why}"
+            )
         else:
             if there:  # agent.py's checkout: only what agent.py writes is replaced there
                 check_not_the_checkouts(parent / self.name, flag, path, self.dir_fd)
@@ -1796,10 +2138,12 @@ class OutputFile:
         descriptor N, written through whatever the shell opened there (a pipe, the terminal,
         `> file`), as `-` writes stdout. A transcript, rewritten after every turn, needs a file."""
         if not stream:
-            raise UsageError(f"{self.flag} {self.path} is not a regular file: a transcript is "
-                             "rewritten after every turn, so it only replaces a file; give a file "
-                             "name, or --transcript - for stdout at the end (with --no-keep "
-                             "for no copy at all)")
+            raise UsageError(
+                f"{self.flag} {self.path} is not a regular file: a transcript is "
+                "rewritten after every turn, so it only replaces a file; give a file "
+                "name, or --transcript - for stdout at the end (with --no-keep "
+                "for no copy at all)"
+            )
         try:
             self.device = os.dup(fd)
         except OSError:
@@ -1844,8 +2188,11 @@ class OutputFile:
             return self.write(data, durable=True)
         try:
             with self.stream() as f:
-                f.write(for_terminal(data, html=data.startswith(b"<"), terminal=True)
-                        if self.tty else data)
+                f.write(
+                    for_terminal(data, html=data.startswith(b"<"), terminal=True)
+                    if self.tty
+                    else data
+                )
         except OSError as e:  # /dev/full
             raise OutputLost(f"{OutputLost.prefix}{self.path}: {e.strerror}") from e
 
@@ -1855,8 +2202,12 @@ class OutputFile:
         for _ in range(100):
             self.temp = temp_name(self.name)
             try:
-                return os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
-                               os.O_CLOEXEC, 0o600, dir_fd=self.dir_fd)
+                return os.open(
+                    self.temp,
+                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    0o600,
+                    dir_fd=self.dir_fd,
+                )
             except FileExistsError:
                 continue
         raise OSError(errno.EEXIST, "no free name for a new file beside it")
@@ -1884,8 +2235,14 @@ class OutputFile:
                 return
             # bench_loop --compare, 100 turns: 1.15x the bare loop's CPU time a turn with
             # os.replace alone, 1.03x with this (docs/benchmarks.md)
-            if not durable and getattr(LIBC, "renameat2", None) and LIBC.renameat2(
-                    self.dir_fd, self.temp.encode(), self.dir_fd, self.name.encode(), 2) == 0:
+            if (
+                not durable
+                and getattr(LIBC, "renameat2", None)
+                and LIBC.renameat2(
+                    self.dir_fd, self.temp.encode(), self.dir_fd, self.name.encode(), 2
+                )
+                == 0
+            ):
                 os.unlink(self.temp, dir_fd=self.dir_fd)  # now the old transcript
             else:  # the first save, or no RENAME_EXCHANGE here
                 os.replace(self.temp, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
@@ -1932,9 +2289,11 @@ def real_directory(path, flag):
             real = step
             continue
         if there.st_uid not in (me, 0):
-            raise UsageError(f"{flag} {path}: {step} is a symlink that another user (uid "
-                             f"{there.st_uid}) made; agent.py follows no one else's link to "
-                             "write: give the real path")
+            raise UsageError(
+                f"{flag} {path}: {step} is a symlink that another user (uid "
+                f"{there.st_uid}) made; agent.py follows no one else's link to "
+                "write: give the real path"
+            )
         hops += 1
         if hops > 40:
             raise UsageError(f"{flag} {path}: too many levels of symlinks")
@@ -1959,8 +2318,12 @@ def open_directory(real):
     return os.open(real, flags | os.O_NOFOLLOW)
 
 
-FILE_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device",
-              stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
+FILE_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
 
 
 def file_identity(path):
@@ -1978,20 +2341,28 @@ def check_distinct(outputs, inputs=()):
     seen = {}
     for flag, out in outputs:
         if out.identity in seen:
-            raise UsageError(f"{flag} {out.path} is also {seen[out.identity]}: two outputs on "
-                             "one file would destroy each other; give another name")
+            raise UsageError(
+                f"{flag} {out.path} is also {seen[out.identity]}: two outputs on "
+                "one file would destroy each other; give another name"
+            )
         seen[out.identity] = f"{flag} {out.path}"
     for flag, path in inputs:
         if file_identity(path) in seen:
-            raise UsageError(f"{seen[file_identity(path)]} would overwrite {flag} {path}, which "
-                             "it reads; give another name")
+            raise UsageError(
+                f"{seen[file_identity(path)]} would overwrite {flag} {path}, which "
+                "it reads; give another name"
+            )
 
 
 # The published schemas (python agent.py --schema transcript|events|summary), JSON Schema
 # draft 2020-12. Within a version fields are only added, so a reader should let unknown ones
 # pass; the fields added after a version's first release are optional here.
-STRING, COUNT, NUMBER, BOOL = {"type": "string"}, {"type": "integer", "minimum": 0}, \
-    {"type": "number"}, {"type": "boolean"}
+STRING, COUNT, NUMBER, BOOL = (
+    {"type": "string"},
+    {"type": "integer", "minimum": 0},
+    {"type": "number"},
+    {"type": "boolean"},
+)
 TIME = {"type": "string", "format": "date-time"}
 
 
@@ -2004,103 +2375,255 @@ def array(schema):
 
 
 def obj(required, optional=None):
-    return {"type": "object", "required": sorted(required),
-            "properties": {**required, **(optional or {})}}
+    return {
+        "type": "object",
+        "required": sorted(required),
+        "properties": {**required, **(optional or {})},
+    }
 
 
 USAGE_SCHEMA = obj({**{k: COUNT for k in COUNTS + ("tokens",)}, "cost_usd": nullable(NUMBER)})
-RETRY_SCHEMA = obj({"attempt": COUNT, "status": nullable({"type": "integer"}), "error": STRING,
-                    "delay": NUMBER})
+RETRY_SCHEMA = obj(
+    {"attempt": COUNT, "status": nullable({"type": "integer"}), "error": STRING, "delay": NUMBER}
+)
 LABEL = {"enum": list(EXIT_CODES)}
-PRODUCED_BY = obj({"kind": STRING}, {"model": STRING, "script": STRING, "note": STRING,
-                                      "turns": COUNT})
+PRODUCED_BY = obj(
+    {"kind": STRING}, {"model": STRING, "script": STRING, "note": STRING, "turns": COUNT}
+)
 TRANSCRIPT_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": f"agent.py transcript, version {TRANSCRIPT_VERSION}",
-    **obj({"version": {"const": TRANSCRIPT_VERSION}, "model": STRING,
-           "effort": nullable({"enum": list(EFFORTS)}), "system": STRING,
-           "tools": array({"type": "object"}), "workdir": STRING, "question": STRING,
-           "messages": array(obj({"role": {"enum": ["user", "assistant"]}, "content": {
-               **array({**obj({"type": STRING}), "additionalProperties": True}),  # API blocks
-               "minItems": 1}})),
-           "turns": array(obj(
-               {"turn": COUNT, "stop_reason": nullable(STRING), "usage": USAGE_SCHEMA,
-                "request_id": nullable(STRING), "seconds": NUMBER,
-                "tool_calls": array(obj({"id": STRING, "name": STRING, "is_error": BOOL,
-                                         "seconds": NUMBER},
-                                        {"declined": BOOL, "exit_code": nullable(
-                                            {"type": "integer"}), "bytes": COUNT}))},
-               {"started_at": TIME, "attempts": COUNT, "retries": array(RETRY_SCHEMA),
-                "failed_usage": USAGE_SCHEMA,
-                "api_seconds": NUMBER, "notes": array(STRING), "message_id": nullable(STRING),
-                "prompt_tokens": COUNT, "cache_miss": nullable({"type": "object"}),
-                "context_edits": array({"type": "object"}),
-                "cleared": obj({"tool_results": COUNT, "estimated_tokens": COUNT}),
-                "in_history": {"const": False}})),
-           "stop": nullable(obj({"reason": LABEL, "detail": STRING},
-                                {"exit_code": {"type": "integer"},
-                                 "retries": array(RETRY_SCHEMA),
-                                 "failed_usage": USAGE_SCHEMA})),
-           "answer": nullable(STRING), "usage": USAGE_SCHEMA},
-          {"agent_version": STRING, "run_id": STRING, "started_at": TIME,
-           "failed_usage": USAGE_SCHEMA,
-           "ended_at": nullable(TIME), "trial": COUNT, "cleared": array(STRING),
-           "events_lost": STRING, "produced_by": PRODUCED_BY, "base_url": STRING, "replay": obj(
-               {"source": STRING, "differences": array(obj(
-                   {"turn": COUNT, "id": STRING, "name": STRING, "diff": array(STRING)}))})})}
+    **obj(
+        {
+            "version": {"const": TRANSCRIPT_VERSION},
+            "model": STRING,
+            "effort": nullable({"enum": list(EFFORTS)}),
+            "system": STRING,
+            "tools": array({"type": "object"}),
+            "workdir": STRING,
+            "question": STRING,
+            "messages": array(
+                obj(
+                    {
+                        "role": {"enum": ["user", "assistant"]},
+                        "content": {
+                            **array(
+                                {**obj({"type": STRING}), "additionalProperties": True}
+                            ),  # API blocks
+                            "minItems": 1,
+                        },
+                    }
+                )
+            ),
+            "turns": array(
+                obj(
+                    {
+                        "turn": COUNT,
+                        "stop_reason": nullable(STRING),
+                        "usage": USAGE_SCHEMA,
+                        "request_id": nullable(STRING),
+                        "seconds": NUMBER,
+                        "tool_calls": array(
+                            obj(
+                                {"id": STRING, "name": STRING, "is_error": BOOL, "seconds": NUMBER},
+                                {
+                                    "declined": BOOL,
+                                    "exit_code": nullable({"type": "integer"}),
+                                    "bytes": COUNT,
+                                },
+                            )
+                        ),
+                    },
+                    {
+                        "started_at": TIME,
+                        "attempts": COUNT,
+                        "retries": array(RETRY_SCHEMA),
+                        "failed_usage": USAGE_SCHEMA,
+                        "api_seconds": NUMBER,
+                        "notes": array(STRING),
+                        "message_id": nullable(STRING),
+                        "prompt_tokens": COUNT,
+                        "cache_miss": nullable({"type": "object"}),
+                        "context_edits": array({"type": "object"}),
+                        "cleared": obj({"tool_results": COUNT, "estimated_tokens": COUNT}),
+                        "in_history": {"const": False},
+                    },
+                )
+            ),
+            "stop": nullable(
+                obj(
+                    {"reason": LABEL, "detail": STRING},
+                    {
+                        "exit_code": {"type": "integer"},
+                        "retries": array(RETRY_SCHEMA),
+                        "failed_usage": USAGE_SCHEMA,
+                    },
+                )
+            ),
+            "answer": nullable(STRING),
+            "usage": USAGE_SCHEMA,
+        },
+        {
+            "agent_version": STRING,
+            "run_id": STRING,
+            "started_at": TIME,
+            "failed_usage": USAGE_SCHEMA,
+            "ended_at": nullable(TIME),
+            "trial": COUNT,
+            "cleared": array(STRING),
+            "events_lost": STRING,
+            "produced_by": PRODUCED_BY,
+            "base_url": STRING,
+            "replay": obj(
+                {
+                    "source": STRING,
+                    "differences": array(
+                        obj({"turn": COUNT, "id": STRING, "name": STRING, "diff": array(STRING)})
+                    ),
+                }
+            ),
+        },
+    ),
+}
 EVENT_TYPES = {  # type -> (fields it always has, fields it may have)
-    "run.start": ({"schema_version": {"const": EVENTS_VERSION}, "agent_version": STRING,
-                   "model": STRING, "workdir": STRING, "question": nullable(STRING),
-                   "limits": {"type": "object"}, "sandbox": {"type": "object"}},
-                  {"resumed_from": STRING, "replayed_from": STRING, "trials": COUNT}),
+    "run.start": (
+        {
+            "schema_version": {"const": EVENTS_VERSION},
+            "agent_version": STRING,
+            "model": STRING,
+            "workdir": STRING,
+            "question": nullable(STRING),
+            "limits": {"type": "object"},
+            "sandbox": {"type": "object"},
+        },
+        {"resumed_from": STRING, "replayed_from": STRING, "trials": COUNT},
+    ),
     "sandbox": ({"status": STRING, "confined": BOOL}, {}),
     "turn.start": ({"turn": COUNT}, {}),
     "text": ({"turn": COUNT, "text": STRING}, {"thinking": BOOL}),
-    "api.retry": ({"turn": COUNT, "attempt": COUNT, "status": nullable({"type": "integer"}),
-                   "error": STRING, "delay": NUMBER}, {}),
+    "api.retry": (
+        {
+            "turn": COUNT,
+            "attempt": COUNT,
+            "status": nullable({"type": "integer"}),
+            "error": STRING,
+            "delay": NUMBER,
+        },
+        {},
+    ),
     "tool.start": ({"turn": COUNT, "id": STRING, "name": STRING, "input": {}}, {}),
-    "tool.end": ({"turn": COUNT, "id": STRING, "name": STRING, "is_error": BOOL,
-                  "declined": BOOL, "exit_code": nullable({"type": "integer"}), "bytes": COUNT,
-                  "seconds": NUMBER, "withheld": BOOL}, {}),
-    "turn.end": ({"turn": COUNT, "stop_reason": nullable(STRING), "usage": USAGE_SCHEMA,
-                  "request_id": nullable(STRING), "attempts": COUNT, "seconds": NUMBER,
-                  "api_seconds": NUMBER, "tool_calls": COUNT, "notes": array(STRING)}, {}),
+    "tool.end": (
+        {
+            "turn": COUNT,
+            "id": STRING,
+            "name": STRING,
+            "is_error": BOOL,
+            "declined": BOOL,
+            "exit_code": nullable({"type": "integer"}),
+            "bytes": COUNT,
+            "seconds": NUMBER,
+            "withheld": BOOL,
+        },
+        {},
+    ),
+    "turn.end": (
+        {
+            "turn": COUNT,
+            "stop_reason": nullable(STRING),
+            "usage": USAGE_SCHEMA,
+            "request_id": nullable(STRING),
+            "attempts": COUNT,
+            "seconds": NUMBER,
+            "api_seconds": NUMBER,
+            "tool_calls": COUNT,
+            "notes": array(STRING),
+        },
+        {},
+    ),
     "trial.start": ({"transcript": nullable(STRING)}, {}),
-    "trial.end": ({"index": COUNT, "stop": LABEL, "passed": BOOL, "turns": COUNT,
-                   "tokens": COUNT, "cost_usd": nullable(NUMBER), "seconds": NUMBER,
-                   "transcript": nullable(STRING)}, {}),
+    "trial.end": (
+        {
+            "index": COUNT,
+            "stop": LABEL,
+            "passed": BOOL,
+            "turns": COUNT,
+            "tokens": COUNT,
+            "cost_usd": nullable(NUMBER),
+            "seconds": NUMBER,
+            "transcript": nullable(STRING),
+        },
+        {},
+    ),
     "trials.summary": ({"summary": {"type": "object"}}, {}),
-    "run.stop": ({"stop": nullable(LABEL), "detail": STRING, "exit_code": {"type": "integer"},
-                  "answer": nullable(STRING), "usage": nullable(USAGE_SCHEMA),
-                  "turns": nullable(COUNT), "seconds": nullable(NUMBER)}, {}),
+    "run.stop": (
+        {
+            "stop": nullable(LABEL),
+            "detail": STRING,
+            "exit_code": {"type": "integer"},
+            "answer": nullable(STRING),
+            "usage": nullable(USAGE_SCHEMA),
+            "turns": nullable(COUNT),
+            "seconds": nullable(NUMBER),
+        },
+        {},
+    ),
 }
 EVENT_COMMON = {"type": {"enum": list(EVENT_TYPES)}, "seq": COUNT, "at": TIME, "run_id": STRING}
 EVENTS_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": f"agent.py event (one JSON Lines record), version {EVENTS_VERSION}",
-    "oneOf": [{**obj({**EVENT_COMMON, "type": {"const": kind}, **always},
-                     {"trial": COUNT, **maybe})} for kind, (always, maybe) in EVENT_TYPES.items()]}
-TRIAL_SCHEMA = obj({"index": COUNT, "stop": LABEL, "turns": COUNT, "tokens": COUNT,
-                    "cost_usd": nullable(NUMBER), "seconds": NUMBER, "passed": BOOL,
-                    "transcript": nullable(STRING)})
+    "oneOf": [
+        {**obj({**EVENT_COMMON, "type": {"const": kind}, **always}, {"trial": COUNT, **maybe})}
+        for kind, (always, maybe) in EVENT_TYPES.items()
+    ],
+}
+TRIAL_SCHEMA = obj(
+    {
+        "index": COUNT,
+        "stop": LABEL,
+        "turns": COUNT,
+        "tokens": COUNT,
+        "cost_usd": nullable(NUMBER),
+        "seconds": NUMBER,
+        "passed": BOOL,
+        "transcript": nullable(STRING),
+    }
+)
 SPREAD = obj({"mean": nullable(NUMBER), "median": nullable(NUMBER)})
 SUMMARY_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": f"agent.py trials summary, version {SUMMARY_VERSION}",
-    **obj({"version": {"const": SUMMARY_VERSION}, "kind": {"const": "trials"},
-           "agent_version": STRING, "requested": COUNT, "n": COUNT, "scored": COUNT,
-           "passes": COUNT, "failed": COUNT, "errored": COUNT, "pass@1": nullable(NUMBER),
-           "pass@1_wilson95": nullable({**array(NUMBER), "minItems": 2, "maxItems": 2}),
-           "pass_at_k": {"type": "object", "additionalProperties": NUMBER},
-           "pass_hat_k": {"type": "object", "additionalProperties": NUMBER},
-           "stops": {"type": "object", "additionalProperties": COUNT},
-           "per_trial": obj({k: SPREAD for k in ("turns", "tokens", "cost_usd", "seconds")}),
-           "tokens": COUNT, "cost_usd": nullable(NUMBER), "trials": array(TRIAL_SCHEMA),
-           "interrupted": BOOL, "question": STRING, "model": STRING,
-           "expect": obj({"regex": nullable(STRING), "tool": nullable(STRING),
-                          "stop": nullable(STRING)}),
-           "decline_message": STRING}, {"events_lost": STRING, "base_url": STRING,
-                                        "budget_usd": NUMBER})}
+    **obj(
+        {
+            "version": {"const": SUMMARY_VERSION},
+            "kind": {"const": "trials"},
+            "agent_version": STRING,
+            "requested": COUNT,
+            "n": COUNT,
+            "scored": COUNT,
+            "passes": COUNT,
+            "failed": COUNT,
+            "errored": COUNT,
+            "pass@1": nullable(NUMBER),
+            "pass@1_wilson95": nullable({**array(NUMBER), "minItems": 2, "maxItems": 2}),
+            "pass_at_k": {"type": "object", "additionalProperties": NUMBER},
+            "pass_hat_k": {"type": "object", "additionalProperties": NUMBER},
+            "stops": {"type": "object", "additionalProperties": COUNT},
+            "per_trial": obj({k: SPREAD for k in ("turns", "tokens", "cost_usd", "seconds")}),
+            "tokens": COUNT,
+            "cost_usd": nullable(NUMBER),
+            "trials": array(TRIAL_SCHEMA),
+            "interrupted": BOOL,
+            "question": STRING,
+            "model": STRING,
+            "expect": obj(
+                {"regex": nullable(STRING), "tool": nullable(STRING), "stop": nullable(STRING)}
+            ),
+            "decline_message": STRING,
+        },
+        {"events_lost": STRING, "base_url": STRING, "budget_usd": NUMBER},
+    ),
+}
 SCHEMAS = {"transcript": TRANSCRIPT_SCHEMA, "events": EVENTS_SCHEMA, "summary": SUMMARY_SCHEMA}
 
 
@@ -2109,6 +2632,7 @@ class Saver:
     tool of the next turn runs), and at the end, fsynced. Each message and turn is encoded
     once, so a save costs what is new plus one write of the file (tests/bench_loop.py: a
     background thread for it was slower, fighting the loop for the GIL)."""
+
     # bench_loop --compare, 100 turns: 1.27x the bare loop's CPU time a turn with
     # dump(session) in place of encode(), 1.03x with it (docs/benchmarks.md)
 
@@ -2142,7 +2666,7 @@ class Saver:
         for key, value in document.items():
             if key in self.done:
                 done = self.done[key]
-                done.extend(dump(item)[:-1] for item in value[len(done):-1])
+                done.extend(dump(item)[:-1] for item in value[len(done) : -1])
                 last = [dump(item)[:-1] for item in value[-1:]]
                 parts.append(dump(key)[:-1] + b":[" + b",".join(done + last) + b"]")
                 continue
@@ -2187,8 +2711,10 @@ class Events:
                 self.stream.flush()
             except (OSError, ValueError) as e:
                 self.stream = None
-                self.lost = (f"the event stream could not be written ({getattr(e, 'strerror', 0) or e}); "
-                             f"events from seq {self.seq} ({kind}) on were dropped")
+                self.lost = (
+                    f"the event stream could not be written ({getattr(e, 'strerror', 0) or e}); "
+                    f"events from seq {self.seq} ({kind}) on were dropped"
+                )
 
     def news(self):
         """Why events are lost, the first time it is asked after they were; else None."""
@@ -2210,11 +2736,16 @@ class Events:
 
 def run_stop_event(report, stop, session, started):
     """The event that always ends a stream: how the run stopped, with its totals."""
-    report.emit("run.stop", stop=stop.reason, detail=stop.detail,
-                exit_code=stop.exit_code, answer=session and session.get("answer"),
-                usage=session["usage"] if session else empty_usage(),
-                turns=len(session["turns"]) if session else 0,
-                seconds=round(time.monotonic() - started, 3))
+    report.emit(
+        "run.stop",
+        stop=stop.reason,
+        detail=stop.detail,
+        exit_code=stop.exit_code,
+        answer=session and session.get("answer"),
+        usage=session["usage"] if session else empty_usage(),
+        turns=len(session["turns"]) if session else 0,
+        seconds=round(time.monotonic() - started, 3),
+    )
 
 
 def is_str(value, empty=False):
@@ -2236,9 +2767,12 @@ def transcript_problem(session):
     if session.get("effort") not in (None, *EFFORTS):
         return "effort is not one of " + ", ".join(EFFORTS)
     stop = session.get("stop")
-    if stop is not None and (not isinstance(stop, dict) or not isinstance(stop.get("reason"), str)
-                             or stop["reason"] not in EXIT_CODES
-                             or not isinstance(stop.get("detail"), str)):
+    if stop is not None and (
+        not isinstance(stop, dict)
+        or not isinstance(stop.get("reason"), str)
+        or stop["reason"] not in EXIT_CODES
+        or not isinstance(stop.get("detail"), str)
+    ):
         return "stop is not an object with a stop label and its detail"
     cleared = session.get("cleared", [])
     if not isinstance(cleared, list) or not all(isinstance(c, str) for c in cleared):
@@ -2247,36 +2781,60 @@ def transcript_problem(session):
         return "it has no messages"
     asked = set()
     for i, m in enumerate(session["messages"]):
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant") \
-                or not isinstance(m.get("content"), list) or not m["content"]:
+        if (
+            not isinstance(m, dict)
+            or m.get("role") not in ("user", "assistant")
+            or not isinstance(m.get("content"), list)
+            or not m["content"]
+        ):
             return f"messages[{i}] is not a message with a role and content"
         for j, b in enumerate(m["content"]):
             if block_problem(b, m["role"]):
-                return (f"messages[{i}].content[{j}] is not a well-formed block: "
-                        f"{block_problem(b, m['role'])}")
-            if b["type"] == "tool_result" and (m["role"] != "user" or b["tool_use_id"] not in asked):
+                return (
+                    f"messages[{i}].content[{j}] is not a well-formed block: "
+                    f"{block_problem(b, m['role'])}"
+                )
+            if b["type"] == "tool_result" and (
+                m["role"] != "user" or b["tool_use_id"] not in asked
+            ):
                 return f"messages[{i}].content[{j}] answers a tool_use that is not just before it"
-            if b["type"] == "text" and not b["text"] or b["type"] == "tool_result" and not (
-                    isinstance(b.get("content", ""), str) or isinstance(b["content"], list) and all(
+            if (
+                b["type"] == "text"
+                and not b["text"]
+                or b["type"] == "tool_result"
+                and not (
+                    isinstance(b.get("content", ""), str)
+                    or isinstance(b["content"], list)
+                    and all(
                         isinstance(x, dict) and x.get("type") in ("text", "image")
-                        for x in b["content"])):  # what the API would refuse, never sent
-                return (f"messages[{i}].content[{j}] is an empty text, or a tool_result whose "
-                        "content is neither text nor a list of blocks")
+                        for x in b["content"]
+                    )
+                )
+            ):  # what the API would refuse, never sent
+                return (
+                    f"messages[{i}].content[{j}] is an empty text, or a tool_result whose "
+                    "content is neither text nor a list of blocks"
+                )
         answered = {b.get("tool_use_id") for b in m["content"] if b["type"] == "tool_result"}
         if asked - answered:
             return f"messages[{i}] leaves tool_use {sorted(asked - answered)[0]} unanswered"
         asked = {b["id"] for b in m["content"] if b["type"] == "tool_use"}
     for i, t in enumerate(session["turns"]):
         usage = t.get("usage") if isinstance(t, dict) else None
-        if not isinstance(t, dict) or not is_count(t.get("turn")) or t["turn"] > MAX_TURN \
-                or not isinstance(usage, dict) \
-                or any(not is_count(usage.get(k)) for k in COUNTS + ("tokens",)) \
-                or not isinstance(usage.get("cost_usd", ""), (int, float, type(None))) \
-                or not isinstance(t.get("stop_reason"), (str, type(None))):
+        if (
+            not isinstance(t, dict)
+            or not is_count(t.get("turn"))
+            or t["turn"] > MAX_TURN
+            or not isinstance(usage, dict)
+            or any(not is_count(usage.get(k)) for k in COUNTS + ("tokens",))
+            or not isinstance(usage.get("cost_usd", ""), (int, float, type(None)))
+            or not isinstance(t.get("stop_reason"), (str, type(None)))
+        ):
             return f"turns[{i}] is not a turn record with its usage and stop_reason"
         calls = t.get("tool_calls", [])
-        if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(
-                c.get("id"), str) for c in calls):
+        if not isinstance(calls, list) or not all(
+            isinstance(c, dict) and isinstance(c.get("id"), str) for c in calls
+        ):
             return f"turns[{i}].tool_calls is not a list of tool calls with their ids"
         if not is_count(t.get("prompt_tokens", 0)):
             return f"turns[{i}].prompt_tokens is not a count"
@@ -2351,20 +2909,30 @@ def read_document(path, flag, sized=False):
     there. With `sized`, the document and its size in bytes."""
     data = read_regular(f"{flag} {path}", path, MAX_DOCUMENT + 1)
     if len(data) > MAX_DOCUMENT:
-        raise UsageError(f"{flag} {path} is over {MAX_DOCUMENT >> 20} MiB: not a document "
-                         "agent.py wrote")
+        raise UsageError(
+            f"{flag} {path} is over {MAX_DOCUMENT >> 20} MiB: not a document agent.py wrote"
+        )
     if data.count(b"{") + data.count(b"[") > MAX_CONTAINERS:
-        raise UsageError(f"{flag} {path} holds over {MAX_CONTAINERS:,} objects and lists: not "
-                         "a document agent.py wrote")
+        raise UsageError(
+            f"{flag} {path} holds over {MAX_CONTAINERS:,} objects and lists: not "
+            "a document agent.py wrote"
+        )
     try:
-        document = clean(json.loads(data.decode("utf-8"), parse_int=bounded_int,
-                                    parse_float=bounded_float, parse_constant=no_constant))
+        document = clean(
+            json.loads(
+                data.decode("utf-8"),
+                parse_int=bounded_int,
+                parse_float=bounded_float,
+                parse_constant=no_constant,
+            )
+        )
         return (document, len(data)) if sized else document
     except RecursionError:
         raise UsageError(f"{flag} {path} is nested too deeply: not a document agent.py wrote")
     except Unbounded as e:
-        raise UsageError(f"{flag} {path} holds a number too large ({e}): not a document "
-                         "agent.py wrote")
+        raise UsageError(
+            f"{flag} {path} holds a number too large ({e}): not a document agent.py wrote"
+        )
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         first = data.split(b"\n", 1)[0]
         try:
@@ -2372,11 +2940,15 @@ def read_document(path, flag, sized=False):
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
             lines = None
         if isinstance(lines, dict) and "seq" in lines and "type" in lines:
-            raise UsageError(f"{flag} {path} is an event stream (--events, JSON Lines), not "
-                             f"the one JSON document {flag} reads")
+            raise UsageError(
+                f"{flag} {path} is an event stream (--events, JSON Lines), not "
+                f"the one JSON document {flag} reads"
+            )
         if data.startswith(b"\xef\xbb\xbf"):  # newuser2 N12: Python's advice was no help
-            raise UsageError(f"{flag} {path} starts with a byte-order mark (saved by an "
-                             "editor?), which no JSON document starts with: save it without one")
+            raise UsageError(
+                f"{flag} {path} starts with a byte-order mark (saved by an "
+                "editor?), which no JSON document starts with: save it without one"
+            )
         raise UsageError(f"{flag} {path} is not a JSON document ({e})")
 
 
@@ -2404,8 +2976,14 @@ def no_constant(name):
     raise json.JSONDecodeError(f"{name} is not JSON", name, 0)
 
 
-JSON_NAMES = {type(None): "null", str: "string", int: "number", float: "number", bool: "boolean",
-              list: "list"}  # what a document that is no object is, in JSON's words
+JSON_NAMES = {
+    type(None): "null",
+    str: "string",
+    int: "number",
+    float: "number",
+    bool: "boolean",
+    list: "list",
+}  # what a document that is no object is, in JSON's words
 
 
 def document_kind(document):
@@ -2437,8 +3015,10 @@ def checked_transcript(session, path, doing):
         raise UsageError(f"cannot {doing}: {path} is {kind}, not a transcript")
     problem = transcript_problem(session)
     if problem:
-        raise UsageError(f"cannot {doing}: {path} is not a version {TRANSCRIPT_VERSION} "
-                         f"agent.py transcript: {problem}")
+        raise UsageError(
+            f"cannot {doing}: {path} is not a version {TRANSCRIPT_VERSION} "
+            f"agent.py transcript: {problem}"
+        )
     return session
 
 
@@ -2453,10 +3033,21 @@ def prepare_resume(session, question):
     pending = [b for b in last["content"] if b.get("type") == "tool_use"]
     if last["role"] == "assistant" and pending:  # the token budget leaves these unanswered
         why = (session.get("stop") or {}).get("reason", "unknown")
-        messages.append({"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": b["id"], "is_error": True,
-             "content": f"not run: the previous session stopped ({why}) before this call ran. "
-                        "Call it again if you still need it."} for b in pending]})
+        messages.append(
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": b["id"],
+                        "is_error": True,
+                        "content": f"not run: the previous session stopped ({why}) before this call ran. "
+                        "Call it again if you still need it.",
+                    }
+                    for b in pending
+                ],
+            }
+        )
     if (session.get("stop") or {}).get("reason") == "refusal" and last["role"] == "assistant":
         messages.pop()  # continuing after a refusal needs the refused turn removed
         session["turns"][-1]["in_history"] = False
@@ -2468,12 +3059,19 @@ def prepare_resume(session, question):
             messages.append({"role": "user", "content": [{"type": "text", "text": question}]})
     elif messages[-1]["role"] == "assistant" and not paused:
         reason = (session.get("stop") or {}).get("reason", "finished")
-        raise UsageError(f"the transcript is finished (stop: {reason}); give a follow-up "
-                         "question to continue it")
+        raise UsageError(
+            f"the transcript is finished (stop: {reason}); give a follow-up question to continue it"
+        )
     # What the model may do comes from this agent.py, never from a file: only history is data.
     # Its system prompt too, unless the user agrees to the recorded one (main, own_prompt).
-    session.update(system=own_prompt(session) or SYSTEM_PROMPT, tools=TOOLS, stop=None,
-                   answer=None, ended_at=None, agent_version=AGENT_VERSION)
+    session.update(
+        system=own_prompt(session) or SYSTEM_PROMPT,
+        tools=TOOLS,
+        stop=None,
+        answer=None,
+        ended_at=None,
+        agent_version=AGENT_VERSION,
+    )
     session.setdefault("run_id", uuid.uuid4().hex)
     return session, len(pending) if last["role"] == "assistant" else 0
 
@@ -2482,8 +3080,9 @@ def own_prompt(session):
     """The system prompt a transcript was made with, if it is not agent.py's (--system-prompt):
     --resume goes on with it only if the user agrees. None for agent.py's, or none at all."""
     system = session.get("system")
-    return system if isinstance(system, str) and system.strip() and system != SYSTEM_PROMPT \
-        else None
+    return (
+        system if isinstance(system, str) and system.strip() and system != SYSTEM_PROMPT else None
+    )
 
 
 # --- Kept runs: every run in the user's state directory ---
@@ -2511,8 +3110,10 @@ def no_keep_variable():
         return True
     if word in ("", "0", "false", "no", "off"):
         return False
-    raise UsageError(f"AGENT_PY_NO_KEEP is {value!r}: give 1, true, yes or on to keep no run, "
-                     "or 0, false, no, off or nothing to keep them")
+    raise UsageError(
+        f"AGENT_PY_NO_KEEP is {value!r}: give 1, true, yes or on to keep no run, "
+        "or 0, false, no, off or nothing to keep them"
+    )
 
 
 def runs_dir():
@@ -2536,8 +3137,10 @@ def open_runs(create=False):
     if create:
         home = None if os.path.isabs(os.environ.get("XDG_STATE_HOME", "")) else Path.home()
         if home and not home.is_dir():  # HOME=/nonexistent, as service accounts have on purpose
-            raise UsageError(f"the home directory {home} does not exist, and agent.py makes "
-                             "none: set XDG_STATE_HOME to keep runs elsewhere, or --no-keep")
+            raise UsageError(
+                f"the home directory {home} does not exist, and agent.py makes "
+                "none: set XDG_STATE_HOME to keep runs elsewhere, or --no-keep"
+            )
     where = real_directory(path.parent, "the kept runs")  # no other user's symlink on the way
     if create:  # made where that check led, before anything is made: never through such a link
         os.makedirs(where, mode=0o700, exist_ok=True)
@@ -2552,24 +3155,30 @@ def open_runs(create=False):
                 except FileExistsError:
                     pass
             try:
-                inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW |
-                                os.O_CLOEXEC, dir_fd=fd)
+                inner = os.open(
+                    name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+                )
             except OSError as e:
                 if e.errno not in (errno.ELOOP, errno.ENOTDIR):
                     raise
                 link = stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
                 there = "a symlink" if link else "not a directory"
-                raise UsageError(f"{where} is {there}: agent.py keeps runs only in a "
-                                 "directory of its own")
+                raise UsageError(
+                    f"{where} is {there}: agent.py keeps runs only in a directory of its own"
+                )
             os.close(fd)
             fd, info = inner, os.fstat(inner)
             if info.st_uid != os.geteuid():
-                raise UsageError(f"{where} belongs to another user (uid {info.st_uid}): "
-                                 "agent.py keeps runs only in a directory of its user's")
+                raise UsageError(
+                    f"{where} belongs to another user (uid {info.st_uid}): "
+                    "agent.py keeps runs only in a directory of its user's"
+                )
             if info.st_mode & 0o022:
-                raise UsageError(f"{where} can be written by other users "
-                                 f"(mode {stat.S_IMODE(info.st_mode):o}): agent.py keeps runs "
-                                 "only in a directory no one else can change")
+                raise UsageError(
+                    f"{where} can be written by other users "
+                    f"(mode {stat.S_IMODE(info.st_mode):o}): agent.py keeps runs "
+                    "only in a directory no one else can change"
+                )
             if stat.S_IMODE(info.st_mode) != 0o700:
                 os.fchmod(fd, 0o700)
         try:
@@ -2595,14 +3204,17 @@ class KeptRun:
                 self.output.write(data, durable=final)
             except OSError as e:
                 self.lost = e.strerror or str(e)
-                self.report.error(f"note: this run is no longer kept in {self.output.path}: "
-                                  f"{self.lost}")
+                self.report.error(
+                    f"note: this run is no longer kept in {self.output.path}: {self.lost}"
+                )
 
     def said(self):
         """The line that ends a run: where it was kept, and how to name it."""
         if self.output.name.endswith(".trials.json"):
-            return (f"kept: trials run {self.run} in {self.output.path}, trial i beside it as "
-                    f"{self.run}.trials.i.json (--report last; --resume {self.run}.1)")
+            return (
+                f"kept: trials run {self.run} in {self.output.path}, trial i beside it as "
+                f"{self.run}.trials.i.json (--report last; --resume {self.run}.1)"
+            )
         return f"kept: run {self.run} in {self.output.path} (--resume last, or --resume {self.run})"
 
 
@@ -2625,20 +3237,36 @@ def keep_run(run_id, workdir, report, trials=0):
             if workdir and (real.is_relative_to(workdir) or workdir.is_relative_to(real)):
                 why = f"{real} and the workdir {workdir} overlap"  # moved since check_runs_apart
             else:
-                os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
-                                 os.O_CLOEXEC, 0o600, dir_fd=fd))
+                os.close(
+                    os.open(
+                        name,
+                        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                        0o600,
+                        dir_fd=fd,
+                    )
+                )
                 made = True
                 kept = KeptRun(run, OutputFile(real / name, workdir, "the kept run"), report)
                 if not os.path.samestat(os.fstat(kept.output.dir_fd), os.fstat(fd)):
                     raise UsageError(f"{real} changed while it was opened")
                 if trials:
-                    return kept, {i: KeptRun(f"{run}.{i}", OutputFile(
-                        trial_path(real / name, i), workdir, "the kept run"), report)
-                        for i in range(1, trials + 1)}
+                    return kept, {
+                        i: KeptRun(
+                            f"{run}.{i}",
+                            OutputFile(trial_path(real / name, i), workdir, "the kept run"),
+                            report,
+                        )
+                        for i in range(1, trials + 1)
+                    }
                 return kept
         except (UsageError, OSError) as e:
-            why = str(e) if isinstance(e, UsageError) else f"another run has its id, {run}" \
-                if isinstance(e, FileExistsError) else f"{real} cannot be written: {e.strerror}"
+            why = (
+                str(e)
+                if isinstance(e, UsageError)
+                else f"another run has its id, {run}"
+                if isinstance(e, FileExistsError)
+                else f"{real} cannot be written: {e.strerror}"
+            )
             try:
                 if made:  # never another run's, which O_EXCL found there
                     os.unlink(name, dir_fd=fd)
@@ -2661,8 +3289,9 @@ def runs_unusable(e):
         if os.path.lexists(above) and not os.path.isdir(above):
             return f"{above} is not a directory, so {path} cannot be made"
     made = "used" if os.path.lexists(path) else "made"
-    there = f" ({e.filename})" if os.path.isabs(e.filename or "") and \
-        Path(e.filename) != path else ""
+    there = (
+        f" ({e.filename})" if os.path.isabs(e.filename or "") and Path(e.filename) != path else ""
+    )
     return f"{path} cannot be {made}: {e.strerror}{there}"
 
 
@@ -2679,8 +3308,10 @@ def kept_run(name, flag, report):
         fd, real = open_runs()
     except FileNotFoundError as e:
         where = f"in {place}" if e.filename else f"({e.strerror})"
-        raise UsageError(f"{flag} {name}: no run is kept {where} (runs are kept there unless "
-                         "--no-keep): give a transcript's path")
+        raise UsageError(
+            f"{flag} {name}: no run is kept {where} (runs are kept there unless "
+            "--no-keep): give a transcript's path"
+        )
     except UsageError as e:
         raise UsageError(f"{flag} {name}: {e}")
     except OSError as e:
@@ -2695,8 +3326,11 @@ def kept_run(name, flag, report):
             if name == "last":  # a run, not one trial
                 wanted = not kept[3]
             else:
-                wanted = kept[2] == asked[2] and kept[3] == asked[3] and (
-                    not asked[1] or kept[1] == f"{asked[1]}-{asked[2]}")
+                wanted = (
+                    kept[2] == asked[2]
+                    and kept[3] == asked[3]
+                    and (not asked[1] or kept[1] == f"{asked[1]}-{asked[2]}")
+                )
             if wanted and transcript and entry.endswith(".trials.json"):  # not a transcript
                 trials.append(kept[1])
                 continue
@@ -2713,25 +3347,31 @@ def kept_run(name, flag, report):
     finally:
         os.close(fd)
     if not found and trials and name != "last":
-        raise UsageError(f"{flag} {name} is a trials run: name one of its trials, e.g. {flag} "
-                         f"{max(trials)}.1")
+        raise UsageError(
+            f"{flag} {name} is a trials run: name one of its trials, e.g. {flag} {max(trials)}.1"
+        )
     if not found:
         what = "no run is kept" if name == "last" else f"no kept run is named {name}"
         but = f" but trials (name one trial, e.g. {flag} {max(trials)}.1)" if trials else ""
-        raise UsageError(f"{flag} {name}: {what} in {real}{but} (runs are kept there unless "
-                         "--no-keep): give a transcript's path")
+        raise UsageError(
+            f"{flag} {name}: {what} in {real}{but} (runs are kept there unless "
+            "--no-keep): give a transcript's path"
+        )
     if os.path.lexists(name):
-        report.error(f"note: {flag} {name} names a kept run; for the file {name} here, give "
-                     f"./{name}")
+        report.error(
+            f"note: {flag} {name} names a kept run; for the file {name} here, give ./{name}"
+        )
     newer = [entry for when, entry in empty if when > max(found)[0]] if name == "last" else []
     if newer:  # never pass over the run the user just had without a word (N31)
         taken = max(found)[1].removesuffix(".json")
         said = time.strftime("%H:%M:%S", time.localtime(max(found)[0] / 1e9))
-        report.error(f"note: the newest kept run, {max(newer).removesuffix('.json')}, is empty "
-                     "(still running before its first turn ended, or killed then: kill -9, out "
-                     "of memory; with --transcript, that file has its turns); "
-                     f"{flag} last takes the one before it, {taken}, last written at {said}; "
-                     f"give {flag} ID to choose")
+        report.error(
+            f"note: the newest kept run, {max(newer).removesuffix('.json')}, is empty "
+            "(still running before its first turn ended, or killed then: kill -9, out "
+            "of memory; with --transcript, that file has its turns); "
+            f"{flag} last takes the one before it, {taken}, last written at {said}; "
+            f"give {flag} ID to choose"
+        )
     return str(real / max(found)[1])
 
 
@@ -2744,10 +3384,12 @@ def check_runs_apart(workdir, where):
     except OSError:  # nowhere to keep runs: none are kept (keep_run says so)
         return
     if runs.is_relative_to(workdir) or workdir.is_relative_to(runs):
-        raise UsageError(f"{where} and the directory of kept runs, {runs}, overlap: "
-                         "the model's code could read kept runs or plant one that --resume last "
-                         "would take up; give --workdir a directory of data only (or set "
-                         "XDG_STATE_HOME elsewhere)")
+        raise UsageError(
+            f"{where} and the directory of kept runs, {runs}, overlap: "
+            "the model's code could read kept runs or plant one that --resume last "
+            "would take up; give --workdir a directory of data only (or set "
+            "XDG_STATE_HOME elsewhere)"
+        )
 
 
 def in_runs_dir(path):
@@ -2763,8 +3405,9 @@ def is_kept(path, trial=False):
     """Is `path` a kept run (with `trial`: a kept trial), which a run going on in it keeps?"""
     kept = KEPT_FILE.fullmatch(Path(path).name)
     try:
-        return bool(kept and bool(kept[3]) == trial) and \
-            Path(os.path.realpath(Path(path).parent)) == Path(os.path.realpath(runs_dir()))
+        return bool(kept and bool(kept[3]) == trial) and Path(
+            os.path.realpath(Path(path).parent)
+        ) == Path(os.path.realpath(runs_dir()))
     except OSError:
         return False
 
@@ -2777,6 +3420,7 @@ def is_kept(path, trial=False):
 # nothing is sent. ReplayCheck says, per call, where a tool result now differs from the
 # recorded one. The run ends as the recording did: replay_limits makes the same limit stop the
 # same turn, and a request past the last reply stops with the recorded stop (ReplayEnded).
+
 
 class ReplayEnded(Exception):
     """A request the recording has no reply for: the run stops with `stop` (see stop_for)."""
@@ -2791,11 +3435,16 @@ class ReplayDiffers(Exception):
     replies that follow answered results this run did not get. The next request raises it."""
 
     def __init__(self, turn, differed, calls, source, declined=0):
-        super().__init__(f"turn {turn}: {differed} of {plural(calls, 'tool result')} "
-                         f"{'differs' if differed == 1 else 'differ'} from {source}, and the "
-                         "recorded replies after it answered the recorded results (--strict)"
-                         + (f"; {declined} of them not run: declined (no working sandbox, and "
-                            "no y)" if declined else ""))
+        super().__init__(
+            f"turn {turn}: {differed} of {plural(calls, 'tool result')} "
+            f"{'differs' if differed == 1 else 'differ'} from {source}, and the "
+            "recorded replies after it answered the recorded results (--strict)"
+            + (
+                f"; {declined} of them not run: declined (no working sandbox, and no y)"
+                if declined
+                else ""
+            )
+        )
 
 
 def load_recording(path):
@@ -2811,12 +3460,19 @@ def recording_problem(recording):
     """Why a transcript (already fit to resume) cannot be replayed, or None."""
     if not is_str(recording.get("question")) or not is_str(recording.get("system"), empty=True):
         return "has no question or no system prompt"
-    asked = [b for m in recording["messages"][1:] if m["role"] == "user" for b in m["content"]
-             if b["type"] == "text" and b["text"] != FINAL_TURN_NOTE]
+    asked = [
+        b
+        for m in recording["messages"][1:]
+        if m["role"] == "user"
+        for b in m["content"]
+        if b["type"] == "text" and b["text"] != FINAL_TURN_NOTE
+    ]
     if asked:
-        return ("was continued with --resume and a follow-up question; only a run from its "
-                "first question can be replayed (--resume with --transcript NEW.json goes on in a "
-                "new file, and leaves the one it continues as it was)")
+        return (
+            "was continued with --resume and a follow-up question; only a run from its "
+            "first question can be replayed (--resume with --transcript NEW.json goes on in a "
+            "new file, and leaves the one it continues as it was)"
+        )
     return None
 
 
@@ -2824,10 +3480,18 @@ def recorded_replies(recording):
     """Each turn's reply, as the API sent it: the content kept in the history (none, for a
     turn whose reply was not), the stop_reason, the message id and the usage counts."""
     kept = iter(m["content"] for m in recording["messages"] if m["role"] == "assistant")
-    return [{"id": t.get("message_id"), "type": "message", "role": "assistant",
-             "model": recording["model"], "stop_reason": t.get("stop_reason"),
-             "content": [] if t.get("in_history") is False else next(kept),
-             "usage": {k: t["usage"][k] for k in COUNTS}} for t in recording["turns"]]
+    return [
+        {
+            "id": t.get("message_id"),
+            "type": "message",
+            "role": "assistant",
+            "model": recording["model"],
+            "stop_reason": t.get("stop_reason"),
+            "content": [] if t.get("in_history") is False else next(kept),
+            "usage": {k: t["usage"][k] for k in COUNTS},
+        }
+        for t in recording["turns"]
+    ]
 
 
 def replay_limits(recording, limits):
@@ -2841,20 +3505,25 @@ def replay_limits(recording, limits):
     for turn in recording["turns"]:  # priced as the loop will price them
         add_usage(used, usage_record(recording["model"], turn["usage"]))
     turns = len(recording["turns"])
-    dollars = [d for d in (limits.budget_usd, used["cost_usd"] if reason == "cost_budget"
-                           else None) if d is not None]
-    return replace(limits, max_turns=min(limits.max_turns,
-                                         turns if reason == "max_turns" else turns + 2),
-                   token_budget=min(limits.token_budget,
-                                    used["tokens"] + (reason != "token_budget")),
-                   budget_usd=min(dollars) if dollars else None)
+    dollars = [
+        d
+        for d in (limits.budget_usd, used["cost_usd"] if reason == "cost_budget" else None)
+        if d is not None
+    ]
+    return replace(
+        limits,
+        max_turns=min(limits.max_turns, turns if reason == "max_turns" else turns + 2),
+        token_budget=min(limits.token_budget, used["tokens"] + (reason != "token_budget")),
+        budget_usd=min(dollars) if dollars else None,
+    )
 
 
 def replay_session(recording, workdir, run_id, source):
     """The new run's session: the recorded question, model, effort and system prompt; the
     recording's `produced_by`; and a `replay` field for the differences ReplayCheck finds."""
-    session = new_session(recording["question"], recording["model"], workdir,
-                          recording.get("effort"), run_id)
+    session = new_session(
+        recording["question"], recording["model"], workdir, recording.get("effort"), run_id
+    )
     session["system"] = recording["system"]
     if is_str(fields(recording.get("produced_by")).get("kind")):  # who wrote the replies
         session["produced_by"] = recording["produced_by"]
@@ -2871,8 +3540,8 @@ def made_by(recording):
         return f"a scripted model ({one_line(str(made.get('script', 'a script')), 100)})"
     server = recording.get("base_url")  # recorded only for a server that is not Anthropic's
     return f"the model {one_line(str(made.get('model') or recording['model']), 100)}" + (
-        f" at {one_line(str(server), 100)}" if server else "")
-
+        f" at {one_line(str(server), 100)}" if server else ""
+    )
 
 
 class ReplayClient:
@@ -2895,10 +3564,15 @@ class ReplayClient:
         self.given += 1
         reply, most = self.replies[self.given - 1], request["max_tokens"] * TOKEN_CHARS
         if reply_chars(reply) > most:  # what a live reply is cut at (stream_once)
-            raise ReplayEnded(Stop("max_tokens", f"{self.source}'s reply {self.given} is "
-                                   f"{reply_chars(reply):,} characters, more than max_tokens "
-                                   f"{request['max_tokens']} lets a reply stream ({most:,}); "
-                                   "a live run would have cut it (give --max-tokens)"))
+            raise ReplayEnded(
+                Stop(
+                    "max_tokens",
+                    f"{self.source}'s reply {self.given} is "
+                    f"{reply_chars(reply):,} characters, more than max_tokens "
+                    f"{request['max_tokens']} lets a reply stream ({most:,}); "
+                    "a live run would have cut it (give --max-tokens)",
+                )
+            )
         return ReplayStream(reply)
 
     def ended(self):
@@ -2906,17 +3580,28 @@ class ReplayClient:
         stop, where = self.recorded_stop, f"{self.source} has no reply after turn {self.given}"
         if stop and stop["reason"] in INFRA_STOPS:  # the recorded run ended here, not a reply
             return Stop(stop["reason"], f"{stop['detail']} (the recorded stop: {where})")
-        why = f"it stopped with {stop['reason']}" if stop else \
-            "it has no stop: the run that made it was cut off"
-        return Stop("error", f"the replay asks for more replies than were recorded: {where} "
-                             f"({why})")
+        why = (
+            f"it stopped with {stop['reason']}"
+            if stop
+            else "it has no stop: the run that made it was cut off"
+        )
+        return Stop(
+            "error", f"the replay asks for more replies than were recorded: {where} ({why})"
+        )
 
 
 def reply_chars(message):
     """The characters a reply streams, as stream_once counts them: text, thinking, tool input."""
-    return sum(len(b.get("text", "")) + len(b.get("thinking", "")) + (
-        len(json.dumps(b.get("input"), ensure_ascii=False)) if b.get("type") == "tool_use" else 0)
-        for b in message["content"])
+    return sum(
+        len(b.get("text", ""))
+        + len(b.get("thinking", ""))
+        + (
+            len(json.dumps(b.get("input"), ensure_ascii=False))
+            if b.get("type") == "tool_use"
+            else 0
+        )
+        for b in message["content"]
+    )
 
 
 class ReplayStream:
@@ -2957,6 +3642,7 @@ DIFF_LINES, DIFF_WIDTH = 12, 160  # the most a difference shows, in lines and ch
 def result_diff(recorded, replayed):
     """How a tool result differs from the recorded one, as the changed lines of a unified diff
     (-recorded, +replayed), at most DIFF_LINES of at most DIFF_WIDTH characters each."""
+
     def lines(result):
         if result is None:
             return ["(no result for this call)"]
@@ -2964,10 +3650,15 @@ def result_diff(recorded, replayed):
         text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
         return [f"is_error: {json.dumps(bool(result.get('is_error')))}"] + text.splitlines()
 
-    diff = [shorten(line, DIFF_WIDTH) for line in list(difflib.unified_diff(
-        lines(recorded), lines(replayed), lineterm="", n=0))[2:] if not line.startswith("@@")]
+    diff = [
+        shorten(line, DIFF_WIDTH)
+        for line in list(difflib.unified_diff(lines(recorded), lines(replayed), lineterm="", n=0))[
+            2:
+        ]
+        if not line.startswith("@@")
+    ]
     if len(diff) > DIFF_LINES:
-        diff[DIFF_LINES - 1:] = [f"… and {len(diff) - DIFF_LINES + 1} more changed lines"]
+        diff[DIFF_LINES - 1 :] = [f"… and {len(diff) - DIFF_LINES + 1} more changed lines"]
     return diff
 
 
@@ -2978,24 +3669,40 @@ class ReplayCheck:
     stop, says how many differed, and whether the replay stopped before the recording did."""
 
     def __init__(self, recording, client, report, save, strict=False):
-        self.recorded = {b["tool_use_id"]: b for m in recording["messages"]
-                         if m["role"] == "user" for b in m["content"]
-                         if b["type"] == "tool_result"}
+        self.recorded = {
+            b["tool_use_id"]: b
+            for m in recording["messages"]
+            if m["role"] == "user"
+            for b in m["content"]
+            if b["type"] == "tool_result"
+        }
         self.client, self.report, self.save, self.strict = client, report, save, strict
         self.checked, self.seen, self.calls = 0, 0, 0  # turns and messages compared; calls
 
     def __call__(self, session, final=False):
-        results = {b["tool_use_id"]: b for m in session["messages"][self.seen:]
-                   if m["role"] == "user" for b in m["content"] if b["type"] == "tool_result"}
-        for record in session["turns"][self.checked:]:
-            differed = [call for call in record["tool_calls"]
-                        if not self.compare(session["replay"], record["turn"], call,
-                                            results.get(call["id"]))]
+        results = {
+            b["tool_use_id"]: b
+            for m in session["messages"][self.seen :]
+            if m["role"] == "user"
+            for b in m["content"]
+            if b["type"] == "tool_result"
+        }
+        for record in session["turns"][self.checked :]:
+            differed = [
+                call
+                for call in record["tool_calls"]
+                if not self.compare(
+                    session["replay"], record["turn"], call, results.get(call["id"])
+                )
+            ]
             if differed and self.strict and not self.client.differs:  # the next request stops
-                self.client.differs = ReplayDiffers(record["turn"], len(differed),
-                                                    len(record["tool_calls"]),
-                                                    session["replay"]["source"],
-                                                    sum(c["declined"] for c in differed))
+                self.client.differs = ReplayDiffers(
+                    record["turn"],
+                    len(differed),
+                    len(record["tool_calls"]),
+                    session["replay"]["source"],
+                    sum(c["declined"] for c in differed),
+                )
         self.checked, self.seen = len(session["turns"]), len(session["messages"])
         if final:
             self.summary(session)
@@ -3005,37 +3712,56 @@ class ReplayCheck:
         """Say so, and keep it, if this call's result is not the recorded one. True if it is."""
         self.calls += 1
         then = self.recorded.get(call["id"])
-        if then and result and then.get("content") == result["content"] \
-                and bool(then.get("is_error")) == bool(result.get("is_error")):
+        if (
+            then
+            and result
+            and then.get("content") == result["content"]
+            and bool(then.get("is_error")) == bool(result.get("is_error"))
+        ):
             return True
         diff = result_diff(then, result)
-        replay["differences"].append({"turn": turn, "id": call["id"], "name": call["name"],
-                                      "diff": diff})
-        self.report.error(f"  replay: turn {turn}, {call['name']} {call['id']}: " + (
-            "not run (declined: without a working sandbox run_python asks even with --yes, and "
-            "no one said y), so its result differs from the recording"
-            if call.get("declined") else  # (declined then too, the result would be the same)
-            "the result differs from the recording"))
+        replay["differences"].append(
+            {"turn": turn, "id": call["id"], "name": call["name"], "diff": diff}
+        )
+        self.report.error(
+            f"  replay: turn {turn}, {call['name']} {call['id']}: "
+            + (
+                "not run (declined: without a working sandbox run_python asks even with --yes, and "
+                "no one said y), so its result differs from the recording"
+                if call.get("declined")
+                # (declined then too, the result would be the same)
+                else "the result differs from the recording"
+            )
+        )
         for line in diff:
             self.report.error(f"    {line}")
-        if len(replay["differences"]) == 1 and self.client.given < len(self.client.replies) \
-                and not self.strict:
-            self.report.error("    (the recorded replies that follow answered the recorded "
-                              "result; they are replayed as they were)")
+        if (
+            len(replay["differences"]) == 1
+            and self.client.given < len(self.client.replies)
+            and not self.strict
+        ):
+            self.report.error(
+                "    (the recorded replies that follow answered the recorded "
+                "result; they are replayed as they were)"
+            )
         return False
 
     def summary(self, session):
         differed = len(session["replay"]["differences"])
         if differed:
-            self.report.error(f"replay: {differed} of {plural(self.calls, 'tool result')} "
-                              f"differ from {session['replay']['source']}")
+            self.report.error(
+                f"replay: {differed} of {plural(self.calls, 'tool result')} "
+                f"differ from {session['replay']['source']}"
+            )
         else:
             self.report.line(f"replay: {plural(self.calls, 'tool result')}, each as recorded")
         left = len(self.client.replies) - self.client.given
         if left and not self.client.differs:  # else the stop says why
-            self.report.error(f"replay: the run stopped with {left} recorded "
-                              f"{'reply' if left == 1 else 'replies'} not replayed: it stopped "
-                              "before the recording did")
+            self.report.error(
+                f"replay: the run stopped with {left} recorded "
+                f"{'reply' if left == 1 else 'replies'} not replayed: it stopped "
+                "before the recording did"
+            )
 
 
 # --- Trials ---
@@ -3049,9 +3775,12 @@ def expect_found(regex, answer):
     EXPECT_SECONDS. It runs in a child: a regex that backtracks on the model's text holds the
     GIL inside `re`, where no Ctrl-C or SIGTERM can reach agent.py; a child can be killed."""
     try:
-        done = subprocess.run([sys.executable, "-I", "-S", "-c", SEARCH, regex],
-                              input=(answer or "").encode("utf-8", "surrogatepass"),
-                              capture_output=True, timeout=EXPECT_SECONDS)
+        done = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", SEARCH, regex],
+            input=(answer or "").encode("utf-8", "surrogatepass"),
+            capture_output=True,
+            timeout=EXPECT_SECONDS,
+        )
     except subprocess.TimeoutExpired:
         return None
     return done.returncode == 0
@@ -3067,8 +3796,9 @@ def passed(session, expect, found=True):
         return stop == "end_turn"
     if expect["regex"] and not found:
         return False
-    if expect["tool"] and not any(c["name"] == expect["tool"]
-                                  for t in session["turns"] for c in t["tool_calls"]):
+    if expect["tool"] and not any(
+        c["name"] == expect["tool"] for t in session["turns"] for c in t["tool_calls"]
+    ):
         return False
     return not expect["stop"] or stop == expect["stop"]
 
@@ -3082,12 +3812,15 @@ def why_failed(session, expect, found=True):
     if not any(expect.values()):
         return f"it stopped with {stop}, not end_turn (no --expect was given)"
     if expect["regex"] and found is None:
-        return (f"--expect {expect['regex']!r} timed out after {EXPECT_SECONDS:g} s on an answer "
-                f"of {len(session.get('answer') or ''):,} characters: the regex backtracks")
+        return (
+            f"--expect {expect['regex']!r} timed out after {EXPECT_SECONDS:g} s on an answer "
+            f"of {len(session.get('answer') or ''):,} characters: the regex backtracks"
+        )
     if expect["regex"] and not found:
         return f"--expect {expect['regex']!r} is not in the answer"
-    if expect["tool"] and not any(c["name"] == expect["tool"]
-                                  for t in session["turns"] for c in t["tool_calls"]):
+    if expect["tool"] and not any(
+        c["name"] == expect["tool"] for t in session["turns"] for c in t["tool_calls"]
+    ):
         return f"--expect-tool {expect['tool']} was not called"
     return f"--expect-stop {expect['stop']}, and it stopped with {stop}"
 
@@ -3108,7 +3841,11 @@ def trial_path(path, index):
     return str(p.with_name(f"{p.stem}.{index}{p.suffix}"))
 
 
-INFRA_STOPS = ("api_error", "error", "interrupted")  # the harness's or the network's, not the model's
+INFRA_STOPS = (
+    "api_error",
+    "error",
+    "interrupted",
+)  # the harness's or the network's, not the model's
 
 
 def wilson(passes, n, z=1.96):
@@ -3116,15 +3853,20 @@ def wilson(passes, n, z=1.96):
     if n == 0:
         return None
     p, d = passes / n, 1 + z * z / n
-    centre, half = (p + z * z / (2 * n)) / d, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    centre, half = (
+        (p + z * z / (2 * n)) / d,
+        z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d,
+    )
     return [round(max(0.0, centre - half), 6), round(min(1.0, centre + half), 6)]
 
 
 def spread(values):
     """Mean and median of the values that are known."""
     known = [v for v in values if v is not None]
-    return {"mean": round(statistics.fmean(known), 6) if known else None,
-            "median": round(statistics.median(known), 6) if known else None}
+    return {
+        "mean": round(statistics.fmean(known), 6) if known else None,
+        "median": round(statistics.median(known), 6) if known else None,
+    }
 
 
 def summarize(trials, requested):
@@ -3135,30 +3877,47 @@ def summarize(trials, requested):
     scored = [t for t in trials if t["stop"] not in INFRA_STOPS]
     n, c = len(scored), sum(t["passed"] for t in scored)
     costs = [t["cost_usd"] for t in trials]
-    return {"version": SUMMARY_VERSION, "kind": "trials", "agent_version": AGENT_VERSION,
-            "requested": requested, "n": len(trials), "scored": n, "passes": c,
-            "failed": n - c, "errored": len(trials) - n,
-            "pass@1": c / n if n else None, "pass@1_wilson95": wilson(c, n),
-            "pass_at_k": {str(k): pass_at_k(n, c, k) for k in range(1, n + 1)},
-            "pass_hat_k": {str(k): pass_hat_k(n, c, k) for k in range(1, n + 1)},
-            "stops": {label: sum(t["stop"] == label for t in trials)
-                      for label in sorted({t["stop"] for t in trials})},
-            "per_trial": {key: spread([t[key] for t in trials])
-                          for key in ("turns", "tokens", "cost_usd", "seconds")},
-            "tokens": sum(t["tokens"] for t in trials),
-            "cost_usd": None if None in costs else round(sum(costs), 10),
-            "trials": trials}
+    return {
+        "version": SUMMARY_VERSION,
+        "kind": "trials",
+        "agent_version": AGENT_VERSION,
+        "requested": requested,
+        "n": len(trials),
+        "scored": n,
+        "passes": c,
+        "failed": n - c,
+        "errored": len(trials) - n,
+        "pass@1": c / n if n else None,
+        "pass@1_wilson95": wilson(c, n),
+        "pass_at_k": {str(k): pass_at_k(n, c, k) for k in range(1, n + 1)},
+        "pass_hat_k": {str(k): pass_hat_k(n, c, k) for k in range(1, n + 1)},
+        "stops": {
+            label: sum(t["stop"] == label for t in trials)
+            for label in sorted({t["stop"] for t in trials})
+        },
+        "per_trial": {
+            key: spread([t[key] for t in trials])
+            for key in ("turns", "tokens", "cost_usd", "seconds")
+        },
+        "tokens": sum(t["tokens"] for t in trials),
+        "cost_usd": None if None in costs else round(sum(costs), 10),
+        "trials": trials,
+    }
 
 
 def print_summary(summary, report):
     say = lambda text: report.line(text, always=True)  # noqa: E731
     low_high = summary["pass@1_wilson95"]
-    say(f"trials: {summary['n']} of {summary['requested']} ran: {summary['passes']} passed, "
+    say(
+        f"trials: {summary['n']} of {summary['requested']} ran: {summary['passes']} passed, "
         f"{summary['failed']} failed, {summary['errored']} errored (api_error, error, "
-        "interrupted: not counted below)")
+        "interrupted: not counted below)"
+    )
     if summary["scored"]:
-        say(f"pass@1 = {summary['pass@1']:.3f} (95% Wilson interval {low_high[0]:.3f}-"
-            f"{low_high[1]:.3f}) over {plural(summary['scored'], 'scored trial')}")
+        say(
+            f"pass@1 = {summary['pass@1']:.3f} (95% Wilson interval {low_high[0]:.3f}-"
+            f"{low_high[1]:.3f}) over {plural(summary['scored'], 'scored trial')}"
+        )
         say("   k   pass@k   pass^k")
         for k in summary["pass_at_k"]:
             say(f"{k:>4}   {summary['pass_at_k'][k]:.3f}    {summary['pass_hat_k'][k]:.3f}")
@@ -3169,11 +3928,15 @@ def print_summary(summary, report):
     per = summary["per_trial"]
     for key, show in (("turns", "{:.1f}"), ("tokens", "{:.0f}"), ("seconds", "{:.1f}")):
         if per[key]["mean"] is not None:
-            say(f"per trial: {key} mean {show.format(per[key]['mean'])}, median "
-                f"{show.format(per[key]['median'])}")
-    say(f"per trial: cost mean {money(per['cost_usd']['mean'])}, median "
+            say(
+                f"per trial: {key} mean {show.format(per[key]['mean'])}, median "
+                f"{show.format(per[key]['median'])}"
+            )
+    say(
+        f"per trial: cost mean {money(per['cost_usd']['mean'])}, median "
         f"{money(per['cost_usd']['median'])}; total {summary['tokens']} tokens, "
-        f"{money(summary['cost_usd'])}")
+        f"{money(summary['cost_usd'])}"
+    )
 
 
 TRIAL = threading.local()  # .index: the trial this thread runs, if any (approval_question)
@@ -3192,14 +3955,17 @@ def room_for_trials(k):
             resource.setrlimit(resource.RLIMIT_NOFILE, (top, hard))
             soft = top
         if soft < need:
-            raise UsageError(f"--trials {k} needs about {need} open files, and this process may "
-                             f"open {soft} (ulimit -n): give fewer trials, or raise the limit")
+            raise UsageError(
+                f"--trials {k} needs about {need} open files, and this process may "
+                f"open {soft} (ulimit -n): give fewer trials, or raise the limit"
+            )
 
 
 @dataclass(frozen=True)
 class TrialSpec:
     """What --trials measures: one question, asked k times as fresh sessions (same flags,
     limits and approvals), `jobs` at once; and what makes a trial pass."""
+
     question: str
     model: str
     effort: str | None  # sent as output_config.effort; None: the model's default
@@ -3228,9 +3994,11 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
 
     def spent():  # dollars of the trials ended and running
         ended = sum(r["cost_usd"] or 0 for r in results)
-        return ended + sum(total_usage(begun[0])["cost_usd"] or 0
-                           for i, begun in list(running.items())
-                           if begun and i not in {r["index"] for r in results})
+        return ended + sum(
+            total_usage(begun[0])["cost_usd"] or 0
+            for i, begun in list(running.items())
+            if begun and i not in {r["index"] for r in results}
+        )
 
     def trial(index):
         TRIAL.index = index  # for the approval question, asked in this thread
@@ -3238,11 +4006,18 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
             if spec.budget_usd is not None and spent() >= spec.budget_usd:
                 return
             running[index] = None
-        report = Reporter(spec.quiet, prefix=f"[trial {index}] ", events=events, trial=index,
-                          telemetry=telemetry)
+        report = Reporter(
+            spec.quiet, prefix=f"[trial {index}] ", events=events, trial=index, telemetry=telemetry
+        )
         out, keep = outputs.get(index), (kept or {}).get(index)
-        session = new_session(spec.question, spec.model, ctx.workdir, spec.effort,
-                              events.run_id if events else None, spec.system)
+        session = new_session(
+            spec.question,
+            spec.model,
+            ctx.workdir,
+            spec.effort,
+            events.run_id if events else None,
+            spec.system,
+        )
         session["trial"] = index
         if spec.server:
             session["base_url"] = spec.server
@@ -3256,15 +4031,25 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
         report.trace("end", stop, session)
         save.events_lost(session, events)
         report.line(f"stop: {stop.reason} ({said_stop(stop)})", always=True)
-        found = expect_found(spec.regex, session.get("answer")) \
-            if spec.regex and stop.reason != "interrupted" else not spec.regex
+        found = (
+            expect_found(spec.regex, session.get("answer"))
+            if spec.regex and stop.reason != "interrupted"
+            else not spec.regex
+        )
         if why_failed(session, spec.expect, found):
             report.line(f"fail: {why_failed(session, spec.expect, found)}", always=True)
-        results.append({"index": index, "stop": stop.reason, "turns": len(session["turns"]),
-                        "tokens": session["usage"]["tokens"],
-                        "cost_usd": session["usage"]["cost_usd"],
-                        "seconds": round(time.monotonic() - started, 3),
-                        "passed": passed(session, spec.expect, found), "transcript": path})
+        results.append(
+            {
+                "index": index,
+                "stop": stop.reason,
+                "turns": len(session["turns"]),
+                "tokens": session["usage"]["tokens"],
+                "cost_usd": session["usage"]["cost_usd"],
+                "seconds": round(time.monotonic() - started, 3),
+                "passed": passed(session, spec.expect, found),
+                "transcript": path,
+            }
+        )
         report.emit("trial.end", **results[-1])
 
     futures = [pool.submit(trial, i) for i in range(1, spec.k + 1)]
@@ -3285,13 +4070,26 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
         if begun and index not in {r["index"] for r in results}:
             session, path, started = begun
             usage = total_usage(session)
-            results.append({"index": index, "stop": "interrupted", "turns": len(session["turns"]),
-                            "tokens": usage["tokens"], "cost_usd": usage["cost_usd"],
-                            "seconds": round(time.monotonic() - started, 3),
-                            "passed": False, "transcript": path})
+            results.append(
+                {
+                    "index": index,
+                    "stop": "interrupted",
+                    "turns": len(session["turns"]),
+                    "tokens": usage["tokens"],
+                    "cost_usd": usage["cost_usd"],
+                    "seconds": round(time.monotonic() - started, 3),
+                    "passed": False,
+                    "transcript": path,
+                }
+            )
     summary = summarize(results, spec.k)
-    summary.update(interrupted=interrupted, question=spec.question, model=spec.model,
-                   expect=spec.expect, decline_message=ctx.decline_message)  # what was measured
+    summary.update(
+        interrupted=interrupted,
+        question=spec.question,
+        model=spec.model,
+        expect=spec.expect,
+        decline_message=ctx.decline_message,
+    )  # what was measured
     if spec.server:
         summary["base_url"] = spec.server
     report = Reporter(spec.quiet, events=events)
@@ -3299,9 +4097,12 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
         summary["budget_usd"] = spec.budget_usd
     print_summary(summary, report)
     if spec.budget_usd is not None and summary["n"] < spec.k and not interrupted:
-        report.line(f"budget: the trials spent {money(summary['cost_usd'])} of the "
-                    f"--trials-budget-usd {money(spec.budget_usd)}; the other "
-                    f"{plural(spec.k - summary['n'], 'trial')} did not start", always=True)
+        report.line(
+            f"budget: the trials spent {money(summary['cost_usd'])} of the "
+            f"--trials-budget-usd {money(spec.budget_usd)}; the other "
+            f"{plural(spec.k - summary['n'], 'trial')} did not start",
+            always=True,
+        )
     if interrupted:
         finished = sum(r["stop"] != "interrupted" for r in results)
         report.line(f"interrupted: {finished} of {spec.k} trials finished", always=True)
@@ -3331,9 +4132,12 @@ border:1px solid #ccc;border-radius:4px;padding:0 .4em;margin:.1em}.msg{margin:.
 .l-output{background:#e15759}.l-cost{background:#222;height:.2em!important}
 .line-at{fill:none;stroke:#4e79a7;stroke-width:2}.line-hat{fill:none;stroke:#e15759;stroke-width:2;
 stroke-dasharray:6 4}"""
-SEGMENTS = (("input_tokens", "input", "fresh input"), ("cache_creation_input_tokens", "write",
-            "cache writes"), ("cache_read_input_tokens", "read", "cache reads"),
-            ("output_tokens", "output", "output"))
+SEGMENTS = (
+    ("input_tokens", "input", "fresh input"),
+    ("cache_creation_input_tokens", "write", "cache writes"),
+    ("cache_read_input_tokens", "read", "cache reads"),
+    ("output_tokens", "output", "output"),
+)
 
 
 def esc(value):
@@ -3351,12 +4155,16 @@ def money(value):
 def page(title, body):
     """The whole document: no script, nothing loaded, styles only through this nonce."""
     nonce = uuid.uuid4().hex
-    policy = (f"default-src 'none'; style-src 'nonce-{nonce}'; img-src 'none'; script-src "
-              "'none'; base-uri 'none'; form-action 'none'")
-    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
-            f'<meta http-equiv="Content-Security-Policy" content="{policy}">'
-            f'<meta name="viewport" content="width=device-width"><title>{esc(title)}</title>'
-            f'<style nonce="{nonce}">{CSS}</style></head><body>{body}</body></html>\n')
+    policy = (
+        f"default-src 'none'; style-src 'nonce-{nonce}'; img-src 'none'; script-src "
+        "'none'; base-uri 'none'; form-action 'none'"
+    )
+    return (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{policy}">'
+        f'<meta name="viewport" content="width=device-width"><title>{esc(title)}</title>'
+        f'<style nonce="{nonce}">{CSS}</style></head><body>{body}</body></html>\n'
+    )
 
 
 def token_chart(turns, parts):
@@ -3364,19 +4172,22 @@ def token_chart(turns, parts):
     to `parts` (a Bounded list)."""
     width, height, left, bottom = 760, 260, 60, 30
     rows = items(turns)
-    peak = max([sum(num(fields(t.get("usage")).get(k)) for k, _, _ in SEGMENTS) for t in rows]
-               + [1])
+    peak = max(
+        [sum(num(fields(t.get("usage")).get(k)) for k, _, _ in SEGMENTS) for t in rows] + [1]
+    )
     costs, total = [], 0.0
     for t in rows:
         total += num(fields(t.get("usage")).get("cost_usd"))
         costs.append(total)
     step = (width - left - 20) / max(len(rows), 1)
     bar = max(step * 0.7, 1)
-    parts += [f'<svg class="tokens" width="{width}" height="{height}" viewBox="0 0 {width} '
-              f'{height}" role="img" aria-label="tokens per turn">',
-              f'<text class="axis" x="4" y="14">{peak:,} tokens</text>',
-              f'<line x1="{left}" y1="{height - bottom}" x2="{width - 10}" y2="{height - bottom}" '
-              'stroke="#999"/>']
+    parts += [
+        f'<svg class="tokens" width="{width}" height="{height}" viewBox="0 0 {width} '
+        f'{height}" role="img" aria-label="tokens per turn">',
+        f'<text class="axis" x="4" y="14">{peak:,} tokens</text>',
+        f'<line x1="{left}" y1="{height - bottom}" x2="{width - 10}" y2="{height - bottom}" '
+        'stroke="#999"/>',
+    ]
     for i, t in enumerate(rows):
         usage, y = fields(t.get("usage")), height - bottom
         x = left + i * step + (step - bar) / 2
@@ -3384,19 +4195,28 @@ def token_chart(turns, parts):
         for key, cls, label in SEGMENTS:
             h = num(usage.get(key)) / peak * (height - bottom - 20)
             y -= h
-            parts.append(f'<rect class="bar seg-{cls}" x="{x:.1f}" y="{y:.1f}" width="{bar:.1f}" '
-                         f'height="{h:.1f}"><title>turn {esc(t.get("turn"))}: '
-                         f'{num(usage.get(key)):,} {label}</title></rect>')
-        parts.append(f'<text class="axis" x="{x + bar / 2:.1f}" y="{height - 12}" '
-                     f'text-anchor="middle">{esc(t.get("turn", i + 1))}</text></g>')
+            parts.append(
+                f'<rect class="bar seg-{cls}" x="{x:.1f}" y="{y:.1f}" width="{bar:.1f}" '
+                f'height="{h:.1f}"><title>turn {esc(t.get("turn"))}: '
+                f"{num(usage.get(key)):,} {label}</title></rect>"
+            )
+        parts.append(
+            f'<text class="axis" x="{x + bar / 2:.1f}" y="{height - 12}" '
+            f'text-anchor="middle">{esc(t.get("turn", i + 1))}</text></g>'
+        )
     if total > 0:
-        points = " ".join(f"{left + i * step + step / 2:.1f},"
-                          f"{height - bottom - c / total * (height - bottom - 20):.1f}"
-                          for i, c in enumerate(costs))
-        parts.append(f'<polyline class="cost" points="{points}"><title>running cost, up to '
-                     f'{money(total)}</title></polyline>')
-        parts.append(f'<text class="axis" x="{width - 10}" y="14" text-anchor="end">'
-                     f'{money(total)}</text>')
+        points = " ".join(
+            f"{left + i * step + step / 2:.1f},"
+            f"{height - bottom - c / total * (height - bottom - 20):.1f}"
+            for i, c in enumerate(costs)
+        )
+        parts.append(
+            f'<polyline class="cost" points="{points}"><title>running cost, up to '
+            f"{money(total)}</title></polyline>"
+        )
+        parts.append(
+            f'<text class="axis" x="{width - 10}" y="14" text-anchor="end">{money(total)}</text>'
+        )
     legend = "".join(f'<span class="l-{cls}"></span>{label}' for _, cls, label in SEGMENTS)
     parts.append(f'</svg><p class="legend">{legend}<span class="l-cost"></span>running cost</p>')
 
@@ -3408,19 +4228,28 @@ def block_html(block):
         return f"<pre>{esc(block.get('text', ''))}</pre>"
     if kind == "tool_use":
         given = block.get("input")
-        shown = given["code"] if isinstance(given, dict) and isinstance(given.get("code"), str) \
-            else json.dumps(given, ensure_ascii=False, indent=1)  # code as code, the rest as JSON
-        return (f'<div><span class="chip">{esc(block.get("name"))}</span> <code>'
-                f'{esc(block.get("id"))}</code><pre>{esc(shown)}</pre></div>')
+        shown = (
+            given["code"]
+            if isinstance(given, dict) and isinstance(given.get("code"), str)
+            else json.dumps(given, ensure_ascii=False, indent=1)
+        )  # code as code, the rest as JSON
+        return (
+            f'<div><span class="chip">{esc(block.get("name"))}</span> <code>'
+            f"{esc(block.get('id'))}</code><pre>{esc(shown)}</pre></div>"
+        )
     if kind == "tool_result":
         body = block.get("content")
         body = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
         state = "error" if block.get("is_error") else "ok"
-        return (f'<details><summary class="{state}">result for {esc(block.get("tool_use_id"))}'
-                f': {state}, {len(body):,} characters</summary><pre>{esc(body)}</pre></details>')
+        return (
+            f'<details><summary class="{state}">result for {esc(block.get("tool_use_id"))}'
+            f": {state}, {len(body):,} characters</summary><pre>{esc(body)}</pre></details>"
+        )
     if kind == "thinking":
-        return (f"<details><summary>thinking</summary><pre>{esc(block.get('thinking', ''))}"
-                "</pre></details>")
+        return (
+            f"<details><summary>thinking</summary><pre>{esc(block.get('thinking', ''))}"
+            "</pre></details>"
+        )
     return f"<details><summary>{esc(kind)}</summary><pre>{esc(shorten(json.dumps(block, ensure_ascii=False), 5000))}</pre></details>"
 
 
@@ -3435,8 +4264,10 @@ def provenance(t):
         upto = f", turns 1-{made['turns']}" if isinstance(made.get("turns"), int) else ""
         said += f" · replies by {who} ({esc(by)}{upto})"
     if replayed:
-        said += (f" · a replay of <code>{esc(replayed.get('source'))}</code>, "
-                 f"{len(items(replayed.get('differences')))} tool results differing")
+        said += (
+            f" · a replay of <code>{esc(replayed.get('source'))}</code>, "
+            f"{len(items(replayed.get('differences')))} tool results differing"
+        )
     return said
 
 
@@ -3454,11 +4285,15 @@ def priced_as(t):
         return ""
     model = t.get("model") if is_str(t.get("model")) else "the model"
     if base_model(model) not in PRICING:  # nothing was priced: say so, not how it was
-        return (f"<p>No cost is shown: agent.py knows no price for {esc(model)} (it prices "
-                f"Anthropic's models as Anthropic's API bills them), and {esc(url)} may bill "
-                "otherwise, or nothing.</p>")
-    return (f"<p>The cost is priced as {esc(t.get('model', 'the model'))} would be on "
-            f"Anthropic's API, not by {esc(url)}, which may bill otherwise, or nothing.</p>")
+        return (
+            f"<p>No cost is shown: agent.py knows no price for {esc(model)} (it prices "
+            f"Anthropic's models as Anthropic's API bills them), and {esc(url)} may bill "
+            "otherwise, or nothing.</p>"
+        )
+    return (
+        f"<p>The cost is priced as {esc(t.get('model', 'the model'))} would be on "
+        f"Anthropic's API, not by {esc(url)}, which may bill otherwise, or nothing.</p>"
+    )
 
 
 def run_report(t, cap):
@@ -3468,42 +4303,61 @@ def run_report(t, cap):
     prompt = sum(num(usage.get(k)) for k, _, _ in SEGMENTS[:3])
     share = f"{num(usage.get('cache_read_input_tokens')) / prompt:.0%}" if prompt else "n/a"
     seconds = sum(num(x.get("seconds")) for x in turns)
-    cards = [("stop", f"{stop.get('reason', 'running')} (exit {stop.get('exit_code', '?')})"),
-             ("turns", len(turns)), ("tokens", f"{num(usage.get('tokens')):,}"),
-             ("cost", money(usage.get("cost_usd"))), ("time", f"{seconds:.1f} s"),
-             ("cache-read share of the prompt", share)]
+    cards = [
+        ("stop", f"{stop.get('reason', 'running')} (exit {stop.get('exit_code', '?')})"),
+        ("turns", len(turns)),
+        ("tokens", f"{num(usage.get('tokens')):,}"),
+        ("cost", money(usage.get("cost_usd"))),
+        ("time", f"{seconds:.1f} s"),
+        ("cache-read share of the prompt", share),
+    ]
     body = Bounded(cap)
-    body += [f"<h1>agent.py run</h1><div class=\"q\">{esc(t.get('question', ''))}</div>",
-            f"<p>model <b>{esc(t.get('model'))}</b> · workdir <code>{esc(t.get('workdir'))}"
-            f"</code> · run <code>{esc(t.get('run_id', '?'))}</code> · started "
-            f"{esc(t.get('started_at', '?'))}{provenance(t)}{server_said(t)}</p>",
-            '<div class="cards">' + "".join(f'<div class="card">{esc(k)}<b>{esc(v)}</b></div>'
-                                             for k, v in cards) + "</div>",
-            f"<p>{esc(stop.get('detail', ''))}</p>{priced_as(t)}"]
+    body += [
+        f'<h1>agent.py run</h1><div class="q">{esc(t.get("question", ""))}</div>',
+        f"<p>model <b>{esc(t.get('model'))}</b> · workdir <code>{esc(t.get('workdir'))}"
+        f"</code> · run <code>{esc(t.get('run_id', '?'))}</code> · started "
+        f"{esc(t.get('started_at', '?'))}{provenance(t)}{server_said(t)}</p>",
+        '<div class="cards">'
+        + "".join(f'<div class="card">{esc(k)}<b>{esc(v)}</b></div>' for k, v in cards)
+        + "</div>",
+        f"<p>{esc(stop.get('detail', ''))}</p>{priced_as(t)}",
+    ]
     if t.get("answer"):
         body.append(f"<h2>Answer</h2><pre>{esc(t['answer'])}</pre>")
     body.append("<h2>Tokens per turn</h2>")
     token_chart(turns, body)
-    calls_input = {str(b.get("id")): json.dumps(b.get("input"), ensure_ascii=False)
-                   for m in items(t.get("messages")) for b in items(m.get("content"))
-                   if b.get("type") == "tool_use"}  # each call's input, for its preview
-    body.append("<h2>Turns</h2><table><tr><th>turn</th><th>stop</th><th>tokens</th><th>cost"
-                "</th><th>time</th><th>tool calls</th></tr>")
+    calls_input = {
+        str(b.get("id")): json.dumps(b.get("input"), ensure_ascii=False)
+        for m in items(t.get("messages"))
+        for b in items(m.get("content"))
+        if b.get("type") == "tool_use"
+    }  # each call's input, for its preview
+    body.append(
+        "<h2>Turns</h2><table><tr><th>turn</th><th>stop</th><th>tokens</th><th>cost"
+        "</th><th>time</th><th>tool calls</th></tr>"
+    )
     for x in turns:
         u, chips = fields(x.get("usage")), []
         for c in items(x.get("tool_calls")):
             state = "declined" if c.get("declined") else "error" if c.get("is_error") else "ok"
-            chips.append(f'<span class="chip {state}">{esc(c.get("name"))} '
-                         f'{esc(shorten(calls_input.get(str(c.get("id")), ""), 60))} · {state} · '
-                         f'{num(c.get("seconds")):.2f}s</span>')
-        body.append(f"<tr><td>{esc(x.get('turn'))}</td><td>{esc(x.get('stop_reason'))}</td>"
-                    f"<td>{num(u.get('tokens')):,}</td><td>{money(u.get('cost_usd'))}</td>"
-                    f"<td>{num(x.get('seconds')):.1f}s ({num(x.get('api_seconds')):.1f}s API)"
-                    f"</td><td>{''.join(chips)}</td></tr>")
+            chips.append(
+                f'<span class="chip {state}">{esc(c.get("name"))} '
+                f"{esc(shorten(calls_input.get(str(c.get('id')), ''), 60))} · {state} · "
+                f"{num(c.get('seconds')):.2f}s</span>"
+            )
+        body.append(
+            f"<tr><td>{esc(x.get('turn'))}</td><td>{esc(x.get('stop_reason'))}</td>"
+            f"<td>{num(u.get('tokens')):,}</td><td>{money(u.get('cost_usd'))}</td>"
+            f"<td>{num(x.get('seconds')):.1f}s ({num(x.get('api_seconds')):.1f}s API)"
+            f"</td><td>{''.join(chips)}</td></tr>"
+        )
     body.append("</table><h2>Conversation</h2>")
     for m in items(t.get("messages")):
-        body.append(f'<div class="msg"><span class="role">{esc(m.get("role"))}</span>'
-                    + "".join(block_html(b) for b in items(m.get("content"))) + "</div>")
+        body.append(
+            f'<div class="msg"><span class="role">{esc(m.get("role"))}</span>'
+            + "".join(block_html(b) for b in items(m.get("content")))
+            + "</div>"
+        )
     return page(f"agent.py run: {shorten(str(t.get('question', '')), 80)}", "".join(body))
 
 
@@ -3514,67 +4368,94 @@ def trials_report(summary, cap):
     at, hat = fields(summary.get("pass_at_k")), fields(summary.get("pass_hat_k"))
     ks = sorted(int(k) for k in at)  # plain numbers: summary_problem checked them
     interval = summary.get("pass@1_wilson95")
-    interval = [f"{num(v):.3f}" for v in interval] if isinstance(interval, list) and \
-        len(interval) == 2 else ["?", "?"]
+    interval = (
+        [f"{num(v):.3f}" for v in interval]
+        if isinstance(interval, list) and len(interval) == 2
+        else ["?", "?"]
+    )
     p1 = summary.get("pass@1")
     finished = sum(t.get("stop") != "interrupted" for t in items(summary.get("trials")))
     expect = {k: v for k, v in fields(summary.get("expect")).items() if v}
     body = Bounded(cap)
-    body.append(f"<h1>agent.py trials</h1><div class=\"q\">{esc(summary.get('question', ''))}</div>"
-                f"<p>model <b>{esc(summary.get('model', '?'))}</b>{server_said(summary)} · a trial passes when "
-                f"{esc(json.dumps(expect, ensure_ascii=False) if expect else 'it ends with end_turn')}"
-                f" · a declined call tells the model: {esc(summary.get('decline_message', '?'))}</p>"
-                f"<p>{esc(summary.get('n'))} of "
-                f"{esc(summary.get('requested'))} ran: {esc(summary.get('passes'))} passed, "
-                f"{esc(summary.get('failed'))} failed, {esc(summary.get('errored'))} errored "
-                "(not counted in pass@k). " + (
-                    f"pass@1 = {p1:.3f}, 95% Wilson interval {esc(interval[0])}–"
-                    f"{esc(interval[1])}." if isinstance(p1, (int, float)) and ks else
-                    "No trial was scored, so pass@k is unknown.") + "</p>" + (
-                    f"<p>Interrupted (Ctrl-C): {finished} of {esc(summary.get('requested'))} "
-                    "trials finished.</p>"
-                    if summary.get("interrupted") is True else "") + priced_as(summary))
+    body.append(
+        f'<h1>agent.py trials</h1><div class="q">{esc(summary.get("question", ""))}</div>'
+        f"<p>model <b>{esc(summary.get('model', '?'))}</b>{server_said(summary)} · a trial passes when "
+        f"{esc(json.dumps(expect, ensure_ascii=False) if expect else 'it ends with end_turn')}"
+        f" · a declined call tells the model: {esc(summary.get('decline_message', '?'))}</p>"
+        f"<p>{esc(summary.get('n'))} of "
+        f"{esc(summary.get('requested'))} ran: {esc(summary.get('passes'))} passed, "
+        f"{esc(summary.get('failed'))} failed, {esc(summary.get('errored'))} errored "
+        "(not counted in pass@k). "
+        + (
+            f"pass@1 = {p1:.3f}, 95% Wilson interval {esc(interval[0])}–{esc(interval[1])}."
+            if isinstance(p1, (int, float)) and ks
+            else "No trial was scored, so pass@k is unknown."
+        )
+        + "</p>"
+        + (
+            f"<p>Interrupted (Ctrl-C): {finished} of {esc(summary.get('requested'))} "
+            "trials finished.</p>"
+            if summary.get("interrupted") is True
+            else ""
+        )
+        + priced_as(summary)
+    )
     if ks:
         trials_chart(body, ks, at, hat)
-    body.append("<h2>Trials</h2><table><tr><th>trial</th><th>stop</th><th>result</th><th>"
-                "turns</th><th>tokens</th><th>cost</th><th>transcript</th></tr>")
+    body.append(
+        "<h2>Trials</h2><table><tr><th>trial</th><th>stop</th><th>result</th><th>"
+        "turns</th><th>tokens</th><th>cost</th><th>transcript</th></tr>"
+    )
     for tr in items(summary.get("trials")):
         transcript = tr.get("transcript")
-        result = "pass" if tr.get("passed") else "errored" if tr.get("stop") in INFRA_STOPS \
-            else "fail"
-        body.append(f"<tr><td>trial {esc(tr.get('index'))}</td><td>{esc(tr.get('stop'))}</td>"
-                    f"<td class=\"{'ok' if tr.get('passed') else 'error'}\">{result}</td><td>"
-                    f"{esc(tr.get('turns'))}</td><td>{num(tr.get('tokens')):,}</td><td>"
-                    f"{money(tr.get('cost_usd'))}</td><td><code>"
-                    f"{esc(transcript) if is_str(transcript) else ''}</code></td></tr>")
+        result = (
+            "pass" if tr.get("passed") else "errored" if tr.get("stop") in INFRA_STOPS else "fail"
+        )
+        body.append(
+            f"<tr><td>trial {esc(tr.get('index'))}</td><td>{esc(tr.get('stop'))}</td>"
+            f'<td class="{"ok" if tr.get("passed") else "error"}">{result}</td><td>'
+            f"{esc(tr.get('turns'))}</td><td>{num(tr.get('tokens')):,}</td><td>"
+            f"{money(tr.get('cost_usd'))}</td><td><code>"
+            f"{esc(transcript) if is_str(transcript) else ''}</code></td></tr>"
+        )
     body.append("</table>")
     return page("agent.py trials", "".join(body))
 
 
 def trials_chart(body, ks, at, hat):
     """pass@k and pass^k for k = 1..scored: a table and a chart."""
-    body.append("<h2>pass@k and pass^k</h2><table><tr><th>k</th><th>pass@k</th><th>pass^k</th>"
-                "</tr>")
+    body.append(
+        "<h2>pass@k and pass^k</h2><table><tr><th>k</th><th>pass@k</th><th>pass^k</th></tr>"
+    )
     for k in ks:
-        body.append(f"<tr><td>{k}</td><td>{num(at.get(str(k))):.3f}</td><td>"
-                    f"{num(hat.get(str(k))):.3f}</td></tr>")
+        body.append(
+            f"<tr><td>{k}</td><td>{num(at.get(str(k))):.3f}</td><td>"
+            f"{num(hat.get(str(k))):.3f}</td></tr>"
+        )
     width, height = 360, 180
-    body.append(f'</table><svg class="passk" width="{width}" height="{height}" viewBox="0 0 '
-                f'{width} {height}" role="img" aria-label="pass@k and pass^k">')
+    body.append(
+        f'</table><svg class="passk" width="{width}" height="{height}" viewBox="0 0 '
+        f'{width} {height}" role="img" aria-label="pass@k and pass^k">'
+    )
     x = lambda k: 30 + (k - 1) / max(len(ks) - 1, 1) * (width - 50)  # noqa: E731
     for key, values in (("at", at), ("hat", hat)):
         body.append(f'<polyline class="line-{key}" points="')
         for i, k in enumerate(ks):
-            body.append(f"{' ' * bool(i)}{x(k):.1f},"
-                        f"{height - 20 - num(values.get(str(k))) * (height - 40):.1f}")
+            body.append(
+                f"{' ' * bool(i)}{x(k):.1f},"
+                f"{height - 20 - num(values.get(str(k))) * (height - 40):.1f}"
+            )
         body.append('"/>')
     for k in ks:
-        body.append(f'<text class="axis" x="{x(k):.1f}" y="{height - 4}" text-anchor="middle">'
-                    f'k={k}</text>')
-    body.append('<text class="axis" x="4" y="14">1.0</text><text class="axis" x="4" '
-                f'y="{height - 20}">0</text></svg><p class="legend"><span class="l-input">'
-                '</span>pass@k<span class="l-output"></span>pass^k (dashed; the lines meet '
-                'where every trial passed or none did)</p>')
+        body.append(
+            f'<text class="axis" x="{x(k):.1f}" y="{height - 4}" text-anchor="middle">k={k}</text>'
+        )
+    body.append(
+        '<text class="axis" x="4" y="14">1.0</text><text class="axis" x="4" '
+        f'y="{height - 20}">0</text></svg><p class="legend"><span class="l-input">'
+        '</span>pass@k<span class="l-output"></span>pass^k (dashed; the lines meet '
+        "where every trial passed or none did)</p>"
+    )
 
 
 class Bounded(list):
@@ -3611,9 +4492,11 @@ def output_cap(input_bytes):
 
 def oversize(flag, path, input_bytes, what):
     """The one line that says an input would make an output past its cap."""
-    return UsageError(f"{flag} {path} would make {what} over {output_cap(input_bytes) >> 20} "
-                      f"MiB, {OUTPUT_FACTOR} times its {input_bytes:,} bytes: no document "
-                      "agent.py writes comes near that (docs/transcript.md); nothing was written")
+    return UsageError(
+        f"{flag} {path} would make {what} over {output_cap(input_bytes) >> 20} "
+        f"MiB, {OUTPUT_FACTOR} times its {input_bytes:,} bytes: no document "
+        "agent.py writes comes near that (docs/transcript.md); nothing was written"
+    )
 
 
 def write_report(path, output=None):
@@ -3623,23 +4506,29 @@ def write_report(path, output=None):
     document, length = read_document(path, "--report", sized=True)
     kind = document_kind(document)
     if kind not in ("a transcript", "a trials summary"):
-        raise UsageError(f"--report {path} is {kind}; it renders a transcript or a trials "
-                         "summary")
-    problem = summary_problem(document) if kind == "a trials summary" else \
-        sum_problem(document.get("turns"))
+        raise UsageError(f"--report {path} is {kind}; it renders a transcript or a trials summary")
+    problem = (
+        summary_problem(document)
+        if kind == "a trials summary"
+        else sum_problem(document.get("turns"))
+    )
     if problem:
         raise UsageError(f"--report {path} is {kind} agent.py did not write: {problem}")
     try:
-        text = trials_report(document, output_cap(length)) if kind == "a trials summary" else \
-            run_report(document, output_cap(length))
+        text = (
+            trials_report(document, output_cap(length))
+            if kind == "a trials summary"
+            else run_report(document, output_cap(length))
+        )
     except Oversize:
         raise oversize("--report", path, length, "a report")
     data = utf8(text)
     if output == "-":
         to_stdout(for_terminal(data, html=True))
         return []
-    target = OutputFile(output or Path(path).with_suffix(".html"), None, "-o", stream=True,
-                        named=output is not None)
+    target = OutputFile(
+        output or Path(path).with_suffix(".html"), None, "-o", stream=True, named=output is not None
+    )
     check_distinct([("-o", target)], [("--report", path)])
     target.put(data)
     return [str(target.path)]
@@ -3656,8 +4545,20 @@ def write_report(path, output=None):
 # make agent.py open another file of its choosing.
 
 ATIF_VERSION = "ATIF-v1.8"
-RUN_FACTS = ("run_id", "workdir", "started_at", "ended_at", "stop", "answer", "trial",
-             "cleared", "events_lost", "produced_by", "replay", "base_url")  # its extra
+RUN_FACTS = (
+    "run_id",
+    "workdir",
+    "started_at",
+    "ended_at",
+    "stop",
+    "answer",
+    "trial",
+    "cleared",
+    "events_lost",
+    "produced_by",
+    "replay",
+    "base_url",
+)  # its extra
 
 
 def export_atif(path, output):
@@ -3683,26 +4584,29 @@ def export_atif(path, output):
         inputs, seen = [(f"trial {i}'s transcript", trial_path(path, i)) for i in indexes], {}
         for flag, source in inputs:  # N names of one file would pass its cap N times
             if file_identity(source) in seen:
-                raise UsageError(f"--export {path}: {flag} {source} is the same file as "
-                                 f"{seen[file_identity(source)]}: each trial has its own")
+                raise UsageError(
+                    f"--export {path}: {flag} {source} is the same file as "
+                    f"{seen[file_identity(source)]}: each trial has its own"
+                )
             seen[file_identity(source)] = flag
         for flag, source in inputs:  # all checked before anything is written, one at a time
             made(flag, source)
         trajectories = (made(flag, source) for flag, source in list(inputs))  # then made again:
         inputs.append(("--export", path))  # what is held is one trial's, however many there are
     else:
-        raise UsageError(f"--export {path} is {kind}; it exports a transcript or a trials "
-                         "summary")
+        raise UsageError(f"--export {path} is {kind}; it exports a transcript or a trials summary")
     if output == "-":
         for t in trajectories:
             to_stdout(for_terminal(t))
         return []
     base = output or Path(path).with_suffix(".atif.json")
     names = [trial_path(base, i) for i in indexes] if indexes else [base]
-    targets = [OutputFile(name, None, "-o", stream=True, named=output is not None and not indexes)
-               for name in names]
+    targets = [
+        OutputFile(name, None, "-o", stream=True, named=output is not None and not indexes)
+        for name in names
+    ]
     check_distinct([("-o", target) for target in targets], inputs)
-    for target, t in zip(targets, trajectories):
+    for target, t in zip(targets, trajectories, strict=True):
         target.put(t)
     return [str(target.path) for target in targets]
 
@@ -3713,28 +4617,35 @@ def trial_indexes(path, summary):
     for trial in items(summary.get("trials")):
         index = trial.get("index")
         if not isinstance(index, int) or isinstance(index, bool) or index < 1:
-            raise UsageError(f"--export {path}: a trial's index is {index!r}, not a number "
-                             "from 1")
+            raise UsageError(f"--export {path}: a trial's index is {index!r}, not a number from 1")
         if trial.get("transcript") is not None:
             indexes.append(index)
     if not indexes:
-        raise UsageError(f"--export {path} is a trials summary whose trials kept no "
-                         "transcript (run --trials with --transcript PATH to keep them)")
+        raise UsageError(
+            f"--export {path} is a trials summary whose trials kept no "
+            "transcript (run --trials with --transcript PATH to keep them)"
+        )
     return indexes
 
 
 def trajectory(session):
     """One transcript as an ATIF trajectory."""
     steps, unanswered = atif_steps(session)
-    document = {"schema_version": ATIF_VERSION, "agent": atif_agent(session), "steps": steps,
-                "final_metrics": final_metrics(session, steps),
-                "extra": {k: session[k] for k in RUN_FACTS if k in session}}
+    document = {
+        "schema_version": ATIF_VERSION,
+        "agent": atif_agent(session),
+        "steps": steps,
+        "final_metrics": final_metrics(session, steps),
+        "extra": {k: session[k] for k in RUN_FACTS if k in session},
+    }
     if is_str(session.get("run_id")):
         document["session_id"] = session["run_id"]
     if unanswered:
-        document["notes"] = (f"{plural(unanswered, 'tool call')} had no result in the "
-                             "transcript (the run stopped first): each is answered 'not run' "
-                             "here, with not_in_transcript in its extra")
+        document["notes"] = (
+            f"{plural(unanswered, 'tool call')} had no result in the "
+            "transcript (the run stopped first): each is answered 'not run' "
+            "here, with not_in_transcript in its extra"
+        )
     return document
 
 
@@ -3742,11 +4653,17 @@ def atif_agent(session):
     """The agent block: agent.py, the version that wrote the transcript, its model and tools;
     its system prompt and effort in extra."""
     version = session.get("agent_version")
-    return {"name": "agent.py", "version": version if is_str(version) else "unknown",
-            "model_name": session["model"],
-            "tool_definitions": tool_definitions(items(session.get("tools"))),
-            "extra": {"system_prompt": session.get("system"), "effort": session.get("effort"),
-                      "transcript_version": session["version"]}}
+    return {
+        "name": "agent.py",
+        "version": version if is_str(version) else "unknown",
+        "model_name": session["model"],
+        "tool_definitions": tool_definitions(items(session.get("tools"))),
+        "extra": {
+            "system_prompt": session.get("system"),
+            "effort": session.get("effort"),
+            "transcript_version": session["version"],
+        },
+    }
 
 
 def atif_steps(session):
@@ -3754,8 +4671,9 @@ def atif_steps(session):
     whose observation answers every one of its tool calls (a call the transcript holds no
     result for is answered 'not run'). Returns the steps and how many calls had no result."""
     steps, turns, agent = [], list(session["turns"]), None
-    calls = {b["id"]: b for m in session["messages"] for b in m["content"]
-             if b["type"] == "tool_use"}
+    calls = {
+        b["id"]: b for m in session["messages"] for b in m["content"] if b["type"] == "tool_use"
+    }
     facts = {c.get("id"): c for t in turns for c in items(t.get("tool_calls"))}
     cleared = set(session.get("cleared") or ())
     for message in session["messages"]:
@@ -3767,10 +4685,15 @@ def atif_steps(session):
             continue
         for block in message["content"]:
             if block["type"] == "tool_result":
-                agent["observation"]["results"].append(observation_result(
-                    block, facts.get(block["tool_use_id"], {}),
-                    placeholder(block, calls)["content"] if block["tool_use_id"] in cleared
-                    else None))
+                agent["observation"]["results"].append(
+                    observation_result(
+                        block,
+                        facts.get(block["tool_use_id"], {}),
+                        placeholder(block, calls)["content"]
+                        if block["tool_use_id"] in cleared
+                        else None,
+                    )
+                )
             elif block["text"] == FINAL_TURN_NOTE:
                 steps.append({"source": "system", "message": block["text"]})
             else:
@@ -3788,8 +4711,10 @@ def agent_step(turn, content):
     request id, seconds, retries, notes...) goes into extra, with the kinds of any other
     block (redacted thinking, a server tool's) the reply held; what it kept of each tool call
     goes with the call's result."""
-    step = {"source": "agent", "message": "".join(b["text"] for b in content
-                                                  if b["type"] == "text")}
+    step = {
+        "source": "agent",
+        "message": "".join(b["text"] for b in content if b["type"] == "text"),
+    }
     if iso_time(turn.get("started_at")):
         step["timestamp"] = turn["started_at"]
     thinking = [b["thinking"] for b in content if b["type"] == "thinking"]
@@ -3797,13 +4722,16 @@ def agent_step(turn, content):
         step["reasoning_content"] = "\n\n".join(thinking)
     uses = [b for b in content if b["type"] == "tool_use"]
     if uses:
-        step["tool_calls"] = [{"tool_call_id": b["id"], "function_name": b["name"],
-                               "arguments": b["input"]} for b in uses]
+        step["tool_calls"] = [
+            {"tool_call_id": b["id"], "function_name": b["name"], "arguments": b["input"]}
+            for b in uses
+        ]
         step["observation"] = {"results": []}
     if isinstance(turn.get("usage"), dict):
         step["metrics"] = step_metrics(turn["usage"])
-    step["extra"] = {k: v for k, v in turn.items()
-                     if k not in ("usage", "started_at", "tool_calls")}
+    step["extra"] = {
+        k: v for k, v in turn.items() if k not in ("usage", "started_at", "tool_calls")
+    }
     others = [b["type"] for b in content if b["type"] not in ("text", "thinking", "tool_use")]
     if others:
         step["extra"]["other_blocks"] = others
@@ -3816,13 +4744,17 @@ def observation_result(block, facts, cleared_as=None):
     as a placeholder, cleared and that placeholder (the content is the whole result, as the
     model first saw it)."""
     content = block.get("content")
-    extra = {**{k: v for k, v in facts.items() if k not in ("id", "name")},
-             "is_error": bool(block.get("is_error"))}
+    extra = {
+        **{k: v for k, v in facts.items() if k not in ("id", "name")},
+        "is_error": bool(block.get("is_error")),
+    }
     if cleared_as is not None:
         extra.update(cleared=True, placeholder=cleared_as)
-    return {"source_call_id": block["tool_use_id"], "extra": extra,
-            "content": content if isinstance(content, str) else
-            json.dumps(content, ensure_ascii=False)}
+    return {
+        "source_call_id": block["tool_use_id"],
+        "extra": extra,
+        "content": content if isinstance(content, str) else json.dumps(content, ensure_ascii=False),
+    }
 
 
 def answer_the_rest(step, stop):
@@ -3832,9 +4764,13 @@ def answer_the_rest(step, stop):
     missing = [c for c in step.get("tool_calls", []) if c["tool_call_id"] not in answered]
     why = f"the run stopped ({stop['reason']})" if stop else "the transcript ends"
     for c in missing:
-        step["observation"]["results"].append({
-            "source_call_id": c["tool_call_id"], "content": f"not run: {why} before it ran",
-            "extra": {"is_error": True, "not_in_transcript": True}})
+        step["observation"]["results"].append(
+            {
+                "source_call_id": c["tool_call_id"],
+                "content": f"not run: {why} before it ran",
+                "extra": {"is_error": True, "not_in_transcript": True},
+            }
+        )
     return len(missing)
 
 
@@ -3842,17 +4778,24 @@ def step_metrics(usage):
     """A usage record as ATIF metrics: the prompt counts every input token, cache reads
     (cached_tokens, a part of it) and cache writes too; the writes, which ATIF has no field
     for, go into extra."""
-    return {"prompt_tokens": prompt_tokens(usage), "completion_tokens": usage["output_tokens"],
-            "cached_tokens": usage["cache_read_input_tokens"], "cost_usd": usage["cost_usd"],
-            "extra": {"cache_creation_input_tokens": usage["cache_creation_input_tokens"]}}
+    return {
+        "prompt_tokens": prompt_tokens(usage),
+        "completion_tokens": usage["output_tokens"],
+        "cached_tokens": usage["cache_read_input_tokens"],
+        "cost_usd": usage["cost_usd"],
+        "extra": {"cache_creation_input_tokens": usage["cache_creation_input_tokens"]},
+    }
 
 
 def final_metrics(session, steps):
     """The totals over every turn, as the transcript's usage counts them, and the steps."""
     totals = step_metrics(total_usage(session))
     extra = totals.pop("extra")
-    return {**{f"total_{k}": v for k, v in totals.items()}, "total_steps": len(steps),
-            "extra": extra}
+    return {
+        **{f"total_{k}": v for k, v in totals.items()},
+        "total_steps": len(steps),
+        "extra": extra,
+    }
 
 
 def iso_time(value):
@@ -3873,14 +4816,20 @@ def iso_time(value):
 # Message content and tool arguments and results are recorded only when the user opts in with
 # OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT, as the conventions ask.
 
-OTEL_INSTALL = ("--otel needs the OpenTelemetry SDK and its OTLP exporter, which {python} "
-                "cannot import: {python} -m pip install opentelemetry-sdk "
-                "opentelemetry-exporter-otlp-proto-http")
-OTEL_UV = ("--otel needs the OpenTelemetry SDK and its OTLP exporter, which uv's environment "
-           "for agent.py ({python}) cannot import: run it as uv run --with {packages} agent.py "
-           "... --otel")
+OTEL_INSTALL = (
+    "--otel needs the OpenTelemetry SDK and its OTLP exporter, which {python} "
+    "cannot import: {python} -m pip install opentelemetry-sdk "
+    "opentelemetry-exporter-otlp-proto-http"
+)
+OTEL_UV = (
+    "--otel needs the OpenTelemetry SDK and its OTLP exporter, which uv's environment "
+    "for agent.py ({python}) cannot import: run it as uv run --with {packages} agent.py "
+    "... --otel"
+)
 OTEL_GRACE = 3.0  # seconds the end of a run may wait for the last spans to reach the collector
-COLLECTOR_TIMEOUT = 10.0  # seconds one batch may take in all, unless OTEL_EXPORTER_OTLP_TIMEOUT says
+COLLECTOR_TIMEOUT = (
+    10.0  # seconds one batch may take in all, unless OTEL_EXPORTER_OTLP_TIMEOUT says
+)
 COLLECTOR_READ = 4096  # bytes of a collector's refusal read, for the reason; a success: none
 
 
@@ -3890,6 +4839,7 @@ class Telemetry:
 
     def __init__(self, provider, exporter, content=False):
         from opentelemetry import trace
+
         self.trace, self.provider, self.exporter, self.content = trace, provider, exporter, content
         self.tracer = provider.get_tracer("agent.py", AGENT_VERSION)
         self.lock, self.runs, self.failed = threading.Lock(), {}, None
@@ -3900,59 +4850,93 @@ class Telemetry:
     def start(cls, report):
         """The OTLP exporter the environment describes, or a UsageError saying what is missing."""
         if (os.environ.get("OTEL_SDK_DISABLED") or "").strip().lower() == "true":
-            raise UsageError("--otel: OTEL_SDK_DISABLED=true is set, so no span would be sent: "
-                             "unset it, or leave --otel out")
-        protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or \
-            os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
+            raise UsageError(
+                "--otel: OTEL_SDK_DISABLED=true is set, so no span would be sent: "
+                "unset it, or leave --otel out"
+            )
+        protocol = (
+            os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+            or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+            or "http/protobuf"
+        )
         try:
             from opentelemetry.sdk.resources import Resource
             from opentelemetry.sdk.trace import SpanLimits, TracerProvider
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
             if protocol == "grpc":
                 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
             elif protocol == "http/protobuf":  # agent.py's own bounded client (OTLPHTTP)
                 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
             else:
-                raise UsageError(f"--otel: OTEL_EXPORTER_OTLP_PROTOCOL {protocol!r} is not one "
-                                 "the Python exporters speak: use http/protobuf or grpc")
+                raise UsageError(
+                    f"--otel: OTEL_EXPORTER_OTLP_PROTOCOL {protocol!r} is not one "
+                    "the Python exporters speak: use http/protobuf or grpc"
+                )
         except ImportError:
             grpc = " opentelemetry-exporter-otlp-proto-grpc" if protocol == "grpc" else ""
             if os.environ.get("UV"):  # `uv run`: its environment has no pip, and is uv's to make
-                raise UsageError(OTEL_UV.format(python=sys.executable, packages=" --with ".join(
-                    ["opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http"]
-                    + grpc.split())))
+                raise UsageError(
+                    OTEL_UV.format(
+                        python=sys.executable,
+                        packages=" --with ".join(
+                            ["opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http"]
+                            + grpc.split()
+                        ),
+                    )
+                )
             raise UsageError(OTEL_INSTALL.format(python=sys.executable) + grpc)
-        where = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or \
-            (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318").rstrip(
-                "/") + "/v1/traces"
-        exporter = Counted(OTLPSpanExporter() if protocol == "grpc" else
-                           OTLPHTTP(where, encode_spans))
+        where = (
+            os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            or (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318").rstrip(
+                "/"
+            )
+            + "/v1/traces"
+        )
+        exporter = Counted(
+            OTLPSpanExporter() if protocol == "grpc" else OTLPHTTP(where, encode_spans)
+        )
         heard = logging.getLogger("opentelemetry")  # its failures: one line of ours, at the end
         heard.handlers, heard.propagate = [exporter], False
-        resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME")
-                                    or "agent.py", "service.version": AGENT_VERSION})
+        resource = Resource.create(
+            {
+                "service.name": os.environ.get("OTEL_SERVICE_NAME") or "agent.py",
+                "service.version": AGENT_VERSION,
+            }
+        )
         try:  # value lengths are cut at the door, after redaction (redacted_span), not the SDK
             limits = SpanLimits()  # the user's, from the OTEL_*_LIMIT variables
         except ValueError as e:
             raise UsageError(f"--otel: {e}")
         exporter.lengths = (limits.max_span_attribute_length, limits.max_attribute_length)
-        provider = TracerProvider(resource=resource, shutdown_on_exit=False,
-                                  span_limits=SpanLimits(max_attribute_length=SpanLimits.UNSET,
-                                                         max_span_attribute_length=SpanLimits.UNSET))
+        provider = TracerProvider(
+            resource=resource,
+            shutdown_on_exit=False,
+            span_limits=SpanLimits(
+                max_attribute_length=SpanLimits.UNSET, max_span_attribute_length=SpanLimits.UNSET
+            ),
+        )
         provider.add_span_processor(BatchSpanProcessor(exporter))
         capture = os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "")
         content = capture.strip().upper() in ("TRUE", "SPAN_ONLY", "SPAN_AND_EVENT")
         shown = server_url(where) or "the collector's URL"  # no password, no query: its keys
-        report.line(f"otel: traces to {shown} ({protocol}); message content "
-                    f"{'recorded' if content else 'not recorded'}")
+        report.line(
+            f"otel: traces to {shown} ({protocol}); message content "
+            f"{'recorded' if content else 'not recorded'}"
+        )
         root = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or ""
-        if not os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") and protocol != "grpc" \
-                and root.rstrip("/").endswith("/v1/traces"):  # as ANTHROPIC_BASE_URL's /v1 is said
+        if (
+            not os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            and protocol != "grpc"
+            and root.rstrip("/").endswith("/v1/traces")
+        ):  # as ANTHROPIC_BASE_URL's /v1 is said
             root = server_url(root) or root
-            report.error(f"note: OTEL_EXPORTER_OTLP_ENDPOINT {root} ends in /v1/traces, and "
-                         "/v1/traces is added to it: give the collector's root "
-                         f"({root.rstrip('/').removesuffix('/v1/traces')}), or the whole URL as "
-                         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            report.error(
+                f"note: OTEL_EXPORTER_OTLP_ENDPOINT {root} ends in /v1/traces, and "
+                "/v1/traces is added to it: give the collector's root "
+                f"({root.rstrip('/').removesuffix('/v1/traces')}), or the whole URL as "
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+            )
         exporter.where = shown
         return cls(provider, exporter, content)
 
@@ -3966,38 +4950,61 @@ class Telemetry:
         if self.replay:  # no model was called: every span says so
             attributes = {**attributes, "agent_py.replay": self.replay}
         context = self.trace.set_span_in_context(parent) if parent else None
-        return self.tracer.start_span(name, context=context, attributes=attributes,
-                                      kind=getattr(self.trace.SpanKind, kind))
+        return self.tracer.start_span(
+            name, context=context, attributes=attributes, kind=getattr(self.trace.SpanKind, kind)
+        )
 
     def begin(self, trial, session):
         """A run (a trial) starts: its invoke_agent span."""
         run_id = session["run_id"] + (f".{trial}" if trial else "")
         self.replay = fields(session.get("replay")).get("source")  # --replay: the recording
-        attributes = {"gen_ai.operation.name": "invoke_agent", "gen_ai.provider.name": "anthropic",
-                      "gen_ai.agent.name": "agent.py", "gen_ai.agent.version": AGENT_VERSION,
-                      "gen_ai.conversation.id": run_id, "gen_ai.request.model": session["model"]}
+        attributes = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.provider.name": "anthropic",
+            "gen_ai.agent.name": "agent.py",
+            "gen_ai.agent.version": AGENT_VERSION,
+            "gen_ai.conversation.id": run_id,
+            "gen_ai.request.model": session["model"],
+        }
         if trial:
             attributes["agent_py.trial"] = trial
         if self.content:
-            attributes.update({"input.value": redact(str(session.get("question"))),
-                               "gen_ai.system_instructions": as_json(
-                                   [{"type": "text", "content": session["system"]}]),
-                               "gen_ai.tool.definitions": as_json(tool_definitions())})
+            attributes.update(
+                {
+                    "input.value": redact(str(session.get("question"))),
+                    "gen_ai.system_instructions": as_json(
+                        [{"type": "text", "content": session["system"]}]
+                    ),
+                    "gen_ai.tool.definitions": as_json(tool_definitions()),
+                }
+            )
         with self.lock:
-            self.runs[trial] = {"span": self.span("invoke_agent agent.py", "INTERNAL", None,
-                                                  attributes),
-                                "session": session, "chat": None, "tools": {}, "retries": 0,
-                                "conversation": run_id}
+            self.runs[trial] = {
+                "span": self.span("invoke_agent agent.py", "INTERNAL", None, attributes),
+                "session": session,
+                "chat": None,
+                "tools": {},
+                "retries": 0,
+                "conversation": run_id,
+            }
 
     def turn_start(self, trial, turn):
         run = self.runs.get(trial)
         if run:
             model = run["session"]["model"]
-            run["chat"] = self.span(f"chat {model}", "CLIENT", run["span"], {
-                "gen_ai.operation.name": "chat", "gen_ai.provider.name": "anthropic",
-                "gen_ai.request.model": model, "gen_ai.request.stream": True,
-                "gen_ai.conversation.id": run["conversation"],
-                "agent_py.turn": turn})
+            run["chat"] = self.span(
+                f"chat {model}",
+                "CLIENT",
+                run["span"],
+                {
+                    "gen_ai.operation.name": "chat",
+                    "gen_ai.provider.name": "anthropic",
+                    "gen_ai.request.model": model,
+                    "gen_ai.request.stream": True,
+                    "gen_ai.conversation.id": run["conversation"],
+                    "agent_py.turn": turn,
+                },
+            )
 
     def retry(self, trial, record):
         run = self.runs.get(trial)
@@ -4011,36 +5018,60 @@ class Telemetry:
         if not run or not run["chat"]:
             return
         chat, run["chat"] = run["chat"], None
-        chat.set_attributes({**usage_attributes(record["usage"]),
-                             "gen_ai.response.finish_reasons": [str(record["stop_reason"])],
-                             "agent_py.attempts": record["attempts"],
-                             "agent_py.retries": len(record["retries"])})
-        for key, value in (("gen_ai.response.id", record.get("message_id")),
-                           ("anthropic.request.id", record.get("request_id")),
-                           (self.cost_key, record["usage"]["cost_usd"])):
+        chat.set_attributes(
+            {
+                **usage_attributes(record["usage"]),
+                "gen_ai.response.finish_reasons": [str(record["stop_reason"])],
+                "agent_py.attempts": record["attempts"],
+                "agent_py.retries": len(record["retries"]),
+            }
+        )
+        for key, value in (
+            ("gen_ai.response.id", record.get("message_id")),
+            ("anthropic.request.id", record.get("request_id")),
+            (self.cost_key, record["usage"]["cost_usd"]),
+        ):
             if value is not None:
                 chat.set_attribute(key, value)
         if self.content:
             messages = run["session"]["messages"]
             replied = record.get("in_history") is not False  # the reply is the last message
-            parts = [p for m in genai_messages(messages[-1:] if replied else []) for p in m["parts"]]
-            chat.set_attributes({
-                "gen_ai.input.messages": as_json(genai_messages(messages[:-1] if replied
-                                                                else messages)),
-                "gen_ai.output.messages": as_json([{"role": "assistant", "parts": parts,
-                                                    "finish_reason": str(record["stop_reason"])}])})
+            parts = [
+                p for m in genai_messages(messages[-1:] if replied else []) for p in m["parts"]
+            ]
+            chat.set_attributes(
+                {
+                    "gen_ai.input.messages": as_json(
+                        genai_messages(messages[:-1] if replied else messages)
+                    ),
+                    "gen_ai.output.messages": as_json(
+                        [
+                            {
+                                "role": "assistant",
+                                "parts": parts,
+                                "finish_reason": str(record["stop_reason"]),
+                            }
+                        ]
+                    ),
+                }
+            )
         chat.end()
 
     def tool_start(self, trial, block):
         run = self.runs.get(trial)
         if run:
-            attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": block["name"],
-                          "gen_ai.tool.call.id": block["id"], "gen_ai.tool.type": "function"}
+            attributes = {
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": block["name"],
+                "gen_ai.tool.call.id": block["id"],
+                "gen_ai.tool.type": "function",
+            }
             if self.content:
                 attributes["gen_ai.tool.call.arguments"] = as_json(block.get("input"))
             with self.lock:
-                run["tools"][block["id"]] = self.span(f"execute_tool {block['name']}", "INTERNAL",
-                                                      run["span"], attributes)
+                run["tools"][block["id"]] = self.span(
+                    f"execute_tool {block['name']}", "INTERNAL", run["span"], attributes
+                )
 
     def tool_end(self, trial, block, result, facts):
         run = self.runs.get(trial)
@@ -4048,8 +5079,13 @@ class Telemetry:
             span = run and run["tools"].pop(block["id"], None)
         if not span:
             return  # a result withheld for the turn's budget comes after its span ended
-        span.set_attributes({"agent_py.is_error": bool(result.get("is_error")),
-                             "agent_py.declined": facts["declined"], "agent_py.bytes": size(result)})
+        span.set_attributes(
+            {
+                "agent_py.is_error": bool(result.get("is_error")),
+                "agent_py.declined": facts["declined"],
+                "agent_py.bytes": size(result),
+            }
+        )
         if facts["exit_code"] is not None:
             span.set_attribute("agent_py.exit_code", facts["exit_code"])
         if self.content:
@@ -4069,10 +5105,15 @@ class Telemetry:
                 self.failed_span(open_span, stop.reason)
                 open_span.end()
         span = run["span"]
-        span.set_attributes({**usage_attributes(session["usage"]), "agent_py.stop": stop.reason,
-                             "agent_py.exit_code": stop.exit_code,
-                             "agent_py.turns": len(session["turns"]),
-                             "agent_py.retries": run["retries"] + len(stop.retries)})
+        span.set_attributes(
+            {
+                **usage_attributes(session["usage"]),
+                "agent_py.stop": stop.reason,
+                "agent_py.exit_code": stop.exit_code,
+                "agent_py.turns": len(session["turns"]),
+                "agent_py.retries": run["retries"] + len(stop.retries),
+            }
+        )
         if session["usage"]["cost_usd"] is not None:
             span.set_attribute(self.cost_key, session["usage"]["cost_usd"])
         if self.content and session.get("answer"):
@@ -4099,12 +5140,21 @@ class Telemetry:
         started = next(self.started) - 1
         lost = started - self.exporter.sent
         if self.failed or lost:
-            why = "interrupted by Ctrl-C while they were sent" if interrupted and lost else \
-                self.failed or self.exporter.why or (
-                f"no answer within {OTEL_GRACE:g} s" if ending.is_alive()
-                else "the collector refused them")
-            report.error(f"agent.py: --otel: {lost} of {plural(started, 'span')} did not reach "
-                         f"the collector at {self.exporter.where} ({why})")
+            why = (
+                "interrupted by Ctrl-C while they were sent"
+                if interrupted and lost
+                else self.failed
+                or self.exporter.why
+                or (
+                    f"no answer within {OTEL_GRACE:g} s"
+                    if ending.is_alive()
+                    else "the collector refused them"
+                )
+            )
+            report.error(
+                f"agent.py: --otel: {lost} of {plural(started, 'span')} did not reach "
+                f"the collector at {self.exporter.where} ({why})"
+            )
 
 
 class Counted(logging.Handler):
@@ -4120,8 +5170,11 @@ class Counted(logging.Handler):
 
     def export(self, spans):
         try:
-            result = self.inner.export([redacted_span(s, *self.lengths) for s in spans]
-                                       if SECRETS or any(self.lengths) else spans)
+            result = self.inner.export(
+                [redacted_span(s, *self.lengths) for s in spans]
+                if SECRETS or any(self.lengths)
+                else spans
+            )
         except CollectorError as e:
             result, self.why = None, str(e)
         except Exception as e:
@@ -4155,19 +5208,31 @@ def redacted_span(span, length=None, others=None):
     def scrub(attributes, width=others):
         def cut(text):
             return redact(text) if width is None else shorten(text, width) if width else ""
-        return {redact(k): cut(v) if isinstance(v, str) else tuple(
-            cut(x) if isinstance(x, str) else x for x in v) if isinstance(v, (tuple, list))
-            else v for k, v in (attributes or {}).items()}
+
+        return {
+            redact(k): cut(v)
+            if isinstance(v, str)
+            else tuple(cut(x) if isinstance(x, str) else x for x in v)
+            if isinstance(v, (tuple, list))
+            else v
+            for k, v in (attributes or {}).items()
+        }
 
     status = span.status
     return ReadableSpan(
-        name=redact(span.name), context=span.context, parent=span.parent,
-        resource=span.resource, attributes=scrub(span.attributes, length), kind=span.kind,
+        name=redact(span.name),
+        context=span.context,
+        parent=span.parent,
+        resource=span.resource,
+        attributes=scrub(span.attributes, length),
+        kind=span.kind,
         events=[Event(redact(e.name), scrub(e.attributes), e.timestamp) for e in span.events],
         links=[Link(link.context, scrub(link.attributes)) for link in span.links],
         status=Status(status.status_code, status.description and redact(status.description)),
-        start_time=span.start_time, end_time=span.end_time,
-        instrumentation_scope=span.instrumentation_scope)
+        start_time=span.start_time,
+        end_time=span.end_time,
+        instrumentation_scope=span.instrumentation_scope,
+    )
 
 
 class CollectorError(Exception):
@@ -4192,104 +5257,157 @@ class OTLPHTTP:
     _CLIENT_CERTIFICATE and _CLIENT_KEY, and the proxy variables (HTTPS_PROXY, NO_PROXY)."""
 
     def __init__(self, url, encode):
-        from opentelemetry.util.re import parse_env_headers
         import urllib.request
 
+        from opentelemetry.util.re import parse_env_headers
+
         def setting(name):
-            return os.environ.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}") or \
-                os.environ.get(f"OTEL_EXPORTER_OTLP_{name}")
+            return os.environ.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}") or os.environ.get(
+                f"OTEL_EXPORTER_OTLP_{name}"
+            )
 
         self.url, self.encode, self.stopped = urllib.parse.urlsplit(url), encode, threading.Event()
         if self.url.scheme not in ("http", "https") or not self.url.hostname:
             raise UsageError(f"--otel: the collector {url!r} is not an http(s) URL with a host")
-        named = "OTEL_EXPORTER_OTLP_TRACES_HEADERS" if os.environ.get(
-            "OTEL_EXPORTER_OTLP_TRACES_HEADERS") else "OTEL_EXPORTER_OTLP_HEADERS"
+        named = (
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS"
+            if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS")
+            else "OTEL_EXPORTER_OTLP_HEADERS"
+        )
         pairs = (setting("HEADERS") or "").split(",")
         for i, pair in enumerate(pairs):  # the SDK would print a bad one whole: a secret
             if pair.strip() and "=" not in pair:
-                raise UsageError(f"--otel: {named} is not a comma-separated list of name=value "
-                                 f"(item {i + 1} of {len(pairs)} has no =: a header written "
-                                 "\"Name: value\"?); its values are not shown")
+                raise UsageError(
+                    f"--otel: {named} is not a comma-separated list of name=value "
+                    f"(item {i + 1} of {len(pairs)} has no =: a header written "
+                    '"Name: value"?); its values are not shown'
+                )
             if pair.strip() and not OTLP_HEADER.fullmatch(pair):  # what the SDK parses
-                said = "no name before its =" if not pair.split("=")[0].strip() else \
-                    "a character a header name or value cannot hold"
-                raise UsageError(f"--otel: {named} is not a comma-separated list of name=value "
-                                 f"(item {i + 1} of {len(pairs)} has {said}); its values are not "
-                                 "shown")
-        self.headers = {**parse_env_headers(setting("HEADERS") or "", liberal=True),
-                        "Content-Type": "application/x-protobuf"}
+                said = (
+                    "no name before its ="
+                    if not pair.split("=")[0].strip()
+                    else "a character a header name or value cannot hold"
+                )
+                raise UsageError(
+                    f"--otel: {named} is not a comma-separated list of name=value "
+                    f"(item {i + 1} of {len(pairs)} has {said}); its values are not "
+                    "shown"
+                )
+        self.headers = {
+            **parse_env_headers(setting("HEADERS") or "", liberal=True),
+            "Content-Type": "application/x-protobuf",
+        }
         self.compression = (setting("COMPRESSION") or "none").strip().lower()
         if self.compression not in ("none", "gzip", "deflate"):
-            raise UsageError(f"--otel: OTEL_EXPORTER_OTLP_COMPRESSION {self.compression!r} is "
-                             "not none, gzip or deflate")
+            raise UsageError(
+                f"--otel: OTEL_EXPORTER_OTLP_COMPRESSION {self.compression!r} is "
+                "not none, gzip or deflate"
+            )
         if self.compression != "none":
             self.headers["Content-Encoding"] = self.compression
         try:
             self.timeout = float(setting("TIMEOUT") or COLLECTOR_TIMEOUT)
         except ValueError:
-            raise UsageError(f"--otel: OTEL_EXPORTER_OTLP_TIMEOUT {setting('TIMEOUT')!r} is not "
-                             "a number of seconds")
+            raise UsageError(
+                f"--otel: OTEL_EXPORTER_OTLP_TIMEOUT {setting('TIMEOUT')!r} is not "
+                "a number of seconds"
+            )
         self.context = None
         if self.url.scheme == "https":
             import ssl
+
             try:
                 self.context = ssl.create_default_context(cafile=setting("CERTIFICATE"))
                 if setting("CLIENT_CERTIFICATE"):
-                    self.context.load_cert_chain(setting("CLIENT_CERTIFICATE"),
-                                                 setting("CLIENT_KEY"))
+                    self.context.load_cert_chain(
+                        setting("CLIENT_CERTIFICATE"), setting("CLIENT_KEY")
+                    )
             except (OSError, ssl.SSLError) as e:
-                raise UsageError(f"--otel: the certificates OTEL_EXPORTER_OTLP_*CERTIFICATE or "
-                                 f"_CLIENT_KEY name cannot be used: {e}")
-        proxy = None if urllib.request.proxy_bypass(self.url.hostname) else \
-            urllib.request.getproxies().get(self.url.scheme)
+                raise UsageError(
+                    f"--otel: the certificates OTEL_EXPORTER_OTLP_*CERTIFICATE or "
+                    f"_CLIENT_KEY name cannot be used: {e}"
+                )
+        proxy = (
+            None
+            if urllib.request.proxy_bypass(self.url.hostname)
+            else urllib.request.getproxies().get(self.url.scheme)
+        )
         self.proxy = urllib.parse.urlsplit(proxy) if proxy else None
         self.connection = None  # the POST under way, for shutdown to cut
 
     def export(self, spans):
-        from opentelemetry.sdk.trace.export import SpanExportResult
         import gzip
         import http.client
         import zlib
+
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
         body = self.encode(spans).SerializeToString()
-        body = {"gzip": gzip.compress, "deflate": zlib.compress}.get(
-            self.compression, lambda b: b)(body)
+        body = {"gzip": gzip.compress, "deflate": zlib.compress}.get(self.compression, lambda b: b)(
+            body
+        )
         deadline = time.monotonic() + self.timeout
         for wait_after in (1.0, 2.0, None):
             try:
                 status, reason = self.post(body, deadline)
             except (OSError, http.client.HTTPException) as e:  # refused, reset, malformed
                 if self.stopped.is_set():  # the run ended, and its grace with it
-                    raise CollectorError(f"no whole answer within {OTEL_GRACE:g} s of the "
-                                         "run's end")
+                    raise CollectorError(
+                        f"no whole answer within {OTEL_GRACE:g} s of the run's end"
+                    )
                 if time.monotonic() >= deadline:
                     raise CollectorError(f"no whole answer within {self.timeout:g} s")
-                status, reason = None, f"[Errno {e.errno}] {e.strerror}" if getattr(
-                    e, "errno", None) else shorten(f"{type(e).__name__}: {e}", 160)
+                status, reason = (
+                    None,
+                    f"[Errno {e.errno}] {e.strerror}"
+                    if getattr(e, "errno", None)
+                    else shorten(f"{type(e).__name__}: {e}", 160),
+                )
                 logging.getLogger("opentelemetry.agent_py").warning(reason)  # the why, so far
             if status is not None and 200 <= status < 300:
                 return SpanExportResult.SUCCESS
-            if status in (None, 429, 502, 503, 504) and wait_after and \
-                    time.monotonic() + wait_after < deadline and not self.stopped.wait(wait_after):
+            if (
+                status in (None, 429, 502, 503, 504)
+                and wait_after
+                and time.monotonic() + wait_after < deadline
+                and not self.stopped.wait(wait_after)
+            ):
                 continue
             raise CollectorError(reason)
 
     def post(self, body, deadline):
         """One POST: (status, the reason in words), within `deadline`."""
         import http.client
+
         host, port = self.url.hostname, self.url.port or (443 if self.context else 80)
-        target, headers = urllib.parse.urlunsplit(("", "", self.url.path or "/", self.url.query,
-                                                   "")), dict(self.headers)
+        target, headers = (
+            urllib.parse.urlunsplit(("", "", self.url.path or "/", self.url.query, "")),
+            dict(self.headers),
+        )
         via = (self.proxy.hostname, self.proxy.port or 80) if self.proxy else (host, port)
         left = deadline - time.monotonic()
-        connection = http.client.HTTPSConnection(*via, timeout=left, context=self.context) \
-            if self.context else http.client.HTTPConnection(*via, timeout=left)
+        connection = (
+            http.client.HTTPSConnection(*via, timeout=left, context=self.context)
+            if self.context
+            else http.client.HTTPConnection(*via, timeout=left)
+        )
         if self.proxy and self.proxy.username:
             import base64
-            headers["Proxy-Authorization"] = "Basic " + base64.b64encode(urllib.parse.unquote(
-                f"{self.proxy.username}:{self.proxy.password or ''}").encode()).decode()
+
+            headers["Proxy-Authorization"] = (
+                "Basic "
+                + base64.b64encode(
+                    urllib.parse.unquote(
+                        f"{self.proxy.username}:{self.proxy.password or ''}"
+                    ).encode()
+                ).decode()
+            )
         if self.proxy and self.context:  # https through the proxy: a tunnel, headers to it
-            connection.set_tunnel(host, port, headers={k: headers.pop(k) for k in list(
-                headers) if k == "Proxy-Authorization"})
+            connection.set_tunnel(
+                host,
+                port,
+                headers={k: headers.pop(k) for k in list(headers) if k == "Proxy-Authorization"},
+            )
         elif self.proxy:
             target = self.url.geturl()
         self.connection, late = connection, threading.Event()
@@ -4304,8 +5422,13 @@ class OTLPHTTP:
             if 200 <= answer.status < 300:
                 return answer.status, None
             excerpt = one_line(answer.read(COLLECTOR_READ).decode("utf-8", "replace"), 100)
-            what = "a redirect to " + one_line(answer.getheader("Location", "?"), 100) + \
-                ", not followed" if 300 <= answer.status < 400 else excerpt or "no reason"
+            what = (
+                "a redirect to "
+                + one_line(answer.getheader("Location", "?"), 100)
+                + ", not followed"
+                if 300 <= answer.status < 400
+                else excerpt or "no reason"
+            )
             return answer.status, f"the collector answered {answer.status} ({what})"
         finally:
             cut.cancel()
@@ -4336,17 +5459,27 @@ def as_json(value):
 def usage_attributes(usage):
     """A usage record as the conventions count it for Anthropic: input tokens include the
     cache's reads and writes, which also get attributes of their own."""
-    return {"gen_ai.usage.input_tokens": usage["input_tokens"] + usage[
-                "cache_read_input_tokens"] + usage["cache_creation_input_tokens"],
-            "gen_ai.usage.output_tokens": usage["output_tokens"],
-            "gen_ai.usage.cache_read.input_tokens": usage["cache_read_input_tokens"],
-            "gen_ai.usage.cache_creation.input_tokens": usage["cache_creation_input_tokens"]}
+    return {
+        "gen_ai.usage.input_tokens": usage["input_tokens"]
+        + usage["cache_read_input_tokens"]
+        + usage["cache_creation_input_tokens"],
+        "gen_ai.usage.output_tokens": usage["output_tokens"],
+        "gen_ai.usage.cache_read.input_tokens": usage["cache_read_input_tokens"],
+        "gen_ai.usage.cache_creation.input_tokens": usage["cache_creation_input_tokens"],
+    }
 
 
 def tool_definitions(tools=TOOLS):
     """Tools in the OpenAI function form both the conventions and ATIF use."""
-    return [{"type": "function", "name": t.get("name"), "description": t.get("description"),
-             "parameters": t.get("input_schema")} for t in tools]
+    return [
+        {
+            "type": "function",
+            "name": t.get("name"),
+            "description": t.get("description"),
+            "parameters": t.get("input_schema"),
+        }
+        for t in tools
+    ]
 
 
 def genai_messages(messages):
@@ -4362,17 +5495,33 @@ def genai_messages(messages):
             elif kind == "thinking":
                 parts.append({"type": "reasoning", "content": b["thinking"]})
             elif kind == "tool_use":
-                parts.append({"type": "tool_call", "id": b["id"], "name": b["name"],
-                              "arguments": b.get("input")})
+                parts.append(
+                    {
+                        "type": "tool_call",
+                        "id": b["id"],
+                        "name": b["name"],
+                        "arguments": b.get("input"),
+                    }
+                )
             elif kind == "tool_result":
-                results.append({"role": "tool", "parts": [{"type": "tool_call_response",
-                                                           "id": b["tool_use_id"],
-                                                           "response": b.get("content")}]})
+                results.append(
+                    {
+                        "role": "tool",
+                        "parts": [
+                            {
+                                "type": "tool_call_response",
+                                "id": b["tool_use_id"],
+                                "response": b.get("content"),
+                            }
+                        ],
+                    }
+                )
         out += results + ([{"role": m["role"], "parts": parts}] if parts else [])
     return out
 
 
 # --- Terminal: progress on stderr, text made visible ---
+
 
 def plural(n, word):
     return f"{n} {word}{'s' * (n != 1)}"
@@ -4383,18 +5532,27 @@ def plural(n, word):
 # surrogates (which no terminal encoding can carry), and every default-ignorable code point:
 # zero-width characters, the soft hyphen, variation selectors, tag characters, the BOM, the
 # Hangul and braille fillers.
-INVISIBLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\xad\u034f\u061c\u115f\u1160\u17b4\u17b5"
-                       "\u180b-\u180f\u200b-\u200f\u2028-\u202e\u2060-\u206f\u2800\u3164"
-                       "\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8\ud800-\udfff\U0001bca0-\U0001bca3"
-                       "\U0001d173-\U0001d17a\U000e0000-\U000e0fff]")
+INVISIBLE = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\xad\u034f\u061c\u115f\u1160\u17b4\u17b5"
+    "\u180b-\u180f\u200b-\u200f\u2028-\u202e\u2060-\u206f\u2800\u3164"
+    "\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8\ud800-\udfff\U0001bca0-\U0001bca3"
+    "\U0001d173-\U0001d17a\U000e0000-\U000e0fff]"
+)
 
 
 def visible(text):
     """Text for a terminal: what would move the cursor, clear or reorder it, or hide in it, is
     shown escaped."""
-    return INVISIBLE.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100
-                         else f"\\u{ord(m[0]):04x}" if ord(m[0]) < 0x10000
-                         else f"\\U{ord(m[0]):08x}", text)
+    return INVISIBLE.sub(
+        lambda m: (
+            f"\\x{ord(m[0]):02x}"
+            if ord(m[0]) < 0x100
+            else f"\\u{ord(m[0]):04x}"
+            if ord(m[0]) < 0x10000
+            else f"\\U{ord(m[0]):08x}"
+        ),
+        text,
+    )
 
 
 def for_terminal(data, html=False, terminal=None):
@@ -4406,8 +5564,9 @@ def for_terminal(data, html=False, terminal=None):
     if not (sys.stdout.isatty() if terminal is None else terminal):
         return data
     text = data.decode("utf-8", "surrogateescape")
-    escape = (lambda m: f"&#x{ord(m[0]):x};") if html else \
-        (lambda m: json.dumps(m[0])[1:-1])  # only inside JSON strings can such a character be
+    escape = (
+        (lambda m: f"&#x{ord(m[0]):x};") if html else (lambda m: json.dumps(m[0])[1:-1])
+    )  # only inside JSON strings can such a character be
     return INVISIBLE.sub(escape, text).encode("utf-8", "surrogateescape")
 
 
@@ -4416,9 +5575,11 @@ def for_terminal(data, html=False, terminal=None):
 # the kana drawn like a Han character or like each other (エ 工, カ 力, タ 夕, ト 卜, ニ 二, ハ 八,
 # ロ 口, ー 一, ヘ へ), nor the compatibility ideographs that copy unified ones, nor the brackets
 # drawn like the question's own escape brackets ⟦ ⟧ (〘 〙 〚 〛).
-READABLE = re.compile("[\u3001-\u3003\u3008-\u3011\u3014-\u3017\u3041-\u3096\u30a1-\u30fa"
-                      "\u30fd\u30fe\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7a3\uff01\uff08\uff09"
-                      "\uff0c\uff1a\uff1b\uff1f\U00020000-\U0003134f]")
+READABLE = re.compile(
+    "[\u3001-\u3003\u3008-\u3011\u3014-\u3017\u3041-\u3096\u30a1-\u30fa"
+    "\u30fd\u30fe\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7a3\uff01\uff08\uff09"
+    "\uff0c\uff1a\uff1b\uff1f\U00020000-\U0003134f]"
+)
 LOOKALIKE_KANA = set("エカタトニハロヘベペ")
 SHOWN_AS = {"\t": "\u2409", " ": "\u2420"}  # a tab, and a space that ends a line: ␉ and ␠
 
@@ -4467,8 +5628,11 @@ def approval_question(code, rows, columns, unconfined=None):
     `unconfined`: why the sandbox is unavailable, which the question itself then says (a y runs
     the code as the user, -q or not)."""
     lines, named = shown_code(code)
-    legend = [f"  \u27e6U+{ord(ch):04X}\u27e7 is {unicodedata.name(ch, 'an unnamed character')}"
-              f"{f' ({n} times)' if n > 1 else ''}" for ch, n in sorted(named.items())]
+    legend = [
+        f"  \u27e6U+{ord(ch):04X}\u27e7 is {unicodedata.name(ch, 'an unnamed character')}"
+        f"{f' ({n} times)' if n > 1 else ''}"
+        for ch, n in sorted(named.items())
+    ]
     if len(legend) > 12:
         legend = legend[:11] + [f"  and {len(legend) - 11} more characters shown by code point"]
     who = f"[trial {TRIAL.index}] " if getattr(TRIAL, "index", None) else ""  # --trials
@@ -4477,12 +5641,16 @@ def approval_question(code, rows, columns, unconfined=None):
     tall = sum(max(1, -(-display_width(line) // max(columns, 20))) for line in body)
     text = "\n" + head + "\n" + "\n".join(body) + "\n"
     if tall + 3 > rows:  # the header has scrolled away: say it again, with what is off screen
-        text += (f"--- run_python wants to run the {plural(len(lines), 'line')} above; "
-                 f"{plural(tall + 3 - rows, 'row')} of them scrolled off the top of the screen "
-                 "(scroll up to read them) ---\n")
+        text += (
+            f"--- run_python wants to run the {plural(len(lines), 'line')} above; "
+            f"{plural(tall + 3 - rows, 'row')} of them scrolled off the top of the screen "
+            "(scroll up to read them) ---\n"
+        )
     if unconfined:
-        return text + (f"--- {who}run it UNCONFINED, as you, with your files and network (no "
-                       f"sandbox: {shorten(unconfined, 60)})? [y/N] ")
+        return text + (
+            f"--- {who}run it UNCONFINED, as you, with your files and network (no "
+            f"sandbox: {shorten(unconfined, 60)})? [y/N] "
+        )
     return text + f"--- {who}run it? [y/N] "
 
 
@@ -4494,8 +5662,11 @@ def styled(stream=None):
     """True when `stream` (stderr) is a terminal agent.py may style: never a file or a pipe,
     nor a terminal with NO_COLOR set (no-color.org) or TERM=dumb."""
     try:
-        return (stream or sys.stderr).isatty() and not os.environ.get("NO_COLOR") and \
-            os.environ.get("TERM") != "dumb"
+        return (
+            (stream or sys.stderr).isatty()
+            and not os.environ.get("NO_COLOR")
+            and os.environ.get("TERM") != "dumb"
+        )
     except (AttributeError, ValueError):
         return False
 
@@ -4505,8 +5676,10 @@ def dimmed(text, stream=None):
     model wrote; the code in an approval question (its numbered lines) stays as it is."""
     if not styled(stream):
         return text
-    return "\n".join(f"{DIM}{line}{UNDIM}" if line and not CODE_LINE.match(line) else line
-                     for line in text.split("\n"))
+    return "\n".join(
+        f"{DIM}{line}{UNDIM}" if line and not CODE_LINE.match(line) else line
+        for line in text.split("\n")
+    )
 
 
 def consent_question(source, taken, columns):
@@ -4517,10 +5690,14 @@ def consent_question(source, taken, columns):
     However the file is made, the question takes at most 12 rows below the user's own path,
     and every line the user answers is agent.py's."""
     rows = [f"{quoted(source)} asks to go on with its own:"]  # the user's own path, in full
-    rows += [fitted(f"  {label} ", value, note, columns, 6 if label == "workdir" else 1)
-             for label, value, note in taken]
-    return "\n".join(rows) + ("\nA transcript is only a file, which anything could have "
-                              f"written.\nGo on with {'it' if len(rows) == 2 else 'them'}? [y/N] ")
+    rows += [
+        fitted(f"  {label} ", value, note, columns, 6 if label == "workdir" else 1)
+        for label, value, note in taken
+    ]
+    return "\n".join(rows) + (
+        "\nA transcript is only a file, which anything could have "
+        f"written.\nGo on with {'it' if len(rows) == 2 else 'them'}? [y/N] "
+    )
 
 
 def quoted(text):
@@ -4538,7 +5715,7 @@ def fitted(before, text, after, columns, rows=1):
         while True:
             marker = f"…[{cut:,} characters not shown]…"
             half = (room - display_width(marker)) // 2
-            head, tail = shown[:half], shown[len(shown) - half:]
+            head, tail = shown[:half], shown[len(shown) - half :]
             while display_width(head) > half:
                 head = head[:-1]
             while display_width(tail) > half:
@@ -4567,8 +5744,9 @@ class Reporter:
 
     lock = threading.Lock()
 
-    def __init__(self, quiet=False, prefix="", stream=None, events=None, trial=None,
-                 telemetry=None):
+    def __init__(
+        self, quiet=False, prefix="", stream=None, events=None, trial=None, telemetry=None
+    ):
         self.quiet, self.prefix, self.stream = quiet, prefix, stream or sys.stderr
         self.events, self.trial, self.turn_no = events, trial, None
         self.telemetry = telemetry  # --otel: the same moments as spans
@@ -4618,7 +5796,7 @@ class Reporter:
         whatever the text holds: a line break in it (a name a file or a server gave) is shown as
         \\n, so no line can pass for one of agent.py's own."""
         self.flush_text()
-        shown = visible(text).replace(chr(10), chr(92) + 'n')
+        shown = visible(text).replace(chr(10), chr(92) + "n")
         shown = shown if plain or not self.dim else f"{DIM}{shown}{UNDIM}"
         self.write(f"{self.prefix}{shown}\n", always)
 
@@ -4673,8 +5851,10 @@ class Reporter:
         self.trace("turn_start", turn)
 
     def retry(self, record, attempts):
-        self.line(f"retrying in {record['delay']:.1f}s (attempt {record['attempt'] + 1} of "
-                  f"{attempts}): {record['error']}")
+        self.line(
+            f"retrying in {record['delay']:.1f}s (attempt {record['attempt'] + 1} of "
+            f"{attempts}): {record['error']}"
+        )
         self.emit("api.retry", turn=self.turn_no, **record)
         self.trace("retry", record)
 
@@ -4682,36 +5862,67 @@ class Reporter:
         """The progress line once a reply is in: tokens, cache, cost, time."""
         u = r["usage"]
         cost = " · cost unknown" if u["cost_usd"] is None else f" · ${u['cost_usd']:.6f}"
-        self.line(f"turn {r['turn']}: {r['stop_reason']} · in {u['input_tokens']} "
-                  f"(cache write {u['cache_creation_input_tokens']}, read "
-                  f"{u['cache_read_input_tokens']}) · out {u['output_tokens']}{cost} · "
-                  f"{r['seconds']:.1f}s")
+        self.line(
+            f"turn {r['turn']}: {r['stop_reason']} · in {u['input_tokens']} "
+            f"(cache write {u['cache_creation_input_tokens']}, read "
+            f"{u['cache_read_input_tokens']}) · out {u['output_tokens']}{cost} · "
+            f"{r['seconds']:.1f}s"
+        )
         self.trace("reply", r)
 
     def turn_end(self, r):
-        self.emit("turn.end", turn=r["turn"], stop_reason=r["stop_reason"], usage=r["usage"],
-                  request_id=r["request_id"], attempts=r["attempts"], seconds=r["seconds"],
-                  api_seconds=r["api_seconds"], tool_calls=len(r["tool_calls"]),
-                  notes=r["notes"])
+        self.emit(
+            "turn.end",
+            turn=r["turn"],
+            stop_reason=r["stop_reason"],
+            usage=r["usage"],
+            request_id=r["request_id"],
+            attempts=r["attempts"],
+            seconds=r["seconds"],
+            api_seconds=r["api_seconds"],
+            tool_calls=len(r["tool_calls"]),
+            notes=r["notes"],
+        )
 
     def tool_start(self, block):
-        self.emit("tool.start", turn=self.turn_no, id=block["id"], name=block["name"],
-                  input=block.get("input"))
+        self.emit(
+            "tool.start",
+            turn=self.turn_no,
+            id=block["id"],
+            name=block["name"],
+            input=block.get("input"),
+        )
         self.trace("tool_start", block)
 
     def tool(self, block, result, seconds, facts):
         args = shorten(json.dumps(block.get("input"), ensure_ascii=False), 100)
         lines = result["content"].strip().splitlines() if result.get("is_error") else []
         if lines and lines[-1] == "--- stderr ---":  # nothing on stderr: how the script ended
-            lines = [f"exit code {facts['exit_code']}" if facts.get("exit_code") is not None
-                     else lines[0].split(";")[0]]
-        outcome = "error: " + shorten(lines[-1], 100) if lines else "error" if result.get(
-            "is_error") else "ok"
+            lines = [
+                f"exit code {facts['exit_code']}"
+                if facts.get("exit_code") is not None
+                else lines[0].split(";")[0]
+            ]
+        outcome = (
+            "error: " + shorten(lines[-1], 100)
+            if lines
+            else "error"
+            if result.get("is_error")
+            else "ok"
+        )
         self.line(f"  {block['name']} {args} -> {outcome} ({seconds:.2f}s)")
-        self.emit("tool.end", turn=self.turn_no, id=block["id"], name=block["name"],
-                  is_error=bool(result.get("is_error")), declined=facts["declined"],
-                  exit_code=facts["exit_code"], bytes=size(result), seconds=round(seconds, 3),
-                  withheld=facts.get("withheld", False))
+        self.emit(
+            "tool.end",
+            turn=self.turn_no,
+            id=block["id"],
+            name=block["name"],
+            is_error=bool(result.get("is_error")),
+            declined=facts["declined"],
+            exit_code=facts["exit_code"],
+            bytes=size(result),
+            seconds=round(seconds, 3),
+            withheld=facts.get("withheld", False),
+        )
         self.trace("tool_end", block, result, facts)
 
 
@@ -4724,8 +5935,13 @@ LIBC = ctypes.CDLL(None, use_errno=True)
 def openat2(dir_fd, path, flags, resolve):
     """openat2(2) through ctypes (Linux 5.6+): the kernel resolves `path` under `resolve` rules."""
     how = struct.pack("QQQ", flags, 0, resolve)
-    fd = LIBC.syscall(ctypes.c_long(437), ctypes.c_long(dir_fd), os.fsencode(path),
-                      ctypes.c_char_p(how), ctypes.c_long(len(how)))
+    fd = LIBC.syscall(
+        ctypes.c_long(437),
+        ctypes.c_long(dir_fd),
+        os.fsencode(path),
+        ctypes.c_char_p(how),
+        ctypes.c_long(len(how)),
+    )
     if fd < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), path)
@@ -4733,16 +5949,20 @@ def openat2(dir_fd, path, flags, resolve):
 
 
 def outside(path, target, workdir):
-    return ToolError(f"refused: {path!r} resolves to {target}, outside the working directory "
-                     f"{workdir}. Only files inside it can be read; do not try to reach it "
-                     "another way, ask the user.")
+    return ToolError(
+        f"refused: {path!r} resolves to {target}, outside the working directory "
+        f"{workdir}. Only files inside it can be read; do not try to reach it "
+        "another way, ask the user."
+    )
 
 
 def open_inside(ctx, path):
     """An O_PATH descriptor of `path`, resolved by the kernel without ever leaving the workdir."""
     if "\0" in path or not path:
-        raise ToolError(f"{path!r} is not a usable path (empty, or with a NUL byte); give the "
-                        "file's path relative to the working directory.")
+        raise ToolError(
+            f"{path!r} is not a usable path (empty, or with a NUL byte); give the "
+            "file's path relative to the working directory."
+        )
     workdir = ctx.workdir
     relative = os.path.relpath(path, workdir) if os.path.isabs(path) else path
     if os.path.normpath(relative).split(os.sep)[0] == "..":  # leaves it by its very spelling
@@ -4760,11 +5980,17 @@ def open_inside(ctx, path):
                 target = os.path.realpath(os.path.join(workdir, relative))
                 if not Path(target).is_relative_to(workdir):
                     raise outside(path, target, workdir)
-                fd = openat2(ctx.workdir_fd, os.path.relpath(target, workdir), flags,
-                             RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
+                fd = openat2(
+                    ctx.workdir_fd,
+                    os.path.relpath(target, workdir),
+                    flags,
+                    RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
+                )
     except FileNotFoundError:
-        raise ToolError(f"{path!r} does not exist. List the files with run_python, e.g. "
-                        "print(sorted(os.listdir('.'))) or os.walk('.') for subdirectories.")
+        raise ToolError(
+            f"{path!r} does not exist. List the files with run_python, e.g. "
+            "print(sorted(os.listdir('.'))) or os.walk('.') for subdirectories."
+        )
     except OSError as e:
         raise ToolError(f"cannot open {path!r}: {e.strerror}.")
     try:  # checked again on the descriptor: whatever was swapped in, this is what was opened
@@ -4791,7 +6017,7 @@ def read_window(fd, path, offset, limit, max_bytes):
             if line >= offset:
                 room = max_bytes - len(kept)
                 if end - start > room:  # this line does not fit: keep what does, stop there
-                    kept += chunk[start:start + room]
+                    kept += chunk[start : start + room]
                     cut_line, last = room > 0, line if room > 0 else last
                     break
                 kept += chunk[start:end]
@@ -4810,15 +6036,19 @@ def read_window(fd, path, offset, limit, max_bytes):
         text = kept.decode("utf-8")
     except UnicodeDecodeError as e:
         if not (cut_line and e.reason == "unexpected end of data"):
-            raise ToolError(f"{path!r} is not UTF-8 text (bad byte at offset {e.start} of the "
-                            "lines read); if it is binary, inspect it with run_python.")
+            raise ToolError(
+                f"{path!r} is not UTF-8 text (bad byte at offset {e.start} of the "
+                "lines read); if it is binary, inspect it with run_python."
+            )
         text = kept[: e.start].decode("utf-8")
     if cut_line:  # a secret cut in two here would be found whole in neither part: cut it out
-        text = text[:len(text) - secret_start(text, least=8)]
+        text = text[: len(text) - secret_start(text, least=8)]
     if last < total or cut_line:
         more = f" (line {last} cut at {max_bytes} bytes)" if cut_line else ""
-        text += (f"\n[read_file: lines {offset}-{last} of {total}{more}; "
-                 f"call read_file with offset={last + 1} to continue]")
+        text += (
+            f"\n[read_file: lines {offset}-{last} of {total}{more}; "
+            f"call read_file with offset={last + 1} to continue]"
+        )
     return text
 
 
@@ -4841,10 +6071,12 @@ def read_window(fd, path, offset, limit, max_bytes):
 # Landlock (files, TCP, signals) and by a seccomp filter (the syscalls that act on the host, other
 # processes or the kernel). What it may do is one value:
 
+
 @dataclass(frozen=True)
 class SandboxPolicy:
     """Everything run_python's code may do; what this does not grant is denied. The mechanism
     below (Sandbox, Call, execute) is built from it and from nothing else."""
+
     read_exec: tuple  # trees it may read and execute: system programs and libraries, this Python
     read_files: tuple  # files it may read: of /etc only what programs need; the random devices
     write_files: tuple  # files it may also write: /dev/null
@@ -4875,26 +6107,44 @@ def sandbox_policy(workdir, limits, system=None):
     return SandboxPolicy(
         read_exec=(*dirs, *(MACOS_DIRS if macos else SYSTEM_DIRS), *files),
         read_files=MACOS_FILES if macos else SYSTEM_FILES,
-        write_files=("/dev/null",), read_write=(str(workdir),),
-        own_read_write=("home", "shm"), own_read=("script",), shm="/dev/shm",
+        write_files=("/dev/null",),
+        read_write=(str(workdir),),
+        own_read_write=("home", "shm"),
+        own_read=("script",),
+        shm="/dev/shm",
         env_keep=frozenset({"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME"}),
         env_secret=r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|ANTHROPIC|AUTH",
-        env_set=(("HOME", "{home}"), ("TMPDIR", "{home}"), ("TEMP", "{home}"), ("TMP", "{home}"),
-                 ("PYTHONNOUSERSITE", "1"), ("PYTHONDONTWRITEBYTECODE", "1"),
-                 ("PYTHONSAFEPATH", "1"),  # no script dir or cwd on sys.path: no stdlib shadowed
-                 # a name that is not UTF-8 (os.listdir gives it a lone surrogate) prints as
-                 # the escape Python source can use again, caf\udce9.csv, not a crash
-                 ("PYTHONIOENCODING", "utf-8:backslashreplace"), ("MPLBACKEND", "Agg"),
-                 # what a script printed before a timeout or Ctrl-C killed it reaches the model
-                 ("PYTHONUNBUFFERED", "1")),
-        rlimits=(("RLIMIT_CORE", 1, 1),  # 1, not 0: no core-dump pipe helper either
-                 ("RLIMIT_SIGPENDING", 256, 256),  # a count the kernel keeps per user
-                 ("RLIMIT_NOFILE", 4096, 4096),  # the machine's file table is shared
-                 ("RLIMIT_FSIZE", gib, gib), ("RLIMIT_AS", 4 * gib, 4 * gib),
-                 ("RLIMIT_CPU", cpu, cpu + 1)),
-        max_tasks=limits.max_tasks, memory_mb=limits.memory_mb, scratch_mb=limits.scratch_mb,
-        network=tuple(LANDLOCK_NET), scopes=tuple(LANDLOCK_SCOPE),
-        syscalls=SECCOMP_RULES, unix_sockets=UNIX_SOCKET_RULES)
+        env_set=(
+            ("HOME", "{home}"),
+            ("TMPDIR", "{home}"),
+            ("TEMP", "{home}"),
+            ("TMP", "{home}"),
+            ("PYTHONNOUSERSITE", "1"),
+            ("PYTHONDONTWRITEBYTECODE", "1"),
+            ("PYTHONSAFEPATH", "1"),  # no script dir or cwd on sys.path: no stdlib shadowed
+            # a name that is not UTF-8 (os.listdir gives it a lone surrogate) prints as
+            # the escape Python source can use again, caf\udce9.csv, not a crash
+            ("PYTHONIOENCODING", "utf-8:backslashreplace"),
+            ("MPLBACKEND", "Agg"),
+            # what a script printed before a timeout or Ctrl-C killed it reaches the model
+            ("PYTHONUNBUFFERED", "1"),
+        ),
+        rlimits=(
+            ("RLIMIT_CORE", 1, 1),  # 1, not 0: no core-dump pipe helper either
+            ("RLIMIT_SIGPENDING", 256, 256),  # a count the kernel keeps per user
+            ("RLIMIT_NOFILE", 4096, 4096),  # the machine's file table is shared
+            ("RLIMIT_FSIZE", gib, gib),
+            ("RLIMIT_AS", 4 * gib, 4 * gib),
+            ("RLIMIT_CPU", cpu, cpu + 1),
+        ),
+        max_tasks=limits.max_tasks,
+        memory_mb=limits.memory_mb,
+        scratch_mb=limits.scratch_mb,
+        network=tuple(LANDLOCK_NET),
+        scopes=tuple(LANDLOCK_SCOPE),
+        syscalls=SECCOMP_RULES,
+        unix_sockets=UNIX_SOCKET_RULES,
+    )
 
 
 # A call, from run_python to its script's first line, in the order it happens: in the agent,
@@ -4908,11 +6158,15 @@ def sandbox_policy(workdir, limits, system=None):
 # --without ahead: 3.3-3.4x a call's time); a call that finds none (the first, or one of
 # several at once) waits for its own.
 
+
 def execute(code, workdir, box, timeout, output_chars, cancel=None):
     """Run a script in the sandbox with bounded time and output; nothing of it outlives the call."""
     launcher = box.launched()
-    run = ask_launcher(launcher, code, workdir, box, timeout) if launcher else start_here(
-        code, workdir, box)
+    run = (
+        ask_launcher(launcher, code, workdir, box, timeout)
+        if launcher
+        else start_here(code, workdir, box)
+    )
     status = None
     try:  # from here the launcher is told when the call is over, however it ends
         clips = {run.out: Clip(output_chars // 4), run.err: Clip(output_chars // 4)}
@@ -4972,11 +6226,17 @@ def ask_launcher(launcher, code, workdir, box, timeout):
     script_bytes(code)  # (code the script's file cannot hold fails here, as without a launcher)
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        request = {"code": code, "workdir": str(workdir), "parent": call_parent(),
-                   "cgroup": box.cgroup, "required": box.tested, "landlock": box.landlock,
-                   "mounts": box.mounts,
-                   "env": child_env(box.policy, ""),  # (home is the launcher's to fill in)
-                   "timeout": timeout}  # (the launcher ends the call too, LAUNCHER_GRACE later)
+        request = {
+            "code": code,
+            "workdir": str(workdir),
+            "parent": call_parent(),
+            "cgroup": box.cgroup,
+            "required": box.tested,
+            "landlock": box.landlock,
+            "mounts": box.mounts,
+            "env": child_env(box.policy, ""),  # (home is the launcher's to fill in)
+            "timeout": timeout,
+        }  # (the launcher ends the call too, LAUNCHER_GRACE later)
         launcher.drain()
         try:
             send_whole(launcher.control, request, [theirs.fileno()])
@@ -4993,8 +6253,10 @@ def ask_launcher(launcher, code, workdir, box, timeout):
         mine.close()
         if isinstance(e, OSError):
             launcher.gone()
-            raise ToolError("run_python's launcher has ended (was it killed?); nothing was run: "
-                            "start agent.py again") from None
+            raise ToolError(
+                "run_python's launcher has ended (was it killed?); nothing was run: "
+                "start agent.py again"
+            ) from None
         raise
     run = Running(*pipes, report=mine, launcher=launcher)
     run.heard(box, answer)
@@ -5021,9 +6283,11 @@ def call_parent():
             why = f"{directory} can be written by others and has no sticky bit"
         else:
             continue
-        raise ToolError(f"the call's directory would be made in {parent}, but {why}, who could "
-                        "swap it for their own: set TMPDIR to a directory of yours that no other "
-                        "user can write (or /tmp, whose sticky bit stops that); nothing was run")
+        raise ToolError(
+            f"the call's directory would be made in {parent}, but {why}, who could "
+            "swap it for their own: set TMPDIR to a directory of yours that no other "
+            "user can write (or /tmp, whose sticky bit stops that); nothing was run"
+        )
     return str(parent)
 
 
@@ -5031,8 +6295,11 @@ def child_env(policy, home, environ=None):
     """The environment run_python's child gets: the policy's allowlist, nothing like a secret;
     a ToolError if it is more than a program may be given (check_exec_room)."""
     secret = re.compile(policy.env_secret, re.I)
-    env = {k: v for k, v in (os.environ if environ is None else environ).items()
-           if (k in policy.env_keep or k.startswith("LC_")) and not secret.search(k)}
+    env = {
+        k: v
+        for k, v in (os.environ if environ is None else environ).items()
+        if (k in policy.env_keep or k.startswith("LC_")) and not secret.search(k)
+    }
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     env.update((name, value.format(home=home)) for name, value in policy.env_set)
     check_exec_room(env)
@@ -5047,23 +6314,33 @@ def check_exec_room(env):
     name = max(sizes, key=sizes.get, default=None)
     linux, stack = sys.platform == "linux", resource.getrlimit(resource.RLIMIT_STACK)[0]
     if linux:
-        room = 6 << 20 if stack == resource.RLIM_INFINITY else max(min(stack // 4, 6 << 20),
-                                                                    128 << 10)
+        room = (
+            6 << 20 if stack == resource.RLIM_INFINITY else max(min(stack // 4, 6 << 20), 128 << 10)
+        )
     else:
         room = os.sysconf("SC_ARG_MAX")
     room -= EXEC_ARGV_ROOM  # (the interpreter and the script's path, and their pointers)
     used = sum(n + 1 + 8 for n in sizes.values())  # with its NUL and its pointer
     if linux and name and sizes[name] >= 128 << 10:
-        why, which = (f"{name} is {sizes[name]:,} bytes, and Linux gives a program no variable "
-                      "over 131,071"), name
+        why, which = (
+            (
+                f"{name} is {sizes[name]:,} bytes, and Linux gives a program no variable "
+                "over 131,071"
+            ),
+            name,
+        )
     elif used > room:
-        why = (f"its variables take {used:,} bytes, and a program may be given at most "
-               f"{room:,} here (a quarter of `ulimit -s`, on Linux)")
+        why = (
+            f"its variables take {used:,} bytes, and a program may be given at most "
+            f"{room:,} here (a quarter of `ulimit -s`, on Linux)"
+        )
         which = f"the largest, {name},"
     else:
         return
-    raise ToolError(f"run_python's environment is too large: {why}: unset or shorten {which} in "
-                    "agent.py's environment; nothing was run")
+    raise ToolError(
+        f"run_python's environment is too large: {why}: unset or shorten {which} in "
+        "agent.py's environment; nothing was run"
+    )
 
 
 EXEC_ARGV_ROOM = 16 << 10  # bytes kept for the script's command line, from the exec's room
@@ -5109,10 +6386,15 @@ def start_here(code, workdir, box):
         if call.uncapped:
             box.cgroup = None  # found out by the self-test: the status line says so
         proc = subprocess.Popen(  # in the workdir pinned at the start (its descriptor)
-            call.command(), env=child_env(box.policy, call.home),
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            close_fds=True, start_new_session=True,
-            preexec_fn=lambda: (os.fchdir(box.pinned), call.enter()))
+            call.command(),
+            env=child_env(box.policy, call.home),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            close_fds=True,
+            start_new_session=True,
+            preexec_fn=lambda: (os.fchdir(box.pinned), call.enter()),
+        )
     except BaseException as e:  # Ctrl-C included: the call's directory must not stay
         call.release()
         if isinstance(e, (OSError, subprocess.SubprocessError)):
@@ -5124,6 +6406,7 @@ def start_here(code, workdir, box):
 
 # In the launcher, for each call: its Child (made ahead), the script, the go; in the Child, the
 # confinement, the exec, the STUB's wait, the script.
+
 
 def launch(box, request, fds, ahead):
     """Start the call the agent asked for: the script's process made ahead for this kind of call
@@ -5137,8 +6420,9 @@ def launch(box, request, fds, ahead):
         try:
             started = child.go.recv(4096)  # at once for a child made ahead, else at its start
         except TimeoutError:
-            raise ToolError("the sandboxed interpreter did not start within the call's "
-                            "timeout; nothing was run") from None
+            raise ToolError(
+                "the sandboxed interpreter did not start within the call's timeout; nothing was run"
+            ) from None
         child.go.settimeout(None)
         if started.startswith(b"="):  # its interpreter ended already: its exit code says why
             child.early = started
@@ -5157,10 +6441,20 @@ def launch(box, request, fds, ahead):
     child.report, pipes, child.pipes = report, child.pipes, ()
     try:
         if child.tell:  # (an agent that has closed the call: killed next)
-            socket.send_fds(report, [json.dumps({  # (no pid: its namespace dies with it)
-                "pid": None if child.call.pidns else child.pid, "root": child.call.root,
-                "cgroups": child.call.cgroups,
-                "uncapped": child.call.uncapped}).encode()], pipes)
+            socket.send_fds(
+                report,
+                [
+                    json.dumps(
+                        {  # (no pid: its namespace dies with it)
+                            "pid": None if child.call.pidns else child.pid,
+                            "root": child.call.root,
+                            "cgroups": child.call.cgroups,
+                            "uncapped": child.call.uncapped,
+                        }
+                    ).encode()
+                ],
+                pipes,
+            )
     except OSError:
         child.kill(report=False)
     finally:
@@ -5171,8 +6465,9 @@ def launch(box, request, fds, ahead):
 
 def kind_of(request):
     """What a child made ahead must have been made for, to serve this request."""
-    return tuple(repr(request[k])
-                 for k in ("parent", "workdir", "cgroup", "landlock", "mounts", "env"))
+    return tuple(
+        repr(request[k]) for k in ("parent", "workdir", "cgroup", "landlock", "mounts", "env")
+    )
 
 
 class Child:
@@ -5253,12 +6548,15 @@ class Child:
             elif word not in (b"", b"r"):
                 error = word.decode(errors="replace")
         if call.pidns and not told and not error and self.status == 0:  # its first process
-            error = ("the sandboxed interpreter ended before the script's end was told; it may "
-                     "not have run")  # ended (0) with no word of the script's end
+            error = (
+                "the sandboxed interpreter ended before the script's end was told; it may "
+                "not have run"
+            )  # ended (0) with no word of the script's end
         self.go.close()
         if self.tell and self.report:
-            message = {"error": error} if error else {
-                "status": [self.status, oom_kills(call.cgroups)]}
+            message = (
+                {"error": error} if error else {"status": [self.status, oom_kills(call.cgroups)]}
+            )
             with contextlib.suppress(OSError):  # its home gone, whatever it holds on disk:
                 os.rename(call.scratch, call.scratch + ".gone")  # removed after the report
             with contextlib.suppress(OSError):
@@ -5305,8 +6603,10 @@ class Call:
         self.pidns = False  # its process is the first of a PID namespace of its own (fork_call)
         self.ids = (os.getuid(), os.getgid())
         self.rlimits = box.rlimits  # worked out here: enter() runs in the forked child
-        self.root = tempfile.mkdtemp(prefix="-".join(["agent-call", *box.tag, ""]),  # 0700
-                                     dir=parent or call_parent())
+        self.root = tempfile.mkdtemp(
+            prefix="-".join(["agent-call", *box.tag, ""]),  # 0700
+            dir=parent or call_parent(),
+        )
         try:  # from here on, whatever happens (Ctrl-C included), nothing is left behind
             self.script = os.path.join(self.root, "main.py")  # the child may read, not change it
             self.scratch = os.path.join(self.root, "scratch")  # a capped tmpfs, where mounts work
@@ -5321,8 +6621,10 @@ class Call:
                     self.cgroups = make_cgroups(box.cgroup, box.policy, box.tag)
                 except OSError as e:
                     if box.tested:  # promised on the status line: keep it
-                        raise ToolError(f"could not make this call's cgroup ({e.strerror}); the "
-                                        "script was not run without its caps")
+                        raise ToolError(
+                            f"could not make this call's cgroup ({e.strerror}); the "
+                            "script was not run without its caps"
+                        )
                     self.uncapped = True  # found out by the self-test: the status line says so
             if box.landlock:
                 self.ruleset = self.make_ruleset()
@@ -5339,13 +6641,20 @@ class Call:
         box = self.box
         fs, net, scope = box.handled
         attr = struct.pack("QQQ", fs, net, scope)[: 8 if box.abi < 4 else 16 if box.abi < 6 else 24]
-        fd = syscall(box.libc, "landlock_create_ruleset",
-                     ctypes.create_string_buffer(attr, len(attr)), len(attr), 0)
+        fd = syscall(
+            box.libc,
+            "landlock_create_ruleset",
+            ctypes.create_string_buffer(attr, len(attr)),
+            len(attr),
+            0,
+        )
         try:
             policy = box.policy
-            for path, names in (box.grants
-                                + [(self.own[name], READ_WRITE) for name in policy.own_read_write]
-                                + [(self.own[name], {"read_file"}) for name in policy.own_read]):
+            for path, names in (
+                box.grants
+                + [(self.own[name], READ_WRITE) for name in policy.own_read_write]
+                + [(self.own[name], {"read_file"}) for name in policy.own_read]
+            ):
                 self.add_rule(fd, path, names)
         except BaseException:
             os.close(fd)
@@ -5375,10 +6684,14 @@ class Call:
         box = self.box
         argv = [sys.executable, self.script]
         if box.macos:  # the profile names the call's own paths; they are given here
-            params = [f"OWN_{name.upper()}={os.path.realpath(path)}"
-                      for name, path in self.own.items()]
-            argv = ["/usr/bin/sandbox-exec", "-p", box.macos] + [
-                x for param in params for x in ("-D", param)] + argv
+            params = [
+                f"OWN_{name.upper()}={os.path.realpath(path)}" for name, path in self.own.items()
+            ]
+            argv = (
+                ["/usr/bin/sandbox-exec", "-p", box.macos]
+                + [x for param in params for x in ("-D", param)]
+                + argv
+            )
         return argv
 
     def run(self, go, out, err, workdir, env):
@@ -5447,8 +6760,9 @@ class Call:
             if box.libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
                 raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS failed")
             syscall(box.libc, "landlock_restrict_self", self.ruleset, 0)
-            if box.libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(box.fprog),
-                              0, 0):
+            if box.libc.prctl(
+                PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(box.fprog), 0, 0
+            ):
                 raise OSError(ctypes.get_errno(), "seccomp filter failed")
 
     def started(self):
@@ -5548,9 +6862,14 @@ _()
 def make_cgroups(cgroup, policy, tag=()):
     """Make a call's cgroup (one per controller on v1), named at random, with its caps."""
     memory, name = policy.memory_mb << 20, "-".join(["agent", *tag, uuid.uuid4().hex[:16]])
-    caps = {"pids.max": policy.max_tasks, "memory.max": memory, "memory.swap.max": 0,
-            "memory.oom.group": 1,  # v2: out of memory, the call's processes go together
-            "memory.limit_in_bytes": memory, "memory.memsw.limit_in_bytes": memory}  # v1
+    caps = {
+        "pids.max": policy.max_tasks,
+        "memory.max": memory,
+        "memory.swap.max": 0,
+        "memory.oom.group": 1,  # v2: out of memory, the call's processes go together
+        "memory.limit_in_bytes": memory,
+        "memory.memsw.limit_in_bytes": memory,
+    }  # v1
     made = []
     try:
         for parent in cgroup[1]:
@@ -5578,10 +6897,11 @@ def private_scratch(libc, call):
     options = f"size={policy.scratch_mb}m,nr_inodes=65536,mode=0700".encode()
     shm = "shm" in policy.own_read_write and policy.shm
     for src, dst, kind, flags, data in (
-            (None, b"/", None, MS_REC | MS_PRIVATE, None),  # nothing propagates to the host
-            (b"tmpfs", call.scratch.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options),
-            (None, None, None, 0, None),  # (make the own trees inside the new tmpfs)
-            (call.shm.encode(), shm and shm.encode(), None, MS_BIND, None)):
+        (None, b"/", None, MS_REC | MS_PRIVATE, None),  # nothing propagates to the host
+        (b"tmpfs", call.scratch.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options),
+        (None, None, None, 0, None),  # (make the own trees inside the new tmpfs)
+        (call.shm.encode(), shm and shm.encode(), None, MS_BIND, None),
+    ):
         if src is None and dst is None:
             for name in policy.own_read_write:
                 os.mkdir(call.own[name], 0o700)
@@ -5594,8 +6914,11 @@ def private_scratch(libc, call):
 def own_ids(uid, gid):
     """In a new user namespace, be the user and group one is outside it (`uid`, `gid`): the only
     mapping an unprivileged process may write."""
-    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
-                       ("gid_map", f"{gid} {gid} 1")):
+    for name, text in (
+        ("setgroups", "deny"),
+        ("uid_map", f"{uid} {uid} 1"),
+        ("gid_map", f"{gid} {gid} 1"),
+    ):
         Path(f"/proc/self/{name}").write_text(text)
 
 
@@ -5609,6 +6932,7 @@ def drop_capabilities(libc):
 
 
 # While the script runs, and after: its output, the end of its group, what it left.
+
 
 class Running:
     """The agent's side of one call: the read ends of the script's stdout and stderr, and the
@@ -5662,9 +6986,14 @@ class Running:
         kill_group(self.proc.pid)
         self.proc.stdout.close()
         self.proc.stderr.close()
-        threading.Thread(target=lambda: (self.proc.wait(), self.call.started(),  # (what it
-                                         cleanup_later(self.call.root, self.call.cgroups)),
-                         daemon=True).start()  # killed leaves the cgroups a moment later)
+        threading.Thread(
+            target=lambda: (
+                self.proc.wait(),
+                self.call.started(),  # (what it
+                cleanup_later(self.call.root, self.call.cgroups),
+            ),
+            daemon=True,
+        ).start()  # killed leaves the cgroups a moment later)
 
 
 def reap(children):
@@ -5705,7 +7034,7 @@ class Clip:
         head, tail = self.head.decode("utf-8", "replace"), self.tail.decode("utf-8", "replace")
         if cut:  # a secret cut in two here would be found whole in neither part: cut it out
             start, end = secret_start(head, least=8), secret_start(tail[::-1], least=8, ends=True)
-            head, tail, cut = head[:len(head) - start], tail[end:], cut + start + end
+            head, tail, cut = head[: len(head) - start], tail[end:], cut + start + end
         return head + (f"\n[... {cut} bytes cut ...]\n" if cut else "") + tail
 
 
@@ -5741,6 +7070,7 @@ def cleanup(root, cgroups):
     if root:
         remove_tree(root)
 
+
 def cleanup_later(root, cgroups):
     """cleanup, until the cgroups are empty enough to go (a launcher killed mid-call)."""
     for _ in range(50):
@@ -5748,7 +7078,6 @@ def cleanup_later(root, cgroups):
         if not any(os.path.exists(d) for d in cgroups):
             return
         time.sleep(0.1)
-
 
 
 def remove_tree(root):
@@ -5764,8 +7093,15 @@ def remove_tree(root):
         while queue:
             name = queue.pop()
             try:
-                fd = top if name is None else os.open(
-                    name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=top)
+                fd = (
+                    top
+                    if name is None
+                    else os.open(
+                        name,
+                        os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                        dir_fd=top,
+                    )
+                )
             except OSError:
                 continue
             try:
@@ -5813,9 +7149,9 @@ def opened_dir(dir_fd, name):
         os.close(fd)
 
 
-
 # Once per run, at the first call: the plan (which mechanisms this machine has), the launcher,
 # and the self-test that proves the boundary before anyone relies on it.
+
 
 class Sandbox:
     """run_python's boundary for one run: planned and proven at the first call, then reused."""
@@ -5847,8 +7183,10 @@ class Sandbox:
 
     @cached_property
     def rlimits(self):
-        return [(getattr(resource, name), *lowered(getattr(resource, name), soft, hard))
-                for name, soft, hard in self.policy.rlimits]
+        return [
+            (getattr(resource, name), *lowered(getattr(resource, name), soft, hard))
+            for name, soft, hard in self.policy.rlimits
+        ]
 
     def plan(self):
         """Find which mechanisms this machine has and build the policy; the self-test proves it."""
@@ -5863,18 +7201,24 @@ class Sandbox:
         if self.abi < 4:
             return self.unavailable(why or f"Landlock ABI {self.abi} cannot block TCP (needs 4)")
         policy = self.policy
-        self.handled = (rights(LANDLOCK_FS, self.abi),
-                        rights(LANDLOCK_NET, self.abi, policy.network),
-                        rights(LANDLOCK_SCOPE, self.abi, policy.scopes))
+        self.handled = (
+            rights(LANDLOCK_FS, self.abi),
+            rights(LANDLOCK_NET, self.abi, policy.network),
+            rights(LANDLOCK_SCOPE, self.abi, policy.scopes),
+        )
         named_unix = rights(LANDLOCK_FS, self.abi, {"resolve_unix"})
         bpf = seccomp_filter(machine, policy.syscalls + (() if named_unix else policy.unix_sockets))
         self.program = ctypes.create_string_buffer(bpf, len(bpf))
         self.fprog = SockFprog(len(bpf) // 8, ctypes.addressof(self.program))
-        self.grants = ([(p, READ_EXEC) for p in policy.read_exec]
-                       + [(f, {"read_file"}) for f in policy.read_files]
-                       + [(f, {"read_file", "write_file", "truncate"}) for f in policy.write_files]
-                       + [(self.pinned if d == str(self.workdir) else d, READ_WRITE)
-                          for d in policy.read_write])  # the workdir by its descriptor
+        self.grants = (
+            [(p, READ_EXEC) for p in policy.read_exec]
+            + [(f, {"read_file"}) for f in policy.read_files]
+            + [(f, {"read_file", "write_file", "truncate"}) for f in policy.write_files]
+            + [
+                (self.pinned if d == str(self.workdir) else d, READ_WRITE)
+                for d in policy.read_write
+            ]
+        )  # the workdir by its descriptor
         parts = ["fs"] + ["tcp"] * bool(self.handled[1]) + ["scope"] * bool(self.handled[2])
         self.kind = f"landlock ABI {self.abi} ({', '.join(parts)}) + seccomp, no capabilities"
         self.landlock = True
@@ -5883,9 +7227,11 @@ class Sandbox:
         """No working boundary: say so; run_python then asks before every call, even with --yes."""
         self.landlock, self.mounts, self.macos, self.confined = False, False, None, False
         self.tested, self.why = True, why
-        self.status = (f"sandbox: unavailable ({why}); run_python will ask before every call, "
-                       "even with --yes, and a y runs it unconfined (--no-sandbox runs it "
-                       "unasked)")
+        self.status = (
+            f"sandbox: unavailable ({why}); run_python will ask before every call, "
+            "even with --yes, and a y runs it unconfined (--no-sandbox runs it "
+            "unasked)"
+        )
 
     def launched(self):
         """The run's launcher, started at the first call; None without one (not Linux, or it
@@ -5930,11 +7276,17 @@ class Sandbox:
     def extras(self):
         """What the cgroup and the mount namespace add, or what stays open without them."""
         policy = self.policy
-        caps = (f"cgroup {self.cgroup[0]} caps a call at {policy.max_tasks} tasks and "
-                f"{policy.memory_mb} MiB" if self.cgroup
-                else "no cgroup: tasks uncapped, memory capped per process")
-        scratch = (f"home and /dev/shm a private {policy.scratch_mb} MiB tmpfs" if self.mounts
-                   else "home on disk, /dev/shm not writable")
+        caps = (
+            f"cgroup {self.cgroup[0]} caps a call at {policy.max_tasks} tasks and "
+            f"{policy.memory_mb} MiB"
+            if self.cgroup
+            else "no cgroup: tasks uncapped, memory capped per process"
+        )
+        scratch = (
+            f"home and /dev/shm a private {policy.scratch_mb} MiB tmpfs"
+            if self.mounts
+            else "home on disk, /dev/shm not writable"
+        )
         return f"{caps}; {scratch}"
 
     def self_test(self):
@@ -5945,18 +7297,25 @@ class Sandbox:
                 return "the canary cannot be placed outside the workdir"
             Path(canary).write_text("canary")
             column = ARCHES.get(platform.machine(), (0, 0))[1]
-            code = SELF_TEST.format(canary=canary, agent=os.getpid(), linux=self.linux,
-                                    launcher=self.launcher.pid if self.launcher else os.getpid(),
-                                    prlimit=SYSCALLS["prlimit64"][column],
-                                    capget=SYSCALLS["capget"][column])
+            code = SELF_TEST.format(
+                canary=canary,
+                agent=os.getpid(),
+                linux=self.linux,
+                launcher=self.launcher.pid if self.launcher else os.getpid(),
+                prlimit=SYSCALLS["prlimit64"][column],
+                capget=SYSCALLS["capget"][column],
+            )
             try:
                 run = execute(code, self.workdir, self, 20, 2000)
             except ToolError as e:
                 return f"self-test could not start: {e}"
         out = run.stdout.strip()
         if out != "OK":
-            return (f"self-test could {out[6:]}" if out.startswith("LEAK")
-                    else f"self-test failed: {(run.stderr.strip() or out)[-200:]}")
+            return (
+                f"self-test could {out[6:]}"
+                if out.startswith("LEAK")
+                else f"self-test failed: {(run.stderr.strip() or out)[-200:]}"
+            )
         return ""
 
     def close(self):
@@ -6004,11 +7363,24 @@ class Launcher:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-B", "-c", LAUNCHER_BOOT, AGENT_FILE,
-                 str(theirs.fileno())],
-                pass_fds=[theirs.fileno()], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE, env={}, cwd="/",  # nothing of the agent's environment
-                start_new_session=True)  # a kill of the agent's group does not reach it
+                [
+                    sys.executable,
+                    "-I",
+                    "-S",
+                    "-B",
+                    "-c",
+                    LAUNCHER_BOOT,
+                    AGENT_FILE,
+                    str(theirs.fileno()),
+                ],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env={},
+                cwd="/",  # nothing of the agent's environment
+                start_new_session=True,
+            )  # a kill of the agent's group does not reach it
             with contextlib.suppress(OSError), self.proc.stdin:  # (if it ended, it says why)
                 self.proc.stdin.write(AGENT_SOURCE)
         finally:
@@ -6018,12 +7390,20 @@ class Launcher:
         # that should it be killed while it makes one, before its note comes, gone() finds it
         self.tag = os.urandom(6).hex()
         self.where = [call_parent(), *(box.cgroup[1] if box.cgroup else [])]
-        policy = {k: sorted(v) if isinstance(v, frozenset) else v
-                  for k, v in asdict(box.policy).items()}
+        policy = {
+            k: sorted(v) if isinstance(v, frozenset) else v for k, v in asdict(box.policy).items()
+        }
         answer, why = b"", ""
         try:
-            socket.send_fds(ours, [json.dumps({"workdir": str(box.workdir), "tag": self.tag,
-                                               "policy": policy}).encode()], [box.pinned])
+            socket.send_fds(
+                ours,
+                [
+                    json.dumps(
+                        {"workdir": str(box.workdir), "tag": self.tag, "policy": policy}
+                    ).encode()
+                ],
+                [box.pinned],
+            )
             ours.settimeout(60)
             answer = ours.recv(4096)
             ours.settimeout(None)
@@ -6071,8 +7451,13 @@ class Launcher:
             with contextlib.suppress(OSError):
                 for name in os.listdir(parent):
                     if name.startswith((f"agent-call-{self.tag}-", f"agent-{self.tag}-")):
-                        cleanup_later(*((os.path.join(parent, name), []) if name.startswith(
-                            "agent-call-") else (None, [os.path.join(parent, name)])))
+                        cleanup_later(
+                            *(
+                                (os.path.join(parent, name), [])
+                                if name.startswith("agent-call-")
+                                else (None, [os.path.join(parent, name)])
+                            )
+                        )
 
 
 def pin_directory(path):
@@ -6094,12 +7479,14 @@ AGENT_FILE = os.path.abspath(__file__)
 # could have written (an unchecked-hash .pyc is never compared with its source: red-team S3).
 # In the launcher, LAUNCHER_BOOT has set it already: the launcher reads no file of its own.
 AGENT_SOURCE = globals().get("AGENT_SOURCE") or Path(AGENT_FILE).read_bytes()
-LAUNCHER_BOOT = ("import sys, types\n"
-                 "agent = sys.modules['agent_launcher'] = types.ModuleType('agent_launcher')\n"
-                 "agent.__file__, source = sys.argv[1], sys.stdin.buffer.read()\n"
-                 "agent.AGENT_SOURCE = source\n"
-                 "exec(compile(source, sys.argv[1], 'exec'), agent.__dict__)\n"
-                 "agent.serve(int(sys.argv[2]))\n")
+LAUNCHER_BOOT = (
+    "import sys, types\n"
+    "agent = sys.modules['agent_launcher'] = types.ModuleType('agent_launcher')\n"
+    "agent.__file__, source = sys.argv[1], sys.stdin.buffer.read()\n"
+    "agent.AGENT_SOURCE = source\n"
+    "exec(compile(source, sys.argv[1], 'exec'), agent.__dict__)\n"
+    "agent.serve(int(sys.argv[2]))\n"
+)
 LAUNCHER_IGNORES = (signal.SIGPIPE, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
@@ -6126,8 +7513,12 @@ def serve(fd):
             raise OSError("the agent sent no workdir descriptor")
         box = Sandbox(Path(config["workdir"]), True, Limits(), pinned=fds[0])
         box.tag = [config["tag"]]
-        box.policy = SandboxPolicy(**{k: frozenset(v) if k == "env_keep" else tupled(v)
-                                      for k, v in config["policy"].items()})
+        box.policy = SandboxPolicy(
+            **{
+                k: frozenset(v) if k == "env_keep" else tupled(v)
+                for k, v in config["policy"].items()
+            }
+        )
         os.close(os.pidfd_open(os.getpid()))  # Linux 5.3, or no launcher
         if box.libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:  # orphans come here
             raise OSError(ctypes.get_errno(), "PR_SET_CHILD_SUBREAPER failed")
@@ -6160,10 +7551,15 @@ def serve(fd):
                     if message is None:
                         return shut_down(children)
                     last = message
-                    for spare in [s for s in spares if s.kind != kind_of(last)  # made for another
-                                  or s.call.uncapped and last["required"]  # kind of call, or
-                                  or s.killed_at  # uncapped, or killed, or ended
-                                  or select.select([s.pidfd], [], [], 0)[0]]:
+                    for spare in [
+                        s
+                        for s in spares
+                        if s.kind != kind_of(last)  # made for another
+                        or s.call.uncapped
+                        and last["required"]  # kind of call, or
+                        or s.killed_at  # uncapped, or killed, or ended
+                        or select.select([s.pidfd], [], [], 0)[0]
+                    ]:
                         spare.kill(report=False)
                         spares.remove(spare)
                     child = launch(box, last, fds, spares.pop(0) if spares else None)
@@ -6210,6 +7606,7 @@ def serve(fd):
     except BaseException:  # a bug here must not leave a call running or its things behind
         shut_down(children)
         raise
+
 
 # How many calls' processes the launcher keeps made ahead: with two, a turn's next call, sent as
 # one ends, finds one ready (bench_sandbox --without spare: calls in a row 1.92x a plain start,
@@ -6262,6 +7659,7 @@ def macos_profile(policy):
     """The sandbox-exec profile, built from the policy as the Landlock ruleset is: deny by
     default, then each field's paths (realpaths: /tmp is /private/tmp there). The call's own
     paths are parameters, OWN_HOME, OWN_SHM and OWN_SCRIPT, given for each call (Call.command)."""
+
     def quoted(path):
         return '"' + os.path.realpath(path).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -6269,19 +7667,37 @@ def macos_profile(policy):
         return [f"(allow {operations}\n  " + "\n  ".join(rules) + ")"] if rules else []
 
     def paths(names):  # a tree is a subpath, a file a literal; what is not here is left out
-        return [f"({'subpath' if os.path.isdir(p) else 'literal'} {quoted(p)})"
-                for p in names if os.path.exists(p)]
+        return [
+            f"({'subpath' if os.path.isdir(p) else 'literal'} {quoted(p)})"
+            for p in names
+            if os.path.exists(p)
+        ]
+
     own = lambda kind, names: [f'({kind} (param "OWN_{n.upper()}"))' for n in names]  # noqa: E731
-    return "\n".join(
-        ["(version 1)", "(deny default)", "(allow process-fork process-exec)",
-         "(allow signal (target same-sandbox))" if "signal" in policy.scopes else "(allow signal)",
-         "(allow file-read-metadata sysctl-read"
-         + (" ipc-posix-sem ipc-posix-shm)" if "shm" in policy.own_read_write else ")")]
-        + ([] if policy.network else ["(allow network*)"])
-        + allow("file-read* file-map-executable", paths(policy.read_exec))
-        + allow("file-read*", paths(policy.read_files) + own("literal", policy.own_read))
-        + allow("file-read* file-write*", paths(policy.write_files) + paths(policy.read_write)
-                + own("subpath", policy.own_read_write))) + "\n"
+    return (
+        "\n".join(
+            [
+                "(version 1)",
+                "(deny default)",
+                "(allow process-fork process-exec)",
+                "(allow signal (target same-sandbox))"
+                if "signal" in policy.scopes
+                else "(allow signal)",
+                "(allow file-read-metadata sysctl-read"
+                + (" ipc-posix-sem ipc-posix-shm)" if "shm" in policy.own_read_write else ")"),
+            ]
+            + ([] if policy.network else ["(allow network*)"])
+            + allow("file-read* file-map-executable", paths(policy.read_exec))
+            + allow("file-read*", paths(policy.read_files) + own("literal", policy.own_read))
+            + allow(
+                "file-read* file-write*",
+                paths(policy.write_files)
+                + paths(policy.read_write)
+                + own("subpath", policy.own_read_write),
+            )
+        )
+        + "\n"
+    )
 
 
 def lowered(which, soft, hard):
@@ -6296,14 +7712,18 @@ def landlock_abi(libc):
     try:
         return syscall(libc, "landlock_create_ruleset", None, 0, 1), ""
     except OSError as e:
-        return 0, {38: "the kernel has no Landlock", 95: "Landlock is disabled at boot",
-                   1: "Landlock is blocked (container seccomp profile?)"}.get(e.errno, e.strerror)
+        return 0, {
+            38: "the kernel has no Landlock",
+            95: "Landlock is disabled at boot",
+            1: "Landlock is blocked (container seccomp profile?)",
+        }.get(e.errno, e.strerror)
 
 
 def python_paths(macos=False):
     """The running interpreter's own files: stdlib and site-packages dirs, binary, libraries;
     on macOS its whole prefixes (no /proc to list the libraries it loaded)."""
     import sysconfig
+
     dirs = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
     dirs.update(site.getsitepackages())
     if macos:
@@ -6351,8 +7771,14 @@ def seccomp_filter(machine, rules):
     arch, column = ARCHES[machine]
     ld, ret = (lambda k: (0x20, 0, 0, k)), (lambda k: (0x06, 0, 0, k))  # BPF_LD|W|ABS, BPF_RET
     jeq = lambda k, yes, no: (0x15, yes, no, k)  # noqa: E731  jumps are relative, 8-bit
-    prog = [ld(4), jeq(arch, 1, 0), ret(SECCOMP_KILL), ld(0),
-            (0x25, 0, 1, LAST_SYSCALL), ret(SECCOMP_ERRNO | ENOSYS)]  # BPF_JGT: x32 numbers too
+    prog = [
+        ld(4),
+        jeq(arch, 1, 0),
+        ret(SECCOMP_KILL),
+        ld(0),
+        (0x25, 0, 1, LAST_SYSCALL),
+        ret(SECCOMP_ERRNO | ENOSYS),
+    ]  # BPF_JGT: x32 numbers too
     for names, test, err, _why in rules:
         for nr in (SYSCALLS[name][column] for name in names.split()):
             if nr is None:
@@ -6379,30 +7805,65 @@ def seccomp_filter(machine, rules):
 # Landlock rights: name -> (bit, the ABI that introduced it), from include/uapi/linux/landlock.h.
 # The ruleset handles every right the running kernel knows: what no rule grants is denied.
 LANDLOCK_FS = {
-    "execute": (0, 1), "write_file": (1, 1), "read_file": (2, 1), "read_dir": (3, 1),
-    "remove_dir": (4, 1), "remove_file": (5, 1), "make_char": (6, 1), "make_dir": (7, 1),
-    "make_reg": (8, 1), "make_sock": (9, 1), "make_fifo": (10, 1), "make_block": (11, 1),
+    "execute": (0, 1),
+    "write_file": (1, 1),
+    "read_file": (2, 1),
+    "read_dir": (3, 1),
+    "remove_dir": (4, 1),
+    "remove_file": (5, 1),
+    "make_char": (6, 1),
+    "make_dir": (7, 1),
+    "make_reg": (8, 1),
+    "make_sock": (9, 1),
+    "make_fifo": (10, 1),
+    "make_block": (11, 1),
     "make_sym": (12, 1),
     "refer": (13, 2),  # link or rename across directories
     "truncate": (14, 3),
     "ioctl_dev": (15, 5),  # ioctl on device files
     "resolve_unix": (16, 9),  # connect to a named unix socket (docker.sock, D-Bus, ssh-agent)
 }
-LANDLOCK_NET = {"bind_tcp": (0, 4), "connect_tcp": (1, 4),  # handled, no port granted:
-                "bind_udp": (2, 10), "connect_send_udp": (3, 10)}  # no TCP, no UDP
+LANDLOCK_NET = {
+    "bind_tcp": (0, 4),
+    "connect_tcp": (1, 4),  # handled, no port granted:
+    "bind_udp": (2, 10),
+    "connect_send_udp": (3, 10),
+}  # no TCP, no UDP
 LANDLOCK_SCOPE = {"abstract_unix_socket": (0, 6), "signal": (1, 6)}  # not beyond the sandbox
-FILE_RIGHTS = {"execute", "write_file", "read_file", "truncate", "ioctl_dev"}  # all a file rule takes
+FILE_RIGHTS = {
+    "execute",
+    "write_file",
+    "read_file",
+    "truncate",
+    "ioctl_dev",
+}  # all a file rule takes
 READ_EXEC = {"execute", "read_file", "read_dir"}
 READ_WRITE = set(LANDLOCK_FS) - {"make_char", "make_block", "ioctl_dev"}  # everything but devices
 
 
 # What the child may read and execute besides the Python it runs (found at startup): programs a
 # script may start and the libraries they load; of /etc only the files below; never /proc or $HOME.
-SYSTEM_DIRS = ("/usr/bin", "/bin", "/usr/lib", "/usr/lib64", "/lib", "/lib64",
-               "/usr/share/zoneinfo")
-SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/etc/mime.types", "/etc/hosts",
-                "/etc/host.conf", "/etc/nsswitch.conf", "/etc/gai.conf", "/dev/urandom",
-                "/dev/random", "/dev/zero")
+SYSTEM_DIRS = (
+    "/usr/bin",
+    "/bin",
+    "/usr/lib",
+    "/usr/lib64",
+    "/lib",
+    "/lib64",
+    "/usr/share/zoneinfo",
+)
+SYSTEM_FILES = (
+    "/etc/ld.so.cache",
+    "/etc/localtime",
+    "/etc/mime.types",
+    "/etc/hosts",
+    "/etc/host.conf",
+    "/etc/nsswitch.conf",
+    "/etc/gai.conf",
+    "/dev/urandom",
+    "/dev/random",
+    "/dev/zero",
+)
 MACOS_DIRS = ("/usr/lib", "/usr/share", "/usr/bin", "/bin", "/System", "/Library/Apple")  # and
 MACOS_FILES = ("/private/etc/localtime", "/dev/urandom", "/dev/random")  # the same, on macOS
 
@@ -6410,55 +7871,156 @@ MACOS_FILES = ("/private/etc/localtime", "/dev/urandom", "/dev/random")  # the s
 # Syscall numbers: name -> (x86_64, aarch64), None where the architecture has no such call; from
 # arch/x86/entry/syscalls/syscall_64.tbl and include/uapi/asm-generic/unistd.h, Linux 6.18.
 SYSCALLS = {
-    "ioctl": (16, 29), "shmget": (29, 194), "shmat": (30, 196), "shmctl": (31, 195),
-    "socket": (41, 198), "clone": (56, 220), "semget": (64, 190), "semop": (65, 193),
-    "semctl": (66, 191), "shmdt": (67, 197), "msgget": (68, 186), "msgsnd": (69, 189),
-    "msgrcv": (70, 188), "msgctl": (71, 187), "chmod": (90, None), "fchmod": (91, 52),
-    "chown": (92, None), "fchown": (93, 55), "lchown": (94, None), "ptrace": (101, 117),
-    "syslog": (103, 116), "setpgid": (109, 154), "setsid": (112, 157), "capget": (125, 90),
-    "capset": (126, 91), "utime": (132, None), "mknod": (133, None), "uselib": (134, None),
-    "ustat": (136, None), "sysfs": (139, None), "setpriority": (141, 140),
-    "sched_setparam": (142, 118), "sched_setscheduler": (144, 119), "vhangup": (153, 58),
-    "modify_ldt": (154, None), "pivot_root": (155, 41), "_sysctl": (156, None),
-    "adjtimex": (159, 171), "chroot": (161, 51), "acct": (163, 89), "settimeofday": (164, 170),
-    "mount": (165, 40), "umount2": (166, 39), "swapon": (167, 224), "swapoff": (168, 225),
-    "reboot": (169, 142), "sethostname": (170, 161), "setdomainname": (171, 162),
-    "iopl": (172, None), "ioperm": (173, None), "create_module": (174, None),
-    "init_module": (175, 105), "delete_module": (176, 106), "get_kernel_syms": (177, None),
-    "query_module": (178, None), "quotactl": (179, 60), "nfsservctl": (180, 42),
-    "setxattr": (188, 5), "lsetxattr": (189, 6), "fsetxattr": (190, 7), "removexattr": (197, 14),
-    "lremovexattr": (198, 15), "fremovexattr": (199, 16), "sched_setaffinity": (203, 122),
-    "lookup_dcookie": (212, 18), "clock_settime": (227, 112), "utimes": (235, None),
-    "mq_open": (240, 180), "mq_unlink": (241, 181), "mq_timedsend": (242, 182),
-    "mq_timedreceive": (243, 183), "mq_notify": (244, 184), "mq_getsetattr": (245, 185),
-    "kexec_load": (246, 104), "add_key": (248, 217), "request_key": (249, 218),
-    "keyctl": (250, 219), "ioprio_set": (251, 30), "inotify_add_watch": (254, 27),
-    "migrate_pages": (256, 238), "mknodat": (259, 33), "fchownat": (260, 54),
-    "futimesat": (261, None), "fchmodat": (268, 53), "unshare": (272, 97),
-    "move_pages": (279, 239), "utimensat": (280, 88), "semtimedop": (220, 192),
-    "perf_event_open": (298, 241), "fanotify_init": (300, 262), "fanotify_mark": (301, 263),
-    "prlimit64": (302, 261), "name_to_handle_at": (303, 264), "open_by_handle_at": (304, 265),
-    "clock_adjtime": (305, 266), "setns": (308, 268), "process_vm_readv": (310, 270),
-    "process_vm_writev": (311, 271), "kcmp": (312, 272), "finit_module": (313, 273),
-    "sched_setattr": (314, 274), "kexec_file_load": (320, 294), "bpf": (321, 280),
-    "userfaultfd": (323, 282), "io_uring_setup": (425, 425), "io_uring_enter": (426, 426),
-    "io_uring_register": (427, 427), "open_tree": (428, 428), "move_mount": (429, 429),
-    "fsopen": (430, 430), "fsconfig": (431, 431), "fsmount": (432, 432), "fspick": (433, 433),
-    "pidfd_open": (434, 434), "clone3": (435, 435), "pidfd_getfd": (438, 438),
-    "process_madvise": (440, 440), "mount_setattr": (442, 442), "quotactl_fd": (443, 443),
-    "landlock_create_ruleset": (444, 444), "landlock_add_rule": (445, 445),
-    "landlock_restrict_self": (446, 446), "process_mrelease": (448, 448),
-    "fchmodat2": (452, 452), "statmount": (457, 457), "listmount": (458, 458),
-    "lsm_set_self_attr": (460, 460), "setxattrat": (463, 463), "removexattrat": (466, 466),
-    "open_tree_attr": (467, 467), "file_setattr": (469, 469), "socketpair": (53, 199),
-    "bind": (49, 200), "fcntl": (72, 25), "io_setup": (206, 0), "inotify_init": (253, None),
+    "ioctl": (16, 29),
+    "shmget": (29, 194),
+    "shmat": (30, 196),
+    "shmctl": (31, 195),
+    "socket": (41, 198),
+    "clone": (56, 220),
+    "semget": (64, 190),
+    "semop": (65, 193),
+    "semctl": (66, 191),
+    "shmdt": (67, 197),
+    "msgget": (68, 186),
+    "msgsnd": (69, 189),
+    "msgrcv": (70, 188),
+    "msgctl": (71, 187),
+    "chmod": (90, None),
+    "fchmod": (91, 52),
+    "chown": (92, None),
+    "fchown": (93, 55),
+    "lchown": (94, None),
+    "ptrace": (101, 117),
+    "syslog": (103, 116),
+    "setpgid": (109, 154),
+    "setsid": (112, 157),
+    "capget": (125, 90),
+    "capset": (126, 91),
+    "utime": (132, None),
+    "mknod": (133, None),
+    "uselib": (134, None),
+    "ustat": (136, None),
+    "sysfs": (139, None),
+    "setpriority": (141, 140),
+    "sched_setparam": (142, 118),
+    "sched_setscheduler": (144, 119),
+    "vhangup": (153, 58),
+    "modify_ldt": (154, None),
+    "pivot_root": (155, 41),
+    "_sysctl": (156, None),
+    "adjtimex": (159, 171),
+    "chroot": (161, 51),
+    "acct": (163, 89),
+    "settimeofday": (164, 170),
+    "mount": (165, 40),
+    "umount2": (166, 39),
+    "swapon": (167, 224),
+    "swapoff": (168, 225),
+    "reboot": (169, 142),
+    "sethostname": (170, 161),
+    "setdomainname": (171, 162),
+    "iopl": (172, None),
+    "ioperm": (173, None),
+    "create_module": (174, None),
+    "init_module": (175, 105),
+    "delete_module": (176, 106),
+    "get_kernel_syms": (177, None),
+    "query_module": (178, None),
+    "quotactl": (179, 60),
+    "nfsservctl": (180, 42),
+    "setxattr": (188, 5),
+    "lsetxattr": (189, 6),
+    "fsetxattr": (190, 7),
+    "removexattr": (197, 14),
+    "lremovexattr": (198, 15),
+    "fremovexattr": (199, 16),
+    "sched_setaffinity": (203, 122),
+    "lookup_dcookie": (212, 18),
+    "clock_settime": (227, 112),
+    "utimes": (235, None),
+    "mq_open": (240, 180),
+    "mq_unlink": (241, 181),
+    "mq_timedsend": (242, 182),
+    "mq_timedreceive": (243, 183),
+    "mq_notify": (244, 184),
+    "mq_getsetattr": (245, 185),
+    "kexec_load": (246, 104),
+    "add_key": (248, 217),
+    "request_key": (249, 218),
+    "keyctl": (250, 219),
+    "ioprio_set": (251, 30),
+    "inotify_add_watch": (254, 27),
+    "migrate_pages": (256, 238),
+    "mknodat": (259, 33),
+    "fchownat": (260, 54),
+    "futimesat": (261, None),
+    "fchmodat": (268, 53),
+    "unshare": (272, 97),
+    "move_pages": (279, 239),
+    "utimensat": (280, 88),
+    "semtimedop": (220, 192),
+    "perf_event_open": (298, 241),
+    "fanotify_init": (300, 262),
+    "fanotify_mark": (301, 263),
+    "prlimit64": (302, 261),
+    "name_to_handle_at": (303, 264),
+    "open_by_handle_at": (304, 265),
+    "clock_adjtime": (305, 266),
+    "setns": (308, 268),
+    "process_vm_readv": (310, 270),
+    "process_vm_writev": (311, 271),
+    "kcmp": (312, 272),
+    "finit_module": (313, 273),
+    "sched_setattr": (314, 274),
+    "kexec_file_load": (320, 294),
+    "bpf": (321, 280),
+    "userfaultfd": (323, 282),
+    "io_uring_setup": (425, 425),
+    "io_uring_enter": (426, 426),
+    "io_uring_register": (427, 427),
+    "open_tree": (428, 428),
+    "move_mount": (429, 429),
+    "fsopen": (430, 430),
+    "fsconfig": (431, 431),
+    "fsmount": (432, 432),
+    "fspick": (433, 433),
+    "pidfd_open": (434, 434),
+    "clone3": (435, 435),
+    "pidfd_getfd": (438, 438),
+    "process_madvise": (440, 440),
+    "mount_setattr": (442, 442),
+    "quotactl_fd": (443, 443),
+    "landlock_create_ruleset": (444, 444),
+    "landlock_add_rule": (445, 445),
+    "landlock_restrict_self": (446, 446),
+    "process_mrelease": (448, 448),
+    "fchmodat2": (452, 452),
+    "statmount": (457, 457),
+    "listmount": (458, 458),
+    "lsm_set_self_attr": (460, 460),
+    "setxattrat": (463, 463),
+    "removexattrat": (466, 466),
+    "open_tree_attr": (467, 467),
+    "file_setattr": (469, 469),
+    "socketpair": (53, 199),
+    "bind": (49, 200),
+    "fcntl": (72, 25),
+    "io_setup": (206, 0),
+    "inotify_init": (253, None),
     "inotify_init1": (294, 26),
 }
 ARCHES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}  # AUDIT_ARCH_*, column above
 LAST_SYSCALL = 469  # the newest call in the table: newer ones get ENOSYS, as from an older kernel
-CLONE_ESCAPES = (0x8000  # CLONE_PARENT: a sibling of the script, outside its group's reach
-                 | 0x20000 | 0x02000000 | 0x04000000 | 0x08000000  # CLONE_NEW{NS,CGROUP,UTS,IPC}
-                 | 0x10000000 | 0x20000000 | 0x40000000)  # CLONE_NEW{USER,PID,NET}
+CLONE_ESCAPES = (
+    0x8000  # CLONE_PARENT: a sibling of the script, outside its group's reach
+    | 0x20000
+    | 0x02000000
+    | 0x04000000
+    | 0x08000000  # CLONE_NEW{NS,CGROUP,UTS,IPC}
+    | 0x10000000
+    | 0x20000000
+    | 0x40000000
+)  # CLONE_NEW{USER,PID,NET}
 S_IFMT, S_IFCHR, S_IFBLK, AF_UNIX, ALL = 0o170000, 0o020000, 0o060000, 1, 0xFFFFFFFF
 EPERM, EACCES, ENOSYS = 1, 13, 38
 
@@ -6471,49 +8033,103 @@ EPERM, EACCES, ENOSYS = 1, 13, 38
 # outside this process and its files (the host, the kernel, other processes, shared objects)?
 SECCOMP_RULES = (
     ("reboot kexec_load kexec_file_load", None, EPERM, "power off the host, boot another kernel"),
-    ("init_module finit_module delete_module create_module query_module get_kernel_syms",
-     None, EPERM, "load or unload kernel code"),
-    ("bpf perf_event_open userfaultfd", None, EPERM,
-     "run programs in the kernel, read performance counters, stall kernel threads"),
-    ("mount umount2 pivot_root chroot swapon swapoff open_tree open_tree_attr move_mount "
-     "fsopen fsconfig fsmount fspick mount_setattr statmount listmount",
-     None, EPERM, "change or inspect the host's mounts"),
+    (
+        "init_module finit_module delete_module create_module query_module get_kernel_syms",
+        None,
+        EPERM,
+        "load or unload kernel code",
+    ),
+    (
+        "bpf perf_event_open userfaultfd",
+        None,
+        EPERM,
+        "run programs in the kernel, read performance counters, stall kernel threads",
+    ),
+    (
+        "mount umount2 pivot_root chroot swapon swapoff open_tree open_tree_attr move_mount "
+        "fsopen fsconfig fsmount fspick mount_setattr statmount listmount",
+        None,
+        EPERM,
+        "change or inspect the host's mounts",
+    ),
     ("unshare setns", None, EPERM, "enter or make namespaces (and regain capabilities in them)"),
     ("clone", (0, CLONE_ESCAPES, "&", 0), EPERM, "make a sibling of the agent or new namespaces"),
-    ("clone3", None, ENOSYS, "its flags are in memory the filter cannot read; glibc then "
-                             "falls back to clone, whose flags it can"),
-    ("settimeofday clock_settime clock_adjtime adjtimex sethostname setdomainname", None,
-     EPERM, "set the host's clock or name"),
-    ("syslog acct quotactl quotactl_fd vhangup lookup_dcookie iopl ioperm modify_ldt uselib "
-     "_sysctl sysfs ustat nfsservctl lsm_set_self_attr", None, EPERM,
-     "read the kernel log, change host-wide settings, touch I/O ports"),
+    (
+        "clone3",
+        None,
+        ENOSYS,
+        "its flags are in memory the filter cannot read; glibc then "
+        "falls back to clone, whose flags it can",
+    ),
+    (
+        "settimeofday clock_settime clock_adjtime adjtimex sethostname setdomainname",
+        None,
+        EPERM,
+        "set the host's clock or name",
+    ),
+    (
+        "syslog acct quotactl quotactl_fd vhangup lookup_dcookie iopl ioperm modify_ldt uselib "
+        "_sysctl sysfs ustat nfsservctl lsm_set_self_attr",
+        None,
+        EPERM,
+        "read the kernel log, change host-wide settings, touch I/O ports",
+    ),
     ("keyctl add_key request_key", None, EPERM, "read or add kernel keys"),
-    ("ptrace process_vm_readv process_vm_writev kcmp pidfd_open pidfd_getfd process_madvise "
-     "process_mrelease", None, EPERM, "inspect or reach into another process"),
-    ("prlimit64 sched_setaffinity sched_setscheduler sched_setparam sched_setattr "
-     "migrate_pages move_pages", (0, ALL, "!=", 0), EPERM,
-     "change another process's limits, CPUs, scheduling or memory (0 means itself)"),
+    (
+        "ptrace process_vm_readv process_vm_writev kcmp pidfd_open pidfd_getfd process_madvise "
+        "process_mrelease",
+        None,
+        EPERM,
+        "inspect or reach into another process",
+    ),
+    (
+        "prlimit64 sched_setaffinity sched_setscheduler sched_setparam sched_setattr "
+        "migrate_pages move_pages",
+        (0, ALL, "!=", 0),
+        EPERM,
+        "change another process's limits, CPUs, scheduling or memory (0 means itself)",
+    ),
     ("setpriority", (0, ALL, "!=", 0), EPERM, "renice a group or a user (PRIO_PROCESS only)"),
     ("setpriority", (1, ALL, "!=", 0), EPERM, "renice another process"),
     ("ioprio_set", (0, ALL, "!=", 1), EPERM, "set the I/O priority of a group or a user"),
     ("ioprio_set", (1, ALL, "!=", 0), EPERM, "set another process's I/O priority"),
     ("setsid setpgid", None, EPERM, "leave the process group the launcher kills"),
-    ("fanotify_init fanotify_mark inotify_init inotify_init1 inotify_add_watch", None, EPERM,
-     "watch file activity, the machine's included (and use up the user's inotify instances)"),
+    (
+        "fanotify_init fanotify_mark inotify_init inotify_init1 inotify_add_watch",
+        None,
+        EPERM,
+        "watch file activity, the machine's included (and use up the user's inotify instances)",
+    ),
     ("fcntl", (1, ALL, "==", 1026), EPERM, "F_NOTIFY: watch a directory, the machine's too"),
-    ("fcntl", (1, ALL, "==", 1024), EPERM, "F_SETLEASE: stall another program's open of a "
-                                            "file it owns, as root does every root file"),
+    (
+        "fcntl",
+        (1, ALL, "==", 1024),
+        EPERM,
+        "F_SETLEASE: stall another program's open of a file it owns, as root does every root file",
+    ),
     ("io_setup", None, EPERM, "take the machine's whole quota of AIO events"),
-    ("msgget msgsnd msgrcv msgctl semget semop semtimedop semctl shmget shmat shmdt shmctl "
-     "mq_open mq_unlink mq_timedsend mq_timedreceive mq_notify mq_getsetattr", None, EPERM,
-     "IPC objects shared with other programs that outlive the call"),
-    ("io_uring_setup io_uring_enter io_uring_register", None, EPERM,
-     "file and socket operations this filter cannot see"),
+    (
+        "msgget msgsnd msgrcv msgctl semget semop semtimedop semctl shmget shmat shmdt shmctl "
+        "mq_open mq_unlink mq_timedsend mq_timedreceive mq_notify mq_getsetattr",
+        None,
+        EPERM,
+        "IPC objects shared with other programs that outlive the call",
+    ),
+    (
+        "io_uring_setup io_uring_enter io_uring_register",
+        None,
+        EPERM,
+        "file and socket operations this filter cannot see",
+    ),
     ("name_to_handle_at open_by_handle_at", None, EPERM, "open files by handle, past path checks"),
-    ("chmod fchmod fchmodat fchmodat2 chown fchown lchown fchownat utime utimes futimesat "
-     "utimensat setxattr lsetxattr fsetxattr removexattr lremovexattr fremovexattr setxattrat "
-     "removexattrat file_setattr", None, EPERM,
-     "change the mode, owner, times or attributes of files it may only read (Landlock cannot)"),
+    (
+        "chmod fchmod fchmodat fchmodat2 chown fchown lchown fchownat utime utimes futimesat "
+        "utimensat setxattr lsetxattr fsetxattr removexattr lremovexattr fremovexattr setxattrat "
+        "removexattrat file_setattr",
+        None,
+        EPERM,
+        "change the mode, owner, times or attributes of files it may only read (Landlock cannot)",
+    ),
     ("mknod", (1, S_IFMT, "==", S_IFCHR), EPERM, "make a character device"),
     ("mknod", (1, S_IFMT, "==", S_IFBLK), EPERM, "make a block device"),
     ("mknodat", (2, S_IFMT, "==", S_IFCHR), EPERM, "make a character device"),
@@ -6532,13 +8148,21 @@ SECCOMP_RULES = (
     ("ioctl", (1, ALL, "==", 0x660C), EPERM, "EXT4_IOC_ALLOC_DA_BLKS: force a file's blocks"),
     ("ioctl", (1, ALL, "==", 0x5412), EPERM, "TIOCSTI: type into a terminal"),
     ("ioctl", (1, ALL, "==", 0x541C), EPERM, "TIOCLINUX: the console's selection and keys"),
-    ("socket socketpair", (0, ALL, "!=", AF_UNIX), EACCES,
-     "open a network, netlink or raw socket (or load the module of one)"),
+    (
+        "socket socketpair",
+        (0, ALL, "!=", AF_UNIX),
+        EACCES,
+        "open a network, netlink or raw socket (or load the module of one)",
+    ),
 )
 UNIX_SOCKET_RULES = (  # where Landlock cannot govern named unix sockets (below ABI 9)
     ("socket", None, EACCES, "connect to a named unix socket (docker.sock, D-Bus, ssh-agent)"),
-    ("socketpair", (1, 0xF, "==", 2), EACCES, "a datagram pair: its sendto reaches any named "
-                                              "socket (/dev/log, systemd's notify socket)"),
+    (
+        "socketpair",
+        (1, 0xF, "==", 2),
+        EACCES,
+        "a datagram pair: its sendto reaches any named socket (/dev/log, systemd's notify socket)",
+    ),
     ("socketpair", (1, 0xF, "==", 3), EACCES, "SOCK_RAW, which AF_UNIX turns into the same"),
     ("bind", None, EACCES, "take an abstract socket name the host's programs use"),
 )
@@ -6547,15 +8171,24 @@ PR_SET_PDEATHSIG, PR_CAPBSET_READ, PR_CAPBSET_DROP, PR_SET_SECCOMP = 1, 23, 24, 
 PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 36, 38, 47
 SECCOMP_MODE_FILTER, CAP_VERSION_3, MAX_FD = 2, 0x20080522, 1 << 16
 SECCOMP_ALLOW, SECCOMP_KILL, SECCOMP_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
-CLONE_NEWNS, CLONE_NEWUSER, MS_BIND, MS_REC, MS_PRIVATE = 0x20000, 0x10000000, 0x1000, 0x4000, 1 << 18
+CLONE_NEWNS, CLONE_NEWUSER, MS_BIND, MS_REC, MS_PRIVATE = (
+    0x20000,
+    0x10000000,
+    0x1000,
+    0x4000,
+    1 << 18,
+)
 CLONE_NEWPID = 0x20000000
 MS_NOSUID, MS_NODEV = 0x2, 0x4
 
 
 def rights(table, abi, names=None):
     """The bit mask of the rights in `names` (all by default) that Landlock ABI `abi` knows."""
-    return sum(1 << bit for name, (bit, since) in table.items()
-               if since <= abi and (names is None or name in names))
+    return sum(
+        1 << bit
+        for name, (bit, since) in table.items()
+        if since <= abi and (names is None or name in names)
+    )
 
 
 class PathBeneath(ctypes.Structure):
@@ -6588,6 +8221,7 @@ def syscall(libc, name, *args):
 
 # --- CLI ---
 
+
 def meant_flags(parser, extra):
     """Each unknown flag among `extra`, with the flag it most likely meant (`--work`:
     --workdir; `-c`: -C), or --help when none is near."""
@@ -6598,21 +8232,23 @@ def meant_flags(parser, extra):
         if name in OTHER_TOOLS_FLAGS:  # what another agent CLI means by it
             shown.append(f"{flag} ({OTHER_TOOLS_FLAGS[name]})")
             continue
-        near = [k for k in known if k.lower() == name.lower()] or \
-            difflib.get_close_matches(name, [k for k in known if k.startswith("--")], 1, 0.7)
+        near = [k for k in known if k.lower() == name.lower()] or difflib.get_close_matches(
+            name, [k for k in known if k.startswith("--")], 1, 0.7
+        )
         shown.append(f"{flag} (did you mean {near[0]}?)" if near else f"{flag} (see --help)")
     return shown
 
 
 OTHER_TOOLS_FLAGS = {  # flags of claude, llm, codex exec, mini-swe-agent, and what they are here
-    "-c": "did you mean -C? to go on with the last run, as claude -c and llm -c do: --resume "
-          "last",
+    "-c": "did you mean -C? to go on with the last run, as claude -c and llm -c do: --resume last",
     "--continue": "to go on with the last run: --resume last",
     "-p": "no -p is needed: the question is the argument, and the answer goes to stdout",
     "--print": "no --print is needed: the answer goes to stdout",
-    "--max-steps": "did you mean --max-turns?", "--max-iterations": "did you mean --max-turns?",
+    "--max-steps": "did you mean --max-turns?",
+    "--max-iterations": "did you mean --max-turns?",
     "--cost-limit": "did you mean --budget-usd?",
-    "-t": "no -t is needed: the question is the argument"}
+    "-t": "no -t is needed: the question is the argument",
+}
 
 
 class Parser(argparse.ArgumentParser):
@@ -6634,10 +8270,13 @@ class Once(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         given = namespace.__dict__.setdefault("_given", {})
         if self.dest in given and given[self.dest] != values:
-            shown = [" ".join(v) if isinstance(v, list) else str(v)
-                     for v in (given[self.dest], values)]
-            raise UsageError(f"{'/'.join(self.option_strings)} was given twice ({shown[0]}, "
-                             f"then {shown[1]}): give it once")
+            shown = [
+                " ".join(v) if isinstance(v, list) else str(v) for v in (given[self.dest], values)
+            ]
+            raise UsageError(
+                f"{'/'.join(self.option_strings)} was given twice ({shown[0]}, "
+                f"then {shown[1]}): give it once"
+            )
         given[self.dest] = values
         setattr(namespace, self.dest, values)
 
@@ -6687,215 +8326,434 @@ def tokens_or_off(value):
         raise argparse.ArgumentTypeError("give a number of tokens, or off")
 
 
-LONGEST_WAIT = 10 ** 9  # seconds a timeout may be: every clock agent.py waits on holds it
+LONGEST_WAIT = 10**9  # seconds a timeout may be: every clock agent.py waits on holds it
 
 
 def parse_args(argv):
-    p = Parser(prog="agent.py", epilog=EPILOG, description=DESCRIPTION, allow_abbrev=False,
-               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-V", "--version", action="version", version=f"agent.py {AGENT_VERSION}",
-                   help="print agent.py's version, and exit")
+    p = Parser(
+        prog="agent.py",
+        epilog=EPILOG,
+        description=DESCRIPTION,
+        allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "-V",
+        "--version",
+        action="version",
+        version=f"agent.py {AGENT_VERSION}",
+        help="print agent.py's version, and exit",
+    )
     run = p.add_argument_group("run")
-    run.add_argument("question", nargs="?", help="the question; - reads it from stdin (with "
-                     "--resume: an optional follow-up)")
-    run.add_argument("-C", "--workdir", metavar="DIR", help="the directory the tools work in "
-                     "(default: the current one); one that holds agent.py or its Python is "
-                     "refused, unless --no-sandbox")
-    run.add_argument("-m", "--model", metavar="ID", help="model id (default: $ANTHROPIC_MODEL, "
-                     f"else {DEFAULT_MODEL})")
-    run.add_argument("--effort", choices=EFFORTS, help="sent as output_config.effort (default: "
-                     "the model's)")
-    run.add_argument("-y", "--yes", action="store_true", help="run run_python without asking, "
-                     "once the sandbox is proven (default: ask every time)")
-    run.add_argument("--no-sandbox", action="store_true", help="run run_python unconfined "
-                     "(default: sandboxed)")
-    run.add_argument("-r", "--resume", metavar="PATH", help="continue a saved transcript (last: "
-                     "the newest kept run; or a run id); rewrites PATH as the run goes on (give "
-                     "--transcript to write elsewhere)")
-    run.add_argument("--replay", metavar="PATH", help="run a saved transcript's model turns "
-                     "again against the real tools: no key, no connection (last, or a run id: "
-                     "a kept run)")
-    run.add_argument("--strict", action="store_true", help="with --replay: stop at the first "
-                     "turn whose tool results differ from the recording, and exit 7 "
-                     "(replay_differs): a regression check for CI")
-    run.add_argument("-s", "--system-prompt", metavar="FILE", help="the system prompt, from "
-                     "this UTF-8 file (default: agent.py's, for questions about files); recorded "
-                     "in the transcript, and kept by --resume")
+    run.add_argument(
+        "question",
+        nargs="?",
+        help="the question; - reads it from stdin (with --resume: an optional follow-up)",
+    )
+    run.add_argument(
+        "-C",
+        "--workdir",
+        metavar="DIR",
+        help="the directory the tools work in "
+        "(default: the current one); one that holds agent.py or its Python is "
+        "refused, unless --no-sandbox",
+    )
+    run.add_argument(
+        "-m",
+        "--model",
+        metavar="ID",
+        help=f"model id (default: $ANTHROPIC_MODEL, else {DEFAULT_MODEL})",
+    )
+    run.add_argument(
+        "--effort", choices=EFFORTS, help="sent as output_config.effort (default: the model's)"
+    )
+    run.add_argument(
+        "-y",
+        "--yes",
+        action="store_true",
+        help="run run_python without asking, once the sandbox is proven (default: ask every time)",
+    )
+    run.add_argument(
+        "--no-sandbox", action="store_true", help="run run_python unconfined (default: sandboxed)"
+    )
+    run.add_argument(
+        "-r",
+        "--resume",
+        metavar="PATH",
+        help="continue a saved transcript (last: "
+        "the newest kept run; or a run id); rewrites PATH as the run goes on (give "
+        "--transcript to write elsewhere)",
+    )
+    run.add_argument(
+        "--replay",
+        metavar="PATH",
+        help="run a saved transcript's model turns "
+        "again against the real tools: no key, no connection (last, or a run id: "
+        "a kept run)",
+    )
+    run.add_argument(
+        "--strict",
+        action="store_true",
+        help="with --replay: stop at the first "
+        "turn whose tool results differ from the recording, and exit 7 "
+        "(replay_differs): a regression check for CI",
+    )
+    run.add_argument(
+        "-s",
+        "--system-prompt",
+        metavar="FILE",
+        help="the system prompt, from "
+        "this UTF-8 file (default: agent.py's, for questions about files); recorded "
+        "in the transcript, and kept by --resume",
+    )
     limits = p.add_argument_group("limits")
-    limits.add_argument("--max-turns", type=whole_number, metavar="N", default=Limits.max_turns,
-                        help=f"requests per run (default: {Limits.max_turns})")
-    limits.add_argument("--token-budget", type=whole_number, metavar="N",
-                        default=Limits.token_budget,
-                        help="input + cache + output tokens per run (default: "
-                             f"{Limits.token_budget:,})")
-    limits.add_argument("--budget-usd", type=float, metavar="X", help="dollars per run, "
-                        "priced like the bill (default: no dollar limit)")
-    limits.add_argument("--max-tokens", type=whole_number, metavar="N", default=Limits.max_tokens,
-                        help=f"output tokens per response (default: {Limits.max_tokens:,})")
-    limits.add_argument("--tool-timeout", type=float, metavar="SECONDS",
-                        default=Limits.tool_timeout, help="seconds per run_python call "
-                        f"(default: {Limits.tool_timeout:g})")
-    limits.add_argument("--request-timeout", type=float, metavar="SECONDS",
-                        default=Limits.request_timeout, help="seconds a streamed reply may go "
-                        "without an event before the turn is retried (default: "
-                        f"{Limits.request_timeout:g})")
+    limits.add_argument(
+        "--max-turns",
+        type=whole_number,
+        metavar="N",
+        default=Limits.max_turns,
+        help=f"requests per run (default: {Limits.max_turns})",
+    )
+    limits.add_argument(
+        "--token-budget",
+        type=whole_number,
+        metavar="N",
+        default=Limits.token_budget,
+        help=f"input + cache + output tokens per run (default: {Limits.token_budget:,})",
+    )
+    limits.add_argument(
+        "--budget-usd",
+        type=float,
+        metavar="X",
+        help="dollars per run, priced like the bill (default: no dollar limit)",
+    )
+    limits.add_argument(
+        "--max-tokens",
+        type=whole_number,
+        metavar="N",
+        default=Limits.max_tokens,
+        help=f"output tokens per response (default: {Limits.max_tokens:,})",
+    )
+    limits.add_argument(
+        "--tool-timeout",
+        type=float,
+        metavar="SECONDS",
+        default=Limits.tool_timeout,
+        help=f"seconds per run_python call (default: {Limits.tool_timeout:g})",
+    )
+    limits.add_argument(
+        "--request-timeout",
+        type=float,
+        metavar="SECONDS",
+        default=Limits.request_timeout,
+        help="seconds a streamed reply may go "
+        "without an event before the turn is retried (default: "
+        f"{Limits.request_timeout:g})",
+    )
     outputs = p.add_argument_group("outputs")
-    outputs.add_argument("--transcript", metavar="PATH", help="write the transcript JSON here, "
-                         "outside the workdir; - for stdout (default: none)")
-    outputs.add_argument("--events", metavar="PATH", help="write the run's events as JSON Lines "
-                         "here, outside the workdir; - for stdout (default: none)")
-    outputs.add_argument("--otel", action="store_true", help="send the run as OpenTelemetry "
-                         "traces over OTLP, as OTEL_EXPORTER_OTLP_* say (optional packages)")
-    outputs.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr "
-                         "(default: progress)")
-    outputs.add_argument("--no-keep", action="store_true", help="keep no copy of this run in "
-                         "$XDG_STATE_HOME/agent.py/runs or ~/.local/state/agent.py/runs "
-                         "(default: every run is kept there; AGENT_PY_NO_KEEP=1 keeps none)")
+    outputs.add_argument(
+        "--transcript",
+        metavar="PATH",
+        help="write the transcript JSON here, outside the workdir; - for stdout (default: none)",
+    )
+    outputs.add_argument(
+        "--events",
+        metavar="PATH",
+        help="write the run's events as JSON Lines "
+        "here, outside the workdir; - for stdout (default: none)",
+    )
+    outputs.add_argument(
+        "--otel",
+        action="store_true",
+        help="send the run as OpenTelemetry "
+        "traces over OTLP, as OTEL_EXPORTER_OTLP_* say (optional packages)",
+    )
+    outputs.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress on stderr (default: progress)"
+    )
+    outputs.add_argument(
+        "--no-keep",
+        action="store_true",
+        help="keep no copy of this run in "
+        "$XDG_STATE_HOME/agent.py/runs or ~/.local/state/agent.py/runs "
+        "(default: every run is kept there; AGENT_PY_NO_KEEP=1 keeps none)",
+    )
     trials = p.add_argument_group("trials: how stable is a behaviour")
-    trials.add_argument("--trials", type=whole_number, metavar="K",
-                        help=f"run the question K times "
-                        f"(at most {MAX_TRIALS:,}); "
-                        "report pass@k and pass^k (with no --expect, --expect-tool or "
-                        "--expect-stop, a trial passes if it stopped with end_turn)")
-    trials.add_argument("--jobs", type=whole_number, metavar="N", default=1,
-                        help="trials run at once "
-                        f"(default: 1; at most {MAX_JOBS})")
-    trials.add_argument("--trials-budget-usd", type=float, metavar="X", help="dollars over all "
-                        "the trials: once they have spent X, no more start (--budget-usd bounds "
-                        "each one; default: no total)")
-    trials.add_argument("--expect", metavar="REGEX", help="a trial passes if this regex is in "
-                        "the answer")
-    trials.add_argument("--expect-tool", metavar="NAME", choices=list(TOOL_FUNCTIONS),
-                        help="... and it used this tool")
-    trials.add_argument("--expect-stop", metavar="LABEL", choices=list(EXIT_CODES),
-                        help="... and stopped so: one of " + ", ".join(EXIT_CODES))
-    trials.add_argument("--decline-message", metavar="TEXT", help="what a declined run_python "
-                        "call tells the model (default: not to retry it, and to ask the user how "
-                        "to proceed)")
+    trials.add_argument(
+        "--trials",
+        type=whole_number,
+        metavar="K",
+        help=f"run the question K times "
+        f"(at most {MAX_TRIALS:,}); "
+        "report pass@k and pass^k (with no --expect, --expect-tool or "
+        "--expect-stop, a trial passes if it stopped with end_turn)",
+    )
+    trials.add_argument(
+        "--jobs",
+        type=whole_number,
+        metavar="N",
+        default=1,
+        help=f"trials run at once (default: 1; at most {MAX_JOBS})",
+    )
+    trials.add_argument(
+        "--trials-budget-usd",
+        type=float,
+        metavar="X",
+        help="dollars over all "
+        "the trials: once they have spent X, no more start (--budget-usd bounds "
+        "each one; default: no total)",
+    )
+    trials.add_argument(
+        "--expect", metavar="REGEX", help="a trial passes if this regex is in the answer"
+    )
+    trials.add_argument(
+        "--expect-tool",
+        metavar="NAME",
+        choices=list(TOOL_FUNCTIONS),
+        help="... and it used this tool",
+    )
+    trials.add_argument(
+        "--expect-stop",
+        metavar="LABEL",
+        choices=list(EXIT_CODES),
+        help="... and stopped so: one of " + ", ".join(EXIT_CODES),
+    )
+    trials.add_argument(
+        "--decline-message",
+        metavar="TEXT",
+        help="what a declined run_python "
+        "call tells the model (default: not to retry it, and to ask the user how "
+        "to proceed)",
+    )
     context = p.add_argument_group("context: clearing old tool results")
-    context.add_argument("--clear-tool-results", type=tokens_or_off, metavar="TOKENS|off",
-                         default=Limits.clear_at, help="once a prompt reaches TOKENS, send old "
-                         "tool results as a one-line placeholder (default: "
-                         f"{Limits.clear_at:,})")
-    context.add_argument("--keep-tool-results", type=whole_number, metavar="N",
-                         default=Limits.keep_results, help="the newest tool results, never "
-                         f"cleared (default: {Limits.keep_results})")
-    context.add_argument("--clear-at-least", type=whole_number, metavar="TOKENS",
-                         default=Limits.clear_at_least, help="clear only when that frees this "
-                         "many tokens, since a clearing breaks the cache once (default: "
-                         f"{Limits.clear_at_least:,})")
-    context.add_argument("--context-edit", choices=("client", "server"),
-                         default=Limits.context_edit, help="who clears: agent.py, or the API's "
-                         "context editing (beta) (default: client)")
-    inspect = p.add_argument_group("inspection: print or convert, send nothing (but "
-                                   "--count-tokens)")
-    inspect.add_argument("--count-tokens", action="store_true", help="print what the system "
-                         "prompt, the tools and QUESTION cost in input tokens (the API's "
-                         "count_tokens), and exit")
-    inspect.add_argument("--schema", choices=list(SCHEMAS), help="print the JSON Schema of a "
-                         "transcript, an event or a trials summary, and exit")
-    inspect.add_argument("--report", metavar="JSON", help="write an HTML report of a transcript "
-                         "or trials summary (last, or a run id: a kept run), and exit")
-    inspect.add_argument("--export", nargs=2, metavar=("FORMAT", "JSON"), help="convert a "
-                         "transcript or trials summary (last, or a run id: a kept run): atif "
-                         "(the Agent Trajectory Interchange Format, v1.8), and exit")
-    inspect.add_argument("-o", "--output", metavar="PATH", help="where --report or --export "
-                         "writes; - for stdout (default: beside JSON)")
+    context.add_argument(
+        "--clear-tool-results",
+        type=tokens_or_off,
+        metavar="TOKENS|off",
+        default=Limits.clear_at,
+        help="once a prompt reaches TOKENS, send old "
+        "tool results as a one-line placeholder (default: "
+        f"{Limits.clear_at:,})",
+    )
+    context.add_argument(
+        "--keep-tool-results",
+        type=whole_number,
+        metavar="N",
+        default=Limits.keep_results,
+        help=f"the newest tool results, never cleared (default: {Limits.keep_results})",
+    )
+    context.add_argument(
+        "--clear-at-least",
+        type=whole_number,
+        metavar="TOKENS",
+        default=Limits.clear_at_least,
+        help="clear only when that frees this "
+        "many tokens, since a clearing breaks the cache once (default: "
+        f"{Limits.clear_at_least:,})",
+    )
+    context.add_argument(
+        "--context-edit",
+        choices=("client", "server"),
+        default=Limits.context_edit,
+        help="who clears: agent.py, or the API's context editing (beta) (default: client)",
+    )
+    inspect = p.add_argument_group(
+        "inspection: print or convert, send nothing (but --count-tokens)"
+    )
+    inspect.add_argument(
+        "--count-tokens",
+        action="store_true",
+        help="print what the system "
+        "prompt, the tools and QUESTION cost in input tokens (the API's "
+        "count_tokens), and exit",
+    )
+    inspect.add_argument(
+        "--schema",
+        choices=list(SCHEMAS),
+        help="print the JSON Schema of a transcript, an event or a trials summary, and exit",
+    )
+    inspect.add_argument(
+        "--report",
+        metavar="JSON",
+        help="write an HTML report of a transcript "
+        "or trials summary (last, or a run id: a kept run), and exit",
+    )
+    inspect.add_argument(
+        "--export",
+        nargs=2,
+        metavar=("FORMAT", "JSON"),
+        help="convert a "
+        "transcript or trials summary (last, or a run id: a kept run): atif "
+        "(the Agent Trajectory Interchange Format, v1.8), and exit",
+    )
+    inspect.add_argument(
+        "-o",
+        "--output",
+        metavar="PATH",
+        help="where --report or --export writes; - for stdout (default: beside JSON)",
+    )
     args, extra = p.parse_known_args(argv)
     if extra:  # argparse's own message; for words alone, what they most likely are
         words = [a for a in extra if not a.startswith("-") or a == "-"]
         if "--" in argv and argv.index("--") < len(argv) - len(extra):  # flags after --
-            raise UsageError(f"unrecognized arguments: {' '.join(extra)}; options go before --, "
-                             "after which every word is the question's")
+            raise UsageError(
+                f"unrecognized arguments: {' '.join(extra)}; options go before --, "
+                "after which every word is the question's"
+            )
         if words != extra:  # a mistyped flag: the words after it may be its value, not extra
             raise UsageError(f"unrecognized arguments: {' '.join(meant_flags(p, extra))}")
         both = [args.question, *words] if args.question is not None and len(words) == 1 else []
         folders = [w for w in both if os.path.isdir(w)]
         if len(folders) == 1:  # `agent.py "avg?" workspace`: the directory is the workdir
             asked = next(w for w in both if w != folders[0])
-            raise UsageError(f"unrecognized arguments: {' '.join(extra)}; {folders[0]} is a "
-                             f"directory: did you mean agent.py {shlex.quote(asked)} --workdir "
-                             f"{shlex.quote(folders[0])}?")
-        hint = f"; a question of several words goes in quotes: agent.py " \
-               f"{shlex.quote(' '.join([args.question, *words]))} ..." \
-            if args.question is not None else " (see --help)"
+            raise UsageError(
+                f"unrecognized arguments: {' '.join(extra)}; {folders[0]} is a "
+                f"directory: did you mean agent.py {shlex.quote(asked)} --workdir "
+                f"{shlex.quote(folders[0])}?"
+            )
+        hint = (
+            f"; a question of several words goes in quotes: agent.py "
+            f"{shlex.quote(' '.join([args.question, *words]))} ..."
+            if args.question is not None
+            else " (see --help)"
+        )
         raise UsageError(f"unrecognized arguments: {' '.join(extra)}{hint}")
     for action in p._actions:  # a path given as "" is an unset variable, never a choice
         if action.metavar in ("PATH", "DIR", "JSON", "FILE") and getattr(args, action.dest) == "":
-            raise UsageError(f"{'/'.join(action.option_strings)} is empty (an unset shell "
-                             f"variable, as in {action.option_strings[-1]} \"$OUT\"?): give "
-                             "a path")
+            raise UsageError(
+                f"{'/'.join(action.option_strings)} is empty (an unset shell "
+                f'variable, as in {action.option_strings[-1]} "$OUT"?): give '
+                "a path"
+            )
     if args.report == "-" or args.export and args.export[1] == "-":
-        raise UsageError(f"{'--report' if args.report else '--export'} reads a file, not stdin: "
-                         "give the path of a transcript or summary (or last)")
-    inspecting = [flag for flag, given in (("--schema", args.schema), ("--report", args.report),
-                                           ("--export", args.export)) if given]
+        raise UsageError(
+            f"{'--report' if args.report else '--export'} reads a file, not stdin: "
+            "give the path of a transcript or summary (or last)"
+        )
+    inspecting = [
+        flag
+        for flag, given in (
+            ("--schema", args.schema),
+            ("--report", args.report),
+            ("--export", args.export),
+        )
+        if given
+    ]
     if args.count_tokens:  # it runs nothing: what a run would do with these, it would not do
-        ignored = [flag for flag, given in (
-            ("--replay", args.replay), ("--resume", args.resume), ("--trials", args.trials),
-            ("--transcript", args.transcript), ("--events", args.events)) if given is not None]
+        ignored = [
+            flag
+            for flag, given in (
+                ("--replay", args.replay),
+                ("--resume", args.resume),
+                ("--trials", args.trials),
+                ("--transcript", args.transcript),
+                ("--events", args.events),
+            )
+            if given is not None
+        ]
         if ignored or inspecting:
-            raise UsageError(f"--count-tokens cannot be combined with {(ignored or inspecting)[0]}"
-                             ": it counts a question's tokens and runs nothing; give one of them")
+            raise UsageError(
+                f"--count-tokens cannot be combined with {(ignored or inspecting)[0]}"
+                ": it counts a question's tokens and runs nothing; give one of them"
+            )
     if len(inspecting) > 1:
         raise UsageError(f"{' and '.join(inspecting)} cannot be combined: give one")
     if inspecting:  # they read a saved run and run nothing: a run's flag would be dropped
-        dropped = [flag for flag, given in (
-            ("--replay", args.replay), ("--resume", args.resume), ("--trials", args.trials),
-            ("--transcript", args.transcript), ("--events", args.events),
-            ("--otel", args.otel or None)) if given is not None]
+        dropped = [
+            flag
+            for flag, given in (
+                ("--replay", args.replay),
+                ("--resume", args.resume),
+                ("--trials", args.trials),
+                ("--transcript", args.transcript),
+                ("--events", args.events),
+                ("--otel", args.otel or None),
+            )
+            if given is not None
+        ]
         if dropped:
-            what = {"--schema": "prints a schema", "--report": "writes a report of a saved run",
-                    "--export": "converts a saved run"}[inspecting[0]]
-            raise UsageError(f"{inspecting[0]} cannot be combined with {dropped[0]}: it {what}, "
-                             "and runs nothing; give one of them")
+            what = {
+                "--schema": "prints a schema",
+                "--report": "writes a report of a saved run",
+                "--export": "converts a saved run",
+            }[inspecting[0]]
+            raise UsageError(
+                f"{inspecting[0]} cannot be combined with {dropped[0]}: it {what}, "
+                "and runs nothing; give one of them"
+            )
     if args.output and not (args.report or args.export):
-        raise UsageError("-o/--output goes with --report or --export (the answer goes to "
-                         f"stdout: > {shlex.quote(args.output)}; the transcript: --transcript "
-                         "FILE)" if args.output else "-o/--output goes with --report or --export")
+        raise UsageError(
+            "-o/--output goes with --report or --export (the answer goes to "
+            f"stdout: > {shlex.quote(args.output)}; the transcript: --transcript "
+            "FILE)"
+            if args.output
+            else "-o/--output goes with --report or --export"
+        )
     if inspecting and args.question is not None:
         raise UsageError(f"{inspecting[0]} takes no question, and {args.question!r} was given")
     if args.export and args.export[0] != "atif":
         raise UsageError(f"--export knows one format, atif, not {args.export[0]!r}")
     if args.model is not None and not args.model.strip():
-        raise UsageError("--model is empty (an unset shell variable, as in -m \"$MODEL\"?): give "
-                         "a model id, or leave -m out for the default")
+        raise UsageError(
+            '--model is empty (an unset shell variable, as in -m "$MODEL"?): give '
+            "a model id, or leave -m out for the default"
+        )
     if inspecting or args.count_tokens:
         return args
     if args.question in ("help", "version"):  # a first try at what --help and --version do
-        raise UsageError(f"a question of one word, {args.question!r}: did you mean "
-                         f"--{args.question}? (to ask it, give more words)")
-    for name in ("max_turns", "token_budget", "max_tokens", "jobs", "trials", "clear_tool_results",
-                 "clear_at_least"):
+        raise UsageError(
+            f"a question of one word, {args.question!r}: did you mean "
+            f"--{args.question}? (to ask it, give more words)"
+        )
+    for name in (
+        "max_turns",
+        "token_budget",
+        "max_tokens",
+        "jobs",
+        "trials",
+        "clear_tool_results",
+        "clear_at_least",
+    ):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
     for name, most in (("trials", MAX_TRIALS), ("jobs", MAX_JOBS)):
         value = getattr(args, name)
         if value is not None and value > most:
-            raise UsageError(f"--{name} {value:,} is over {most:,}, the most agent.py runs in "
-                             f"one go: give at most {most:,}" + (
-                                 " (split a bigger measurement into several runs)"
-                                 if name == "trials" else ""))
+            raise UsageError(
+                f"--{name} {value:,} is over {most:,}, the most agent.py runs in "
+                f"one go: give at most {most:,}"
+                + (" (split a bigger measurement into several runs)" if name == "trials" else "")
+            )
     for name in ("tool_timeout", "budget_usd", "request_timeout", "trials_budget_usd"):
         value = getattr(args, name)
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise UsageError(f"--{name.replace('_', '-')} must be a positive number")
         if name.endswith("timeout") and value > LONGEST_WAIT:  # a socket's, a CPU limit's
-            raise UsageError(f"--{name.replace('_', '-')} must be at most {LONGEST_WAIT:,} "
-                             "seconds")
-    if args.replay and (args.resume or args.trials or args.question is not None or args.model
-                        or args.effort or args.system_prompt):
-        raise UsageError("--replay runs the recorded question and turns again: give it no "
-                         "question, --model, --effort, --system-prompt, --resume or --trials")
+            raise UsageError(f"--{name.replace('_', '-')} must be at most {LONGEST_WAIT:,} seconds")
+    if args.replay and (
+        args.resume
+        or args.trials
+        or args.question is not None
+        or args.model
+        or args.effort
+        or args.system_prompt
+    ):
+        raise UsageError(
+            "--replay runs the recorded question and turns again: give it no "
+            "question, --model, --effort, --system-prompt, --resume or --trials"
+        )
     if args.strict and not args.replay:
         raise UsageError("--strict goes with --replay")
-    for what, value in (("the question", args.question), ("--model", args.model),
-                        ("--expect", args.expect), ("--decline-message", args.decline_message)):
+    for what, value in (
+        ("the question", args.question),
+        ("--model", args.model),
+        ("--expect", args.expect),
+        ("--decline-message", args.decline_message),
+    ):
         check_text(value, what)
     if args.resume is None and args.replay is None and not (args.question or "").strip():
-        raise UsageError("give a question (- reads it from stdin), --resume PATH or --replay "
-                         "PATH")
+        raise UsageError("give a question (- reads it from stdin), --resume PATH or --replay PATH")
     if args.expect:
         try:
             re.compile(args.expect)
@@ -6927,21 +8785,23 @@ def check_text(value, what):
     try:
         value is None or value.encode("utf-8")
     except UnicodeEncodeError as e:
-        byte = os.fsencode(value[e.start])[0] if "\udc80" <= value[e.start] <= "\udcff" \
-            else None
-        not_utf8(what, byte, value[:e.start])
+        byte = os.fsencode(value[e.start])[0] if "\udc80" <= value[e.start] <= "\udcff" else None
+        not_utf8(what, byte, value[: e.start])
     return value
 
 
 def not_utf8(what, byte, before):
     said = f"byte 0x{byte:02x}" if byte is not None else "a lone surrogate"
-    raise UsageError(f"{what} is not valid UTF-8: {said} after {shorten(before, 40)!r}; give it "
-                     "as UTF-8 text (iconv -t UTF-8 converts a file)")
+    raise UsageError(
+        f"{what} is not valid UTF-8: {said} after {shorten(before, 40)!r}; give it "
+        "as UTF-8 text (iconv -t UTF-8 converts a file)"
+    )
 
 
 class QuestionWasRead(io.StringIO):
     """stdin once the question (-) was read from it: nothing is left to answer a question with,
     and agreed says so."""
+
     no_answer = "(no answer: stdin held the question; give --yes to run it unasked)"
 
 
@@ -6962,8 +8822,10 @@ class PipedAnswers:
     def readline(self):
         answer = self.stdin.readline()
         if answer.strip():
-            to_stderr(dimmed(f"{shorten(visible(answer.strip()), 40)} (from stdin)\n",
-                             sys.stderr), sys.stderr)
+            to_stderr(
+                dimmed(f"{shorten(visible(answer.strip()), 40)} (from stdin)\n", sys.stderr),
+                sys.stderr,
+            )
             return answer if answer.endswith("\n") else answer + "\n"
         return answer
 
@@ -6978,12 +8840,14 @@ def read_question(stdin):
         return check_text(stdin.read(), "the question on stdin")
     data = raw.read(MAX_QUESTION + 1).removeprefix(b"\xef\xbb\xbf")  # a BOM (Notepad's): no text
     if len(data) > MAX_QUESTION:  # `yes | agent.py -` ends here, not when memory does
-        raise UsageError(f"the question on stdin is over {MAX_QUESTION >> 20} MiB, more than the "
-                         "API takes in one request")
+        raise UsageError(
+            f"the question on stdin is over {MAX_QUESTION >> 20} MiB, more than the "
+            "API takes in one request"
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        before = data[:e.start].decode("utf-8", "replace")
+        before = data[: e.start].decode("utf-8", "replace")
         not_utf8("the question on stdin", data[e.start], before)
 
 
@@ -6995,21 +8859,28 @@ def read_system_prompt(path):
     make agent.py block), as UTF-8; else a UsageError saying what is there."""
     flag = f"--system-prompt {path}"
     if not os.path.lexists(path) and " " in path:  # text where a file is meant, as llm's -s?
-        raise UsageError(f"--system-prompt takes a FILE, and there is no file {path!r} (llm's -s "
-                         "and claude's --system-prompt take the text itself; here, put it in a "
-                         "file)")
+        raise UsageError(
+            f"--system-prompt takes a FILE, and there is no file {path!r} (llm's -s "
+            "and claude's --system-prompt take the text itself; here, put it in a "
+            "file)"
+        )
     data = read_regular(flag, path, MAX_SYSTEM_PROMPT + 1)
     if len(data) > MAX_SYSTEM_PROMPT:
-        raise UsageError(f"{flag} is over {MAX_SYSTEM_PROMPT >> 20} MiB: too long for a system "
-                         "prompt")
+        raise UsageError(
+            f"{flag} is over {MAX_SYSTEM_PROMPT >> 20} MiB: too long for a system prompt"
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise UsageError(f"{flag} is not UTF-8 text: byte 0x{data[e.start]:02x} at offset "
-                         f"{e.start} (iconv -t UTF-8 converts it)")
+        raise UsageError(
+            f"{flag} is not UTF-8 text: byte 0x{data[e.start]:02x} at offset "
+            f"{e.start} (iconv -t UTF-8 converts it)"
+        )
     if not text.strip():
-        raise UsageError(f"{flag} holds no text: give a file with the prompt (without "
-                         "--system-prompt, agent.py's own is used)")
+        raise UsageError(
+            f"{flag} holds no text: give a file with the prompt (without "
+            "--system-prompt, agent.py's own is used)"
+        )
     return text
 
 
@@ -7017,10 +8888,12 @@ def install_hint():
     """What to run to install agent.py's packages, with paths that work from where the user
     stands (in the checkout: .venv, requirements.txt, agent.py)."""
     venv, agent_py = beside_agent(".venv"), beside_agent("agent.py")
-    return (f"agent.py needs the anthropic and python-dotenv packages, which {sys.executable} "
-            f"cannot import: python3 -m venv {venv} && {venv}/bin/pip install -r "
-            f"{beside_agent('requirements.txt')}, then run {venv}/bin/python {agent_py} ...; or "
-            f"run it with uv run {agent_py} ...")
+    return (
+        f"agent.py needs the anthropic and python-dotenv packages, which {sys.executable} "
+        f"cannot import: python3 -m venv {venv} && {venv}/bin/pip install -r "
+        f"{beside_agent('requirements.txt')}, then run {venv}/bin/python {agent_py} ...; or "
+        f"run it with uv run {agent_py} ..."
+    )
 
 
 PLACEHOLDER_KEY = "sk-ant-..."  # what .env.example holds
@@ -7033,18 +8906,35 @@ def harness():
     more than Python; the user base holds the kept runs beside its site-packages). A workdir
     must hold none of them (check_workdir); an output goes over none of them (OutputFile)."""
     venv = sys.prefix != sys.base_prefix  # a venv is all agent.py's; /usr is not all Python's
-    found = [("agent.py", __file__, "file"), ("the .env agent.py reads", dotenv_path(), "file"),
-             ("the Python interpreter", sys.executable, "file"),
-             ("the environment agent.py runs in", sys.prefix, "tree" if venv else None),
-             ("the Python it is built on", sys.base_prefix, None),
-             ("Python's standard library", sysconfig.get_path("stdlib"), "tree")]
+    found = [
+        ("agent.py", __file__, "file"),
+        ("the .env agent.py reads", dotenv_path(), "file"),
+        ("the Python interpreter", sys.executable, "file"),
+        ("the environment agent.py runs in", sys.prefix, "tree" if venv else None),
+        ("the Python it is built on", sys.base_prefix, None),
+        ("Python's standard library", sysconfig.get_path("stdlib"), "tree"),
+    ]
     found += [("a directory agent.py imports from", p, "modules") for p in sys.path if p]
-    found.append(("agent.py's bytecode cache, which `import agent` (the tests, the benchmarks) "
-                  "would run", os.path.join(os.path.dirname(__file__), "__pycache__"), "tree"))
-    found += [("Python's user base, whose site-packages .pth files run at every Python start "
-               "(unsandboxed: one could redirect the next run's key)", site.getuserbase(), None),
-              ("Python's user site-packages, whose .pth files run at every Python start",
-               site.getusersitepackages(), "tree")]
+    found.append(
+        (
+            "agent.py's bytecode cache, which `import agent` (the tests, the benchmarks) would run",
+            os.path.join(os.path.dirname(__file__), "__pycache__"),
+            "tree",
+        )
+    )
+    found += [
+        (
+            "Python's user base, whose site-packages .pth files run at every Python start "
+            "(unsandboxed: one could redirect the next run's key)",
+            site.getuserbase(),
+            None,
+        ),
+        (
+            "Python's user site-packages, whose .pth files run at every Python start",
+            site.getusersitepackages(),
+            "tree",
+        ),
+    ]
     if os.path.realpath(sys.argv[0] or ".") == os.path.realpath(__file__):
         found.append(("agent.py", sys.argv[0], "file"))  # the name the user typed, symlinks and all
     return [(what, path, kind) for what, path, kind in found if path]
@@ -7057,7 +8947,8 @@ OWN_OUTPUTS = re.compile(  # how each file agent.py writes begins: a transcript 
     rb'\s*\{\s*"(version|schema_version)"\s*:|'  # summary (version), an ATIF export,
     rb'\{"type":"[a-z.]+","seq":|'  # events (JSON Lines), a report (its own head)
     rb'<!doctype html><html lang="en"><head><meta charset="utf-8"><meta http-equiv="Content-'
-    rb'Security-Policy" content="default-src \'none\'; style-src \'nonce-')
+    rb'Security-Policy" content="default-src \'none\'; style-src \'nonce-'
+)
 
 
 def check_not_the_checkouts(path, flag, given, dir_fd):
@@ -7070,8 +8961,9 @@ def check_not_the_checkouts(path, flag, given, dir_fd):
     if not path.is_relative_to(home):
         return
     try:
-        fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                     dir_fd=dir_fd)
+        fd = os.open(
+            path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
+        )
         try:
             head = os.read(fd, 4096)
         finally:
@@ -7079,9 +8971,11 @@ def check_not_the_checkouts(path, flag, given, dir_fd):
     except OSError:
         head = b"?"  # cannot be read: not shown to be agent.py's own
     if head and not OWN_OUTPUTS.match(head):
-        raise UsageError(f"{flag} {given} would replace {path}, a file of agent.py's checkout "
-                         f"({home}) that agent.py did not write; there an output replaces "
-                         "only agent.py's own outputs (or an empty file): give another name")
+        raise UsageError(
+            f"{flag} {given} would replace {path}, a file of agent.py's checkout "
+            f"({home}) that agent.py did not write; there an output replaces "
+            "only agent.py's own outputs (or an empty file): give another name"
+        )
 
 
 def check_harness(path, flag, given):
@@ -7098,8 +8992,9 @@ def check_harness(path, flag, given):
             done = f"would be a module in {what} ({real})"
         else:
             continue
-        raise UsageError(f"{flag} {given} {done}: agent.py writes no output over what runs it; "
-                         "give another name")
+        raise UsageError(
+            f"{flag} {given} {done}: agent.py writes no output over what runs it; give another name"
+        )
 
 
 def check_workdir(workdir, where, confined=True):
@@ -7112,8 +9007,11 @@ def check_workdir(workdir, where, confined=True):
         return
     for what, path, _ in harness():
         real = Path(os.path.realpath(path))
-        named = [Path(e) for e in names_on_the_way(path) if Path(e).is_relative_to(workdir)
-                 and Path(e) != workdir]  # a name in the workdir: the model's code may swap it
+        named = [
+            Path(e)
+            for e in names_on_the_way(path)
+            if Path(e).is_relative_to(workdir) and Path(e) != workdir
+        ]  # a name in the workdir: the model's code may swap it
         if real.is_relative_to(workdir) or named:
             real = named[0] if named and not real.is_relative_to(workdir) else real
             refuse_workdir(where, f"holds {what} ({real})")
@@ -7121,9 +9019,11 @@ def check_workdir(workdir, where, confined=True):
 
 
 def refuse_workdir(where, said):
-    raise UsageError(f"{where} {said}, which the model's code could rewrite before the next run: "
-                     "pass --workdir with the directory of the data (in a throwaway container, "
-                     f"--no-sandbox allows it), e.g. --workdir {sample_workdir()}")
+    raise UsageError(
+        f"{where} {said}, which the model's code could rewrite before the next run: "
+        "pass --workdir with the directory of the data (in a throwaway container, "
+        f"--no-sandbox allows it), e.g. --workdir {sample_workdir()}"
+    )
 
 
 def next_run():
@@ -7134,39 +9034,69 @@ def next_run():
     and the shell's configuration), the directories the dynamic loader takes libraries from
     (inside one too: glibc-hwcaps/ below it comes first), the files this Python has mapped (its
     libraries), and the home directory (~/.profile, ~/.bashrc run before agent.py)."""
-    found = [("the Python agent.py runs on", p, False)
-             for p in (sys.exec_prefix, sys.base_exec_prefix) if p]
-    found += [("a directory on PATH, where the next `python3` (or `uv`) is looked up", p or ".",
-               False) for p in os.environ.get("PATH", "").split(os.pathsep)]
-    found.append(("the system's configuration, where the dynamic loader's ld.so.preload and the "
-                  "shells' profiles are", "/etc", True))
-    found += [("a directory the dynamic loader takes libraries from", p, True)
-              for p in loader_directories()]
-    found += [("a file agent.py's Python has mapped (a library it runs)", p, False)
-              for p in mapped_files()]
-    found.append(("your home directory, whose shell startup files (~/.profile, ~/.bashrc) run "
-                  "before agent.py", os.path.expanduser("~"), False))
+    found = [
+        ("the Python agent.py runs on", p, False)
+        for p in (sys.exec_prefix, sys.base_exec_prefix)
+        if p
+    ]
+    found += [
+        ("a directory on PATH, where the next `python3` (or `uv`) is looked up", p or ".", False)
+        for p in os.environ.get("PATH", "").split(os.pathsep)
+    ]
+    found.append(
+        (
+            "the system's configuration, where the dynamic loader's ld.so.preload and the "
+            "shells' profiles are",
+            "/etc",
+            True,
+        )
+    )
+    found += [
+        ("a directory the dynamic loader takes libraries from", p, True)
+        for p in loader_directories()
+    ]
+    found += [
+        ("a file agent.py's Python has mapped (a library it runs)", p, False)
+        for p in mapped_files()
+    ]
+    found.append(
+        (
+            "your home directory, whose shell startup files (~/.profile, ~/.bashrc) run "
+            "before agent.py",
+            os.path.expanduser("~"),
+            False,
+        )
+    )
     return found
 
 
-LOADER_DIRECTORIES = ("/lib", "/lib64", "/lib32", "/usr/lib", "/usr/lib64", "/usr/lib32",
-                      "/usr/local/lib")  # where ld.so looks whatever its configuration says
+LOADER_DIRECTORIES = (
+    "/lib",
+    "/lib64",
+    "/lib32",
+    "/usr/lib",
+    "/usr/lib64",
+    "/usr/lib32",
+    "/usr/local/lib",
+)  # where ld.so looks whatever its configuration says
 
 
 def loader_directories(conf="/etc/ld.so.conf", depth=4):
     """The directories the dynamic loader takes libraries from: its defaults, LD_LIBRARY_PATH,
     and those ld.so.conf names (its `include` globs followed)."""
     found = list(LOADER_DIRECTORIES) if depth == 4 else []
-    found += [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p] \
-        if depth == 4 else []
+    found += (
+        [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p] if depth == 4 else []
+    )
     try:
         lines = Path(conf).read_text(errors="replace").splitlines()[:1000]
     except (OSError, ValueError):
         return found
     import glob
+
     for line in (line.split("#")[0].strip() for line in lines):
         if line.startswith("include") and depth:
-            for name in sorted(glob.glob(line[len("include"):].strip()))[:100]:
+            for name in sorted(glob.glob(line[len("include") :].strip()))[:100]:
                 found += loader_directories(name, depth - 1)
         elif line.startswith("/"):
             found.append(line)
@@ -7178,8 +9108,11 @@ def mapped_files():
     /proc/self/maps; none where there is no /proc."""
     try:
         with open("/proc/self/maps") as maps:
-            paths = {line.split(None, 5)[5].rstrip("\n") for line in maps
-                     if len(line.split(None, 5)) == 6}
+            paths = {
+                line.split(None, 5)[5].rstrip("\n")
+                for line in maps
+                if len(line.split(None, 5)) == 6
+            }
     except OSError:
         return []
     return sorted(p for p in paths if p.startswith("/") and os.path.isfile(p))
@@ -7222,8 +9155,9 @@ def check_next_run(workdir, where):
             refuse_workdir(where, f"is inside {what} ({real}), reached through {up}")
     if file_id(workdir) in holds:
         what, real = holds[file_id(workdir)]
-        refuse_workdir(where, f"is the directory above {what} ({real}) reached by another path "
-                              "(a bind mount)")
+        refuse_workdir(
+            where, f"is the directory above {what} ({real}) reached by another path (a bind mount)"
+        )
     for point in mounts_below(workdir):
         if file_id(point) in holds:
             what, real = holds[file_id(point)]
@@ -7382,10 +9316,15 @@ def load_config(workdir, report):
     if odd is not None:  # where, and never a character of the key itself (it is a secret)
         byte = key[odd]
         where = "" if os.environ.get("ANTHROPIC_API_KEY") else f" (from {dotenv_path()})"
-        said = f"is not valid UTF-8: byte 0x{os.fsencode(byte)[0]:02x}" \
-            if "\udc80" <= byte <= "\udcff" else "has a character that is not ASCII"
-        raise UsageError(f"ANTHROPIC_API_KEY{where} {said} at position {odd + 1} of {len(key)}: "
-                         "copy the key again")
+        said = (
+            f"is not valid UTF-8: byte 0x{os.fsencode(byte)[0]:02x}"
+            if "\udc80" <= byte <= "\udcff"
+            else "has a character that is not ASCII"
+        )
+        raise UsageError(
+            f"ANTHROPIC_API_KEY{where} {said} at position {odd + 1} of {len(key)}: "
+            "copy the key again"
+        )
     return {n: check_text(config[n], n) for n in names}
 
 
@@ -7399,8 +9338,10 @@ def learn_secrets():
     if text:
         try:
             from dotenv import dotenv_values
-            keys.append(dotenv_values(stream=io.StringIO(text), interpolate=False).get(
-                "ANTHROPIC_API_KEY"))
+
+            keys.append(
+                dotenv_values(stream=io.StringIO(text), interpolate=False).get("ANTHROPIC_API_KEY")
+            )
         except ImportError:  # load_config says what to install, if the run needs the file
             pass
     SECRETS.update(k for k in keys if k and len(k) >= 8)  # a shorter one would redact words
@@ -7414,21 +9355,24 @@ def read_dotenv(path, workdir, report):
         return None
     why, who = None, "the model's code"
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY |
-                     os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     except PermissionError as e:  # not a file anyone else could write: one this user cannot read
         if report:
             try:
                 info = os.lstat(path)
-                whose = f": it is {'root' if info.st_uid == 0 else user_name(info.st_uid)}'s, " \
+                whose = (
+                    f": it is {'root' if info.st_uid == 0 else user_name(info.st_uid)}'s, "
                     f"mode {stat.filemode(info.st_mode)}"
+                )
             except OSError:
                 whose = ""
-            report.error(f"note: cannot read {path} ({e.strerror}{whose}), so its settings are "
-                         "not used (set ANTHROPIC_* in the environment, or make it readable to "
-                         "you)")
+            report.error(
+                f"note: cannot read {path} ({e.strerror}{whose}), so its settings are "
+                "not used (set ANTHROPIC_* in the environment, or make it readable to "
+                "you)"
+            )
         return None
     except OSError as e:
         why = "it is a symlink" if e.errno == errno.ELOOP else e.strerror
@@ -7441,23 +9385,32 @@ def read_dotenv(path, workdir, report):
                 why = f"it has {info.st_nlink} names (hard links)"
             elif info.st_uid not in (os.geteuid(), 0):  # whoever owns it can rewrite it
                 who = "another user"
-                why = (f"it is owned by {user_name(info.st_uid)}, not by you "
-                       f"({user_name(os.geteuid())}) or root")
+                why = (
+                    f"it is owned by {user_name(info.st_uid)}, not by you "
+                    f"({user_name(os.geteuid())}) or root"
+                )
             elif info.st_mode & 0o022:  # (an ACL granting a user write shows in the group bits)
                 who = "another user"
-                why = (f"it is writable by {'anyone' if info.st_mode & 0o002 else 'its group'} "
-                       f"({stat.filemode(info.st_mode)})")
+                why = (
+                    f"it is writable by {'anyone' if info.st_mode & 0o002 else 'its group'} "
+                    f"({stat.filemode(info.st_mode)})"
+                )
             elif workdir and Path(os.path.realpath(path)).is_relative_to(workdir):
                 why = "it is inside the workdir"
             else:
                 return os.read(fd, 1 << 20).decode("utf-8", "replace")
         finally:
             os.close(fd)
-    fix = "chown it to yourself and chmod go-w it" if who == "another user" else \
-        "make it a plain file beside agent.py"
+    fix = (
+        "chown it to yourself and chmod go-w it"
+        if who == "another user"
+        else "make it a plain file beside agent.py"
+    )
     if report:
-        report.error(f"note: not reading {path}: {why}, so {who} could have written it "
-                     f"(set ANTHROPIC_* in the environment, or {fix})")
+        report.error(
+            f"note: not reading {path}: {why}, so {who} could have written it "
+            f"(set ANTHROPIC_* in the environment, or {fix})"
+        )
     return None
 
 
@@ -7467,10 +9420,17 @@ def no_key(workdir):
     path = dotenv_path()
     line = "no API key: set ANTHROPIC_API_KEY in the environment"
     if path:
-        line += (f" or in {path} " + (
-            "(copy .env.example there)" if not os.path.lexists(path) else "(it holds none)"
-            if os.access(path, os.R_OK) else "(which you cannot read)") +
-            ", the one .env agent.py reads")
+        line += (
+            f" or in {path} "
+            + (
+                "(copy .env.example there)"
+                if not os.path.lexists(path)
+                else "(it holds none)"
+                if os.access(path, os.R_OK)
+                else "(which you cannot read)"
+            )
+            + ", the one .env agent.py reads"
+        )
     try:
         places = [Path.cwd()] + ([Path(workdir)] if workdir else [])
     except OSError:  # no current directory any more
@@ -7481,14 +9441,17 @@ def no_key(workdir):
         if os.path.lexists(other) and other != path and other not in unread:
             unread.append(other)
     if unread:
-        line += (f"; {' and '.join(map(str, unread))} {'is' if len(unread) == 1 else 'are'} never "
-                 f"read: the model's code could have written {'it' if len(unread) == 1 else 'them'}")
+        line += (
+            f"; {' and '.join(map(str, unread))} {'is' if len(unread) == 1 else 'are'} never "
+            f"read: the model's code could have written {'it' if len(unread) == 1 else 'them'}"
+        )
     return line
 
 
 def user_name(uid):
     """`nobody (uid 65534)`, or the uid alone when it has no name."""
     import pwd
+
     try:
         return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
     except KeyError:
@@ -7502,28 +9465,40 @@ def make_client(config, limits, otel=False, workdir=None):
     if not key:
         raise UsageError(no_key(workdir))
     if key == PLACEHOLDER_KEY or key.endswith("..."):
-        raise UsageError("ANTHROPIC_API_KEY is still the placeholder from .env.example: put "
-                         "your own key there")
+        raise UsageError(
+            "ANTHROPIC_API_KEY is still the placeholder from .env.example: put your own key there"
+        )
     odd = [i for i, c in enumerate(key) if c.isspace() or not c.isprintable()]
     if odd:  # (never the key itself in the line: where the odd character is, only)
-        where = "at its end" if odd[-1] == len(key) - 1 else "at its start" if odd[0] == 0 \
+        where = (
+            "at its end"
+            if odd[-1] == len(key) - 1
+            else "at its start"
+            if odd[0] == 0
             else "inside it"
-        raise UsageError(f"ANTHROPIC_API_KEY has white space or a control character {where}: "
-                         "copy the key again, without it")
+        )
+        raise UsageError(
+            f"ANTHROPIC_API_KEY has white space or a control character {where}: "
+            "copy the key again, without it"
+        )
     url = config["ANTHROPIC_BASE_URL"]
     if url and url != url.strip():
         raise UsageError(f"ANTHROPIC_BASE_URL {url!r} has white space around it: give it without")
     if url and not url.isprintable() or " " in (url or ""):
-        raise UsageError(f"ANTHROPIC_BASE_URL {url!r} holds a space or a control character, "
-                         "which no URL has")
+        raise UsageError(
+            f"ANTHROPIC_BASE_URL {url!r} holds a space or a control character, which no URL has"
+        )
     try:
         parts = urllib.parse.urlsplit(url or "https://api.anthropic.com")
-        parts.port  # raises on a port that is not a number in range
+        # raises on a port that is not a number in range
+        _ = parts.port
     except ValueError as e:
         raise UsageError(f"ANTHROPIC_BASE_URL {url!r} is not a URL ({e})")
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError(f"ANTHROPIC_BASE_URL {url!r} is not an http(s) URL with a host, e.g. "
-                         "http://127.0.0.1:8080")
+        raise UsageError(
+            f"ANTHROPIC_BASE_URL {url!r} is not an http(s) URL with a host, e.g. "
+            "http://127.0.0.1:8080"
+        )
     # The SDK's 200,000 objects live as long as the process: frozen, the collections of a long
     # run no longer walk them (bench_loop --compare, 100 turns: 1.32x the bare loop's CPU time
     # a turn without this, 0.97x with; docs/benchmarks.md).
@@ -7540,13 +9515,18 @@ def make_client(config, limits, otel=False, workdir=None):
     warnings.filterwarnings("ignore", "Pydantic serializer warnings", UserWarning)
     # The URL is always given: left None, the SDK reads ANTHROPIC_BASE_URL itself, and takes an
     # empty one for a URL ('talking to ://'); empty means unset here, as in .env.
-    options = dict(api_key=key, max_retries=0, base_url=url or f"https://{ANTHROPIC_HOST}",
-                   timeout=anthropic.Timeout(limits.request_timeout, connect=10.0))
+    options = dict(
+        api_key=key,
+        max_retries=0,
+        base_url=url or f"https://{ANTHROPIC_HOST}",
+        timeout=anthropic.Timeout(limits.request_timeout, connect=10.0),
+    )
     if otel:  # agent.py's own chat spans, and no trace context sent to the API
         options["open_telemetry"] = False
     Connections.cut = False  # (tests make many clients in one process)
     options["http_client"] = anthropic.DefaultHttpxClient(
-        event_hooks={"request": [Connections.hook]})  # so that Ctrl-C can cut trials' requests
+        event_hooks={"request": [Connections.hook]}
+    )  # so that Ctrl-C can cut trials' requests
     return anthropic.Anthropic(**options)
 
 
@@ -7566,8 +9546,9 @@ def server_url(url):
     if not host:
         return None
     host = f"[{host}]" if ":" in host else host
-    return urllib.parse.urlunsplit((parts.scheme, host + (f":{port}" if port else ""),
-                                    parts.path, "", ""))
+    return urllib.parse.urlunsplit(
+        (parts.scheme, host + (f":{port}" if port else ""), parts.path, "", "")
+    )
 
 
 def already_streamed(report):
@@ -7592,9 +9573,12 @@ def main(argv=None, client=None, stdin=None):
             to_stdout(json.dumps(SCHEMAS[args.schema], indent=2))
             return 0
         if learn_secrets():  # before any file is read: whatever it holds, the key is never written
-            report.line("note: the API key is shorter than 8 characters, too short to redact "
-                        "without hiding ordinary words: agent.py cannot keep it out of what it "
-                        "writes (a server's error that echoes it, say)", always=True)
+            report.line(
+                "note: the API key is shorter than 8 characters, too short to redact "
+                "without hiding ordinary words: agent.py cannot keep it out of what it "
+                "writes (a server's error that echoes it, say)",
+                always=True,
+            )
         if args.report:
             args.report = kept_run(args.report, "--report", report)
             for written in write_report(args.report, args.output):
@@ -7609,8 +9593,9 @@ def main(argv=None, client=None, stdin=None):
         if cwd_gone():  # every relative path, a recorded workdir's too, would fail
             raise UsageError(CWD_GONE)
         if sys.stdout is None:  # >&-
-            raise UsageError("stdout is closed: nowhere to write the answer (give > FILE, or > "
-                             "/dev/null)")
+            raise UsageError(
+                "stdout is closed: nowhere to write the answer (give > FILE, or > /dev/null)"
+            )
         if args.question == "-":
             args.question = read_question(stdin).strip()
             stdin = QuestionWasRead()
@@ -7624,12 +9609,16 @@ def main(argv=None, client=None, stdin=None):
             config = load_config(None, report)
             model = args.model or config["ANTHROPIC_MODEL"] or DEFAULT_MODEL
             if args.question is None:
-                report.line(f"no question given: counting the example {EXAMPLE_QUESTION!r}",
-                            always=True)
+                report.line(
+                    f"no question given: counting the example {EXAMPLE_QUESTION!r}", always=True
+                )
             client = client or make_client(config, Limits())
             try:
-                to_stdout(count_tokens(client, model, args.question or EXAMPLE_QUESTION,
-                                       system or SYSTEM_PROMPT))
+                to_stdout(
+                    count_tokens(
+                        client, model, args.question or EXAMPLE_QUESTION, system or SYSTEM_PROMPT
+                    )
+                )
             except Exception as e:  # the server's answer, or its refusal: one line
                 stop = stop_for(e)
                 report.error(f"agent.py: --count-tokens: {stop.reason}: {stop.detail}")
@@ -7639,79 +9628,127 @@ def main(argv=None, client=None, stdin=None):
         args.no_keep = no_keep_variable() or args.no_keep  # the variable checked either way
         asked, args.resume = args.resume, kept_run(args.resume, "--resume", report)
         args.replay = kept_run(args.replay, "--replay", report)
-        session, unanswered = prepare_resume(load_transcript(args.resume), args.question) \
-            if args.resume else (None, 0)
+        session, unanswered = (
+            prepare_resume(load_transcript(args.resume), args.question)
+            if args.resume
+            else (None, 0)
+        )
         replay = load_recording(args.replay) if args.replay else None
         recorded = session or replay or {}  # a file: what it says is used only if the user agrees
         source = args.resume or args.replay
         given = args.workdir or recorded.get("workdir")
         workdir, why = resolved_directory(given or ".")
-        where = workdir_named(f"--workdir {args.workdir}", args.workdir, workdir) \
-            if args.workdir else f"the workdir {source} recorded ({shown_path(workdir)})" \
-            if recorded else f"the current directory ({workdir}; no --workdir was given)"
+        where = (
+            workdir_named(f"--workdir {args.workdir}", args.workdir, workdir)
+            if args.workdir
+            else f"the workdir {source} recorded ({shown_path(workdir)})"
+            if recorded
+            else f"the current directory ({workdir}; no --workdir was given)"
+        )
         if why is not None:
             gone = not why and not os.path.lexists(workdir)
             if recorded and not args.workdir:  # not the user's word: name the file, the way out
                 named = recorded_workdir(given, workdir)
-                raise UsageError(f"{source} recorded the workdir {named}, which "
-                                 f"{'does not exist' if gone else 'is not a directory'}{why} "
-                                 f"here: give -C DIR (--workdir) to "
-                                 f"{'replay' if replay else 'resume'} it in another directory")
-            home = "; a ~ in quotes is not your home directory: leave it unquoted, or write " \
-                "$HOME" if gone and args.workdir.startswith("~") else ""
-            raise UsageError(f"{where} {'does not exist' if gone else 'is not a directory'}{why}"
-                             f"{home}")
+                raise UsageError(
+                    f"{source} recorded the workdir {named}, which "
+                    f"{'does not exist' if gone else 'is not a directory'}{why} "
+                    f"here: give -C DIR (--workdir) to "
+                    f"{'replay' if replay else 'resume'} it in another directory"
+                )
+            home = (
+                "; a ~ in quotes is not your home directory: leave it unquoted, or write $HOME"
+                if gone and args.workdir.startswith("~")
+                else ""
+            )
+            raise UsageError(
+                f"{where} {'does not exist' if gone else 'is not a directory'}{why}{home}"
+            )
         check_workdir(workdir, where, confined=not args.no_sandbox)
         if not args.no_sandbox:  # unconfined, the model's code can write anywhere anyway
             check_runs_apart(workdir, where)
         for inside in {workdir, Path(os.path.realpath(recorded.get("workdir") or workdir))}:
-            if args.resume and Path(os.path.realpath(args.resume)).is_relative_to(inside) \
-                    and inside != workdir and asked != args.resume:  # a kept run, by its name
-                raise UsageError(f"--resume {asked} is the kept run {args.resume}, made by a run "
-                                 f"whose workdir, {inside}, holds the kept runs (only "
-                                 "--no-sandbox allows that): its code could have rewritten this "
-                                 "file, so it is not resumed; give another run's id (--resume "
-                                 f"ID; they are in {Path(args.resume).parent}), or remove this "
-                                 f"one (rm {args.resume})" + (" and last names the one before"
-                                                              if asked == "last" else ""))
+            if (
+                args.resume
+                and Path(os.path.realpath(args.resume)).is_relative_to(inside)
+                and inside != workdir
+                and asked != args.resume
+            ):  # a kept run, by its name
+                raise UsageError(
+                    f"--resume {asked} is the kept run {args.resume}, made by a run "
+                    f"whose workdir, {inside}, holds the kept runs (only "
+                    "--no-sandbox allows that): its code could have rewritten this "
+                    "file, so it is not resumed; give another run's id (--resume "
+                    f"ID; they are in {Path(args.resume).parent}), or remove this "
+                    f"one (rm {args.resume})"
+                    + (" and last names the one before" if asked == "last" else "")
+                )
             if args.resume and Path(os.path.realpath(args.resume)).is_relative_to(inside):
-                raise UsageError(f"--resume {args.resume} is inside the workdir {inside}, where "
-                                 "the model's code could have rewritten it; it is not resumed "
-                                 "(move it out of the workdir if you trust it)")
-        config = load_config(workdir, report) if not replay else dict.fromkeys(  # no key
-            ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL"))
+                raise UsageError(
+                    f"--resume {args.resume} is inside the workdir {inside}, where "
+                    "the model's code could have rewritten it; it is not resumed "
+                    "(move it out of the workdir if you trust it)"
+                )
+        config = (
+            load_config(workdir, report)
+            if not replay
+            else dict.fromkeys(  # no key
+                ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL")
+            )
+        )
         server = server_url(config["ANTHROPIC_BASE_URL"] or "")  # recorded; None: Anthropic's
         if server and "@" in urllib.parse.urlsplit(config["ANTHROPIC_BASE_URL"]).netloc:  # N28
-            report.error("note: ANTHROPIC_BASE_URL holds a user:password@, which is sent as the "
-                         "Authorization header in place of the API key's")
+            report.error(
+                "note: ANTHROPIC_BASE_URL holds a user:password@, which is sent as the "
+                "Authorization header in place of the API key's"
+            )
         model = args.model or config["ANTHROPIC_MODEL"] or recorded.get("model") or DEFAULT_MODEL
         prompt = own_prompt(session) if session is not None and system is None else None
-        taken = {"--workdir DIR": ("workdir", str(workdir), "")} \
-            if recorded and not args.workdir else {}
-        if session is not None and model != (args.model or config["ANTHROPIC_MODEL"] or
-                                             DEFAULT_MODEL):
+        taken = (
+            {"--workdir DIR": ("workdir", str(workdir), "")}
+            if recorded and not args.workdir
+            else {}
+        )
+        if session is not None and model != (
+            args.model or config["ANTHROPIC_MODEL"] or DEFAULT_MODEL
+        ):
             taken["--model ID"] = ("model", model, "")
         made_with = session.get("base_url") if session is not None else server
         made_with = (server_url(made_with) or made_with) if is_str(made_with) else None
         made_with, going_to = made_with or ANTHROPIC_URL, server or ANTHROPIC_URL
         if made_with != going_to:  # its whole history goes to this server: the user says so
             taken[ELSEWHERE] = (  # one line, its URL fitted to it
-                "server", made_with, f" (its history would now go to {visible(going_to)})")
+                "server",
+                made_with,
+                f" (its history would now go to {visible(going_to)})",
+            )
         if prompt:
-            taken["--system-prompt FILE"] = ("system prompt", prompt,
-                                             f" ({len(prompt):,} characters)")
-        if taken and not replay and client is None and importlib.util.find_spec(
-                "anthropic") is None:  # N37: what to install first, not a question, then that
+            taken["--system-prompt FILE"] = (
+                "system prompt",
+                prompt,
+                f" ({len(prompt):,} characters)",
+            )
+        if (
+            taken
+            and not replay
+            and client is None
+            and importlib.util.find_spec("anthropic") is None
+        ):  # N37: what to install first, not a question, then that
             raise UsageError(install_hint())
-        if taken and not agreed(consent_question(source, taken.values(), terminal_size()[1]),
-                                stdin):
+        if taken and not agreed(
+            consent_question(source, taken.values(), terminal_size()[1]), stdin
+        ):
             given = [flag for flag in taken if flag != ELSEWHERE]  # what a flag can say
             why = [f"give {' and '.join(given)} to say how {source} goes on"] if given else []
             if ELSEWHERE in taken:  # ANTHROPIC_BASE_URL was given: only a y consents
-                why.append(f"{source} goes on with a server other than the one that made it "
-                           "only when you answer y (echo y | agent.py ...)")
-            raise UsageError(f"not replayed: give --workdir DIR to say where {source} runs"
-                             if replay else "not resumed: " + "; and ".join(why))
+                why.append(
+                    f"{source} goes on with a server other than the one that made it "
+                    "only when you answer y (echo y | agent.py ...)"
+                )
+            raise UsageError(
+                f"not replayed: give --workdir DIR to say where {source} runs"
+                if replay
+                else "not resumed: " + "; and ".join(why)
+            )
         if session is not None and system:
             session["system"] = system
         target = args.transcript or args.resume  # --resume goes on in the file it continues
@@ -7719,41 +9756,71 @@ def main(argv=None, client=None, stdin=None):
             target = None  # but a kept trial stays as it ran: the run goes on as a new kept run
         reach = None if args.no_sandbox else workdir  # where the model's code can write, if not
         if args.transcript not in (None, "-") and in_runs_dir(args.transcript):  # agent.py's
-            raise UsageError(f"--transcript {args.transcript} is in the directory of kept runs, "
-                             "whose files agent.py names by run id: give a path elsewhere (the "
-                             "run is kept there anyway)")
-        output = OutputFile(target, reach, "--transcript" if args.transcript else "--resume") \
-            if target not in (None, "-") else None  # reach None: everywhere
+            raise UsageError(
+                f"--transcript {args.transcript} is in the directory of kept runs, "
+                "whose files agent.py names by run id: give a path elsewhere (the "
+                "run is kept there anyway)"
+            )
+        output = (
+            OutputFile(target, reach, "--transcript" if args.transcript else "--resume")
+            if target not in (None, "-")
+            else None
+        )  # reach None: everywhere
         if args.trials:
             room_for_trials(args.trials)
-        trial_outputs = {i: OutputFile(trial_path(output.path, i), reach, named=False)
-                         for i in range(1, args.trials + 1)} if args.trials and output else {}
-        events_out = OutputFile(args.events, reach, "--events", stream=True) \
-            if args.events not in (None, "-") else None
-        check_distinct([("--transcript", output)] * bool(output)
-                       + [("--events", events_out)] * bool(events_out)
-                       + [(f"trial {i}'s transcript", o) for i, o in trial_outputs.items()])
+        trial_outputs = (
+            {
+                i: OutputFile(trial_path(output.path, i), reach, named=False)
+                for i in range(1, args.trials + 1)
+            }
+            if args.trials and output
+            else {}
+        )
+        events_out = (
+            OutputFile(args.events, reach, "--events", stream=True)
+            if args.events not in (None, "-")
+            else None
+        )
+        check_distinct(
+            [("--transcript", output)] * bool(output)
+            + [("--events", events_out)] * bool(events_out)
+            + [(f"trial {i}'s transcript", o) for i, o in trial_outputs.items()]
+        )
         if events_out and args.resume:
             check_distinct([("--events", events_out)], [("--resume", args.resume)])
         if args.replay:
-            check_distinct([("--transcript", output)] * bool(output)
-                           + [("--events", events_out)] * bool(events_out),
-                           [("--replay", args.replay)])
+            check_distinct(
+                [("--transcript", output)] * bool(output)
+                + [("--events", events_out)] * bool(events_out),
+                [("--replay", args.replay)],
+            )
         if args.system_prompt:  # read once at the start: an output on it would replace it
-            check_distinct([("--transcript", output)] * bool(output)
-                           + [("--events", events_out)] * bool(events_out)
-                           + [(f"trial {i}'s transcript", o) for i, o in trial_outputs.items()],
-                           [("--system-prompt", args.system_prompt)])
-        for flag, given in (("--budget-usd", args.budget_usd),
-                            ("--trials-budget-usd", args.trials_budget_usd)):
+            check_distinct(
+                [("--transcript", output)] * bool(output)
+                + [("--events", events_out)] * bool(events_out)
+                + [(f"trial {i}'s transcript", o) for i, o in trial_outputs.items()],
+                [("--system-prompt", args.system_prompt)],
+            )
+        for flag, given in (
+            ("--budget-usd", args.budget_usd),
+            ("--trials-budget-usd", args.trials_budget_usd),
+        ):
             if given is not None and base_model(model) not in PRICING:
-                raise UsageError(f"{flag} needs a known price, and {model} is not in the "
-                                 "pricing table")
-        limits = Limits(max_turns=args.max_turns, token_budget=args.token_budget,
-                        budget_usd=args.budget_usd, max_tokens=args.max_tokens,
-                        tool_timeout=args.tool_timeout, request_timeout=args.request_timeout,
-                        clear_at=args.clear_tool_results, keep_results=args.keep_tool_results,
-                        clear_at_least=args.clear_at_least, context_edit=args.context_edit)
+                raise UsageError(
+                    f"{flag} needs a known price, and {model} is not in the pricing table"
+                )
+        limits = Limits(
+            max_turns=args.max_turns,
+            token_budget=args.token_budget,
+            budget_usd=args.budget_usd,
+            max_tokens=args.max_tokens,
+            tool_timeout=args.tool_timeout,
+            request_timeout=args.request_timeout,
+            clear_at=args.clear_tool_results,
+            keep_results=args.keep_tool_results,
+            clear_at_least=args.clear_at_least,
+            context_edit=args.context_edit,
+        )
         if replay:  # the recording's replies, and the limits under which they end as it did
             limits, client = replay_limits(replay, limits), ReplayClient(replay, args.replay)
         if client is None:
@@ -7796,21 +9863,36 @@ def main(argv=None, client=None, stdin=None):
     approve = make_approver(args.yes, args.no_sandbox, sandbox, stdin)
     ctx = ToolContext(workdir, limits, sandbox, approve, args.decline_message or DECLINE_MESSAGE)
     started = time.monotonic()
-    report.emit("run.start", schema_version=EVENTS_VERSION, agent_version=AGENT_VERSION,
-                model=model, workdir=str(workdir),
-                question=replay["question"] if replay else args.question,
-                limits=asdict(limits), sandbox={"enabled": not args.no_sandbox,
-                                                "status": "proven at the first run_python call"},
-                **({"resumed_from": args.resume} if args.resume else {}),
-                **({"replayed_from": args.replay} if args.replay else {}),
-                **({"trials": args.trials} if args.trials else {}))
+    report.emit(
+        "run.start",
+        schema_version=EVENTS_VERSION,
+        agent_version=AGENT_VERSION,
+        model=model,
+        workdir=str(workdir),
+        question=replay["question"] if replay else args.question,
+        limits=asdict(limits),
+        sandbox={"enabled": not args.no_sandbox, "status": "proven at the first run_python call"},
+        **({"resumed_from": args.resume} if args.resume else {}),
+        **({"replayed_from": args.replay} if args.replay else {}),
+        **({"trials": args.trials} if args.trials else {}),
+    )
     try:
         if args.trials:
-            spec = TrialSpec(args.question, model, args.effort, args.trials, args.jobs,
-                             args.expect, args.expect_tool, args.expect_stop, args.quiet,
-                             system or SYSTEM_PROMPT, server, args.trials_budget_usd)
-            summary = run_trials(spec, client, ctx, trial_outputs, events, telemetry,
-                                 kept_trials)
+            spec = TrialSpec(
+                args.question,
+                model,
+                args.effort,
+                args.trials,
+                args.jobs,
+                args.expect,
+                args.expect_tool,
+                args.expect_stop,
+                args.quiet,
+                system or SYSTEM_PROMPT,
+                server,
+                args.trials_budget_usd,
+            )
+            summary = run_trials(spec, client, ctx, trial_outputs, events, telemetry, kept_trials)
             if events and events.lost:
                 summary["events_lost"] = events.lost
             if args.transcript == "-":
@@ -7818,46 +9900,87 @@ def main(argv=None, client=None, stdin=None):
             elif output:
                 output.write(dump(summary), durable=True)
             if kept:  # the same summary, naming the kept trials' files
-                kept.write(dump({**summary, "trials": [
-                    {**t, "transcript": str(kept_trials[t["index"]].output.path)}
-                    for t in summary["trials"]]}), final=True)
+                kept.write(
+                    dump(
+                        {
+                            **summary,
+                            "trials": [
+                                {**t, "transcript": str(kept_trials[t["index"]].output.path)}
+                                for t in summary["trials"]
+                            ],
+                        }
+                    ),
+                    final=True,
+                )
                 report.line(kept_line)
             label, code, detail = trials_stop(summary)
-            report.emit("run.stop", stop=label, detail=detail, exit_code=code, answer=None,
-                        usage=None, turns=None, seconds=None)
+            report.emit(
+                "run.stop",
+                stop=label,
+                detail=detail,
+                exit_code=code,
+                answer=None,
+                usage=None,
+                turns=None,
+                seconds=None,
+            )
             return code
         if replay:
             session = replay_session(replay, workdir, run_id, args.replay)
-            report.line(f"replaying {args.replay}: {plural(len(replay['turns']), 'turn')} "
-                        f"recorded from {made_by(replay)}; workdir {workdir}; nothing is sent")
+            report.line(
+                f"replaying {args.replay}: {plural(len(replay['turns']), 'turn')} "
+                f"recorded from {made_by(replay)}; workdir {workdir}; nothing is sent"
+            )
         elif session is None:
-            session = new_session(args.question, model, workdir, args.effort, run_id,
-                                  system or SYSTEM_PROMPT)
+            session = new_session(
+                args.question, model, workdir, args.effort, run_id, system or SYSTEM_PROMPT
+            )
             if server:
                 session["base_url"] = server
         else:
-            session.update(model=model, workdir=str(workdir), run_id=run_id,
-                           effort=args.effort or session.get("effort"))
+            session.update(
+                model=model,
+                workdir=str(workdir),
+                run_id=run_id,
+                effort=args.effort or session.get("effort"),
+            )
             session.pop("base_url", None)  # the server of this run, not the last one's
             if server:
                 session["base_url"] = server
-            report.line(f"resuming {args.resume}: {plural(len(session['turns']), 'turn')} so "
-                        f"far; workdir {workdir}; model {model}" + (
-                            f"; {plural(unanswered, 'pending tool call')} answered 'not run'"
-                            if unanswered else ""))
+            report.line(
+                f"resuming {args.resume}: {plural(len(session['turns']), 'turn')} so "
+                f"far; workdir {workdir}; model {model}"
+                + (
+                    f"; {plural(unanswered, 'pending tool call')} answered 'not run'"
+                    if unanswered
+                    else ""
+                )
+            )
         save = Saver(output, kept)
         report.trace("begin", session)
-        stop = drive(client, session, ctx, report,
-                     ReplayCheck(replay, client, report, save, args.strict) if replay else save)
+        stop = drive(
+            client,
+            session,
+            ctx,
+            report,
+            ReplayCheck(replay, client, report, save, args.strict) if replay else save,
+        )
         report.trace("end", stop, session)
         report.flush_text()
         u, turns = session["usage"], plural(len(session["turns"]), "turn")
         cost = "cost unknown" if u["cost_usd"] is None else f"${u['cost_usd']:.6f}"
         say = report.error if stop.exit_code not in (0, 3) else report.line
-        empty = ", with no text" if stop.reason in TEXT_STOPS and stop.exit_code == 0 and \
-            not (session["answer"] or "").strip() else ""  # nothing on stdout: say so here
-        say(f"stop: {stop.reason} ({said_stop(stop)}{empty}); {turns}, {u['tokens']} tokens, "
-            f"{cost}{failed_said(session)}")
+        empty = (
+            ", with no text"
+            if stop.reason in TEXT_STOPS
+            and stop.exit_code == 0
+            and not (session["answer"] or "").strip()
+            else ""
+        )  # nothing on stdout: say so here
+        say(
+            f"stop: {stop.reason} ({said_stop(stop)}{empty}); {turns}, {u['tokens']} tokens, "
+            f"{cost}{failed_said(session)}"
+        )
         if kept_line:
             report.line(kept_line)
             kept_line = None  # said: not again if the answer cannot be written
@@ -7888,12 +10011,16 @@ def failed_said(session):
     spent = session.get("failed_usage")
     if not spent:
         return ""
-    attempts = sum(len(t.get("retries") or []) for t in session["turns"]) + \
-        len((session.get("stop") or {}).get("retries") or []) + \
-        ("failed_usage" in (session.get("stop") or {}))  # the last attempt of a failed turn
+    attempts = (
+        sum(len(t.get("retries") or []) for t in session["turns"])
+        + len((session.get("stop") or {}).get("retries") or [])
+        + ("failed_usage" in (session.get("stop") or {}))
+    )  # the last attempt of a failed turn
     cost = "cost unknown" if spent["cost_usd"] is None else f"${spent['cost_usd']:.6f}"
-    return (f", and {spent['tokens']} tokens, {cost} that the server reported for "
-            f"{plural(attempts, 'failed attempt')} (billed, not in the totals above)")
+    return (
+        f", and {spent['tokens']} tokens, {cost} that the server reported for "
+        f"{plural(attempts, 'failed attempt')} (billed, not in the totals above)"
+    )
 
 
 def said_stop(stop):
@@ -7904,8 +10031,13 @@ def said_stop(stop):
 
 def failed(report, stop):
     """Say in one line why agent.py stopped outside a turn; return its exit code."""
-    said = "interrupted" if stop.reason == "interrupted" else stop.detail \
-        if stop.detail.startswith(OutputLost.prefix) else "internal error: " + stop.detail
+    said = (
+        "interrupted"
+        if stop.reason == "interrupted"
+        else stop.detail
+        if stop.detail.startswith(OutputLost.prefix)
+        else "internal error: " + stop.detail
+    )
     report.error(f"agent.py: {said}")
     return stop.exit_code
 
@@ -7913,6 +10045,7 @@ def failed(report, stop):
 class OutputLost(Exception):
     """What agent.py had to write could not be (stdout or a device full, or closed): one line,
     exit 1 (error), never the label of a bug."""
+
     prefix = "cannot write to "
 
 
@@ -7983,8 +10116,6 @@ def to_stdout(data):
         raise OutputLost(f"{OutputLost.prefix}stdout: {e.strerror}") from e
     except AttributeError as e:  # closed (>&-): Python's sys.stdout is None
         raise OutputLost(f"{OutputLost.prefix}stdout: it is closed") from e
-
-
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ transcript of the turns that were done, on the host, with the same agent.py.
 Options (`--ak key=value`) and the reasons for their defaults: docs/harbor.md.
 """
 
-import asyncio
 import json
 import re
 import shlex
@@ -33,9 +32,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated, Literal
-
-from pydantic import Field, field_validator
+from typing import Literal
 
 from harbor.agents.installed.base import (
     AgentAuthenticationError,
@@ -52,6 +49,7 @@ from harbor.agents.installed.base import (
 from harbor.agents.options import InstalledAgentOptions
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
+from pydantic import Field, field_validator
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository: agent.py, requirements.txt
 AGENT_PY, REQUIREMENTS = ROOT / "agent.py", ROOT / "requirements.txt"
@@ -87,13 +85,18 @@ class AgentPyOptions(InstalledAgentOptions):
     max_turns: int = Field(default=50, ge=1, description="agent.py --max-turns")
     tool_timeout: float = Field(default=300.0, gt=0, description="agent.py --tool-timeout, s")
     effort: Literal["low", "medium", "high", "xhigh", "max"] | None = Field(
-        default=None, description="agent.py --effort (default: the model's)")
+        default=None, description="agent.py --effort (default: the model's)"
+    )
     budget_usd: float | None = Field(default=None, gt=0, description="agent.py --budget-usd")
-    sandbox: bool = Field(default=False, description="keep agent.py's sandbox on (default: "
-                                                     "off, --no-sandbox; the container is it)")
+    sandbox: bool = Field(
+        default=False,
+        description="keep agent.py's sandbox on (default: off, --no-sandbox; the container is it)",
+    )
     system_prompt: str = Field(
-        default=str(TASK_PROMPT), description="a UTF-8 file on the host, sent with agent.py "
-        "--system-prompt (default: evals/task-prompt.md; empty: agent.py's own, for questions)")
+        default=str(TASK_PROMPT),
+        description="a UTF-8 file on the host, sent with agent.py "
+        "--system-prompt (default: evals/task-prompt.md; empty: agent.py's own, for questions)",
+    )
 
     @field_validator("system_prompt")
     @classmethod
@@ -108,14 +111,18 @@ def outcome(exit_code, transcript, events):
     the reward), else the exception that ends it. `transcript` and `events` may be None."""
     stop = (transcript or {}).get("stop") or {}
     label, detail = stop.get("reason"), stop.get("detail") or ""
-    declined = [e for e in events or () if e.get("type") == "tool.end"
-                and e.get("name") == "run_python" and e.get("declined")]
+    declined = [
+        e
+        for e in events or ()
+        if e.get("type") == "tool.end" and e.get("name") == "run_python" and e.get("declined")
+    ]
     if declined:  # --yes fell back to asking (the sandbox failed its self-test); stdin is empty
         status = next((e.get("status") for e in events if e.get("type") == "sandbox"), None)
         return RunPythonUnavailableError(
             f"run_python could never run: {len(declined)} call(s) declined because agent.py "
             f"asked for approval and no one can answer in a trial ({status or 'no sandbox'}); "
-            "run with --ak sandbox=false, or make the image's sandbox work")
+            "run with --ak sandbox=false, or make the image's sandbox work"
+        )
     if exit_code in FINISHED:
         return None
     if exit_code == EXIT_USAGE:
@@ -147,8 +154,7 @@ def api_failure(detail):
     return UnknownApiError(message)
 
 
-COUNTS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens",
-          "output_tokens")
+COUNTS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "output_tokens")
 
 
 def usage_of(transcript):
@@ -161,8 +167,9 @@ def usage_of(transcript):
         for key in COUNTS + ("tokens",):
             total[key] += u.get(key) or 0
         cost = u.get("cost_usd")
-        total["cost_usd"] = None if None in (total["cost_usd"], cost) else \
-            round(total["cost_usd"] + cost, 10)
+        total["cost_usd"] = (
+            None if None in (total["cost_usd"], cost) else round(total["cost_usd"] + cost, 10)
+        )
     return total
 
 
@@ -177,11 +184,18 @@ def context_from(transcript, exit_code):
         n_cache_tokens=reads,
         n_output_tokens=u["output_tokens"],
         cost_usd=u["cost_usd"],
-        metadata={"agent_py": {
-            "stop": stop.get("reason"), "detail": stop.get("detail"),
-            "exit_code": exit_code, "turns": len(transcript.get("turns") or []),
-            "tokens": u["tokens"], "agent_version": transcript.get("agent_version"),
-            "model": transcript.get("model")}})
+        metadata={
+            "agent_py": {
+                "stop": stop.get("reason"),
+                "detail": stop.get("detail"),
+                "exit_code": exit_code,
+                "turns": len(transcript.get("turns") or []),
+                "tokens": u["tokens"],
+                "agent_version": transcript.get("agent_version"),
+                "model": transcript.get("model"),
+            }
+        },
+    )
 
 
 def fill(context, figures):
@@ -243,15 +257,30 @@ chmod -R a+rX {HOME}
         if result.return_code != 0:
             raise AgentPyInstallError(
                 f"installing agent.py failed (exit {result.return_code}): "
-                f"{(result.stderr or result.stdout or '').strip()[-2000:]}")
+                f"{(result.stderr or result.stdout or '').strip()[-2000:]}"
+            )
 
     def command(self, model):
         o = self.options
         # --no-keep: the transcript goes to the trial's log folder, not also to the home of a
         # container that is thrown away
-        argv = [PYTHON, f"{HOME}/agent.py", "-", "--yes", "--no-keep", "--model", model,
-                "--max-turns", str(o.max_turns), "--tool-timeout", f"{o.tool_timeout:g}",
-                "--transcript", f"{LOGS}/{TRANSCRIPT}", "--events", f"{LOGS}/{EVENTS}"]
+        argv = [
+            PYTHON,
+            f"{HOME}/agent.py",
+            "-",
+            "--yes",
+            "--no-keep",
+            "--model",
+            model,
+            "--max-turns",
+            str(o.max_turns),
+            "--tool-timeout",
+            f"{o.tool_timeout:g}",
+            "--transcript",
+            f"{LOGS}/{TRANSCRIPT}",
+            "--events",
+            f"{LOGS}/{EVENTS}",
+        ]
         if not o.sandbox:
             argv.append("--no-sandbox")
         if o.effort:
@@ -260,8 +289,10 @@ chmod -R a+rX {HOME}
             argv += ["--budget-usd", f"{o.budget_usd:g}"]
         if o.system_prompt:
             argv += ["--system-prompt", f"{HOME}/system-prompt.md"]
-        return (f"mkdir -p {LOGS} && {shlex.join(argv)} < {HOME}/instruction.md "
-                f"> {LOGS}/{STDOUT} 2> {LOGS}/{STDERR}")
+        return (
+            f"mkdir -p {LOGS} && {shlex.join(argv)} < {HOME}/instruction.md "
+            f"> {LOGS}/{STDOUT} 2> {LOGS}/{STDERR}"
+        )
 
     def secrets(self):
         """The key and base URL for agent.py's environment, never a file or a command line
@@ -283,16 +314,27 @@ chmod -R a+rX {HOME}
             path.write_text(instruction)
             await environment.upload_file(path, f"{HOME}/instruction.md")
         if self.options.system_prompt:
-            await environment.upload_file(Path(self.options.system_prompt).expanduser(),
-                                          f"{HOME}/system-prompt.md")
+            await environment.upload_file(
+                Path(self.options.system_prompt).expanduser(), f"{HOME}/system-prompt.md"
+            )
         result = await environment.exec(command=self.command(model), env=self.secrets())
         code = result.return_code
         transcript = await self.read_json(environment, f"{LOGS}/{TRANSCRIPT}")
         events = read_events(await self.read_text(environment, f"{LOGS}/{EVENTS}"))
         if transcript is not None:
-            await environment.exec(command=shlex.join(
-                [PYTHON, f"{HOME}/agent.py", "--export", "atif", f"{LOGS}/{TRANSCRIPT}",
-                 "-o", f"{LOGS}/{TRAJECTORY}"]))
+            await environment.exec(
+                command=shlex.join(
+                    [
+                        PYTHON,
+                        f"{HOME}/agent.py",
+                        "--export",
+                        "atif",
+                        f"{LOGS}/{TRANSCRIPT}",
+                        "-o",
+                        f"{LOGS}/{TRAJECTORY}",
+                    ]
+                )
+            )
             fill(context, context_from(transcript, code))
         else:
             context.metadata = {"agent_py": {"exit_code": code, "stop": None}}
@@ -323,8 +365,18 @@ chmod -R a+rX {HOME}
         except (OSError, ValueError):
             return
         export = subprocess.run(
-            [sys.executable, str(AGENT_PY), "--export", "atif", str(path),
-             "-o", str(self.logs_dir / TRAJECTORY)], capture_output=True, text=True)
+            [
+                sys.executable,
+                str(AGENT_PY),
+                "--export",
+                "atif",
+                str(path),
+                "-o",
+                str(self.logs_dir / TRAJECTORY),
+            ],
+            capture_output=True,
+            text=True,
+        )
         if export.returncode != 0:
             self.logger.warning(f"agent.py --export atif failed: {export.stderr.strip()}")
         figures = context_from(transcript, None)

@@ -39,10 +39,11 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 
-import agent  # noqa: E402
 from cache_model import PromptCache  # noqa: E402
 from fake_api import FakeAPI, stream_of  # noqa: E402
 from otlp_receiver import OTLPReceiver  # noqa: E402
+
+import agent  # noqa: E402
 
 
 class CachingStandIn:
@@ -58,14 +59,32 @@ class CachingStandIn:
         total = sum(usage[k] for k in agent.COUNTS if k != "output_tokens")
         self.bills.append((total, usage, len(json.dumps(body).encode())))
         if self.n <= self.turns:
-            content = [{"type": "tool_use", "id": f"toolu_{self.n:04d}", "name": "read_file",
-                        "input": {"path": "scores.csv"}}]
-            return {"id": f"msg_{self.n}", "type": "message", "role": "assistant",
-                    "model": body["model"], "content": content, "stop_reason": "tool_use",
-                    "usage": usage}
-        return {"id": f"msg_{self.n}", "type": "message", "role": "assistant",
-                "model": body["model"], "content": [{"type": "text", "text": "done"}],
-                "stop_reason": "end_turn", "usage": usage}
+            content = [
+                {
+                    "type": "tool_use",
+                    "id": f"toolu_{self.n:04d}",
+                    "name": "read_file",
+                    "input": {"path": "scores.csv"},
+                }
+            ]
+            return {
+                "id": f"msg_{self.n}",
+                "type": "message",
+                "role": "assistant",
+                "model": body["model"],
+                "content": content,
+                "stop_reason": "tool_use",
+                "usage": usage,
+            }
+        return {
+            "id": f"msg_{self.n}",
+            "type": "message",
+            "role": "assistant",
+            "model": body["model"],
+            "content": [{"type": "text", "text": "done"}],
+            "stop_reason": "end_turn",
+            "usage": usage,
+        }
 
 
 class StandIn:
@@ -104,6 +123,7 @@ def quartiles(values):
 def client_for(url):
     """A client as a bare script makes it."""
     import anthropic
+
     return anthropic.Anthropic(api_key="bench", base_url=url, max_retries=0)
 
 
@@ -112,11 +132,22 @@ def harness_round(turns, workspace, keep=True):
     kept run (or, with keep False, none of them)."""
     with StandIn(turns) as api, tempfile.TemporaryDirectory() as tmp:
         client = client_for(api.url)
-        argv = ["q", "--workdir", str(workspace), "--quiet", "--no-sandbox",
-                "--max-turns", str(turns + 2)]
+        argv = [
+            "q",
+            "--workdir",
+            str(workspace),
+            "--quiet",
+            "--no-sandbox",
+            "--max-turns",
+            str(turns + 2),
+        ]
         if keep:
-            argv += ["--transcript", os.path.join(tmp, "bench.json"),
-                     "--events", os.path.join(tmp, "bench.events.jsonl")]
+            argv += [
+                "--transcript",
+                os.path.join(tmp, "bench.json"),
+                "--events",
+                os.path.join(tmp, "bench.events.jsonl"),
+            ]
         else:
             argv += ["--no-keep"]
         started, cpu = time.perf_counter(), time.process_time()
@@ -148,12 +179,21 @@ def bare_round(requests):
 # each text must be found there exactly once. The copies run as a user runs agent.py.
 REMOVALS = {
     "gc-sdk": [  # `import anthropic` with the collector off, then frozen
-        ("    gc.disable()\n    try:\n        import anthropic", "    try:\n        import anthropic"),
-        ("    finally:\n        gc.freeze()\n        gc.enable()\n", "")],
-    "rename_exchange": [("if not durable and getattr(LIBC, \"renameat2\", None) and",
-                         "if False and")],
-    "saver": [("data = self.encode(session)",  # dump() it whole
-               "data = dump(session)")],
+        (
+            "    gc.disable()\n    try:\n        import anthropic",
+            "    try:\n        import anthropic",
+        ),
+        ("    finally:\n        gc.freeze()\n        gc.enable()\n", ""),
+    ],
+    "rename_exchange": [
+        ('if not durable and getattr(LIBC, "renameat2", None) and', "if False and")
+    ],
+    "saver": [
+        (
+            "data = self.encode(session)",  # dump() it whole
+            "data = dump(session)",
+        )
+    ],
     "lazy-import": [("\nimport argparse\n", "\nimport anthropic\nimport argparse\n")],
 }
 # The SDK's stream, as a bare script writes it, replaying what agent.py sent (--compare).
@@ -186,6 +226,7 @@ class QuickStandIn(ThreadingHTTPServer):
     """Answers at once and reads nothing but the request's length: `turns` read_file calls,
     then an answer. Notes when each request arrived; with `record`, keeps the requests, each
     message once (a table, and each request's indices into it), for the bare loop to replay."""
+
     daemon_threads = True
 
     def __init__(self, turns, record=False):
@@ -204,14 +245,33 @@ class QuickStandIn(ThreadingHTTPServer):
 
     def reply(self, size):
         n = len(self.arrivals)
-        content = [{"type": "tool_use", "id": f"toolu_{n:04d}", "name": "read_file",
-                    "input": {"path": "scores.csv"}}] if n <= self.turns else \
-            [{"type": "text", "text": "done"}]
-        return stream_of({"id": f"msg_{n}", "type": "message", "role": "assistant",
-                          "model": "claude-haiku-5-5", "content": content,
-                          "stop_reason": "tool_use" if n <= self.turns else "end_turn",
-                          "usage": {"input_tokens": 10, "output_tokens": 30,  # 4 bytes a token
-                                    "cache_read_input_tokens": size // 4}}).encode()
+        content = (
+            [
+                {
+                    "type": "tool_use",
+                    "id": f"toolu_{n:04d}",
+                    "name": "read_file",
+                    "input": {"path": "scores.csv"},
+                }
+            ]
+            if n <= self.turns
+            else [{"type": "text", "text": "done"}]
+        )
+        return stream_of(
+            {
+                "id": f"msg_{n}",
+                "type": "message",
+                "role": "assistant",
+                "model": "claude-haiku-5-5",
+                "content": content,
+                "stop_reason": "tool_use" if n <= self.turns else "end_turn",
+                "usage": {
+                    "input_tokens": 10,
+                    "output_tokens": 30,  # 4 bytes a token
+                    "cache_read_input_tokens": size // 4,
+                },
+            }
+        ).encode()
 
     def keep(self, body):
         """Each message once: the same as the previous request's at its place, or new."""
@@ -261,8 +321,12 @@ def session_time(argv, turns, env, record=False):
     arrival to the last's (its start-up left out): wall time, and the process's CPU time,
     steadier on a busy machine. And the stand-in."""
     with QuickStandIn(turns, record) as api:
-        process = subprocess.Popen([a.replace("{url}", api.url) for a in argv], env=dict(
-            env, ANTHROPIC_BASE_URL=api.url), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        process = subprocess.Popen(
+            [a.replace("{url}", api.url) for a in argv],
+            env=dict(env, ANTHROPIC_BASE_URL=api.url),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         api.pid = process.pid
         _, err = process.communicate(timeout=3600)
     assert process.returncode == 0 and len(api.arrivals) == turns + 1, (argv, err[-2000:])
@@ -273,8 +337,10 @@ def ratios(seconds, floor):
     """A way's median, its ratio of medians to `floor`'s, and the ratios round by round."""
     low, mid, high = quartiles([a / b for a, b in zip(seconds, floor)])
     median = statistics.median(seconds)
-    return (f"{median * 1000:6.2f} ms {median / statistics.median(floor):.3f} "
-            f"({mid:.3f}, {low:.3f}-{high:.3f})")
+    return (
+        f"{median * 1000:6.2f} ms {median / statistics.median(floor):.3f} "
+        f"({mid:.3f}, {low:.3f}-{high:.3f})"
+    )
 
 
 def compare(args, root):
@@ -282,22 +348,38 @@ def compare(args, root):
     loop (and of --otel to the same run without it), with the quartiles of the ratios taken
     round by round. Then `--help` against `import anthropic`, likewise."""
     variants = [v.split("+") for v in args.without] if args.without else [[n] for n in REMOVALS]
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("ANTHROPIC", "OTEL")) and k != "PYTHONDONTWRITEBYTECODE"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ANTHROPIC", "OTEL")) and k != "PYTHONDONTWRITEBYTECODE"
+    }
     env["ANTHROPIC_API_KEY"] = "bench-key-0123456789"
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-          f"{platform.python_version()}, {time.strftime('%Y-%m-%d')}; load "
-          f"{os.getloadavg()[0]:.2f}")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}, {time.strftime('%Y-%m-%d')}; load "
+        f"{os.getloadavg()[0]:.2f}"
+    )
     with tempfile.TemporaryDirectory() as tmp, OTLPReceiver() as collector:  # spans only kept
         copies = {"with all": agent_copy(tmp, [])}
         copies.update({f"without {'+'.join(names)}": agent_copy(tmp, names) for names in variants})
         if not args.without:
             copies["without all"] = agent_copy(tmp, list(REMOVALS))
         for turns in args.turns:
-            flags = ["q", "--workdir", str(root / "workspace"), "--quiet", "--no-sandbox",
-                     "--max-turns", str(turns + 2), "--token-budget", str(10 ** 12),
-                     "--transcript", os.path.join(tmp, "t.json"),
-                     "--events", os.path.join(tmp, "e.jsonl")]
+            flags = [
+                "q",
+                "--workdir",
+                str(root / "workspace"),
+                "--quiet",
+                "--no-sandbox",
+                "--max-turns",
+                str(turns + 2),
+                "--token-budget",
+                str(10**12),
+                "--transcript",
+                os.path.join(tmp, "t.json"),
+                "--events",
+                os.path.join(tmp, "e.jsonl"),
+            ]
             run = {name: [sys.executable, str(path), *flags] for name, path in copies.items()}
             _, api = session_time(run["with all"], turns, env, record=True)  # not counted
             replay = os.path.join(tmp, "requests.json")
@@ -311,44 +393,66 @@ def compare(args, root):
             otel = dict(env, OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint)
             times = {name: [] for name in run}
             for i in range(args.rounds):
-                order = list(run)[i % len(run):] + list(run)[:i % len(run)]
+                order = list(run)[i % len(run) :] + list(run)[: i % len(run)]
                 for name in order:
-                    times[name].append(session_time(run[name], turns, otel if "otel" in name
-                                                    else env)[0])
-            print(f"{turns} turns, {args.rounds} rounds (alternated, order rotated). Wall time, "
-                  "then the process's CPU time: ms a turn (median), ratio of medians to the "
-                  "bare SDK loop, and that ratio round by round: median (quartiles)")
+                    times[name].append(
+                        session_time(run[name], turns, otel if "otel" in name else env)[0]
+                    )
+            print(
+                f"{turns} turns, {args.rounds} rounds (alternated, order rotated). Wall time, "
+                "then the process's CPU time: ms a turn (median), ratio of medians to the "
+                "bare SDK loop, and that ratio round by round: median (quartiles)"
+            )
             for name, rounds in times.items():
-                print(f"    {name:26}" + "   ".join(
-                    ratios([r[kind] for r in rounds], [r[kind] for r in times["bare SDK loop"]])
-                    for kind in (0, 1)))
-            print("    --otel against the same run without it:" + "   ".join(
-                ratios([r[kind] for r in times["with all, --otel"]],
-                       [r[kind] for r in times["with all"]]) for kind in (0, 1)))
+                print(
+                    f"    {name:26}"
+                    + "   ".join(
+                        ratios([r[kind] for r in rounds], [r[kind] for r in times["bare SDK loop"]])
+                        for kind in (0, 1)
+                    )
+                )
+            print(
+                "    --otel against the same run without it:"
+                + "   ".join(
+                    ratios(
+                        [r[kind] for r in times["with all, --otel"]],
+                        [r[kind] for r in times["with all"]],
+                    )
+                    for kind in (0, 1)
+                )
+            )
             for kept, plain in (("with all", "with all, --no-keep"), ("kept only", "nothing kept")):
-                print(f"    {kept} against {plain}:" + "   ".join(ratios(
-                    [r[kind] for r in times[kept]], [r[kind] for r in times[plain]])
-                    for kind in (0, 1)))
+                print(
+                    f"    {kept} against {plain}:"
+                    + "   ".join(
+                        ratios([r[kind] for r in times[kept]], [r[kind] for r in times[plain]])
+                        for kind in (0, 1)
+                    )
+                )
         if not args.starts:
             return
         helps = {name: [sys.executable, str(path), "--help"] for name, path in copies.items()}
         helps["import anthropic"] = [sys.executable, "-c", "import anthropic"]
         starts = {name: [] for name in helps}
         for i in range(args.starts):
-            order = list(helps)[i % len(helps):] + list(helps)[:i % len(helps)]
+            order = list(helps)[i % len(helps) :] + list(helps)[: i % len(helps)]
             for name in order:
                 started = time.perf_counter()
                 subprocess.run(helps[name], env=env, capture_output=True, check=True)
                 starts[name].append(time.perf_counter() - started)
         imports = starts.pop("import anthropic")
-        print(f"--help against `python -c 'import anthropic'` ({statistics.median(imports) * 1000:.0f}"
-              f" ms), {args.starts} starts of each, alternated: ratio of medians, and round by "
-              "round: median (quartiles)")
+        print(
+            f"--help against `python -c 'import anthropic'` ({statistics.median(imports) * 1000:.0f}"
+            f" ms), {args.starts} starts of each, alternated: ratio of medians, and round by "
+            "round: median (quartiles)"
+        )
         for name, seconds in starts.items():
             low, mid, high = quartiles([a / b for a, b in zip(seconds, imports)])
-            print(f"    {name:30} {statistics.median(seconds) * 1000:7.0f} ms  "
-                  f"{statistics.median(seconds) / statistics.median(imports):.3f}  "
-                  f"({mid:.3f}, {low:.3f}-{high:.3f})")
+            print(
+                f"    {name:30} {statistics.median(seconds) * 1000:7.0f} ms  "
+                f"{statistics.median(seconds) / statistics.median(imports):.3f}  "
+                f"({mid:.3f}, {low:.3f}-{high:.3f})"
+            )
 
 
 def main():
@@ -356,13 +460,20 @@ def main():
     parser.add_argument("--turns", type=int, nargs="+", default=[100])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--starts", type=int, default=10, help="with --compare: runs of --help")
-    parser.add_argument("--compare", action="store_true",
-                        help="run agent.py with each optimisation taken out in turn (REMOVALS), "
-                             "at each --turns, against a bare SDK loop; and --help against "
-                             "`import anthropic`")
-    parser.add_argument("--without", action="append", metavar="NAME[+NAME...]",
-                        help="with --compare: only this variant, the names joined by + taken "
-                             "out together (default: each of REMOVALS, then all of them)")
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="run agent.py with each optimisation taken out in turn (REMOVALS), "
+        "at each --turns, against a bare SDK loop; and --help against "
+        "`import anthropic`",
+    )
+    parser.add_argument(
+        "--without",
+        action="append",
+        metavar="NAME[+NAME...]",
+        help="with --compare: only this variant, the names joined by + taken "
+        "out together (default: each of REMOVALS, then all of them)",
+    )
     args = parser.parse_args()
     root = Path(__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory() as state:  # the runs it keeps go here, not to the home
@@ -377,29 +488,41 @@ def measure(args, root):
     workspace = root / "workspace"
     # A warm-up round, not counted: the bare loop replays its requests.
     _, requests, bills = harness_round(args.turns[0], workspace)
-    ways = {"with": lambda: harness_round(args.turns[0], workspace)[0],
-            "without": lambda: harness_round(args.turns[0], workspace, keep=False)[0],
-            "bare": lambda: bare_round(requests)}
+    ways = {
+        "with": lambda: harness_round(args.turns[0], workspace)[0],
+        "without": lambda: harness_round(args.turns[0], workspace, keep=False)[0],
+        "bare": lambda: bare_round(requests),
+    }
     times = {name: [] for name in ways}
     for i in range(args.rounds):  # alternated, so that the machine's drift hits all alike,
-        for name in list(ways)[i % 3:] + list(ways)[:i % 3]:  # each first in turn: no place
+        for name in list(ways)[i % 3 :] + list(ways)[: i % 3]:  # each first in turn: no place
             times[name].append(ways[name]())  # in a round favours one
     harness, plain, bare = times.values()
     n = len(requests)
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-          f"{platform.python_version()}, {time.strftime('%Y-%m-%d')}")
-    (h, hc), (p, pc), (b, bc) = ((statistics.median(s for s, _ in x),
-                                  statistics.median(c for _, c in x)) for x in (harness, plain, bare))
-    print(f"(a) {n} requests, {args.rounds} rounds (alternated, order rotated), medians: "
-          f"agent.py with --transcript and --events {h / n * 1000:.2f} ms/turn, without them "
-          f"{p / n * 1000:.2f} ms/turn; bare SDK loop {b / n * 1000:.2f} ms/request; the "
-          f"transcript and events cost {(h - p) / n * 1000:+.2f} ms/turn")
-    print(f"    ratios to the bare loop: {h / b:.3f} with them, {p / b:.3f} without; CPU time "
-          f"of this process (the stand-in runs in another) {hc / bc:.3f} and {pc / bc:.3f}")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}, {time.strftime('%Y-%m-%d')}"
+    )
+    (h, hc), (p, pc), (b, bc) = (
+        (statistics.median(s for s, _ in x), statistics.median(c for _, c in x))
+        for x in (harness, plain, bare)
+    )
+    print(
+        f"(a) {n} requests, {args.rounds} rounds (alternated, order rotated), medians: "
+        f"agent.py with --transcript and --events {h / n * 1000:.2f} ms/turn, without them "
+        f"{p / n * 1000:.2f} ms/turn; bare SDK loop {b / n * 1000:.2f} ms/request; the "
+        f"transcript and events cost {(h - p) / n * 1000:+.2f} ms/turn"
+    )
+    print(
+        f"    ratios to the bare loop: {h / b:.3f} with them, {p / b:.3f} without; CPU time "
+        f"of this process (the stand-in runs in another) {hc / bc:.3f} and {pc / bc:.3f}"
+    )
     for which, rounds in (("with", harness), ("without", plain)):
         low, mid, high = quartiles([r[0] / f[0] for r, f in zip(rounds, bare)])
-        print(f"        round by round, {which} them (each against the round next to it): "
-              f"median {mid:.3f}, quartiles {low:.3f}-{high:.3f}")
+        print(
+            f"        round by round, {which} them (each against the round next to it): "
+            f"median {mid:.3f}, quartiles {low:.3f}-{high:.3f}"
+        )
     uncached = sum(total for total, _, _ in bills)
     read = sum(u["cache_read_input_tokens"] for _, u, _ in bills)
     write = sum(u["cache_creation_input_tokens"] for _, u, _ in bills)
@@ -407,9 +530,11 @@ def measure(args, root):
     price = agent.PRICING["claude-haiku-5-5"][0][1]
     with_cache = (plain * price.input + write * price.write_5m + read * price.read) / 1e6
     without = uncached * price.input / 1e6
-    print(f"(b) prompt tokens over the session: {uncached} without caching (all billed as "
-          f"input, ${without:.4f} on Haiku 5.5); with caching {plain} input + {write} cache "
-          f"writes + {read} cache reads = ${with_cache:.4f} ({with_cache / without:.0%})")
+    print(
+        f"(b) prompt tokens over the session: {uncached} without caching (all billed as "
+        f"input, ${without:.4f} on Haiku 5.5); with caching {plain} input + {write} cache "
+        f"writes + {read} cache reads = ${with_cache:.4f} ({with_cache / without:.0%})"
+    )
     marks = sorted({1, 10, 25, 50, n // 2, n} & set(range(1, n + 1)))
     sizes = ", ".join(f"#{i}: {bills[i - 1][2] / 1024:.1f} KiB" for i in marks)
     print(f"(c) bytes sent per request: {sizes}")

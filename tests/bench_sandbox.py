@@ -45,16 +45,26 @@ import agent  # noqa: E402
 REMOVALS = {
     "ahead": [  # the launcher makes each call's process (fork, confinement, the interpreter's
         #         start) at the call, not ahead of it
-        ("            while len(spares) < AHEAD and last and (ended or not running):",
-         "            while False:")],
+        (
+            "            while len(spares) < AHEAD and last and (ended or not running):",
+            "            while False:",
+        )
+    ],
     "spare": [  # one call's process made ahead, not two
-        ("AHEAD = 2", "AHEAD = 1")],
+        ("AHEAD = 2", "AHEAD = 1")
+    ],
     "tasks": [  # join the call's v1 cgroups through cgroup.procs, as before
-        ('joined = "tasks" if box.cgroup and box.cgroup[0] == "v1" else "cgroup.procs"',
-         'joined = "cgroup.procs"')],
+        (
+            'joined = "tasks" if box.cgroup and box.cgroup[0] == "v1" else "cgroup.procs"',
+            'joined = "cgroup.procs"',
+        )
+    ],
     "report-first": [  # the launcher removes the call's directory and cgroups, then reports
-        ("            with contextlib.suppress(OSError):  # its home gone",
-         "            call.release()\n            with contextlib.suppress(OSError):  # its home gone")],
+        (
+            "            with contextlib.suppress(OSError):  # its home gone",
+            "            call.release()\n            with contextlib.suppress(OSError):  # its home gone",
+        )
+    ],
 }
 
 
@@ -103,11 +113,13 @@ def main():
             def run():
                 done = module.execute("pass", workdir, box, 30, 30_000)
                 assert done.code == 0, done.stderr
+
             return run
 
         def command(argv):
-            return lambda: subprocess.run(argv, cwd=workdir, check=True, stdin=subprocess.DEVNULL,
-                                          capture_output=True)
+            return lambda: subprocess.run(
+                argv, cwd=workdir, check=True, stdin=subprocess.DEVNULL, capture_output=True
+            )
 
         def keeper_alone():  # a preexec_fn that only forks a keeper, which waits: the floor
             if os.fork():  # of the design before the launcher (two forks of the agent)
@@ -116,12 +128,19 @@ def main():
                 os.wait()
                 os._exit(0)
 
-        ways = {"sandbox": call(agent, boxed),
-                "no-sandbox": call(agent, agent.Sandbox(workdir, False, agent.Limits())),
-                "plain subprocess": command([sys.executable, "-c", "pass"]),
-                "plain + a forking preexec_fn": lambda: subprocess.run(
-                    [sys.executable, "-c", "pass"], cwd=workdir, check=True,
-                    stdin=subprocess.DEVNULL, capture_output=True, preexec_fn=keeper_alone)}
+        ways = {
+            "sandbox": call(agent, boxed),
+            "no-sandbox": call(agent, agent.Sandbox(workdir, False, agent.Limits())),
+            "plain subprocess": command([sys.executable, "-c", "pass"]),
+            "plain + a forking preexec_fn": lambda: subprocess.run(
+                [sys.executable, "-c", "pass"],
+                cwd=workdir,
+                check=True,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                preexec_fn=keeper_alone,
+            ),
+        }
         if boxed.cgroup and hasattr(agent, "cgroup_parents"):  # the most a cgroup made once per
             uncapped = agent.Sandbox(workdir, True, agent.Limits())  # run could save: all of it
             uncapped.ready()
@@ -132,26 +151,42 @@ def main():
             box = module.Sandbox(workdir, True, module.Limits())
             box.ready()
             ways[f"sandbox without {name}"] = call(module, box)
-            ways[f"no-sandbox without {name}"] = call(module, module.Sandbox(workdir, False,
-                                                                             module.Limits()))
+            ways[f"no-sandbox without {name}"] = call(
+                module, module.Sandbox(workdir, False, module.Limits())
+            )
         if args.against:  # before and after, side by side
             module = agent_copy(tmp, [], args.against.read_text(encoding="utf-8"))
             box = module.Sandbox(workdir, True, module.Limits())
             box.ready()
             ways["sandbox, --against"] = call(module, box)
-            ways["no-sandbox, --against"] = call(module, module.Sandbox(workdir, False,
-                                                                        module.Limits()))
+            ways["no-sandbox, --against"] = call(
+                module, module.Sandbox(workdir, False, module.Limits())
+            )
         bwrap = shutil.which("bwrap")
         if bwrap:  # the same interpreter as the plain subprocess, so that is the base
-            ways["bwrap"] = command([bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/",
-                                     "/", "--dev", "/dev", "--proc", "/proc", sys.executable,
-                                     "-c", "pass"])
+            ways["bwrap"] = command(
+                [
+                    bwrap,
+                    "--unshare-all",
+                    "--die-with-parent",
+                    "--ro-bind",
+                    "/",
+                    "/",
+                    "--dev",
+                    "/dev",
+                    "--proc",
+                    "/proc",
+                    sys.executable,
+                    "-c",
+                    "pass",
+                ]
+            )
         names = list(ways)
         times = {name: [] for name in names}
         for name in names:  # a first run of each, not counted: caches, the cgroup's first use
             ways[name]()
         for i in range(args.runs):  # alternated, the order rotated: drift hits every way alike
-            for name in names[i % len(names):] + names[:i % len(names)]:
+            for name in names[i % len(names) :] + names[: i % len(names)]:
                 started = time.perf_counter()
                 ways[name]()
                 times[name].append((time.perf_counter() - started) * 1000)
@@ -159,61 +194,96 @@ def main():
 
         def ratio(name, base):
             each = [a / b for a, b in zip(times[name], times[base])]
-            return (f"{statistics.median(times[name]) / statistics.median(times[base]):.2f} "
-                    f"({quartiles(each)})")
+            return (
+                f"{statistics.median(times[name]) / statistics.median(times[base]):.2f} "
+                f"({quartiles(each)})"
+            )
 
-        print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-              f"{platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M')}; load "
-              f"{os.getloadavg()[0]:.2f}; {args.pause * 1000:.0f} ms between calls")
+        print(
+            f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
+            f"{platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M')}; load "
+            f"{os.getloadavg()[0]:.2f}; {args.pause * 1000:.0f} ms between calls"
+        )
         print(boxed.status)
-        print(f"trivial run_python, {args.runs} alternated rounds: median ms, ratio of medians to "
-              "the plain subprocess, and that ratio round by round: median (quartiles)")
+        print(
+            f"trivial run_python, {args.runs} alternated rounds: median ms, ratio of medians to "
+            "the plain subprocess, and that ratio round by round: median (quartiles)"
+        )
         for name in names:
             if name == "bwrap":
                 continue
-            print(f"    {name:32} {statistics.median(times[name]):6.1f} ms  "
-                  f"{ratio(name, 'plain subprocess')}")
+            print(
+                f"    {name:32} {statistics.median(times[name]):6.1f} ms  "
+                f"{ratio(name, 'plain subprocess')}"
+            )
         print(f"    sandbox / no-sandbox {ratio('sandbox', 'no-sandbox')}")
         for name in args.without:  # what each optimisation is worth: the call without it, to
             for kind in ("sandbox", "no-sandbox"):  # the call with it, round by round
-                print(f"    {kind} without {name} / {kind}: {ratio(f'{kind} without {name}', kind)}")
+                print(
+                    f"    {kind} without {name} / {kind}: {ratio(f'{kind} without {name}', kind)}"
+                )
         if args.against:
             for kind in ("sandbox", "no-sandbox"):
-                print(f"    {kind} / {kind}, --against {args.against}: "
-                      f"{ratio(kind, f'{kind}, --against')}")
+                print(
+                    f"    {kind} / {kind}, --against {args.against}: "
+                    f"{ratio(kind, f'{kind}, --against')}"
+                )
         if "sandbox without a cgroup" in times:
-            print(f"    sandbox without a cgroup / sandbox: "
-                  f"{ratio('sandbox without a cgroup', 'sandbox')}")
+            print(
+                f"    sandbox without a cgroup / sandbox: "
+                f"{ratio('sandbox without a cgroup', 'sandbox')}"
+            )
         if bwrap:
-            print(f"the peer's figure: bwrap --unshare-all --die-with-parent --ro-bind / / --dev "
-                  f"/dev --proc /proc python -c pass {statistics.median(times['bwrap']):.1f} ms: "
-                  f"{ratio('bwrap', 'plain subprocess')} the plain subprocess")
+            print(
+                f"the peer's figure: bwrap --unshare-all --die-with-parent --ro-bind / / --dev "
+                f"/dev --proc /proc python -c pass {statistics.median(times['bwrap']):.1f} ms: "
+                f"{ratio('bwrap', 'plain subprocess')} the plain subprocess"
+            )
         else:
             print("the peer's figure: skipped, bwrap is not installed (apt install bubblewrap)")
         row = {}  # each way's calls one right after another, as a turn's several calls run:
-        for name in ("sandbox", "no-sandbox", "plain subprocess",  # what is made ahead has
-                     *[way for way in ways if way.endswith(", --against")
-                       or " without " in way and way != "sandbox without a cgroup"]):
+        for name in (
+            "sandbox",
+            "no-sandbox",
+            "plain subprocess",  # what is made ahead has
+            *[
+                way
+                for way in ways
+                if way.endswith(", --against")
+                or " without " in way
+                and way != "sandbox without a cgroup"
+            ],
+        ):
             row[name] = []  # no time to be ready
             for _ in range(args.runs):
                 started = time.perf_counter()
                 ways[name]()
                 row[name].append((time.perf_counter() - started) * 1000)
-        print(f"{args.runs} calls in a row, nothing between them: "
-              + ", ".join(f"{name} {statistics.median(row[name]):.1f} ms "
-                          f"({statistics.median(row[name]) / statistics.median(row['plain subprocess']):.2f})"
-                          for name in row))
-        print(f"the first call's plan and self-test: {proving * 1000:.0f} ms (once per run, at "
-              "the first run_python call; nothing at startup)")
+        print(
+            f"{args.runs} calls in a row, nothing between them: "
+            + ", ".join(
+                f"{name} {statistics.median(row[name]):.1f} ms "
+                f"({statistics.median(row[name]) / statistics.median(row['plain subprocess']):.2f})"
+                for name in row
+            )
+        )
+        print(
+            f"the first call's plan and self-test: {proving * 1000:.0f} ms (once per run, at "
+            "the first run_python call; nothing at startup)"
+        )
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        code = ("import sys\nblock = 'x' * 1023 + '\\n'\nfor _ in range(50 * 1024):\n"
-                "    sys.stdout.write(block)\n")
+        code = (
+            "import sys\nblock = 'x' * 1023 + '\\n'\nfor _ in range(50 * 1024):\n"
+            "    sys.stdout.write(block)\n"
+        )
         started = time.perf_counter()
         run = agent.execute(code, workdir, boxed, 60, 30_000)
         seconds = time.perf_counter() - started
         after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        print(f"50 MB of stdout in {seconds:.2f} s: {len(run.stdout)} characters kept; peak RSS "
-              f"{before / 1024:.1f} MB before, {after / 1024:.1f} MB after")
+        print(
+            f"50 MB of stdout in {seconds:.2f} s: {len(run.stdout)} characters kept; peak RSS "
+            f"{before / 1024:.1f} MB before, {after / 1024:.1f} MB after"
+        )
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ def run(program, nr, arch, args=(0, 0, 0, 0, 0, 0)):
     """The filter's verdict for one syscall: ("allow",), ("kill",) or ("errno", n)."""
     args = list(args) + [0] * (6 - len(args))
     data = struct.pack("<iIQ6Q", nr, arch, 0, *[a & 0xFFFFFFFFFFFFFFFF for a in args])
-    ins = [struct.unpack("HBBI", program[i:i + 8]) for i in range(0, len(program), 8)]
+    ins = [struct.unpack("HBBI", program[i : i + 8]) for i in range(0, len(program), 8)]
     assert len(ins) <= 4096, "BPF_MAXINSNS"
     acc, pc = 0, 0
     while True:

@@ -30,8 +30,9 @@ class PromptCache:
         out, previous = [], None
         for i, block in enumerate(blocks):
             kind = block.get("type")
-            mark = bool(block.get("cache_control")) or (bool(body.get("cache_control"))
-                                                        and i == len(blocks) - 1)
+            mark = bool(block.get("cache_control")) or (
+                bool(body.get("cache_control")) and i == len(blocks) - 1
+            )
             if out and kind in ("tool_use", "tool_result") and kind == previous:
                 out[-1] = (i + 1, out[-1][1] or mark)  # one position for the run
             else:
@@ -41,8 +42,7 @@ class PromptCache:
 
     def key(self, body, blocks):
         """What a cached prefix is known by: its content, not where the markers were."""
-        head = [body.get("model"), body.get("tools"), body.get("system"),
-                body.get("tool_choice")]
+        head = [body.get("model"), body.get("tools"), body.get("system"), body.get("tool_choice")]
         plain = [{k: v for k, v in b.items() if k != "cache_control"} for b in blocks]
         return hashlib.sha256(json.dumps([head, plain], sort_keys=True).encode()).hexdigest()
 
@@ -61,11 +61,16 @@ class PromptCache:
                 if self.key(body, blocks[:n]) in self.entries:
                     read = max(read, size(n))
                     break
-        written = max(0, size(last_mark) - read) if last_mark and size(last_mark) >= \
-            self.minimum else 0
+        written = (
+            max(0, size(last_mark) - read) if last_mark and size(last_mark) >= self.minimum else 0
+        )
         if commit and written:
             for end, mark in positions:
                 if mark and size(end) >= self.minimum:
                     self.entries.add(self.key(body, blocks[:end]))
-        return {"input_tokens": total - read - written, "output_tokens": 30,
-                "cache_creation_input_tokens": written, "cache_read_input_tokens": read}
+        return {
+            "input_tokens": total - read - written,
+            "output_tokens": 30,
+            "cache_creation_input_tokens": written,
+            "cache_read_input_tokens": read,
+        }

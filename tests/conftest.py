@@ -15,12 +15,11 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import fakes
 import pytest
+from helpers import AGENT, OTHER_USERS, kept_by_the_tests, loopback, schema_errors, tool_context
 
 import agent
-import fakes
-from helpers import (AGENT, OTHER_USERS, kept_by_the_tests, loopback, schema_errors,
-                     tool_context)
 
 
 @pytest.fixture(autouse=True)
@@ -62,7 +61,8 @@ def real_runs():
     state = os.environ.get("XDG_STATE_HOME", "")
     home = Path(pwd.getpwuid(os.getuid()).pw_dir)
     places = {home / ".local" / "state" / "agent.py"} | (
-        {Path(state) / "agent.py"} if os.path.isabs(state) else set())
+        {Path(state) / "agent.py"} if os.path.isabs(state) else set()
+    )
     found = {}
     for place in places:
         for path in place.rglob("*"):
@@ -81,8 +81,11 @@ def nothing_kept_in_the_real_home(tmp_path_factory):
     a workdir it records lies in this session's temporary directory (kept_by_the_tests)."""
     before, basetemp = real_runs(), tmp_path_factory.getbasetemp()
     yield
-    left = sorted(str(p) for p, changed in real_runs().items()
-                  if before.get(p) != changed and kept_by_the_tests(p, basetemp))
+    left = sorted(
+        str(p)
+        for p, changed in real_runs().items()
+        if before.get(p) != changed and kept_by_the_tests(p, basetemp)
+    )
     assert not left, f"tests kept runs in the real home: {left[:5]}"
 
 
@@ -125,8 +128,12 @@ def no_rejected_requests():
     """Every request a FakeClient saw must be one the real API would accept."""
     fakes.ALL_CLIENTS.clear()
     yield
-    rejected = [v for c in fakes.ALL_CLIENTS if not getattr(c, "expect_rejection", False)
-                for v in c.violations]
+    rejected = [
+        v
+        for c in fakes.ALL_CLIENTS
+        if not getattr(c, "expect_rejection", False)
+        for v in c.violations
+    ]
     assert not rejected, f"the API would reject a request: {rejected}"
 
 
@@ -213,8 +220,11 @@ def nothing_left_in_tmp(tmp_path_factory):
     for box in [o for o in gc.get_objects() if isinstance(o, agent.Sandbox)]:
         box.close()  # its launcher removes what it made ahead for a next call when it goes
     deadline = time.monotonic() + 120
-    while agent_paths(temp_dirs, cgroups) - before and still_cleaning(basetemp) \
-            and time.monotonic() < deadline:
+    while (
+        agent_paths(temp_dirs, cgroups) - before
+        and still_cleaning(basetemp)
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.1)
     left, deadline = agent_paths(temp_dirs, cgroups) - before, time.monotonic() + 20
     while left & agent_paths(temp_dirs, cgroups) and time.monotonic() < deadline:
@@ -247,6 +257,7 @@ def spans(monkeypatch):
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
     memories, real_start = [], agent.Telemetry.start
 
     def start(report):

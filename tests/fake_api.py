@@ -46,29 +46,53 @@ def stream_of(message, complete=True):
     out = [sse("message_start", {"type": "message_start", "message": start})]
     for i, block in enumerate(message["content"]):
         kind = block["type"]
-        first = {"text": {"type": "text", "text": ""},
-                 "tool_use": {**block, "input": {}},
-                 "thinking": {"type": "thinking", "thinking": "", "signature": ""}}.get(kind, block)
-        out.append(sse("content_block_start", {"type": "content_block_start", "index": i,
-                                               "content_block": first}))
+        first = {
+            "text": {"type": "text", "text": ""},
+            "tool_use": {**block, "input": {}},
+            "thinking": {"type": "thinking", "thinking": "", "signature": ""},
+        }.get(kind, block)
+        out.append(
+            sse(
+                "content_block_start",
+                {"type": "content_block_start", "index": i, "content_block": first},
+            )
+        )
         deltas = []
         if kind == "text":
             half = len(block["text"]) // 2
-            deltas = [{"type": "text_delta", "text": t}
-                      for t in (block["text"][:half], block["text"][half:]) if t]
+            deltas = [
+                {"type": "text_delta", "text": t}
+                for t in (block["text"][:half], block["text"][half:])
+                if t
+            ]
         elif kind == "tool_use":
-            deltas = [{"type": "input_json_delta", "partial_json": ""},
-                      {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}]
+            deltas = [
+                {"type": "input_json_delta", "partial_json": ""},
+                {"type": "input_json_delta", "partial_json": json.dumps(block["input"])},
+            ]
         elif kind == "thinking":
-            deltas = [{"type": "thinking_delta", "thinking": block["thinking"]},
-                      {"type": "signature_delta", "signature": block["signature"]}]
+            deltas = [
+                {"type": "thinking_delta", "thinking": block["thinking"]},
+                {"type": "signature_delta", "signature": block["signature"]},
+            ]
         for delta in deltas:
-            out.append(sse("content_block_delta", {"type": "content_block_delta", "index": i,
-                                                   "delta": delta}))
+            out.append(
+                sse(
+                    "content_block_delta",
+                    {"type": "content_block_delta", "index": i, "delta": delta},
+                )
+            )
         out.append(sse("content_block_stop", {"type": "content_block_stop", "index": i}))
-    out.append(sse("message_delta", {"type": "message_delta",
-                                     "delta": {"stop_reason": message["stop_reason"],
-                                               "stop_sequence": None}, "usage": usage}))
+    out.append(
+        sse(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+                "usage": usage,
+            },
+        )
+    )
     if complete:
         out.append(sse("message_stop", {"type": "message_stop"}))
     return "".join(out)
@@ -96,8 +120,9 @@ def message_of(sse_text):
                 elif delta["type"] == "signature_delta":
                     block["signature"] = delta["signature"]
                 elif delta["type"] == "input_json_delta":
-                    buffers[event["index"]] = buffers.get(event["index"], "") + \
-                        delta["partial_json"]
+                    buffers[event["index"]] = (
+                        buffers.get(event["index"], "") + delta["partial_json"]
+                    )
             except (TypeError, KeyError):
                 continue
         elif event["type"] == "message_delta":
@@ -135,12 +160,22 @@ class FakeAPI:
                 api.headers.append({k.lower(): v for k, v in self.headers.items()})
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
                 if self.path.split("?")[0] not in ("/v1/messages", "/v1/messages/count_tokens"):
-                    return api.send(self, 404, {"type": "error", "error": {  # as the API says
-                        "type": "not_found_error", "message": "Not Found"}})
+                    return api.send(
+                        self,
+                        404,
+                        {
+                            "type": "error",
+                            "error": {  # as the API says
+                                "type": "not_found_error",
+                                "message": "Not Found",
+                            },
+                        },
+                    )
                 if self.path.startswith("/v1/messages/count_tokens"):
                     return api.count(self, body)
-                body["_betas"] = [b for b in (self.headers.get("anthropic-beta") or "").split(",")
-                                  if b]
+                body["_betas"] = [
+                    b for b in (self.headers.get("anthropic-beta") or "").split(",") if b
+                ]
                 api.respond(self, body)
                 if drop_idle:  # keep-alive was promised; close anyway, without a word
                     self.wfile.flush()
@@ -174,8 +209,14 @@ class FakeAPI:
     def count(self, handler, body):
         """POST /v1/messages/count_tokens: 4 bytes a token, + 286 with tools, as FakeClient."""
         self.counted.append(body)
-        size = len(json.dumps([body.get("system"), body.get("tools"), body["messages"]],
-                              ensure_ascii=False).encode()) // 4
+        size = (
+            len(
+                json.dumps(
+                    [body.get("system"), body.get("tools"), body["messages"]], ensure_ascii=False
+                ).encode()
+            )
+            // 4
+        )
         self.send(handler, 200, {"input_tokens": size + (286 if body.get("tools") else 0)})
 
     def respond(self, handler, body):
@@ -186,12 +227,22 @@ class FakeAPI:
             item = self.script.pop(0) if self.script and not error else None
         if error:
             self.rejected.append(error)
-            return self.send(handler, 400, {"type": "error", "error": {
-                "type": "invalid_request_error", "message": error}}, headers={"x-should-retry": "false"})
+            return self.send(
+                handler,
+                400,
+                {"type": "error", "error": {"type": "invalid_request_error", "message": error}},
+                headers={"x-should-retry": "false"},
+            )
         if item is None:
-            return self.send(handler, 500, {"type": "error", "error": {
-                "type": "api_error", "message": "fake_api: script exhausted"}},
-                headers={"x-should-retry": "false"})
+            return self.send(
+                handler,
+                500,
+                {
+                    "type": "error",
+                    "error": {"type": "api_error", "message": "fake_api: script exhausted"},
+                },
+                headers={"x-should-retry": "false"},
+            )
         if callable(item):
             item = item(body)
         if "status" in item:
@@ -207,8 +258,13 @@ class FakeAPI:
             remember(self.issued, message_of(text))
             return self.send(handler, 200, text, "text/event-stream")
         remember(self.issued, item)
-        self.send(handler, 200, stream_of(item, complete=not item.get("_cut")), "text/event-stream",
-                  headers=item.get("_headers"))
+        self.send(
+            handler,
+            200,
+            stream_of(item, complete=not item.get("_cut")),
+            "text/event-stream",
+            headers=item.get("_headers"),
+        )
 
     def misbehave(self, handler, item):
         """A stream that is slow or never finishes: pings only, events far apart, text without
@@ -227,13 +283,26 @@ class FakeAPI:
                     time.sleep(item["every"])
                 return
             if "endless" in item:
-                start = stream_of({"id": "msg_endless", "type": "message", "role": "assistant",
-                                   "model": "m", "content": [{"type": "text", "text": ""}],
-                                   "stop_reason": "end_turn", "usage": {}}).split("\n\n")[:2]
+                start = stream_of(
+                    {
+                        "id": "msg_endless",
+                        "type": "message",
+                        "role": "assistant",
+                        "model": "m",
+                        "content": [{"type": "text", "text": ""}],
+                        "stop_reason": "end_turn",
+                        "usage": {},
+                    }
+                ).split("\n\n")[:2]
                 handler.wfile.write(("\n\n".join(start) + "\n\n").encode())
-                delta = sse("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                                    "delta": {"type": "text_delta",
-                                                              "text": item["endless"]}})
+                delta = sse(
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": 0,
+                        "delta": {"type": "text_delta", "text": item["endless"]},
+                    },
+                )
                 ends = time.monotonic() + item.get("for", 60)  # a test of old code fails, no hang
                 while not self.stopping and time.monotonic() < ends:
                     handler.wfile.write(delta.encode())
@@ -250,8 +319,9 @@ class FakeAPI:
             events = stream_of(item["reset"]).split("\n\n")[: item["after"]]
             handler.wfile.write(("\n\n".join(events) + "\n\n").encode())
             handler.wfile.flush()
-            handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
-                                          struct.pack("ii", 1, 0))  # close() now sends RST
+            handler.connection.setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+            )  # close() now sends RST
             handler.connection.close()
         except OSError:
             pass  # the client hung up: what a stalled stream should make it do

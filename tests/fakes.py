@@ -24,22 +24,33 @@ def text(s):
 
 
 def tool_use(name, input, id=None):
-    return {"type": "tool_use", "id": id or f"toolu_{next(_ids):04d}", "name": name,
-            "input": input}
+    return {"type": "tool_use", "id": id or f"toolu_{next(_ids):04d}", "name": name, "input": input}
 
 
 def usage(input_tokens=100, output_tokens=10, write=0, read=0, **extra):
-    return {"input_tokens": input_tokens, "output_tokens": output_tokens,
-            "cache_creation_input_tokens": write, "cache_read_input_tokens": read, **extra}
+    return {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cache_creation_input_tokens": write,
+        "cache_read_input_tokens": read,
+        **extra,
+    }
 
 
 def reply(*blocks, stop_reason=None, **usage_fields):
     """An assistant message; stop_reason defaults to tool_use if it calls a tool."""
     if stop_reason is None:
         stop_reason = "tool_use" if any(b["type"] == "tool_use" for b in blocks) else "end_turn"
-    return {"id": f"msg_{next(_ids):04d}", "type": "message", "role": "assistant",
-            "model": "claude-haiku-5-5", "content": list(blocks), "stop_reason": stop_reason,
-            "stop_sequence": None, "usage": usage(**usage_fields)}
+    return {
+        "id": f"msg_{next(_ids):04d}",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-haiku-5-5",
+        "content": list(blocks),
+        "stop_reason": stop_reason,
+        "stop_sequence": None,
+        "usage": usage(**usage_fields),
+    }
 
 
 class FakeAPIError(Exception):
@@ -98,7 +109,7 @@ class FakeStream:
             if block["type"] == "text" and block["text"]:
                 step = size or len(block["text"])
                 for i in range(0, len(block["text"]), step):
-                    yield SimpleNamespace(type="text", text=block["text"][i:i + step])
+                    yield SimpleNamespace(type="text", text=block["text"][i : i + step])
         if isinstance(self.item, Midstream):
             raise self.item.error
         if not isinstance(self.item, Truncated):
@@ -122,16 +133,22 @@ class FakeClient:
         """messages.count_tokens, as a stand-in: 4 bytes a token, plus the tool-use system
         prompt the API adds when there are tools (286 tokens for the 5.5 models)."""
         self.counted.append(json.loads(json.dumps(request)))
-        size = len(json.dumps([request.get("system"), request.get("tools"),
-                               request["messages"]], ensure_ascii=False).encode()) // 4
+        size = (
+            len(
+                json.dumps(
+                    [request.get("system"), request.get("tools"), request["messages"]],
+                    ensure_ascii=False,
+                ).encode()
+            )
+            // 4
+        )
         return SimpleNamespace(input_tokens=size + (286 if request.get("tools") else 0))
 
     def stream(self, betas=(), **request):
         body = json.loads(json.dumps(request))  # what would go over the wire
         body["_betas"] = list(betas)
         self.requests.append(body)
-        error = check_request({k: v for k, v in body.items() if k != "_betas"}, self.issued,
-                              betas)
+        error = check_request({k: v for k, v in body.items() if k != "_betas"}, self.issued, betas)
         if error:
             self.violations.append(error)
             raise FakeAPIError(400, "invalid_request_error", error)

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-
-import agent
 from fake_api import FakeAPI
 from fakes import FakeAPIError, FakeClient, reply, text, tool_use
+
+import agent
 
 AGENT = Path(agent.__file__).resolve()
 DOTENV_PATH = agent.dotenv_path  # the real one, for the tests of .env itself (conftest.py
@@ -37,6 +37,7 @@ class Silent(agent.Reporter):
 
 # --- the CLI, in-process or as a user runs it ---
 
+
 def run_cli(capsys, argv, client=None, api=None, stdin="", **limits):
     """Run the CLI in-process; return (exit code, stdout, stderr). The model is `client` (a
     FakeClient), or the real SDK against `api` (a FakeAPI, made with `limits`), or, with
@@ -47,8 +48,9 @@ def run_cli(capsys, argv, client=None, api=None, stdin="", **limits):
         client = sdk_client(api, **limits)
     else:
         assert not limits, "limits go to the SDK client made for `api`"
-    code = agent.main(argv, client=client,
-                      stdin=io.StringIO(stdin) if isinstance(stdin, str) else stdin)
+    code = agent.main(
+        argv, client=client, stdin=io.StringIO(stdin) if isinstance(stdin, str) else stdin
+    )
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -59,10 +61,18 @@ DEAD_PROXY = "http://127.0.0.1:9"  # the discard port: nothing listens, every re
 def agent_env(api=None, **extra):
     """An environment with none of the user's ANTHROPIC_* and no way off loopback: any request
     not to 127.0.0.1 goes to a proxy that is not there."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("ANTHROPIC") and "proxy" not in k.lower()}
-    env.update(HTTPS_PROXY=DEAD_PROXY, HTTP_PROXY=DEAD_PROXY, ALL_PROXY=DEAD_PROXY,
-               NO_PROXY="127.0.0.1,localhost", **extra)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("ANTHROPIC") and "proxy" not in k.lower()
+    }
+    env.update(
+        HTTPS_PROXY=DEAD_PROXY,
+        HTTP_PROXY=DEAD_PROXY,
+        ALL_PROXY=DEAD_PROXY,
+        NO_PROXY="127.0.0.1,localhost",
+        **extra,
+    )
     if api is not None:
         env.update(ANTHROPIC_API_KEY="test-key", ANTHROPIC_BASE_URL=api.url)
     return env
@@ -91,20 +101,29 @@ print(os.waitstatus_to_exitcode(status), usage.ru_maxrss, time.monotonic() - sta
 def measured(script, *args, cwd):
     """`python agent.py ARGS` as a user runs it, measured: (exit code, stderr, peak RSS in MiB,
     seconds) of that process alone."""
-    done = subprocess.run([sys.executable, "-c", MEASURE, str(script), *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd, env=agent_env(), timeout=200,
-                          stdin=subprocess.DEVNULL)
+    done = subprocess.run(
+        [sys.executable, "-c", MEASURE, str(script), *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=agent_env(),
+        timeout=200,
+        stdin=subprocess.DEVNULL,
+    )
     code, rss, seconds = done.stdout.split()[-3:]
     return int(code), done.stderr, int(rss) / 1024, float(seconds)
 
 
 # --- what root may do here: probed, for the tests that act as another user ---
 
+
 def unmapped(uid):
     """`; uid N is not mapped in this user namespace (...)`, when /proc/self/uid_map says so."""
     try:
-        ranges = [tuple(map(int, line.split())) for line in
-                  Path("/proc/self/uid_map").read_text().splitlines()]
+        ranges = [
+            tuple(map(int, line.split()))
+            for line in Path("/proc/self/uid_map").read_text().splitlines()
+        ]
     except (OSError, ValueError):
         return ""
     if any(inside <= uid < inside + count for inside, _, count in ranges):
@@ -126,8 +145,10 @@ def probe_other_users(uids=(65534, 12345, 1)):
             try:
                 os.chown(probe, uid, uid)
             except OSError as e:
-                return (f"needs root able to act as another user, and os.chown to uid {uid} "
-                        f"fails here ({e.strerror}){unmapped(uid)}")
+                return (
+                    f"needs root able to act as another user, and os.chown to uid {uid} "
+                    f"fails here ({e.strerror}){unmapped(uid)}"
+                )
     return None
 
 
@@ -155,6 +176,7 @@ def need_other_users():
 
 # --- a local Messages API for the real SDK ---
 
+
 def serve(request, *script, **options):
     """A FakeAPI serving `script` for this test; stopped after it, and every request it rejected
     fails the test (conftest.py)."""
@@ -165,11 +187,14 @@ def serve(request, *script, **options):
 
 
 def sdk_client(api, **limits):
-    return agent.make_client({"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": api.url,
-                              "ANTHROPIC_MODEL": None}, agent.Limits(**limits))
+    return agent.make_client(
+        {"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": api.url, "ANTHROPIC_MODEL": None},
+        agent.Limits(**limits),
+    )
 
 
 # --- tools and the loop, without the CLI ---
+
 
 def unconfined(workdir):
     return agent.Sandbox(workdir, False, agent.Limits())
@@ -178,8 +203,9 @@ def unconfined(workdir):
 def tool_context(workdir, tmp_path, limits=None):
     """A ToolContext on `workdir`: no sandbox, every run_python call approved."""
     workdir = Path(os.path.realpath(workdir))  # (run_python works in its sandbox's workdir)
-    return agent.ToolContext(workdir, limits or agent.Limits(), unconfined(workdir),
-                             approve=lambda code: True)
+    return agent.ToolContext(
+        workdir, limits or agent.Limits(), unconfined(workdir), approve=lambda code: True
+    )
 
 
 def call(ctx, name, **args):
@@ -197,6 +223,7 @@ def drive(client, workdir, tmp_path, **limits):
 
 
 # --- what a run wrote ---
+
 
 def final_messages(client):
     return client.requests[-1]["messages"]
@@ -228,9 +255,10 @@ def strict(schema):
     return schema
 
 
-VALIDATORS = {name: jsonschema.Draft202012Validator(strict(schema),
-                                                    format_checker=jsonschema.FormatChecker())
-              for name, schema in agent.SCHEMAS.items()}
+VALIDATORS = {
+    name: jsonschema.Draft202012Validator(strict(schema), format_checker=jsonschema.FormatChecker())
+    for name, schema in agent.SCHEMAS.items()
+}
 
 
 def kind_of(document):
@@ -246,8 +274,14 @@ def kind_of(document):
 
 def schema_errors(document, kind=None):
     kind = kind or kind_of(document)
-    return [f"{kind}: {'/'.join(map(str, e.absolute_path))}: {e.message}"
-            for e in VALIDATORS[kind].iter_errors(document)] if kind else []
+    return (
+        [
+            f"{kind}: {'/'.join(map(str, e.absolute_path))}: {e.message}"
+            for e in VALIDATORS[kind].iter_errors(document)
+        ]
+        if kind
+        else []
+    )
 
 
 def loopback(host):
@@ -276,8 +310,11 @@ def lone_surrogates(document):
         document = [*document.keys(), *document.values()]
     if isinstance(document, list):
         return [s for item in document for s in lone_surrogates(item)]
-    return [document] if isinstance(document, str) and any(
-        "\ud800" <= ch <= "\udfff" for ch in document) else []
+    return (
+        [document]
+        if isinstance(document, str) and any("\ud800" <= ch <= "\udfff" for ch in document)
+        else []
+    )
 
 
 def surrogate_run(capsys, tmp_path, *flags):
@@ -288,12 +325,15 @@ def surrogate_run(capsys, tmp_path, *flags):
     workdir.mkdir()
     (workdir / "scores.csv").write_text("name,score\nAlice,88\n")
     busy = FakeAPIError(529, "overloaded_error", "busy \ud800", {"retry-after": "0"})
-    client = FakeClient(busy, reply(text("bad \ud800 text"),
-                                    tool_use("read_file", {"path": "caf\udce9.csv"})),
-                        reply(text("done \udce9")))
+    client = FakeClient(
+        busy,
+        reply(text("bad \ud800 text"), tool_use("read_file", {"path": "caf\udce9.csv"})),
+        reply(text("done \udce9")),
+    )
     transcript = tmp_path / "run.json"
-    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript",
-                                    str(transcript), *flags], client)
+    code, _, err = run_cli(
+        capsys, ["q", "--workdir", str(workdir), "--transcript", str(transcript), *flags], client
+    )
     return code, transcript, err
 
 
@@ -321,17 +361,26 @@ def as_documented(line, template):
     """Does `line`, as agent.py printed it, read as the documented `template`? Placeholders: N
     and M (a number), URL, and (why) (any reason in parentheses)."""
     means = {" N ": r" \d+ ", " M ": r" \d+ ", "URL": r"\S+", "(why)": r"\(.+\)"}
-    pattern = "".join(means.get(part, re.escape(part))
-                      for part in re.split(r"( N | M |URL|\(why\))", template))
+    pattern = "".join(
+        means.get(part, re.escape(part)) for part in re.split(r"( N | M |URL|\(why\))", template)
+    )
     return re.fullmatch(pattern, line) is not None
 
 
 def budget_stopped(capsys, workdir, path):
     """A run the token budget stops with its tool call (toolu_X) unanswered, saved at `path`."""
-    client = FakeClient(reply(text("Let me read."), tool_use("read_file", {"path": "scores.csv"},
-                                                            id="toolu_X"), input_tokens=2000))
-    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--token-budget", "1000",
-                                  "--transcript", str(path)], client)
+    client = FakeClient(
+        reply(
+            text("Let me read."),
+            tool_use("read_file", {"path": "scores.csv"}, id="toolu_X"),
+            input_tokens=2000,
+        )
+    )
+    code, _, _ = run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--token-budget", "1000", "--transcript", str(path)],
+        client,
+    )
     assert code == 4
 
 

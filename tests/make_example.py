@@ -22,8 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-import agent  # noqa: E402  (after the path above, as a script)
 from fakes import FakeClient, reply, text, tool_use  # noqa: E402
+
+import agent  # noqa: E402  (after the path above, as a script)
 
 EXAMPLE = ROOT / "workspace" / "example-run.json"
 QUESTION = "Which class did better in scores.csv, and does that match what spring.md says?"
@@ -35,15 +36,23 @@ for name in sorted({r["class"] for r in rows}):
     print(f"class {name}: {len(scores)} students, average {statistics.mean(scores):.1f}")
 print(f"all: {len(rows)} students, average {statistics.mean(int(r['score']) for r in rows):.1f}")
 """
-ANSWER = ("Class A did better: its average is 82.8, against 77.0 for class B (79.9 over all 10 "
-          "students, computed from scores.csv).\n\nThat matches spring.md, which says class A "
-          "met the reading goal and class B missed it by two books per student. spring.md "
-          "gives a mid-term average of 76.4 for everyone; the scores in scores.csv are higher.")
-SHOWN = ("class A: 5 students, average 82.8", "class B: 5 students, average 77.0",
-         "all: 10 students, average 79.9")  # what the run_python result must hold
-PRODUCED_BY = {"kind": "scripted", "script": "tests/make_example.py",
-               "note": "the model's replies and their usage are scripted (no model was asked); "
-                       "the tool results are real, run_python's in agent.py's sandbox"}
+ANSWER = (
+    "Class A did better: its average is 82.8, against 77.0 for class B (79.9 over all 10 "
+    "students, computed from scores.csv).\n\nThat matches spring.md, which says class A "
+    "met the reading goal and class B missed it by two books per student. spring.md "
+    "gives a mid-term average of 76.4 for everyone; the scores in scores.csv are higher."
+)
+SHOWN = (
+    "class A: 5 students, average 82.8",
+    "class B: 5 students, average 77.0",
+    "all: 10 students, average 79.9",
+)  # what the run_python result must hold
+PRODUCED_BY = {
+    "kind": "scripted",
+    "script": "tests/make_example.py",
+    "note": "the model's replies and their usage are scripted (no model was asked); "
+    "the tool results are real, run_python's in agent.py's sandbox",
+}
 
 
 def scripted(id, *blocks, **usage):
@@ -53,36 +62,71 @@ def scripted(id, *blocks, **usage):
 
 def replies():
     return [
-        scripted("msg_example_1", text("I'll read the scores and the spring report."),
-                 tool_use("read_file", {"path": "scores.csv"}, id="toolu_example_1"),
-                 tool_use("read_file", {"path": "spring.md"}, id="toolu_example_2"),
-                 input_tokens=18, write=1240, output_tokens=92),
-        scripted("msg_example_2", text("Now the average of each class, computed from the file."),
-                 tool_use("run_python", {"code": CODE}, id="toolu_example_3"),
-                 input_tokens=10, read=1240, write=286, output_tokens=171),
-        scripted("msg_example_3", text(ANSWER), input_tokens=9, read=1526, write=214,
-                 output_tokens=104),
+        scripted(
+            "msg_example_1",
+            text("I'll read the scores and the spring report."),
+            tool_use("read_file", {"path": "scores.csv"}, id="toolu_example_1"),
+            tool_use("read_file", {"path": "spring.md"}, id="toolu_example_2"),
+            input_tokens=18,
+            write=1240,
+            output_tokens=92,
+        ),
+        scripted(
+            "msg_example_2",
+            text("Now the average of each class, computed from the file."),
+            tool_use("run_python", {"code": CODE}, id="toolu_example_3"),
+            input_tokens=10,
+            read=1240,
+            write=286,
+            output_tokens=171,
+        ),
+        scripted(
+            "msg_example_3", text(ANSWER), input_tokens=9, read=1526, write=214, output_tokens=104
+        ),
     ]
 
 
 def make(path=EXAMPLE):
     """Run the scripted model through agent.py on workspace/ and write the transcript to
     `path`; return it."""
-    with tempfile.TemporaryDirectory() as scratch, \
-            contextlib.redirect_stdout(io.StringIO()):  # the answer is in the transcript
+    with (
+        tempfile.TemporaryDirectory() as scratch,
+        contextlib.redirect_stdout(io.StringIO()),
+    ):  # the answer is in the transcript
         out = Path(scratch) / "run.json"  # a transcript may not be in the workdir
-        code = agent.main([QUESTION, "--workdir", str(ROOT / "workspace"), "--model",
-                           agent.DEFAULT_MODEL, "--yes", "--quiet", "--transcript", str(out)],
-                          client=FakeClient(*replies()), stdin=io.StringIO(""))
+        code = agent.main(
+            [
+                QUESTION,
+                "--workdir",
+                str(ROOT / "workspace"),
+                "--model",
+                agent.DEFAULT_MODEL,
+                "--yes",
+                "--quiet",
+                "--transcript",
+                str(out),
+            ],
+            client=FakeClient(*replies()),
+            stdin=io.StringIO(""),
+        )
         run = json.loads(out.read_text())
-    results = [b for m in run["messages"] if m["role"] == "user" for b in m["content"]
-               if b["type"] == "tool_result"]
-    if code != 0 or any(r.get("is_error") for r in results) or \
-            not all(line in results[-1]["content"] for line in SHOWN):
-        sys.exit(f"make_example: the run did not go as scripted (exit {code}): "
-                 f"{[r['content'][:200] for r in results]}")
-    run = {"version": run.pop("version"), "produced_by": PRODUCED_BY, **run,
-           "workdir": "workspace"}
+    results = [
+        b
+        for m in run["messages"]
+        if m["role"] == "user"
+        for b in m["content"]
+        if b["type"] == "tool_result"
+    ]
+    if (
+        code != 0
+        or any(r.get("is_error") for r in results)
+        or not all(line in results[-1]["content"] for line in SHOWN)
+    ):
+        sys.exit(
+            f"make_example: the run did not go as scripted (exit {code}): "
+            f"{[r['content'][:200] for r in results]}"
+        )
+    run = {"version": run.pop("version"), "produced_by": PRODUCED_BY, **run, "workdir": "workspace"}
     data = agent.dump(run)
     if str(ROOT).encode() in data:
         sys.exit(f"make_example: the transcript names {ROOT}, which no other clone has")

@@ -17,7 +17,9 @@ import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest, ExportTraceServiceResponse)
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 
 
 def value_of(any_value):
@@ -44,8 +46,13 @@ class OTLPReceiver(ThreadingHTTPServer):
         return f"http://127.0.0.1:{self.server_address[1]}"
 
     def spans(self):
-        return [(attributes(rs.resource), span) for request in self.requests
-                for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans]
+        return [
+            (attributes(rs.resource), span)
+            for request in self.requests
+            for rs in request.resource_spans
+            for ss in rs.scope_spans
+            for span in ss.spans
+        ]
 
     def __enter__(self):
         threading.Thread(target=self.serve_forever, daemon=True).start()
@@ -65,9 +72,12 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         body = {"gzip": gzip.decompress, "deflate": zlib.decompress}.get(
-            self.headers.get("Content-Encoding", ""), lambda b: b)(body)
-        if self.path != "/v1/traces" or self.headers.get("Content-Type") != \
-                "application/x-protobuf":
+            self.headers.get("Content-Encoding", ""), lambda b: b
+        )(body)
+        if (
+            self.path != "/v1/traces"
+            or self.headers.get("Content-Type") != "application/x-protobuf"
+        ):
             self.send_response(404)
             self.send_header("Content-Length", "0")
             self.end_headers()
@@ -135,13 +145,17 @@ class HostileCollector:
                     head += chunk
                     record["read"] += len(chunk)
                 if self.answer == "redirect":
-                    conn.sendall(f"HTTP/1.1 307 Temporary Redirect\r\nLocation: {self.location}"
-                                 "\r\nContent-Length: 0\r\n\r\n".encode())
+                    conn.sendall(
+                        f"HTTP/1.1 307 Temporary Redirect\r\nLocation: {self.location}"
+                        "\r\nContent-Length: 0\r\n\r\n".encode()
+                    )
                     time.sleep(1)
                     return
                 if self.answer == "huge":
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\n"
-                                 b"Content-Length: %d\r\n\r\n" % self.size)
+                    conn.sendall(
+                        b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\n"
+                        b"Content-Length: %d\r\n\r\n" % self.size
+                    )
                     block, sent = b"\0" * (1 << 20), 0
                     while sent < self.size and not self.stopping.is_set():
                         conn.sendall(block)

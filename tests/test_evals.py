@@ -12,8 +12,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TASKS = sorted(p for p in (ROOT / "evals" / "tasks").iterdir() if p.is_dir())
-DATA = ["scores.csv", "spring.md", "fall.md", "reports/attendance.md", "reports/budget.md",
-        "reports/survey.md"]
+DATA = [
+    "scores.csv",
+    "spring.md",
+    "fall.md",
+    "reports/attendance.md",
+    "reports/budget.md",
+    "reports/survey.md",
+]
 
 
 def test_there_are_five_to_eight_tasks():
@@ -36,15 +42,21 @@ def test_a_task_has_harbors_files(task):
 @pytest.mark.parametrize("task", TASKS, ids=lambda p: p.name)
 def test_a_tasks_data_is_workspaces(task):
     for name in DATA:
-        assert (task / "environment/data" / name).read_bytes() == \
-            (ROOT / "workspace" / name).read_bytes(), name
-    assert sorted(str(p.relative_to(task / "environment/data"))
-                  for p in (task / "environment/data").rglob("*") if p.is_file()) == sorted(DATA)
+        assert (task / "environment/data" / name).read_bytes() == (
+            ROOT / "workspace" / name
+        ).read_bytes(), name
+    assert sorted(
+        str(p.relative_to(task / "environment/data"))
+        for p in (task / "environment/data").rglob("*")
+        if p.is_file()
+    ) == sorted(DATA)
 
 
 @pytest.mark.parametrize("task", TASKS, ids=lambda p: p.name)
 def test_a_tasks_image_is_the_one_setup_podman_makes(task):
     setup = (ROOT / "evals" / "setup-podman.sh").read_text()
     image = re.search(r"^BASE_IMAGE=(\S+)", setup, re.M).group(1)
-    assert re.search(r"^FROM (\S+)", (task / "environment/Dockerfile").read_text(),
-                     re.M).group(1) == image
+    assert (
+        re.search(r"^FROM (\S+)", (task / "environment/Dockerfile").read_text(), re.M).group(1)
+        == image
+    )

@@ -9,17 +9,27 @@ from pathlib import Path
 
 import atif
 import pytest
+from fakes import FakeAPIError, FakeClient, reply, text, tool_use
+from helpers import (
+    budget_stopped,
+    lone_surrogates,
+    measured,
+    run_cli,
+    surrogate_run,
+    with_lone_surrogates,
+)
 
 import agent
-from fakes import FakeAPIError, FakeClient, reply, text, tool_use
-from helpers import (budget_stopped, lone_surrogates, measured, run_cli, surrogate_run,
-                     with_lone_surrogates)
 
-THINKING = {"type": "thinking", "thinking": "Read both files, then compute.",
-            "signature": "c2lnbmF0dXJl"}
+THINKING = {
+    "type": "thinking",
+    "thinking": "Read both files, then compute.",
+    "signature": "c2lnbmF0dXJl",
+}
 
 
 # --- what every trajectory must be ---
+
 
 def export(capsys, source, *extra):
     """Run --export atif; return the paths it says it wrote."""
@@ -65,31 +75,50 @@ def matches(document, transcript):
     for step, turn in zip(agents, transcript["turns"]):
         u = turn["usage"]
         assert step["metrics"] == {
-            "prompt_tokens": u["input_tokens"] + u["cache_read_input_tokens"]
-            + u["cache_creation_input_tokens"], "completion_tokens": u["output_tokens"],
-            "cached_tokens": u["cache_read_input_tokens"], "cost_usd": u["cost_usd"],
-            "extra": {"cache_creation_input_tokens": u["cache_creation_input_tokens"]}}
+            "prompt_tokens": u["input_tokens"]
+            + u["cache_read_input_tokens"]
+            + u["cache_creation_input_tokens"],
+            "completion_tokens": u["output_tokens"],
+            "cached_tokens": u["cache_read_input_tokens"],
+            "cost_usd": u["cost_usd"],
+            "extra": {"cache_creation_input_tokens": u["cache_creation_input_tokens"]},
+        }
     blocks = [b for m in transcript["messages"] for b in m["content"]]
-    assert [c["tool_call_id"] for s in agents for c in s.get("tool_calls", [])] == \
-        [b["id"] for b in blocks if b["type"] == "tool_use"]
-    results = {r["source_call_id"]: r for s in agents
-               for r in (s.get("observation") or {}).get("results", [])}
+    assert [c["tool_call_id"] for s in agents for c in s.get("tool_calls", [])] == [
+        b["id"] for b in blocks if b["type"] == "tool_use"
+    ]
+    results = {
+        r["source_call_id"]: r
+        for s in agents
+        for r in (s.get("observation") or {}).get("results", [])
+    }
     for b in blocks:
         if b["type"] == "tool_result":
             assert results[b["tool_use_id"]]["content"] == b["content"]
             assert results[b["tool_use_id"]]["extra"]["is_error"] == bool(b.get("is_error"))
-    questions = [b["text"] for m in transcript["messages"] if m["role"] == "user"
-                 for b in m["content"]
-                 if b["type"] == "text" and b["text"] != agent.FINAL_TURN_NOTE]
+    questions = [
+        b["text"]
+        for m in transcript["messages"]
+        if m["role"] == "user"
+        for b in m["content"]
+        if b["type"] == "text" and b["text"] != agent.FINAL_TURN_NOTE
+    ]
     assert [s["message"] for s in steps if s["source"] == "user"] == questions
     assert steps[0]["source"] == "user"
     u, totals = transcript["usage"], document["final_metrics"]
-    assert (totals["total_prompt_tokens"], totals["total_completion_tokens"],
-            totals["total_cached_tokens"], totals["total_cost_usd"],
-            totals["extra"]["cache_creation_input_tokens"]) == (
+    assert (
+        totals["total_prompt_tokens"],
+        totals["total_completion_tokens"],
+        totals["total_cached_tokens"],
+        totals["total_cost_usd"],
+        totals["extra"]["cache_creation_input_tokens"],
+    ) == (
         u["input_tokens"] + u["cache_read_input_tokens"] + u["cache_creation_input_tokens"],
-        u["output_tokens"], u["cache_read_input_tokens"], u["cost_usd"],
-        u["cache_creation_input_tokens"])
+        u["output_tokens"],
+        u["cache_read_input_tokens"],
+        u["cost_usd"],
+        u["cache_creation_input_tokens"],
+    )
     assert document["agent"]["model_name"] == transcript["model"]
     assert document["extra"]["stop"] == transcript["stop"]
     return document
@@ -100,19 +129,42 @@ def a_run(capsys, workdir, tmp_path, *flags, name="run.json"):
     then the answer; cache writes and reads along the way."""
     path = tmp_path / name
     client = FakeClient(
-        reply(THINKING, text("Reading both."), tool_use("read_file", {"path": "scores.csv"}),
-              tool_use("read_file", {"path": "nope.md"}), input_tokens=671, output_tokens=60),
-        reply(tool_use("run_python", {"code": "print((88+72+95)/3)"}), input_tokens=20,
-              output_tokens=70, write=751),
-        reply(text("The average is 85."), input_tokens=12, output_tokens=40, read=751,
-              write=80))
-    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox",
-                                    "--transcript", str(path), *flags], client)
+        reply(
+            THINKING,
+            text("Reading both."),
+            tool_use("read_file", {"path": "scores.csv"}),
+            tool_use("read_file", {"path": "nope.md"}),
+            input_tokens=671,
+            output_tokens=60,
+        ),
+        reply(
+            tool_use("run_python", {"code": "print((88+72+95)/3)"}),
+            input_tokens=20,
+            output_tokens=70,
+            write=751,
+        ),
+        reply(text("The average is 85."), input_tokens=12, output_tokens=40, read=751, write=80),
+    )
+    code, _, err = run_cli(
+        capsys,
+        [
+            "q",
+            "--workdir",
+            str(workdir),
+            "--yes",
+            "--no-sandbox",
+            "--transcript",
+            str(path),
+            *flags,
+        ],
+        client,
+    )
     assert code == 0, err
     return path
 
 
 # --- the mapping ---
+
 
 def test_a_run_with_parallel_calls_maps_turn_by_turn(capsys, workdir, tmp_path):
     source = a_run(capsys, workdir, tmp_path)
@@ -123,7 +175,9 @@ def test_a_run_with_parallel_calls_maps_turn_by_turn(capsys, workdir, tmp_path):
     assert first["message"] == "Reading both."
     assert first["reasoning_content"] == THINKING["thinking"]
     assert [(c["function_name"], c["arguments"]) for c in first["tool_calls"]] == [
-        ("read_file", {"path": "scores.csv"}), ("read_file", {"path": "nope.md"})]
+        ("read_file", {"path": "scores.csv"}),
+        ("read_file", {"path": "nope.md"}),
+    ]
     ok, missing = first["observation"]["results"]
     assert ok["content"].startswith("name,score") and ok["extra"]["is_error"] is False
     assert missing["extra"]["is_error"] is True and "does not exist" in missing["content"]
@@ -137,9 +191,9 @@ def test_a_run_with_parallel_calls_maps_turn_by_turn(capsys, workdir, tmp_path):
     assert document["agent"]["name"] == "agent.py"
     assert document["agent"]["version"] == agent.AGENT_VERSION
     assert [t["name"] for t in document["agent"]["tool_definitions"]] == [
-        t["name"] for t in agent.TOOLS]
-    assert document["agent"]["tool_definitions"][0]["parameters"] == \
-        agent.TOOLS[0]["input_schema"]
+        t["name"] for t in agent.TOOLS
+    ]
+    assert document["agent"]["tool_definitions"][0]["parameters"] == agent.TOOLS[0]["input_schema"]
     assert document["final_metrics"]["total_cost_usd"] > 0 and "notes" not in document
 
 
@@ -166,37 +220,64 @@ def test_the_golden_transcript(capsys, tmp_path):
     document = matches(trajectory_of(capsys, source), json.loads(golden.read_text()))
     assert [s["source"] for s in document["steps"]] == ["user", "agent", "agent", "agent"]
     assert document["final_metrics"] == {
-        "total_prompt_tokens": 2380, "total_completion_tokens": 92, "total_cached_tokens": 850,
-        "total_cost_usd": 0.0002275, "total_steps": 4,
-        "extra": {"cache_creation_input_tokens": 800}}
+        "total_prompt_tokens": 2380,
+        "total_completion_tokens": 92,
+        "total_cached_tokens": 850,
+        "total_cost_usd": 0.0002275,
+        "total_steps": 4,
+        "extra": {"cache_creation_input_tokens": 800},
+    }
     assert "timestamp" not in document["steps"][1]  # the golden file's "<time>" is no time
 
 
 def test_cleared_results_are_whole_and_say_they_were_cleared(capsys, workdir, tmp_path):
     for i in range(8):
         (workdir / f"doc{i}.md").write_text(f"# doc {i}\n" + f"line of doc {i}\n" * 285)
-    client = FakeClient(*[reply(tool_use("read_file", {"path": f"doc{i}.md"}),
-                                input_tokens=3000 * (i + 1)) for i in range(7)],
-                        reply(text("done")))
+    client = FakeClient(
+        *[
+            reply(tool_use("read_file", {"path": f"doc{i}.md"}), input_tokens=3000 * (i + 1))
+            for i in range(7)
+        ],
+        reply(text("done")),
+    )
     source = tmp_path / "run.json"
-    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(source),
-                                    "--clear-tool-results", "9000", "--keep-tool-results", "2",
-                                    "--clear-at-least", "500"], client)
+    code, _, err = run_cli(
+        capsys,
+        [
+            "q",
+            "--workdir",
+            str(workdir),
+            "--transcript",
+            str(source),
+            "--clear-tool-results",
+            "9000",
+            "--keep-tool-results",
+            "2",
+            "--clear-at-least",
+            "500",
+        ],
+        client,
+    )
     transcript = json.loads(source.read_text())
     assert code == 0 and len(transcript["cleared"]) == 5, err
     document = matches(trajectory_of(capsys, source), transcript)
-    results = {r["source_call_id"]: r for s in document["steps"]
-               for r in (s.get("observation") or {}).get("results", [])}
+    results = {
+        r["source_call_id"]: r
+        for s in document["steps"]
+        for r in (s.get("observation") or {}).get("results", [])
+    }
     for call_id, result in results.items():
         cleared = call_id in transcript["cleared"]
         assert result["extra"].get("cleared", False) is cleared
         assert result["content"].startswith("# doc ")  # the whole result, as first seen
         if cleared:
-            assert result["extra"]["placeholder"].startswith("[cleared to save context: the "
-                                                             "result of read_file")
+            assert result["extra"]["placeholder"].startswith(
+                "[cleared to save context: the result of read_file"
+            )
     assert document["extra"]["cleared"] == transcript["cleared"]
-    assert [s["extra"].get("cleared") for s in document["steps"] if s["source"] == "agent"] \
-        == [t.get("cleared") for t in transcript["turns"]]
+    assert [s["extra"].get("cleared") for s in document["steps"] if s["source"] == "agent"] == [
+        t.get("cleared") for t in transcript["turns"]
+    ]
 
 
 def test_a_call_the_run_never_answered_is_answered_not_run(capsys, workdir, tmp_path):
@@ -226,11 +307,16 @@ def test_a_transcript_cut_off_mid_run_still_exports(capsys, workdir, tmp_path):
 
 def test_a_refused_turn_not_in_the_history_is_still_a_step(capsys, workdir, tmp_path):
     source = tmp_path / "run.json"
-    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(source)],
-            FakeClient(reply(text("I can't help with that"), stop_reason="refusal",
-                             input_tokens=30)))
-    code, _, _ = run_cli(capsys, ["--resume", str(source), "something else", "--workdir",
-                                  str(workdir)], FakeClient(reply(text("ok"))))
+    run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--transcript", str(source)],
+        FakeClient(reply(text("I can't help with that"), stop_reason="refusal", input_tokens=30)),
+    )
+    code, _, _ = run_cli(
+        capsys,
+        ["--resume", str(source), "something else", "--workdir", str(workdir)],
+        FakeClient(reply(text("ok"))),
+    )
     transcript = json.loads(source.read_text())
     assert code == 0 and transcript["turns"][0]["in_history"] is False
     document = matches(trajectory_of(capsys, source), transcript)
@@ -243,16 +329,23 @@ def test_a_refused_turn_not_in_the_history_is_still_a_step(capsys, workdir, tmp_
 def test_a_resumed_run_has_a_user_step_per_question_in_order(capsys, workdir, tmp_path):
     source = tmp_path / "run.json"
     budget_stopped(capsys, workdir, source)
-    client = FakeClient(reply(tool_use("read_file", {"path": "notes.md"}), input_tokens=50),
-                        reply(text("Resumed answer."), input_tokens=60, read=40))
-    code, _, _ = run_cli(capsys, ["--resume", str(source), "go on", "--workdir", str(workdir)],
-                         client)
+    client = FakeClient(
+        reply(tool_use("read_file", {"path": "notes.md"}), input_tokens=50),
+        reply(text("Resumed answer."), input_tokens=60, read=40),
+    )
+    code, _, _ = run_cli(
+        capsys, ["--resume", str(source), "go on", "--workdir", str(workdir)], client
+    )
     assert code == 0
     transcript = json.loads(source.read_text())
     document = matches(trajectory_of(capsys, source), transcript)
     assert [(s["source"], s["message"]) for s in document["steps"]] == [
-        ("user", "q"), ("agent", "Let me read."), ("user", "go on"), ("agent", ""),
-        ("agent", "Resumed answer.")]
+        ("user", "q"),
+        ("agent", "Let me read."),
+        ("user", "go on"),
+        ("agent", ""),
+        ("agent", "Resumed answer."),
+    ]
     [answer] = document["steps"][1]["observation"]["results"]  # resume's own 'not run'
     assert "not run" in answer["content"] and answer["extra"]["is_error"] is True
     assert "not_in_transcript" not in answer["extra"] and "notes" not in document
@@ -264,10 +357,17 @@ def test_ctrl_c_during_a_tool_answers_every_call(capsys, workdir, tmp_path, monk
 
     monkeypatch.setitem(agent.TOOL_FUNCTIONS, "run_python", ctrl_c)
     source = tmp_path / "run.json"
-    client = FakeClient(reply(tool_use("run_python", {"code": "import time"}, id="toolu_slow"),
-                              tool_use("read_file", {"path": "notes.md"}, id="toolu_after")))
-    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox",
-                                  "--transcript", str(source)], client)
+    client = FakeClient(
+        reply(
+            tool_use("run_python", {"code": "import time"}, id="toolu_slow"),
+            tool_use("read_file", {"path": "notes.md"}, id="toolu_after"),
+        )
+    )
+    code, _, _ = run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--yes", "--no-sandbox", "--transcript", str(source)],
+        client,
+    )
     transcript = json.loads(source.read_text())
     assert code == 130 and transcript["stop"]["reason"] == "interrupted"
     document = matches(trajectory_of(capsys, source), transcript)
@@ -280,10 +380,15 @@ def test_ctrl_c_during_a_tool_answers_every_call(capsys, workdir, tmp_path, monk
 
 def test_max_turns_shows_the_harness_note_as_a_system_step(capsys, workdir, tmp_path):
     source = tmp_path / "run.json"
-    client = FakeClient(reply(tool_use("read_file", {"path": "scores.csv"})),
-                        reply(text("Interim: 85, I think."), read=100))
-    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--max-turns", "2",
-                                  "--transcript", str(source)], client)
+    client = FakeClient(
+        reply(tool_use("read_file", {"path": "scores.csv"})),
+        reply(text("Interim: 85, I think."), read=100),
+    )
+    code, _, _ = run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--max-turns", "2", "--transcript", str(source)],
+        client,
+    )
     transcript = json.loads(source.read_text())
     assert code == 3
     document = matches(trajectory_of(capsys, source), transcript)
@@ -294,12 +399,17 @@ def test_max_turns_shows_the_harness_note_as_a_system_step(capsys, workdir, tmp_
 
 def test_trials_export_one_trajectory_per_trial(capsys, workdir, tmp_path):
     summary = tmp_path / "trials.json"
-    client = FakeClient(reply(tool_use("read_file", {"path": "scores.csv"}), input_tokens=300),
-                        reply(text("85"), read=200), FakeAPIError(400, "invalid_request_error",
-                                                                  "bad"),
-                        reply(text("84"), input_tokens=90))
-    run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "3", "--transcript",
-                     str(summary)], client)
+    client = FakeClient(
+        reply(tool_use("read_file", {"path": "scores.csv"}), input_tokens=300),
+        reply(text("85"), read=200),
+        FakeAPIError(400, "invalid_request_error", "bad"),
+        reply(text("84"), input_tokens=90),
+    )
+    run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--trials", "3", "--transcript", str(summary)],
+        client,
+    )
     written = export(capsys, summary)
     assert written == [str(tmp_path / f"trials.atif.{i}.json") for i in (1, 2, 3)]
     total = 0.0
@@ -319,17 +429,23 @@ def test_trials_export_one_trajectory_per_trial(capsys, workdir, tmp_path):
 
 # --- what it reads, and what it never writes over ---
 
-@pytest.mark.parametrize("content, fragment", [
-    ("[1, 2]", "is a JSON list; it exports a transcript or a trials summary"),
-    ("{}", "is an empty JSON object; it exports a transcript or a trials summary"),
-    (None, "does not exist"),
-    ('{"type": "run.start", "seq": 1}\n{"type": "run.stop", "seq": 2}\n', "an event stream"),
-    ('{"schema_version": "ATIF-v1.8", "steps": []}', "is an ATIF trajectory; it exports"),
-    ("<!doctype html><html></html>\n", "is not a JSON document"),
-    ('{"messages": [], "version": 1}', "cannot export: {path} is not a version 1 agent.py "
-                                       "transcript")])
-def test_something_else_is_one_line_saying_what_it_was_given(capsys, tmp_path, content,
-                                                             fragment):
+
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        ("[1, 2]", "is a JSON list; it exports a transcript or a trials summary"),
+        ("{}", "is an empty JSON object; it exports a transcript or a trials summary"),
+        (None, "does not exist"),
+        ('{"type": "run.start", "seq": 1}\n{"type": "run.stop", "seq": 2}\n', "an event stream"),
+        ('{"schema_version": "ATIF-v1.8", "steps": []}', "is an ATIF trajectory; it exports"),
+        ("<!doctype html><html></html>\n", "is not a JSON document"),
+        (
+            '{"messages": [], "version": 1}',
+            "cannot export: {path} is not a version 1 agent.py transcript",
+        ),
+    ],
+)
+def test_something_else_is_one_line_saying_what_it_was_given(capsys, tmp_path, content, fragment):
     source = tmp_path / "given.json"
     if content is not None:
         source.write_text(content)
@@ -352,9 +468,11 @@ def test_the_output_never_replaces_the_input_a_link_or_a_directory(capsys, workd
     (tmp_path / "other.json").write_text("keep")
     (tmp_path / "link.json").symlink_to(tmp_path / "other.json")
     (tmp_path / "dir").mkdir()
-    for target, fragment in ((source, "would overwrite --export"),
-                             (tmp_path / "link.json", "is a symlink"),
-                             (tmp_path / "dir", "is a directory")):
+    for target, fragment in (
+        (source, "would overwrite --export"),
+        (tmp_path / "link.json", "is a symlink"),
+        (tmp_path / "dir", "is a directory"),
+    ):
         code, _, err = run_cli(capsys, ["--export", "atif", str(source), "-o", str(target)])
         assert code == 2 and fragment in err and err.count("\n") == 1, err
     assert source.read_bytes() == kept and (tmp_path / "other.json").read_text() == "keep"
@@ -366,13 +484,18 @@ def many_trials(capsys, workdir, tmp_path, n, link):
     2 MB): copies of one, or (`link`) hard links of one, as unpacking a small archive gives."""
     summary = tmp_path / "trials.json"
     calls = [tool_use("read_file", {"path": "notes.md"}) for _ in range(5000)]
-    run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "1", "--transcript",
-                     str(summary)], FakeClient(reply(*calls), reply(text("done"))))
+    run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--trials", "1", "--transcript", str(summary)],
+        FakeClient(reply(*calls), reply(text("done"))),
+    )
     document = json.loads(summary.read_text())
     document["trials"] = [dict(document["trials"][0], index=i) for i in range(1, n + 1)]
     summary.write_text(json.dumps(document))
     for i in range(2, n + 1):
-        (os.link if link else shutil.copy)(tmp_path / "trials.1.json", tmp_path / f"trials.{i}.json")
+        (os.link if link else shutil.copy)(
+            tmp_path / "trials.1.json", tmp_path / f"trials.{i}.json"
+        )
     return summary
 
 
@@ -397,23 +520,30 @@ def test_a_trials_export_holds_one_trial_at_a_time(capsys, workdir, tmp_path, ag
 
 def test_a_trials_export_never_writes_over_a_trials_transcript(capsys, workdir, tmp_path):
     summary = tmp_path / "trials.json"
-    run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "2", "--transcript",
-                     str(summary)], FakeClient(reply(text("1")), reply(text("2"))))
+    run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--trials", "2", "--transcript", str(summary)],
+        FakeClient(reply(text("1")), reply(text("2"))),
+    )
     kept = (tmp_path / "trials.1.json").read_bytes()
     code, _, err = run_cli(capsys, ["--export", "atif", str(summary), "-o", str(summary)])
     assert code == 2 and "would overwrite trial 1's transcript" in err
     assert (tmp_path / "trials.1.json").read_bytes() == kept
 
 
-def test_a_summary_never_makes_export_open_the_file_it_names(capsys, workdir, tmp_path,
-                                                               monkeypatch):
+def test_a_summary_never_makes_export_open_the_file_it_names(
+    capsys, workdir, tmp_path, monkeypatch
+):
     """A trial's transcript is read from beside the summary, where --trials writes it, never
     from the path the summary names: that could be any file at all."""
     secret = a_run(capsys, workdir, tmp_path, name="secret.json")
     (tmp_path / "s").mkdir()
     summary = tmp_path / "s" / "trials.json"
-    summary.write_text(json.dumps({"version": 2, "kind": "trials", "trials": [
-        {"index": 1, "transcript": str(secret)}]}))
+    summary.write_text(
+        json.dumps(
+            {"version": 2, "kind": "trials", "trials": [{"index": 1, "transcript": str(secret)}]}
+        )
+    )
     opened, real_open = [], os.open
 
     def watch(path, *args, **kwargs):
@@ -422,8 +552,10 @@ def test_a_summary_never_makes_export_open_the_file_it_names(capsys, workdir, tm
 
     monkeypatch.setattr(os, "open", watch)
     code, _, err = run_cli(capsys, ["--export", "atif", str(summary)])
-    assert code == 2 and f"trial 1's transcript {tmp_path / 's' / 'trials.1.json'} does not " \
-        "exist" in err
+    assert (
+        code == 2
+        and f"trial 1's transcript {tmp_path / 's' / 'trials.1.json'} does not exist" in err
+    )
     assert not [p for p in opened if "secret" in p], opened
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["trials.json"]
     shutil.copy(secret, tmp_path / "s" / "trials.1.json")  # where --trials would have put it
@@ -432,8 +564,11 @@ def test_a_summary_never_makes_export_open_the_file_it_names(capsys, workdir, tm
 
 
 def test_a_summary_without_transcripts_says_so(capsys, workdir, tmp_path):
-    code, out, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "1",
-                                    "--transcript", "-", "--no-keep"], FakeClient(reply(text("1"))))
+    code, out, _ = run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--trials", "1", "--transcript", "-", "--no-keep"],
+        FakeClient(reply(text("1"))),
+    )
     summary = tmp_path / "trials.json"
     summary.write_text(out)
     code, _, err = run_cli(capsys, ["--export", "atif", str(summary)])

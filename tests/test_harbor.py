@@ -23,10 +23,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-import agent
 from fake_api import FakeAPI
 from fakes import reply, text, tool_use
+
+import agent
 
 pytestmark = pytest.mark.harbor
 
@@ -55,13 +55,20 @@ def unavailable():
     if os.geteuid() != 0:
         return "Harbor's podman environment needs root here (podman as root, cgroup v1)"
     if not (HARBOR_HOME / "env").is_file() or not (HARBOR_HOME / "venv/bin/harbor").exists():
-        return (f"Harbor is not set up in {HARBOR_HOME}: run `bash evals/setup-podman.sh` as "
-                "root (it needs apt and Python 3.12: PYENV_VERSION=3.12.1 python3.12); "
-                ".ci/run does")
+        return (
+            f"Harbor is not set up in {HARBOR_HOME}: run `bash evals/setup-podman.sh` as "
+            "root (it needs apt and Python 3.12: PYENV_VERSION=3.12.1 python3.12); "
+            ".ci/run does"
+        )
     if not (HARBOR_HOME / "wheels" / ".requirements").is_file():
         return f"no wheels in {HARBOR_HOME / 'wheels'}: run `bash evals/setup-podman.sh`"
-    if subprocess.run(["podman", "image", "exists", "docker.io/library/debian:bookworm-slim"],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(
+            ["podman", "image", "exists", "docker.io/library/debian:bookworm-slim"],
+            capture_output=True,
+        ).returncode
+        != 0
+    ):
         return "the tasks' base image is missing: run `bash evals/setup-podman.sh`"
     return None
 
@@ -80,18 +87,34 @@ def jobs(tmp_path_factory):
 def harbor(jobs_dir, name, *args, env=None, timeout=900):
     """`harbor run` as a user runs it; returns the job folder. PYTHONPATH=evals makes
     `-a harbor_agent:AgentPy` importable, as docs/harbor.md says."""
-    environ = {k: v for k, v in os.environ.items()
-               if not k.startswith("ANTHROPIC") and "proxy" not in k.lower()}
-    environ.update(PYTHONPATH=str(ROOT / "evals"), HTTPS_PROXY=DEAD_API, HTTP_PROXY=DEAD_API,
-                   ALL_PROXY=DEAD_API, NO_PROXY="127.0.0.1,localhost", **(env or {}))
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("ANTHROPIC") and "proxy" not in k.lower()
+    }
+    environ.update(
+        PYTHONPATH=str(ROOT / "evals"),
+        HTTPS_PROXY=DEAD_API,
+        HTTP_PROXY=DEAD_API,
+        ALL_PROXY=DEAD_API,
+        NO_PROXY="127.0.0.1,localhost",
+        **(env or {}),
+    )
     # (nothing leaves loopback: telemetry is off in the env file, and podman hands these
     # proxies to the containers too)
-    command = (f'. "{HARBOR_HOME}/env" && exec harbor run -e podman -o "$JOBS" '
-               f'--job-name "$NAME" -y -q "$@"')
+    command = (
+        f'. "{HARBOR_HOME}/env" && exec harbor run -e podman -o "$JOBS" '
+        f'--job-name "$NAME" -y -q "$@"'
+    )
     started = time.monotonic()
-    done = subprocess.run(["bash", "-c", command, "harbor", *map(str, args)], cwd=ROOT,
-                          env={**environ, "JOBS": str(jobs_dir), "NAME": name},
-                          capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(
+        ["bash", "-c", command, "harbor", *map(str, args)],
+        cwd=ROOT,
+        env={**environ, "JOBS": str(jobs_dir), "NAME": name},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     TIMINGS[name] = round(time.monotonic() - started, 1)
     job = jobs_dir / name
     assert (job / "result.json").is_file(), done.stdout[-3000:] + done.stderr[-3000:]
@@ -100,8 +123,11 @@ def harbor(jobs_dir, name, *args, env=None, timeout=900):
 
 def trials(job):
     """The trials' result.json documents, by trial folder."""
-    return {d: json.loads((d / "result.json").read_text())
-            for d in sorted(job.iterdir()) if (d / "result.json").is_file()}
+    return {
+        d: json.loads((d / "result.json").read_text())
+        for d in sorted(job.iterdir())
+        if (d / "result.json").is_file()
+    }
 
 
 def reward(result):
@@ -112,9 +138,16 @@ def error_type(result):
     return (result.get("exception_info") or {}).get("exception_type")
 
 
-NO_LANDLOCK = {"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [{
-    "names": ["landlock_create_ruleset", "landlock_add_rule", "landlock_restrict_self"],
-    "action": "SCMP_ACT_ERRNO", "errnoRet": 38}]}  # ENOSYS, as a runtime's older profile does
+NO_LANDLOCK = {
+    "defaultAction": "SCMP_ACT_ALLOW",
+    "syscalls": [
+        {
+            "names": ["landlock_create_ruleset", "landlock_add_rule", "landlock_restrict_self"],
+            "action": "SCMP_ACT_ERRNO",
+            "errnoRet": 38,
+        }
+    ],
+}  # ENOSYS, as a runtime's older profile does
 
 
 def host_network_copy(tmp, *names, agent_timeout=None, no_landlock=False, no_python=False):
@@ -137,8 +170,11 @@ def host_network_copy(tmp, *names, agent_timeout=None, no_landlock=False, no_pyt
                 f.write("RUN rm -f /usr/bin/python3*\n")
         if agent_timeout:
             toml = copy / "task.toml"
-            toml.write_text(toml.read_text().replace(
-                "[agent]\ntimeout_sec = 600.0", f"[agent]\ntimeout_sec = {agent_timeout:.1f}"))
+            toml.write_text(
+                toml.read_text().replace(
+                    "[agent]\ntimeout_sec = 600.0", f"[agent]\ntimeout_sec = {agent_timeout:.1f}"
+                )
+            )
     return tmp
 
 
@@ -163,8 +199,7 @@ def scripted_model(body):
     turn = sum(m["role"] == "assistant" for m in body["messages"]) + 1
     if "average of the `score` column" in question:
         if turn == 1:
-            return reply(text("Computing it."), tool_use("run_python", {"code": AVERAGE}),
-                         **USAGE)
+            return reply(text("Computing it."), tool_use("run_python", {"code": AVERAGE}), **USAGE)
         return reply(text("The average is 79.9; it is in /app/answer.txt."), **USAGE)
     if "spring mid-term" in question:
         if turn == 1:
@@ -173,8 +208,7 @@ def scripted_model(body):
     if "standard deviation" in question:
         if turn == 1:
             return reply(tool_use("read_file", {"path": "scores.csv"}), **USAGE)
-        return reply(tool_use("run_python", {"code": "import time\ntime.sleep(600)\n"}),
-                     **USAGE)
+        return reply(tool_use("run_python", {"code": "import time\ntime.sleep(600)\n"}), **USAGE)
     return reply(text("Hiro, Dana and Bob have the lowest scores."), **USAGE)
 
 
@@ -194,13 +228,26 @@ def agentpy_job(jobs, fake_api, tmp_path_factory):
     """One solved task, one not, one cut off by its 60 s agent timeout, and one in a
     container that refuses Landlock; agent.py's sandbox on (--ak sandbox=true); the containers
     kept."""
-    tasks = host_network_copy(tmp_path_factory.mktemp("tasks"), "scores-average",
-                              "lowest-three")
+    tasks = host_network_copy(tmp_path_factory.mktemp("tasks"), "scores-average", "lowest-three")
     host_network_copy(tasks, "class-stats", agent_timeout=60)
     host_network_copy(tasks, "compare-terms", no_landlock=True)
-    job = harbor(jobs, "agentpy", "-p", tasks, "-a", "harbor_agent:AgentPy",
-                 "-m", f"anthropic/{MODEL}", "-n", "4", "--ak", "sandbox=true",
-                 "--ek", "keep_containers=true", env=agent_env(fake_api))
+    job = harbor(
+        jobs,
+        "agentpy",
+        "-p",
+        tasks,
+        "-a",
+        "harbor_agent:AgentPy",
+        "-m",
+        f"anthropic/{MODEL}",
+        "-n",
+        "4",
+        "--ak",
+        "sandbox=true",
+        "--ek",
+        "keep_containers=true",
+        env=agent_env(fake_api),
+    )
     yield job
     remove_containers(job)
 
@@ -212,10 +259,17 @@ def by_task(job):
 def containers(job):
     """The ids of the containers of this job's trials (kept: keep_containers)."""
     names = [d.name.lower() for d in trials(job)]
-    listed = subprocess.run(["podman", "ps", "-a", "--format", "{{.ID}} {{.Names}}"],
-                            capture_output=True, text=True, check=True).stdout.split("\n")
-    return [line.split()[0] for line in listed
-            if line.strip() and any(n in line.split()[1].lower() for n in names)]
+    listed = subprocess.run(
+        ["podman", "ps", "-a", "--format", "{{.ID}} {{.Names}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\n")
+    return [
+        line.split()[0]
+        for line in listed
+        if line.strip() and any(n in line.split()[1].lower() for n in names)
+    ]
 
 
 def remove_containers(job):
@@ -224,6 +278,7 @@ def remove_containers(job):
 
 
 # --- AgentPy against the scripted model ---
+
 
 def test_a_solved_task_scores_1_and_an_unsolved_one_0(agentpy_job):
     tasks = by_task(agentpy_job)
@@ -240,8 +295,15 @@ def test_a_solved_task_scores_1_and_an_unsolved_one_0(agentpy_job):
 def test_the_trajectory_passes_harbors_validator(agentpy_job):
     folder = by_task(agentpy_job)["scores-average"][0] / "agent"
     validated = subprocess.run(
-        [HARBOR_HOME / "venv/bin/python", "-m", "harbor.utils.trajectory_validator",
-         folder / "trajectory.json"], capture_output=True, text=True)
+        [
+            HARBOR_HOME / "venv/bin/python",
+            "-m",
+            "harbor.utils.trajectory_validator",
+            folder / "trajectory.json",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert validated.returncode == 0, validated.stdout + validated.stderr
     steps = json.loads((folder / "trajectory.json").read_text())["steps"]
     calls = [c["function_name"] for s in steps for c in s.get("tool_calls") or ()]
@@ -253,11 +315,15 @@ def test_the_trials_figures_are_the_transcripts(agentpy_job):
     (agent.py writes it when the run stops): its turns', added up, as agent.py adds them."""
     for folder, result in trials(agentpy_job).items():
         transcript = json.loads((folder / "agent" / "transcript.json").read_text())
-        u = transcript["usage"] if transcript["stop"] else {
-            k: sum(t["usage"][k] for t in transcript["turns"]) for k in transcript["usage"]}
+        u = (
+            transcript["usage"]
+            if transcript["stop"]
+            else {k: sum(t["usage"][k] for t in transcript["turns"]) for k in transcript["usage"]}
+        )
         got = result["agent_result"]
-        assert got["n_input_tokens"] == (u["input_tokens"] + u["cache_read_input_tokens"]
-                                         + u["cache_creation_input_tokens"])
+        assert got["n_input_tokens"] == (
+            u["input_tokens"] + u["cache_read_input_tokens"] + u["cache_creation_input_tokens"]
+        )
         assert got["n_cache_tokens"] == u["cache_read_input_tokens"]
         assert got["n_output_tokens"] == u["output_tokens"]
         assert got["cost_usd"] == pytest.approx(u["cost_usd"], rel=1e-12)
@@ -286,8 +352,7 @@ def test_the_key_and_base_url_are_in_no_file(agentpy_job, fake_api):
     server = fake_api.url.removeprefix("http://").encode()  # 127.0.0.1:PORT
     files = [p for p in agentpy_job.rglob("*") if p.is_file()]
     assert len(files) > 20
-    assert [str(p) for p in files for s in (KEY, URL_SECRET) if s.encode() in p.read_bytes()] \
-        == []
+    assert [str(p) for p in files for s in (KEY, URL_SECRET) if s.encode() in p.read_bytes()] == []
     named = {p.relative_to(agentpy_job).parts[1:] for p in files if server in p.read_bytes()}
     assert named == {("agent", "transcript.json"), ("agent", "trajectory.json")}
     for folder in trials(agentpy_job):
@@ -296,14 +361,24 @@ def test_the_key_and_base_url_are_in_no_file(agentpy_job, fake_api):
     ids = containers(agentpy_job)
     assert len(ids) == 4, ids
     for cid in ids:
-        root = subprocess.run(["podman", "mount", cid], capture_output=True, text=True,
-                              check=True).stdout.strip()
+        root = subprocess.run(
+            ["podman", "mount", cid], capture_output=True, text=True, check=True
+        ).stdout.strip()
         try:
             for secret in (KEY, URL_SECRET, server.decode()):
-                found = subprocess.run(["grep", "-rlFI", "--devices=skip", secret, root],
-                                       capture_output=True, text=True).stdout.split()
-                allowed = [] if secret != server.decode() else [  # the log folder's copies
-                    f"{root}/logs/agent/transcript.json", f"{root}/logs/agent/trajectory.json"]
+                found = subprocess.run(
+                    ["grep", "-rlFI", "--devices=skip", secret, root],
+                    capture_output=True,
+                    text=True,
+                ).stdout.split()
+                allowed = (
+                    []
+                    if secret != server.decode()
+                    else [  # the log folder's copies
+                        f"{root}/logs/agent/transcript.json",
+                        f"{root}/logs/agent/trajectory.json",
+                    ]
+                )
                 assert set(found) <= set(allowed), found
         finally:
             subprocess.run(["podman", "umount", cid], capture_output=True)
@@ -330,8 +405,21 @@ def test_run_python_that_could_never_run_ends_the_trial_with_an_error(agentpy_jo
 
 def test_k_3_n_2_makes_3_trials(jobs, fake_api, tmp_path_factory):
     tasks = host_network_copy(tmp_path_factory.mktemp("tasks"), "scores-average")
-    job = harbor(jobs, "agentpy-k3", "-p", tasks, "-a", "harbor_agent:AgentPy",
-                 "-m", f"anthropic/{MODEL}", "-k", "3", "-n", "2", env=agent_env(fake_api))
+    job = harbor(
+        jobs,
+        "agentpy-k3",
+        "-p",
+        tasks,
+        "-a",
+        "harbor_agent:AgentPy",
+        "-m",
+        f"anthropic/{MODEL}",
+        "-k",
+        "3",
+        "-n",
+        "2",
+        env=agent_env(fake_api),
+    )
     results = trials(job)
     assert len(results) == 3
     assert [reward(r) for r in results.values()] == [1.0, 1.0, 1.0]
@@ -344,16 +432,28 @@ def dead_api_job(jobs, tmp_path_factory):
     """The API dead (nothing listens); and an image with no Python at all."""
     tasks = host_network_copy(tmp_path_factory.mktemp("tasks"), "scores-average")
     host_network_copy(tasks, "lowest-three", no_python=True)
-    return harbor(jobs, "agentpy-dead", "-p", tasks, "-a", "harbor_agent:AgentPy",
-                  "-m", f"anthropic/{MODEL}", "-n", "2",
-                  env={"ANTHROPIC_API_KEY": KEY, "ANTHROPIC_BASE_URL": DEAD_API})
+    return harbor(
+        jobs,
+        "agentpy-dead",
+        "-p",
+        tasks,
+        "-a",
+        "harbor_agent:AgentPy",
+        "-m",
+        f"anthropic/{MODEL}",
+        "-n",
+        "2",
+        env={"ANTHROPIC_API_KEY": KEY, "ANTHROPIC_BASE_URL": DEAD_API},
+    )
 
 
 def test_an_image_without_python_fails_saying_so(dead_api_job):
     folder, result = by_task(dead_api_job)["lowest-three"]
     assert error_type(result) == "AgentPyInstallError", result["exception_info"]
-    assert "needs Python 3.11 or newer, and this image has none (python3: absent)" in \
-        result["exception_info"]["exception_message"]
+    assert (
+        "needs Python 3.11 or newer, and this image has none (python3: absent)"
+        in result["exception_info"]["exception_message"]
+    )
     assert result["verifier_result"] is None
 
 
@@ -363,21 +463,28 @@ def test_a_dead_api_is_a_network_error_harbor_retries(dead_api_job):
     assert "connection refused" in result["exception_info"]["exception_message"]
     assert result["agent_result"]["metadata"]["agent_py"]["stop"] == "api_error"
     retried = subprocess.run(  # Harbor's retry policy: --max-retries retries this class
-        [HARBOR_HOME / "venv/bin/python", "-c",
-         "from harbor.models.job.config import RetryConfig; c = RetryConfig(max_retries=1); "
-         "print('NetworkConnectionError' not in c.exclude_exceptions)"],
-        capture_output=True, text=True)
+        [
+            HARBOR_HOME / "venv/bin/python",
+            "-c",
+            "from harbor.models.job.config import RetryConfig; c = RetryConfig(max_retries=1); "
+            "print('NetworkConnectionError' not in c.exclude_exceptions)",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert retried.stdout.strip() == "True", retried.stderr
 
 
 # --- the task set, with Harbor's own agents ---
+
 
 def test_the_oracle_scores_1_on_every_task(jobs):
     job = harbor(jobs, "oracle", "-p", TASKS, "-a", "oracle", "-n", "3")
     results = trials(job)
     assert len(results) == len(list(TASKS.iterdir())) >= 5
     assert {r["task_name"]: reward(r) for r in results.values()} == {
-        r["task_name"]: 1.0 for r in results.values()}
+        r["task_name"]: 1.0 for r in results.values()
+    }
 
 
 def test_doing_nothing_scores_0_on_every_task(jobs):
@@ -385,7 +492,8 @@ def test_doing_nothing_scores_0_on_every_task(jobs):
     results = trials(job)
     assert len(results) == len(list(TASKS.iterdir()))
     assert {r["task_name"]: reward(r) for r in results.values()} == {
-        r["task_name"]: 0.0 for r in results.values()}
+        r["task_name"]: 0.0 for r in results.values()
+    }
 
 
 # --- how each way agent.py ends maps onto Harbor's outcome (no container needed) ---
@@ -405,9 +513,13 @@ print(json.dumps(out))
 
 def outcomes(cases):
     """harbor_agent.outcome over (exit code, transcript, events) cases, in Harbor's venv."""
-    done = subprocess.run([HARBOR_HOME / "venv/bin/python", "-c", OUTCOMES],
-                          input=json.dumps(cases), capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT / "evals")})
+    done = subprocess.run(
+        [HARBOR_HOME / "venv/bin/python", "-c", OUTCOMES],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "evals")},
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -421,23 +533,35 @@ def harbor_venv():
 
 
 def stopped(label, detail="d"):
-    return {"stop": {"reason": label, "detail": detail, "exit_code": agent.EXIT_CODES[label]},
-            "turns": []}
+    return {
+        "stop": {"reason": label, "detail": detail, "exit_code": agent.EXIT_CODES[label]},
+        "turns": [],
+    }
 
 
-FINISHED = {"end_turn", "stop_sequence", "max_turns", "token_budget", "cost_budget",
-            "max_tokens", "refusal", "model_context_window_exceeded"}  # the verifier decides
-FAILED = {"api_error": "NetworkConnectionError",  # (a detail without an HTTP status)
-          "error": "NonZeroAgentExitCodeError", "interrupted": "NonZeroAgentExitCodeError",
-          "replay_differs": "NonZeroAgentExitCodeError"}  # (--replay: never in a trial)
+FINISHED = {
+    "end_turn",
+    "stop_sequence",
+    "max_turns",
+    "token_budget",
+    "cost_budget",
+    "max_tokens",
+    "refusal",
+    "model_context_window_exceeded",
+}  # the verifier decides
+FAILED = {
+    "api_error": "NetworkConnectionError",  # (a detail without an HTTP status)
+    "error": "NonZeroAgentExitCodeError",
+    "interrupted": "NonZeroAgentExitCodeError",
+    "replay_differs": "NonZeroAgentExitCodeError",
+}  # (--replay: never in a trial)
 
 
 def test_every_stop_with_a_label_is_a_finished_trial_but_failures(harbor_venv):
     """A new label fails this test until docs/harbor.md's table and this mapping place it."""
     assert set(agent.EXIT_CODES) == FINISHED | set(FAILED)
     labels = sorted(agent.EXIT_CODES)
-    results = dict(zip(labels, outcomes([[agent.EXIT_CODES[l], stopped(l), []]
-                                         for l in labels])))
+    results = dict(zip(labels, outcomes([[agent.EXIT_CODES[l], stopped(l), []] for l in labels])))
     assert {l for l, r in results.items() if r is None} == FINISHED
     assert {l: r[0] for l, r in results.items() if r is not None} == FAILED
     # Harbor records these and still runs the verifier; a usage error or an unrunnable
@@ -446,16 +570,27 @@ def test_every_stop_with_a_label_is_a_finished_trial_but_failures(harbor_venv):
 
 
 def test_api_failures_get_the_error_class_harbor_retries(harbor_venv):
-    details = ["cannot reach http://127.0.0.1:9 (connection refused: is the server running?)",
-               "StreamIncomplete: the stream ended before message_stop",
-               "429 rate_limit_error: slow down", "529 overloaded_error: Overloaded",
-               "500 api_error: boom", "401 authentication_error: invalid x-api-key "
-               "(check ANTHROPIC_API_KEY)", "404 not_found_error: model: nope",
-               "400 invalid_request_error: bad"]
+    details = [
+        "cannot reach http://127.0.0.1:9 (connection refused: is the server running?)",
+        "StreamIncomplete: the stream ended before message_stop",
+        "429 rate_limit_error: slow down",
+        "529 overloaded_error: Overloaded",
+        "500 api_error: boom",
+        "401 authentication_error: invalid x-api-key (check ANTHROPIC_API_KEY)",
+        "404 not_found_error: model: nope",
+        "400 invalid_request_error: bad",
+    ]
     got = [r[0] for r in outcomes([[1, stopped("api_error", d), []] for d in details])]
-    assert got == ["NetworkConnectionError", "NetworkConnectionError", "ApiRateLimitError",
-                   "ApiOverloadedError", "ApiInternalServerError", "AgentAuthenticationError",
-                   "ModelNotFoundError", "UnknownApiError"]
+    assert got == [
+        "NetworkConnectionError",
+        "NetworkConnectionError",
+        "ApiRateLimitError",
+        "ApiOverloadedError",
+        "ApiInternalServerError",
+        "AgentAuthenticationError",
+        "ModelNotFoundError",
+        "UnknownApiError",
+    ]
 
 
 def test_a_usage_error_fails_loudly_and_is_no_agent_failure(harbor_venv):
@@ -466,9 +601,10 @@ def test_a_usage_error_fails_loudly_and_is_no_agent_failure(harbor_venv):
 def test_run_python_that_could_never_run_is_an_error_not_a_quiet_model(harbor_venv):
     """The sandbox failed its self-test, so --yes asked, and a trial's stdin is empty: every
     run_python call was declined. The run itself ended well (end_turn, exit 0)."""
-    events = [{"type": "sandbox", "status": "sandbox: unavailable (self-test failed)",
-               "confined": False},
-              {"type": "tool.end", "name": "run_python", "declined": True, "is_error": True}]
+    events = [
+        {"type": "sandbox", "status": "sandbox: unavailable (self-test failed)", "confined": False},
+        {"type": "tool.end", "name": "run_python", "declined": True, "is_error": True},
+    ]
     [(name, message, mro)] = outcomes([[0, stopped("end_turn"), events]])
     assert name == "RunPythonUnavailableError"
     assert "run_python could never run" in message and "self-test failed" in message

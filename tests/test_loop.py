@@ -11,12 +11,10 @@ import threading
 from pathlib import Path
 
 import pytest
-
-import agent
-from fakes import (Chunked, FakeAPIError, FakeClient, RECORDED, recorded_loop, reply, text,
-                   tool_use)
+from fakes import RECORDED, Chunked, FakeAPIError, FakeClient, recorded_loop, reply, text, tool_use
 from helpers import events_of, final_messages, run_cli, tool_context
 
+import agent
 
 # --- the file reads as the loop it teaches ---
 
@@ -29,28 +27,43 @@ def defined_at(name):
     """(first line, last line) of the module-level definition of `name`."""
     for node in TREE.body:
         targets = [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
-        if getattr(node, "name", None) == name or name in targets or \
-                isinstance(getattr(node, "target", None), ast.Name) and node.target.id == name:
+        if (
+            getattr(node, "name", None) == name
+            or name in targets
+            or isinstance(getattr(node, "target", None), ast.Name)
+            and node.target.id == name
+        ):
             return node.lineno, node.end_lineno
     raise AssertionError(f"{name} is not defined at module level")
 
 
 def test_the_learners_path_comes_first_and_ends_before_line_700():
-    divider = SOURCE.splitlines().index("# The machinery. Everything above is the agent; "
-                                        "everything below keeps it bounded, recorded and") + 1
+    divider = (
+        SOURCE.splitlines().index(
+            "# The machinery. Everything above is the agent; "
+            "everything below keeps it bounded, recorded and"
+        )
+        + 1
+    )
     ends = {name: defined_at(name)[1] for name in LEARNERS_PATH}
     assert max(ends.values()) < min(700, divider), ends
-    first_code = next(n for n in TREE.body if not isinstance(n, (ast.Expr, ast.Import,
-                                                                  ast.ImportFrom, ast.If)))
+    first_code = next(
+        n for n in TREE.body if not isinstance(n, (ast.Expr, ast.Import, ast.ImportFrom, ast.If))
+    )
     assert first_code.lineno < min(defined_at(name)[0] for name in LEARNERS_PATH)
-    assert "gc." not in SOURCE[:SOURCE.index("# The machinery.")]  # no optimisation in the story
+    assert "gc." not in SOURCE[: SOURCE.index("# The machinery.")]  # no optimisation in the story
 
 
 def test_no_local_name_hides_a_module_level_one():
     """A reader who sees `size` or `outside` inside a function should find the module's own."""
     module = {n.name for n in TREE.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-    module |= {t.id for n in TREE.body if isinstance(n, ast.Assign) for t in n.targets
-               if isinstance(t, ast.Name)}
+    module |= {
+        t.id
+        for n in TREE.body
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    }
     hidden = []
     for function in ast.walk(TREE):
         if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
@@ -58,10 +71,15 @@ def test_no_local_name_hides_a_module_level_one():
         arguments = function.args
         names = {a.arg for a in arguments.args + arguments.kwonlyargs + arguments.posonlyargs}
         names |= {a.arg for a in (arguments.vararg, arguments.kwarg) if a}
-        names |= {n.id for n in ast.walk(function) if isinstance(n, ast.Name)
-                  and isinstance(n.ctx, ast.Store)}
-        hidden += [(getattr(function, "name", "lambda"), function.lineno, name)
-                   for name in sorted(names & (module - set(dir(builtins))))]
+        names |= {
+            n.id
+            for n in ast.walk(function)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+        }
+        hidden += [
+            (getattr(function, "name", "lambda"), function.lineno, name)
+            for name in sorted(names & (module - set(dir(builtins))))
+        ]
     assert hidden == []
 
 
@@ -75,17 +93,22 @@ def test_the_key_is_redacted_from_every_route(capsys, workdir, tmp_path, monkeyp
     (workdir / "leak.txt").write_text(f"key={KEY}\n")
     transcript = tmp_path / "run.json"
     client = FakeClient(
-        reply(tool_use("read_file", {"path": "leak.txt"}),
-              tool_use("run_python", {"code": "print(open('leak.txt').read())"}),
-              tool_use("run_python", {"code": "raise SystemExit(open('leak.txt').read())"})),
-        reply(text("done")))
-    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox",
-                                      "--transcript", str(transcript)], client)
+        reply(
+            tool_use("read_file", {"path": "leak.txt"}),
+            tool_use("run_python", {"code": "print(open('leak.txt').read())"}),
+            tool_use("run_python", {"code": "raise SystemExit(open('leak.txt').read())"}),
+        ),
+        reply(text("done")),
+    )
+    code, out, err = run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--yes", "--no-sandbox", "--transcript", str(transcript)],
+        client,
+    )
     results = final_messages(client)[-1]["content"]
     assert code == 0 and all("[redacted secret]" in r["content"] for r in results)
     assert KEY not in json.dumps(client.requests) and KEY not in transcript.read_text()
     assert KEY not in out + err
-
 
 
 @pytest.mark.parametrize("key", ["Kx9#pQ2", "Kx9#pQ2z"])
@@ -95,8 +118,9 @@ def test_a_key_too_short_to_redact_is_said_so(capsys, workdir, monkeypatch, key)
     everywhere; now the screen says, once, that it is not kept out of what agent.py writes.
     A key of 8 is redacted, and nothing is said."""
     monkeypatch.setenv("ANTHROPIC_API_KEY", key)
-    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir)],
-                             FakeClient(reply(text(f"your key is {key}."))))
+    code, out, err = run_cli(
+        capsys, ["q", "--workdir", str(workdir)], FakeClient(reply(text(f"your key is {key}.")))
+    )
     short = len(key) < 8
     assert code == 0 and (key in out) is short
     assert err.count("shorter than 8 characters") == short, err
@@ -104,7 +128,7 @@ def test_a_key_too_short_to_redact_is_said_so(capsys, workdir, monkeypatch, key)
 
 def pieces(key, size=12):
     """Every run of `size` characters of the key: none may be written anywhere."""
-    return {key[i:i + size] for i in range(len(key) - size + 1)}
+    return {key[i : i + size] for i in range(len(key) - size + 1)}
 
 
 def test_no_cut_leaves_a_piece_of_the_key(workdir, tmp_path, monkeypatch):
@@ -114,8 +138,10 @@ def test_no_cut_leaves_a_piece_of_the_key(workdir, tmp_path, monkeypatch):
     events or stderr."""
     agent.SECRETS.add(KEY)
     ctx = tool_context(workdir, tmp_path, agent.Limits(output_chars=200))  # 50 + 50 bytes kept
-    code = ("import sys; key = open('leak.txt').read(); "
-            "sys.stdout.write('x' * 30 + key + 'y' * 300 + key + 'z' * 30)")
+    code = (
+        "import sys; key = open('leak.txt').read(); "
+        "sys.stdout.write('x' * 30 + key + 'y' * 300 + key + 'z' * 30)"
+    )
     (workdir / "leak.txt").write_text(KEY)
     result = agent.call_tool(tool_use("run_python", {"code": code}), ctx)[0]["content"]
     assert "bytes cut" in result and not [p for p in pieces(KEY) if p in result], result
@@ -131,6 +157,7 @@ def test_no_cut_leaves_a_piece_of_the_key(workdir, tmp_path, monkeypatch):
     assert not [p for p in pieces(KEY) if p in written], written[-300:]
     said = "".join(e["text"] for e in events_of(events) if e["type"] == "text")
     assert said == "a" * 1990 + "[redacted secret] and the rest.\n"
+
 
 EXAMPLE = Path(agent.__file__).parent / "workspace" / "example-run.json"
 
@@ -149,12 +176,24 @@ def cut_attack(route, workdir, tmp_path, capsys):
             (workdir / "big.txt").write_text("x" * (100_000 - 20) + KEY + "\n")
             first = reply(tool_use("read_file", {"path": "big.txt"}))
         client = FakeClient(first, reply(text("done")))
-        code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox",
-                                          *outputs], client)
-        results = [b for r in client.requests for m in r["messages"] if m["role"] == "user"
-                   for b in m["content"] if b["type"] == "tool_result"]
-        return {"transcript": transcript.read_text(), "events": events.read_text(),
-                "stdout": out, "stderr": err, "tool results sent": json.dumps(results)}
+        code, out, err = run_cli(
+            capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox", *outputs], client
+        )
+        results = [
+            b
+            for r in client.requests
+            for m in r["messages"]
+            if m["role"] == "user"
+            for b in m["content"]
+            if b["type"] == "tool_result"
+        ]
+        return {
+            "transcript": transcript.read_text(),
+            "events": events.read_text(),
+            "stdout": out,
+            "stderr": err,
+            "tool results sent": json.dumps(results),
+        }
     document = json.loads(EXAMPLE.read_text())  # a transcript that holds the key
     question = "Q" * 60 + KEY  # the page's title is cut at 80 characters
     document["question"] = document["messages"][0]["content"][0]["text"] = question
@@ -167,11 +206,18 @@ def cut_attack(route, workdir, tmp_path, capsys):
     return {"page": (tmp_path / "page.html").read_text(), "stdout": out, "stderr": err}
 
 
-@pytest.mark.parametrize("route", ["a server's stop_reason", "a tool input",
-                                   "a file read_file cuts", "a report's title and blocks"])
-def test_no_cut_of_text_bound_for_an_output_leaves_a_piece_of_the_key(capsys, workdir,
-                                                                     tmp_path, monkeypatch,
-                                                                     route):
+@pytest.mark.parametrize(
+    "route",
+    [
+        "a server's stop_reason",
+        "a tool input",
+        "a file read_file cuts",
+        "a report's title and blocks",
+    ],
+)
+def test_no_cut_of_text_bound_for_an_output_leaves_a_piece_of_the_key(
+    capsys, workdir, tmp_path, monkeypatch, route
+):
     """The key (in the environment) where agent.py cuts text for an output: a server's
     stop_reason that is no string, kept as 80 characters of JSON; a tool input's bad value,
     quoted in the error; a line read_file cuts at read_bytes; a report's title (80
@@ -186,29 +232,37 @@ def test_no_cut_of_text_bound_for_an_output_leaves_a_piece_of_the_key(capsys, wo
 HALF = len(KEY) // 2  # a split in two: each half is a piece of 12 characters or more
 THINKING = {"type": "thinking", "thinking": f"I will write {KEY[:HALF]}", "signature": "sig"}
 SPLITS = {  # a server's replies that write the key in pieces, by where it splits them
-    "text | text, at 20, over three blocks": lambda: [reply(
-        text(f"here: {KEY[:20]}"), text(KEY[20:30]), text(f"{KEY[30:]} end"))],
+    "text | text, at 20, over three blocks": lambda: [
+        reply(text(f"here: {KEY[:20]}"), text(KEY[20:30]), text(f"{KEY[30:]} end"))
+    ],
     "text | text, at 1": lambda: [reply(text(f"here: {KEY[:1]}"), text(f"{KEY[1:]} end"))],
     "text | text, at -1": lambda: [reply(text(f"here: {KEY[:-1]}"), text(f"{KEY[-1:]} end"))],
-    "text | a tool call's input": lambda: [reply(
-        text(f"x {KEY[:HALF]}"), tool_use("read_file", {"path": KEY[HALF:]})), reply(text("ok"))],
+    "text | a tool call's input": lambda: [
+        reply(text(f"x {KEY[:HALF]}"), tool_use("read_file", {"path": KEY[HALF:]})),
+        reply(text("ok")),
+    ],
     "thinking | text": lambda: [reply(THINKING, text(f"{KEY[HALF:]} end"))],
-    "a tool call's input | the next one's": lambda: [reply(
-        tool_use("read_file", {"path": KEY[:HALF]}), tool_use("read_file", {"path": KEY[HALF:]})),
-        reply(text("ok"))],
-    "text | the next turn's text": lambda: [reply(
-        text(f"x {KEY[:HALF]}"), tool_use("read_file", {"path": "notes.md"})),
-        reply(text(f"{KEY[HALF:]} end"))],
-    "a piece of 20 alone, 5 characters a delta": lambda: [Chunked(reply(text(
-        "a" * 1990 + f" {KEY[4:24]} end")))],  # cut 9 | 11 where the events cut at 2,000
+    "a tool call's input | the next one's": lambda: [
+        reply(
+            tool_use("read_file", {"path": KEY[:HALF]}), tool_use("read_file", {"path": KEY[HALF:]})
+        ),
+        reply(text("ok")),
+    ],
+    "text | the next turn's text": lambda: [
+        reply(text(f"x {KEY[:HALF]}"), tool_use("read_file", {"path": "notes.md"})),
+        reply(text(f"{KEY[HALF:]} end")),
+    ],
+    "a piece of 20 alone, 5 characters a delta": lambda: [
+        Chunked(reply(text("a" * 1990 + f" {KEY[4:24]} end")))
+    ],  # cut 9 | 11 where the events cut at 2,000
 }
 
 
 @pytest.mark.parametrize("capture", ["off", "on"])
 @pytest.mark.parametrize("split", SPLITS)
-def test_a_key_split_over_adjacent_text_blocks_is_written_nowhere(capsys, workdir, tmp_path,
-                                                                  monkeypatch, spans, split,
-                                                                  capture):
+def test_a_key_split_over_adjacent_text_blocks_is_written_nowhere(
+    capsys, workdir, tmp_path, monkeypatch, spans, split, capture
+):
     """A server's reply that writes the key in pieces, each of which alone is not the key:
     over text blocks (red-team F7: stderr and the events, which stream the blocks as one text,
     redacted it; the transcript, the kept run, the report and the export kept the pieces side
@@ -221,29 +275,71 @@ def test_a_key_split_over_adjacent_text_blocks_is_written_nowhere(capsys, workdi
     if capture == "on":
         monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
     raw = tmp_path / "raw.json"  # written by a run that did not know the key
-    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--no-keep", "--transcript",
-                                    str(raw)],
-                           FakeClient(*SPLITS[split]()))
+    code, _, err = run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--no-keep", "--transcript", str(raw)],
+        FakeClient(*SPLITS[split]()),
+    )
     assert code == 0 and pieces(KEY) & set(pieces(raw.read_text())), err  # the pieces are there
     monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
     transcript, events = tmp_path / "run.json", tmp_path / "events.jsonl"
-    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--otel", "--transcript",
-                                      str(transcript), "--events", str(events)],
-                             FakeClient(*SPLITS[split]()))
+    code, out, err = run_cli(
+        capsys,
+        [
+            "q",
+            "--workdir",
+            str(workdir),
+            "--otel",
+            "--transcript",
+            str(transcript),
+            "--events",
+            str(events),
+        ],
+        FakeClient(*SPLITS[split]()),
+    )
     assert code == 0, err
-    written = {"stdout": out, "stderr": err, "transcript": transcript.read_text(),
-               "events": events.read_text(), "the events' text, joined": "".join(
-                   e.get("text", "") for e in events_of(events) if e["type"] == "text")}
-    written.update({f"kept {p.name}": p.read_text()
-                    for p in Path(os.environ["XDG_STATE_HOME"]).rglob("*.json")})
-    written["spans"] = "\n".join(str(v) for s in spans() for v in [
-        s.name, s.status.description, *s.attributes.values(),
-        *(f"{e.name} {dict(e.attributes)}" for e in s.events)])
+    written = {
+        "stdout": out,
+        "stderr": err,
+        "transcript": transcript.read_text(),
+        "events": events.read_text(),
+        "the events' text, joined": "".join(
+            e.get("text", "") for e in events_of(events) if e["type"] == "text"
+        ),
+    }
+    written.update(
+        {
+            f"kept {p.name}": p.read_text()
+            for p in Path(os.environ["XDG_STATE_HOME"]).rglob("*.json")
+        }
+    )
+    written["spans"] = "\n".join(
+        str(v)
+        for s in spans()
+        for v in [
+            s.name,
+            s.status.description,
+            *s.attributes.values(),
+            *(f"{e.name} {dict(e.attributes)}" for e in s.events),
+        ]
+    )
     assert len(spans()) > 1
-    for flags, name in ((["--report", str(raw)], "raw.html"),
-                        (["--export", "atif", str(raw)], "raw.atif.json"),
-                        (["--replay", str(raw), "--workdir", str(workdir), "--yes",
-                          "--events", str(tmp_path / "replayed.jsonl")], "replayed.json")):
+    for flags, name in (
+        (["--report", str(raw)], "raw.html"),
+        (["--export", "atif", str(raw)], "raw.atif.json"),
+        (
+            [
+                "--replay",
+                str(raw),
+                "--workdir",
+                str(workdir),
+                "--yes",
+                "--events",
+                str(tmp_path / "replayed.jsonl"),
+            ],
+            "replayed.json",
+        ),
+    ):
         out_flag = "--transcript" if name == "replayed.json" else "-o"
         done, out, err = run_cli(capsys, flags + [out_flag, str(tmp_path / name)])
         assert done == 0, err
@@ -251,17 +347,23 @@ def test_a_key_split_over_adjacent_text_blocks_is_written_nowhere(capsys, workdi
     written["replayed.jsonl"] = (tmp_path / "replayed.jsonl").read_text()
     leaked = {name: sorted(p for p in pieces(KEY) if p in value) for name, value in written.items()}
     assert leaked == dict.fromkeys(written, []), ", ".join(
-        f"{name}: {len(found)} pieces" for name, found in leaked.items() if found)
+        f"{name}: {len(found)} pieces" for name, found in leaked.items() if found
+    )
     assert "[redacted secret]" in written["transcript"]  # the pieces were there, and redacted
 
 
-@pytest.mark.parametrize("key", ['sk-ant-api03-A-QUOTE"IN-THE-KEY-0123456789',
-                                 "sk-ant-api03-A-BACKSLASH\\IN-THE-KEY-0123456789",
-                                 "sk-ant-api03-TWO-BACKSLASHES-0123\\\\",
-                                 '"sk-ant-api03-QUOTED-FIRST-0123456789'])
-def test_a_key_holding_a_character_json_escapes_leaves_every_file_json(capsys, workdir,
-                                                                        tmp_path, monkeypatch,
-                                                                        key):
+@pytest.mark.parametrize(
+    "key",
+    [
+        'sk-ant-api03-A-QUOTE"IN-THE-KEY-0123456789',
+        "sk-ant-api03-A-BACKSLASH\\IN-THE-KEY-0123456789",
+        "sk-ant-api03-TWO-BACKSLASHES-0123\\\\",
+        '"sk-ant-api03-QUOTED-FIRST-0123456789',
+    ],
+)
+def test_a_key_holding_a_character_json_escapes_leaves_every_file_json(
+    capsys, workdir, tmp_path, monkeypatch, key
+):
     """A key with a quote or a backslash, which JSON writes as two characters (\\" or \\\\),
     echoed by a server: the files redact the pieces around the escape, and stay JSON that
     agent.py reads back. Before, a piece that began at the escaped quote was cut out of its
@@ -269,9 +371,11 @@ def test_a_key_holding_a_character_json_escapes_leaves_every_file_json(capsys, w
     the run ended in an internal error reading its own transcript back."""
     monkeypatch.setenv("ANTHROPIC_API_KEY", key)
     transcript, events = tmp_path / "run.json", tmp_path / "events.jsonl"
-    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript",
-                                      str(transcript), "--events", str(events)],
-                             FakeClient(reply(text(f"your key is {key}, is it not?"))))
+    code, out, err = run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--transcript", str(transcript), "--events", str(events)],
+        FakeClient(reply(text(f"your key is {key}, is it not?"))),
+    )
     assert code == 0, err
     document = json.loads(transcript.read_text())
     lines = [json.loads(line) for line in events.read_text().splitlines()]
@@ -288,8 +392,9 @@ def test_the_consent_question_leaves_no_piece_of_the_key_where_it_cuts():
     agent.SECRETS.add(KEY)
     for before in range(0, 80, 3):
         value = "m" * before + KEY + "z" * 500 + KEY + "m" * before
-        shown = agent.consent_question("run.json", [("model", value, ""), ("workdir", value, "")],
-                                       80)
+        shown = agent.consent_question(
+            "run.json", [("model", value, ""), ("workdir", value, "")], 80
+        )
         assert "characters not shown" in shown
         assert not [p for p in pieces(KEY) if p in shown], (before, shown)
 
@@ -297,17 +402,30 @@ def test_the_consent_question_leaves_no_piece_of_the_key_where_it_cuts():
 # Every slice of agent.py, reviewed: none cuts text bound for an output but the cutters, which
 # redact first or drop a piece of a secret at the cut. A new slice fails here until it is one of
 # these or the text goes through `shorten` (or `fitted`, `Clip`, `read_window`).
-CUTTERS = {"shorten", "fitted", "Clip", "read_window", "secret_start", "Reporter", "redact",
-           "secret_blocks", "secret_tail",
-           "redact_across"}
+CUTTERS = {
+    "shorten",
+    "fitted",
+    "Clip",
+    "read_window",
+    "secret_start",
+    "Reporter",
+    "redact",
+    "secret_blocks",
+    "secret_tail",
+    "redact_across",
+}
 NOT_TEXT_FOR_AN_OUTPUT = {  # (function, slice): what it cuts
     ("result_diff", "diff[DIFF_LINES - 1:]"): "a list of lines, each shortened",
-    ("result_diff", "list(difflib.unified_diff(lines(recorded), lines(replayed), lineterm='', "
-                    "n=0))[2:]"): "a list of lines, each shortened",
+    (
+        "result_diff",
+        "list(difflib.unified_diff(lines(recorded), lines(replayed), lineterm='', n=0))[2:]",
+    ): "a list of lines, each shortened",
     ("ReplayCheck", "session['turns'][self.checked:]"): "a list",
     ("ReplayCheck", "session['messages'][self.seen:]"): "a list",
-    ("Call", "struct.pack('QQQ', fs, net, scope)[:8 if box.abi < 4 else 16 if box.abi < 6 "
-             "else 24]"): "bytes for the kernel",
+    (
+        "Call",
+        "struct.pack('QQQ', fs, net, scope)[:8 if box.abi < 4 else 16 if box.abi < 6 else 24]",
+    ): "bytes for the kernel",
     ("foreign_error", "raw.lstrip()[:1]"): "one character, compared",
     ("clear_old_results", "results[:max(0, len(results) - limits.keep_results)]"): "a list",
     ("temp_name", "uuid.uuid4().hex[:16]"): "a random name",
@@ -323,18 +441,23 @@ NOT_TEXT_FOR_AN_OUTPUT = {  # (function, slice): what it cuts
     ("request_turn", "message['content'][:-1]"): "a list of blocks",
     ("sent_view", "content[:-1]"): "a list of blocks",
     ("run_report", "SEGMENTS[:3]"): "a constant list",
-    ("Telemetry", "messages[-1:]"): "a list", ("Telemetry", "messages[:-1]"): "a list",
+    ("Telemetry", "messages[-1:]"): "a list",
+    ("Telemetry", "messages[:-1]"): "a list",
     ("check_text", "value[:e.start]"): "whole text up to a bad byte, then shortened",
     ("read_question", "data[:e.start]"): "whole text up to a bad byte, then shortened",
     ("main", "sys.argv[1:]"): "a list",
-    ("Saver", "dump(item)[:-1]"): "a line's newline", ("Saver", "dump(key)[:-1]"): "a newline",
-    ("Saver", "dump(value)[:-1]"): "a newline", ("Saver", "value[len(done):-1]"): "a list",
+    ("Saver", "dump(item)[:-1]"): "a line's newline",
+    ("Saver", "dump(key)[:-1]"): "a newline",
+    ("Saver", "dump(value)[:-1]"): "a newline",
+    ("Saver", "value[len(done):-1]"): "a list",
     ("Saver", "value[-1:]"): "a list",
     ("Sandbox", "out[6:]"): "the self-test's own word after LEAK: ",
     ("Sandbox", "(run.stderr.strip() or out)[-200:]"): "the self-test's stderr, no secret in it",
-    ("loader_directories", "Path(conf).read_text(errors='replace').splitlines()[:1000]"):
-        "a list of ld.so.conf's lines", ("loader_directories", "line[len('include'):]"):
-        "an include line's glob, after its keyword",
+    (
+        "loader_directories",
+        "Path(conf).read_text(errors='replace').splitlines()[:1000]",
+    ): "a list of ld.so.conf's lines",
+    ("loader_directories", "line[len('include'):]"): "an include line's glob, after its keyword",
     ("loader_directories", "sorted(glob.glob(line[len('include'):].strip()))[:100]"): "a list",
 }
 
@@ -347,15 +470,21 @@ def test_every_cut_of_text_bound_for_an_output_goes_through_a_cutter():
     for top in TREE.body:
         for node in ast.walk(top):
             outer.setdefault(id(node), getattr(top, "name", "-"))
-    new = sorted({(outer[id(node)], ast.unparse(node)) for node in ast.walk(TREE)
-                  if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Slice)
-                  and outer[id(node)] not in CUTTERS} - set(NOT_TEXT_FOR_AN_OUTPUT))
+    new = sorted(
+        {
+            (outer[id(node)], ast.unparse(node))
+            for node in ast.walk(TREE)
+            if isinstance(node, ast.Subscript)
+            and isinstance(node.slice, ast.Slice)
+            and outer[id(node)] not in CUTTERS
+        }
+        - set(NOT_TEXT_FOR_AN_OUTPUT)
+    )
     assert new == [], f"route these cuts through shorten, or review them above: {new}"
 
 
 def test_every_request_sends_system_tools_history_and_caching(capsys, workdir):
-    client = FakeClient(reply(tool_use("read_file", {"path": "scores.csv"})),
-                        reply(text("done")))
+    client = FakeClient(reply(tool_use("read_file", {"path": "scores.csv"})), reply(text("done")))
     run_cli(capsys, ["q", "--workdir", str(workdir), "--effort", "low"], client)
     for request in client.requests:
         assert request["system"] == agent.SYSTEM_PROMPT and request["tools"] == agent.TOOLS
@@ -376,13 +505,17 @@ def test_parallel_calls_from_a_recorded_reply_get_one_message_in_order(capsys, w
     assert all(b["is_error"] and "no tool" in b["content"] for b in results["content"])
 
 
-@pytest.mark.parametrize("name", ["thinking_signature_tool_use_loop.jsonl",
-                                  "redacted_thinking_loop.jsonl"])
+@pytest.mark.parametrize(
+    "name", ["thinking_signature_tool_use_loop.jsonl", "redacted_thinking_loop.jsonl"]
+)
 def test_thinking_blocks_go_back_byte_for_byte(capsys, workdir, name):
     first = recorded_loop(name)[0]["response"]["body"]
     if first["stop_reason"] != "tool_use":  # the redacted loop answers in text: ask a follow-up
-        first = dict(first, stop_reason="tool_use",
-                     content=first["content"] + [tool_use("read_file", {"path": "notes.md"})])
+        first = dict(
+            first,
+            stop_reason="tool_use",
+            content=first["content"] + [tool_use("read_file", {"path": "notes.md"})],
+        )
     client = FakeClient(first, reply(text("done")))
     code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir)], client)
     sent = final_messages(client)[1]["content"]
@@ -403,20 +536,26 @@ def test_pause_turn_sends_the_paused_content_back_as_the_last_message(capsys, wo
     assert [t["stop_reason"] for t in json.loads(out)["turns"]] == ["pause_turn", "end_turn"]
 
 
-@pytest.mark.parametrize("model, shown", [("claude-sonnet-5-5", True), ("claude-opus-5-5", True),
-                                          ("claude-haiku-5-5", False)])
+@pytest.mark.parametrize(
+    "model, shown",
+    [("claude-sonnet-5-5", True), ("claude-opus-5-5", True), ("claude-haiku-5-5", False)],
+)
 def test_between_tool_notes_are_asked_for_and_shown(capsys, workdir, tmp_path, model, shown):
-    thinking = {"type": "thinking", "thinking": "The scores are in scores.csv; read it.",
-                "signature": "sig"}
-    client = FakeClient(reply(thinking, tool_use("read_file", {"path": "scores.csv"})),
-                        reply(text("85")))
+    thinking = {
+        "type": "thinking",
+        "thinking": "The scores are in scores.csv; read it.",
+        "signature": "sig",
+    }
+    client = FakeClient(
+        reply(thinking, tool_use("read_file", {"path": "scores.csv"})), reply(text("85"))
+    )
     path = tmp_path / "e.jsonl"
-    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--model", model, "--events",
-                                    str(path)], client)
+    code, _, err = run_cli(
+        capsys, ["q", "--workdir", str(workdir), "--model", model, "--events", str(path)], client
+    )
     asked = [r.get("thinking") for r in client.requests]
     assert code == 0
-    assert asked == ([{"type": "adaptive", "display": "summarized"}] * 2 if shown else
-                     [None, None])
+    assert asked == ([{"type": "adaptive", "display": "summarized"}] * 2 if shown else [None, None])
     assert "[thinking] The scores are in scores.csv; read it." in err
     said = [e for e in events_of(path) if e["type"] == "text"]
     assert said[0] == dict(said[0], thinking=True, text=thinking["thinking"])
@@ -430,8 +569,9 @@ def normalise(transcript):
     data = json.loads(text_)
     data.update(run_id="<id>", started_at="<time>", ended_at="<time>")
     for turn in data["turns"]:
-        turn.update(request_id="<id>", seconds=0, api_seconds=0, started_at="<time>",
-                    message_id="<id>")
+        turn.update(
+            request_id="<id>", seconds=0, api_seconds=0, started_at="<time>", message_id="<id>"
+        )
         for call_ in turn["tool_calls"]:
             call_["seconds"] = 0
     return data
@@ -440,14 +580,34 @@ def normalise(transcript):
 def test_golden_transcript(capsys, workdir, tmp_path):
     path = tmp_path / "run.json"
     client = FakeClient(
-        reply(text("Reading."), tool_use("read_file", {"path": "scores.csv"}, id="toolu_A"),
-              tool_use("read_file", {"path": "winter.md"}, id="toolu_B"),
-              input_tokens=700, output_tokens=50),
-        reply(tool_use("run_python", {"code": "print((88+72+95)/3)"}, id="toolu_C"),
-              input_tokens=20, output_tokens=30, write=800, read=0),
-        reply(text("The average is 85."), input_tokens=10, output_tokens=12, read=850))
-    code, _, _ = run_cli(capsys, ["scores.csv 里平均分是多少？", "--workdir", str(workdir), "--yes",
-                                  "--transcript", str(path)], client)
+        reply(
+            text("Reading."),
+            tool_use("read_file", {"path": "scores.csv"}, id="toolu_A"),
+            tool_use("read_file", {"path": "winter.md"}, id="toolu_B"),
+            input_tokens=700,
+            output_tokens=50,
+        ),
+        reply(
+            tool_use("run_python", {"code": "print((88+72+95)/3)"}, id="toolu_C"),
+            input_tokens=20,
+            output_tokens=30,
+            write=800,
+            read=0,
+        ),
+        reply(text("The average is 85."), input_tokens=10, output_tokens=12, read=850),
+    )
+    code, _, _ = run_cli(
+        capsys,
+        [
+            "scores.csv 里平均分是多少？",
+            "--workdir",
+            str(workdir),
+            "--yes",
+            "--transcript",
+            str(path),
+        ],
+        client,
+    )
     assert code == 0
     golden = Path(__file__).with_name("golden_transcript.json")
     got = normalise(json.loads(path.read_text()))
@@ -458,9 +618,11 @@ def test_golden_transcript(capsys, workdir, tmp_path):
 
 # --- how a run stops: one test per label ---
 
+
 def test_end_turn(capsys, workdir):
-    client = FakeClient(reply(tool_use("read_file", {"path": "scores.csv"})),
-                        reply(text("The average is 85.")))
+    client = FakeClient(
+        reply(tool_use("read_file", {"path": "scores.csv"})), reply(text("The average is 85."))
+    )
     code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir)], client)
     assert (code, out) == (0, "The average is 85.\n")
     assert len(client.requests) == 2
@@ -475,9 +637,11 @@ def test_stop_sequence(capsys, workdir):
 
 
 def test_max_turns_last_turn_has_tools_off_and_prints_an_interim_answer(capsys, workdir):
-    client = FakeClient(reply(tool_use("read_file", {"path": "scores.csv"})),
-                        reply(tool_use("read_file", {"path": "notes.md"})),
-                        reply(text("Interim: I read two files.")))
+    client = FakeClient(
+        reply(tool_use("read_file", {"path": "scores.csv"})),
+        reply(tool_use("read_file", {"path": "notes.md"})),
+        reply(text("Interim: I read two files.")),
+    )
     code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--max-turns", "3"], client)
     assert (code, out) == (3, "Interim: I read two files.\n")
     assert len(client.requests) == 3
@@ -498,11 +662,28 @@ def test_max_turns_one_is_a_single_request_with_tools_off(capsys, workdir):
 
 def test_token_budget_stops_before_the_tools_run(capsys, workdir, tmp_path):
     transcript = tmp_path / "run.json"
-    client = FakeClient(reply(tool_use("run_python", {"code": "open('ran', 'w')"}),
-                              input_tokens=900, output_tokens=200))
-    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--token-budget", "1000",
-                                      "--yes", "--no-sandbox", "--transcript", str(transcript)],
-                             client)
+    client = FakeClient(
+        reply(
+            tool_use("run_python", {"code": "open('ran', 'w')"}),
+            input_tokens=900,
+            output_tokens=200,
+        )
+    )
+    code, out, err = run_cli(
+        capsys,
+        [
+            "q",
+            "--workdir",
+            str(workdir),
+            "--token-budget",
+            "1000",
+            "--yes",
+            "--no-sandbox",
+            "--transcript",
+            str(transcript),
+        ],
+        client,
+    )
     assert (code, out, len(client.requests)) == (4, "", 1)
     assert not (workdir / "ran").exists()
     saved = json.loads(transcript.read_text())
@@ -514,23 +695,29 @@ def test_token_budget_stops_before_the_tools_run(capsys, workdir, tmp_path):
 
 def test_an_answer_that_crosses_the_budget_is_still_an_answer(capsys, workdir):
     client = FakeClient(reply(text("42"), input_tokens=5000))
-    code, out, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--token-budget", "10"],
-                           client)
+    code, out, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--token-budget", "10"], client)
     assert (code, out) == (0, "42\n")
 
 
 def test_token_budget_counts_cache_tokens(capsys, workdir):
-    client = FakeClient(reply(tool_use("read_file", {"path": "a"}), input_tokens=1,
-                              output_tokens=1, write=500, read=600))
-    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--token-budget", "1100"],
-                         client)
+    client = FakeClient(
+        reply(
+            tool_use("read_file", {"path": "a"}),
+            input_tokens=1,
+            output_tokens=1,
+            write=500,
+            read=600,
+        )
+    )
+    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--token-budget", "1100"], client)
     assert code == 4
 
 
 def test_cost_budget(capsys, workdir):
     client = FakeClient(reply(tool_use("read_file", {"path": "a"}), input_tokens=10_000))
-    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--budget-usd", "0.0005"],
-                           client)
+    code, _, err = run_cli(
+        capsys, ["q", "--workdir", str(workdir), "--budget-usd", "0.0005"], client
+    )
     assert (code, len(client.requests)) == (4, 1)
     assert "stop: cost_budget" in err
 
@@ -556,10 +743,13 @@ def test_model_context_window_exceeded(capsys, workdir):
 
 def test_api_error_keeps_the_turns_done(capsys, workdir, tmp_path):
     transcript = tmp_path / "run.json"
-    client = FakeClient(reply(tool_use("read_file", {"path": "scores.csv"})),
-                        FakeAPIError(400, "invalid_request_error", "max_tokens: Field required"))
-    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript",
-                                      str(transcript)], client)
+    client = FakeClient(
+        reply(tool_use("read_file", {"path": "scores.csv"})),
+        FakeAPIError(400, "invalid_request_error", "max_tokens: Field required"),
+    )
+    code, out, err = run_cli(
+        capsys, ["q", "--workdir", str(workdir), "--transcript", str(transcript)], client
+    )
     assert (code, out, len(client.requests)) == (1, "", 2)
     assert "max_tokens: Field required" in err and "Traceback" not in err
     saved = json.loads(transcript.read_text())
@@ -586,16 +776,18 @@ def test_interrupted(capsys, workdir, tmp_path):
         raise KeyboardInterrupt
 
     client = FakeClient(reply(tool_use("read_file", {"path": "scores.csv"})), ctrl_c)
-    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript",
-                                    str(transcript)], client)
+    code, _, err = run_cli(
+        capsys, ["q", "--workdir", str(workdir), "--transcript", str(transcript)], client
+    )
     assert code == 130 and "Traceback" not in err
     saved = json.loads(transcript.read_text())
     assert saved["stop"]["reason"] == "interrupted" and len(saved["turns"]) == 1
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # meant to be
-def test_a_sighup_whose_keyboardinterrupt_was_lost_still_names_sighup(capsys, workdir, tmp_path,
-                                                                      monkeypatch):
+def test_a_sighup_whose_keyboardinterrupt_was_lost_still_names_sighup(
+    capsys, workdir, tmp_path, monkeypatch
+):
     """SIGHUP's exception dropped in a __del__ (see on_stop_signal): the handler's flag alone
     stops the run, and the stop still says which signal it was, a closed terminal (N16)."""
     monkeypatch.setattr(agent, "STOPPING", threading.Event())
@@ -611,8 +803,11 @@ def test_a_sighup_whose_keyboardinterrupt_was_lost_still_names_sighup(capsys, wo
 
     previous = signal.signal(signal.SIGHUP, agent.on_stop_signal)
     try:
-        code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript",
-                                        str(transcript)], FakeClient(hangup))
+        code, _, err = run_cli(
+            capsys,
+            ["q", "--workdir", str(workdir), "--transcript", str(transcript)],
+            FakeClient(hangup),
+        )
     finally:
         signal.signal(signal.SIGHUP, previous)
     assert code == 130 and "stop: interrupted (stopped by SIGHUP)" in err
@@ -620,9 +815,20 @@ def test_a_sighup_whose_keyboardinterrupt_was_lost_still_names_sighup(capsys, wo
 
 
 def test_every_label_has_an_exit_code_and_the_help_lists_them():
-    labels = {"end_turn", "stop_sequence", "max_turns", "token_budget", "cost_budget",
-              "max_tokens", "refusal", "model_context_window_exceeded", "api_error", "error",
-              "interrupted", "replay_differs"}
+    labels = {
+        "end_turn",
+        "stop_sequence",
+        "max_turns",
+        "token_budget",
+        "cost_budget",
+        "max_tokens",
+        "refusal",
+        "model_context_window_exceeded",
+        "api_error",
+        "error",
+        "interrupted",
+        "replay_differs",
+    }
     assert set(agent.EXIT_CODES) == labels
     for label in labels:
         assert label in agent.EPILOG
@@ -639,8 +845,11 @@ def test_a_tools_off_turn_that_still_calls_a_tool_ends_cleanly(capsys, workdir, 
     path = tmp_path / "run.json"
     stubborn = reply(text("Let me look first."), tool_use("read_file", {"path": "notes.md"}))
     client = FakeClient(stubborn)  # the stand-in ignores tool_choice: none
-    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--max-turns", "1",
-                                      "--transcript", str(path)], client)
+    code, out, err = run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--max-turns", "1", "--transcript", str(path)],
+        client,
+    )
     saved = json.loads(path.read_text())
     assert client.requests[0]["tool_choice"] == {"type": "none"}
     assert (code, out) == (3, "Let me look first.\n")
@@ -648,7 +857,8 @@ def test_a_tools_off_turn_that_still_calls_a_tool_ends_cleanly(capsys, workdir, 
     assert "not run" in err
     assert saved["turns"][0]["tool_calls"] == []  # never run
     resumed = FakeClient(reply(text("Without it: no idea.")))
-    code, _, _ = run_cli(capsys, ["--resume", str(path), "go on", "--workdir", str(workdir)],
-                         resumed)
+    code, _, _ = run_cli(
+        capsys, ["--resume", str(path), "go on", "--workdir", str(workdir)], resumed
+    )
     answer = resumed.requests[0]["messages"][-1]["content"][0]
     assert code == 0 and answer["type"] == "tool_result" and "not run" in answer["content"]

@@ -18,10 +18,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
-import agent
 from fakes import FakeClient, reply, text
 from helpers import AGENT, OTHER_USERS, agent_env, as_other_users, run_cli, serve
+
+import agent
 
 needs_root = as_other_users  # planting another user's files: root, with other uids mapped
 NOBODY = 65534
@@ -61,8 +61,11 @@ def drain(fd):
 def recorded(capsys, workdir, tmp_path):
     """A transcript of a finished run, outside any shared directory."""
     path = tmp_path / "run.json"
-    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
-                         FakeClient(reply(text("the secret answer"))))
+    code, _, _ = run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--transcript", str(path)],
+        FakeClient(reply(text("the secret answer"))),
+    )
     assert code == 0
     return path
 
@@ -84,6 +87,7 @@ OUTPUTS = ["--events", "--transcript", "--report -o", "--export -o"]
 
 # --- an existing file is replaced, never rewritten in place ---
 
+
 @pytest.mark.parametrize("flag", OUTPUTS)
 def test_a_hard_links_other_name_keeps_its_content(capsys, workdir, tmp_path, recorded, flag):
     precious = tmp_path / "precious.txt"
@@ -99,8 +103,9 @@ def test_a_hard_links_other_name_keeps_its_content(capsys, workdir, tmp_path, re
 
 @needs_root
 @pytest.mark.parametrize("flag", OUTPUTS)
-def test_another_users_open_file_at_the_path_receives_nothing(capsys, workdir, shared, recorded,
-                                                              flag):
+def test_another_users_open_file_at_the_path_receives_nothing(
+    capsys, workdir, shared, recorded, flag
+):
     """`nobody` leaves a file of its own, writable by all, where the user will write an output,
     and keeps it open: the output goes to a new file that only the user can read."""
     target = shared / "out.json"
@@ -118,6 +123,7 @@ def test_another_users_open_file_at_the_path_receives_nothing(capsys, workdir, s
 
 
 # --- nothing goes through what another user planted ---
+
 
 @needs_root
 @pytest.mark.parametrize("flag", OUTPUTS)
@@ -137,8 +143,9 @@ def test_a_fifo_another_user_owns_receives_nothing(capsys, workdir, shared, reco
 @needs_root
 @pytest.mark.parametrize("link_owner", [NOBODY, 0])
 @pytest.mark.parametrize("flag", ["--events", "--report -o", "--export -o"])
-def test_a_planted_symlink_to_a_fifo_leads_nowhere(capsys, workdir, shared, recorded, flag,
-                                                   link_owner):
+def test_a_planted_symlink_to_a_fifo_leads_nowhere(
+    capsys, workdir, shared, recorded, flag, link_owner
+):
     """A symlink to another user's FIFO: whoever made the link, the FIFO is not the user's."""
     spy = planted_fifo(shared / "spy.fifo")
     link = shared / "out.json"
@@ -154,8 +161,9 @@ def test_a_planted_symlink_to_a_fifo_leads_nowhere(capsys, workdir, shared, reco
 
 @needs_root
 @pytest.mark.parametrize("mode", ["--report", "--export"])
-def test_the_default_path_beside_an_input_is_only_ever_a_regular_file(capsys, shared, recorded,
-                                                                       mode):
+def test_the_default_path_beside_an_input_is_only_ever_a_regular_file(
+    capsys, shared, recorded, mode
+):
     """The user names no output: the report (export) goes beside the input. There, `nobody` has
     planted a FIFO it reads, a symlink to its terminal, or a symlink to a file of the user's."""
     source = shared / "run.json"
@@ -193,9 +201,9 @@ def test_the_default_path_beside_an_input_is_only_ever_a_regular_file(capsys, sh
 
 
 @needs_root
-def test_a_symlink_in_the_parent_path_made_by_another_user_is_not_followed(capsys, workdir,
-                                                                           shared, tmp_path,
-                                                                           recorded):
+def test_a_symlink_in_the_parent_path_made_by_another_user_is_not_followed(
+    capsys, workdir, shared, tmp_path, recorded
+):
     """`nobody` makes /shared/reports a symlink to a directory of the user's: an output named
     /shared/reports/x.json must not land there (a symlink of the user's own is followed)."""
     private = tmp_path / "private"
@@ -235,9 +243,11 @@ def test_a_terminal_the_user_names_gets_its_controls_escaped(capsys, workdir, tm
     it escaped, as on stdout; before, raw."""
     master, slave = pty.openpty()
     try:
-        code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--events",
-                                        os.ttyname(slave)],
-                               FakeClient(reply(text("evil\u202e\u009b2Janswer"))))
+        code, _, err = run_cli(
+            capsys,
+            ["q", "--workdir", str(workdir), "--events", os.ttyname(slave)],
+            FakeClient(reply(text("evil\u202e\u009b2Janswer"))),
+        )
         os.set_blocking(master, False)
         shown = drain(master).decode("utf-8")
     finally:
@@ -248,13 +258,18 @@ def test_a_terminal_the_user_names_gets_its_controls_escaped(capsys, workdir, tm
 
 
 def test_dev_stdout_through_a_pipe_is_written_through(workdir, tmp_path, recorded, agent_copy):
-    done = subprocess.run([sys.executable, str(agent_copy), "--report", str(recorded), "-o",
-                           "/dev/stdout"], capture_output=True, env=agent_env(), cwd=tmp_path,
-                          timeout=60)
+    done = subprocess.run(
+        [sys.executable, str(agent_copy), "--report", str(recorded), "-o", "/dev/stdout"],
+        capture_output=True,
+        env=agent_env(),
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert done.returncode == 0 and done.stdout.startswith(b"<!doctype html>"), done.stderr
 
 
 # --- never over what runs agent.py (issue 26, new user's finding 21) ---
+
 
 @pytest.fixture
 def harness_copy(tmp_path):
@@ -264,10 +279,14 @@ def harness_copy(tmp_path):
     checkout, venv = tmp_path / "checkout", tmp_path / "checkout" / ".venv"
     checkout.mkdir()
     shutil.copyfile(AGENT, checkout / "agent.py")
-    subprocess.run([sys.executable, "-m", "venv", "--copies", "--without-pip", str(venv)],
-                   check=True, timeout=120)
-    return SimpleNamespace(agent=checkout / "agent.py", python=venv / "bin" / "python",
-                           venv=venv, checkout=checkout)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--copies", "--without-pip", str(venv)],
+        check=True,
+        timeout=120,
+    )
+    return SimpleNamespace(
+        agent=checkout / "agent.py", python=venv / "bin" / "python", venv=venv, checkout=checkout
+    )
 
 
 def harness_files(h):
@@ -281,43 +300,84 @@ def test_an_output_never_replaces_what_runs_agent_py(recorded, harness_copy, fla
     venv or its interpreter, exit 0, and the next run was a traceback; or plant the one .env
     agent.py trusts. Now: one line, exit 2, every file as it was, no .env."""
     h = harness_copy
-    path = {"agent.py": h.agent, ".env": h.checkout / ".env", "interpreter": h.python,
-            "pyvenv.cfg": h.venv / "pyvenv.cfg", "module": h.checkout / "json.py"}[target]
+    path = {
+        "agent.py": h.agent,
+        ".env": h.checkout / ".env",
+        "interpreter": h.python,
+        "pyvenv.cfg": h.venv / "pyvenv.cfg",
+        "module": h.checkout / "json.py",
+    }[target]
     before = harness_files(h)
     argv = ["--report", recorded] if flag == "--report -o" else ["--export", "atif", recorded]
-    done = subprocess.run([str(h.python), str(h.agent), *map(str, argv), "-o", str(path)],
-                          capture_output=True, text=True, env=agent_env(), cwd=h.checkout,
-                          timeout=60)
+    done = subprocess.run(
+        [str(h.python), str(h.agent), *map(str, argv), "-o", str(path)],
+        capture_output=True,
+        text=True,
+        env=agent_env(),
+        cwd=h.checkout,
+        timeout=60,
+    )
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
     assert done.stderr.startswith(f"agent.py: -o {path} ") and "runs it" in done.stderr
     assert harness_files(h) == before and not (h.checkout / ".env").exists()
-    assert not (h.checkout / "json.py").exists() and sorted(os.listdir(h.checkout)) == \
-        [".venv", "agent.py"]  # no temporary file left either
+    assert not (h.checkout / "json.py").exists() and sorted(os.listdir(h.checkout)) == [
+        ".venv",
+        "agent.py",
+    ]  # no temporary file left either
 
 
 @pytest.mark.parametrize("flag", ["--transcript", "--events"])
-def test_a_run_never_writes_its_transcript_or_events_over_agent_py(request, workdir,
-                                                                 harness_copy, flag):
+def test_a_run_never_writes_its_transcript_or_events_over_agent_py(
+    request, workdir, harness_copy, flag
+):
     h = harness_copy
     api = serve(request, reply(text("beside it")))
     before = harness_files(h)
     for path in (h.agent, h.checkout / ".env"):  # (its venv is not h.venv: see the test above)
-        done = subprocess.run([sys.executable, str(h.agent), "q", "--workdir", str(workdir),
-                               "--yes", flag, str(path)], capture_output=True, text=True,
-                              env=agent_env(api), cwd=h.checkout, timeout=60)
+        done = subprocess.run(
+            [
+                sys.executable,
+                str(h.agent),
+                "q",
+                "--workdir",
+                str(workdir),
+                "--yes",
+                flag,
+                str(path),
+            ],
+            capture_output=True,
+            text=True,
+            env=agent_env(api),
+            cwd=h.checkout,
+            timeout=60,
+        )
         assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
         assert done.stderr.startswith(f"agent.py: {flag} {path} ") and "runs it" in done.stderr
     assert harness_files(h) == before and not (h.checkout / ".env").exists()
     assert api.requests == []
-    done = subprocess.run([sys.executable, str(h.agent), "q", "--workdir", str(workdir), flag,
-                           str(h.checkout / "run.json")], capture_output=True, text=True,
-                          env=agent_env(api), cwd=h.checkout, timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(h.agent),
+            "q",
+            "--workdir",
+            str(workdir),
+            flag,
+            str(h.checkout / "run.json"),
+        ],
+        capture_output=True,
+        text=True,
+        env=agent_env(api),
+        cwd=h.checkout,
+        timeout=60,
+    )
     assert done.returncode == 0 and (h.checkout / "run.json").exists(), done.stderr  # beside: fine
 
 
 @pytest.mark.parametrize("flag", OUTPUTS)
-def test_a_long_file_name_is_written_or_refused_in_one_line(capsys, workdir, tmp_path, recorded,
-                                                           flag):
+def test_a_long_file_name_is_written_or_refused_in_one_line(
+    capsys, workdir, tmp_path, recorded, flag
+):
     """A name of 250 bytes is a name the file system takes: it used to be refused, as the new
     file beside it (.NAME.HEX.tmp) was too long; one of 300 ended as `internal error: OSError:
     [Errno 36] File name too long`, after the run."""
@@ -332,6 +392,7 @@ def test_a_long_file_name_is_written_or_refused_in_one_line(capsys, workdir, tmp
 
 # --- as an ordinary user ---
 
+
 @pytest.fixture
 def as_nobody_here(shared):
     """agent.py, copied where `nobody` can run it, and how to run it as `nobody`."""
@@ -342,16 +403,23 @@ def as_nobody_here(shared):
     (shared / "agent.py").chmod(0o644)
 
     def run(*args):
-        return subprocess.run([python, str(shared / "agent.py"), *map(str, args)],
-                              capture_output=True, text=True, timeout=60, cwd=shared,
-                              env={"PATH": "/usr/bin:/bin"}, user=NOBODY, group=NOBODY,
-                              extra_groups=[])
+        return subprocess.run(
+            [python, str(shared / "agent.py"), *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=shared,
+            env={"PATH": "/usr/bin:/bin"},
+            user=NOBODY,
+            group=NOBODY,
+            extra_groups=[],
+        )
+
     return run
 
 
 @needs_root
-def test_as_an_ordinary_user_another_users_fifo_receives_nothing(shared, recorded,
-                                                                 as_nobody_here):
+def test_as_an_ordinary_user_another_users_fifo_receives_nothing(shared, recorded, as_nobody_here):
     source = shared / "run.json"
     shutil.copy(recorded, source)
     source.chmod(0o644)
@@ -373,6 +441,7 @@ def test_as_an_ordinary_user_another_users_fifo_receives_nothing(shared, recorde
 
 # --- what agent.py writes, it reads back ---
 
+
 def test_temp_files_are_never_opened_if_something_is_there(tmp_path, monkeypatch):
     """The new file beside an output is created, never opened: a hard link planted at its
     name (a guessed name) is not written through."""
@@ -383,7 +452,9 @@ def test_temp_files_are_never_opened_if_something_is_there(tmp_path, monkeypatch
     os.link(precious, tmp_path / ".out.json.planted.tmp")
     out = agent.OutputFile(tmp_path / "out.json", None)
     out.write(b"{}\n", durable=True)
-    assert precious.read_bytes() == b"precious\n" and (tmp_path / "out.json").read_bytes() == b"{}\n"
+    assert (
+        precious.read_bytes() == b"precious\n" and (tmp_path / "out.json").read_bytes() == b"{}\n"
+    )
 
 
 @needs_root
@@ -395,17 +466,22 @@ def test_resume_never_replaces_another_users_transcript(capsys, workdir, shared,
     os.chown(theirs, NOBODY, NOBODY)
     before = theirs.read_bytes()
     client = FakeClient(reply(text("more")))
-    code, _, err = run_cli(capsys, ["--resume", str(theirs), "go on", "--workdir", str(workdir)],
-                           client)
+    code, _, err = run_cli(
+        capsys, ["--resume", str(theirs), "go on", "--workdir", str(workdir)], client
+    )
     assert (code, client.requests, theirs.read_bytes()) == (2, [], before), err
     assert "belongs to another user" in err and "--transcript" in err
     mine = shared / "mine.json"
-    code, _, err = run_cli(capsys, ["--resume", str(theirs), "go on", "--workdir", str(workdir),
-                                    "--transcript", str(mine)], client)
+    code, _, err = run_cli(
+        capsys,
+        ["--resume", str(theirs), "go on", "--workdir", str(workdir), "--transcript", str(mine)],
+        client,
+    )
     assert code == 0 and theirs.read_bytes() == before and b"more" in mine.read_bytes(), err
 
 
 # --- a file of agent.py's checkout is replaced only by its own kind (old #21) ---
+
 
 @pytest.fixture
 def checkout(tmp_path, monkeypatch):
@@ -422,8 +498,9 @@ def checkout(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("flag", ["--events", "--transcript", "--report -o", "--export -o"])
 @pytest.mark.parametrize("victim", ["requirements.txt", "README.md", "tests/test_x.py"])
-def test_an_output_never_replaces_a_file_of_agent_pys_checkout(capsys, workdir, tmp_path,
-                                                                checkout, flag, victim):
+def test_an_output_never_replaces_a_file_of_agent_pys_checkout(
+    capsys, workdir, tmp_path, checkout, flag, victim
+):
     """`--events requirements.txt` (one tab-completion away from `run.json`) turned the
     project's requirements into JSON Lines, exit 0. In agent.py's own directory tree an output
     replaces only a file agent.py writes (a transcript, trials summary, events, report or
@@ -434,10 +511,21 @@ def test_an_output_never_replaces_a_file_of_agent_pys_checkout(capsys, workdir, 
         argv = ["q", "--workdir", str(workdir), "--no-keep", flag, str(target)]
     else:
         run = tmp_path / "run.json"
-        assert run_cli(capsys, ["q", "--workdir", str(workdir), "--no-keep", "--transcript",
-                                str(run)], FakeClient(reply(text("42"))))[0] == 0
-        argv = [flag.split()[0], *(["atif"] if flag.startswith("--export") else []), str(run),
-                "-o", str(target)]
+        assert (
+            run_cli(
+                capsys,
+                ["q", "--workdir", str(workdir), "--no-keep", "--transcript", str(run)],
+                FakeClient(reply(text("42"))),
+            )[0]
+            == 0
+        )
+        argv = [
+            flag.split()[0],
+            *(["atif"] if flag.startswith("--export") else []),
+            str(run),
+            "-o",
+            str(target),
+        ]
     client = FakeClient(reply(text("42")))
     code, out, err = run_cli(capsys, argv, client)
     assert target.read_bytes() == before, f"{victim} was replaced"
@@ -451,15 +539,29 @@ def test_agent_pys_own_outputs_in_its_checkout_are_replaced_as_before(capsys, wo
     run, events, empty = checkout / "run.json", checkout / "run.jsonl", checkout / "out.json"
     empty.write_text("")
     for _ in range(2):  # the second time over the files the first wrote
-        code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--no-keep",
-                                        "--transcript", str(run), "--events", str(events)],
-                               FakeClient(reply(text("42"))))
+        code, _, err = run_cli(
+            capsys,
+            [
+                "q",
+                "--workdir",
+                str(workdir),
+                "--no-keep",
+                "--transcript",
+                str(run),
+                "--events",
+                str(events),
+            ],
+            FakeClient(reply(text("42"))),
+        )
         assert code == 0, err
     assert json.loads(run.read_text())["answer"] == "42"
     assert json.loads(events.read_text().splitlines()[0])["type"] == "run.start"
     for name in ("report", "export"):
-        argv = ["--report", str(run), "-o", str(empty)] if name == "report" else \
-            ["--export", "atif", str(run), "-o", str(empty)]
+        argv = (
+            ["--report", str(run), "-o", str(empty)]
+            if name == "report"
+            else ["--export", "atif", str(run), "-o", str(empty)]
+        )
         for _ in range(2):
             code, _, err = run_cli(capsys, argv)
             assert code == 0, err

@@ -7,12 +7,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-import agent
 from fakes import FakeAPIError, FakeClient, reply, text, tool_use
 from helpers import lone_surrogates, measured, run_cli, surrogate_run, with_lone_surrogates
 
-HOSTILE = "</pre><script>window.__pwned = 1</script><img src=x onerror=\"window.__pwned=2\">"
+import agent
+
+HOSTILE = '</pre><script>window.__pwned = 1</script><img src=x onerror="window.__pwned=2">'
 
 
 def a_run(capsys, workdir, tmp_path, name="run.json"):
@@ -20,15 +20,41 @@ def a_run(capsys, workdir, tmp_path, name="run.json"):
     (workdir / "evil.md").write_text(f"# notes\n{HOSTILE}\n")
     path = tmp_path / name
     client = FakeClient(
-        reply(text("Reading."), tool_use("read_file", {"path": "scores.csv"}),
-              input_tokens=671, output_tokens=60),
-        reply(tool_use("read_file", {"path": "evil.md"}), tool_use("read_file", {"path": "no.md"}),
-              input_tokens=20, output_tokens=70, write=751),
-        reply(tool_use("run_python", {"code": "print('<b>bold</b>')"}), input_tokens=15,
-              output_tokens=50, read=751, write=300),
-        reply(text(f"Done. {HOSTILE}"), input_tokens=12, output_tokens=40, read=1051, write=80))
-    code, _, _ = run_cli(capsys, ["q <i>?</i>", "--workdir", str(workdir), "--yes", "--no-sandbox",
-                                  "--transcript", str(path)], client)
+        reply(
+            text("Reading."),
+            tool_use("read_file", {"path": "scores.csv"}),
+            input_tokens=671,
+            output_tokens=60,
+        ),
+        reply(
+            tool_use("read_file", {"path": "evil.md"}),
+            tool_use("read_file", {"path": "no.md"}),
+            input_tokens=20,
+            output_tokens=70,
+            write=751,
+        ),
+        reply(
+            tool_use("run_python", {"code": "print('<b>bold</b>')"}),
+            input_tokens=15,
+            output_tokens=50,
+            read=751,
+            write=300,
+        ),
+        reply(text(f"Done. {HOSTILE}"), input_tokens=12, output_tokens=40, read=1051, write=80),
+    )
+    code, _, _ = run_cli(
+        capsys,
+        [
+            "q <i>?</i>",
+            "--workdir",
+            str(workdir),
+            "--yes",
+            "--no-sandbox",
+            "--transcript",
+            str(path),
+        ],
+        client,
+    )
     assert code == 0
     return path
 
@@ -44,7 +70,7 @@ def test_a_run_report_is_self_contained_and_inert(capsys, workdir, tmp_path):
     err = report(capsys, source)
     page = (tmp_path / "run.html").read_text()
     assert f"report: {tmp_path / 'run.html'}" in err
-    assert "<script" not in page and "onerror=\"" not in page
+    assert "<script" not in page and 'onerror="' not in page
     assert "&lt;script&gt;window.__pwned" in page and "q &lt;i&gt;?&lt;/i&gt;" in page
     policy = re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', page)[1]
     assert "default-src 'none'" in policy and "script-src 'none'" in policy
@@ -53,19 +79,26 @@ def test_a_run_report_is_self_contained_and_inert(capsys, workdir, tmp_path):
     assert "read_file" in page and "error" in page and "cost" in page
 
 
-@pytest.mark.parametrize("server, note", [
-    ("http://127.0.0.1:8080/v2", True),  # a local model, a proxy: priced as Anthropic's
-    ("https://api.anthropic.com", False), (None, False)])
-def test_the_report_names_the_server_and_how_its_cost_is_priced(capsys, workdir, tmp_path,
-                                                               monkeypatch, server, note):
+@pytest.mark.parametrize(
+    "server, note",
+    [
+        ("http://127.0.0.1:8080/v2", True),  # a local model, a proxy: priced as Anthropic's
+        ("https://api.anthropic.com", False),
+        (None, False),
+    ],
+)
+def test_the_report_names_the_server_and_how_its_cost_is_priced(
+    capsys, workdir, tmp_path, monkeypatch, server, note
+):
     if server:
         monkeypatch.setenv("ANTHROPIC_BASE_URL", server)
-    page = (tmp_path / "run.html")
+    page = tmp_path / "run.html"
     report(capsys, a_run(capsys, workdir, tmp_path))
     page = page.read_text()
     assert (f"server <code>{server}</code>" in page) is bool(server)
-    priced = ("priced as claude-haiku-5-5 would be on Anthropic's API, not by "
-              "http://127.0.0.1:8080/v2")
+    priced = (
+        "priced as claude-haiku-5-5 would be on Anthropic's API, not by http://127.0.0.1:8080/v2"
+    )
     assert (priced in page) is note, page[:3000]
 
 
@@ -88,13 +121,28 @@ def test_a_report_holds_no_lone_surrogate(capsys, tmp_path):
         assert b"\\ud800" not in page and "done \ufffd".encode() in page
 
 
-def test_a_trials_report_names_each_trials_transcript_and_writes_one_page(capsys, workdir,
-                                                                          tmp_path):
+def test_a_trials_report_names_each_trials_transcript_and_writes_one_page(
+    capsys, workdir, tmp_path
+):
     summary = tmp_path / "trials.json"
-    client = FakeClient(reply(text("42")), FakeAPIError(400, "invalid_request_error", "bad"),
-                        reply(text("41")))
-    run_cli(capsys, ["q", "--workdir", str(workdir), "--trials", "3", "--expect", "42",
-                     "--transcript", str(summary)], client)
+    client = FakeClient(
+        reply(text("42")), FakeAPIError(400, "invalid_request_error", "bad"), reply(text("41"))
+    )
+    run_cli(
+        capsys,
+        [
+            "q",
+            "--workdir",
+            str(workdir),
+            "--trials",
+            "3",
+            "--expect",
+            "42",
+            "--transcript",
+            str(summary),
+        ],
+        client,
+    )
     before = set(tmp_path.iterdir())
     err = report(capsys, summary)
     page = (tmp_path / "trials.html").read_text()
@@ -103,20 +151,29 @@ def test_a_trials_report_names_each_trials_transcript_and_writes_one_page(capsys
     for i in (1, 2, 3):
         assert f"<code>{tmp_path / f'trials.{i}.json'}</code>" in page and "href=" not in page
     assert "1 errored" in page and err.count("report:") == 1
-    assert "claude-haiku-5-5" in page and '{&quot;regex&quot;: &quot;42&quot;}' in page
+    assert "claude-haiku-5-5" in page and "{&quot;regex&quot;: &quot;42&quot;}" in page
 
 
-def test_a_document_never_makes_report_open_another_file(capsys, workdir, tmp_path,
-                                                         monkeypatch):
+def test_a_document_never_makes_report_open_another_file(capsys, workdir, tmp_path, monkeypatch):
     """A summary names a transcript (its own trial's, or any file at all): --report renders the
     name, never opens or copies the file, and writes only the page it was told to."""
     secret = a_run(capsys, workdir, tmp_path, "secret.json")
     (tmp_path / "secret.html").unlink(missing_ok=True)
     summary = tmp_path / "trials.json"
-    summary.write_text(json.dumps({
-        "version": 2, "kind": "trials", "n": 2, "requested": 2,
-        "trials": [{"index": 1, "transcript": str(secret)},
-                   {"index": 2, "transcript": "/etc/shadow"}]}))
+    summary.write_text(
+        json.dumps(
+            {
+                "version": 2,
+                "kind": "trials",
+                "n": 2,
+                "requested": 2,
+                "trials": [
+                    {"index": 1, "transcript": str(secret)},
+                    {"index": 2, "transcript": "/etc/shadow"},
+                ],
+            }
+        )
+    )
     opened, real_open = [], os.open
 
     def watch(path, *args, **kwargs):
@@ -141,10 +198,18 @@ def test_report_never_writes_over_what_it_reads_and_dash_is_stdout(capsys, workd
     assert code == 0 and out.startswith("<!doctype html>") and not (tmp_path / "-").exists()
 
 
-@pytest.mark.parametrize("document", [
-    {"messages": "no", "turns": [1, None, {"usage": "x"}], "stop": ["?"], "question": 5},
-    {"kind": "trials", "trials": [None, {"index": "<b>", "transcript": "/etc/passwd"}],
-     "pass_at_k": {"1": "y"}, "pass@1_wilson95": "?"}])
+@pytest.mark.parametrize(
+    "document",
+    [
+        {"messages": "no", "turns": [1, None, {"usage": "x"}], "stop": ["?"], "question": 5},
+        {
+            "kind": "trials",
+            "trials": [None, {"index": "<b>", "transcript": "/etc/passwd"}],
+            "pass_at_k": {"1": "y"},
+            "pass@1_wilson95": "?",
+        },
+    ],
+)
 def test_a_malformed_document_still_gives_a_page(capsys, tmp_path, document):
     source = tmp_path / "odd.json"
     source.write_text(json.dumps(document))
@@ -153,10 +218,16 @@ def test_a_malformed_document_still_gives_a_page(capsys, tmp_path, document):
     assert page.startswith("<!doctype html>") and "<script" not in page
 
 
-@pytest.mark.parametrize("content, fragment", [
-    ("[1, 2]", "is a JSON list"), ("{}", "is an empty JSON object"), (None, "does not exist"),
-    ('{"type": "run.start", "seq": 1}\n{"type": "run.stop", "seq": 2}\n', "an event stream"),
-    ('{"schema_version": "ATIF-v1.8", "steps": []}', "is an ATIF trajectory")])
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        ("[1, 2]", "is a JSON list"),
+        ("{}", "is an empty JSON object"),
+        (None, "does not exist"),
+        ('{"type": "run.start", "seq": 1}\n{"type": "run.stop", "seq": 2}\n', "an event stream"),
+        ('{"schema_version": "ATIF-v1.8", "steps": []}', "is an ATIF trajectory"),
+    ],
+)
 def test_a_report_of_something_else_says_what_it_was_given(capsys, tmp_path, content, fragment):
     source = tmp_path / "given.json"
     if content is not None:
@@ -168,11 +239,21 @@ def test_a_report_of_something_else_says_what_it_was_given(capsys, tmp_path, con
 # --- in a real browser ---
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--host-resolver-rules=MAP * ~NOTFOUND"]  # no DNS lookup at all, loopback or not
-CSP_HOOK = ("window.__csp = []; document.addEventListener('securitypolicyviolation', "
-            "e => window.__csp.push(e.violatedDirective));")
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--host-resolver-rules=MAP * ~NOTFOUND",
+]  # no DNS lookup at all, loopback or not
+CSP_HOOK = (
+    "window.__csp = []; document.addEventListener('securitypolicyviolation', "
+    "e => window.__csp.push(e.violatedDirective));"
+)
 
 
 @pytest.fixture(scope="module")
@@ -222,9 +303,13 @@ def test_the_policy_stops_a_script_that_got_in_anyway(browser, capsys, workdir, 
     source = a_run(capsys, workdir, tmp_path)
     report(capsys, source)
     page = (tmp_path / "run.html").read_text()
-    (tmp_path / "broken.html").write_text(page.replace(
-        "<h1>", "<script>window.__pwned = 3</script><img src=x onerror=\"window.__pwned=4\">"
-                "<h1>", 1))
+    (tmp_path / "broken.html").write_text(
+        page.replace(
+            "<h1>",
+            '<script>window.__pwned = 3</script><img src=x onerror="window.__pwned=4"><h1>',
+            1,
+        )
+    )
     seen = open_page(browser, tmp_path / "broken.html", tmp_path / "broken.png")
     assert seen["pwned"] is False
     assert "script-src-elem" in seen["csp"] or "script-src" in seen["csp"]
@@ -233,13 +318,17 @@ def test_the_policy_stops_a_script_that_got_in_anyway(browser, capsys, workdir, 
 
 # --- bounded by what it is given ---
 
+
 def test_a_report_is_bounded_by_the_size_of_its_input(capsys, workdir, tmp_path, agent_copy):
     """150,000 tiny turns (445 KB): before, --report wrote 100 MB of HTML in 11 s with a peak
     of 555 MiB (6 MB of them: 1.3 GB and 4.3 GB). Now the output is at most 8 times the input
     plus 1 MiB, or a usage error with nothing written."""
     source = tmp_path / "run.json"
-    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(source)],
-            FakeClient(reply(text("done"))))
+    run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--transcript", str(source)],
+        FakeClient(reply(text("done"))),
+    )
     t = json.loads(source.read_text())
     t["turns"] += [{}] * 150_000
     source.write_text(json.dumps(t, separators=(",", ":")))
@@ -249,13 +338,17 @@ def test_a_report_is_bounded_by_the_size_of_its_input(capsys, workdir, tmp_path,
     assert code == 2 and len(err.strip().splitlines()) == 1 and "8 times its" in err, err
 
 
-def test_an_export_past_its_cap_is_a_usage_error_with_nothing_written(capsys, workdir, tmp_path,
-                                                                      monkeypatch):
+def test_an_export_past_its_cap_is_a_usage_error_with_nothing_written(
+    capsys, workdir, tmp_path, monkeypatch
+):
     """ATIF is about the size of its transcript (1.0x measured, 300 turns), so the cap (the same as a
     report's) is shown here by lowering it: past it, exit 2 and no file, never a partial one."""
     source = tmp_path / "run.json"
-    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(source)],
-            FakeClient(reply(text("done"))))
+    run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--transcript", str(source)],
+        FakeClient(reply(text("done"))),
+    )
     monkeypatch.setattr(agent, "OUTPUT_FACTOR", 0)
     monkeypatch.setattr(agent, "OUTPUT_SLACK", 100)
     code, out, err = run_cli(capsys, ["--export", "atif", str(source)])
@@ -264,45 +357,77 @@ def test_an_export_past_its_cap_is_a_usage_error_with_nothing_written(capsys, wo
 
 
 @pytest.mark.parametrize("key", ["²", "١", "1" + "0" * 400, "0", "-1", " 1", "1e3"])
-def test_a_summary_whose_pass_at_k_keys_are_not_plain_numbers_is_a_usage_error(capsys, tmp_path,
-                                                                              key):
+def test_a_summary_whose_pass_at_k_keys_are_not_plain_numbers_is_a_usage_error(
+    capsys, tmp_path, key
+):
     """Before: '²' passed isdigit() and int() raised ValueError, a 401-digit k overflowed a
     float division: an internal error (exit 1); '١', '0', '-1' drew a page of nonsense."""
     source = tmp_path / "summary.json"
-    source.write_text(json.dumps({"version": 2, "kind": "trials", "n": 1, "trials": [],
-                                  "pass_at_k": {"1": 1.0, key: 0.5}, "pass_hat_k": {"1": 1.0}}))
+    source.write_text(
+        json.dumps(
+            {
+                "version": 2,
+                "kind": "trials",
+                "n": 1,
+                "trials": [],
+                "pass_at_k": {"1": 1.0, key: 0.5},
+                "pass_hat_k": {"1": 1.0},
+            }
+        )
+    )
     code, out, err = run_cli(capsys, ["--report", str(source)])
     assert (code, out) == (2, "") and "not a plain number" in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "summary.html").exists()
 
 
-def test_the_report_of_an_unpriced_model_does_not_say_it_was_priced(capsys, workdir, tmp_path,
-                                                                    monkeypatch):
+def test_the_report_of_an_unpriced_model_does_not_say_it_was_priced(
+    capsys, workdir, tmp_path, monkeypatch
+):
     """-m my-local-model against a server of one's own: the cost is unknown, and the page said
     it was priced as that model would be on Anthropic's API (newuser #16)."""
     monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:8080")
     path = tmp_path / "run.json"
-    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "-m", "my-local-model",
-                                  "--transcript", str(path)], FakeClient(reply(text("42"))))
+    code, _, _ = run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "-m", "my-local-model", "--transcript", str(path)],
+        FakeClient(reply(text("42"))),
+    )
     assert code == 0
     report(capsys, path)
     page = (tmp_path / "run.html").read_text()
     assert "priced as" not in page
-    assert ("<p>No cost is shown: agent.py knows no price for my-local-model (it prices "
-            "Anthropic's models as Anthropic's API bills them), and http://127.0.0.1:8080 may "
-            "bill otherwise, or nothing.</p>") in page
+    assert (
+        "<p>No cost is shown: agent.py knows no price for my-local-model (it prices "
+        "Anthropic's models as Anthropic's API bills them), and http://127.0.0.1:8080 may "
+        "bill otherwise, or nothing.</p>"
+    ) in page
 
 
 def test_the_report_of_interrupted_trials_says_so_and_scores_nothing(capsys, tmp_path):
     """Ctrl-C before any trial finished: the page said `pass@1 = None, 95% Wilson interval ?–?`,
     drew an empty table and chart, and marked the interrupted trials `fail` under `0 failed, 2
     errored`, with no word of the interruption (newuser2 N30)."""
-    trials = [{"index": i, "stop": "interrupted", "turns": 0, "tokens": 0, "cost_usd": 0.0,
-               "seconds": 1.0, "passed": False, "transcript": None} for i in (1, 2)]
+    trials = [
+        {
+            "index": i,
+            "stop": "interrupted",
+            "turns": 0,
+            "tokens": 0,
+            "cost_usd": 0.0,
+            "seconds": 1.0,
+            "passed": False,
+            "transcript": None,
+        }
+        for i in (1, 2)
+    ]
     summary = agent.summarize(trials, 3)
-    summary.update(interrupted=True, question="q", model="claude-haiku-5-5",
-                   expect={"regex": None, "tool": None, "stop": None},
-                   decline_message=agent.DECLINE_MESSAGE)
+    summary.update(
+        interrupted=True,
+        question="q",
+        model="claude-haiku-5-5",
+        expect={"regex": None, "tool": None, "stop": None},
+        decline_message=agent.DECLINE_MESSAGE,
+    )
     path = tmp_path / "s.json"
     path.write_text(json.dumps(summary))
     report(capsys, path)

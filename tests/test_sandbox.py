@@ -21,14 +21,23 @@ from dataclasses import replace
 from importlib.util import MAGIC_NUMBER
 from pathlib import Path
 
+import bpf
 import pytest
+from fakes import FakeClient, alive, reply, text, tool_use
+from helpers import (
+    AGENT,
+    agent_env,
+    as_other_users,
+    call,
+    final_messages,
+    need_other_users,
+    run_agent_py,
+    run_cli,
+    serve,
+    tool_context,
+)
 
 import agent
-import bpf
-from fakes import FakeClient, alive, reply, text, tool_use
-from helpers import (AGENT, agent_env, as_other_users, call, final_messages, need_other_users,
-                     run_agent_py, run_cli, serve, tool_context)
-
 
 MACHINE = agent.platform.machine()
 
@@ -40,7 +49,9 @@ def landlock_abi():
 
 
 ABI = landlock_abi()
-needs_landlock = pytest.mark.skipif(ABI < 6, reason=f"needs Landlock ABI >= 6 on Linux (have {ABI})")
+needs_landlock = pytest.mark.skipif(
+    ABI < 6, reason=f"needs Landlock ABI >= 6 on Linux (have {ABI})"
+)
 needs_root = as_other_users  # to also test as another user
 
 
@@ -62,6 +73,7 @@ def execute(box, workdir, code, timeout=20, chars=30_000, cancel=None):
 
 
 # --- path safety: what read_file opens is what it checked ---
+
 
 @pytest.mark.parametrize("path", ["../secret.txt", "/etc/passwd", "sub/../../secret.txt"])
 def test_read_file_refuses_paths_outside(ctx, path):
@@ -97,9 +109,11 @@ def test_a_directory_swapped_for_a_symlink_never_leaks_a_file_outside(workdir, t
     outside.mkdir()
     (outside / "f.txt").write_text("SECRET\n")
     ctx = tool_context(workdir, tmp_path)
-    swapper = subprocess.Popen([sys.executable, "-c", SWAPPER, str(workdir / "d"),
-                                str(workdir / "parked"), str(outside)], stdout=subprocess.PIPE,
-                               text=True)  # another process, as a concurrent trial's script
+    swapper = subprocess.Popen(
+        [sys.executable, "-c", SWAPPER, str(workdir / "d"), str(workdir / "parked"), str(outside)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # another process, as a concurrent trial's script
     seen = []
     while swapper.poll() is None:
         seen.append(call(ctx, "read_file", path="d/f.txt")["content"])
@@ -109,10 +123,18 @@ def test_a_directory_swapped_for_a_symlink_never_leaks_a_file_outside(workdir, t
     assert any("inside" in s for s in seen)
 
 
-@pytest.mark.parametrize("path, fragment", [
-    ("a\0b", "not a usable path"), ("x" * 5000, "File name too long"), ("scores.csv/inner", "Not a directory"),
-    ("loop/x", "Too many levels of symbolic links"), ("..", "outside the working directory"),
-    ("", "not a usable path"), ("/", "outside the working directory")])
+@pytest.mark.parametrize(
+    "path, fragment",
+    [
+        ("a\0b", "not a usable path"),
+        ("x" * 5000, "File name too long"),
+        ("scores.csv/inner", "Not a directory"),
+        ("loop/x", "Too many levels of symbolic links"),
+        ("..", "outside the working directory"),
+        ("", "not a usable path"),
+        ("/", "outside the working directory"),
+    ],
+)
 def test_every_bad_path_is_a_tool_error(workdir, tmp_path, path, fragment):
     (workdir / "loop").symlink_to("loop")
     result = call(tool_context(workdir, tmp_path), "read_file", path=path)
@@ -121,6 +143,7 @@ def test_every_bad_path_is_a_tool_error(workdir, tmp_path, path, fragment):
 
 
 # --- files and sockets: a model-written script under --yes ---
+
 
 def run_script(capsys, workdir, code):
     """What one run_python call under --yes sends back to the model."""
@@ -131,23 +154,39 @@ def run_script(capsys, workdir, code):
 
 
 @needs_landlock
-@pytest.mark.parametrize("code", [
-    "print(open('/etc/passwd').read())",
-    "print(open('../secret.txt').read())",
-    "import os; print(os.listdir('/'))",
-    "open('../planted.txt', 'w').write('x')",
-    "import os; os.symlink('../secret.txt', 'link'); print(open('link').read())",
-    "import os; os.chmod('/usr/bin/env', 0o777)",
-    "import os; print(os.stat('..')); os.rename('scores.csv', '../stolen.csv')",
-    "import os; os.link('../secret.txt', 'hard'); print(open('hard').read())",
-    "import os, sys; print(os.listdir(sys.prefix))",  # the venv's root: pip.conf, tokens
-    "import os, sys; print(open(os.path.join(os.path.dirname(sys.executable), 'activate')).read())",
-], ids=["etc-passwd", "parent-secret", "list-root", "write-outside", "symlink-out", "chmod",
-        "move-out", "hard-link-in", "venv-root", "venv-bin"])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "print(open('/etc/passwd').read())",
+        "print(open('../secret.txt').read())",
+        "import os; print(os.listdir('/'))",
+        "open('../planted.txt', 'w').write('x')",
+        "import os; os.symlink('../secret.txt', 'link'); print(open('link').read())",
+        "import os; os.chmod('/usr/bin/env', 0o777)",
+        "import os; print(os.stat('..')); os.rename('scores.csv', '../stolen.csv')",
+        "import os; os.link('../secret.txt', 'hard'); print(open('hard').read())",
+        "import os, sys; print(os.listdir(sys.prefix))",  # the venv's root: pip.conf, tokens
+        "import os, sys; print(open(os.path.join(os.path.dirname(sys.executable), 'activate')).read())",
+    ],
+    ids=[
+        "etc-passwd",
+        "parent-secret",
+        "list-root",
+        "write-outside",
+        "symlink-out",
+        "chmod",
+        "move-out",
+        "hard-link-in",
+        "venv-root",
+        "venv-bin",
+    ],
+)
 def test_scripts_cannot_reach_outside_the_workdir(capsys, workdir, code):
     result, err = run_script(capsys, workdir, code)
-    assert result["is_error"] and any(refusal in result["content"] for refusal in (
-        "PermissionError", "Operation not permitted", "Invalid cross-device link"))
+    assert result["is_error"] and any(
+        refusal in result["content"]
+        for refusal in ("PermissionError", "Operation not permitted", "Invalid cross-device link")
+    )
     assert "top secret" not in result["content"]
     assert not (workdir.parent / "planted.txt").exists()
     assert not (workdir.parent / "stolen.csv").exists()
@@ -159,9 +198,14 @@ def test_tcp_to_a_local_port_is_refused(capsys, workdir):
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
     try:
-        result, _ = run_script(capsys, workdir, (
-            "import socket\ns = socket.create_connection(('127.0.0.1', %d), timeout=2)\n"
-            "print('connected')" % port))
+        result, _ = run_script(
+            capsys,
+            workdir,
+            (
+                "import socket\ns = socket.create_connection(('127.0.0.1', %d), timeout=2)\n"
+                "print('connected')" % port
+            ),
+        )
     finally:
         server.close()
     assert result["is_error"] and "connected" not in result["content"].split("stderr")[0]
@@ -302,11 +346,14 @@ REFUSED = {  # route -> the errno that says the sandbox stopped it
         "setpriority_agent setpriority_user ioprio_agent affinity_agent signal_agent signal_init "
         "mknod_char mknod_block chattr fssetxattr file_setattr tiocsti msgget shmget semget "
         "mq_open io_uring open_by_handle_at setsid dnotify lease io_setup inotify_init1 "
-        "enable_verity encryption_key".split(), "EPERM"),
+        "enable_verity encryption_key".split(),
+        "EPERM",
+    ),
     "iopl": "EPERM" if MACHINE == "x86_64" else "n/a",
     "clone3": "ENOSYS",  # so glibc falls back to clone, whose flags the filter reads
     "future_syscall": "ENOSYS",
-    "socket_inet": "EACCES", "socket_netlink": "EACCES",
+    "socket_inet": "EACCES",
+    "socket_netlink": "EACCES",
     "socket_unix": "EACCES",  # named unix sockets are open to Landlock only from ABI 9
     "socketpair_dgram": "EACCES",  # its sendto would reach /dev/log and the like
     "socketpair_raw": "EACCES",  # AF_UNIX makes SOCK_RAW a datagram pair too
@@ -369,45 +416,66 @@ def test_the_same_holds_when_the_agent_is_an_ordinary_user(as_nobody):
 
 def ordinary_user_probe(as_nobody):
     python, nobody, wd = as_nobody.python, as_nobody.user, as_nobody.dir
-    driver = (f"import sys, json; sys.path.insert(0, {str(as_nobody.agent_dir)!r})\n"
-              "import agent\nfrom pathlib import Path\n"
-              f"box = agent.Sandbox(Path({str(wd)!r}), True, agent.Limits())\n"
-              "ok = box.ready()\n"
-              "run = agent.execute(sys.stdin.read(), box.workdir, box, 30, 100_000)\n"
-              "print(json.dumps({'status': box.status, 'ok': ok, 'run': run.stdout, 'err': run.stderr}))\n")
-    done = subprocess.run([python, "-c", driver], input=probe_code(wd), capture_output=True,
-                          text=True, timeout=60, cwd="/", env={"PATH": "/usr/bin:/bin"},
-                          user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[])
+    driver = (
+        f"import sys, json; sys.path.insert(0, {str(as_nobody.agent_dir)!r})\n"
+        "import agent\nfrom pathlib import Path\n"
+        f"box = agent.Sandbox(Path({str(wd)!r}), True, agent.Limits())\n"
+        "ok = box.ready()\n"
+        "run = agent.execute(sys.stdin.read(), box.workdir, box, 30, 100_000)\n"
+        "print(json.dumps({'status': box.status, 'ok': ok, 'run': run.stdout, 'err': run.stderr}))\n"
+    )
+    done = subprocess.run(
+        [python, "-c", driver],
+        input=probe_code(wd),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+        env={"PATH": "/usr/bin:/bin"},
+        user=nobody.pw_uid,
+        group=nobody.pw_gid,
+        extra_groups=[],
+    )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["ok"], result["status"]
     found = json.loads(result["run"])
-    for route, errno in REFUSED.items():
-        if route not in ("ptrace_agent", "process_vm_readv", "kcmp", "pidfd_open_agent",
-                         "prlimit_agent_cpu", "prlimit_agent_fsize", "setpriority_agent",
-                         "ioprio_agent", "affinity_agent", "signal_agent"):  # aimed at the test
+    for route in REFUSED:
+        if route not in (
+            "ptrace_agent",
+            "process_vm_readv",
+            "kcmp",
+            "pidfd_open_agent",
+            "prlimit_agent_cpu",
+            "prlimit_agent_fsize",
+            "setpriority_agent",
+            "ioprio_agent",
+            "affinity_agent",
+            "signal_agent",
+        ):  # aimed at the test
             assert found[route] == refused(found, route), route
     assert found["capabilities"] == [0] * 6 and found["no_new_privs"] == 1
 
 
 # --- the seccomp policy, for each architecture, without a kernel ---
 
+
 @pytest.mark.parametrize("machine", sorted(agent.ARCHES))
 def test_every_rule_answers_as_the_table_says(machine):
     arch, column = agent.ARCHES[machine]
     prog = agent.seccomp_filter(machine, agent.SECCOMP_RULES + agent.UNIX_SOCKET_RULES)
-    for names, test, errno, _why in agent.SECCOMP_RULES:
+    for names, test, code, _why in agent.SECCOMP_RULES:
         for name in names.split():
             nr = agent.SYSCALLS[name][column]
             if nr is None:
                 continue
             if test is None:
-                assert bpf.run(prog, nr, arch) == ("errno", errno), name
+                assert bpf.run(prog, nr, arch) == ("errno", code), name
                 continue
             arg, mask, op, value = test
             hit = [0] * 6
             hit[arg] = mask if op == "&" else value if op == "==" else value ^ 1
-            assert bpf.run(prog, nr, arch, hit) == ("errno", errno), (name, hit)
+            assert bpf.run(prog, nr, arch, hit) == ("errno", code), (name, hit)
 
 
 @pytest.mark.parametrize("machine", sorted(agent.ARCHES))
@@ -415,12 +483,17 @@ def test_the_filter_allows_the_harmless_forms(machine):
     arch, column = agent.ARCHES[machine]
     prog = agent.seccomp_filter(machine, agent.SECCOMP_RULES + agent.UNIX_SOCKET_RULES)
     nr = lambda name: agent.SYSCALLS[name][column]  # noqa: E731
-    allowed = [("clone", [17]),  # fork: SIGCHLD only
-               ("clone", [0x003D0F00]),  # pthread_create's flags
-               ("prlimit64", [0, 7]), ("setpriority", [0, 0, 5]), ("ioprio_set", [1, 0, 7]),
-               ("sched_setaffinity", [0]), ("mknodat", [0, 0, 0o010644]),  # a FIFO
-               ("ioctl", [0, 0x5401]),  # TCGETS: isatty()
-               ("socket", [1])]  # AF_UNIX only as far as the caller allows it (below)
+    allowed = [
+        ("clone", [17]),  # fork: SIGCHLD only
+        ("clone", [0x003D0F00]),  # pthread_create's flags
+        ("prlimit64", [0, 7]),
+        ("setpriority", [0, 0, 5]),
+        ("ioprio_set", [1, 0, 7]),
+        ("sched_setaffinity", [0]),
+        ("mknodat", [0, 0, 0o010644]),  # a FIFO
+        ("ioctl", [0, 0x5401]),  # TCGETS: isatty()
+        ("socket", [1]),
+    ]  # AF_UNIX only as far as the caller allows it (below)
     for name, args in allowed[:-1]:
         assert bpf.run(prog, nr(name), arch, args) == ("allow",), name
     assert bpf.run(prog, {"x86_64": 39, "aarch64": 172}[machine], arch) == ("allow",)  # getpid
@@ -443,8 +516,8 @@ def test_foreign_arches_die_and_unknown_numbers_get_enosys(machine):
 
 
 def test_each_table_line_names_known_syscalls():
-    for names, test, errno, why in agent.SECCOMP_RULES:
-        assert why and errno in (agent.EPERM, agent.EACCES, agent.ENOSYS)
+    for names, _test, code, why in agent.SECCOMP_RULES:
+        assert why and code in (agent.EPERM, agent.EACCES, agent.ENOSYS)
         for name in names.split():
             assert name in agent.SYSCALLS, name
     assert max(n for nrs in agent.SYSCALLS.values() for n in nrs if n) == agent.LAST_SYSCALL
@@ -452,10 +525,22 @@ def test_each_table_line_names_known_syscalls():
 
 # --- Landlock rights by ABI ---
 
-@pytest.mark.parametrize("abi, fs, net, scope", [
-    (1, 0x1FFF, 0, 0), (2, 0x3FFF, 0, 0), (3, 0x7FFF, 0, 0), (4, 0x7FFF, 3, 0),
-    (5, 0xFFFF, 3, 0), (6, 0xFFFF, 3, 3), (7, 0xFFFF, 3, 3), (8, 0xFFFF, 3, 3),
-    (9, 0x1FFFF, 3, 3), (10, 0x1FFFF, 0xF, 3)])
+
+@pytest.mark.parametrize(
+    "abi, fs, net, scope",
+    [
+        (1, 0x1FFF, 0, 0),
+        (2, 0x3FFF, 0, 0),
+        (3, 0x7FFF, 0, 0),
+        (4, 0x7FFF, 3, 0),
+        (5, 0xFFFF, 3, 0),
+        (6, 0xFFFF, 3, 3),
+        (7, 0xFFFF, 3, 3),
+        (8, 0xFFFF, 3, 3),
+        (9, 0x1FFFF, 3, 3),
+        (10, 0x1FFFF, 0xF, 3),
+    ],
+)
 def test_handled_rights_follow_the_abi(abi, fs, net, scope):
     assert agent.rights(agent.LANDLOCK_FS, abi) == fs
     assert agent.rights(agent.LANDLOCK_NET, abi) == net
@@ -528,16 +613,22 @@ def test_after_a_call_the_agent_is_parent_of_its_launcher_alone(workdir):
     subreaper: after the call the agent's one child is its launcher, whose children (AHEAD, if
     any) are the next calls' (a copy of the launcher, or the interpreter it became, on a main.py that holds
     the STUB); none is a zombie, none is the script's."""
-    code = ("import os\n"
-            "for _ in range(50):\n"
-            "    if os.fork() == 0:\n"
-            "        if os.fork() == 0:\n"
-            "            os._exit(0)\n"  # an orphan, reparented and left a zombie
-            "        os._exit(0)\n"
-            "print('forked')")
-    done = subprocess.run([sys.executable, "-c", AFTER_A_CALL, os.path.realpath(workdir),
-                           str(AGENT.parent)], input=code, capture_output=True, text=True,
-                          timeout=60)
+    code = (
+        "import os\n"
+        "for _ in range(50):\n"
+        "    if os.fork() == 0:\n"
+        "        if os.fork() == 0:\n"
+        "            os._exit(0)\n"  # an orphan, reparented and left a zombie
+        "        os._exit(0)\n"
+        "print('forked')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", AFTER_A_CALL, os.path.realpath(workdir), str(AGENT.parent)],
+        input=code,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     seen = json.loads(done.stdout)
     assert seen["out"] == "forked\n", done.stderr
     assert seen["mine"] == [[seen["launcher"], "S"]], seen
@@ -547,11 +638,13 @@ def test_after_a_call_the_agent_is_parent_of_its_launcher_alone(workdir):
 
 def agent_running(code, workdir):
     """An agent process whose run_python call runs `code`, once the script has written `info`."""
-    driver = (f"import sys; sys.path.insert(0, {str(Path(agent.__file__).parent)!r})\n"
-              "import agent\nfrom pathlib import Path\n"
-              f"box = agent.Sandbox(Path({str(os.path.realpath(workdir))!r}), True, agent.Limits())\n"
-              "box.ready()\n"
-              f"agent.execute({code!r}, box.workdir, box, 60, 1000)\n")
+    driver = (
+        f"import sys; sys.path.insert(0, {str(Path(agent.__file__).parent)!r})\n"
+        "import agent\nfrom pathlib import Path\n"
+        f"box = agent.Sandbox(Path({str(os.path.realpath(workdir))!r}), True, agent.Limits())\n"
+        "box.ready()\n"
+        f"agent.execute({code!r}, box.workdir, box, 60, 1000)\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", driver])
     deadline = time.monotonic() + 30
     while not (workdir / "info").exists() and time.monotonic() < deadline:
@@ -565,8 +658,11 @@ def cgroups_of(pid):
     for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
         if Path(path).name.startswith("agent-"):  # v1: one line per hierarchy; v2: "0::/path"
-            found += [d for name in controllers.split(",")
-                      if (d := Path("/sys/fs/cgroup", name, path.lstrip("/"))).is_dir()]
+            found += [
+                d
+                for name in controllers.split(",")
+                if (d := Path("/sys/fs/cgroup", name, path.lstrip("/"))).is_dir()
+            ]
     return found
 
 
@@ -596,11 +692,13 @@ def launcher_of(pid):
 
 
 def test_kill_9_of_the_agent_takes_the_script_and_its_traces_with_it(workdir, tmp_path):
-    code = ("import os, subprocess, time\n"
-            "kids = [subprocess.Popen(['sleep', '60']) for _ in range(3)]\n"
-            f"open('info.tmp', 'w').write(os.environ['HOME'] + ' ' + str({HOST_PID}))\n"
-            "os.rename('info.tmp', 'info')\n"
-            "time.sleep(60)\n")
+    code = (
+        "import os, subprocess, time\n"
+        "kids = [subprocess.Popen(['sleep', '60']) for _ in range(3)]\n"
+        f"open('info.tmp', 'w').write(os.environ['HOME'] + ' ' + str({HOST_PID}))\n"
+        "os.rename('info.tmp', 'info')\n"
+        "time.sleep(60)\n"
+    )
     proc, (home, script) = agent_running(code, workdir)
     pids = [int(script), *descendants(int(script))]
     assert len(pids) == 4, pids
@@ -621,11 +719,13 @@ def test_kill_9_of_the_agent_takes_the_script_and_its_traces_with_it(workdir, tm
 def test_a_pkill_of_agent_py_hits_the_launcher_too_and_still_nothing_survives(workdir):
     """The launcher runs agent.py too: `pkill -f agent.py` signals both. It ignores the
     signal, sees the agent go, kills the group and cleans up."""
-    code = ("import os, subprocess, time\n"
-            "kid = subprocess.Popen(['sleep', '60'])\n"
-            f"open('info.tmp', 'w').write(os.environ['HOME'] + ' ' + str({HOST_PID}))\n"
-            "os.rename('info.tmp', 'info')\n"
-            "time.sleep(60)\n")
+    code = (
+        "import os, subprocess, time\n"
+        "kid = subprocess.Popen(['sleep', '60'])\n"
+        f"open('info.tmp', 'w').write(os.environ['HOME'] + ' ' + str({HOST_PID}))\n"
+        "os.rename('info.tmp', 'info')\n"
+        "time.sleep(60)\n"
+    )
     proc, (home, script) = agent_running(code, workdir)
     launcher, (kid,) = launcher_of(int(script)), descendants(int(script))
     for pid in (proc.pid, launcher):
@@ -638,28 +738,36 @@ def test_a_pkill_of_agent_py_hits_the_launcher_too_and_still_nothing_survives(wo
 
 
 @needs_landlock
-def test_kill_9_of_the_agent_and_its_launcher_at_once_leaves_nothing_running(workdir, tmp_path,
-                                                                            monkeypatch):
+def test_kill_9_of_the_agent_and_its_launcher_at_once_leaves_nothing_running(
+    workdir, tmp_path, monkeypatch
+):
     """Red-team S2: `pkill -9 -f agent.py` kills the agent and the launcher together. The
     script dies with the launcher (PDEATHSIG), and before, what it had started ran on: a child,
     a grandchild, an orphan of a double fork. Now the call's PID namespace goes with it."""
     private = tmp_path / "tmp"
     private.mkdir(mode=0o700)
     monkeypatch.setenv("TMPDIR", str(private))  # what nobody is left to remove, removed below
-    code = ("import os, subprocess, time\n"
-            "kid = subprocess.Popen(['sh', '-c', 'sleep 60 & sleep 60'])\n"  # a grandchild too
-            "if os.fork() == 0:\n"  # an orphan: its parent ends at once
-            "    if os.fork() == 0:\n"
-            "        time.sleep(60)\n"
-            "    os._exit(0)\n"
-            "time.sleep(1)\n"
-            f"open('info.tmp', 'w').write(os.environ['HOME'] + ' ' + str({HOST_PID}))\n"
-            "os.rename('info.tmp', 'info')\n"
-            "time.sleep(60)\n")
+    code = (
+        "import os, subprocess, time\n"
+        "kid = subprocess.Popen(['sh', '-c', 'sleep 60 & sleep 60'])\n"  # a grandchild too
+        "if os.fork() == 0:\n"  # an orphan: its parent ends at once
+        "    if os.fork() == 0:\n"
+        "        time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "time.sleep(1)\n"
+        f"open('info.tmp', 'w').write(os.environ['HOME'] + ' ' + str({HOST_PID}))\n"
+        "os.rename('info.tmp', 'info')\n"
+        "time.sleep(60)\n"
+    )
     proc, (home, script) = agent_running(code, workdir)
     launcher = launcher_of(int(script))
-    started = [int(script), *descendants(int(script)), *[  # the orphan, and the namespace's
-        p for p in children_of(parent_of(int(script))) if p != int(script)]]  # first, above it
+    started = [
+        int(script),
+        *descendants(int(script)),
+        *[  # the orphan, and the namespace's
+            p for p in children_of(parent_of(int(script))) if p != int(script)
+        ],
+    ]  # first, above it
     cgroups = cgroups_of(int(script))
     assert len(started) >= 5, started  # the script, sh, two sleeps, the orphan
     for pid in (proc.pid, launcher):  # what pkill -9 -f agent.py does
@@ -684,6 +792,7 @@ def test_only_the_kernels_refusal_turns_the_pid_namespace_off(monkeypatch):
     it) made the launcher's clone fail with EAGAIN, and fork_call gave up the PID namespace for
     the rest of the run: kill -9 of agent and launcher then left later calls' processes running
     again (S2). A passing want fails that call alone; EPERM or EINVAL turn it off."""
+
     class Refusing:  # the kernel's answer to the clone, whatever its errno
         def syscall(self, *args):
             return -1
@@ -745,17 +854,25 @@ def test_a_script_cannot_reach_its_launcher(box, workdir):
     then serves the next call."""
     column = agent.ARCHES[MACHINE][1]
     numbers = {name: nrs[column] for name, nrs in agent.SYSCALLS.items()}
-    run = execute(box, workdir, AT_THE_LAUNCHER.format(NR=repr(numbers),
-                                                       LAUNCHER=box.launcher.pid))
+    run = execute(box, workdir, AT_THE_LAUNCHER.format(NR=repr(numbers), LAUNCHER=box.launcher.pid))
     assert run.code == 0, run.stderr
     seen = json.loads(run.stdout)
     assert seen.pop("launcher") == box.launcher.pid
     assert seen.pop("fds_held") == []
     unseen = "ESRCH" if seen.pop("own_namespace") else "EPERM"
     assert seen == {
-        "signal": unseen, "sigkill": unseen, "group": unseen, "ptrace": "EPERM",
-        "pidfd_open": "EPERM", "process_vm_readv": "EPERM", "prlimit": "EPERM", "mem": "EACCES",
-        "environ": "EACCES", "fds": "EACCES", "fd0": "EACCES"}
+        "signal": unseen,
+        "sigkill": unseen,
+        "group": unseen,
+        "ptrace": "EPERM",
+        "pidfd_open": "EPERM",
+        "process_vm_readv": "EPERM",
+        "prlimit": "EPERM",
+        "mem": "EACCES",
+        "environ": "EACCES",
+        "fds": "EACCES",
+        "fd0": "EACCES",
+    }
     assert execute(box, workdir, "print('next')").stdout == "next\n"
 
 
@@ -764,32 +881,36 @@ def test_two_calls_at_once_keep_their_own_caps_and_cannot_signal_each_other(work
     """Calls run at once through one Sandbox (trials): each has its own cgroup, so each may
     make its own 40 tasks, and neither can signal the other (nor the other's children)."""
     box = capped_box(workdir, max_tasks=40)
-    code = ("import os, sys, time\n"
-            "open(f'pid.{sys.argv[0][-20:].replace(\"/\", \"_\")}', 'w')"
-            f".write(str({HOST_PID}))\n"
-            "made = 0\n"
-            "for _ in range(100):\n"
-            "    try:\n"
-            "        if os.fork() == 0:\n"
-            "            time.sleep(6)\n"
-            "            os._exit(0)\n"
-            "        made += 1\n"
-            "    except BlockingIOError:\n"
-            "        break\n"
-            "time.sleep(1)\n"  # both are now at their caps, and both still run
-            "others = [int(open(p).read()) for p in os.listdir('.') if p.startswith('pid.')]\n"
-            "refused = []\n"
-            "for pid in others:\n"
-            f"    if pid != {HOST_PID}:\n"
-            "        try:\n"
-            "            os.kill(pid, 9)\n"
-            "        except (PermissionError, ProcessLookupError):\n"  # (not in its namespace)
-            "            refused.append(pid)\n"
-            "time.sleep(1)\n"  # still running while the other tries
-            "print(made, len(others), len(refused))\n")
+    code = (
+        "import os, sys, time\n"
+        "open(f'pid.{sys.argv[0][-20:].replace(\"/\", \"_\")}', 'w')"
+        f".write(str({HOST_PID}))\n"
+        "made = 0\n"
+        "for _ in range(100):\n"
+        "    try:\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(6)\n"
+        "            os._exit(0)\n"
+        "        made += 1\n"
+        "    except BlockingIOError:\n"
+        "        break\n"
+        "time.sleep(1)\n"  # both are now at their caps, and both still run
+        "others = [int(open(p).read()) for p in os.listdir('.') if p.startswith('pid.')]\n"
+        "refused = []\n"
+        "for pid in others:\n"
+        f"    if pid != {HOST_PID}:\n"
+        "        try:\n"
+        "            os.kill(pid, 9)\n"
+        "        except (PermissionError, ProcessLookupError):\n"  # (not in its namespace)
+        "            refused.append(pid)\n"
+        "time.sleep(1)\n"  # still running while the other tries
+        "print(made, len(others), len(refused))\n"
+    )
     runs = {}
-    threads = [threading.Thread(target=lambda i=i: runs.update({i: execute(box, workdir, code)}))
-               for i in range(2)]
+    threads = [
+        threading.Thread(target=lambda i=i: runs.update({i: execute(box, workdir, code)}))
+        for i in range(2)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -825,15 +946,17 @@ def test_the_launcher_killed_mid_call_leaves_nothing_running(workdir):
     assert not [p for p in pids if alive(p)]
     assert proc.wait(timeout=10) == 0  # the call ended, long before its 60 s
     deadline = time.monotonic() + 5
-    while (os.path.exists(os.path.dirname(home)) or any(d.exists() for d in cgroups)) \
-            and time.monotonic() < deadline:
+    while (
+        os.path.exists(os.path.dirname(home)) or any(d.exists() for d in cgroups)
+    ) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not os.path.exists(os.path.dirname(home)), "the call's directory outlived the launcher"
     assert not [d for d in cgroups if d.exists()], "the call's cgroup outlived the launcher"
 
 
-def test_the_launcher_killed_with_many_calls_running_leaves_no_directory(workdir, tmp_path,
-                                                                         monkeypatch):
+def test_the_launcher_killed_with_many_calls_running_leaves_no_directory(
+    workdir, tmp_path, monkeypatch
+):
     """S5: more calls at once (trials, --jobs) than the agent's note of what the launcher made
     ahead holds (16): the launcher killed, each call removes its own directory and cgroups."""
     private = tmp_path / "tmp"
@@ -843,8 +966,10 @@ def test_the_launcher_killed_with_many_calls_running_leaves_no_directory(workdir
     box = new_box(workdir)
     n, runs = 20, []
     code = f"import os, time\nopen(f'up.{{{HOST_PID}}}', 'w').close()\ntime.sleep(60)\n"
-    threads = [threading.Thread(target=lambda: runs.append(execute(box, workdir, code, 90, 1000)))
-               for _ in range(n)]
+    threads = [
+        threading.Thread(target=lambda: runs.append(execute(box, workdir, code, 90, 1000)))
+        for _ in range(n)
+    ]
     for t in threads:
         t.start()
     deadline = time.monotonic() + 60
@@ -855,8 +980,9 @@ def test_the_launcher_killed_with_many_calls_running_leaves_no_directory(workdir
     for t in threads:
         t.join()
     deadline = time.monotonic() + 8
-    while (os.listdir(private) or [d for d in groups if d.exists()]) \
-            and time.monotonic() < deadline:
+    while (
+        os.listdir(private) or [d for d in groups if d.exists()]
+    ) and time.monotonic() < deadline:
         time.sleep(0.1)
     left, kept = os.listdir(private), [d for d in groups if d.exists()]
     box.close()
@@ -872,15 +998,21 @@ def test_kill_9_of_the_agent_leaves_no_directory_of_its_launcher(workdir, tmp_pa
     the agent, those go too, and the launcher with them."""
     private = tmp_path / "tmp"
     private.mkdir(mode=0o700)
-    driver = (f"import sys, time; sys.path.insert(0, {str(AGENT.parent)!r})\n"
-              "import agent\nfrom pathlib import Path\n"
-              f"box = agent.Sandbox(Path({str(os.path.realpath(workdir))!r}), True, agent.Limits())\n"
-              "box.ready()\n"
-              "agent.execute('pass', box.workdir, box, 60, 1000)\n"
-              "print(box.launcher.pid, flush=True)\n"
-              "time.sleep(60)\n")
-    proc = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "TMPDIR": str(private)})
+    driver = (
+        f"import sys, time; sys.path.insert(0, {str(AGENT.parent)!r})\n"
+        "import agent\nfrom pathlib import Path\n"
+        f"box = agent.Sandbox(Path({str(os.path.realpath(workdir))!r}), True, agent.Limits())\n"
+        "box.ready()\n"
+        "agent.execute('pass', box.workdir, box, 60, 1000)\n"
+        "print(box.launcher.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", driver],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(private)},
+    )
     launcher = int(proc.stdout.readline())
     deadline, capped = time.monotonic() + 10, bool(agent.cgroup_parents())
     while time.monotonic() < deadline:  # the child made ahead, in its call's cgroup
@@ -920,31 +1052,44 @@ NO_LAUNCHER = "import sys; sys.exit('no launcher on this machine')"
 
 
 @needs_landlock
-def test_where_the_launcher_cannot_start_the_sandbox_is_unavailable_and_says_why(workdir,
-                                                                                monkeypatch):
+def test_where_the_launcher_cannot_start_the_sandbox_is_unavailable_and_says_why(
+    workdir, monkeypatch
+):
     """No launcher, no boundary the self-test could prove: the status line says why, and
     run_python asks before every call, even with --yes."""
     monkeypatch.setattr(agent, "LAUNCHER_BOOT", NO_LAUNCHER)
     box = agent.Sandbox(Path(os.path.realpath(workdir)), True, agent.Limits())
     assert not box.ready()
-    assert box.status.startswith("sandbox: unavailable (its launcher could not start: no "
-                                 "launcher on this machine); run_python will ask"), box.status
+    assert box.status.startswith(
+        "sandbox: unavailable (its launcher could not start: no "
+        "launcher on this machine); run_python will ask"
+    ), box.status
 
 
-def test_no_sandbox_without_a_launcher_says_so_and_still_ends_the_group(capsys, workdir,
-                                                                        monkeypatch):
+def test_no_sandbox_without_a_launcher_says_so_and_still_ends_the_group(
+    capsys, workdir, monkeypatch
+):
     """--no-sandbox where the launcher cannot start: the status line says so, the agent starts
     the call itself, and what the script left running dies when it ends."""
     if sys.platform != "linux":
         pytest.skip("the launcher is Linux's")
     monkeypatch.setattr(agent, "LAUNCHER_BOOT", NO_LAUNCHER)
-    code_ = ("import subprocess\np = subprocess.Popen(['sleep', '60'])\n"
-             "open('child.pid', 'w').write(str(p.pid))\nprint('ran')\n")
+    code_ = (
+        "import subprocess\np = subprocess.Popen(['sleep', '60'])\n"
+        "open('child.pid', 'w').write(str(p.pid))\nprint('ran')\n"
+    )
     client = FakeClient(reply(tool_use("run_python", {"code": code_})), reply(text("ok")))
-    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox"],
-                           client)
-    assert code == 0 and ("sandbox: off (--no-sandbox); run_python runs unconfined; no launcher "
-                          "(no launcher on this machine): agent.py starts each call") in err
+    code, _, err = run_cli(
+        capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox"], client
+    )
+    assert (
+        code == 0
+        and (
+            "sandbox: off (--no-sandbox); run_python runs unconfined; no launcher "
+            "(no launcher on this machine): agent.py starts each call"
+        )
+        in err
+    )
     assert "ran" in final_messages(client)[-1]["content"][0]["content"]
     time.sleep(0.1)
     assert not alive(int((workdir / "child.pid").read_text()))
@@ -954,7 +1099,10 @@ def children_of(pid):
     found = []
     for proc in Path("/proc").iterdir():
         try:
-            if proc.name.isdigit() and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+            if (
+                proc.name.isdigit()
+                and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid
+            ):
                 found.append(int(proc.name))
         except (OSError, ValueError):
             continue
@@ -964,15 +1112,26 @@ def children_of(pid):
 @needs_root
 def test_remove_tree_as_an_ordinary_user_takes_directories_without_permission(as_nobody):
     python, nobody, root = as_nobody.python, as_nobody.user, as_nobody.dir
-    make = ("import os, sys\nos.chdir(sys.argv[1])\n"
-            "for i in range(50):\n    os.mkdir(f'z{i}', 0)\n"  # no r, w or x: not even its own
-            "os.mkdir('d'); os.mkdir('d/inner'); os.chmod('d', 0o500)\n"
-            "for i in range(20):\n    os.makedirs(f'n{i}/m'); os.chmod(f'n{i}/m', 0)\n")
-    remove = f"import sys; sys.path.insert(0, {str(as_nobody.agent_dir)!r}); " \
-             "import agent; agent.remove_tree(sys.argv[1])"
+    make = (
+        "import os, sys\nos.chdir(sys.argv[1])\n"
+        "for i in range(50):\n    os.mkdir(f'z{i}', 0)\n"  # no r, w or x: not even its own
+        "os.mkdir('d'); os.mkdir('d/inner'); os.chmod('d', 0o500)\n"
+        "for i in range(20):\n    os.makedirs(f'n{i}/m'); os.chmod(f'n{i}/m', 0)\n"
+    )
+    remove = (
+        f"import sys; sys.path.insert(0, {str(as_nobody.agent_dir)!r}); "
+        "import agent; agent.remove_tree(sys.argv[1])"
+    )
     for script in (make, remove):
-        subprocess.run([python, "-c", script, str(root)], check=True, timeout=60,
-                       user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[], cwd="/")
+        subprocess.run(
+            [python, "-c", script, str(root)],
+            check=True,
+            timeout=60,
+            user=nobody.pw_uid,
+            group=nobody.pw_gid,
+            extra_groups=[],
+            cwd="/",
+        )
     assert not root.exists()
 
 
@@ -987,14 +1146,16 @@ def test_dev_shm_is_private_to_the_call_and_gone_after_it(box, workdir):
     assert set(os.listdir("/dev/shm")) == before
 
 
-DEEP_MESS = ("import os\n"
-             "os.chdir(os.environ['HOME'])\n"
-             "for _ in range(1200):\n"  # deeper than shutil.rmtree can recurse
-             "    os.mkdir('d' * 200)\n"  # and longer than PATH_MAX, all together
-             "    os.chdir('d' * 200)\n"
-             "open('blob', 'wb').write(b'x' * (8 << 20))\n"
-             "os.mkdir('shut', 0o000)\n"
-             "print(os.environ['HOME'])\n")
+DEEP_MESS = (
+    "import os\n"
+    "os.chdir(os.environ['HOME'])\n"
+    "for _ in range(1200):\n"  # deeper than shutil.rmtree can recurse
+    "    os.mkdir('d' * 200)\n"  # and longer than PATH_MAX, all together
+    "    os.chdir('d' * 200)\n"
+    "open('blob', 'wb').write(b'x' * (8 << 20))\n"
+    "os.mkdir('shut', 0o000)\n"
+    "print(os.environ['HOME'])\n"
+)
 
 
 @needs_landlock
@@ -1018,12 +1179,16 @@ def test_the_scratch_space_is_capped(workdir):
     box = new_box(workdir, scratch_mb=16)
     if not box.mounts:
         pytest.skip("no mount namespace here: home is on disk, capped only per file")
-    run = execute(box, workdir, "import os\n"
-                                "p = os.path.join(os.environ['HOME'], 'big')\n"
-                                "try:\n"
-                                "    open(p, 'wb').write(b'x' * (32 << 20))\n"
-                                "except OSError as e:\n"
-                                "    print(e.errno)\n")
+    run = execute(
+        box,
+        workdir,
+        "import os\n"
+        "p = os.path.join(os.environ['HOME'], 'big')\n"
+        "try:\n"
+        "    open(p, 'wb').write(b'x' * (32 << 20))\n"
+        "except OSError as e:\n"
+        "    print(e.errno)\n",
+    )
     assert run.stdout.strip() == "28"  # ENOSPC
 
 
@@ -1061,8 +1226,10 @@ def test_a_call_whose_cgroup_cannot_be_made_is_refused(workdir):
 
 # --- the workdir is the one opened at the start, not whatever its name names later ---
 
-SWAPPED_WORKDIR = ("import os, time\nopen('started', 'w').close()\n"
-                   "while not os.path.exists('swapped'):\n    time.sleep(0.02)\n")
+SWAPPED_WORKDIR = (
+    "import os, time\nopen('started', 'w').close()\n"
+    "while not os.path.exists('swapped'):\n    time.sleep(0.02)\n"
+)
 
 
 @as_other_users
@@ -1088,8 +1255,9 @@ def test_another_user_cannot_swap_the_workdir_of_the_next_call(way, tmp_path, mo
     try:
         assert box.ready() == (way == "sandboxed"), box.status
         done = {}
-        first = threading.Thread(target=lambda: done.update(run=agent.execute(
-            SWAPPED_WORKDIR, theirs, box, 30, 2000)))
+        first = threading.Thread(
+            target=lambda: done.update(run=agent.execute(SWAPPED_WORKDIR, theirs, box, 30, 2000))
+        )
         first.start()
         deadline = time.monotonic() + 20
         while not (theirs / "started").exists() and time.monotonic() < deadline:
@@ -1099,8 +1267,13 @@ def test_another_user_cannot_swap_the_workdir_of_the_next_call(way, tmp_path, mo
         first.join()
         assert done["run"].code == 0, done["run"]
         assert os.path.realpath(theirs) == str(roots)  # the swap took
-        second = agent.execute("import os\nprint(sorted(os.listdir('.')))\n"
-                               "open('planted', 'w').write('x')\n", theirs, box, 30, 2000)
+        second = agent.execute(
+            "import os\nprint(sorted(os.listdir('.')))\nopen('planted', 'w').write('x')\n",
+            theirs,
+            box,
+            30,
+            2000,
+        )
         assert second.code == 0, second
         assert "private.txt" not in second.stdout and "data.csv" in second.stdout, second
         assert not (roots / "planted").exists(), "the script wrote into root's directory"
@@ -1120,14 +1293,25 @@ def nobody_does(*argv):
 
 # --- what runs is what was approved ---
 
+
 @needs_landlock
 def test_another_call_cannot_rewrite_a_running_script(box, workdir):
-    slow = threading.Thread(target=execute, args=(box, workdir, (
-        "import os, time\nopen('first', 'w').write(__file__)\ntime.sleep(2)\nprint('approved')")))
+    slow = threading.Thread(
+        target=execute,
+        args=(
+            box,
+            workdir,
+            (
+                "import os, time\nopen('first', 'w').write(__file__)\ntime.sleep(2)\nprint('approved')"
+            ),
+        ),
+    )
     slow.start()
     deadline = time.monotonic() + 10
-    while not ((workdir / "first").exists() and (workdir / "first").read_text()) \
-            and time.monotonic() < deadline:  # made, then written: wait for its text
+    while (
+        not ((workdir / "first").exists() and (workdir / "first").read_text())
+        and time.monotonic() < deadline
+    ):  # made, then written: wait for its text
         time.sleep(0.02)
     target = (workdir / "first").read_text()
     attack = execute(box, workdir, f"open({target!r}, 'w').write('print(\"replaced\")')")
@@ -1145,12 +1329,14 @@ def test_a_script_cannot_rewrite_itself(box, workdir):
 @needs_landlock
 def test_modules_left_in_the_workdir_or_home_do_not_shadow_the_stdlib(box, workdir):
     (workdir / "json.py").write_text("raise SystemExit('shadowed')\n")
-    code = ("import json, os, subprocess, sys\n"
-            "open(os.path.join(os.environ['HOME'], 'csv.py'), 'w').write('raise SystemExit(1)')\n"
-            "print(json.dumps(1))\n"
-            "child = subprocess.run([sys.executable, '-c', 'import json, csv; print(json.dumps(2))'],\n"
-            "                       capture_output=True, text=True)\n"
-            "print(child.stdout.strip(), child.stderr.strip())\n")
+    code = (
+        "import json, os, subprocess, sys\n"
+        "open(os.path.join(os.environ['HOME'], 'csv.py'), 'w').write('raise SystemExit(1)')\n"
+        "print(json.dumps(1))\n"
+        "child = subprocess.run([sys.executable, '-c', 'import json, csv; print(json.dumps(2))'],\n"
+        "                       capture_output=True, text=True)\n"
+        "print(child.stdout.strip(), child.stderr.strip())\n"
+    )
     run = execute(box, workdir, code)
     assert run.code == 0 and run.stdout.split() == ["1", "2"], run.stderr
 
@@ -1170,16 +1356,20 @@ def test_a_file_name_that_is_not_utf8_survives_a_scripts_print(capsys, workdir):
     """os.listdir gives such a name with a lone surrogate: printed, it must not end the script,
     and the model gets text that names the file the way Python source can write it again."""
     os.close(os.open(os.path.join(os.fsencode(workdir), b"caf\xe9.csv"), os.O_CREAT | os.O_WRONLY))
-    result, _ = run_script(capsys, workdir, "import os\nprint(*sorted(os.listdir('.')))\n"
-                                            "print(open('caf\\udce9.csv').read() == '')\n")
+    result, _ = run_script(
+        capsys,
+        workdir,
+        "import os\nprint(*sorted(os.listdir('.')))\nprint(open('caf\\udce9.csv').read() == '')\n",
+    )
     assert not result.get("is_error"), result["content"]
     assert "caf\\udce9.csv" in result["content"] and "True" in result["content"]
     result["content"].encode("utf-8")  # valid text: no lone surrogate reaches the model
 
 
 @pytest.mark.parametrize("opened", ["open to all, no sticky bit", "another user's"])
-def test_a_call_is_made_nowhere_another_user_could_swap_it(box, workdir, tmp_path, monkeypatch,
-                                                            opened):
+def test_a_call_is_made_nowhere_another_user_could_swap_it(
+    box, workdir, tmp_path, monkeypatch, opened
+):
     """Red-team F14: where TMPDIR is a directory another user can rename entries of, they swap
     the call's directory for one whose main.py is a symlink, and the approved script is written
     wherever it leads. The attacker here renames every call directory it sees and plants the
@@ -1223,14 +1413,21 @@ def test_a_call_is_made_nowhere_another_user_could_swap_it(box, workdir, tmp_pat
 # --- the interpreter started ahead of the call (STUB): a script sees what it would see started
 # plainly, `python main.py`, but for two frames below its own
 
+
 def plainly(tmp_path, workdir, code, home):
     """The script run as a plain interpreter runs it, in the same directory and environment."""
     script = tmp_path / "plain" / "main.py"
     script.parent.mkdir(exist_ok=True)
     script.write_bytes(agent.script_bytes(code))
-    done = subprocess.run([sys.executable, str(script)], cwd=workdir, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=30,
-                          env=agent.child_env(agent.sandbox_policy(workdir, agent.Limits()), home))
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=workdir,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=agent.child_env(agent.sandbox_policy(workdir, agent.Limits()), home),
+    )
     return done.returncode, done.stdout, done.stderr.replace(str(script), "MAIN")
 
 
@@ -1250,8 +1447,7 @@ print(json.dumps({"globals": sorted(globals()), "argv": [os.path.basename(a) for
 
 
 @pytest.mark.parametrize("sandboxed", [True, False], ids=["sandbox", "no-sandbox"])
-def test_a_script_started_ahead_sees_what_a_plainly_started_one_sees(workdir, tmp_path,
-                                                                        sandboxed):
+def test_a_script_started_ahead_sees_what_a_plainly_started_one_sees(workdir, tmp_path, sandboxed):
     """Its globals, argv, modules, open descriptors (0, 1, 2: stdin /dev/null, read empty),
     __name__, __file__ and flags are those of `python main.py` in the same environment; the
     second call's process is the one made ahead."""
@@ -1275,36 +1471,37 @@ ENDINGS = {  # what ends a script, and how the interpreter reports it
     "exit-text": "import sys\nsys.exit('bye')\n",
     "exit-code": "import sys\nsys.exit(3)\n",
     "own-excepthook": "import sys\nsys.excepthook = lambda t, v, tb: print('hook', t.__name__, "
-                      "tb.tb_frame.f_code.co_name)\nraise ValueError('x')\n",
+    "tb.tb_frame.f_code.co_name)\nraise ValueError('x')\n",
     "atexit": "import atexit\natexit.register(print, 'at exit')\nraise ValueError('x')\n",
     "chained": "try:\n    1 / 0\nexcept ZeroDivisionError:\n    raise KeyError('k')\n",
     # red-team S7: each of these ended otherwise through the first stub
     "keyboard-interrupt-blocked": "import signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, "
-                                  "{signal.SIGINT})\nraise KeyboardInterrupt\n",
+    "{signal.SIGINT})\nraise KeyboardInterrupt\n",
     "raising-excepthook": "import sys\ndef hook(*args):\n    raise RuntimeError('in the hook')\n"
-                          "sys.excepthook = hook\nraise KeyboardInterrupt\n",
+    "sys.excepthook = hook\nraise KeyboardInterrupt\n",
     "thread-then-keyboard-interrupt": "import threading, time\nthreading.Thread(target=lambda: "
-                                      "(time.sleep(0.5), print('thread done'))).start()\n"
-                                      "raise KeyboardInterrupt\n",
+    "(time.sleep(0.5), print('thread done'))).start()\n"
+    "raise KeyboardInterrupt\n",
     "traceback-property": "class E(Exception):\n    __traceback__ = property(lambda self: None)\n"
-                          "raise E('boom')\n",
+    "raise E('boom')\n",
     "with-traceback-overridden": "class E(Exception):\n    def with_traceback(self, tb):\n"
-                                 "        return None\nraise E('boom')\n",
+    "        return None\nraise E('boom')\n",
     "excepthook-none": "import sys\nsys.excepthook = None\nraise ValueError('x')\n",
     "excepthook-missing": "import sys\ndel sys.excepthook\nraise ValueError('x')\n",
 }
 
 
 @pytest.mark.parametrize("ending", sorted(ENDINGS))
-def test_a_script_started_ahead_ends_as_a_plainly_started_one_does(box, workdir, tmp_path,
-                                                                      ending):
+def test_a_script_started_ahead_ends_as_a_plainly_started_one_does(box, workdir, tmp_path, ending):
     """Exit code (or signal), stdout and stderr, traceback included, are the interpreter's own:
     the stub's frames are not in it."""
     code = ENDINGS[ending]
     execute(box, workdir, "pass")  # the call below gets the process made ahead
     run = execute(box, workdir, code)
-    main = next((line.split('"')[1] for line in run.stderr.splitlines()
-                 if line.startswith('  File "')), "MAIN")
+    main = next(
+        (line.split('"')[1] for line in run.stderr.splitlines() if line.startswith('  File "')),
+        "MAIN",
+    )
     expected = plainly(tmp_path, workdir, code, str(tmp_path))
     assert (run.code, run.stdout, run.stderr.replace(main, "MAIN")) == expected
 
@@ -1332,20 +1529,22 @@ def test_a_call_whose_process_made_ahead_was_killed_still_runs(box, workdir):
     assert len(made) == agent.AHEAD, made
     for pid in made:
         os.kill(pid, signal.SIGKILL)
-    while any(os.path.exists(f"/proc/{pid}") for pid in made) \
-            and time.monotonic() < deadline:  # (until the launcher has reaped them)
+    while (
+        any(os.path.exists(f"/proc/{pid}") for pid in made) and time.monotonic() < deadline
+    ):  # (until the launcher has reaped them)
         time.sleep(0.02)
     run = execute(box, workdir, "print('ran')")
     assert (run.code, run.stdout) == (0, "ran\n"), run.stderr
 
 
-def test_an_interpreter_that_never_starts_is_one_error_within_the_timeout(agent_copy,
-                                                                         workdir):
+def test_an_interpreter_that_never_starts_is_one_error_within_the_timeout(agent_copy, workdir):
     """A call's interpreter that never says it started (here, a STUB that sleeps first) is a
     tool error at the call's timeout, not a launcher blocked for ever; the next call runs."""
     source = agent_copy.read_text()
-    stalled = source.replace('    os.write(0, b"r")  # started: main.py may now be written',
-                             '    __import__("time").sleep(60)')
+    stalled = source.replace(
+        '    os.write(0, b"r")  # started: main.py may now be written',
+        '    __import__("time").sleep(60)',
+    )
     assert stalled != source
     agent_copy.write_text(stalled)
     spec = importlib.util.spec_from_file_location("agent_stalled", agent_copy)
@@ -1393,8 +1592,9 @@ def test_a_spare_whose_interpreter_died_is_never_reported_as_a_script_that_ran(b
             with contextlib.suppress(OSError):
                 os.kill(init, signal.SIGCONT)
     ran = (workdir / "ran").exists()
-    assert (run.code, run.stdout, ran) == (0, "ran\n", True) or run.code not in (0, None) \
-        and not ran, (run, ran)
+    assert (
+        (run.code, run.stdout, ran) == (0, "ran\n", True) or run.code not in (0, None) and not ran
+    ), (run, ran)
     assert execute(box, workdir, "print('after')").stdout == "after\n"
 
 
@@ -1411,10 +1611,15 @@ def test_a_change_of_the_agents_environment_reaches_the_next_call(box, workdir, 
 
 # --- bounded as a whole ---
 
+
 @needs_landlock
 def test_a_script_that_closes_its_stdio_runs_to_its_end(box, workdir):
-    run = execute(box, workdir, "import os, time\nos.close(1)\nos.close(2)\ntime.sleep(0.5)\n"
-                                "open('done', 'w').write('yes')\n")
+    run = execute(
+        box,
+        workdir,
+        "import os, time\nos.close(1)\nos.close(2)\ntime.sleep(0.5)\n"
+        "open('done', 'w').write('yes')\n",
+    )
     assert run.code == 0 and (workdir / "done").read_text() == "yes"
 
 
@@ -1428,16 +1633,18 @@ def capped_box(workdir, **limits):
 @needs_landlock
 def test_processes_of_one_call_are_capped_together(workdir):
     box = capped_box(workdir, max_tasks=40)
-    code = ("import os, time\nmade = 0\n"
-            "for _ in range(100):\n"
-            "    try:\n"
-            "        if os.fork() == 0:\n"
-            "            time.sleep(5)\n"
-            "            os._exit(0)\n"
-            "        made += 1\n"
-            "    except BlockingIOError:\n"
-            "        break\n"
-            "print(made)\n")
+    code = (
+        "import os, time\nmade = 0\n"
+        "for _ in range(100):\n"
+        "    try:\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(5)\n"
+        "            os._exit(0)\n"
+        "        made += 1\n"
+        "    except BlockingIOError:\n"
+        "        break\n"
+        "print(made)\n"
+    )
     run = execute(box, workdir, code)
     assert 30 <= int(run.stdout) < 40, run.stderr
 
@@ -1445,10 +1652,12 @@ def test_processes_of_one_call_are_capped_together(workdir):
 @needs_landlock
 def test_memory_of_one_call_is_capped_together(workdir):
     box = capped_box(workdir, memory_mb=200)
-    code = ("import subprocess, sys\n"
-            "grab = 'b = bytearray(150 << 20); import time; time.sleep(3)'\n"
-            "kids = [subprocess.Popen([sys.executable, '-c', grab]) for _ in range(2)]\n"
-            "print([k.wait() for k in kids])\n")
+    code = (
+        "import subprocess, sys\n"
+        "grab = 'b = bytearray(150 << 20); import time; time.sleep(3)'\n"
+        "kids = [subprocess.Popen([sys.executable, '-c', grab]) for _ in range(2)]\n"
+        "print([k.wait() for k in kids])\n"
+    )
     run = execute(box, workdir, code)
     assert run.oom and "-9" in run.stdout, (run.stdout, run.stderr)
 
@@ -1494,16 +1703,29 @@ def test_out_of_memory_the_kernel_kills_the_calls_processes_never_the_agent(work
     parent.mkdir()
     try:
         (parent / ("memory.limit_in_bytes" if kind == "v1" else "memory.max")).write_text(
-            str(400 << 20))
+            str(400 << 20)
+        )
         if (parent / "memory.memsw.limit_in_bytes").exists():
             (parent / "memory.memsw.limit_in_bytes").write_text(str(400 << 20))
-        done = subprocess.run([sys.executable, "-c", UNDER_A_SMALLER_LIMIT, str(parent),
-                               str(workdir), str(AGENT.parent)],
-                              capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                UNDER_A_SMALLER_LIMIT,
+                str(parent),
+                str(workdir),
+                str(AGENT.parent),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0, f"the agent was killed: {done.returncode} {done.stderr}"
         run = json.loads(done.stdout.splitlines()[-1])
-        assert -9 in json.loads(run["stdout"].split("--- stdout ---")[-1].strip() or "[]") or \
-            run["code"] == -9, run  # the call's own processes were the ones killed
+        assert (
+            -9 in json.loads(run["stdout"].split("--- stdout ---")[-1].strip() or "[]")
+            or run["code"] == -9
+        ), run  # the call's own processes were the ones killed
         deadline = time.monotonic() + 10
         while (parent / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -1516,12 +1738,14 @@ def test_out_of_memory_the_kernel_kills_the_calls_processes_never_the_agent(work
 
 # --- the policy is the one source: change a field, and what the child may do changes ---
 
-TRY = ("import errno\n"
-       "try:\n"
-       "    {action}\n"
-       "    print('allowed')\n"
-       "except OSError as e:\n"
-       "    print(errno.errorcode[e.errno])\n")
+TRY = (
+    "import errno\n"
+    "try:\n"
+    "    {action}\n"
+    "    print('allowed')\n"
+    "except OSError as e:\n"
+    "    print(errno.errorcode[e.errno])\n"
+)
 
 
 def elsewhere(tmp_path):
@@ -1533,14 +1757,16 @@ def elsewhere(tmp_path):
 
 
 POLICY_CHANGES = {  # field -> (how it changes, what the child tries)
-    "write_files": (lambda p, tmp: dict(write_files=()),
-                    "open('/dev/null', 'w').write('x')"),
-    "read_exec": (lambda p, tmp: dict(read_exec=p.read_exec + (elsewhere(tmp),)),
-                  "open({data!r}).read()"),
-    "read_write": (lambda p, tmp: dict(read_write=()),
-                   "open('made-here.txt', 'w').write('x')"),
-    "own_read_write": (lambda p, tmp: dict(own_read_write=("home",)),
-                       "open('/dev/shm/mine', 'w').write('x')"),
+    "write_files": (lambda p, tmp: dict(write_files=()), "open('/dev/null', 'w').write('x')"),
+    "read_exec": (
+        lambda p, tmp: dict(read_exec=p.read_exec + (elsewhere(tmp),)),
+        "open({data!r}).read()",
+    ),
+    "read_write": (lambda p, tmp: dict(read_write=()), "open('made-here.txt', 'w').write('x')"),
+    "own_read_write": (
+        lambda p, tmp: dict(own_read_write=("home",)),
+        "open('/dev/shm/mine', 'w').write('x')",
+    ),
 }
 
 
@@ -1561,8 +1787,10 @@ def test_one_field_of_the_policy_changes_what_the_child_may_do(workdir, tmp_path
         assert box.confined, box.status
         seen[changed] = execute(box, workdir, code).stdout.strip()
     granted = field != "read_exec"  # the others take a grant away; read_exec adds one
-    assert seen == {False: "allowed" if granted else "EACCES",
-                    True: "EACCES" if granted else "allowed"}, seen
+    assert seen == {
+        False: "allowed" if granted else "EACCES",
+        True: "EACCES" if granted else "allowed",
+    }, seen
 
 
 @needs_landlock
@@ -1585,8 +1813,11 @@ def test_the_macos_profile_is_built_from_the_policy(workdir, tmp_path):
     changes = {
         "write_files": (dict(write_files=()), '(literal "/dev/null")', None),
         "read_exec": (dict(read_exec=policy.read_exec + (tree,)), None, f'(subpath "{tree}")'),
-        "read_files": (dict(read_files=policy.read_files + (tree + "/data.txt",)), None,
-                       f'(literal "{tree}/data.txt")'),
+        "read_files": (
+            dict(read_files=policy.read_files + (tree + "/data.txt",)),
+            None,
+            f'(literal "{tree}/data.txt")',
+        ),
         "own_read_write": (dict(own_read_write=("home",)), '(param "OWN_SHM")', None),
         "own_read": (dict(own_read=()), '(param "OWN_SCRIPT")', None),
         "network": (dict(network=()), None, "(allow network*)"),
@@ -1614,6 +1845,7 @@ def test_the_macos_profile_is_built_from_the_policy(workdir, tmp_path):
 
 
 # --- ordinary scripts still work ---
+
 
 @needs_landlock
 def test_ordinary_work_still_runs(box, workdir):
@@ -1647,13 +1879,17 @@ print(json.dumps(out))
 
 @needs_landlock
 def test_multiprocessing_with_spawn_works(box, workdir):
-    run = execute(box, workdir, "import multiprocessing as mp\n"
-                                "def square(x):\n"
-                                "    return x * x\n"
-                                "if __name__ == '__main__':\n"
-                                "    mp.set_start_method('spawn')\n"
-                                "    with mp.Pool(2) as pool:\n"
-                                "        print(pool.map(square, [1, 2]), mp.Lock().acquire())\n")
+    run = execute(
+        box,
+        workdir,
+        "import multiprocessing as mp\n"
+        "def square(x):\n"
+        "    return x * x\n"
+        "if __name__ == '__main__':\n"
+        "    mp.set_start_method('spawn')\n"
+        "    with mp.Pool(2) as pool:\n"
+        "        print(pool.map(square, [1, 2]), mp.Lock().acquire())\n",
+    )
     assert run.code == 0 and run.stdout == "[1, 4] True\n", run.stderr
 
 
@@ -1665,6 +1901,7 @@ def test_numpy_works_where_installed(box, workdir):
 
 
 # --- startup: detection, self-test, approval policy ---
+
 
 @needs_landlock
 def test_the_status_line_names_every_layer(box):
@@ -1686,19 +1923,23 @@ def test_the_self_test_runs_at_the_first_run_python_call_not_before(capsys, work
 
 def test_no_sandbox_says_so_and_yes_runs_without_asking(capsys, workdir):
     client = FakeClient(reply(tool_use("run_python", {"code": "print(1)"})), reply(text("ok")))
-    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox"],
-                           client)
+    code, _, err = run_cli(
+        capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox"], client
+    )
     assert code == 0 and "sandbox: off (--no-sandbox)" in err and "[y/N]" not in err
 
 
-@pytest.mark.parametrize("abi, why", [((0, "the kernel has no Landlock"), "no Landlock"),
-                                      ((3, ""), "ABI 3 cannot block TCP")])
+@pytest.mark.parametrize(
+    "abi, why",
+    [((0, "the kernel has no Landlock"), "no Landlock"), ((3, ""), "ABI 3 cannot block TCP")],
+)
 def test_without_a_working_sandbox_yes_still_asks(capsys, workdir, monkeypatch, abi, why):
     if sys.platform != "linux":
         pytest.skip("Linux detection path")
     monkeypatch.setattr(agent, "landlock_abi", lambda libc: abi)
-    client = FakeClient(reply(tool_use("run_python", {"code": "open('ran', 'w')"})),
-                        reply(text("ok")))
+    client = FakeClient(
+        reply(tool_use("run_python", {"code": "open('ran', 'w')"})), reply(text("ok"))
+    )
     code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes"], client, stdin="n\n")
     assert code == 0 and "sandbox: unavailable" in err and why in err
     assert "[y/N]" in err and not (workdir / "ran").exists()
@@ -1714,16 +1955,42 @@ def test_self_test_catches_a_sandbox_that_lets_reads_through(workdir, monkeypatc
 
 # --- environment, time, output ---
 
+
 def test_child_env_is_an_allowlist(monkeypatch, tmp_path):
-    for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY",
-                 "DB_PASSWORD", "SSH_AUTH_SOCK", "LD_PRELOAD", "PYTHONPATH", "LC_API_KEY"):
+    for name in (
+        "ANTHROPIC_API_KEY",
+        "ANTHROPIC_BASE_URL",
+        "GITHUB_TOKEN",
+        "AWS_SECRET_ACCESS_KEY",
+        "DB_PASSWORD",
+        "SSH_AUTH_SOCK",
+        "LD_PRELOAD",
+        "PYTHONPATH",
+        "LC_API_KEY",
+    ):
         monkeypatch.setenv(name, "x")
     monkeypatch.setenv("LC_TIME", "C")
     env = agent.child_env(agent.sandbox_policy(tmp_path, agent.Limits()), str(tmp_path))
-    assert set(env) <= {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "LC_TIME", "TZ", "USER",
-                        "LOGNAME", "HOME", "TMPDIR", "TEMP", "TMP", "PYTHONNOUSERSITE",
-                        "PYTHONSAFEPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING",
-                        "MPLBACKEND", "PYTHONUNBUFFERED"}
+    assert set(env) <= {
+        "PATH",
+        "LANG",
+        "LC_ALL",
+        "LC_CTYPE",
+        "LC_TIME",
+        "TZ",
+        "USER",
+        "LOGNAME",
+        "HOME",
+        "TMPDIR",
+        "TEMP",
+        "TMP",
+        "PYTHONNOUSERSITE",
+        "PYTHONSAFEPATH",
+        "PYTHONDONTWRITEBYTECODE",
+        "PYTHONIOENCODING",
+        "MPLBACKEND",
+        "PYTHONUNBUFFERED",
+    }
     assert env["HOME"] == env["TMPDIR"] == str(tmp_path) and env["LC_TIME"] == "C"
 
 
@@ -1732,8 +1999,10 @@ def test_the_api_key_never_reaches_run_python(capsys, workdir, monkeypatch):
     monkeypatch.setenv("MY_SERVICE_TOKEN", "tok")
     monkeypatch.chdir(workdir)
     (workdir / ".env").write_text("ANTHROPIC_API_KEY=sk-ant-from-dotenv\n")
-    client = FakeClient(reply(tool_use("run_python", {"code": "import os; print(dict(os.environ))"})),
-                        reply(text("ok")))
+    client = FakeClient(
+        reply(tool_use("run_python", {"code": "import os; print(dict(os.environ))"})),
+        reply(text("ok")),
+    )
     run_cli(capsys, ["q", "--yes"], client)
     shown = final_messages(client)[-1]["content"][0]["content"]
     assert "HOME" in shown and "sk-ant" not in shown and "tok" not in shown
@@ -1741,20 +2010,28 @@ def test_the_api_key_never_reaches_run_python(capsys, workdir, monkeypatch):
 
 
 def test_each_call_has_a_private_home_removed_afterwards(box, workdir):
-    run = execute(box, workdir, "import os, stat\nhome = os.environ['HOME']\n"
-                                "print(home, oct(os.stat(os.path.dirname(home)).st_mode & 0o777))")
+    run = execute(
+        box,
+        workdir,
+        "import os, stat\nhome = os.environ['HOME']\n"
+        "print(home, oct(os.stat(os.path.dirname(home)).st_mode & 0o777))",
+    )
     home, mode = run.stdout.split()
     assert mode == "0o700" and home.startswith(agent.tempfile.gettempdir())
     assert not os.path.exists(home) and not os.path.exists(os.path.dirname(home))
 
 
 def test_stdin_is_empty_and_rlimits_are_set(box, workdir):
-    run = execute(box, workdir, "import resource, sys\nprint(repr(sys.stdin.read()))\n"
-                                "print(resource.getrlimit(resource.RLIMIT_AS)[0] >> 30,\n"
-                                "      resource.getrlimit(resource.RLIMIT_CORE),\n"
-                                "      resource.getrlimit(resource.RLIMIT_FSIZE)[0] >> 30,\n"
-                                "      resource.getrlimit(resource.RLIMIT_CPU)[0],\n"
-                                "      resource.getrlimit(resource.RLIMIT_SIGPENDING)[0])")
+    run = execute(
+        box,
+        workdir,
+        "import resource, sys\nprint(repr(sys.stdin.read()))\n"
+        "print(resource.getrlimit(resource.RLIMIT_AS)[0] >> 30,\n"
+        "      resource.getrlimit(resource.RLIMIT_CORE),\n"
+        "      resource.getrlimit(resource.RLIMIT_FSIZE)[0] >> 30,\n"
+        "      resource.getrlimit(resource.RLIMIT_CPU)[0],\n"
+        "      resource.getrlimit(resource.RLIMIT_SIGPENDING)[0])",
+    )
     # core 1, not 0: a limit of 1 also stops a core_pattern pipe helper from being started
     assert run.stdout.split("\n")[:2] == ["''", "4 (1, 1) 1 35 256"]
 
@@ -1762,12 +2039,14 @@ def test_stdin_is_empty_and_rlimits_are_set(box, workdir):
 def sleeper(name):
     """Code that starts a child which writes its pid, as the machine sees it, to `name` and
     sleeps; it goes on once the pid is there."""
-    return ("import os, subprocess, sys, time\n"
-            f"subprocess.Popen([sys.executable, '-c', \"import os, time; open('{name}.tmp', 'w')"
-            f".write(os.readlink('/proc/self')); os.rename('{name}.tmp', '{name}'); "
-            "time.sleep(60)\"])\n"
-            f"while not os.path.exists('{name}'):\n"
-            "    time.sleep(0.01)\n")
+    return (
+        "import os, subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', \"import os, time; open('{name}.tmp', 'w')"
+        f".write(os.readlink('/proc/self')); os.rename('{name}.tmp', '{name}'); "
+        'time.sleep(60)"])\n'
+        f"while not os.path.exists('{name}'):\n"
+        "    time.sleep(0.01)\n"
+    )
 
 
 def test_timeout_kills_the_whole_group(box, workdir):
@@ -1799,14 +2078,17 @@ def test_a_stalled_agent_does_not_keep_a_script_past_its_timeout(workdir):
     (LAUNCHER_GRACE), so an agent stopped (SIGSTOP) or stalled mid-call does not let the script
     run on: it is killed while the agent is still stopped. Resumed, the agent reports a timeout,
     as it does when it wins, and nothing of the call is left."""
-    code = ("import os, time\n"
-            "open('info.tmp', 'w').write(f\"{os.environ['HOME']} {os.readlink('/proc/self')}\")\n"
-            "os.rename('info.tmp', 'info')\n"
-            "print('started', flush=True)\n"
-            "time.sleep(60)\n")
+    code = (
+        "import os, time\n"
+        "open('info.tmp', 'w').write(f\"{os.environ['HOME']} {os.readlink('/proc/self')}\")\n"
+        "os.rename('info.tmp', 'info')\n"
+        "print('started', flush=True)\n"
+        "time.sleep(60)\n"
+    )
     timeout = 1
-    driver = STALLED.format(agent_dir=str(AGENT.parent), workdir=os.path.realpath(workdir),
-                            code=code, timeout=timeout)
+    driver = STALLED.format(
+        agent_dir=str(AGENT.parent), workdir=os.path.realpath(workdir), code=code, timeout=timeout
+    )
     proc = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -1827,8 +2109,9 @@ def test_a_stalled_agent_does_not_keep_a_script_past_its_timeout(workdir):
     assert proc.returncode == 0
     assert json.loads(out) == {"timed_out": True, "code": None, "out": "started\n"}
     deadline = time.monotonic() + 5
-    while (os.path.exists(os.path.dirname(home)) or any(d.exists() for d in cgroups)) \
-            and time.monotonic() < deadline:
+    while (
+        os.path.exists(os.path.dirname(home)) or any(d.exists() for d in cgroups)
+    ) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not os.path.exists(os.path.dirname(home)), "the call's directory outlived the call"
     assert not [d for d in cgroups if d.exists()], "the call's cgroup outlived the call"
@@ -1837,18 +2120,21 @@ def test_a_stalled_agent_does_not_keep_a_script_past_its_timeout(workdir):
 BIG = "é" + "x" * 99_998  # 100,000 bytes as UTF-8, 100,004 as the JSON of a request
 
 
-@pytest.mark.parametrize("names", [["LC_FOO"], [f"LC_BIG{i}" for i in range(12)]],
-                         ids=["100-kb", "1.2-mb"])
+@pytest.mark.parametrize(
+    "names", [["LC_FOO"], [f"LC_BIG{i}" for i in range(12)]], ids=["100-kb", "1.2-mb"]
+)
 def test_a_large_environment_reaches_the_script_whole(box, workdir, monkeypatch, names):
     """An LC_* variable of 100 KB (or twelve of them: more than one socket message holds)
     reaches the script as a small one does; before, the launcher's read of the request was
     cut at 64 KiB and it died, and every call after it was refused."""
     for i, name in enumerate(names):
         monkeypatch.setenv(name, BIG + str(i))
-    code = ("import os\n"
-            f"for i, name in enumerate({names!r}):\n"
-            f"    assert os.environ[name] == {BIG!r} + str(i), name\n"
-            f"print(len(os.environ[{names[0]!r}]))\n")
+    code = (
+        "import os\n"
+        f"for i, name in enumerate({names!r}):\n"
+        f"    assert os.environ[name] == {BIG!r} + str(i), name\n"
+        f"print(len(os.environ[{names[0]!r}]))\n"
+    )
     run = execute(box, workdir, code)
     assert (run.code, run.stdout) == (0, f"{len(BIG) + 1}\n"), run.stderr
     for name in names:
@@ -1856,11 +2142,17 @@ def test_a_large_environment_reaches_the_script_whole(box, workdir, monkeypatch,
     assert execute(box, workdir, "print('next')").stdout == "next\n"
 
 
-@pytest.mark.parametrize("names, size, said", [
-    (["LC_HUGE"], 200_000, "LC_HUGE is 200,008 bytes, and Linux"),
-    ([f"LC_BIG{i}" for i in range(70)], 100_000, "variables take 7,00")], ids=["one", "all"])
-def test_an_environment_no_program_can_get_is_one_line_and_nothing_runs(box, workdir, monkeypatch,
-                                                                        names, size, said):
+@pytest.mark.parametrize(
+    "names, size, said",
+    [
+        (["LC_HUGE"], 200_000, "LC_HUGE is 200,008 bytes, and Linux"),
+        ([f"LC_BIG{i}" for i in range(70)], 100_000, "variables take 7,00"),
+    ],
+    ids=["one", "all"],
+)
+def test_an_environment_no_program_can_get_is_one_line_and_nothing_runs(
+    box, workdir, monkeypatch, names, size, said
+):
     """What execve would refuse (Linux: one variable over 128 KiB, or all of them over the
     exec's room, at most 6 MiB): one line that names it and what to do, nothing run, and the
     launcher still serves the next call."""
@@ -1921,8 +2213,9 @@ print(after - before, len(run.stdout), run.stdout.count('bytes cut'))
     assert grown_kb < 10_000, f"peak RSS grew {grown_kb} KB while 50 MB went through"
 
 
-def test_the_launcher_runs_the_agents_own_source_never_a_bytecode_cache(request, tmp_path,
-                                                                          agent_copy):
+def test_the_launcher_runs_the_agents_own_source_never_a_bytecode_cache(
+    request, tmp_path, agent_copy
+):
     """Red-team S3: the launcher imported agent.py, so it read (and wrote, as root) the .pyc in
     agent.py's __pycache__; a script whose workdir was that directory planted one with an
     unchecked hash (never compared with agent.py), and the NEXT run's launcher ran it: root,
@@ -1932,27 +2225,57 @@ def test_the_launcher_runs_the_agents_own_source_never_a_bytecode_cache(request,
     cache.mkdir()
     marker = tmp_path / "PWNED"
     source = compile(agent_copy.read_text(), str(agent_copy), "exec")
-    payload = compile(f"open({str(marker)!r}, 'w').write('ran')\n"
-                      f"exec(__import__('marshal').loads({marshal.dumps(source)!r}), globals())\n",
-                      str(agent_copy), "exec")
+    payload = compile(
+        f"open({str(marker)!r}, 'w').write('ran')\n"
+        f"exec(__import__('marshal').loads({marshal.dumps(source)!r}), globals())\n",
+        str(agent_copy),
+        "exec",
+    )
     for name in ("agent", "agent_launcher"):  # (what the launcher imported, and any name it may)
         (cache / f"{name}.{sys.implementation.cache_tag}.pyc").write_bytes(
-            MAGIC_NUMBER + (1).to_bytes(4, "little") + b"\0" * 8 + marshal.dumps(payload))
+            MAGIC_NUMBER + (1).to_bytes(4, "little") + b"\0" * 8 + marshal.dumps(payload)
+        )
     planted = sorted((p.name, p.read_bytes()) for p in cache.iterdir())
     workdir = tmp_path / "work"
     workdir.mkdir()
-    api = serve(request, reply(tool_use("run_python", {"code": "print('ran here')"})),
-                reply(text("done")))
-    done = run_agent_py(agent_copy, "q", "--workdir", workdir, "--yes", "--no-keep",
-                        "--transcript", tmp_path / "t.json", env=agent_env(api), cwd=tmp_path,
-                        timeout=120, stdin=subprocess.DEVNULL)
+    api = serve(
+        request, reply(tool_use("run_python", {"code": "print('ran here')"})), reply(text("done"))
+    )
+    done = run_agent_py(
+        agent_copy,
+        "q",
+        "--workdir",
+        workdir,
+        "--yes",
+        "--no-keep",
+        "--transcript",
+        tmp_path / "t.json",
+        env=agent_env(api),
+        cwd=tmp_path,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert done.returncode == 0, done.stderr
-    results = [b for m in json.loads((tmp_path / "t.json").read_text())["messages"]
-               if isinstance(m["content"], list) for b in m["content"]
-               if b.get("type") == "tool_result"]
+    results = [
+        b
+        for m in json.loads((tmp_path / "t.json").read_text())["messages"]
+        if isinstance(m["content"], list)
+        for b in m["content"]
+        if b.get("type") == "tool_result"
+    ]
     assert "ran here" in json.dumps(results) and "sandbox: landlock" in done.stderr, done.stderr
     assert not marker.exists(), "a planted .pyc ran, unconfined, in the launcher"
     assert sorted((p.name, p.read_bytes()) for p in cache.iterdir()) == planted  # none written
-    again = run_agent_py(agent_copy, "q", "--workdir", cache, "--yes", "--no-keep",
-                         env=agent_env(api), cwd=tmp_path, timeout=60, stdin=subprocess.DEVNULL)
+    again = run_agent_py(
+        agent_copy,
+        "q",
+        "--workdir",
+        cache,
+        "--yes",
+        "--no-keep",
+        env=agent_env(api),
+        cwd=tmp_path,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     assert again.returncode == 2 and "bytecode cache" in again.stderr, again.stderr

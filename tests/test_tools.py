@@ -2,8 +2,8 @@
 
 import io
 import json
-import random
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -12,19 +12,31 @@ import time
 from pathlib import Path
 
 import pytest
+from fakes import FakeClient, reply, text, tool_use
+from helpers import (
+    AGENT,
+    Silent,
+    agent_env,
+    call,
+    final_messages,
+    measured,
+    run_agent_py,
+    run_cli,
+    tool_context,
+)
 
 import agent
-from fakes import FakeClient, reply, text, tool_use
-from helpers import (AGENT, Silent, agent_env, call, final_messages, measured, run_agent_py,
-                     run_cli, tool_context)
-
 
 # --- read_file ---
 
+
 def test_read_file_returns_the_text(ctx):
     result = call(ctx, "read_file", path="scores.csv")
-    assert result == {"type": "tool_result", "tool_use_id": result["tool_use_id"],
-                      "content": "name,score\nAlice,88\nBob,72\nChen,95\n"}
+    assert result == {
+        "type": "tool_result",
+        "tool_use_id": result["tool_use_id"],
+        "content": "name,score\nAlice,88\nBob,72\nChen,95\n",
+    }
 
 
 def test_read_file_accepts_an_absolute_path_inside(ctx):
@@ -57,15 +69,20 @@ def test_fifo_and_device_are_refused_without_blocking(ctx):
     except PermissionError:  # it takes CAP_MKNOD: an ordinary user's run tests the FIFO only
         del paths["dev"]
     results = {}
-    worker = threading.Thread(target=lambda: results.update(
-        {kind: call(ctx, "read_file", path=path) for kind, path in paths.items()}))
+    worker = threading.Thread(
+        target=lambda: results.update(
+            {kind: call(ctx, "read_file", path=path) for kind, path in paths.items()}
+        )
+    )
     worker.start()
     worker.join(timeout=3)
     assert not worker.is_alive(), "read_file blocked on a FIFO"
     assert results["fifo"]["is_error"] and "not a regular file" in results["fifo"]["content"]
     if "dev" not in paths:
-        pytest.skip("the FIFO was refused; no character device could be made to try (mknod "
-                    "needs CAP_MKNOD, which an ordinary user lacks)")
+        pytest.skip(
+            "the FIFO was refused; no character device could be made to try (mknod "
+            "needs CAP_MKNOD, which an ordinary user lacks)"
+        )
     assert results["dev"]["is_error"] and "not a regular file" in results["dev"]["content"]
 
 
@@ -131,14 +148,16 @@ results = [agent.call_tool({{"id": "t", "name": "read_file", "input": {{"path": 
            for _ in range(2)]
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before, results[0]["content"][-90:])
 """
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
+    )
     grown_kb, note = done.stdout.split(maxsplit=1)
     assert "lines 1-1 of 1 (line 1 cut at 100000 bytes)" in note, done.stderr
     assert int(grown_kb) < 20_000, f"peak RSS grew {grown_kb} KB reading 512 MiB twice"
 
 
 # --- run_python ---
+
 
 def test_run_python_returns_exit_code_and_both_streams(ctx):
     result = call(ctx, "run_python", code="import sys; print('out'); print('err', file=sys.stderr)")
@@ -148,7 +167,9 @@ def test_run_python_returns_exit_code_and_both_streams(ctx):
 
 
 def test_run_python_runs_in_the_workdir_with_this_interpreter(ctx):
-    result = call(ctx, "run_python", code="import os, sys; print(os.getcwd()); print(sys.executable)")
+    result = call(
+        ctx, "run_python", code="import os, sys; print(os.getcwd()); print(sys.executable)"
+    )
     assert str(ctx.workdir) in result["content"] and os.sys.executable in result["content"]
 
 
@@ -159,8 +180,7 @@ def test_non_zero_exit_sends_output_and_code_back(ctx):
 
 
 def test_timeout_is_an_error_that_says_how_long(ctx):
-    ctx = agent.ToolContext(ctx.workdir, agent.Limits(tool_timeout=0.5), ctx.sandbox,
-                            ctx.approve)
+    ctx = agent.ToolContext(ctx.workdir, agent.Limits(tool_timeout=0.5), ctx.sandbox, ctx.approve)
     started = time.monotonic()
     result = call(ctx, "run_python", code="import time; print('start', flush=True); time.sleep(30)")
     assert time.monotonic() - started < 5
@@ -201,18 +221,22 @@ def test_declined_call_still_gets_a_result_telling_the_model_to_ask(ctx):
 
 # --- the dispatcher: call_tool and run_tools ---
 
+
 def test_unknown_tool_lists_the_real_ones(ctx):
     result = call(ctx, "write_file", path="x")
     assert result["is_error"] and "read_file, run_python" in result["content"]
 
 
-@pytest.mark.parametrize("args, fragment", [
-    ({}, "missing the required argument 'path'"),
-    ({"path": 5}, "'path' must be a string"),
-    ({"path": "a", "offset": True}, "'offset' must be a integer"),
-    ({"path": "a", "offset": 0}, "at least 1"),
-    ({"path": "a", "mode": "r"}, "no argument 'mode'"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        ({}, "missing the required argument 'path'"),
+        ({"path": 5}, "'path' must be a string"),
+        ({"path": "a", "offset": True}, "'offset' must be a integer"),
+        ({"path": "a", "offset": 0}, "at least 1"),
+        ({"path": "a", "mode": "r"}, "no argument 'mode'"),
+    ],
+)
 def test_arguments_are_checked_even_though_the_schema_says_required(ctx, args, fragment):
     result, _ = agent.call_tool(tool_use("read_file", args), ctx)
     assert result["is_error"] and fragment in result["content"]
@@ -242,9 +266,13 @@ def test_results_keep_call_order_and_reads_run_concurrently(ctx, monkeypatch):
 
     monkeypatch.setitem(agent.TOOL_FUNCTIONS, "read_file", slow_read)
     monkeypatch.setitem(agent.TOOL_FUNCTIONS, "run_python", ordered_python)
-    blocks = [tool_use("run_python", {"code": "1"}), tool_use("read_file", {"path": "a"}),
-              tool_use("read_file", {"path": "b"}), tool_use("run_python", {"code": "2"}),
-              tool_use("read_file", {"path": "c"})]
+    blocks = [
+        tool_use("run_python", {"code": "1"}),
+        tool_use("read_file", {"path": "a"}),
+        tool_use("read_file", {"path": "b"}),
+        tool_use("run_python", {"code": "2"}),
+        tool_use("read_file", {"path": "c"}),
+    ]
     results, calls, _ = agent.run_tools(blocks, ctx, Silent())
     assert [r["tool_use_id"] for r in results] == [b["id"] for b in blocks]
     assert [r["content"] for r in results] == ["ran 1", "read a", "read b", "ran 2", "read c"]
@@ -269,8 +297,9 @@ def test_four_hundred_reads_in_one_turn_stay_within_the_budget(capsys, workdir):
     assert results[0]["content"] == "0" * 90_000  # the first ones went through, in order
 
 
-def test_one_reply_of_thousands_of_reads_costs_the_memory_of_a_few(capsys, workdir, tmp_path,
-                                                                     agent_copy):
+def test_one_reply_of_thousands_of_reads_costs_the_memory_of_a_few(
+    capsys, workdir, tmp_path, agent_copy
+):
     """One reply holding 5,000 read_file calls of a 100 KB file (a forged recording, replayed;
     a server can send the same reply live, within max_tokens): before, every result was held
     until the turn's byte budget cut them (5,000 x 100 KB), a peak RSS of about 500 MiB
@@ -278,19 +307,26 @@ def test_one_reply_of_thousands_of_reads_costs_the_memory_of_a_few(capsys, workd
     an error, and agent.py's peak stays that of a small run."""
     (workdir / "big.txt").write_text(("y" * 99 + "\n") * 1000)
     path = tmp_path / "wide.json"
-    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
-            FakeClient(reply(tool_use("read_file", {"path": "big.txt"}, id="toolu_0")),
-                       reply(text("done"))))
+    run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--transcript", str(path)],
+        FakeClient(
+            reply(tool_use("read_file", {"path": "big.txt"}, id="toolu_0")), reply(text("done"))
+        ),
+    )
     recorded = json.loads(path.read_text())
     call_, result = recorded["messages"][1]["content"][0], recorded["messages"][2]["content"][0]
     recorded["messages"][1]["content"] = [{**call_, "id": f"toolu_{i}"} for i in range(5000)]
-    recorded["messages"][2]["content"] = [{**result, "tool_use_id": f"toolu_{i}", "content": "x"}
-                                          for i in range(5000)]
-    recorded["turns"][0]["tool_calls"] = [{**recorded["turns"][0]["tool_calls"][0],
-                                           "id": f"toolu_{i}"} for i in range(5000)]
+    recorded["messages"][2]["content"] = [
+        {**result, "tool_use_id": f"toolu_{i}", "content": "x"} for i in range(5000)
+    ]
+    recorded["turns"][0]["tool_calls"] = [
+        {**recorded["turns"][0]["tool_calls"][0], "id": f"toolu_{i}"} for i in range(5000)
+    ]
     path.write_text(json.dumps(recorded))
-    code, err, rss, _ = measured(agent_copy, "--replay", path, "--workdir", workdir, "--quiet",
-                                 "--no-keep", cwd=tmp_path)
+    code, err, rss, _ = measured(
+        agent_copy, "--replay", path, "--workdir", workdir, "--quiet", "--no-keep", cwd=tmp_path
+    )
     assert code == 0, err[-300:]
     assert rss < 150, rss  # MiB
 
@@ -302,8 +338,7 @@ def test_a_turn_runs_at_most_turn_calls_calls(capsys, workdir):
     code_ = "open('ran.txt', 'a').write('x')"
     calls = [tool_use("run_python", {"code": code_}) for _ in range(200)]
     client = FakeClient(reply(*calls), reply(text("done")))
-    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox"],
-                         client)
+    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox"], client)
     results = final_messages(client)[-1]["content"]
     limit = agent.Limits.turn_calls
     assert code == 0 and (workdir / "ran.txt").read_text() == "x" * limit < "x" * 200
@@ -321,13 +356,18 @@ class SlowStdin(io.StringIO):
 def test_tool_time_leaves_out_the_wait_for_approval(capsys, workdir, tmp_path):
     path = tmp_path / "run.json"
     client = FakeClient(reply(tool_use("run_python", {"code": "print(1)"})), reply(text("ok")))
-    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--no-sandbox", "--transcript",
-                                  str(path)], client, stdin=SlowStdin())
+    code, _, _ = run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--no-sandbox", "--transcript", str(path)],
+        client,
+        stdin=SlowStdin(),
+    )
     call = json.loads(path.read_text())["turns"][0]["tool_calls"][0]
     assert code == 0 and call["seconds"] < 0.9
 
 
 # --- the approval prompt ---
+
 
 def test_without_yes_the_code_is_shown_and_y_runs_it(capsys, workdir):
     client = FakeClient(reply(tool_use("run_python", {"code": "print(6*7)"})), reply(text("42")))
@@ -340,22 +380,32 @@ def test_an_answer_read_from_a_pipe_is_echoed_and_ends_the_line(capsys, workdir)
     """newuser2 N3: `echo y | agent.py ...` showed no answer, so the next line was glued to
     the prompt; the answer is shown after it, said to come from stdin, and the line ends."""
     for given, shown in (("y\n", "y"), ("n\n", "n"), ("y", "y")):
-        client = FakeClient(reply(tool_use("run_python", {"code": "print(6*7)"})),
-                            reply(text("42")))
-        code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--no-sandbox"], client,
-                               stdin=given)
+        client = FakeClient(
+            reply(tool_use("run_python", {"code": "print(6*7)"})), reply(text("42"))
+        )
+        code, _, err = run_cli(
+            capsys, ["q", "--workdir", str(workdir), "--no-sandbox"], client, stdin=given
+        )
         assert code == 0 and f"--- run it? [y/N] {shown} (from stdin)\n" in err, err
         assert "(no answer)" not in err
-    done = run_agent_py(AGENT, "--replay", AGENT.parent / "workspace" / "example-run.json",
-                        "--workdir", AGENT.parent / "workspace", env=agent_env(), input="y\n",
-                        timeout=60)
+    done = run_agent_py(
+        AGENT,
+        "--replay",
+        AGENT.parent / "workspace" / "example-run.json",
+        "--workdir",
+        AGENT.parent / "workspace",
+        env=agent_env(),
+        input="y\n",
+        timeout=60,
+    )
     assert done.returncode == 0 and "--- run it? [y/N] y (from stdin)\n" in done.stderr
 
 
 @pytest.mark.parametrize("stdin", ["n\n", "", "sure\n"])
 def test_anything_but_yes_declines(capsys, workdir, stdin):
-    client = FakeClient(reply(tool_use("run_python", {"code": "open('ran', 'w')"})),
-                        reply(text("ok")))
+    client = FakeClient(
+        reply(tool_use("run_python", {"code": "open('ran', 'w')"})), reply(text("ok"))
+    )
     code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir)], client, stdin=stdin)
     result = final_messages(client)[-1]["content"][0]
     assert code == 0 and result["is_error"] and "declined" in result["content"]
@@ -364,8 +414,12 @@ def test_anything_but_yes_declines(capsys, workdir, stdin):
 
 def test_decline_message_can_be_replaced(capsys, workdir):
     client = FakeClient(reply(tool_use("run_python", {"code": "1"})), reply(text("ok")))
-    run_cli(capsys, ["q", "--workdir", str(workdir), "--decline-message", "declined"], client,
-            stdin="n\n")
+    run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--decline-message", "declined"],
+        client,
+        stdin="n\n",
+    )
     assert final_messages(client)[-1]["content"][0]["content"] == "declined"
 
 
@@ -380,11 +434,20 @@ def test_the_approval_prompt_shows_what_would_be_hidden(capsys, workdir):
 
 
 DRAWN_AS_NOTHING = {  # one of each kind the question must make visible
-    "zero-width space": "\u200b", "soft hyphen": "\xad", "variation selector": "\ufe0f",
-    "tag character": "\U000e0041", "Hangul filler": "\u3164", "word joiner": "\u2060",
-    "combining grapheme joiner": "\u034f", "Mongolian vowel separator": "\u180e",
-    "braille blank": "\u2800", "halfwidth Hangul filler": "\uffa0", "BOM": "\ufeff",
-    "ideographic space": "\u3000", "no-break space": "\xa0", "line separator": "\u2028",
+    "zero-width space": "\u200b",
+    "soft hyphen": "\xad",
+    "variation selector": "\ufe0f",
+    "tag character": "\U000e0041",
+    "Hangul filler": "\u3164",
+    "word joiner": "\u2060",
+    "combining grapheme joiner": "\u034f",
+    "Mongolian vowel separator": "\u180e",
+    "braille blank": "\u2800",
+    "halfwidth Hangul filler": "\uffa0",
+    "BOM": "\ufeff",
+    "ideographic space": "\u3000",
+    "no-break space": "\xa0",
+    "line separator": "\u2028",
 }
 
 
@@ -427,8 +490,12 @@ class CtrlC:
 def test_ctrl_c_at_the_approval_question_says_the_call_was_not_run(capsys, workdir, tmp_path):
     path = tmp_path / "run.json"
     client = FakeClient(reply(tool_use("run_python", {"code": "open('x', 'w')"}, id="toolu_Q")))
-    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--no-sandbox",
-                                    "--transcript", str(path)], client, stdin=CtrlC())
+    code, _, err = run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--no-sandbox", "--transcript", str(path)],
+        client,
+        stdin=CtrlC(),
+    )
     answer = json.loads(path.read_text())["messages"][-1]["content"][0]
     assert code == 130 and answer["tool_use_id"] == "toolu_Q" and answer["is_error"]
     assert "at its approval question: it was not run" in answer["content"]
@@ -449,16 +516,19 @@ def test_nothing_shown_as_it_is_can_pass_for_the_escape_brackets():
     a = "open('/d\u0430ta').write(''); s = '\u301aU+0430\u301b'"
     b = "open('/d\u301aU+0430\u301bta').write(''); s = '\u0430'"
     drawn = str.maketrans("\u301a\u301b\u3018\u3019", "\u27e6\u27e7\u27e6\u27e7")
-    assert agent.approval_question(a, 24, 80).translate(drawn) != \
-        agent.approval_question(b, 24, 80).translate(drawn)
+    assert agent.approval_question(a, 24, 80).translate(drawn) != agent.approval_question(
+        b, 24, 80
+    ).translate(drawn)
     for ch in "\u301a\u301b\u3018\u3019":
         assert f"\u27e6U+{ord(ch):04X}\u27e7" in agent.approval_question(f"s = '{ch}'", 24, 80)
 
 
 def test_the_question_is_one_to_one_over_a_hostile_alphabet():
     """No two of 20,000 random programs over look-alikes, invisibles and controls render alike."""
-    alphabet = "ao0O1l \t\n'\"\\\u0430\u043e\u03bf\u200b\u2060\ufe0f\xad\u3000\xa0\u202e" \
-               "\r\x1b\u27e6\u27e7U+\u2420\u2409\u2502口ロ一ー平均"
+    alphabet = (
+        "ao0O1l \t\n'\"\\\u0430\u043e\u03bf\u200b\u2060\ufe0f\xad\u3000\xa0\u202e"
+        "\r\x1b\u27e6\u27e7U+\u2420\u2409\u2502口ロ一ー平均"
+    )
     rng, seen = random.Random(19), {}
     for _ in range(20_000):
         code_ = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 8)))
@@ -477,26 +547,35 @@ def test_code_longer_than_the_screen_is_asked_about_with_its_header_again():
     long = "\n".join(f"x{i} = {i}" for i in range(60))
     question = agent.approval_question(long, 24, 80)
     above = question.splitlines()[-2:]  # what a 24-row screen shows right above the question
-    assert above[0] == ("--- run_python wants to run the 60 lines above; 39 rows of them "
-                        "scrolled off the top of the screen (scroll up to read them) ---")
+    assert above[0] == (
+        "--- run_python wants to run the 60 lines above; 39 rows of them "
+        "scrolled off the top of the screen (scroll up to read them) ---"
+    )
     assert above[1] == "--- run it? [y/N] "
     assert "above" not in agent.approval_question("x = 1", 24, 80)
     wide = agent.approval_question("s = '" + "平" * 200 + "'", 24, 80)  # wraps onto 6 rows
     assert "lines above" not in wide and "lines above" in agent.approval_question(
-        "s = '" + "平" * 200 + "'\n" * 18, 24, 80)  # 19 lines on 24 rows: too tall, wrapped
+        "s = '" + "平" * 200 + "'\n" * 18, 24, 80
+    )  # 19 lines on 24 rows: too tall, wrapped
+
 
 def test_the_line_of_a_failed_script_with_nothing_on_stderr_says_how_it_ended(capsys, workdir):
     """A timeout, or a non-zero exit with an empty stderr, showed `-> error: --- stderr ---`
     (the marker of the empty stderr); now how it ended (newuser #10). A script that writes to
     stderr still shows its last line."""
-    client = FakeClient(reply(tool_use("run_python", {"code": "import time\nprint('partial')\n"
-                                                               "time.sleep(30)"}),
-                              tool_use("run_python", {"code": "import sys\nprint('x')\n"
-                                                               "sys.exit(3)"}),
-                              tool_use("run_python", {"code": "1/0"})),
-                        reply(text("done")))
-    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox",
-                                    "--tool-timeout", "1"], client)
+    client = FakeClient(
+        reply(
+            tool_use("run_python", {"code": "import time\nprint('partial')\ntime.sleep(30)"}),
+            tool_use("run_python", {"code": "import sys\nprint('x')\nsys.exit(3)"}),
+            tool_use("run_python", {"code": "1/0"}),
+        ),
+        reply(text("done")),
+    )
+    code, _, err = run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--yes", "--no-sandbox", "--tool-timeout", "1"],
+        client,
+    )
     lines = [line.split(" -> ")[1] for line in err.splitlines() if " -> " in line]
     assert code == 0 and len(lines) == 3, err
     assert lines[0].startswith("error: timed out after 1 s (")
@@ -508,11 +587,13 @@ def test_the_line_of_a_failed_script_with_nothing_on_stderr_says_how_it_ended(ca
 def test_what_a_timed_out_script_printed_reaches_the_model(capsys, workdir, flags):
     """Its stdout is a pipe: block-buffered, what it printed died with it, and `Output so far`
     was empty, the very output that shows where it hung (newuser2 N9)."""
-    client = FakeClient(reply(tool_use("run_python", {"code": "import time\nprint('partial')\n"
-                                                               "time.sleep(30)"})),
-                        reply(text("done")))
-    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--tool-timeout",
-                                    "2", *flags], client)
+    client = FakeClient(
+        reply(tool_use("run_python", {"code": "import time\nprint('partial')\ntime.sleep(30)"})),
+        reply(text("done")),
+    )
+    code, _, err = run_cli(
+        capsys, ["q", "--workdir", str(workdir), "--yes", "--tool-timeout", "2", *flags], client
+    )
     result = final_messages(client)[-1]["content"][0]
     assert code == 0 and result["is_error"], err
     assert "Output so far:\n--- stdout ---\npartial\n" in result["content"], result["content"]

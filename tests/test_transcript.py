@@ -14,59 +14,116 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-
-import agent
 from api_rules import check_request
 from fakes import Chunked, FakeAPIError, FakeClient, reply, text, tool_use
-from helpers import (MKNOD, agent_env, assert_well_formed, budget_stopped, events_of, lone_surrogates,
-                     run_agent_py, surrogate_run, with_lone_surrogates,
-                     run_cli, schema_errors, serve)
+from helpers import (
+    MKNOD,
+    agent_env,
+    assert_well_formed,
+    budget_stopped,
+    events_of,
+    lone_surrogates,
+    run_agent_py,
+    run_cli,
+    schema_errors,
+    serve,
+    surrogate_run,
+    with_lone_surrogates,
+)
 
+import agent
 
 # --- transcript ---
 
+
 def test_transcript_schema(capsys, workdir, tmp_path):
     path = tmp_path / "run.json"
-    client = FakeClient(reply(tool_use("read_file", {"path": "scores.csv"}), input_tokens=671,
-                              output_tokens=40, write=0, read=0),
-                        reply(text("85"), input_tokens=80, output_tokens=5, read=671))
-    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
-                         client)
+    client = FakeClient(
+        reply(
+            tool_use("read_file", {"path": "scores.csv"}),
+            input_tokens=671,
+            output_tokens=40,
+            write=0,
+            read=0,
+        ),
+        reply(text("85"), input_tokens=80, output_tokens=5, read=671),
+    )
+    code, _, _ = run_cli(
+        capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)], client
+    )
     saved = json.loads(path.read_text())
     assert code == 0
-    assert {"version", "model", "system", "tools", "workdir", "question", "messages", "turns",
-            "stop", "answer", "usage"} <= set(saved)
+    assert {
+        "version",
+        "model",
+        "system",
+        "tools",
+        "workdir",
+        "question",
+        "messages",
+        "turns",
+        "stop",
+        "answer",
+        "usage",
+    } <= set(saved)
     assert saved["version"] == 1 and saved["workdir"] == os.path.realpath(workdir)
     assert saved["stop"] == {"reason": "end_turn", "detail": "the model finished", "exit_code": 0}
     assert saved["answer"] == "85"
     turn = saved["turns"][0]
     assert set(turn) >= {"turn", "stop_reason", "usage", "request_id", "seconds", "tool_calls"}
-    assert set(turn["usage"]) >= {"input_tokens", "output_tokens", "cache_creation_input_tokens",
-                                  "cache_read_input_tokens", "cost_usd"}
+    assert set(turn["usage"]) >= {
+        "input_tokens",
+        "output_tokens",
+        "cache_creation_input_tokens",
+        "cache_read_input_tokens",
+        "cost_usd",
+    }
     assert turn["tool_calls"][0]["name"] == "read_file" and not turn["tool_calls"][0]["is_error"]
-    assert saved["usage"]["input_tokens"] == 751 and saved["usage"]["cache_read_input_tokens"] == 671
+    assert (
+        saved["usage"]["input_tokens"] == 751 and saved["usage"]["cache_read_input_tokens"] == 671
+    )
     assert saved["usage"]["tokens"] == 671 + 40 + 80 + 5 + 671
     # replayable as-is: history plus a follow-up is a valid request
     follow = saved["messages"] + [{"role": "user", "content": [text("and the median?")]}]
-    assert check_request({"model": saved["model"], "max_tokens": 10, "tools": saved["tools"],
-                          "messages": follow}) is None
+    assert (
+        check_request(
+            {"model": saved["model"], "max_tokens": 10, "tools": saved["tools"], "messages": follow}
+        )
+        is None
+    )
 
 
 def test_the_transcript_has_every_field_its_schema_names(capsys, workdir, tmp_path):
     path = tmp_path / "run.json"
-    client = FakeClient(FakeAPIError(529, "overloaded_error", "Overloaded", {"retry-after": "0"}),
-                        reply(tool_use("run_python", {"code": "raise SystemExit(3)"})),
-                        reply(text("done")))
-    run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox", "--transcript",
-                     str(path)], client)
+    client = FakeClient(
+        FakeAPIError(529, "overloaded_error", "Overloaded", {"retry-after": "0"}),
+        reply(tool_use("run_python", {"code": "raise SystemExit(3)"})),
+        reply(text("done")),
+    )
+    run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--yes", "--no-sandbox", "--transcript", str(path)],
+        client,
+    )
     saved = json.loads(path.read_text())
     schema = agent.TRANSCRIPT_SCHEMA
-    assert set(schema["properties"]) - {"trial", "cleared", "events_lost", "produced_by",
-                                        "replay", "base_url", "failed_usage"} <= set(saved)
+    assert set(schema["properties"]) - {
+        "trial",
+        "cleared",
+        "events_lost",
+        "produced_by",
+        "replay",
+        "base_url",
+        "failed_usage",
+    } <= set(saved)
     # (those in test_replay.py; base_url with ANTHROPIC_BASE_URL; failed_usage in test_api.py)
     turn = schema["properties"]["turns"]["items"]
-    assert set(turn["properties"]) - {"context_edits", "cleared", "in_history",
-                                      "failed_usage"} <= set(saved["turns"][0])  # when they happen
+    assert set(turn["properties"]) - {
+        "context_edits",
+        "cleared",
+        "in_history",
+        "failed_usage",
+    } <= set(saved["turns"][0])  # when they happen
     call = saved["turns"][0]["tool_calls"][0]
     assert set(turn["properties"]["tool_calls"]["items"]["properties"]) <= set(call)
     assert (call["exit_code"], call["declined"], call["is_error"]) == (3, False, True)
@@ -75,40 +132,48 @@ def test_the_transcript_has_every_field_its_schema_names(capsys, workdir, tmp_pa
     assert not schema_errors(saved, "transcript")
 
 
-@pytest.mark.parametrize("given, recorded", [
-    ("http://agent:s3cret-pass@127.0.0.1:8080/gateway/?api_key=sk-in-query#t=1",
-     "http://127.0.0.1:8080/gateway/"),
-    ("https://api.anthropic.com", "https://api.anthropic.com"),
-    (None, None),  # the SDK's default, Anthropic's API: no field, so the golden file stands
-])
-def test_the_server_a_run_talked_to_is_recorded_without_credentials(capsys, workdir, tmp_path,
-                                                                   monkeypatch, given, recorded):
+@pytest.mark.parametrize(
+    "given, recorded",
+    [
+        (
+            "http://agent:s3cret-pass@127.0.0.1:8080/gateway/?api_key=sk-in-query#t=1",
+            "http://127.0.0.1:8080/gateway/",
+        ),
+        ("https://api.anthropic.com", "https://api.anthropic.com"),
+        (None, None),  # the SDK's default, Anthropic's API: no field, so the golden file stands
+    ],
+)
+def test_the_server_a_run_talked_to_is_recorded_without_credentials(
+    capsys, workdir, tmp_path, monkeypatch, given, recorded
+):
     if given:
         monkeypatch.setenv("ANTHROPIC_BASE_URL", given)
-    path, events = tmp_path / "run.json", tmp_path / "events.jsonl"
+    path = tmp_path / "run.json"
     client = FakeClient(reply(text("ok")), reply(text("again")))
-    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
-                         client)
+    code, _, _ = run_cli(
+        capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)], client
+    )
     saved = json.loads(path.read_text())
     assert code == 0 and saved.get("base_url") == recorded
     assert "s3cret" not in path.read_text() and "sk-in-query" not in path.read_text()
     monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:9")  # resumed elsewhere
-    code, _, _ = run_cli(capsys, ["--resume", str(path), "more", "--workdir", str(workdir)],
-                         client, stdin="y\n")  # agreed to: its history goes elsewhere
+    code, _, _ = run_cli(
+        capsys, ["--resume", str(path), "more", "--workdir", str(workdir)], client, stdin="y\n"
+    )  # agreed to: its history goes elsewhere
     assert code == 0 and json.loads(path.read_text())["base_url"] == "http://127.0.0.1:9"
 
 
 def test_a_declined_call_is_marked_so(capsys, workdir, tmp_path):
     path = tmp_path / "run.json"
     client = FakeClient(reply(tool_use("run_python", {"code": "1"})), reply(text("ok")))
-    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)], client,
-            stdin="n\n")
+    run_cli(
+        capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)], client, stdin="n\n"
+    )
     call = json.loads(path.read_text())["turns"][0]["tool_calls"][0]
     assert call["declined"] is True and call["exit_code"] is None
 
 
-def test_the_transcript_is_on_disk_before_any_tool_runs(capsys, workdir, tmp_path,
-                                                         monkeypatch):
+def test_the_transcript_is_on_disk_before_any_tool_runs(capsys, workdir, tmp_path, monkeypatch):
     path, seen, real = tmp_path / "run.json", [], agent.run_tools
 
     def peek(blocks, ctx, report, *more):  # what a crash during these tools would leave on disk
@@ -116,9 +181,11 @@ def test_the_transcript_is_on_disk_before_any_tool_runs(capsys, workdir, tmp_pat
         return real(blocks, ctx, report, *more)
 
     monkeypatch.setattr(agent, "run_tools", peek)
-    client = FakeClient(reply(tool_use("read_file", {"path": "notes.md"})),
-                        reply(tool_use("read_file", {"path": "scores.csv"})),
-                        reply(text("done")))
+    client = FakeClient(
+        reply(tool_use("read_file", {"path": "notes.md"})),
+        reply(tool_use("read_file", {"path": "scores.csv"})),
+        reply(text("done")),
+    )
     run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)], client)
     assert seen[0] is None  # nothing done yet that a crash could lose
     assert len(seen[1]["turns"]) == 1 and seen[1]["stop"] is None  # all of turn 1, results too
@@ -140,16 +207,25 @@ def test_each_save_writes_what_dump_would_write(capsys, workdir, tmp_path, monke
 
     monkeypatch.setattr(agent, "Saver", Checked)
     path = tmp_path / "run.json"
-    client = FakeClient(reply(tool_use("read_file", {"path": "notes.md"})),
-                        reply(tool_use("read_file", {"path": "scores.csv"}),
-                              tool_use("read_file", {"path": "notes.md"})),
-                        reply(tool_use("read_file", {"path": "scores.csv"})),
-                        reply(text("ok")), reply(text("again")))
-    code, _, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path),
-                                  "--max-turns", "4"], client)
+    client = FakeClient(
+        reply(tool_use("read_file", {"path": "notes.md"})),
+        reply(
+            tool_use("read_file", {"path": "scores.csv"}),
+            tool_use("read_file", {"path": "notes.md"}),
+        ),
+        reply(tool_use("read_file", {"path": "scores.csv"})),
+        reply(text("ok")),
+        reply(text("again")),
+    )
+    code, _, _ = run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--transcript", str(path), "--max-turns", "4"],
+        client,
+    )
     assert code == 3  # the last turn: its note was appended to the last message
-    code, _, _ = run_cli(capsys, ["--resume", str(path), "and now?", "--workdir", str(workdir)],
-                         client)
+    code, _, _ = run_cli(
+        capsys, ["--resume", str(path), "and now?", "--workdir", str(workdir)], client
+    )
     assert code == 0 and len(saves) == 5  # three turns, two stops
     assert all(got == want for got, want in saves)
     assert json.loads(path.read_text())["answer"] == "again"
@@ -182,8 +258,9 @@ def test_transcript_dash_puts_only_json_on_stdout(capsys, workdir):
 def test_text_that_is_not_valid_unicode_keeps_the_transcript(capsys, workdir, tmp_path):
     path = tmp_path / "run.json"
     client = FakeClient(reply(text("bad \ud800 surrogate")))
-    code, out, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
-                             client)
+    code, out, err = run_cli(
+        capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)], client
+    )
     saved = json.loads(path.read_text(encoding="utf-8"))
     assert "Traceback" not in err, err
     assert code == 0 and saved["answer"] == "bad \ufffd surrogate"
@@ -204,24 +281,38 @@ def test_no_transcript_or_event_holds_a_lone_surrogate(capsys, tmp_path):
     forged = with_lone_surrogates(transcript)
     (tmp_path / "work2").mkdir()
     client = FakeClient(reply(text("on")))
-    code, _, err = run_cli(capsys, ["--resume", str(forged), "more", "--workdir",
-                                    str(tmp_path / "work2"), "--events", str(events)], client)
+    code, _, err = run_cli(
+        capsys,
+        [
+            "--resume",
+            str(forged),
+            "more",
+            "--workdir",
+            str(tmp_path / "work2"),
+            "--events",
+            str(events),
+        ],
+        client,
+    )
     assert code == 0, err
     assert not lone_surrogates(forged.read_bytes()) and not lone_surrogates(events.read_bytes())
 
 
 # --- where a transcript may be written ---
 
+
 @pytest.mark.parametrize("inside", ["run.json", "sub/run.json"])
 def test_a_transcript_inside_the_workdir_is_refused(capsys, workdir, inside):
     (workdir / "sub").mkdir()
     client = FakeClient()
-    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript",
-                                    str(workdir / inside)], client)
+    code, _, err = run_cli(
+        capsys, ["q", "--workdir", str(workdir), "--transcript", str(workdir / inside)], client
+    )
     assert (code, client.requests) == (2, []) and "inside the workdir" in err
     assert "--resume would trust it" in err  # a transcript is what --resume reads
-    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--events",
-                                    str(workdir / inside)], client)
+    code, _, err = run_cli(
+        capsys, ["q", "--workdir", str(workdir), "--events", str(workdir / inside)], client
+    )
     assert (code, client.requests) == (2, []) and "inside the workdir" in err
     assert "--resume" not in err  # events are not
 
@@ -232,8 +323,9 @@ def test_the_transcript_is_never_written_through_a_symlink(capsys, workdir, tmp_
     link = tmp_path / "run.json"
     link.symlink_to(victim)
     client = FakeClient(reply(text("done")))
-    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(link)],
-                           client)
+    code, _, err = run_cli(
+        capsys, ["q", "--workdir", str(workdir), "--transcript", str(link)], client
+    )
     assert (code, client.requests) == (2, []) and "is a symlink" in err
     assert victim.read_text() == "precious\n" and link.is_symlink()
 
@@ -242,6 +334,7 @@ def test_the_transcript_is_never_written_through_a_symlink(capsys, workdir, tmp_
 def node(tmp_path):
     """Make a FIFO or (as root) a character device like /dev/null, in tmp_path: what an output
     must never replace, without putting the machine's own /dev/null at stake."""
+
     def make(kind):
         path = tmp_path / kind
         if kind == "fifo":
@@ -251,6 +344,7 @@ def node(tmp_path):
                 pytest.skip(MKNOD)
             os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, {"null": 3, "full": 7}[kind]))
         return path
+
     return make
 
 
@@ -269,7 +363,10 @@ def test_an_output_never_replaces_a_device_or_fifo(capsys, workdir, tmp_path, no
     else:
         code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), flag, str(path)], client)
     after = os.stat(path)
-    assert (after.st_ino, stat.S_IFMT(after.st_mode)) == (before.st_ino, stat.S_IFMT(before.st_mode))
+    assert (after.st_ino, stat.S_IFMT(after.st_mode)) == (
+        before.st_ino,
+        stat.S_IFMT(before.st_mode),
+    )
     if flag == "--transcript" or kind == "fifo":  # no one reads the FIFO
         assert code == 2 and client.requests == [] or flag == "-o" and code == 2, err
         assert "not a regular file" in err or "no one reads from it" in err
@@ -281,8 +378,11 @@ def test_events_go_through_a_pipe_someone_reads(capsys, workdir, tmp_path, node)
     fifo = node("fifo")
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
     try:
-        code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--events", str(fifo)],
-                               FakeClient(reply(text("done"))))
+        code, _, err = run_cli(
+            capsys,
+            ["q", "--workdir", str(workdir), "--events", str(fifo)],
+            FakeClient(reply(text("done"))),
+        )
         received = os.read(reader, 1 << 20).decode()
     finally:
         os.close(reader)
@@ -290,39 +390,55 @@ def test_events_go_through_a_pipe_someone_reads(capsys, workdir, tmp_path, node)
     assert [json.loads(line)["type"] for line in received.splitlines()][-1] == "run.stop"
 
 
-@pytest.mark.parametrize("flags", [
-    ["--events", "{p}", "--transcript", "{p}"],
-    ["--events", "{dir}/run.1.json", "--transcript", "{dir}/run.json", "--trials", "2"],
-    ["--events", "{p}", "--resume", "{p}"],
-    ["--system-prompt", "{p}", "--transcript", "{p}"],  # before: the prompt file replaced
-    ["--system-prompt", "{p}", "--events", "{p}"],
-    ["--system-prompt", "{dir}/run.1.json", "--transcript", "{p}", "--trials", "2"],
-])
-def test_two_outputs_on_one_file_are_refused_and_nothing_is_lost(capsys, workdir, tmp_path,
-                                                                 flags):
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--events", "{p}", "--transcript", "{p}"],
+        ["--events", "{dir}/run.1.json", "--transcript", "{dir}/run.json", "--trials", "2"],
+        ["--events", "{p}", "--resume", "{p}"],
+        ["--system-prompt", "{p}", "--transcript", "{p}"],  # before: the prompt file replaced
+        ["--system-prompt", "{p}", "--events", "{p}"],
+        ["--system-prompt", "{dir}/run.1.json", "--transcript", "{p}", "--trials", "2"],
+    ],
+)
+def test_two_outputs_on_one_file_are_refused_and_nothing_is_lost(capsys, workdir, tmp_path, flags):
     p = tmp_path / "run.json"
-    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(p)],
-            FakeClient(reply(text("done"))))
+    run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--transcript", str(p)],
+        FakeClient(reply(text("done"))),
+    )
     (tmp_path / "run.1.json").write_text("the first trial's\n")
     kept = {f: f.read_bytes() for f in tmp_path.iterdir() if f.is_file()}
     client = FakeClient(reply(text("again")))
     argv = [f.format(p=p, dir=tmp_path) for f in flags]
-    code, _, err = run_cli(capsys, argv + ["more" if "--resume" in argv else "q", "--workdir",
-                                           str(workdir)], client)
+    code, _, err = run_cli(
+        capsys, argv + ["more" if "--resume" in argv else "q", "--workdir", str(workdir)], client
+    )
     assert (code, client.requests) == (2, []) and "would" in err, err
     assert {f: f.read_bytes() for f in tmp_path.iterdir() if f.is_file()} == kept
 
 
 def test_events_that_cannot_be_written_are_said_once_and_kept_in_the_transcript(
-        capsys, workdir, tmp_path):
+    capsys, workdir, tmp_path
+):
     read, write = os.pipe()
     os.close(read)  # a reader that went away: every write is EPIPE
     path = tmp_path / "run.json"
     try:
-        code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--events",
-                                        f"/dev/fd/{write}", "--transcript", str(path)],
-                               FakeClient(reply(tool_use("read_file", {"path": "notes.md"})),
-                                          reply(text("done"))))
+        code, _, err = run_cli(
+            capsys,
+            [
+                "q",
+                "--workdir",
+                str(workdir),
+                "--events",
+                f"/dev/fd/{write}",
+                "--transcript",
+                str(path),
+            ],
+            FakeClient(reply(tool_use("read_file", {"path": "notes.md"})), reply(text("done"))),
+        )
     finally:
         os.close(write)
     assert code == 0 and err.count("event stream could not be written") == 1, err
@@ -331,30 +447,56 @@ def test_events_that_cannot_be_written_are_said_once_and_kept_in_the_transcript(
     assert not schema_errors(saved, "transcript")
 
 
-@pytest.mark.parametrize("target, fragment", [
-    ("{tmp}", "is a directory"), ("/sys/agent-test.json", "cannot be written"),
-    ("{tmp}/missing/run.json", "does not exist")])
-def test_an_unwritable_transcript_is_a_usage_error_before_any_request(capsys, workdir, tmp_path,
-                                                                      target, fragment):
+@pytest.mark.parametrize(
+    "target, fragment",
+    [
+        ("{tmp}", "is a directory"),
+        ("/sys/agent-test.json", "cannot be written"),
+        ("{tmp}/missing/run.json", "does not exist"),
+    ],
+)
+def test_an_unwritable_transcript_is_a_usage_error_before_any_request(
+    capsys, workdir, tmp_path, target, fragment
+):
     client = FakeClient()
-    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript",
-                                    target.format(tmp=tmp_path)], client)
+    code, _, err = run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--transcript", target.format(tmp=tmp_path)],
+        client,
+    )
     assert (code, client.requests) == (2, []) and fragment in err
 
 
 # --- events ---
 
+
 def test_a_run_tells_its_story_in_events(capsys, workdir, tmp_path):
     events_path, transcript = tmp_path / "run.events.jsonl", tmp_path / "run.json"
     long_answer = ("The average is 85. " * 40 + "\n") * 3
     client = FakeClient(
-        reply(text("Let me look."), tool_use("read_file", {"path": "scores.csv"}),
-              tool_use("run_python", {"code": "print(85)"})),
+        reply(
+            text("Let me look."),
+            tool_use("read_file", {"path": "scores.csv"}),
+            tool_use("run_python", {"code": "print(85)"}),
+        ),
         FakeAPIError(529, "overloaded_error", "Overloaded", {"retry-after": "0"}),
-        Chunked(reply(text(long_answer)), size=7))
-    code, out, _ = run_cli(capsys, ["q", "--workdir", str(workdir), "--yes", "--no-sandbox",
-                                    "--events", str(events_path), "--transcript", str(transcript)],
-                           client)
+        Chunked(reply(text(long_answer)), size=7),
+    )
+    code, out, _ = run_cli(
+        capsys,
+        [
+            "q",
+            "--workdir",
+            str(workdir),
+            "--yes",
+            "--no-sandbox",
+            "--events",
+            str(events_path),
+            "--transcript",
+            str(transcript),
+        ],
+        client,
+    )
     events, saved = events_of(events_path), json.loads(transcript.read_text())
     assert code == 0 and out == long_answer + "\n"
     assert_well_formed(events)
@@ -378,9 +520,13 @@ def test_a_run_tells_its_story_in_events(capsys, workdir, tmp_path):
     assert turn_end["usage"] == saved["turns"][1]["usage"] and turn_end["attempts"] == 2
 
 
-@pytest.mark.parametrize("ending, label, code", [
-    (FakeAPIError(400, "invalid_request_error", "messages: bad"), "api_error", 1),
-    (KeyboardInterrupt(), "interrupted", 130)])
+@pytest.mark.parametrize(
+    "ending, label, code",
+    [
+        (FakeAPIError(400, "invalid_request_error", "messages: bad"), "api_error", 1),
+        (KeyboardInterrupt(), "interrupted", 130),
+    ],
+)
 def test_run_stop_is_last_however_the_run_ends(capsys, workdir, tmp_path, ending, label, code):
     path = tmp_path / "e.jsonl"
 
@@ -397,29 +543,46 @@ def test_run_stop_is_last_however_the_run_ends(capsys, workdir, tmp_path, ending
 def test_run_stop_is_last_after_an_internal_error(capsys, workdir, tmp_path, monkeypatch):
     path = tmp_path / "e.jsonl"
     monkeypatch.setattr(agent, "drive", lambda *a: 1 / 0)
-    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--events", str(path)],
-                           FakeClient())
+    code, _, err = run_cli(
+        capsys, ["q", "--workdir", str(workdir), "--events", str(path)], FakeClient()
+    )
     events = events_of(path)
     assert_well_formed(events)
     assert code == 1 and events[-1]["stop"] == "error" and "ZeroDivisionError" in err
 
 
-@pytest.mark.parametrize("args", [["--replay", "RUN", "--workdir", "WORK", "--events",
-                                    "EVENTS", "--quiet"], ["--schema", "transcript"]])
-def test_a_reader_that_goes_away_ends_the_output_not_the_run(capsys, workdir, tmp_path,
-                                                            agent_copy, args):
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--replay", "RUN", "--workdir", "WORK", "--events", "EVENTS", "--quiet"],
+        ["--schema", "transcript"],
+    ],
+)
+def test_a_reader_that_goes_away_ends_the_output_not_the_run(
+    capsys, workdir, tmp_path, agent_copy, args
+):
     """`agent.py ... | head -c 5`: the answer cannot all be printed, and the run still ended as
     it did: its exit code, its transcript and its events agree, and stderr blames no bug."""
     recording = tmp_path / "rec.json"
-    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(recording)],
-            FakeClient(reply(text("the answer " * 20_000))))
+    run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--transcript", str(recording)],
+        FakeClient(reply(text("the answer " * 20_000))),
+    )
     events = tmp_path / "e.jsonl"
     args = [{"RUN": recording, "WORK": workdir, "EVENTS": events}.get(a, a) for a in args]
     read, write = os.pipe()
     os.close(read)  # the reader is gone before the first byte
-    done = subprocess.run([sys.executable, str(agent_copy), *map(str, args)], stdout=write,
-                          stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                          env=agent_env(), cwd=tmp_path, timeout=60)
+    done = subprocess.run(
+        [sys.executable, str(agent_copy), *map(str, args)],
+        stdout=write,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=agent_env(),
+        cwd=tmp_path,
+        timeout=60,
+    )
     os.close(write)
     assert done.returncode == 0 and "internal error" not in done.stderr, done.stderr[-300:]
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
@@ -427,20 +590,41 @@ def test_a_reader_that_goes_away_ends_the_output_not_the_run(capsys, workdir, tm
         assert events_of(events)[-1]["stop"] == "end_turn"
 
 
-def test_a_stderr_reader_that_goes_away_ends_the_progress_not_the_run(capsys, workdir, tmp_path,
-                                                                      agent_copy):
+def test_a_stderr_reader_that_goes_away_ends_the_progress_not_the_run(
+    capsys, workdir, tmp_path, agent_copy
+):
     """`agent.py ... 2>&1 | head`: progress can no longer be shown; the run goes on and ends as
     it would have, its answer on stdout, its stop and run.stop recorded (before: api_error,
     usage zeroed, no run.stop)."""
     recording, new, events = tmp_path / "rec.json", tmp_path / "new.json", tmp_path / "e.jsonl"
-    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(recording)],
-            FakeClient(reply(text("the answer " * 20_000))))
+    run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--transcript", str(recording)],
+        FakeClient(reply(text("the answer " * 20_000))),
+    )
     read, write = os.pipe()
     os.close(read)
-    done = subprocess.run([sys.executable, str(agent_copy), "--replay", str(recording),
-                           "--workdir", str(workdir), "--transcript", str(new), "--events",
-                           str(events)], stdout=subprocess.PIPE, stderr=write, text=True,
-                          stdin=subprocess.DEVNULL, env=agent_env(), cwd=tmp_path, timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(agent_copy),
+            "--replay",
+            str(recording),
+            "--workdir",
+            str(workdir),
+            "--transcript",
+            str(new),
+            "--events",
+            str(events),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=write,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        env=agent_env(),
+        cwd=tmp_path,
+        timeout=60,
+    )
     os.close(write)
     saved = json.loads(new.read_text())
     assert done.returncode == 0 and done.stdout.startswith("the answer the answer")
@@ -459,23 +643,37 @@ def test_events_on_stdout_are_all_stdout_carries(capsys, workdir):
 
 def test_events_inside_the_workdir_or_sharing_stdout_are_refused(capsys, workdir):
     client = FakeClient()
-    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--events",
-                                    str(workdir / "e.jsonl")], client)
+    code, _, err = run_cli(
+        capsys, ["q", "--workdir", str(workdir), "--events", str(workdir / "e.jsonl")], client
+    )
     assert (code, client.requests) == (2, []) and "inside the workdir" in err
-    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--events", "-",
-                                    "--transcript", "-"], client)
+    code, _, err = run_cli(
+        capsys, ["q", "--workdir", str(workdir), "--events", "-", "--transcript", "-"], client
+    )
     assert code == 2 and "share stdout" in err
 
 
 def test_sigterm_still_ends_the_stream_with_run_stop(request, workdir, tmp_path, agent_copy):
     api = serve(request, reply(tool_use("run_python", {"code": "import time; time.sleep(60)"})))
     path = tmp_path / "e.jsonl"
-    proc = run_agent_py(agent_copy, "q", "--workdir", workdir, "--yes", "--no-sandbox", "--events",
-                        path, background=True, env=agent_env(api), cwd=tmp_path,
-                        stderr=subprocess.PIPE)
+    proc = run_agent_py(
+        agent_copy,
+        "q",
+        "--workdir",
+        workdir,
+        "--yes",
+        "--no-sandbox",
+        "--events",
+        path,
+        background=True,
+        env=agent_env(api),
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and '"tool.start"' not in (
-            path.read_text() if path.exists() else ""):
+        path.read_text() if path.exists() else ""
+    ):
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=15)
@@ -486,6 +684,7 @@ def test_sigterm_still_ends_the_stream_with_run_stop(request, workdir, tmp_path,
 
 
 # --- schemas ---
+
 
 @pytest.mark.parametrize("name", sorted(agent.SCHEMAS))
 def test_schema_prints_a_valid_json_schema(capsys, name):
@@ -505,17 +704,22 @@ def test_the_strict_check_catches_an_undocumented_field():
 
 # --- resume ---
 
+
 def test_resume_answers_a_dangling_tool_use_and_keeps_numbering(capsys, workdir, tmp_path):
     path = tmp_path / "run.json"
     budget_stopped(capsys, workdir, path)
     client = FakeClient(reply(text("Resumed answer.")))
-    code, out, _ = run_cli(capsys, ["--resume", str(path), "go on", "--workdir", str(workdir)],
-                           client)
+    code, out, _ = run_cli(
+        capsys, ["--resume", str(path), "go on", "--workdir", str(workdir)], client
+    )
     assert (code, out) == (0, "Resumed answer.\n")
     sent = client.requests[0]["messages"]
     assert sent[-1]["content"][0] == {
-        "type": "tool_result", "tool_use_id": "toolu_X", "is_error": True,
-        "content": sent[-1]["content"][0]["content"]}
+        "type": "tool_result",
+        "tool_use_id": "toolu_X",
+        "is_error": True,
+        "content": sent[-1]["content"][0]["content"],
+    }
     assert "not run" in sent[-1]["content"][0]["content"]
     assert sent[-1]["content"][-1] == text("go on")
     saved = json.loads(path.read_text())  # updated in place
@@ -527,9 +731,18 @@ def test_resume_without_a_question_continues_a_budget_stop(capsys, workdir, tmp_
     path = tmp_path / "run.json"
     budget_stopped(capsys, workdir, path)
     client = FakeClient(reply(text("ok")))
-    code, _, _ = run_cli(capsys, ["--resume", str(path), "--transcript", str(tmp_path / "b.json"),
-                                  "--workdir", str(workdir)],
-                         client)
+    code, _, _ = run_cli(
+        capsys,
+        [
+            "--resume",
+            str(path),
+            "--transcript",
+            str(tmp_path / "b.json"),
+            "--workdir",
+            str(workdir),
+        ],
+        client,
+    )
     assert code == 0 and (tmp_path / "b.json").exists()
     assert json.loads(path.read_text())["stop"]["reason"] == "token_budget"  # left alone
 
@@ -537,44 +750,67 @@ def test_resume_without_a_question_continues_a_budget_stop(capsys, workdir, tmp_
 def test_resumed_limits_count_afresh(capsys, workdir, tmp_path):
     path = tmp_path / "run.json"
     budget_stopped(capsys, workdir, path)
-    client = FakeClient(reply(tool_use("read_file", {"path": "notes.md"}), input_tokens=900),
-                        reply(text("ok")))
-    code, _, _ = run_cli(capsys, ["--resume", str(path), "--token-budget", "1000", "--workdir",
-                                  str(workdir)], client)
+    client = FakeClient(
+        reply(tool_use("read_file", {"path": "notes.md"}), input_tokens=900), reply(text("ok"))
+    )
+    code, _, _ = run_cli(
+        capsys, ["--resume", str(path), "--token-budget", "1000", "--workdir", str(workdir)], client
+    )
     assert code == 0 and len(client.requests) == 2
 
 
 def test_resume_after_a_refusal_drops_the_refused_turn(capsys, workdir, tmp_path):
     path = tmp_path / "run.json"
-    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
-            FakeClient(reply(text("I can't help with that part"), stop_reason="refusal")))
+    run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--transcript", str(path)],
+        FakeClient(reply(text("I can't help with that part"), stop_reason="refusal")),
+    )
     client = FakeClient(reply(text("ok")))
-    code, _, _ = run_cli(capsys, ["--resume", str(path), "something else", "--workdir",
-                                  str(workdir)], client)
+    code, _, _ = run_cli(
+        capsys, ["--resume", str(path), "something else", "--workdir", str(workdir)], client
+    )
     sent = client.requests[0]["messages"]
     assert code == 0 and [m["role"] for m in sent] == ["user"]
     assert sent[0]["content"][-1] == text("something else")
 
 
-@pytest.mark.parametrize("content, fragment", [
-    (None, "does not exist"),
-    ("{not json", "is not a JSON document"),
-    ('{"version": 1, "messages": []}', "not a version 1"),
-    ('{"version": 1, "model": "m", "turns": [], "messages": [{"role": "user", "content": '
-     '[{"type": "tool_use"}]}]}', "not a version 1"),
-    ('{"version": 1, "model": "m", "turns": [{}], "messages": [{"role": "user", "content": '
-     '[{"type": "text", "text": "q"}]}]}', "not a version 1"),
-    ('[1, 2]', "cannot resume: {path} is a JSON list, not a transcript\n"),
-    ("null", "cannot resume: {path} is a JSON null, not a transcript\n"),  # newuser2 N12
-    ('"text"', "cannot resume: {path} is a JSON string, not a transcript\n"),
-    ('\ufeff{"version": 1}', "--resume {path} starts with a byte-order mark (saved by an "
-     "editor?), which no JSON document starts with: save it without one\n"),
-    ('{"version": 99, "turns": []}', "cannot resume: {path} is a JSON object, not a transcript\n"),
-    ("{}", "is an empty JSON object, not a transcript"),
-    ('{"version": 2, "kind": "trials", "trials": []}', "is a trials summary, not a transcript"),
-    ('{"type": "run.start", "seq": 1}\n{"type": "run.stop", "seq": 2}\n',
-     "is an event stream (--events, JSON Lines)"),
-])
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        (None, "does not exist"),
+        ("{not json", "is not a JSON document"),
+        ('{"version": 1, "messages": []}', "not a version 1"),
+        (
+            '{"version": 1, "model": "m", "turns": [], "messages": [{"role": "user", "content": '
+            '[{"type": "tool_use"}]}]}',
+            "not a version 1",
+        ),
+        (
+            '{"version": 1, "model": "m", "turns": [{}], "messages": [{"role": "user", "content": '
+            '[{"type": "text", "text": "q"}]}]}',
+            "not a version 1",
+        ),
+        ("[1, 2]", "cannot resume: {path} is a JSON list, not a transcript\n"),
+        ("null", "cannot resume: {path} is a JSON null, not a transcript\n"),  # newuser2 N12
+        ('"text"', "cannot resume: {path} is a JSON string, not a transcript\n"),
+        (
+            '\ufeff{"version": 1}',
+            "--resume {path} starts with a byte-order mark (saved by an "
+            "editor?), which no JSON document starts with: save it without one\n",
+        ),
+        (
+            '{"version": 99, "turns": []}',
+            "cannot resume: {path} is a JSON object, not a transcript\n",
+        ),
+        ("{}", "is an empty JSON object, not a transcript"),
+        ('{"version": 2, "kind": "trials", "trials": []}', "is a trials summary, not a transcript"),
+        (
+            '{"type": "run.start", "seq": 1}\n{"type": "run.stop", "seq": 2}\n',
+            "is an event stream (--events, JSON Lines)",
+        ),
+    ],
+)
 def test_resume_of_a_bad_file_says_what_it_was_given(capsys, tmp_path, content, fragment):
     path = tmp_path / "bad.json"
     if content is not None:
@@ -603,25 +839,37 @@ def test_a_hostile_document_is_a_usage_error_in_every_mode(capsys, workdir, tmp_
     content, fragment = HOSTILE_DOCUMENTS[name]
     path = tmp_path / "doc.json"
     if content is None:  # a transcript agent.py wrote, with one count made absurd
-        run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
-                FakeClient(reply(text("done"))))
-        content = re.sub(r'"input_tokens": ?100', '"input_tokens": ' + "9" * 400,
-                         path.read_text())
+        run_cli(
+            capsys,
+            ["q", "--workdir", str(workdir), "--transcript", str(path)],
+            FakeClient(reply(text("done"))),
+        )
+        content = re.sub(r'"input_tokens": ?100', '"input_tokens": ' + "9" * 400, path.read_text())
         assert "9" * 400 in content
     path.write_text(content)
-    argv = {"--resume": ["--resume", str(path), "more"], "--replay": ["--replay", str(path)],
-            "--report": ["--report", str(path)], "--export": ["--export", "atif", str(path)]}
+    argv = {
+        "--resume": ["--resume", str(path), "more"],
+        "--replay": ["--replay", str(path)],
+        "--report": ["--report", str(path)],
+        "--export": ["--export", "atif", str(path)],
+    }
     client = FakeClient()
-    code, out, err = run_cli(capsys, argv[flag] + ["--workdir", str(workdir)] * (
-        flag in ("--resume", "--replay")), client)
+    code, out, err = run_cli(
+        capsys,
+        argv[flag] + ["--workdir", str(workdir)] * (flag in ("--resume", "--replay")),
+        client,
+    )
     assert (code, out, client.requests) == (2, "", []), err
     assert fragment in err and "internal error" not in err and len(err.strip().splitlines()) == 1
 
 
 def two_turns(capsys, workdir, path):
     """A transcript agent.py wrote: a tool call, then an answer."""
-    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
-            FakeClient(reply(tool_use("read_file", {"path": "notes.md"})), reply(text("done"))))
+    run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--transcript", str(path)],
+        FakeClient(reply(tool_use("read_file", {"path": "notes.md"})), reply(text("done"))),
+    )
     return json.loads(path.read_text())
 
 
@@ -669,18 +917,23 @@ MALFORMED = {  # name: (how a transcript is made malformed, the modes that must 
     "a turn's stop_reason not a string": (stop_reason_not_a_string, CHECKED),  # before:
     # --replay sent it on as a server's, stop error, exit 1
     "a workdir with a NUL byte": (workdir_with_a_nul, CHECKED),  # before: ValueError
-    "costs too large to sum": (costs_past_a_float, ("--resume", "--replay", "--report",
-                                                    "--export")),
+    "costs too large to sum": (
+        costs_past_a_float,
+        ("--resume", "--replay", "--report", "--export"),
+    ),
     "seconds too large to sum": (seconds_past_a_float, ("--report",)),
-    "ends on a refused reply with no turns": (refused_with_no_turns, ("--resume", "--replay",
-                                                                      "--export")),
+    "ends on a refused reply with no turns": (
+        refused_with_no_turns,
+        ("--resume", "--replay", "--export"),
+    ),
 }
 
 
 @pytest.mark.parametrize("flag", ["--resume", "--replay", "--report", "--export"])
 @pytest.mark.parametrize("name", MALFORMED)
-def test_a_malformed_transcript_is_one_line_and_exit_2_in_every_mode(capsys, workdir, tmp_path,
-                                                                     flag, name):
+def test_a_malformed_transcript_is_one_line_and_exit_2_in_every_mode(
+    capsys, workdir, tmp_path, flag, name
+):
     """Before: --export wrote `Infinity` into the trajectory (exit 0, a file no JSON reader
     accepts), --resume saved a transcript with `Infinity` in it, --resume of a refusal with no
     turns was an internal error (IndexError, exit 1)."""
@@ -688,12 +941,27 @@ def test_a_malformed_transcript_is_one_line_and_exit_2_in_every_mode(capsys, wor
     path = tmp_path / "doc.json"
     path.write_text(json.dumps(mutate(two_turns(capsys, workdir, path))))
     out_path = tmp_path / "out.json"
-    argv = {"--resume": ["--resume", str(path), "more", "--workdir", str(workdir),
-                         "--transcript", str(out_path)],
-            "--replay": ["--replay", str(path), "--workdir", str(workdir), "--transcript",
-                         str(out_path)],
-            "--report": ["--report", str(path), "-o", str(out_path)],
-            "--export": ["--export", "atif", str(path), "-o", str(out_path)]}[flag]
+    argv = {
+        "--resume": [
+            "--resume",
+            str(path),
+            "more",
+            "--workdir",
+            str(workdir),
+            "--transcript",
+            str(out_path),
+        ],
+        "--replay": [
+            "--replay",
+            str(path),
+            "--workdir",
+            str(workdir),
+            "--transcript",
+            str(out_path),
+        ],
+        "--report": ["--report", str(path), "-o", str(out_path)],
+        "--export": ["--export", "atif", str(path), "-o", str(out_path)],
+    }[flag]
     client = FakeClient(reply(text("more")))
     code, out, err = run_cli(capsys, argv, client)
     assert "internal error" not in err and "Traceback" not in err, err
@@ -705,10 +973,12 @@ def test_a_malformed_transcript_is_one_line_and_exit_2_in_every_mode(capsys, wor
 
 
 @pytest.mark.parametrize("flag", ["--resume", "--replay"])
-@pytest.mark.parametrize("recorded", ["/tmp/" + "a" * 300, "/tmp/x/" + "b/" * 3000,
-                                      "/tmp/" + "\u0301" * 1000])
+@pytest.mark.parametrize(
+    "recorded", ["/tmp/" + "a" * 300, "/tmp/x/" + "b/" * 3000, "/tmp/" + "\u0301" * 1000]
+)
 def test_a_recorded_workdir_no_directory_can_have_is_one_short_line_and_exit_2(
-        capsys, workdir, tmp_path, flag, recorded):
+    capsys, workdir, tmp_path, flag, recorded
+):
     """A transcript's workdir with a name too long, or 6,000 characters: before, an internal
     error (exit 1) before the consent question, the whole value on one line of up to 6,000
     characters. Now a usage error, one line, the value quoted, escaped and cut."""
@@ -722,19 +992,24 @@ def test_a_recorded_workdir_no_directory_can_have_is_one_short_line_and_exit_2(
     assert len(err.strip().splitlines()) == 1 and len(err) < 400, err
 
 
-def test_what_a_hostile_server_sends_is_written_as_json_agent_py_reads_back(capsys, workdir,
-                                                                           tmp_path):
+def test_what_a_hostile_server_sends_is_written_as_json_agent_py_reads_back(
+    capsys, workdir, tmp_path
+):
     """NaN and a 2**60 integer in a tool call's input, and every usage count at 2**53 in every
     turn: before, the transcript held NaN (and tokens past 2**53), which --resume, --report and
     every JSON reader refuse."""
     path = tmp_path / "run.json"
     huge = dict(input_tokens=1 << 53, output_tokens=1 << 53, write=1 << 53, read=1 << 53)
-    client = FakeClient(reply(text("a"), tool_use("read_file", {"path": "notes.md",
-                                                                "x": float("nan")}), **huge),
-                        reply(tool_use("read_file", {"path": "notes.md", "n": 1 << 60}), **huge),
-                        reply(text("done"), **huge))
-    code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path),
-                                    "--token-budget", str(1 << 60)], client)
+    client = FakeClient(
+        reply(text("a"), tool_use("read_file", {"path": "notes.md", "x": float("nan")}), **huge),
+        reply(tool_use("read_file", {"path": "notes.md", "n": 1 << 60}), **huge),
+        reply(text("done"), **huge),
+    )
+    code, _, err = run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--transcript", str(path), "--token-budget", str(1 << 60)],
+        client,
+    )
     assert code == 0, err
     saved = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"{c} written"))
     assert saved["usage"]["tokens"] == 1 << 53 and agent.load_transcript(path)
@@ -746,8 +1021,9 @@ def test_what_a_hostile_server_sends_is_written_as_json_agent_py_reads_back(caps
 
 
 @pytest.mark.parametrize("kind", ["fifo", "directory", "device", "huge"])
-def test_resume_reads_only_a_regular_file_and_nothing_there_makes_it_block(tmp_path, kind,
-                                                                         agent_copy):
+def test_resume_reads_only_a_regular_file_and_nothing_there_makes_it_block(
+    tmp_path, kind, agent_copy
+):
     """Whatever sits at the path, agent.py answers at once (a FIFO nobody writes to would
     block an open or a read forever; /dev/zero never ends; a sparse file is all too big)."""
     path = tmp_path / "run.json"
@@ -760,10 +1036,15 @@ def test_resume_reads_only_a_regular_file_and_nothing_there_makes_it_block(tmp_p
             f.truncate(agent.MAX_DOCUMENT + 1)
     else:
         path = Path("/dev/zero")
-    done = run_agent_py(agent_copy, "--resume", path, "more", env=agent_env(), timeout=20,
-                        stdin=subprocess.DEVNULL)
-    what = {"fifo": "is a FIFO", "directory": "is a directory", "device": "character device",
-            "huge": f"is over {agent.MAX_DOCUMENT >> 20} MiB"}[kind]
+    done = run_agent_py(
+        agent_copy, "--resume", path, "more", env=agent_env(), timeout=20, stdin=subprocess.DEVNULL
+    )
+    what = {
+        "fifo": "is a FIFO",
+        "directory": "is a directory",
+        "device": "character device",
+        "huge": f"is over {agent.MAX_DOCUMENT >> 20} MiB",
+    }[kind]
     assert done.returncode == 2 and what in done.stderr, done.stderr
 
 
@@ -788,7 +1069,8 @@ def test_resume_takes_the_transcripts_model_only_if_the_user_agrees(capsys, work
 
 @pytest.mark.parametrize("recorded", ["http://127.0.0.1:8765", None])
 def test_resume_sends_its_history_to_another_server_only_if_the_user_agrees(
-        capsys, workdir, tmp_path, monkeypatch, recorded):
+    capsys, workdir, tmp_path, monkeypatch, recorded
+):
     """A run made against one server (or Anthropic's API: no base_url), resumed where
     ANTHROPIC_BASE_URL names another: its whole history would go there. --yes is not
     agreement; no answer is a no; the same server asks nothing."""
@@ -808,7 +1090,8 @@ def test_resume_sends_its_history_to_another_server_only_if_the_user_agrees(
     assert f'  server "{shown}" (its history would now go to http://127.0.0.1:8767)\n' in err
     assert err.rstrip().endswith(  # newuser2 N4: not "give ANTHROPIC_BASE_URL", which was given
         f"not resumed: {path} goes on with a server other than the one that made it only when "
-        "you answer y (echo y | agent.py ...)"), err
+        "you answer y (echo y | agent.py ...)"
+    ), err
     client = FakeClient(reply(text("a")))
     code, _, err = run_cli(capsys, given, client, stdin="y\n")
     assert code == 0 and len(client.requests) == 1
@@ -820,8 +1103,11 @@ def test_resume_sends_its_history_to_another_server_only_if_the_user_agrees(
 
 def test_resume_of_a_finished_transcript_needs_a_question(capsys, workdir, tmp_path):
     path = tmp_path / "run.json"
-    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
-            FakeClient(reply(text("done"))))
+    run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--transcript", str(path)],
+        FakeClient(reply(text("done"))),
+    )
     client = FakeClient()
     code, _, err = run_cli(capsys, ["--resume", str(path)], client)
     assert (code, client.requests) == (2, []) and "finished" in err
@@ -829,10 +1115,14 @@ def test_resume_of_a_finished_transcript_needs_a_question(capsys, workdir, tmp_p
 
 # --- what --resume trusts: nothing the model's code could have written ---
 
+
 def test_resuming_a_transcript_inside_the_workdir_is_refused(capsys, workdir, tmp_path):
     path = tmp_path / "run.json"
-    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
-            FakeClient(reply(text("done"))))
+    run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--transcript", str(path)],
+        FakeClient(reply(text("done"))),
+    )
     moved = workdir / "run.json"
     path.rename(moved)
     client = FakeClient()
@@ -853,8 +1143,11 @@ def home(tmp_path):
 def forged_in(capsys, workdir, tmp_path, home):
     """A transcript a script left behind, naming the user's home as its workdir."""
     path = tmp_path / "run.json"
-    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
-            FakeClient(reply(text("done"))))
+    run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--transcript", str(path)],
+        FakeClient(reply(text("done"))),
+    )
     forged = json.loads(path.read_text())
     forged["workdir"] = str(home)
     path.write_text(json.dumps(forged))
@@ -864,11 +1157,14 @@ def forged_in(capsys, workdir, tmp_path, home):
 @pytest.mark.parametrize("answer", ["", "n\n"])
 def test_a_transcript_cannot_choose_where_the_run_works(capsys, workdir, tmp_path, home, answer):
     path = forged_in(capsys, workdir, tmp_path, home)
-    reads = FakeClient(reply(tool_use("read_file", {"path": ".ssh/id_ed25519"})),
-                       reply(tool_use("run_python", {"code": "open('.bashrc', 'a').write('x')"})),
-                       reply(text("done")))
-    code, _, err = run_cli(capsys, ["--resume", str(path), "continue", "--yes"], reads,
-                           stdin=answer)  # --yes is not consent to the transcript's workdir
+    reads = FakeClient(
+        reply(tool_use("read_file", {"path": ".ssh/id_ed25519"})),
+        reply(tool_use("run_python", {"code": "open('.bashrc', 'a').write('x')"})),
+        reply(text("done")),
+    )
+    code, _, err = run_cli(
+        capsys, ["--resume", str(path), "continue", "--yes"], reads, stdin=answer
+    )  # --yes is not consent to the transcript's workdir
     assert (code, reads.requests) == (2, [])
     assert f'workdir "{home}"' in err and "[y/N]" in err and "not resumed" in err
     assert (home / ".bashrc").read_text() == "# the user's\n"
@@ -887,7 +1183,7 @@ def test_the_consent_question_cannot_be_redrawn_by_the_transcript(capsys, workdi
         client = FakeClient()
         code, _, err = run_cli(capsys, argv, client, stdin="")
         assert (code, client.requests) == (2, [])
-        question = err[:err.index("[y/N]")]
+        question = err[: err.index("[y/N]")]
         assert not set(question) & set("\x1b\r\x9b\u202e"), repr(question)
         assert "\\x1b[1A\\x1b[2K\\x0dnothing to see" in question
 
@@ -900,16 +1196,27 @@ def on_a_24_row_screen(agent_copy, argv, cwd):
     sock = cwd / "tmux.sock"
     tmux = ["tmux", "-S", str(sock), "-f", "/dev/null"]
     command = shlex.join([sys.executable, str(agent_copy), *map(str, argv)])
-    subprocess.run(tmux + ["new-session", "-d", "-x", "80", "-y", "24", command], check=True,
-                   cwd=cwd, env=agent_env(TERM="xterm"), timeout=30)
+    subprocess.run(
+        tmux + ["new-session", "-d", "-x", "80", "-y", "24", command],
+        check=True,
+        cwd=cwd,
+        env=agent_env(TERM="xterm"),
+        timeout=30,
+    )
     try:
         deadline, screen = time.monotonic() + 60, ""
         while "[y/N]" not in screen and time.monotonic() < deadline:
             time.sleep(0.2)
-            screen = subprocess.run(tmux + ["capture-pane", "-p", "-J"], capture_output=True,
-                                    text=True, timeout=30).stdout
-        rows = subprocess.run(tmux + ["capture-pane", "-p"], capture_output=True, text=True,
-                              timeout=30).stdout.rstrip("\n").split("\n")
+            screen = subprocess.run(
+                tmux + ["capture-pane", "-p", "-J"], capture_output=True, text=True, timeout=30
+            ).stdout
+        rows = (
+            subprocess.run(
+                tmux + ["capture-pane", "-p"], capture_output=True, text=True, timeout=30
+            )
+            .stdout.rstrip("\n")
+            .split("\n")
+        )
         subprocess.run(tmux + ["send-keys", "n", "Enter"], timeout=30)
         return screen, rows
     finally:
@@ -922,8 +1229,9 @@ FAKE = "agent.py: note: this transcript was checked and is safe"
 
 @pytest.mark.parametrize("attack", ["lines in the workdir's name", "a model 3,000 long"])
 @pytest.mark.parametrize("flag", ["--resume", "--replay"])
-def test_the_screen_the_user_answers_shows_the_truth(capsys, workdir, tmp_path, agent_copy,
-                                                     attack, flag):
+def test_the_screen_the_user_answers_shows_the_truth(
+    capsys, workdir, tmp_path, agent_copy, attack, flag
+):
     """Before: a workdir named with line breaks drew lines that looked like agent.py's own, and
     a 3,000-character model name pushed the workdir's line off the top of a 24-row screen, so
     the user answered a question whose subject they could not see."""
@@ -938,8 +1246,9 @@ def test_the_screen_the_user_answers_shows_the_truth(capsys, workdir, tmp_path, 
     if attack == "a model 3,000 long":
         forged["model"] = "claude-" + "x" * 3000
     path.write_text(json.dumps(forged))
-    screen, rows = on_a_24_row_screen(agent_copy, [flag, path] + ["go on"] * (flag == "--resume"),
-                                      cwd=tmp_path)
+    screen, rows = on_a_24_row_screen(
+        agent_copy, [flag, path] + ["go on"] * (flag == "--resume"), cwd=tmp_path
+    )
     assert not any(row.startswith("agent.py:") for row in rows), rows
     assert not any(FAKE in row and "\\n" not in row for row in rows), rows
     shown = str(home).replace("\n", "\\n")
@@ -970,8 +1279,9 @@ def test_the_transcripts_workdir_is_used_once_the_user_agrees(capsys, workdir, t
     code, _, err = run_cli(capsys, ["--resume", str(path), "continue"], client, stdin="y\n")
     assert code == 0 and "the user's" in client.requests[1]["messages"][-1]["content"][0]["content"]
     client = FakeClient(reply(text("ok")))
-    code, _, err = run_cli(capsys, ["--resume", str(path), "more", "--workdir", str(workdir)],
-                           client, stdin="")  # given on the command line: nothing to ask
+    code, _, err = run_cli(
+        capsys, ["--resume", str(path), "more", "--workdir", str(workdir)], client, stdin=""
+    )  # given on the command line: nothing to ask
     assert code == 0 and "[y/N]" not in err
 
 
@@ -979,13 +1289,18 @@ def test_resume_with_a_deleted_workdir_names_the_transcripts(capsys, tmp_path):
     workdir = tmp_path / "gone"
     workdir.mkdir()
     path = tmp_path / "run.json"
-    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
-            FakeClient(reply(text("done"))))
+    run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--transcript", str(path)],
+        FakeClient(reply(text("done"))),
+    )
     workdir.rmdir()
     code, _, err = run_cli(capsys, ["--resume", str(path), "more"], FakeClient())
-    assert code == 2 and err == (f"agent.py: {path} recorded the workdir {workdir}, which does "
-                                 "not exist here: give -C DIR (--workdir) to resume it in "
-                                 "another directory\n")  # the way out named (newuser #3, #24)
+    assert code == 2 and err == (
+        f"agent.py: {path} recorded the workdir {workdir}, which does "
+        "not exist here: give -C DIR (--workdir) to resume it in "
+        "another directory\n"
+    )  # the way out named (newuser #3, #24)
 
 
 def test_replay_of_a_recording_whose_workdir_is_not_here_names_the_way_out(capsys, tmp_path):
@@ -993,30 +1308,50 @@ def test_replay_of_a_recording_whose_workdir_is_not_here_names_the_way_out(capsy
     example = Path(agent.__file__).with_name("workspace") / "example-run.json"
     code, out, err = run_cli(capsys, ["--replay", str(example), "--yes"])
     assert (code, out) == (2, "")
-    assert err == (f"agent.py: {example} recorded the workdir workspace (here "
-                   f"{Path.cwd() / 'workspace'}), which does not exist here: give -C DIR "
-                   "(--workdir) to replay it in another directory\n")
+    assert err == (
+        f"agent.py: {example} recorded the workdir workspace (here "
+        f"{Path.cwd() / 'workspace'}), which does not exist here: give -C DIR "
+        "(--workdir) to replay it in another directory\n"
+    )
 
 
 def test_a_transcript_inside_its_recorded_workdir_is_refused(capsys, workdir, tmp_path):
     path = tmp_path / "run.json"
-    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
-            FakeClient(reply(text("done"))))
+    run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--transcript", str(path)],
+        FakeClient(reply(text("done"))),
+    )
     moved = workdir / "run.json"
     path.rename(moved)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     client = FakeClient()
-    code, _, err = run_cli(capsys, ["--resume", str(moved), "more", "--workdir", str(elsewhere),
-                                    "--transcript", str(tmp_path / "new.json")], client)
+    code, _, err = run_cli(
+        capsys,
+        [
+            "--resume",
+            str(moved),
+            "more",
+            "--workdir",
+            str(elsewhere),
+            "--transcript",
+            str(tmp_path / "new.json"),
+        ],
+        client,
+    )
     assert (code, client.requests) == (2, []) and "inside the workdir" in err
 
 
 def finished_transcript(capsys, workdir, tmp_path):
     path = tmp_path / "run.json"
-    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
-            FakeClient(reply(tool_use("read_file", {"path": "notes.md"}, id="toolu_R")),
-                   reply(text("done"))))
+    run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--transcript", str(path)],
+        FakeClient(
+            reply(tool_use("read_file", {"path": "notes.md"}, id="toolu_R")), reply(text("done"))
+        ),
+    )
     return path, json.loads(path.read_text())
 
 
@@ -1026,10 +1361,17 @@ RLO_CSI = "\u202e\u009b2J"  # right-to-left override; the 8-bit CSI: ESC [ on so
 def on_a_terminal(agent_copy, *args, cwd):
     """agent.py's stdout as a terminal shows it: (exit code, what was written there)."""
     import pty
+
     master, slave = pty.openpty()
-    done = subprocess.run([sys.executable, str(agent_copy), *map(str, args)], stdout=slave,
-                          stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=cwd,
-                          env=agent_env(), timeout=60)
+    done = subprocess.run(
+        [sys.executable, str(agent_copy), *map(str, args)],
+        stdout=slave,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        cwd=cwd,
+        env=agent_env(),
+        timeout=60,
+    )
     os.close(slave)
     out = b""
     while True:
@@ -1044,19 +1386,24 @@ def on_a_terminal(agent_copy, *args, cwd):
     return done.returncode, out.decode("utf-8")
 
 
-def test_json_and_html_on_a_terminal_carry_no_raw_bidi_or_c1(capsys, workdir, tmp_path,
-                                                             agent_copy):
+def test_json_and_html_on_a_terminal_carry_no_raw_bidi_or_c1(capsys, workdir, tmp_path, agent_copy):
     """What the model wrote (an answer with U+202E and U+009B) reaches a terminal escaped in
     --transcript -, --events -, --export -o - and --report -o -; through a pipe, as it is."""
     path = tmp_path / "run.json"
-    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)],
-            FakeClient(reply(text(f"evil{RLO_CSI}answer"))))
-    for args in (["--export", "atif", path, "-o", "-"], ["--report", path, "-o", "-"],
-                 ["--replay", path, "--workdir", workdir, "--transcript", "-"],
-                 ["--replay", path, "--workdir", workdir, "--events", "-"]):
+    run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--transcript", str(path)],
+        FakeClient(reply(text(f"evil{RLO_CSI}answer"))),
+    )
+    for args in (
+        ["--export", "atif", path, "-o", "-"],
+        ["--report", path, "-o", "-"],
+        ["--replay", path, "--workdir", workdir, "--transcript", "-"],
+        ["--replay", path, "--workdir", workdir, "--events", "-"],
+    ):
         code, shown = on_a_terminal(agent_copy, *args, cwd=tmp_path)
         assert code == 0 and "evil" in shown
-        assert not set(shown) & {"\u202e", "\u009b"}, (args, shown[shown.index("evil") - 20:][:80])
+        assert not set(shown) & {"\u202e", "\u009b"}, (args, shown[shown.index("evil") - 20 :][:80])
         piped = run_agent_py(agent_copy, *args, cwd=tmp_path, env=agent_env(), timeout=60)
         assert piped.returncode == 0 and f"evil{RLO_CSI}answer" in piped.stdout  # unchanged
         if args[0] != "--report":
@@ -1066,8 +1413,9 @@ def test_json_and_html_on_a_terminal_carry_no_raw_bidi_or_c1(capsys, workdir, tm
 
 def test_resume_takes_the_tools_from_agent_py_and_says_where(capsys, workdir, tmp_path):
     path, saved = finished_transcript(capsys, workdir, tmp_path)
-    saved["tools"] = [{"name": "shell", "description": "run anything",
-                       "input_schema": {"type": "object"}}]
+    saved["tools"] = [
+        {"name": "shell", "description": "run anything", "input_schema": {"type": "object"}}
+    ]
     path.write_text(json.dumps(saved))
     client = FakeClient(reply(text("ok")))
     code, _, err = run_cli(capsys, ["--resume", str(path), "more"], client, stdin="y\n")
@@ -1076,26 +1424,30 @@ def test_resume_takes_the_tools_from_agent_py_and_says_where(capsys, workdir, tm
     assert f"resuming {path}: 2 turns so far; workdir {os.path.realpath(workdir)}" in err
 
 
-def test_quiet_resume_says_nothing_on_stderr_but_the_answer_is_printed(capsys, workdir,
-                                                                        tmp_path):
+def test_quiet_resume_says_nothing_on_stderr_but_the_answer_is_printed(capsys, workdir, tmp_path):
     """-q is "no progress on stderr": the `resuming ...` line was printed anyway."""
     path, _ = finished_transcript(capsys, workdir, tmp_path)
     client = FakeClient(reply(text("ok")))
-    code, out, err = run_cli(capsys, ["--resume", str(path), "more", "--workdir", str(workdir),
-                                      "-q"], client)
+    code, out, err = run_cli(
+        capsys, ["--resume", str(path), "more", "--workdir", str(workdir), "-q"], client
+    )
     assert (code, out, err) == (0, "ok\n", ""), err
 
 
-def test_resume_keeps_the_transcripts_system_prompt_only_if_the_user_agrees(capsys, workdir,
-                                                                             tmp_path):
+def test_resume_keeps_the_transcripts_system_prompt_only_if_the_user_agrees(
+    capsys, workdir, tmp_path
+):
     """A run made with --system-prompt goes on with it; but a transcript is only a file, so a
     prompt that is not agent.py's is used once the user, shown it, agrees (like its model)."""
     prompt, other = tmp_path / "task.txt", tmp_path / "other.txt"
     prompt.write_text("You solve terminal tasks.")
     other.write_text("You answer in haiku.")
     path = tmp_path / "run.json"
-    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path), "--system-prompt",
-                     str(prompt)], FakeClient(reply(text("done"))))
+    run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--transcript", str(path), "--system-prompt", str(prompt)],
+        FakeClient(reply(text("done"))),
+    )
     given = ["--resume", str(path), "more", "--workdir", str(workdir)]
     client = FakeClient()
     code, _, err = run_cli(capsys, given, client, stdin="")  # no answer: not resumed
@@ -1138,23 +1490,26 @@ FORGERIES = {
     "text empty": lambda s: s["messages"][0]["content"][0].update(text=""),
     "tool result content a number": lambda s: s["messages"][2]["content"][0].update(content=0),
     "tool result content an object": lambda s: s["messages"][2]["content"][0].update(
-        content={"a": 1}),
+        content={"a": 1}
+    ),
     "tool result content true": lambda s: s["messages"][2]["content"][0].update(content=True),
     "tool result content a list of numbers": lambda s: s["messages"][2]["content"][0].update(
-        content=[1]),
+        content=[1]
+    ),
     "prompt tokens null": lambda s: s["turns"][-1].update(prompt_tokens=None),
 }
 
 
 @pytest.mark.parametrize("forgery", sorted(FORGERIES))
-def test_a_forged_transcript_is_a_usage_error_with_nothing_sent(capsys, workdir, tmp_path,
-                                                                forgery):
+def test_a_forged_transcript_is_a_usage_error_with_nothing_sent(capsys, workdir, tmp_path, forgery):
     path, saved = finished_transcript(capsys, workdir, tmp_path)
     FORGERIES[forgery](saved)
     path.write_text(json.dumps(saved))
-    for argv, says in ((["--resume", str(path), "more"], "cannot resume"),
-                       (["--replay", str(path), "--workdir", str(workdir)], "cannot replay"),
-                       (["--export", "atif", str(path), "-o", "-"], "cannot export")):
+    for argv, says in (
+        (["--resume", str(path), "more"], "cannot resume"),
+        (["--replay", str(path), "--workdir", str(workdir)], "cannot replay"),
+        (["--export", "atif", str(path), "-o", "-"], "cannot export"),
+    ):
         client = FakeClient()
         code, out, err = run_cli(capsys, argv, client)
         assert (code, out, client.requests) == (2, "", []) and says in err, err
@@ -1162,27 +1517,48 @@ def test_a_forged_transcript_is_a_usage_error_with_nothing_sent(capsys, workdir,
 
 
 @pytest.mark.parametrize("name", ["/dev/stdout", "/proc/self/fd/1"])
-def test_a_named_stdout_or_stderr_is_the_fd_even_when_it_is_a_file(request, workdir, tmp_path,
-                                                                  agent_copy, name):
+def test_a_named_stdout_or_stderr_is_the_fd_even_when_it_is_a_file(
+    request, workdir, tmp_path, agent_copy, name
+):
     """`-o /dev/stdout > r.html` and `--events /dev/stderr 2> ev` (findings 9, 65): a user
     naming /dev/stdout, /dev/stderr, /dev/fd/N means agent.py's own descriptor, which the
     shell opened; written through it whether it is a pipe, a terminal or a file."""
     example = Path(agent.__file__).parent / "workspace" / "example-run.json"
     with open(tmp_path / "r.html", "w") as page:
-        done = subprocess.run([sys.executable, str(agent_copy), "--report", str(example), "-o",
-                               name], stdout=page, stderr=subprocess.PIPE, text=True,
-                              env=agent_env(), timeout=60)
+        done = subprocess.run(
+            [sys.executable, str(agent_copy), "--report", str(example), "-o", name],
+            stdout=page,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=agent_env(),
+            timeout=60,
+        )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "r.html").read_text().startswith("<!doctype html>")
     api = serve(request, reply(text("done")))
     with open(tmp_path / "ev", "w") as ev:
-        done = subprocess.run([sys.executable, str(agent_copy), "q", "--workdir", str(workdir),
-                               "--events", name.replace("stdout", "stderr").replace("/1", "/2")],
-                              stdout=subprocess.PIPE, stderr=ev, text=True,
-                              env=agent_env(api), timeout=60)
+        done = subprocess.run(
+            [
+                sys.executable,
+                str(agent_copy),
+                "q",
+                "--workdir",
+                str(workdir),
+                "--events",
+                name.replace("stdout", "stderr").replace("/1", "/2"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=ev,
+            text=True,
+            env=agent_env(api),
+            timeout=60,
+        )
     assert done.returncode == 0 and done.stdout == "done\n", (tmp_path / "ev").read_text()
-    events = [json.loads(line) for line in (tmp_path / "ev").read_text().splitlines()
-              if line.startswith("{")]
+    events = [
+        json.loads(line)
+        for line in (tmp_path / "ev").read_text().splitlines()
+        if line.startswith("{")
+    ]
     assert events[0]["type"] == "run.start" and events[-1]["type"] == "run.stop"
 
 
@@ -1193,5 +1569,9 @@ def test_a_transcript_onto_a_device_says_why_and_what_to_give(capsys, workdir, n
     client = FakeClient(reply(text("done")))
     code, _, err = run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", name], client)
     assert (code, client.requests) == (2, []), err
-    assert err.count("\n") == 1 and "rewritten after every turn" in err and \
-        "--transcript -" in err and "--no-keep" in err, err
+    assert (
+        err.count("\n") == 1
+        and "rewritten after every turn" in err
+        and "--transcript -" in err
+        and "--no-keep" in err
+    ), err

@@ -1,7 +1,8 @@
 """Reward 1 when /app/absent.csv holds exactly 'name,score\nHiro,58\nDana,64' (one final newline allowed), else 0."""
+
 import pathlib
 
-PATH, EXPECTED = pathlib.Path('/app/absent.csv'), 'name,score\nHiro,58\nDana,64'
+PATH, EXPECTED = pathlib.Path("/app/absent.csv"), "name,score\nHiro,58\nDana,64"
 
 
 def verdict():

@@ -1,8 +1,12 @@
 """Reward 1 when /app/classes.json is JSON equal to the expected object, else 0."""
+
 import json
 import pathlib
 
-PATH, EXPECTED = pathlib.Path('/app/classes.json'), {'A': {'mean': 82.8, 'stdev': 6.55}, 'B': {'mean': 77.0, 'stdev': 14.49}}
+PATH, EXPECTED = (
+    pathlib.Path("/app/classes.json"),
+    {"A": {"mean": 82.8, "stdev": 6.55}, "B": {"mean": 77.0, "stdev": 14.49}},
+)
 
 
 def verdict():

@@ -1,7 +1,8 @@
 """Reward 1 when /app/answer.txt holds exactly '+3.5' (one final newline allowed), else 0."""
+
 import pathlib
 
-PATH, EXPECTED = pathlib.Path('/app/answer.txt'), '+3.5'
+PATH, EXPECTED = pathlib.Path("/app/answer.txt"), "+3.5"
 
 
 def verdict():

@@ -1,7 +1,8 @@
 """Reward 1 when /app/answer.txt holds exactly 'Hiro\nDana\nBob' (one final newline allowed), else 0."""
+
 import pathlib
 
-PATH, EXPECTED = pathlib.Path('/app/answer.txt'), 'Hiro\nDana\nBob'
+PATH, EXPECTED = pathlib.Path("/app/answer.txt"), "Hiro\nDana\nBob"
 
 
 def verdict():

@@ -1,7 +1,8 @@
 """Reward 1 when /app/answer.txt holds exactly 'NOT FOUND' (one final newline allowed), else 0."""
+
 import pathlib
 
-PATH, EXPECTED = pathlib.Path('/app/answer.txt'), 'NOT FOUND'
+PATH, EXPECTED = pathlib.Path("/app/answer.txt"), "NOT FOUND"
 
 
 def verdict():

@@ -1,7 +1,8 @@
 """Reward 1 when /app/answer.txt holds exactly '79.9' (one final newline allowed), else 0."""
+
 import pathlib
 
-PATH, EXPECTED = pathlib.Path('/app/answer.txt'), '79.9'
+PATH, EXPECTED = pathlib.Path("/app/answer.txt"), "79.9"
 
 
 def verdict():
