@@ -185,18 +185,9 @@ def build_request(session, limits, final):
         request["output_config"] = {"effort": session["effort"]}
     if base_model(session["model"]) in SHOW_THINKING:  # thinking is on; show what it says
         request["thinking"] = {"type": "adaptive", "display": "summarized"}
-    if limits.clear_at and limits.context_edit == "server":  # the API clears, in its beta
-        request["betas"] = [CONTEXT_EDIT_BETA]
-        request["context_management"] = {
-            "edits": [
-                {
-                    "type": "clear_tool_uses_20250919",
-                    "trigger": {"type": "input_tokens", "value": limits.clear_at},
-                    "keep": {"type": "tool_uses", "value": limits.keep_results},
-                    "clear_at_least": {"type": "input_tokens", "value": limits.clear_at_least},
-                }
-            ]
-        }
+    # the API clears old tool results itself, in its beta (else clear_old_results does)
+    if limits.clear_at and limits.context_edit == "server":
+        request.update(server_clearing(limits))
     return request
 
 
@@ -204,12 +195,14 @@ def run_session(client, session, ctx, report, save):
     """The turn loop. Returns the Stop; `drive` maps an exception out of it to one."""
     limits = ctx.limits
     first = max([t["turn"] for t in session["turns"]], default=0) + 1
-    last_turn, used = first + limits.max_turns - 1, empty_usage()
+    last_turn = first + limits.max_turns - 1
+    used = empty_usage()
     for turn in range(first, last_turn + 1):
         check_cancelled(ctx.cancel)
         if turn == last_turn:
             mark_final_turn(session["messages"])
-        started, record = time.monotonic(), {"turn": turn, "started_at": now()}
+        started = time.monotonic()
+        record = {"turn": turn, "started_at": now()}
         report.turn_start(turn)
         cleared = clear_old_results(session, limits)
         if cleared:
@@ -289,15 +282,6 @@ def drive(client, session, ctx, report, save):
     session["ended_at"] = now()
     save(session, final=True)
     return stop
-
-
-def final_text(session):
-    """The text of the last assistant message, or None if it has none."""
-    last = session["messages"][-1] if session["messages"] else None
-    if not last or last["role"] != "assistant":
-        return None
-    text = "".join(b.get("text", "") for b in last["content"] if b.get("type") == "text")
-    return text or None
 
 
 # ================================================================================================
@@ -406,40 +390,18 @@ def stop_for(exc, api=True):
         return Stop("error", str(exc))
     if isinstance(exc, ReplayDiffers):  # --strict: the replies that follow answered other results
         return Stop("replay_differs", str(exc))
-    status, retries = getattr(exc, "status_code", None), getattr(exc, "retries", [])
-    if (
-        not api
-        or status is None
-        and not transport_error(exc)
-        and not type(exc).__module__.startswith("anthropic")
-    ):
-        return Stop(
-            "error", f"{type(exc).__name__}: {exc}", retries, getattr(exc, "failed_usage", None)
-        )
-    detail, spent = api_message(exc), getattr(exc, "failed_usage", None)
+    status = getattr(exc, "status_code", None)
+    retries = getattr(exc, "retries", [])
+    spent = getattr(exc, "failed_usage", None)
+    from_api = status is not None or transport_error(exc)
+    if not api or not from_api and not type(exc).__module__.startswith("anthropic"):
+        return Stop("error", f"{type(exc).__name__}: {exc}", retries, spent)
+    detail = api_message(exc)
     if status == 401:
         detail += " (check ANTHROPIC_API_KEY)"
     if status == 400 and CONTEXT_ERROR.search(detail):
         return Stop("model_context_window_exceeded", detail, retries, spent)
     return Stop("api_error", detail, retries, spent)
-
-
-def stopped_by(exc):
-    """The interrupted stop's detail. A StopSignal says which signal it was: SIGHUP, a closed
-    terminal, is named; Ctrl-C and SIGTERM, and a trial cancelled by them, are said as one."""
-    if isinstance(exc, StopSignal) and exc.signum == signal.SIGHUP:
-        return "stopped by SIGHUP"
-    return "stopped by Ctrl-C or SIGTERM"
-
-
-def trials_stop(summary):
-    """How --trials ends: (label, exit code, detail). Every requested trial passed: 0; some did
-    not: 6; Ctrl-C cut them short: interrupted. No one session's label stands for them all."""
-    detail = f"{summary['passes']} of {summary['requested']} trials passed"
-    if summary["interrupted"]:
-        return "interrupted", EXIT_CODES["interrupted"], detail
-    every = summary["passes"] == summary["n"] == summary["requested"]
-    return None, 0 if every else EXIT_TRIALS_FAILED, detail
 
 
 # ================================================================================================
@@ -550,7 +512,9 @@ def read_file(ctx, path, offset=1, limit=None):
 def run_python(ctx, code):
     """Run `code` in the sandbox, after the user approves; return exit code and output."""
     ctx.sandbox.ready()  # proves the boundary (once) before anyone is asked to rely on it
-    asked, ctx.asking.now = time.monotonic(), True  # a Ctrl-C now comes before the code ran
+    # a Ctrl-C while the user is asked comes before the code ran
+    asked = time.monotonic()
+    ctx.asking.now = True
     approved = ctx.approve(code)
     ctx.asking.now = False
     ctx.asking.seconds = getattr(ctx.asking, "seconds", 0.0) + time.monotonic() - asked
@@ -588,21 +552,6 @@ def make_approver(yes, no_sandbox, sandbox, stdin):
         return agreed(approval_question(code, *terminal_size(), unconfined), stdin)
 
     return approve
-
-
-def agreed(question, stdin):
-    """Ask on stderr (or, when that is a file and the answer comes from a terminal, on the
-    terminal); True only for y or yes. No answer (stdin closed) is a no."""
-    with Reporter.lock, answer_screen(stdin) as screen:
-        if not to_stderr(
-            dimmed(visible(question if question.endswith("] ") else question + " [y/N] "), screen),
-            screen,
-        ):
-            return False  # a question no one can see is not agreed to
-        answer = stdin.readline()
-        if not answer.endswith("\n"):  # no one answered: end the line
-            to_stderr(dimmed(getattr(stdin, "no_answer", "(no answer)") + "\n", screen), screen)
-    return answer.strip().lower() in ("y", "yes")
 
 
 TOOL_FUNCTIONS = {"read_file": read_file, "run_python": run_python}
@@ -661,42 +610,6 @@ def call_tool(block, ctx, cut_off=None):
         facts["exit_code"] = None
     result["content"] = clean(redact(result["content"]))  # no secret, by whatever route it came
     return result, facts
-
-
-def over_budget(block, result, limit):
-    """The answer to a call whose result no longer fits this turn's budget of bytes."""
-    ran = (
-        f"The script ran, but its {size(result)} bytes of output were not sent"
-        if block["name"] == "run_python"
-        else f"Its {size(result)} bytes were not sent"
-    )
-    return {
-        "type": "tool_result",
-        "tool_use_id": block["id"],
-        "is_error": True,
-        "content": f"{ran}: this turn's tool results already reached the limit of {limit} "
-        "bytes. Read fewer files at once (one or two per turn), or parts of them "
-        "with offset and limit.",
-    }
-
-
-def not_run(block, limit):
-    """The answer to a call past the most calls one turn runs: what a turn holds and how long
-    it takes stay bounded however many calls a reply asks for."""
-    return (
-        {
-            "type": "tool_result",
-            "tool_use_id": block["id"],
-            "is_error": True,
-            "content": f"Not run: one turn runs at most {limit} tool calls. Read fewer files "
-            "at once (one or two per turn), and make fewer calls in one turn.",
-        },
-        {"exit_code": None, "declined": False},
-    )
-
-
-def size(result):
-    return len(result["content"].encode("utf-8", "surrogatepass"))
 
 
 def run_tools(blocks, ctx, report, cut_off=None):
@@ -767,6 +680,73 @@ def run_tools(blocks, ctx, report, cut_off=None):
     return results, calls, stopped
 
 
+# ================================================================================================
+# The machinery. Everything above is the agent; everything below keeps it bounded, recorded and
+# safe. Each section stands on its own: read the one you need.
+# ================================================================================================
+
+
+# --- A turn's tool results: the calls one turn does not run or send, and the answer ---
+
+
+def not_run(block, limit):
+    """The answer to a call past the most calls one turn runs: what a turn holds and how long
+    it takes stay bounded however many calls a reply asks for."""
+    return (
+        {
+            "type": "tool_result",
+            "tool_use_id": block["id"],
+            "is_error": True,
+            "content": f"Not run: one turn runs at most {limit} tool calls. Read fewer files "
+            "at once (one or two per turn), and make fewer calls in one turn.",
+        },
+        {"exit_code": None, "declined": False},
+    )
+
+
+def over_budget(block, result, limit):
+    """The answer to a call whose result no longer fits this turn's budget of bytes."""
+    ran = (
+        f"The script ran, but its {size(result)} bytes of output were not sent"
+        if block["name"] == "run_python"
+        else f"Its {size(result)} bytes were not sent"
+    )
+    return {
+        "type": "tool_result",
+        "tool_use_id": block["id"],
+        "is_error": True,
+        "content": f"{ran}: this turn's tool results already reached the limit of {limit} "
+        "bytes. Read fewer files at once (one or two per turn), or parts of them "
+        "with offset and limit.",
+    }
+
+
+def size(result):
+    return len(result["content"].encode("utf-8", "surrogatepass"))
+
+
+def final_text(session):
+    """The text of the last assistant message, or None if it has none."""
+    last = session["messages"][-1] if session["messages"] else None
+    if not last or last["role"] != "assistant":
+        return None
+    text = "".join(b.get("text", "") for b in last["content"] if b.get("type") == "text")
+    return text or None
+
+
+# --- Stopping: Ctrl-C, SIGTERM, SIGHUP and a trial's cancel ---
+
+STOPPING = threading.Event()  # set by on_stop_signal (with the signal: .signum), cleared by main
+
+
+def stopped_by(exc):
+    """The interrupted stop's detail. A StopSignal says which signal it was: SIGHUP, a closed
+    terminal, is named; Ctrl-C and SIGTERM, and a trial cancelled by them, are said as one."""
+    if isinstance(exc, StopSignal) and exc.signum == signal.SIGHUP:
+        return "stopped by SIGHUP"
+    return "stopped by Ctrl-C or SIGTERM"
+
+
 def unfinished(block, stopped, when):
     """The answer to a call that a stop (`stopped`: the signal's exception, or a trial's
     Interrupted) cut short, or kept from running."""
@@ -779,17 +759,6 @@ def unfinished(block, stopped, when):
         },
         {"exit_code": None, "declined": False},
     )
-
-
-# ================================================================================================
-# The machinery. Everything above is the agent; everything below keeps it bounded, recorded and
-# safe. Each section stands on its own: read the one you need.
-# ================================================================================================
-
-
-# --- Stopping: Ctrl-C, SIGTERM, SIGHUP and a trial's cancel ---
-
-STOPPING = threading.Event()  # set by on_stop_signal (with the signal: .signum), cleared by main
 
 
 class StopSignal(KeyboardInterrupt):
@@ -1736,6 +1705,17 @@ def count_tokens(client, model, question, system=SYSTEM_PROMPT):
 
 CLEARED = "[cleared to save context: {what}; call it again if you need it]"
 CONTEXT_EDIT_BETA = "context-management-2025-06-27"
+
+
+def server_clearing(limits):
+    """The request's fields that ask the API to clear old tool results (its beta)."""
+    edit = {
+        "type": "clear_tool_uses_20250919",
+        "trigger": {"type": "input_tokens", "value": limits.clear_at},
+        "keep": {"type": "tool_uses", "value": limits.keep_results},
+        "clear_at_least": {"type": "input_tokens", "value": limits.clear_at_least},
+    }
+    return {"betas": [CONTEXT_EDIT_BETA], "context_management": {"edits": [edit]}}
 
 
 def estimated_tokens(block):
@@ -3770,6 +3750,16 @@ EXPECT_SECONDS = 5.0  # an --expect regex may search one answer this long (it ma
 SEARCH = "import re, sys; sys.exit(0 if re.search(sys.argv[1], sys.stdin.read()) else 1)"
 
 
+def trials_stop(summary):
+    """How --trials ends: (label, exit code, detail). Every requested trial passed: 0; some did
+    not: 6; Ctrl-C cut them short: interrupted. No one session's label stands for them all."""
+    detail = f"{summary['passes']} of {summary['requested']} trials passed"
+    if summary["interrupted"]:
+        return "interrupted", EXIT_CODES["interrupted"], detail
+    every = summary["passes"] == summary["n"] == summary["requested"]
+    return None, 0 if every else EXIT_TRIALS_FAILED, detail
+
+
 def expect_found(regex, answer):
     """True if the --expect regex is in the answer, False if not, None if the search took over
     EXPECT_SECONDS. It runs in a child: a regex that backtracks on the model's text holds the
@@ -5521,6 +5511,21 @@ def genai_messages(messages):
 
 
 # --- Terminal: progress on stderr, text made visible ---
+
+
+def agreed(question, stdin):
+    """Ask on stderr (or, when that is a file and the answer comes from a terminal, on the
+    terminal); True only for y or yes. No answer (stdin closed) is a no."""
+    with Reporter.lock, answer_screen(stdin) as screen:
+        if not to_stderr(
+            dimmed(visible(question if question.endswith("] ") else question + " [y/N] "), screen),
+            screen,
+        ):
+            return False  # a question no one can see is not agreed to
+        answer = stdin.readline()
+        if not answer.endswith("\n"):  # no one answered: end the line
+            to_stderr(dimmed(getattr(stdin, "no_answer", "(no answer)") + "\n", screen), screen)
+    return answer.strip().lower() in ("y", "yes")
 
 
 def plural(n, word):
