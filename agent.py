@@ -3381,6 +3381,35 @@ def in_runs_dir(path):
     return os.path.realpath(os.path.dirname(os.path.abspath(path))) == runs
 
 
+def own_kept_run(path):
+    """True if `path` is a run agent.py kept and no one has replaced: a file directly in the
+    runs directory (open_runs checks that it is this user's, 0700 and reached through no
+    symlink), named as agent.py names kept runs, and still as agent.py wrote it: a regular
+    file (not a symlink), this user's, mode 0600, with no other name (no hard link). Only this
+    user could have written it there, as with any of their files (docs/runs.md)."""
+    name = Path(path).name
+    if not KEPT_FILE.fullmatch(name):
+        return False
+    try:
+        fd, real = open_runs()
+    except (UsageError, OSError):
+        return False
+    try:
+        if Path(os.path.realpath(Path(path).parent)) != real:
+            return False
+        info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return (
+        stat.S_ISREG(info.st_mode)
+        and info.st_uid == os.geteuid()
+        and stat.S_IMODE(info.st_mode) == 0o600
+        and info.st_nlink == 1
+    )
+
+
 def is_kept(path, trial=False):
     """Is `path` a kept run (with `trial`: a kept trial), which a run going on in it keeps?"""
     kept = KEPT_FILE.fullmatch(Path(path).name)
@@ -9732,6 +9761,8 @@ def main(argv=None, client=None, stdin=None):
                 prompt,
                 f" ({len(prompt):,} characters)",
             )
+        if taken and own_kept_run(source):  # agent.py wrote it: only a server change is asked
+            taken = {flag: value for flag, value in taken.items() if flag == ELSEWHERE}
         if (
             taken
             and not replay

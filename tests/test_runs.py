@@ -630,3 +630,75 @@ def test_a_transcript_is_never_written_into_the_directory_of_kept_runs(capsys, w
         "names by run id: give a path elsewhere (the run is kept there anyway)\n"
     ), err
     assert target.read_bytes() == before
+
+
+# --- a run agent.py kept is trusted for its workdir, model and system prompt (issue 34) ---
+
+
+def kept_run_elsewhere(capsys, workdir, tmp_path, monkeypatch):
+    """Keep one run on `workdir` with its own model, then leave for another directory, so that
+    going on with it takes its recorded workdir and model. Returns the kept file."""
+    _, _, err, run = ask(capsys, workdir, "one", "--model", "claude-opus-5-5")
+    assert run, err
+    monkeypatch.chdir(tmp_path)
+    return runs() / f"{run}.json"
+
+
+@pytest.mark.parametrize("flag", ["--resume", "--replay"])
+def test_a_run_agent_py_kept_goes_on_without_a_question(
+    capsys, workdir, tmp_path, monkeypatch, flag
+):
+    kept = kept_run_elsewhere(capsys, workdir, tmp_path, monkeypatch)
+    client = FakeClient(reply(text("two")))
+    argv = ["--resume", "last", "and the median?"] if flag == "--resume" else ["--replay", "last"]
+    code, out, err = run_cli(capsys, argv, client)
+    assert code == 0 and "[y/N]" not in err, err
+    assert out == ("two\n" if flag == "--resume" else "one\n")
+    if flag == "--resume":  # its recorded model, in its recorded workdir
+        assert client.requests[0]["model"] == "claude-opus-5-5"
+        assert json.loads(kept.read_text())["workdir"] == str(workdir)
+
+
+def test_a_copy_of_a_kept_run_elsewhere_is_asked_about(capsys, workdir, tmp_path, monkeypatch):
+    kept = kept_run_elsewhere(capsys, workdir, tmp_path, monkeypatch)
+    copy = tmp_path / kept.name  # named as a kept run, but elsewhere
+    copy.write_bytes(kept.read_bytes())
+    copy.chmod(0o600)
+    client = FakeClient(reply(text("two")))
+    code, _, err = run_cli(capsys, ["--resume", str(copy), "more?"], client)
+    assert (code, client.requests) == (2, []) and "only a file" in err and "[y/N]" in err
+
+
+@pytest.mark.parametrize("how", ["mode", "hard link", "symlink", "owner"])
+def test_a_kept_run_someone_replaced_is_asked_about(capsys, workdir, tmp_path, monkeypatch, how):
+    """A kept run whose mode was widened, which is a hard link to a file elsewhere (the workdir,
+    where the model's code writes), a symlink, or another user's: not as agent.py wrote it."""
+    kept = kept_run_elsewhere(capsys, workdir, tmp_path, monkeypatch)
+    other = tmp_path / "planted.json"
+    other.write_bytes(kept.read_bytes())
+    other.chmod(0o600)
+    if how == "mode":
+        kept.chmod(0o644)
+    elif how == "hard link":
+        kept.unlink()
+        os.link(other, kept)
+    elif how == "symlink":
+        kept.unlink()
+        kept.symlink_to(other)
+    else:
+        need_other_users()
+        os.chown(kept, 65534, -1)
+    client = FakeClient(reply(text("two")))
+    code, _, err = run_cli(capsys, ["--resume", str(kept), "more?"], client)
+    assert (code, client.requests) == (2, []), err
+    assert f'workdir "{workdir}"' in err and "only a file" in err and "not resumed" in err
+
+
+def test_a_kept_run_going_to_another_server_is_asked_about(capsys, workdir, tmp_path, monkeypatch):
+    kept_run_elsewhere(capsys, workdir, tmp_path, monkeypatch)
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:9")
+    client = FakeClient(reply(text("two")))
+    code, _, err = run_cli(capsys, ["--resume", "last", "more?"], client)
+    assert (code, client.requests) == (2, []) and "[y/N]" in err
+    assert "server" in err and "127.0.0.1:9" in err
+    assert "workdir" not in err.split("asks to go on")[1]  # only the server is asked about
