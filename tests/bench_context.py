@@ -61,6 +61,8 @@ def session(turns, workdir, flags):
         str(turns + 1),
         "--token-budget",
         "100000000",
+        # a benchmark's run is no run of the user's: --resume last must never take it
+        "--no-keep",
         *flags,
     ]
     with redirect_stderr(io.StringIO()), redirect_stdout(io.StringIO()):

@@ -103,6 +103,8 @@ def make(path=EXAMPLE):
                 agent.DEFAULT_MODEL,
                 "--yes",
                 "--quiet",
+                # a scripted run is no run of the user's: --resume last must never take it
+                "--no-keep",
                 "--transcript",
                 str(out),
             ],

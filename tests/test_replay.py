@@ -590,6 +590,22 @@ def test_the_shipped_example_is_what_its_script_makes_now(tmp_path):
     assert os.path.getsize(tmp_path / "example.json") > 0
 
 
+def test_the_example_script_keeps_no_run_in_the_users_history(tmp_path):
+    """A scripted run kept among the user's would be the next `--resume last`, and its history
+    would go to the real API."""
+    make_example.make(tmp_path / "example.json")
+    state = Path(os.environ["XDG_STATE_HOME"])
+    assert not list(state.rglob("*.json"))
+
+
+@pytest.mark.parametrize(
+    "script", ["tests/bench_context.py", "tests/bench_loop.py", "evals/harbor_agent.py"]
+)
+def test_every_script_that_runs_agent_py_keeps_no_run(script):
+    source = (ROOT / script).read_text()
+    assert "--no-keep" in source or 'os.environ["XDG_STATE_HOME"]' in source
+
+
 # --- where a run came from travels with it ---
 
 
