@@ -3830,13 +3830,15 @@ def why_failed(session, expect, found=True):
         return None
     if not any(expect.values()):
         return f"it stopped with {stop}, not end_turn (no --expect was given)"
+    # the regex as a shell takes it, always in single quotes (as the user most likely typed it)
+    regex = "'" + (expect["regex"] or "").replace("'", "'\"'\"'") + "'"
     if expect["regex"] and found is None:
         return (
-            f"--expect {expect['regex']!r} timed out after {EXPECT_SECONDS:g} s on an answer "
+            f"--expect {regex} timed out after {EXPECT_SECONDS:g} s on an answer "
             f"of {len(session.get('answer') or ''):,} characters: the regex backtracks"
         )
     if expect["regex"] and not found:
-        return f"--expect {expect['regex']!r} is not in the answer"
+        return f"--expect {regex} is not in the answer"
     if expect["tool"] and not any(
         c["name"] == expect["tool"] for t in session["turns"] for c in t["tool_calls"]
     ):

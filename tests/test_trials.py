@@ -580,7 +580,7 @@ def test_an_expect_regex_that_backtracks_fails_the_trial_in_bounded_time(
     )
     assert done.returncode == 6 and time.monotonic() - started < agent.EXPECT_SECONDS + 20
     assert (
-        f"[trial 1] fail: --expect {BACKTRACKS!r} timed out after "
+        f"[trial 1] fail: --expect '{BACKTRACKS}' timed out after "
         f"{agent.EXPECT_SECONDS:g} s on an answer of {len(WORDY)} characters: the regex "
         "backtracks"
     ) in done.stderr, done.stderr
@@ -621,3 +621,17 @@ def test_ctrl_c_ends_a_run_while_expect_is_matched(request, workdir, agent_copy,
     assert proc.returncode == 130, seen + err
     assert time.monotonic() - signalled < agent.EXPECT_SECONDS + 2, "Ctrl-C was not heard"
     assert "trials: " in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize(
+    "regex, shown", [("79\\.9$", "'79\\.9$'"), ("it's", "'it'\"'\"'s'")]
+)
+def test_a_failed_expect_is_shown_as_a_shell_takes_it(capsys, workdir, regex, shown):
+    """The regex as the user typed it in single quotes, its backslash once: pasted back into a
+    shell it is the same regex (a quote in it is closed, quoted and reopened)."""
+    client = FakeClient(reply(text("80.0")))
+    argv = ["q", "--workdir", str(workdir), "--trials", "1", "--expect", regex]
+    code, _, err = run_cli(capsys, argv, client)
+    assert code == 6 and f"[trial 1] fail: --expect {shown} is not in the answer" in err, err
+    pasted = subprocess.run(["sh", "-c", f"printf %s {shown}"], capture_output=True, text=True)
+    assert pasted.stdout == regex
