@@ -482,9 +482,20 @@ class ToolContext:
         self.asking = threading.local()  # seconds this thread spent waiting for approval
 
 
+# A byte of a file's name that is not UTF-8, as run_python prints it: caf\udce9.txt for 0xe9.
+ESCAPED_BYTE = re.compile(r"\\udc([89a-f][0-9a-f])", re.IGNORECASE)
+
+
 def read_file(ctx, path, offset=1, limit=None):
     """Return lines [offset, offset+limit) of a regular UTF-8 file inside the workdir."""
-    fd = open_inside(ctx, path)
+    try:
+        fd = open_inside(ctx, path)
+    except ToolError:
+        # the name as run_python lists it (caf\udce9.txt): the file whose name has that byte
+        real = ESCAPED_BYTE.sub(lambda m: chr(0xDC00 + int(m[1], 16)), path)
+        if real == path:
+            raise
+        fd = open_inside(ctx, real)
     try:
         info = os.fstat(fd)
         if stat.S_ISDIR(info.st_mode):

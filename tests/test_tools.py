@@ -55,6 +55,18 @@ def test_directory_is_an_error_that_says_how_to_list_it(ctx):
     assert result["is_error"] and "is a directory" in result["content"]
 
 
+def test_a_name_that_is_not_utf8_is_read_as_run_python_lists_it(ctx):
+    """run_python prints the byte 0xe9 of a file's name as \\udce9 (backslashreplace), and
+    that is the name the model then gives read_file: it reads that file."""
+    (ctx.workdir / os.fsdecode(b"caf\xe9.txt")).write_text("price,3\n")
+    listing = call(ctx, "run_python", code="import os\nprint(sorted(os.listdir('.')))")
+    assert "'caf\\udce9.txt'" in listing["content"], listing
+    result = call(ctx, "read_file", path="caf\\udce9.txt")
+    assert not result.get("is_error") and result["content"] == "price,3\n", result
+    missing = call(ctx, "read_file", path="caf\\udce8.txt")
+    assert missing["is_error"] and "'caf\\udce8.txt' does not exist" in missing["content"]
+
+
 def test_non_utf8_is_an_error(ctx):
     (ctx.workdir / "blob.bin").write_bytes(b"\xff\xfe\x00binary")
     result = call(ctx, "read_file", path="blob.bin")

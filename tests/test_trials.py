@@ -623,9 +623,7 @@ def test_ctrl_c_ends_a_run_while_expect_is_matched(request, workdir, agent_copy,
     assert "trials: " in err and "Traceback" not in err, err
 
 
-@pytest.mark.parametrize(
-    "regex, shown", [("79\\.9$", "'79\\.9$'"), ("it's", "'it'\"'\"'s'")]
-)
+@pytest.mark.parametrize("regex, shown", [("79\\.9$", "'79\\.9$'"), ("it's", "'it'\"'\"'s'")])
 def test_a_failed_expect_is_shown_as_a_shell_takes_it(capsys, workdir, regex, shown):
     """The regex as the user typed it in single quotes, its backslash once: pasted back into a
     shell it is the same regex (a quote in it is closed, quoted and reopened)."""
