@@ -305,14 +305,8 @@ EXIT_CODES = {
     "interrupted": 130,  # Ctrl-C, SIGTERM or SIGHUP
     "replay_differs": 7,  # --replay --strict: a tool result is not the recorded one
 }
-TEXT_STOPS = {
-    "end_turn",
-    "stop_sequence",
-    "max_turns",
-    "max_tokens",
-    "refusal",
-    "model_context_window_exceeded",
-}  # stops whose final text goes to stdout
+# stops whose final text goes to stdout: the model's own ends, finished or cut short
+TEXT_STOPS = {reason for reason, code in EXIT_CODES.items() if code in (0, 3, 5)}
 EXIT_USAGE = 2  # a mistake on the command line (UsageError): nothing was sent
 EXIT_TRIALS_FAILED = 6  # --trials: not every trial passed
 
@@ -960,18 +954,6 @@ class Watchdog:
             pass
 
 
-def stream_once(client, request, report, cancel, limits):
-    """stream_reply; an attempt that fails carries what the server reported it spent
-    (`reported_usage`: message_start's counts, then message_delta's cumulative ones), which
-    was billed though no reply came of it (N17)."""
-    seen = {}
-    try:
-        return stream_reply(client, request, report, cancel, limits, seen)
-    except Exception as e:
-        e.reported_usage = seen.get("usage") or {}
-        raise
-
-
 def reported_usage(stream):
     """The usage the SDK's snapshot of a stream holds so far ({} if none can be read)."""
     try:
@@ -1091,20 +1073,13 @@ def whole_json(text):
     return True
 
 
+TRANSPORT_ERRORS = {"APIConnectionError", "APITimeoutError", "TransportError", "ConnectionError"}
+
+
 def transport_error(exc):
     """A network failure below HTTP (reset, refused, closed, timed out): worth another try."""
     names = {k.__name__ for e in (exc, exc.__cause__) if e is not None for k in type(e).__mro__}
-    return bool(
-        names
-        & {
-            "APIConnectionError",
-            "APITimeoutError",
-            "TransportError",
-            "StreamIncomplete",
-            "StreamStalled",
-            "ConnectionError",
-        }
-    )
+    return bool(names & (TRANSPORT_ERRORS | {"StreamIncomplete", "StreamStalled"}))
 
 
 def closed_idle_connection(exc):
@@ -1168,49 +1143,52 @@ def retry_delay(exc, attempt, limits):
 
 
 def request_with_retries(client, request, limits, report, cancel):
-    """Up to max_attempts requests for one turn, backing off on transient failures.
-    Returns (message, request id, attempts, retry records, seconds spent on the API, the
-    calls whose arguments were cut off, the usage the failed attempts reported)."""
-    retries, api_seconds, spent = [], 0.0, empty_usage()
+    """Up to max_attempts requests for one turn, backing off on transient failures; returns
+    the Reply. An attempt that fails may have been billed though no reply came of it (N17):
+    what the server reported it spent (message_start's counts, then message_delta's) is kept
+    in the Reply's `failed`, or, when the turn fails, in the exception's `failed_usage`, beside
+    its `retries`."""
+    reply = Reply(None, None, 0, [], [], 0.0)
     for attempt in range(1, limits.max_attempts + 1):
         started = time.monotonic()
+        seen = {}
         try:
-            message, request_id, cut_off = stream_once(client, request, report, cancel, limits)
-            return (
-                message,
-                request_id,
-                attempt,
-                retries,
-                api_seconds + time.monotonic() - started,
-                cut_off,
-                spent,
+            message, request_id, cut_off = stream_reply(
+                client, request, report, cancel, limits, seen
             )
         except (Interrupted, KeyboardInterrupt):
             raise
         except Exception as exc:
-            check_cancelled(cancel)  # a request Ctrl-C cut (Connections): not a failure
-            api_seconds += time.monotonic() - started
-            if getattr(exc, "reported_usage", None):  # what the server said it spent
-                add_usage(spent, usage_record(request["model"], exc.reported_usage))
+            # a request that Ctrl-C cut (Connections) is not a failure
+            check_cancelled(cancel)
+            reply.api_seconds += time.monotonic() - started
+            if seen.get("usage"):
+                add_usage(reply.failed, usage_record(request["model"], seen["usage"]))
             delay = retry_delay(exc, attempt, limits)
             if delay is None or attempt == limits.max_attempts:
-                exc.retries, exc.api_seconds = retries, api_seconds  # kept in the transcript
-                exc.failed_usage = spent
+                # kept in the transcript
+                exc.retries = reply.retries
+                exc.failed_usage = reply.failed
                 raise
-            retries.append(
-                {
-                    "attempt": attempt,
-                    "status": getattr(exc, "status_code", None),
-                    "error": api_message(exc),
-                    "delay": round(delay, 3),
-                }
-            )
-            report.retry(retries[-1], limits.max_attempts)
-            if cancel is not None:
-                if cancel.wait(delay):  # the trial was cancelled: by a stop signal, it says so
-                    check_cancelled(cancel)
-            else:
+            retry = {
+                "attempt": attempt,
+                "status": getattr(exc, "status_code", None),
+                "error": api_message(exc),
+                "delay": round(delay, 3),
+            }
+            reply.retries.append(retry)
+            report.retry(retry, limits.max_attempts)
+            # a trial cancelled while it waits: by a stop signal, check_cancelled says so
+            if cancel is None:
                 time.sleep(delay)
+            elif cancel.wait(delay):
+                check_cancelled(cancel)
+        else:
+            reply.message, reply.request_id, reply.cut_off = message, request_id, cut_off
+            reply.attempts = attempt
+            reply.usages.append(message.get("usage") or {})
+            reply.api_seconds += time.monotonic() - started
+            return reply
 
 
 def is_cut_tool_call(message):
@@ -1239,19 +1217,8 @@ class Reply:
 def request_turn(client, request, limits, report, cancel):
     """One turn: a reply cut inside a tool call is retried once with twice the max_tokens,
     if that can help (the prompt and the new max_tokens must fit the context window)."""
-    message, request_id, attempts, retries, seconds, cut_off, spent = request_with_retries(
-        client, request, limits, report, cancel
-    )
-    reply = Reply(
-        message,
-        request_id,
-        attempts,
-        [message.get("usage") or {}],
-        retries,
-        seconds,
-        cut_off=cut_off,
-        failed=spent,
-    )
+    reply = request_with_retries(client, request, limits, report, cancel)
+    message = reply.message
     sizes, model = [request["max_tokens"]], base_model(request["model"])
     bigger = min(2 * request["max_tokens"], MAX_OUTPUT.get(model, DEFAULT_MAX_OUTPUT))
     window, prompt = CONTEXT_WINDOW.get(model), prompt_tokens(reply.usages[0])
@@ -1272,13 +1239,17 @@ def request_turn(client, request, limits, report, cancel):
             f"the reply was cut inside a tool call at max_tokens "
             f"{request['max_tokens']}; retrying the turn with {bigger}"
         )
-        message, reply.request_id, n, more, seconds, reply.cut_off, spent = request_with_retries(
+        again = request_with_retries(
             client, dict(request, max_tokens=bigger), limits, report, cancel
         )
-        add_usage(reply.failed, spent)
-        reply.usages.append(message.get("usage") or {})
-        reply.attempts, reply.api_seconds = reply.attempts + n, reply.api_seconds + seconds
-        reply.retries += more
+        message = again.message
+        reply.request_id = again.request_id
+        reply.cut_off = again.cut_off
+        add_usage(reply.failed, again.failed)
+        reply.usages += again.usages
+        reply.attempts += again.attempts
+        reply.api_seconds += again.api_seconds
+        reply.retries += again.retries
         sizes.append(bigger)
     if is_cut_tool_call(message):  # never keep or run a tool call whose input is incomplete
         message = dict(message, content=message["content"][:-1])
@@ -1544,17 +1515,10 @@ PRICING = {
     "claude-sonnet-4-5": _SONNET_4,
     "claude-haiku-4-5": ((None, Price(1.00, 5.00, 1.25, 2.00, 0.10)),),
 }
-COUNTS = (
-    "input_tokens",
-    "output_tokens",
-    "cache_creation_input_tokens",
-    "cache_read_input_tokens",
-)  # the billed token counts of a response's usage
-MAX_OUTPUT = {
-    "claude-haiku-4-5": 64_000,
-    "claude-sonnet-4-5": 64_000,
-    "claude-sonnet-4-6": 64_000,
-}  # output-token ceiling; 128K for the others
+# the billed token counts of a response's usage
+COUNTS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+# output-token ceiling; 128K for the others
+MAX_OUTPUT = dict.fromkeys(("claude-haiku-4-5", "claude-sonnet-4-5", "claude-sonnet-4-6"), 64_000)
 DEFAULT_MAX_OUTPUT = 128_000
 SHOW_THINKING = {"claude-opus-5-5", "claude-sonnet-5-5", "claude-fable-5", "claude-fable-5-1"}
 # ^ models that write their notes between tool calls as thinking, shown only on request
@@ -1659,9 +1623,8 @@ def failed_usage(session):
 
 
 EXAMPLE_QUESTION = "scores.csv 里平均分是多少？"  # the article's experiment 1
-TOOL_USE_PROMPT = dict.fromkeys(
-    ("claude-haiku-5-5", "claude-sonnet-5-5", "claude-opus-5-5"), 286
-)  # tokens the API adds with tools (pricing page, 2026-12-02)
+# tokens the API adds with tools (pricing page, 2026-12-02)
+TOOL_USE_PROMPT = dict.fromkeys(("claude-haiku-5-5", "claude-sonnet-5-5", "claude-opus-5-5"), 286)
 
 
 def count_tokens(client, model, question, system=SYSTEM_PROMPT):
@@ -3565,7 +3528,7 @@ def made_by(recording):
 
 
 class ReplayClient:
-    """Stands in for anthropic.Anthropic in stream_once: messages.stream(**request) answers with
+    """Stands in for anthropic.Anthropic in stream_reply: messages.stream(**request) answers with
     the next recorded reply (its text and thinking stream to stderr as a live reply's would).
     It sends nothing and needs no key. Past the last reply it raises ReplayEnded: with the
     recorded stop if the recording ended there without a reply (Ctrl-C, an API error), else
@@ -3583,7 +3546,7 @@ class ReplayClient:
             raise ReplayEnded(self.ended())
         self.given += 1
         reply, most = self.replies[self.given - 1], request["max_tokens"] * TOKEN_CHARS
-        if reply_chars(reply) > most:  # what a live reply is cut at (stream_once)
+        if reply_chars(reply) > most:  # what a live reply is cut at (stream_reply)
             raise ReplayEnded(
                 Stop(
                     "max_tokens",
@@ -3611,7 +3574,7 @@ class ReplayClient:
 
 
 def reply_chars(message):
-    """The characters a reply streams, as stream_once counts them: text, thinking, tool input."""
+    """The characters a reply streams, as stream_reply counts them: text, thinking, tool input."""
     return sum(
         len(b.get("text", ""))
         + len(b.get("thinking", ""))
@@ -3625,7 +3588,7 @@ def reply_chars(message):
 
 
 class ReplayStream:
-    """One recorded reply, read as stream_once reads the SDK's stream."""
+    """One recorded reply, read as stream_reply reads the SDK's stream."""
 
     request_id = None  # no request was made
 
