@@ -3387,12 +3387,7 @@ def own_kept_run(path):
 def is_kept(path, trial=False):
     """Is `path` a kept run (with `trial`: a kept trial), which a run going on in it keeps?"""
     kept = KEPT_FILE.fullmatch(Path(path).name)
-    try:
-        return bool(kept and bool(kept[3]) == trial) and Path(
-            os.path.realpath(Path(path).parent)
-        ) == Path(os.path.realpath(runs_dir()))
-    except OSError:
-        return False
+    return bool(kept) and bool(kept[3]) == trial and in_runs_dir(path)
 
 
 # --- Replay: a recorded run without a key ---
@@ -3995,6 +3990,20 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
             if begun and i not in {r["index"] for r in results}
         )
 
+    def result(index, stop, usage, passed):
+        """What the summary keeps of a trial that began."""
+        session, path, started = running[index]
+        return {
+            "index": index,
+            "stop": stop,
+            "turns": len(session["turns"]),
+            "tokens": usage["tokens"],
+            "cost_usd": usage["cost_usd"],
+            "seconds": round(time.monotonic() - started, 3),
+            "passed": passed,
+            "transcript": path,
+        }
+
     def trial(index):
         TRIAL.index = index  # for the approval question, asked in this thread
         with starting:  # the total decides whether it starts; then it counts in the total
@@ -4005,21 +4014,15 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
             spec.quiet, prefix=f"[trial {index}] ", events=events, trial=index, telemetry=telemetry
         )
         out, keep = outputs.get(index), (kept or {}).get(index)
-        session = new_session(
-            spec.question,
-            spec.model,
-            ctx.workdir,
-            spec.effort,
-            events.run_id if events else None,
-            spec.system,
-        )
+        run_id = events.run_id if events else None
+        args = (spec.question, spec.model, ctx.workdir, spec.effort, run_id, spec.system)
+        session = new_session(*args)
         session["trial"] = index
         if spec.server:
             session["base_url"] = spec.server
         path = str(out.path) if out else str(keep.output.path) if keep else None
         report.emit("trial.start", transcript=path)
-        started = time.monotonic()
-        running[index] = (session, path, started)
+        running[index] = (session, path, time.monotonic())
         save = Saver(out, keep)
         report.trace("begin", session)
         stop = drive(client, session, ctx, report, save)
@@ -4031,20 +4034,11 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
             if spec.regex and stop.reason != "interrupted"
             else not spec.regex
         )
-        if why_failed(session, spec.expect, found):
-            report.line(f"fail: {why_failed(session, spec.expect, found)}", always=True)
-        results.append(
-            {
-                "index": index,
-                "stop": stop.reason,
-                "turns": len(session["turns"]),
-                "tokens": session["usage"]["tokens"],
-                "cost_usd": session["usage"]["cost_usd"],
-                "seconds": round(time.monotonic() - started, 3),
-                "passed": passed(session, spec.expect, found),
-                "transcript": path,
-            }
-        )
+        failed = why_failed(session, spec.expect, found)
+        if failed:
+            report.line(f"fail: {failed}", always=True)
+        usage = session["usage"]
+        results.append(result(index, stop.reason, usage, passed(session, spec.expect, found)))
         report.emit("trial.end", **results[-1])
 
     futures = [pool.submit(trial, i) for i in range(1, spec.k + 1)]
@@ -4061,22 +4055,10 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
         Connections.cut_all()  # the requests in flight end now, not when their server answers
         wait(futures, timeout=10)
     pool.shutdown(wait=False, cancel_futures=True)
-    for index, begun in list(running.items()):  # one still not ended
+    # the trials that began and did not end
+    for index, begun in list(running.items()):
         if begun and index not in {r["index"] for r in results}:
-            session, path, started = begun
-            usage = total_usage(session)
-            results.append(
-                {
-                    "index": index,
-                    "stop": "interrupted",
-                    "turns": len(session["turns"]),
-                    "tokens": usage["tokens"],
-                    "cost_usd": usage["cost_usd"],
-                    "seconds": round(time.monotonic() - started, 3),
-                    "passed": False,
-                    "transcript": path,
-                }
-            )
+            results.append(result(index, "interrupted", total_usage(begun[0]), False))
     summary = summarize(results, spec.k)
     summary.update(
         interrupted=interrupted,
