@@ -3990,8 +3990,8 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
             if begun and i not in {r["index"] for r in results}
         )
 
-    def result(index, stop, usage, passed):
-        """What the summary keeps of a trial that began."""
+    def trial_result(index, stop, usage, ok):
+        """What the summary keeps of a trial that began (`ok`: it passed)."""
         session, path, started = running[index]
         return {
             "index": index,
@@ -4000,7 +4000,7 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
             "tokens": usage["tokens"],
             "cost_usd": usage["cost_usd"],
             "seconds": round(time.monotonic() - started, 3),
-            "passed": passed,
+            "passed": ok,
             "transcript": path,
         }
 
@@ -4015,8 +4015,8 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
         )
         out, keep = outputs.get(index), (kept or {}).get(index)
         run_id = events.run_id if events else None
-        args = (spec.question, spec.model, ctx.workdir, spec.effort, run_id, spec.system)
-        session = new_session(*args)
+        asked = (spec.question, spec.model, ctx.workdir, spec.effort, run_id, spec.system)
+        session = new_session(*asked)
         session["trial"] = index
         if spec.server:
             session["base_url"] = spec.server
@@ -4034,11 +4034,11 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
             if spec.regex and stop.reason != "interrupted"
             else not spec.regex
         )
-        failed = why_failed(session, spec.expect, found)
-        if failed:
-            report.line(f"fail: {failed}", always=True)
+        missed = why_failed(session, spec.expect, found)
+        if missed:
+            report.line(f"fail: {missed}", always=True)
         usage = session["usage"]
-        results.append(result(index, stop.reason, usage, passed(session, spec.expect, found)))
+        results.append(trial_result(index, stop.reason, usage, passed(session, spec.expect, found)))
         report.emit("trial.end", **results[-1])
 
     futures = [pool.submit(trial, i) for i in range(1, spec.k + 1)]
@@ -4058,7 +4058,7 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
     # the trials that began and did not end
     for index, begun in list(running.items()):
         if begun and index not in {r["index"] for r in results}:
-            results.append(result(index, "interrupted", total_usage(begun[0]), False))
+            results.append(trial_result(index, "interrupted", total_usage(begun[0]), False))
     summary = summarize(results, spec.k)
     summary.update(
         interrupted=interrupted,
