@@ -899,42 +899,32 @@ TOKEN_CHARS = 64  # characters one token can stream, at most (the longest are ~1
 #                   streams more than max_tokens * 64 is cut, so a turn is bounded in size too
 
 
-class Watchdog:
+class Watchdog(threading.Thread):
     """Shuts a stream's socket once no event has come for `seconds`, or at `deadline`: a server
     that sends only pings, nothing, or never stops cannot hold a turn forever. poke() on every
-    event. One thread, started once, patrols every stream of the process."""
-
-    active, lock, patrolling = set(), threading.Lock(), False
+    event, stop() at the end. A thread of its own looks five times a second."""
 
     def __init__(self, stream, seconds, deadline):
+        super().__init__(daemon=True)
         self.stream, self.seconds, self.deadline = stream, seconds, deadline
-        self.fired, self.last = None, time.monotonic()  # fired: why it shut the stream
-        self.started = self.last
-        with Watchdog.lock:
-            Watchdog.active.add(self)
-            if not Watchdog.patrolling:
-                Watchdog.patrolling = True
-                threading.Thread(target=Watchdog.patrol, daemon=True).start()
+        # why it shut the stream, once it has
+        self.fired = None
+        self.started = self.last = time.monotonic()
+        self.done = threading.Event()
+        self.start()
 
     def poke(self):
         self.last = time.monotonic()
 
     def stop(self):
-        with Watchdog.lock:
-            Watchdog.active.discard(self)
+        self.done.set()
 
-    @staticmethod
-    def patrol():
-        while True:
-            time.sleep(0.2)
+    def run(self):
+        while not self.done.wait(0.2):
             moment = time.monotonic()
-            with Watchdog.lock:
-                due = {
-                    w for w in Watchdog.active if moment - w.last > w.seconds or moment > w.deadline
-                }
-                Watchdog.active -= due
-            for watch in due:
-                watch.fire(moment)
+            if moment - self.last > self.seconds or moment > self.deadline:
+                self.fire(moment)
+                return
 
     def fire(self, moment):
         self.fired = (
