@@ -694,19 +694,19 @@ def run_tools(blocks, ctx, report, cut_off=None):
 # --- A turn's tool results: the calls one turn does not run or send, and the answer ---
 
 
+def error_result(block, content):
+    """An is_error tool_result that answers the call `block`."""
+    return {"type": "tool_result", "tool_use_id": block["id"], "is_error": True, "content": content}
+
+
 def not_run(block, limit):
-    """The answer to a call past the most calls one turn runs: what a turn holds and how long
-    it takes stay bounded however many calls a reply asks for."""
-    return (
-        {
-            "type": "tool_result",
-            "tool_use_id": block["id"],
-            "is_error": True,
-            "content": f"Not run: one turn runs at most {limit} tool calls. Read fewer files "
-            "at once (one or two per turn), and make fewer calls in one turn.",
-        },
-        {"exit_code": None, "declined": False},
+    """The answer to a call past the most calls one turn runs, and its facts: what a turn holds
+    and how long it takes stay bounded however many calls a reply asks for."""
+    said = (
+        f"Not run: one turn runs at most {limit} tool calls. Read fewer files at once (one or "
+        "two per turn), and make fewer calls in one turn."
     )
+    return error_result(block, said), {"exit_code": None, "declined": False}
 
 
 def over_budget(block, result, limit):
@@ -716,14 +716,11 @@ def over_budget(block, result, limit):
         if block["name"] == "run_python"
         else f"Its {size(result)} bytes were not sent"
     )
-    return {
-        "type": "tool_result",
-        "tool_use_id": block["id"],
-        "is_error": True,
-        "content": f"{ran}: this turn's tool results already reached the limit of {limit} "
-        "bytes. Read fewer files at once (one or two per turn), or parts of them "
-        "with offset and limit.",
-    }
+    return error_result(
+        block,
+        f"{ran}: this turn's tool results already reached the limit of {limit} bytes. Read "
+        "fewer files at once (one or two per turn), or parts of them with offset and limit.",
+    )
 
 
 def size(result):
@@ -754,16 +751,9 @@ def stopped_by(exc):
 
 def unfinished(block, stopped, when):
     """The answer to a call that a stop (`stopped`: the signal's exception, or a trial's
-    Interrupted) cut short, or kept from running."""
-    return (
-        {
-            "type": "tool_result",
-            "tool_use_id": block["id"],
-            "is_error": True,
-            "content": f"interrupted: {stopped_by(stopped)} {when}.",
-        },
-        {"exit_code": None, "declined": False},
-    )
+    Interrupted) cut short, or kept from running, and its facts."""
+    said = f"interrupted: {stopped_by(stopped)} {when}."
+    return error_result(block, said), {"exit_code": None, "declined": False}
 
 
 class StopSignal(KeyboardInterrupt):
