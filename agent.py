@@ -3620,6 +3620,12 @@ def result_diff(recorded, replayed):
     return diff
 
 
+def tool_results(messages):
+    """The tool_result blocks of `messages`, by the id of the call each answers."""
+    blocks = [b for m in messages if m["role"] == "user" for b in m["content"]]
+    return {b["tool_use_id"]: b for b in blocks if b["type"] == "tool_result"}
+
+
 class ReplayCheck:
     """Wraps the transcript's save (the loop saves after every turn, and at the stop): first
     compares each tool result of the turns since the last save with the recorded one, says on
@@ -3627,24 +3633,12 @@ class ReplayCheck:
     stop, says how many differed, and whether the replay stopped before the recording did."""
 
     def __init__(self, recording, client, report, save, strict=False):
-        self.recorded = {
-            b["tool_use_id"]: b
-            for m in recording["messages"]
-            if m["role"] == "user"
-            for b in m["content"]
-            if b["type"] == "tool_result"
-        }
+        self.recorded = tool_results(recording["messages"])
         self.client, self.report, self.save, self.strict = client, report, save, strict
         self.checked, self.seen, self.calls = 0, 0, 0  # turns and messages compared; calls
 
     def __call__(self, session, final=False):
-        results = {
-            b["tool_use_id"]: b
-            for m in session["messages"][self.seen :]
-            if m["role"] == "user"
-            for b in m["content"]
-            if b["type"] == "tool_result"
-        }
+        results = tool_results(session["messages"][self.seen :])
         for record in session["turns"][self.checked :]:
             differed = [
                 call
@@ -5843,27 +5837,13 @@ class Reporter:
         self.trace("reply", r)
 
     def turn_end(self, r):
-        self.emit(
-            "turn.end",
-            turn=r["turn"],
-            stop_reason=r["stop_reason"],
-            usage=r["usage"],
-            request_id=r["request_id"],
-            attempts=r["attempts"],
-            seconds=r["seconds"],
-            api_seconds=r["api_seconds"],
-            tool_calls=len(r["tool_calls"]),
-            notes=r["notes"],
-        )
+        kept = ("turn", "stop_reason", "usage", "request_id", "attempts", "seconds", "api_seconds")
+        facts = {key: r[key] for key in kept}
+        self.emit("turn.end", **facts, tool_calls=len(r["tool_calls"]), notes=r["notes"])
 
     def tool_start(self, block):
-        self.emit(
-            "tool.start",
-            turn=self.turn_no,
-            id=block["id"],
-            name=block["name"],
-            input=block.get("input"),
-        )
+        call = {"id": block["id"], "name": block["name"], "input": block.get("input")}
+        self.emit("tool.start", turn=self.turn_no, **call)
         self.trace("tool_start", block)
 
     def tool(self, block, result, seconds, facts):
