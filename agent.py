@@ -1255,24 +1255,16 @@ BLOCK_FIELDS = {  # what a block of each kind must hold to be sent (a reply's, o
 }
 
 
-ROLE_BLOCKS = {  # the kinds of block each side may send; a server tool's go back as they came
+# the blocks of the API's own tools, which go back as they came
+SERVER_TOOL_BLOCKS = (
+    "server_tool_use web_search_tool_result web_fetch_tool_result code_execution_tool_result "
+    "bash_code_execution_tool_result text_editor_code_execution_tool_result "
+    "tool_search_tool_result mcp_tool_use mcp_tool_result container_upload"
+).split()
+# the kinds of block each side may send
+ROLE_BLOCKS = {
     "user": {"text", "tool_result"},
-    "assistant": {
-        "text",
-        "thinking",
-        "redacted_thinking",
-        "tool_use",
-        "server_tool_use",
-        "web_search_tool_result",
-        "web_fetch_tool_result",
-        "code_execution_tool_result",
-        "bash_code_execution_tool_result",
-        "text_editor_code_execution_tool_result",
-        "tool_search_tool_result",
-        "mcp_tool_use",
-        "mcp_tool_result",
-        "container_upload",
-    },
+    "assistant": {"text", "thinking", "redacted_thinking", "tool_use", *SERVER_TOOL_BLOCKS},
 }
 
 
@@ -1611,16 +1603,11 @@ def count_tokens(client, model, question, system=SYSTEM_PROMPT):
     """What one request's fixed part costs in input tokens, part by part: three calls to the
     API's count_tokens endpoint (free; nothing is generated), each adding one part."""
 
+    asked = [{"role": "user", "content": [{"type": "text", "text": question}]}]
+
     def counted(**parts):
-        value = getattr(
-            client.messages.count_tokens(
-                model=model,
-                messages=[{"role": "user", "content": [{"type": "text", "text": question}]}],
-                **parts,
-            ),
-            "input_tokens",
-            None,
-        )
+        answer = client.messages.count_tokens(model=model, messages=asked, **parts)
+        value = getattr(answer, "input_tokens", None)
         if number(value) != value or value is True:
             raise ValueError(
                 f"the server's count_tokens reply held no token count "
@@ -1628,11 +1615,9 @@ def count_tokens(client, model, question, system=SYSTEM_PROMPT):
             )
         return value
 
-    bare, with_system, everything = (
-        counted(),
-        counted(system=system),
-        counted(system=system, tools=TOOLS),
-    )
+    bare = counted()
+    with_system = counted(system=system)
+    everything = counted(system=system, tools=TOOLS)
     added = TOOL_USE_PROMPT.get(base_model(model))  # from the pricing page, where it says
     rows = [("the question", bare), ("the system prompt", with_system - bare)]
     if added is not None and everything - with_system >= added:
@@ -1641,12 +1626,8 @@ def count_tokens(client, model, question, system=SYSTEM_PROMPT):
             ("the tool-use system prompt the API adds", added),
         ]
     else:
-        rows += [
-            (
-                f"the {len(TOOLS)} tool definitions, with the API's tool-use system prompt",
-                everything - with_system,
-            )
-        ]
+        label = f"the {len(TOOLS)} tool definitions, with the API's tool-use system prompt"
+        rows.append((label, everything - with_system))
     rows.append(("every request starts with", everything))
     width = max(len(label) for label, _ in rows)
     return "\n".join(
