@@ -3138,59 +3138,51 @@ def keep_run(run_id, workdir, report, trials=0):
     `trials`, the summary's and each trial's ({i: KeptRun}). None, with a one-line note on
     stderr, when runs cannot be kept here. `workdir`: where the model's code can write (None
     with --no-sandbox: anywhere)."""
-    why = None
+    try:
+        kept, each = make_kept_run(run_id, workdir, report, trials)
+    except UsageError as e:
+        report.error(f"note: this run is not kept: {e}")
+        return (None, {}) if trials else None
+    return (kept, each) if trials else kept
+
+
+def make_kept_run(run_id, workdir, report, trials):
+    """keep_run's file: its KeptRun and each trial's ({} without trials); or a UsageError
+    saying why runs cannot be kept here."""
     try:
         fd, real = open_runs(create=True)
-    except UsageError as e:
-        why = str(e)
     except OSError as e:
-        why = runs_unusable(e)
-    else:
-        run = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{run_id[:8]}"
-        name, made = f"{run}.trials.json" if trials else f"{run}.json", False
-        try:
-            if workdir and (real.is_relative_to(workdir) or workdir.is_relative_to(real)):
-                why = f"{real} and the workdir {workdir} overlap"  # moved since check_runs_apart
-            else:
-                os.close(
-                    os.open(
-                        name,
-                        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                        0o600,
-                        dir_fd=fd,
-                    )
-                )
-                made = True
-                kept = KeptRun(run, OutputFile(real / name, workdir, "the kept run"), report)
-                if not os.path.samestat(os.fstat(kept.output.dir_fd), os.fstat(fd)):
-                    raise UsageError(f"{real} changed while it was opened")
-                if trials:
-                    return kept, {
-                        i: KeptRun(
-                            f"{run}.{i}",
-                            OutputFile(trial_path(real / name, i), workdir, "the kept run"),
-                            report,
-                        )
-                        for i in range(1, trials + 1)
-                    }
-                return kept
-        except (UsageError, OSError) as e:
-            why = (
-                str(e)
-                if isinstance(e, UsageError)
-                else f"another run has its id, {run}"
-                if isinstance(e, FileExistsError)
-                else f"{real} cannot be written: {e.strerror}"
-            )
-            try:
-                if made:  # never another run's, which O_EXCL found there
-                    os.unlink(name, dir_fd=fd)
-            except OSError:
-                pass
-        finally:
-            os.close(fd)
-    report.error(f"note: this run is not kept: {why}")
-    return (None, {}) if trials else None
+        raise UsageError(runs_unusable(e))
+    run = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{run_id[:8]}"
+    name = f"{run}.trials.json" if trials else f"{run}.json"
+    made = False
+    try:
+        # the directory moved since check_runs_apart
+        if workdir and (real.is_relative_to(workdir) or workdir.is_relative_to(real)):
+            raise UsageError(f"{real} and the workdir {workdir} overlap")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        os.close(os.open(name, flags, 0o600, dir_fd=fd))
+        made = True
+        kept = KeptRun(run, OutputFile(real / name, workdir, "the kept run"), report)
+        if not os.path.samestat(os.fstat(kept.output.dir_fd), os.fstat(fd)):
+            raise UsageError(f"{real} changed while it was opened")
+        each = {}
+        for i in range(1, trials + 1):
+            output = OutputFile(trial_path(real / name, i), workdir, "the kept run")
+            each[i] = KeptRun(f"{run}.{i}", output, report)
+        return kept, each
+    except (UsageError, OSError) as e:
+        # never another run's file, which O_EXCL found there
+        if made:
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=fd)
+        if isinstance(e, FileExistsError):
+            raise UsageError(f"another run has its id, {run}")
+        if isinstance(e, OSError):
+            raise UsageError(f"{real} cannot be written: {e.strerror}")
+        raise
+    finally:
+        os.close(fd)
 
 
 def runs_unusable(e):
@@ -3231,8 +3223,9 @@ def kept_run(name, flag, report):
         raise UsageError(f"{flag} {name}: {e}")
     except OSError as e:
         raise UsageError(f"{flag} {name}: the kept runs cannot be read: {e.strerror}")
-    found, trials = [], []  # (mtime, file) of the kept runs it names; trials runs passed over
-    empty = []  # (mtime, file) of its own kept runs with nothing in them yet
+    # (mtime, file) of the kept runs it names, and of those with nothing in them yet; the ids
+    # of the trials runs passed over
+    found, empty, trials = [], [], []
     try:
         for entry in os.listdir(fd):
             kept = KEPT_FILE.fullmatch(entry)
@@ -3241,24 +3234,19 @@ def kept_run(name, flag, report):
             if name == "last":  # a run, not one trial
                 wanted = not kept[3]
             else:
-                wanted = (
-                    kept[2] == asked[2]
-                    and kept[3] == asked[3]
-                    and (not asked[1] or kept[1] == f"{asked[1]}-{asked[2]}")
-                )
-            if wanted and transcript and entry.endswith(".trials.json"):  # not a transcript
-                trials.append(kept[1])
-                continue
+                same_time = not asked[1] or kept[1] == f"{asked[1]}-{asked[2]}"
+                wanted = kept[2] == asked[2] and kept[3] == asked[3] and same_time
             if not wanted:
+                continue
+            if transcript and entry.endswith(".trials.json"):  # not a transcript
+                trials.append(kept[1])
                 continue
             try:
                 info = os.stat(entry, dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
                 continue
-            if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() and info.st_size:
-                found.append((info.st_mtime_ns, entry))
-            elif stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid():
-                empty.append((info.st_mtime_ns, entry))
+            if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid():
+                (found if info.st_size else empty).append((info.st_mtime_ns, entry))
     finally:
         os.close(fd)
     if not found and trials and name != "last":
