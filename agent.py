@@ -954,7 +954,12 @@ def stream_reply(client, request, report, cancel, limits, seen):
     with messages.stream(**request) as stream:
         not_a_stream(stream)
         watch = Watchdog(stream, limits.request_timeout, time.monotonic() + lasts)
-        complete, streamed, writing, cut_off = False, 0, None, {}
+        complete = False
+        # characters streamed so far; the tool call being written (its name, id, the length
+        # and the pieces of its arguments' JSON); the calls whose JSON did not arrive whole
+        streamed = 0
+        call = None
+        cut_off = {}
         try:
             for event in stream:
                 watch.poke()
@@ -967,23 +972,25 @@ def stream_reply(client, request, report, cancel, limits, seen):
                     streamed += len(event.thinking)
                 elif event.type == "content_block_start":
                     block = event.content_block
-                    writing = (
-                        [getattr(block, "name", "?"), 0, getattr(block, "id", None), []]
-                        if block.type == "tool_use"
-                        else None
-                    )
-                    if writing:
-                        report.writing(writing[0], writing[1])
-                elif event.type == "input_json" and writing:
-                    writing[1] += len(event.partial_json)
-                    writing[3].append(event.partial_json)  # the SDK reads a prefix as whole
+                    call = None
+                    if block.type == "tool_use":
+                        call = {
+                            "name": getattr(block, "name", "?"),
+                            "id": getattr(block, "id", None),
+                        }
+                        call.update(chars=0, pieces=[])
+                        report.writing(call["name"], 0)
+                elif event.type == "input_json" and call:
+                    call["chars"] += len(event.partial_json)
+                    # kept: the SDK reads a prefix as whole
+                    call["pieces"].append(event.partial_json)
                     streamed += len(event.partial_json)
-                    report.writing(writing[0], writing[1])
-                elif event.type == "content_block_stop" and writing:
-                    arguments = "".join(writing[3])
+                    report.writing(call["name"], call["chars"])
+                elif event.type == "content_block_stop" and call:
+                    arguments = "".join(call["pieces"])
                     if arguments.strip() and not whole_json(arguments):
-                        cut_off[writing[2]] = arguments
-                    writing = None
+                        cut_off[call["id"]] = arguments
+                    call = None
                 elif event.type == "message_stop":
                     complete = True
                 elif event.type in ("message_start", "message_delta"):
@@ -1003,8 +1010,8 @@ def stream_reply(client, request, report, cancel, limits, seen):
             message = stream.get_final_message()
         except (Interrupted, KeyboardInterrupt, StreamIncomplete, StreamStalled):
             raise
-        except (AssertionError, AttributeError, KeyError, TypeError, ValueError) as e:  # the
-            # SDK's own parsing, of a stream a server garbled
+        # the SDK's own parsing, of a stream a server garbled
+        except (AssertionError, AttributeError, KeyError, TypeError, ValueError) as e:
             raise StreamIncomplete(
                 f"the stream could not be read ({type(e).__name__}: {e}); "
                 "a server left out or garbled an event"
