@@ -3726,28 +3726,25 @@ def expect_found(regex, answer):
 
 def passed(session, expect, found=True):
     """Did a trial meet every --expect condition (or, with none, stop with end_turn)? `found`:
-    whether the regex is in the answer (expect_found)."""
+    whether the regex is in the answer (expect_found). A failed session never passes."""
     stop = (session.get("stop") or {}).get("reason")
-    if stop in ("api_error", "error"):  # a failed session never passes, whatever it did
-        return False
-    if not any(expect.values()):
-        return stop == "end_turn"
-    if expect["regex"] and not found:
-        return False
-    if expect["tool"] and not any(
-        c["name"] == expect["tool"] for t in session["turns"] for c in t["tool_calls"]
-    ):
-        return False
-    return not expect["stop"] or stop == expect["stop"]
+    return stop not in ("api_error", "error") and unmet(session, expect, found) is None
 
 
 def why_failed(session, expect, found=True):
     """The first condition a trial that ran to a stop of the model's own did not meet, in
     words; None if it passed, or if the harness or the network ended it (not the model)."""
-    stop = (session.get("stop") or {}).get("reason")
-    if stop in INFRA_STOPS or passed(session, expect, found):
+    if (session.get("stop") or {}).get("reason") in INFRA_STOPS:
         return None
+    return unmet(session, expect, found)
+
+
+def unmet(session, expect, found):
+    """The first --expect condition the session did not meet, in words, or None."""
+    stop = (session.get("stop") or {}).get("reason")
     if not any(expect.values()):
+        if stop == "end_turn":
+            return None
         return f"it stopped with {stop}, not end_turn (no --expect was given)"
     # the regex as a shell takes it, always in single quotes (as the user most likely typed it)
     regex = "'" + (expect["regex"] or "").replace("'", "'\"'\"'") + "'"
@@ -3758,11 +3755,12 @@ def why_failed(session, expect, found=True):
         )
     if expect["regex"] and not found:
         return f"--expect {regex} is not in the answer"
-    if expect["tool"] and not any(
-        c["name"] == expect["tool"] for t in session["turns"] for c in t["tool_calls"]
-    ):
+    called = {c["name"] for t in session["turns"] for c in t["tool_calls"]}
+    if expect["tool"] and expect["tool"] not in called:
         return f"--expect-tool {expect['tool']} was not called"
-    return f"--expect-stop {expect['stop']}, and it stopped with {stop}"
+    if expect["stop"] and stop != expect["stop"]:
+        return f"--expect-stop {expect['stop']}, and it stopped with {stop}"
+    return None
 
 
 def pass_at_k(n, c, k):
@@ -3781,22 +3779,18 @@ def trial_path(path, index):
     return str(p.with_name(f"{p.stem}.{index}{p.suffix}"))
 
 
-INFRA_STOPS = (
-    "api_error",
-    "error",
-    "interrupted",
-)  # the harness's or the network's, not the model's
+# the harness's or the network's, not the model's
+INFRA_STOPS = ("api_error", "error", "interrupted")
 
 
 def wilson(passes, n, z=1.96):
     """The Wilson score interval (95%) for a pass rate of passes/n."""
     if n == 0:
         return None
-    p, d = passes / n, 1 + z * z / n
-    centre, half = (
-        (p + z * z / (2 * n)) / d,
-        z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d,
-    )
+    p = passes / n
+    d = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / d
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
     return [round(max(0.0, centre - half), 6), round(min(1.0, centre + half), 6)]
 
 
