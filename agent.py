@@ -12,7 +12,7 @@ the tool calls it asks for (read_file concurrently; run_python one at a time, in
 sandbox, once the user approves); and sends all the results back in one message, until the
 model answers or `check_stop` ends the run. Every turn is saved to a transcript.
 
-How to read this file. The first 600 lines are the agent; read them in order:
+How to read this file. The first 700 lines are the agent; read them in order:
 
   1. Config and limits   what the model is told, and `Limits`: every bound of a run
   2. The loop            `run_session` (the turn loop) and `drive`, which runs it to a stop
@@ -20,12 +20,13 @@ How to read this file. The first 600 lines are the agent; read them in order:
   4. The tools           `read_file`, `run_python` and the approval step beside it; and
                          `call_tool`, which turns every failure into an is_error result
 
-After the divider comes the machinery, to skip until you need a part of it: stopping on
-Ctrl-C, API plumbing and retries, usage and cost, clearing old tool results, the transcript,
-events, schemas and resume, kept runs (every run, in the user's state directory), replay (a
-recorded run, without a key), trials, the HTML report, the ATIF export, OpenTelemetry traces,
-terminal output, path safety, the sandbox (its whole policy is one value, `SandboxPolicy`;
-read in the order a call runs), and the command line.
+After the divider comes the machinery, to skip until you need a part of it: the results of
+calls a turn does not run or send, stopping on Ctrl-C, API plumbing and retries, usage and
+cost, clearing old tool results, the transcript, events, schemas and resume, kept runs (every
+run, in the user's state directory), replay (a recorded run, without a key), trials, the HTML
+report, the ATIF export, OpenTelemetry traces, terminal output, path safety, the sandbox (its
+whole policy is one value, `SandboxPolicy`; read in the order a call runs), and the command
+line.
 """
 
 import sys
