@@ -409,7 +409,9 @@ class ToolError(Exception):
 
     def __init__(self, message, exit_code=None, declined=False):
         super().__init__(message)
-        self.exit_code, self.declined = exit_code, declined  # for the transcript and events
+        # for the transcript and events
+        self.exit_code = exit_code
+        self.declined = declined
 
 
 TOOLS = [
@@ -606,7 +608,8 @@ def call_tool(block, ctx, cut_off=None):
             )
         result["content"] = function(ctx, **check_arguments(block["name"], block.get("input")))
     except ToolError as e:
-        result["content"], result["is_error"] = str(e), True
+        result["content"] = str(e)
+        result["is_error"] = True
         facts.update(exit_code=e.exit_code, declined=e.declined)
     except Interrupted:
         raise
@@ -623,11 +626,14 @@ def run_tools(blocks, ctx, report, cut_off=None):
     within the turn's budget of bytes (the calls past it are answered with an error). Returns
     the results, what the transcript keeps of each call, and the Ctrl-C or SIGTERM that stopped
     them, if one did: every call is answered even then, the one it cut short saying so."""
-    results, facts, seconds = [None] * len(blocks), [None] * len(blocks), [0.0] * len(blocks)
+    results = [None] * len(blocks)
+    facts = [None] * len(blocks)
+    seconds = [0.0] * len(blocks)
 
     def timed(i):
         report.tool_start(blocks[i])
-        started, asked = time.monotonic(), getattr(ctx.asking, "seconds", 0.0)
+        started = time.monotonic()
+        asked = getattr(ctx.asking, "seconds", 0.0)
         try:
             results[i], facts[i] = call_tool(blocks[i], ctx, cut_off)
         except (KeyboardInterrupt, Interrupted) as e:
