@@ -890,10 +890,12 @@ class StreamRunaway(StreamIncomplete):
     """The reply streamed more than its max_tokens can hold: a server that does not stop."""
 
 
-MIN_TOKEN_RATE = 10  # tokens a second a reply averages at least, after its first event: with
-#                      the defaults a reply may take 180 s + 16,000 / 10 s (about 30 minutes)
-TOKEN_CHARS = 64  # characters one token can stream, at most (the longest are ~16): a reply that
-#                   streams more than max_tokens * 64 is cut, so a turn is bounded in size too
+# Tokens a second a reply averages at least, after its first event: with the defaults a reply
+# may take 180 s + 16,000 / 10 s (about 30 minutes).
+MIN_TOKEN_RATE = 10
+# Characters one token can stream, at most (the longest are ~16): a reply that streams more
+# than max_tokens * 64 is cut, so a turn is bounded in size too.
+TOKEN_CHARS = 64
 
 
 class Watchdog(threading.Thread):
@@ -1702,8 +1704,8 @@ def clear_old_results(session, limits):
     freed = sum(estimated_tokens(b) for b in old)
     if not old or freed < limits.clear_at_least:
         return None
-    session["cleared"] = session["cleared"] + [b["tool_use_id"] for b in old]  # a new list: a
-    # snapshot being written keeps the old one
+    # a new list: a snapshot being written keeps the old one
+    session["cleared"] = session["cleared"] + [b["tool_use_id"] for b in old]
     return len(old), freed
 
 
