@@ -80,6 +80,7 @@ from datetime import UTC, datetime
 from functools import cached_property
 from itertools import count
 from pathlib import Path
+from types import SimpleNamespace
 
 # ================================================================================================
 # 1. Config and limits
@@ -3564,19 +3565,13 @@ class ReplayStream:
     def __iter__(self):
         for block in self.message["content"]:
             if block.get("type") == "thinking":
-                yield ReplayEvent("thinking", thinking=block["thinking"])
+                yield SimpleNamespace(type="thinking", thinking=block["thinking"])
             elif block.get("type") == "text":
-                yield ReplayEvent("text", text=block["text"])
-        yield ReplayEvent("message_stop")
+                yield SimpleNamespace(type="text", text=block["text"])
+        yield SimpleNamespace(type="message_stop")
 
     def get_final_message(self):
         return self.message
-
-
-class ReplayEvent:
-    def __init__(self, type, **data):
-        self.type = type
-        self.__dict__.update(data)
 
 
 DIFF_LINES, DIFF_WIDTH = 12, 160  # the most a difference shows, in lines and characters a line
