@@ -1126,8 +1126,8 @@ def retry_delay(exc, attempt, limits):
     elif status < 400:  # an error event inside a 200 stream
         transient = kind in ("overloaded_error", "api_error", "rate_limit_error", "timeout_error")
     else:
+        # not 501 (not implemented) or 505 (HTTP version not supported): no retry mends those
         transient = status in (408, 409, 429) or status >= 500 and status not in (501, 505)
-        #           ^ not implemented, or HTTP version not supported: no retry will mend that
     if not transient:
         return None
     try:
@@ -1345,10 +1345,9 @@ def reply_facts(reply):
     if not json_safe(facts["cache_miss"]):
         facts["cache_miss"] = None
     edits = fields(message.get("context_management")).get("applied_edits")
-    return {
-        **facts,
-        **({"context_edits": edits} if isinstance(edits, list) and json_safe(edits) else {}),
-    }
+    if isinstance(edits, list) and json_safe(edits):
+        facts["context_edits"] = edits
+    return facts
 
 
 def request_host(exc):
@@ -1421,10 +1420,9 @@ def foreign_error(exc, status, body, asked):
     """A status whose body is not the API's JSON error: a web server, a proxy's page, nothing.
     One line: the status, the URL asked, what the body was (a short excerpt, tags and controls
     taken out), and, unless the API itself answered, whether the base URL is a Messages API."""
+    # the standard phrase, not the server's own: that could say anything
     try:
-        reason = http.HTTPStatus(
-            status
-        ).phrase  # not the server's own phrase: it could say anything
+        reason = " " + http.HTTPStatus(status).phrase
     except ValueError:
         reason = ""
     headers = getattr(getattr(exc, "response", None), "headers", None) or {}
@@ -1437,7 +1435,7 @@ def foreign_error(exc, status, body, asked):
     what = (
         "an empty body" if not excerpt else "an HTML page" if is_page else "a body"
     ) + ", not the API's JSON error"
-    line = f"{status}{f' {reason}' if reason else ''} from {asked}: {what}"
+    line = f"{status}{reason} from {asked}: {what}"
     line += f" ({excerpt})" if excerpt else ""
     root = wrong_root(asked)
     if root:
