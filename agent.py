@@ -802,7 +802,9 @@ class Connections:
     other threads wait on: a thread reading a socket wakes when it is shut down, not before the
     server answers. Once cut, a connection made after is shut as it opens."""
 
-    lock, opened, cut = threading.Lock(), weakref.WeakSet(), False
+    lock = threading.Lock()
+    opened = weakref.WeakSet()
+    cut = False
 
     @staticmethod
     def hook(request):  # an httpx request hook: trace this request's connections
@@ -820,7 +822,8 @@ class Connections:
     @staticmethod
     def cut_all():
         with Connections.lock:
-            Connections.cut, streams = True, list(Connections.opened)
+            Connections.cut = True
+            streams = list(Connections.opened)
         for stream in streams:
             Connections.shut(stream)
 
@@ -3494,8 +3497,12 @@ class ReplayClient:
     with an error saying that the replay asks for more than was recorded."""
 
     def __init__(self, recording, source):
-        self.replies, self.source = recorded_replies(recording), source
-        self.recorded_stop, self.given, self.differs = recording.get("stop"), 0, None
+        self.replies = recorded_replies(recording)
+        self.source = source
+        self.recorded_stop = recording.get("stop")
+        # replies given so far; the ReplayDiffers the next request raises (--strict)
+        self.given = 0
+        self.differs = None
         self.messages = self.beta = self  # client.messages.stream, client.beta.messages.stream
 
     def stream(self, **request):
@@ -5685,8 +5692,12 @@ class Reporter:
     def __init__(
         self, quiet=False, prefix="", stream=None, events=None, trial=None, telemetry=None
     ):
-        self.quiet, self.prefix, self.stream = quiet, prefix, stream or sys.stderr
-        self.events, self.trial, self.turn_no = events, trial, None
+        self.quiet = quiet
+        self.prefix = prefix
+        self.stream = stream or sys.stderr
+        self.events = events
+        self.trial = trial
+        self.turn_no = None
         self.telemetry = telemetry  # --otel: the same moments as spans
         self.pending = ""  # streamed text not yet ended by a newline
         self.held = ""  # its end, not yet written: it could be part of a secret
