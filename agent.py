@@ -334,17 +334,17 @@ def check_stop(message, content, turn, last_turn, used, limits, cut=None):
     reason = message.get("stop_reason")
     calls = sum(b.get("type") == "tool_use" for b in content)
     if turn >= last_turn:
-        ignored = (
-            f"; the server ignored tool_choice none, and its "
-            f"{plural(calls, 'tool call')} {'was' if calls == 1 else 'were'} not run"
-            if calls
-            else ""
+        detail = (
+            f"reached the limit of {plural(limits.max_turns, 'turn')}; the last one ran with "
+            "tools off"
         )
-        return Stop(
-            "max_turns",
-            f"reached the limit of {plural(limits.max_turns, 'turn')}; "
-            f"the last one ran with tools off{ignored}",
-        )
+        if calls:
+            were = "was" if calls == 1 else "were"
+            detail += (
+                f"; the server ignored tool_choice none, and its {plural(calls, 'tool call')} "
+                f"{were} not run"
+            )
+        return Stop("max_turns", detail)
     if reason in ("end_turn", "stop_sequence"):
         return Stop(reason, "the model finished")
     if reason == "max_tokens":
