@@ -1435,9 +1435,8 @@ def foreign_error(exc, status, body, asked):
         raw = re.sub(r"(?is)<(head|script|style)\b.*?</\1\s*>|<!--.*?-->|<[^>]*>", " ", raw)
         raw = html.unescape(raw)
     excerpt = one_line(raw, 100)
-    what = (
-        "an empty body" if not excerpt else "an HTML page" if is_page else "a body"
-    ) + ", not the API's JSON error"
+    what = "an HTML page" if is_page else "a body"
+    what = ("an empty body" if not excerpt else what) + ", not the API's JSON error"
     line = f"{status}{reason} from {asked}: {what}"
     line += f" ({excerpt})" if excerpt else ""
     root = wrong_root(asked)
@@ -5838,13 +5837,9 @@ class Reporter:
                 if facts.get("exit_code") is not None
                 else lines[0].split(";")[0]
             ]
-        outcome = (
-            "error: " + shorten(lines[-1], 100)
-            if lines
-            else "error"
-            if result.get("is_error")
-            else "ok"
-        )
+        outcome = "error" if result.get("is_error") else "ok"
+        if lines:
+            outcome = "error: " + shorten(lines[-1], 100)
         self.line(f"  {block['name']} {args} -> {outcome} ({seconds:.2f}s)")
         self.emit(
             "tool.end",
