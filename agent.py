@@ -843,11 +843,9 @@ MAX_COUNT = 1 << 53  # the largest count agent.py reads or writes: what JSON car
 def number(value):
     """A token count as a server sent it, or 0 when it sent something else (not a count, or
     past 2**53, which no count reaches and a float could not hold)."""
-    return (
-        value
-        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
-        else 0
-    )
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT:
+        return value
+    return 0
 
 
 def json_safe(value):
@@ -860,13 +858,9 @@ def json_safe(value):
             todo.extend(v.values())
         elif isinstance(v, list):
             todo.extend(v)
-        elif (
-            isinstance(v, float)
-            and not math.isfinite(v)
-            or isinstance(v, int)
-            and not isinstance(v, bool)
-            and abs(v) > MAX_COUNT
-        ):
+        elif isinstance(v, float) and not math.isfinite(v):
+            return False
+        elif isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_COUNT:
             return False
     return True
 
@@ -1099,10 +1093,9 @@ def unreachable(exc):
             return "connection refused: is the server running?"
         if isinstance(exc, socket.gaierror):
             return f"no such host: {exc.strerror}"
-        if (
-            type(exc).__name__ == "SSLError"
-            and getattr(exc, "reason", "") == "WRONG_VERSION_NUMBER"
-        ):  # the answer to a TLS hello was not TLS
+        # the answer to a TLS hello was not TLS
+        wrong_version = getattr(exc, "reason", "") == "WRONG_VERSION_NUMBER"
+        if type(exc).__name__ == "SSLError" and wrong_version:
             return PLAIN_HTTP
         exc = exc.__cause__ or exc.__context__
     return None
@@ -1192,13 +1185,10 @@ def request_with_retries(client, request, limits, report, cancel):
 
 
 def is_cut_tool_call(message):
+    """True if max_tokens cut the reply inside a tool call (its last block)."""
     content = message.get("content")
-    return (
-        message.get("stop_reason") == "max_tokens"
-        and isinstance(content, list)
-        and bool(content)
-        and fields(content[-1]).get("type") == "tool_use"
-    )
+    last = content[-1] if isinstance(content, list) and content else None
+    return message.get("stop_reason") == "max_tokens" and fields(last).get("type") == "tool_use"
 
 
 @dataclass
