@@ -1209,17 +1209,20 @@ def request_turn(client, request, limits, report, cancel):
     if that can help (the prompt and the new max_tokens must fit the context window)."""
     reply = request_with_retries(client, request, limits, report, cancel)
     message = reply.message
-    sizes, model = [request["max_tokens"]], base_model(request["model"])
+    sizes = [request["max_tokens"]]
+    model = base_model(request["model"])
     bigger = min(2 * request["max_tokens"], MAX_OUTPUT.get(model, DEFAULT_MAX_OUTPUT))
-    window, prompt = CONTEXT_WINDOW.get(model), prompt_tokens(reply.usages[0])
-    why_not = (
-        f"; not retried: its prompt of {prompt} tokens and {bigger} more would not fit "
-        f"the context window of {window}"
-        if window and prompt + bigger > window
-        else ""
-    )
+    window = CONTEXT_WINDOW.get(model)
+    prompt = prompt_tokens(reply.usages[0])
     written = number(fields(message.get("usage")).get("output_tokens"))
-    if not why_not and 0 < written < request["max_tokens"]:  # a server's full context says so
+    why_not = ""
+    if window and prompt + bigger > window:
+        why_not = (
+            f"; not retried: its prompt of {prompt} tokens and {bigger} more would not fit "
+            f"the context window of {window}"
+        )
+    # a reply that stopped below max_tokens: the server's context was full
+    elif 0 < written < request["max_tokens"]:
         why_not = (
             f"; not retried: it stopped at {written} output tokens, below max_tokens "
             f"{request['max_tokens']}, so the server's context, not max_tokens, was full"
