@@ -3841,7 +3841,11 @@ def summarize(trials, requested):
 
 
 def print_summary(summary, report):
-    say = lambda text: report.line(text, always=True)  # noqa: E731
+    """The trials' summary on stderr, -q or not."""
+
+    def say(text):
+        report.line(text, always=True)
+
     low_high = summary["pass@1_wilson95"]
     say(
         f"trials: {summary['n']} of {summary['requested']} ran: {summary['passes']} passed, "
