@@ -3641,34 +3641,25 @@ class ReplayCheck:
         """Say so, and keep it, if this call's result is not the recorded one. True if it is."""
         self.calls += 1
         then = self.recorded.get(call["id"])
-        if (
-            then
-            and result
-            and then.get("content") == result["content"]
-            and bool(then.get("is_error")) == bool(result.get("is_error"))
-        ):
+        same_error = then and result and bool(then.get("is_error")) == bool(result.get("is_error"))
+        if same_error and then.get("content") == result["content"]:
             return True
         diff = result_diff(then, result)
         replay["differences"].append(
             {"turn": turn, "id": call["id"], "name": call["name"], "diff": diff}
         )
-        self.report.error(
-            f"  replay: turn {turn}, {call['name']} {call['id']}: "
-            + (
+        # (a call declined then too would have the same result)
+        how = "the result differs from the recording"
+        if call.get("declined"):
+            how = (
                 "not run (declined: without a working sandbox run_python asks even with --yes, and "
                 "no one said y), so its result differs from the recording"
-                if call.get("declined")
-                # (declined then too, the result would be the same)
-                else "the result differs from the recording"
             )
-        )
+        self.report.error(f"  replay: turn {turn}, {call['name']} {call['id']}: {how}")
         for line in diff:
             self.report.error(f"    {line}")
-        if (
-            len(replay["differences"]) == 1
-            and self.client.given < len(self.client.replies)
-            and not self.strict
-        ):
+        replies_left = self.client.given < len(self.client.replies)
+        if len(replay["differences"]) == 1 and replies_left and not self.strict:
             self.report.error(
                 "    (the recorded replies that follow answered the recorded "
                 "result; they are replayed as they were)"
