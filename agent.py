@@ -5475,16 +5475,16 @@ INVISIBLE = re.compile(
 def visible(text):
     """Text for a terminal: what would move the cursor, clear or reorder it, or hide in it, is
     shown escaped."""
-    return INVISIBLE.sub(
-        lambda m: (
-            f"\\x{ord(m[0]):02x}"
-            if ord(m[0]) < 0x100
-            else f"\\u{ord(m[0]):04x}"
-            if ord(m[0]) < 0x10000
-            else f"\\U{ord(m[0]):08x}"
-        ),
-        text,
-    )
+    return INVISIBLE.sub(lambda m: code_point_escape(ord(m[0])), text)
+
+
+def code_point_escape(code):
+    """A code point as Python writes it in a string: \\x7f, \\u200b, \\U000e0001."""
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
 
 
 def for_terminal(data, html=False, terminal=None):
