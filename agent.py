@@ -638,21 +638,20 @@ def run_tools(blocks, ctx, report, cut_off=None):
         try:
             results[i], facts[i] = call_tool(blocks[i], ctx, cut_off)
         except (KeyboardInterrupt, Interrupted) as e:
-            results[i], facts[i] = unfinished(
-                blocks[i],
-                e,
-                "at its approval question: it was not run"
-                if getattr(ctx.asking, "now", False)
-                else "while it ran, before it finished",
-            )
+            when = "while it ran, before it finished"
+            if getattr(ctx.asking, "now", False):
+                when = "at its approval question: it was not run"
+            results[i], facts[i] = unfinished(blocks[i], e, when)
             raise
         finally:
-            waited = getattr(ctx.asking, "seconds", 0.0) - asked  # the user's time, not the tool's
+            # the time the user took to answer is theirs, not the tool's
+            waited = getattr(ctx.asking, "seconds", 0.0) - asked
             seconds[i] = time.monotonic() - started - waited
             if results[i] is not None:
                 report.tool(blocks[i], results[i], seconds[i], facts[i])
 
-    for i in range(ctx.limits.turn_calls, len(blocks)):  # past the turn's calls: never run
+    # the calls past the most one turn runs are never run
+    for i in range(ctx.limits.turn_calls, len(blocks)):
         results[i], facts[i] = not_run(blocks[i], ctx.limits.turn_calls)
         report.tool_start(blocks[i])
         report.tool(blocks[i], results[i], 0.0, facts[i])
