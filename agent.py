@@ -1301,7 +1301,9 @@ def check_reply(message, cut_off=None):
     not take back (block_problem), empty text (the API rejects it), a tool_use id used twice.
     Whatever is dropped is kept in the turn's notes, and a dropped tool call is never run; so
     is a call whose arguments were cut off (`cut_off`), which stays, answered with an error."""
-    content, notes, seen = message.get("content"), [], set()
+    content = message.get("content")
+    notes = []
+    seen = set()
     if not isinstance(content, list):
         return [], [f"the reply's content was {type(content).__name__}, not a list"] * bool(content)
     kept = []
@@ -1376,7 +1378,8 @@ def api_message(exc):
         text = error if isinstance(error, str) else (str(exc) or type(exc).__name__)
     host = request_host(exc) if transport_error(exc) else None
     if host and unreachable(exc):
-        why, asked = unreachable(exc), asked_url(exc) or host
+        why = unreachable(exc)
+        asked = asked_url(exc) or host
         if why == PLAIN_HTTP and asked.startswith("https://"):
             base = asked.rpartition("/v1/messages")[0] if "/v1/messages" in asked else host
             why += f": give ANTHROPIC_BASE_URL as http://{base.removeprefix('https://')}"
@@ -1706,8 +1709,11 @@ def sent_view(session):
     """The history as it is sent: a cleared tool result stands in for itself in a few tokens,
     and a cache breakpoint marks where the previous request ended, so that request's cache is
     read whatever this turn added (automatic caching looks back only 20 blocks)."""
-    cleared, messages = set(session.get("cleared", ())), session["messages"]
-    view, calls = list(messages), {}  # messages are shared, never changed: a new one replaces
+    cleared = set(session.get("cleared", ()))
+    messages = session["messages"]
+    # messages are shared, never changed: a new one replaces one in the view
+    view = list(messages)
+    calls = {}
     for i, m in enumerate(messages if cleared else ()):
         if m["role"] == "assistant":
             calls.update((b["id"], b) for b in m["content"] if b.get("type") == "tool_use")
@@ -3091,7 +3097,8 @@ def open_runs(create=False):
                     f"{where} is {there}: agent.py keeps runs only in a directory of its own"
                 )
             os.close(fd)
-            fd, info = inner, os.fstat(inner)
+            fd = inner
+            info = os.fstat(inner)
             if info.st_uid != os.geteuid():
                 raise UsageError(
                     f"{where} belongs to another user (uid {info.st_uid}): "
@@ -3437,7 +3444,8 @@ def replay_limits(recording, limits):
     on that budget, else one they never reach. Never loosened: the user's --max-turns,
     --token-budget and --budget-usd bound a replay as they bound a live run (and with them its
     memory, whatever the recording's length); what the recording counts is no budget."""
-    used, reason = empty_usage(), (recording.get("stop") or {}).get("reason")
+    used = empty_usage()
+    reason = (recording.get("stop") or {}).get("reason")
     for turn in recording["turns"]:  # priced as the loop will price them
         add_usage(used, usage_record(recording["model"], turn["usage"]))
     turns = len(recording["turns"])
@@ -3502,7 +3510,8 @@ class ReplayClient:
         if self.given == len(self.replies):
             raise ReplayEnded(self.ended())
         self.given += 1
-        reply, most = self.replies[self.given - 1], request["max_tokens"] * TOKEN_CHARS
+        reply = self.replies[self.given - 1]
+        most = request["max_tokens"] * TOKEN_CHARS
         if reply_chars(reply) > most:  # what a live reply is cut at (stream_reply)
             raise ReplayEnded(
                 Stop(
@@ -3517,7 +3526,8 @@ class ReplayClient:
 
     def ended(self):
         """The Stop of a request past the last recorded reply."""
-        stop, where = self.recorded_stop, f"{self.source} has no reply after turn {self.given}"
+        stop = self.recorded_stop
+        where = f"{self.source} has no reply after turn {self.given}"
         if stop and stop["reason"] in INFRA_STOPS:  # the recorded run ended here, not a reply
             return Stop(stop["reason"], f"{stop['detail']} (the recorded stop: {where})")
         why = (
@@ -3918,7 +3928,9 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
     file, if any (run.json -> run.1.json); `kept`, each trial's KeptRun. A Ctrl-C cancels the
     trials still running."""
     ctx = replace(ctx, cancel=threading.Event())
-    results, pool, running = [], ThreadPoolExecutor(max_workers=spec.jobs), {}
+    results = []
+    pool = ThreadPoolExecutor(max_workers=spec.jobs)
+    running = {}
     starting = threading.Lock()
 
     def spent():  # dollars of the trials ended and running
@@ -3952,7 +3964,8 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
         report = Reporter(
             spec.quiet, prefix=f"[trial {index}] ", events=events, trial=index, telemetry=telemetry
         )
-        out, keep = outputs.get(index), (kept or {}).get(index)
+        out = outputs.get(index)
+        keep = (kept or {}).get(index)
         run_id = events.run_id if events else None
         asked = (spec.question, spec.model, ctx.workdir, spec.effort, run_id, spec.system)
         session = new_session(*asked)
@@ -5640,7 +5653,8 @@ def quoted(text):
 def fitted(before, text, after, columns, rows=1):
     """before + quoted(text) + after, in `rows` rows of `columns`: a quoted text too wide loses
     its middle to a marker that says how many characters it stands for."""
-    shown, room = quoted(redact(text)), max(rows * columns - 1 - display_width(before + after), 40)
+    shown = quoted(redact(text))
+    room = max(rows * columns - 1 - display_width(before + after), 40)
     if display_width(shown) > room:
         cut = len(shown)
         while True:
