@@ -1309,7 +1309,6 @@ def request_turn(client, request, limits, report, cancel):
         )
     if not isinstance(message.get("stop_reason"), (str, type(None))):  # kept, as a string
         message = dict(message, stop_reason=shorten(json.dumps(message["stop_reason"]), 80))
-    message = dict(message, content=redact_across(message.get("content")))
     reply.message = clean(message)  # a server's "\\ud800" is not text: kept as U+FFFD
     return reply
 
@@ -1824,117 +1823,38 @@ def placeholder(block, calls):
 # --- Transcript, events, schemas and resume ---
 
 SECRETS = set()  # values agent.py read as secrets (the API key): never sent or written out
+REDACTED = "[redacted secret]"
 
 
-def redact(text):
-    """`text` (str, or UTF-8 bytes) with every secret agent.py holds replaced by a marker, and
-    so is every piece of one, a run of PIECE characters or more of it. Every door out redacts:
-    the files (dump, OutputFile.put), stdout and stderr (to_stdout, to_stderr), the collector
-    (Counted), and every cut (shorten), so no prefix of a key is left where its whole would have
-    been caught. Pieces, because a server that knows the key can write it in parts wherever it
-    likes (two text blocks, a text block and a tool call's input, two turns): each part is a
-    piece, found in whatever field or document it lands, with no need to know where its other
-    parts went. What is left of a key is runs of at most PIECE - 1 of its characters."""
+def redact(value):
+    """`value` with every whole secret agent.py holds replaced by a marker: in text (str, or
+    UTF-8 bytes), or in every string of a document (dicts and lists, keys too). Every door out
+    redacts: the files (dump, OutputFile.put), stdout and stderr (to_stdout, to_stderr), the
+    collector (Counted), and every cut (shorten), so no prefix of a key is left where its whole
+    would have been caught. A key written in parts or encoded passes: only a party that holds
+    it can write it so (docs/threat-model.md)."""
     if not SECRETS:
-        return text
-    if isinstance(text, bytes):  # the same, on the text the bytes hold (any bytes, kept as is)
-        if not any(utf8(block) in text for secret in SECRETS for block in secret_blocks(secret)[1]):
-            return text  # every piece holds a block: with none here, there is nothing to find
-        return redact(text.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
-    kept, at = [], 0  # (a whole secret is a piece too)
-    for start, end in secret_runs(text):
-        kept += [text[at:start], "[redacted secret]"]
-        at = end
-    return "".join(kept) + text[at:] if kept else text
-
-
-PIECE = 12  # characters of a secret in a row that are redacted wherever they stand
-
-
-def secret_runs(text):
-    """Where `text` holds a piece of a secret (PIECE characters of it in a row, or the whole of
-    one shorter than that): sorted, disjoint (start, end) pairs. Each place a block of a secret
-    is found (one regex a secret, in C) is followed out to both sides, as far as the secret
-    goes on; a piece further on has a block further on, so the search resumes past it."""
-    found = []
-    for secret in SECRETS:
-        pattern, places, least = secret_blocks(secret)
-        at, hit = 0, pattern.search(text)
-        while hit:  # (no :=, so that Python 3.7 reaches the version check at the top)
-            at = hit.start() + 1
-            for offset in places[hit.group()]:  # each place the block has in the secret
-                left, right, shift = hit.start(), hit.end(), offset - hit.start()
-                while left > 0 and left + shift > 0 and text[left - 1] == secret[left - 1 + shift]:
-                    left -= 1
-                while (
-                    right < len(text)
-                    and right + shift < len(secret)
-                    and text[right] == secret[right + shift]
-                ):
-                    right += 1
-                while left < right and escaped(text, left):  # a \" stays whole: the files
-                    left += 1  # stay JSON, where the quote or backslash of a key is escaped
-                while right > left and escaped(text, right):
-                    right -= 1
-                if right - left >= least:
-                    found.append((left, right))
-                    at = max(at, right)
-            hit = pattern.search(text, at)
-    runs = []
-    for start, end in sorted(found):
-        if runs and start <= runs[-1][1]:
-            runs[-1] = (runs[-1][0], max(runs[-1][1], end))
-        else:
-            runs.append((start, end))
-    return runs
-
-
-def escaped(text, at):
-    """True if the character at `at` follows an odd run of backslashes: in JSON text, the
-    second half of an escape (\\" or \\\\), which a cut there would leave a lone backslash."""
-    start = at
-    while start > 0 and text[start - 1] == "\\":
-        start -= 1
-    return (at - start) % 2 == 1
-
-
-BLOCKS = {}  # secret: what secret_blocks made of it, made once
-
-
-def secret_blocks(secret):
-    """(a regex that finds a block of `secret`, {block: the places it has in the secret}, the
-    length of a piece). The blocks cut the secret every half piece, so that every piece of it
-    holds a whole block, wherever the piece starts."""
-    if secret not in BLOCKS:
-        least = min(PIECE, len(secret))
-        half = (least + 1) // 2
-        blocks = {secret[i : i + half] for i in range(0, len(secret) - half + 1, half)}
-        places = {b: [j for j in range(len(secret)) if secret.startswith(b, j)] for b in blocks}
-        BLOCKS[secret] = re.compile("|".join(map(re.escape, sorted(blocks)))), places, least
-    return BLOCKS[secret]
-
-
-def secret_tail(text):
-    """How many characters at the end of `text` a stream holds back for its next part: the run
-    of a secret's characters it ends with (the next part may go on with the secret), from the
-    start of any piece that runs into it. What is written before is redacted whole, and what
-    is held is redacted with what follows: no piece is ever cut in two."""
-    cut = len(text)
-    for secret in SECRETS:
-        n = min(len(secret), len(text))
-        while n and text[len(text) - n :] not in secret:
-            n -= 1
-        cut = min(cut, len(text) - n)
-    for start, end in secret_runs(text):
-        if start < cut < end:
-            cut = start
-    return len(text) - cut
+        return value
+    # the longest first, so that a secret that holds another is replaced whole
+    secrets = sorted(SECRETS, key=len, reverse=True)
+    if isinstance(value, str):
+        for secret in secrets:
+            value = value.replace(secret, REDACTED)
+    elif isinstance(value, bytes):
+        for secret in secrets:
+            value = value.replace(secret.encode("utf-8", "surrogateescape"), REDACTED.encode())
+    elif isinstance(value, dict):
+        value = {redact(k): redact(v) for k, v in value.items()}
+    elif isinstance(value, list):
+        value = [redact(v) for v in value]
+    return value
 
 
 def secret_start(text, least=1, ends=False):
     """How many characters (at least `least`) at the end of `text` could begin a secret: a
-    stream holds them back until the next piece says whether the secret follows (then redact
-    finds it whole). With `ends`, of a reversed text: how many could end one."""
+    stream holds them back until the next part says whether the secret follows (then redact
+    finds it whole), and a cut drops them. With `ends`, of a reversed text: how many could end
+    one."""
     longest = least - 1
     for secret in SECRETS:
         secret = secret[::-1] if ends else secret
@@ -1965,8 +1885,13 @@ def dump(document):
     try:
         text = ENCODER.encode(document)
     except ValueError:
-        text = ENCODER.encode(json.loads(json.dumps(document), parse_constant=lambda _: None))
-    return utf8(redact(text)) + b"\n"
+        document = json.loads(json.dumps(document), parse_constant=lambda _: None)
+        text = ENCODER.encode(document)
+    # JSON writes a secret's quote or backslash escaped, so it is looked for as JSON writes it,
+    # and then redacted in the document's strings, not in the text: the file stays JSON
+    if any(ENCODER.encode(secret)[1:-1] in text for secret in SECRETS):
+        text = ENCODER.encode(redact(document))
+    return utf8(text) + b"\n"
 
 
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # in a str, never part of a valid character
@@ -1992,44 +1917,6 @@ def clean(value):
     if isinstance(value, list):
         return [clean(v) for v in value]
     return value
-
-
-def redact_across(content):
-    """A reply's content with each secret that runs across adjacent text blocks cut out: each
-    block alone holds only a piece, which redact cannot find, though the blocks read as one
-    text (as stderr and the events stream them). The block where it starts gets the marker,
-    the others lose their piece."""
-    if not SECRETS or not isinstance(content, list):
-        return content
-    content, start = list(content), 0
-    for end in range(len(content) + 1):
-        if (
-            end < len(content)
-            and isinstance(content[end], dict)
-            and content[end].get("type") == "text"
-            and isinstance(content[end].get("text"), str)
-        ):
-            continue
-        texts = [b["text"] for b in content[start:end]]
-        joined, at = "".join(texts), 0
-        found = sorted(
-            (m.start(), m.end())
-            for secret in SECRETS
-            for m in re.finditer(re.escape(secret), joined)
-        )
-        for k, text in enumerate(texts if len(texts) > 1 and found else ()):
-            kept, here, stop = [], at, at + len(text)
-            for first, last in found:
-                if last <= here or first >= stop:
-                    continue
-                kept.append(joined[here : max(first, here)])
-                kept.append("[redacted secret]" if first >= at else "")
-                here = max(here, min(last, stop))
-            kept.append(joined[here:stop])
-            content[start + k] = dict(content[start + k], text="".join(kept))
-            at = stop
-        start = end + 1
-    return content
 
 
 class OutputFile:
@@ -4514,6 +4401,8 @@ def write_report(path, output=None):
     )
     if problem:
         raise UsageError(f"--report {path} is {kind} agent.py did not write: {problem}")
+    # redacted before any string is escaped or shown as JSON, where a secret would not be found
+    document = redact(document)
     try:
         text = (
             trials_report(document, output_cap(length))
@@ -5453,7 +5342,7 @@ class OTLPHTTP:
 
 def as_json(value):
     """A content attribute: JSON text, secrets redacted (the conventions' string form)."""
-    return clean(redact(json.dumps(value, ensure_ascii=False)))
+    return clean(json.dumps(redact(value), ensure_ascii=False))
 
 
 def usage_attributes(usage):
@@ -5785,9 +5674,9 @@ class Reporter:
 
     def emit_said(self, whole=True):
         """The text streamed so far as an event; mid-stream (not `whole`), an end that could
-        be part of a piece of a secret waits for the next event, where redact finds it whole."""
+        begin a secret waits for the next event, where redact finds the secret whole."""
         extra = {"thinking": True} if self.thinking else {}
-        held = 0 if whole else secret_tail(self.said)
+        held = 0 if whole else secret_start(self.said)
         said, self.said = (self.said[:-held], self.said[-held:]) if held else (self.said, "")
         self.events.emit("text", self.trial, turn=self.turn_no, text=said, **extra)
 
@@ -5814,9 +5703,9 @@ class Reporter:
             if len(self.said) >= 2000 or ("\n" in delta and len(self.said) >= 200):
                 self.emit_said(whole=False)
         self.pending += shown
-        if not self.prefix:  # an end that could be part of a secret waits for the next delta
+        if not self.prefix:  # an end that could begin a secret waits for the next delta
             shown, self.held = self.held + shown, ""
-            held = secret_tail(shown)
+            held = secret_start(shown)
             if held:
                 shown, self.held = shown[:-held], shown[-held:]
             self.write(shown)
