@@ -4716,10 +4716,6 @@ OTEL_UV = (
     "... --otel"
 )
 OTEL_GRACE = 3.0  # seconds the end of a run may wait for the last spans to reach the collector
-COLLECTOR_TIMEOUT = (
-    10.0  # seconds one batch may take in all, unless OTEL_EXPORTER_OTLP_TIMEOUT says
-)
-COLLECTOR_READ = 4096  # bytes of a collector's refusal read, for the reason; a success: none
 
 
 class Telemetry:
@@ -4755,8 +4751,8 @@ class Telemetry:
 
             if protocol == "grpc":
                 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-            elif protocol == "http/protobuf":  # agent.py's own bounded client (OTLPHTTP)
-                from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+            elif protocol == "http/protobuf":
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
             else:
                 raise UsageError(
                     f"--otel: OTEL_EXPORTER_OTLP_PROTOCOL {protocol!r} is not one "
@@ -4782,9 +4778,11 @@ class Telemetry:
             )
             + "/v1/traces"
         )
-        exporter = Counted(
-            OTLPSpanExporter() if protocol == "grpc" else OTLPHTTP(where, encode_spans)
-        )
+        if protocol == "grpc":
+            exporter = Counted(OTLPSpanExporter())
+        else:
+            check_otlp_settings(where)
+            exporter = Counted(OTLPSpanExporter(endpoint=where, session=bounded_session()))
         heard = logging.getLogger("opentelemetry")  # its failures: one line of ours, at the end
         heard.handlers, heard.propagate = [exporter], False
         resource = Resource.create(
@@ -5056,6 +5054,7 @@ class Counted(logging.Handler):
         super().__init__(logging.WARNING)
         self.inner, self.sent, self.why, self.where = exporter, 0, None, None
         self.lengths = (None, None)  # the user's OTEL_*_VALUE_LENGTH_LIMIT: span's, others'
+        self.stopped = False
 
     def export(self, spans):
         try:
@@ -5064,8 +5063,6 @@ class Counted(logging.Handler):
                 if SECRETS or any(self.lengths)
                 else spans
             )
-        except CollectorError as e:
-            result, self.why = None, str(e)
         except Exception as e:
             result, self.why = None, f"{type(e).__name__}: {e}"
         if getattr(result, "name", "") == "SUCCESS":
@@ -5073,12 +5070,19 @@ class Counted(logging.Handler):
         return result
 
     def emit(self, record):
+        # once the exporter is shut down, what it says (a retry given up) is not why spans
+        # were lost: the failure before it is
+        if self.stopped:
+            return
         message = record.getMessage()
         errno_said = re.search(r"\[Errno -?\d+\] [^'\")]+", message)
         self.why = errno_said[0] if errno_said else shorten(message, 160)
 
     def shutdown(self):
-        self.inner.shutdown()
+        # once: the provider's shutdown and the end of the grace may both ask
+        if not self.stopped:
+            self.stopped = True
+            self.inner.shutdown()
 
     def force_flush(self, timeout_millis=30000):
         return True
@@ -5125,7 +5129,7 @@ def redacted_span(span, length=None, others=None):
 
 
 class CollectorError(Exception):
-    """Why a batch did not reach the collector, in words for the --otel line."""
+    """A collector's answer that loses the batch, though the SDK's exporter would count it sent."""
 
 
 OTLP_HEADER = re.compile(r"[ \t]*[!#-'*+.0-9A-Z^-z|~-]+[ \t]*=[ \t]*[ !#-+\--:<-\[\]-~]*[ \t]*")
@@ -5133,211 +5137,90 @@ OTLP_HEADER = re.compile(r"[ \t]*[!#-'*+.0-9A-Z^-z|~-]+[ \t]*=[ \t]*[ !#-+\--:<-
 # liberal pattern); the SDK prints any other whole, with its secret
 
 
-class OTLPHTTP:
-    """OTLP over HTTP (protobuf), the SDK exporter's job, done so that a collector cannot hurt
-    the run. Each batch is one POST on a new connection, given its timeout in all: a timer
-    shuts the socket at the deadline, however slowly the answer drips. A 2xx is success and
-    its body is never read; anything else, a redirect included (never followed), loses the
-    batch, and at most COLLECTOR_READ bytes of its body are read for the reason. http.client
-    caps the status line and headers (64 KiB a line, 100 headers), so memory never grows with
-    what a collector sends. A 429, 502, 503 or 504, or a connection that failed, is tried again
-    after 1 s, then 2 s, if that fits in the timeout. Configured by the SDK's variables:
-    OTEL_EXPORTER_OTLP_[TRACES_]HEADERS, _TIMEOUT, _COMPRESSION, _CERTIFICATE,
-    _CLIENT_CERTIFICATE and _CLIENT_KEY, and the proxy variables (HTTPS_PROXY, NO_PROXY)."""
+def otlp_setting(name):
+    """An OTEL_EXPORTER_OTLP_ setting for traces: its TRACES_ variable, else the general one."""
+    traces = os.environ.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}")
+    return traces or os.environ.get(f"OTEL_EXPORTER_OTLP_{name}")
 
-    def __init__(self, url, encode):
-        import urllib.request
 
-        from opentelemetry.util.re import parse_env_headers
-
-        def setting(name):
-            return os.environ.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}") or os.environ.get(
-                f"OTEL_EXPORTER_OTLP_{name}"
-            )
-
-        self.url, self.encode, self.stopped = urllib.parse.urlsplit(url), encode, threading.Event()
-        if self.url.scheme not in ("http", "https") or not self.url.hostname:
-            raise UsageError(f"--otel: the collector {url!r} is not an http(s) URL with a host")
-        named = (
-            "OTEL_EXPORTER_OTLP_TRACES_HEADERS"
-            if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS")
-            else "OTEL_EXPORTER_OTLP_HEADERS"
+def check_otlp_settings(url):
+    """A UsageError, before anything is sent, for a setting the SDK's HTTP exporter would only
+    warn about and replace (the timeout, the compression), fail at every batch with (the URL,
+    the certificates), or print whole (a malformed header: the collector's secret)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"--otel: the collector {url!r} is not an http(s) URL with a host")
+    named = "OTEL_EXPORTER_OTLP_HEADERS"
+    if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS"):
+        named = "OTEL_EXPORTER_OTLP_TRACES_HEADERS"
+    pairs = (otlp_setting("HEADERS") or "").split(",")
+    for i, pair in enumerate(pairs):
+        if not pair.strip() or OTLP_HEADER.fullmatch(pair):
+            continue
+        if "=" not in pair:
+            said = 'no =: a header written "Name: value"?'
+        elif not pair.split("=")[0].strip():
+            said = "no name before its ="
+        else:
+            said = "a character a header name or value cannot hold"
+        raise UsageError(
+            f"--otel: {named} is not a comma-separated list of name=value "
+            f"(item {i + 1} of {len(pairs)} has {said}); its values are not shown"
         )
-        pairs = (setting("HEADERS") or "").split(",")
-        for i, pair in enumerate(pairs):  # the SDK would print a bad one whole: a secret
-            if pair.strip() and "=" not in pair:
-                raise UsageError(
-                    f"--otel: {named} is not a comma-separated list of name=value "
-                    f"(item {i + 1} of {len(pairs)} has no =: a header written "
-                    '"Name: value"?); its values are not shown'
+    compression = (otlp_setting("COMPRESSION") or "none").strip().lower()
+    if compression not in ("none", "gzip", "deflate"):
+        raise UsageError(
+            f"--otel: OTEL_EXPORTER_OTLP_COMPRESSION {compression!r} is not none, gzip or deflate"
+        )
+    try:
+        float(otlp_setting("TIMEOUT") or 10)
+    except ValueError:
+        raise UsageError(
+            f"--otel: OTEL_EXPORTER_OTLP_TIMEOUT {otlp_setting('TIMEOUT')!r} is not "
+            "a number of seconds"
+        )
+    if parts.scheme == "https":
+        import ssl
+
+        try:
+            context = ssl.create_default_context(cafile=otlp_setting("CERTIFICATE"))
+            if otlp_setting("CLIENT_CERTIFICATE"):
+                context.load_cert_chain(
+                    otlp_setting("CLIENT_CERTIFICATE"), otlp_setting("CLIENT_KEY")
                 )
-            if pair.strip() and not OTLP_HEADER.fullmatch(pair):  # what the SDK parses
-                said = (
-                    "no name before its ="
-                    if not pair.split("=")[0].strip()
-                    else "a character a header name or value cannot hold"
-                )
-                raise UsageError(
-                    f"--otel: {named} is not a comma-separated list of name=value "
-                    f"(item {i + 1} of {len(pairs)} has {said}); its values are not "
-                    "shown"
-                )
-        self.headers = {
-            **parse_env_headers(setting("HEADERS") or "", liberal=True),
-            "Content-Type": "application/x-protobuf",
-        }
-        self.compression = (setting("COMPRESSION") or "none").strip().lower()
-        if self.compression not in ("none", "gzip", "deflate"):
+        except (OSError, ssl.SSLError) as e:
             raise UsageError(
-                f"--otel: OTEL_EXPORTER_OTLP_COMPRESSION {self.compression!r} is "
-                "not none, gzip or deflate"
+                f"--otel: the certificates OTEL_EXPORTER_OTLP_*CERTIFICATE or "
+                f"_CLIENT_KEY name cannot be used: {e}"
             )
-        if self.compression != "none":
-            self.headers["Content-Encoding"] = self.compression
-        try:
-            self.timeout = float(setting("TIMEOUT") or COLLECTOR_TIMEOUT)
-        except ValueError:
-            raise UsageError(
-                f"--otel: OTEL_EXPORTER_OTLP_TIMEOUT {setting('TIMEOUT')!r} is not "
-                "a number of seconds"
-            )
-        self.context = None
-        if self.url.scheme == "https":
-            import ssl
 
-            try:
-                self.context = ssl.create_default_context(cafile=setting("CERTIFICATE"))
-                if setting("CLIENT_CERTIFICATE"):
-                    self.context.load_cert_chain(
-                        setting("CLIENT_CERTIFICATE"), setting("CLIENT_KEY")
-                    )
-            except (OSError, ssl.SSLError) as e:
-                raise UsageError(
-                    f"--otel: the certificates OTEL_EXPORTER_OTLP_*CERTIFICATE or "
-                    f"_CLIENT_KEY name cannot be used: {e}"
+
+def bounded_session():
+    """The HTTP session the SDK's exporter sends through, bounded so that a collector cannot
+    hurt the run: of an answer it reads the status line and headers only (which http.client
+    caps: 64 KiB a line, 100 headers), never the body, so memory does not grow with what a
+    collector sends; and it follows no redirect (which would send the spans, and any token in
+    the headers, to another server) and reads none of one: a 3xx, which the exporter would
+    count as delivered, loses the batch. Each read waits OTEL_EXPORTER_OTLP_TIMEOUT at most,
+    and the end of the run waits OTEL_GRACE at most (Telemetry.finish)."""
+    import requests
+
+    class BoundedSession(requests.Session):
+        def get_redirect_target(self, response):
+            return None
+
+        def send(self, request, **kwargs):
+            response = super().send(request, **dict(kwargs, stream=True))
+            response.close()
+            if 300 <= response.status_code < 400:
+                location = one_line(response.headers.get("Location", "?"), 100)
+                raise CollectorError(
+                    f"the collector answered {response.status_code} "
+                    f"(a redirect to {location}, not followed)"
                 )
-        proxy = (
-            None
-            if urllib.request.proxy_bypass(self.url.hostname)
-            else urllib.request.getproxies().get(self.url.scheme)
-        )
-        self.proxy = urllib.parse.urlsplit(proxy) if proxy else None
-        self.connection = None  # the POST under way, for shutdown to cut
+            return response
 
-    def export(self, spans):
-        import gzip
-        import http.client
-        import zlib
-
-        from opentelemetry.sdk.trace.export import SpanExportResult
-
-        body = self.encode(spans).SerializeToString()
-        body = {"gzip": gzip.compress, "deflate": zlib.compress}.get(self.compression, lambda b: b)(
-            body
-        )
-        deadline = time.monotonic() + self.timeout
-        for wait_after in (1.0, 2.0, None):
-            try:
-                status, reason = self.post(body, deadline)
-            except (OSError, http.client.HTTPException) as e:  # refused, reset, malformed
-                if self.stopped.is_set():  # the run ended, and its grace with it
-                    raise CollectorError(
-                        f"no whole answer within {OTEL_GRACE:g} s of the run's end"
-                    )
-                if time.monotonic() >= deadline:
-                    raise CollectorError(f"no whole answer within {self.timeout:g} s")
-                status, reason = (
-                    None,
-                    f"[Errno {e.errno}] {e.strerror}"
-                    if getattr(e, "errno", None)
-                    else shorten(f"{type(e).__name__}: {e}", 160),
-                )
-                logging.getLogger("opentelemetry.agent_py").warning(reason)  # the why, so far
-            if status is not None and 200 <= status < 300:
-                return SpanExportResult.SUCCESS
-            if (
-                status in (None, 429, 502, 503, 504)
-                and wait_after
-                and time.monotonic() + wait_after < deadline
-                and not self.stopped.wait(wait_after)
-            ):
-                continue
-            raise CollectorError(reason)
-
-    def post(self, body, deadline):
-        """One POST: (status, the reason in words), within `deadline`."""
-        import http.client
-
-        host, port = self.url.hostname, self.url.port or (443 if self.context else 80)
-        target, headers = (
-            urllib.parse.urlunsplit(("", "", self.url.path or "/", self.url.query, "")),
-            dict(self.headers),
-        )
-        via = (self.proxy.hostname, self.proxy.port or 80) if self.proxy else (host, port)
-        left = deadline - time.monotonic()
-        connection = (
-            http.client.HTTPSConnection(*via, timeout=left, context=self.context)
-            if self.context
-            else http.client.HTTPConnection(*via, timeout=left)
-        )
-        if self.proxy and self.proxy.username:
-            import base64
-
-            headers["Proxy-Authorization"] = (
-                "Basic "
-                + base64.b64encode(
-                    urllib.parse.unquote(
-                        f"{self.proxy.username}:{self.proxy.password or ''}"
-                    ).encode()
-                ).decode()
-            )
-        if self.proxy and self.context:  # https through the proxy: a tunnel, headers to it
-            connection.set_tunnel(
-                host,
-                port,
-                headers={k: headers.pop(k) for k in list(headers) if k == "Proxy-Authorization"},
-            )
-        elif self.proxy:
-            target = self.url.geturl()
-        self.connection, late = connection, threading.Event()
-        cut = threading.Timer(left, lambda: late.set() or self.cut(connection))
-        cut.daemon = True
-        cut.start()
-        try:
-            connection.request("POST", target, body, headers)
-            answer = connection.getresponse()
-            if late.is_set():  # headers cut off at the deadline read as ended: not an answer
-                raise TimeoutError(errno.ETIMEDOUT, "the answer was cut off at the deadline")
-            if 200 <= answer.status < 300:
-                return answer.status, None
-            excerpt = one_line(answer.read(COLLECTOR_READ).decode("utf-8", "replace"), 100)
-            what = (
-                "a redirect to "
-                + one_line(answer.getheader("Location", "?"), 100)
-                + ", not followed"
-                if 300 <= answer.status < 400
-                else excerpt or "no reason"
-            )
-            return answer.status, f"the collector answered {answer.status} ({what})"
-        finally:
-            cut.cancel()
-            self.connection = None
-            connection.close()
-
-    def cut(self, connection):
-        """The deadline, or shutdown: a read blocked on this connection returns at once."""
-        try:
-            connection.sock and connection.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-    def shutdown(self):
-        self.stopped.set()
-        if self.connection:
-            self.cut(self.connection)
-
-    def force_flush(self, timeout_millis=30000):
-        return True
+    return BoundedSession()
 
 
 def as_json(value):
