@@ -1919,6 +1919,12 @@ def clean(value):
     return value
 
 
+TRANSCRIPT_NEEDS_A_FILE = (
+    "a transcript is rewritten after every turn, so it only replaces a file; give a file name, "
+    "or --transcript - for stdout at the end (with --no-keep for no copy at all)"
+)
+
+
 class OutputFile:
     """Every file agent.py writes goes through this one writer: a transcript or trials summary
     (rewritten whole after every turn), events (streamed), a report or an export. Checked before
@@ -1938,7 +1944,8 @@ class OutputFile:
     def __init__(self, path, workdir, flag="--transcript", stream=False, named=True):
         path = Path(os.path.abspath(path))
         self.path, self.name, self.flag, self.device, self.tty = path, path.name, flag, None, False
-        if own_descriptor(path) is not None and named:  # /dev/stdout: the fd the shell opened
+        # /dev/stdout, /dev/fd/N: agent.py's own descriptor, which the shell opened
+        if own_descriptor(path) is not None and named:
             return self.open_descriptor(own_descriptor(path), stream)
         parent = real_directory(path, flag)
         check_harness(parent / self.name, flag, path)
@@ -1952,34 +1959,27 @@ class OutputFile:
         try:
             self.dir_fd = open_directory(parent)
         except OSError as e:
-            raise UsageError(
-                f"{flag} {path}: the directory {parent} {'does not exist' if e.errno == errno.ENOENT else e.strerror}"
-            )
+            why = "does not exist" if e.errno == errno.ENOENT else e.strerror
+            raise UsageError(f"{flag} {path}: the directory {parent} {why}")
         try:
             there = os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False)
         except FileNotFoundError:
             there = None
         except OSError as e:  # a name too long, say
             raise UsageError(f"{flag} {path} cannot be written: {e.strerror}")
-        if (
-            there
-            and stat.S_ISLNK(there.st_mode)
-            and stream
-            and named
-            and there.st_uid in (os.geteuid(), 0)
-        ):  # /dev/stdout, /dev/fd/63: a pipe?
+        mine = there is not None and there.st_uid in (os.geteuid(), 0)
+        # a stream the user named may go through their own link to a pipe or a device
+        # (/dev/fd/63); any other link is refused below
+        if mine and stat.S_ISLNK(there.st_mode) and stream and named:
             target = os.path.realpath(path)
             if workdir is not None and Path(target).is_relative_to(workdir):
                 raise UsageError(f"{flag} {path} leads into the workdir {workdir} ({target})")
             try:
-                there = os.stat(path)  # through /proc's links too, which name no path
+                followed = os.stat(path)
             except OSError:
-                there = None
-            if not there or stat.S_IFMT(there.st_mode) not in (stat.S_IFIFO, stat.S_IFCHR):
-                raise UsageError(
-                    f"{flag} {path} is a symlink; agent.py writes no file through "
-                    "one: give the file itself"
-                )
+                followed = None
+            if followed and stat.S_IFMT(followed.st_mode) in (stat.S_IFIFO, stat.S_IFCHR):
+                there = followed
         kind = there and stat.S_IFMT(there.st_mode)
         if kind == stat.S_IFDIR:
             raise UsageError(f"{flag} {path} is a directory; give a file name")
@@ -1998,24 +1998,20 @@ class OutputFile:
         if kind in (stat.S_IFIFO, stat.S_IFCHR) and stream and named:
             self.device = self.open_device(there)
         elif kind and kind != stat.S_IFREG:
-            unnamed = "" if named else ", and it is no path you named"
-            why = (
-                (
-                    "a transcript is rewritten after every turn, so it only replaces a file; give "
-                    "a file name, or --transcript - for stdout at the end (with --no-keep for no "
-                    "copy at all)"
-                )
-                if flag == "--transcript" and named
-                else "agent.py only replaces regular files: give a file name"
-            )
-            raise UsageError(
-                f"{flag} {path} is not a regular file ({FILE_KINDS.get(kind, 'a special file')}{unnamed}); {why}"
-            )
+            what = FILE_KINDS.get(kind, "a special file")
+            if not named:
+                what += ", and it is no path you named"
+            why = "agent.py only replaces regular files: give a file name"
+            if flag == "--transcript" and named:
+                why = TRANSCRIPT_NEEDS_A_FILE
+            raise UsageError(f"{flag} {path} is not a regular file ({what}); {why}")
         else:
-            if there:  # agent.py's checkout: only what agent.py writes is replaced there
+            # in agent.py's checkout, only what agent.py writes is replaced
+            if there:
                 check_not_the_checkouts(parent / self.name, flag, path, self.dir_fd)
+            # proves the directory writable before anything is paid for
             try:
-                self.write(b"")  # proves the directory writable before anything is paid for
+                self.write(b"")
             except OSError as e:
                 raise UsageError(f"{flag} {path} cannot be written: {e.strerror}")
         self.identity = (there.st_dev, there.st_ino) if there else str(parent / self.name)
@@ -2026,10 +2022,7 @@ class OutputFile:
         `> file`), as `-` writes stdout. A transcript, rewritten after every turn, needs a file."""
         if not stream:
             raise UsageError(
-                f"{self.flag} {self.path} is not a regular file: a transcript is "
-                "rewritten after every turn, so it only replaces a file; give a file "
-                "name, or --transcript - for stdout at the end (with --no-keep "
-                "for no copy at all)"
+                f"{self.flag} {self.path} is not a regular file: {TRANSCRIPT_NEEDS_A_FILE}"
             )
         try:
             self.device = os.dup(fd)
