@@ -2911,23 +2911,18 @@ def prepare_resume(session, question):
     session.pop("replay", None)  # it told of a replay run; this one is not
     last = messages[-1]
     pending = [b for b in last["content"] if b.get("type") == "tool_use"]
-    if last["role"] == "assistant" and pending:  # the token budget leaves these unanswered
+    # the token budget leaves these unanswered
+    if last["role"] == "assistant" and pending:
         why = (session.get("stop") or {}).get("reason", "unknown")
-        messages.append(
-            {
-                "role": "user",
-                "content": [
-                    {
-                        "type": "tool_result",
-                        "tool_use_id": b["id"],
-                        "is_error": True,
-                        "content": f"not run: the previous session stopped ({why}) before this call ran. "
-                        "Call it again if you still need it.",
-                    }
-                    for b in pending
-                ],
-            }
+        note = (
+            f"not run: the previous session stopped ({why}) before this call ran. "
+            "Call it again if you still need it."
         )
+        results = [
+            {"type": "tool_result", "tool_use_id": b["id"], "is_error": True, "content": note}
+            for b in pending
+        ]
+        messages.append({"role": "user", "content": results})
     if (session.get("stop") or {}).get("reason") == "refusal" and last["role"] == "assistant":
         messages.pop()  # continuing after a refusal needs the refused turn removed
         session["turns"][-1]["in_history"] = False
@@ -4427,20 +4422,11 @@ def write_report(path, output=None):
 # make agent.py open another file of its choosing.
 
 ATIF_VERSION = "ATIF-v1.8"
+# the transcript's facts of the run that ATIF has no field for: the trajectory's extra
 RUN_FACTS = (
-    "run_id",
-    "workdir",
-    "started_at",
-    "ended_at",
-    "stop",
-    "answer",
-    "trial",
-    "cleared",
-    "events_lost",
-    "produced_by",
-    "replay",
-    "base_url",
-)  # its extra
+    "run_id workdir started_at ended_at stop answer trial cleared events_lost produced_by replay "
+    "base_url"
+).split()
 
 
 def export_atif(path, output):
@@ -4915,26 +4901,17 @@ class Telemetry:
                 chat.set_attribute(key, value)
         if self.content:
             messages = run["session"]["messages"]
-            replied = record.get("in_history") is not False  # the reply is the last message
-            parts = [
-                p for m in genai_messages(messages[-1:] if replied else []) for p in m["parts"]
-            ]
-            chat.set_attributes(
-                {
-                    "gen_ai.input.messages": as_json(
-                        genai_messages(messages[:-1] if replied else messages)
-                    ),
-                    "gen_ai.output.messages": as_json(
-                        [
-                            {
-                                "role": "assistant",
-                                "parts": parts,
-                                "finish_reason": str(record["stop_reason"]),
-                            }
-                        ]
-                    ),
-                }
-            )
+            # the reply is the last message, unless the turn kept it out of the history
+            replied = record.get("in_history") is not False
+            asked = messages[:-1] if replied else messages
+            parts = [p for m in genai_messages(messages[len(asked) :]) for p in m["parts"]]
+            said = {
+                "role": "assistant",
+                "parts": parts,
+                "finish_reason": str(record["stop_reason"]),
+            }
+            chat.set_attribute("gen_ai.input.messages", as_json(genai_messages(asked)))
+            chat.set_attribute("gen_ai.output.messages", as_json([said]))
         chat.end()
 
     def tool_start(self, trial, block):
@@ -5261,26 +5238,13 @@ def genai_messages(messages):
                 parts.append({"type": "reasoning", "content": b["thinking"]})
             elif kind == "tool_use":
                 parts.append(
-                    {
-                        "type": "tool_call",
-                        "id": b["id"],
-                        "name": b["name"],
-                        "arguments": b.get("input"),
-                    }
+                    dict(type="tool_call", id=b["id"], name=b["name"], arguments=b.get("input"))
                 )
             elif kind == "tool_result":
-                results.append(
-                    {
-                        "role": "tool",
-                        "parts": [
-                            {
-                                "type": "tool_call_response",
-                                "id": b["tool_use_id"],
-                                "response": b.get("content"),
-                            }
-                        ],
-                    }
+                answer = dict(
+                    type="tool_call_response", id=b["tool_use_id"], response=b.get("content")
                 )
+                results.append({"role": "tool", "parts": [answer]})
         out += results + ([{"role": m["role"], "parts": parts}] if parts else [])
     return out
 
