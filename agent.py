@@ -4686,8 +4686,7 @@ def iso_time(value):
 
 OTEL_INSTALL = (
     "--otel needs the OpenTelemetry SDK and its OTLP exporter, which {python} "
-    "cannot import: {python} -m pip install opentelemetry-sdk "
-    "opentelemetry-exporter-otlp-proto-http"
+    "cannot import: {python} -m pip install {packages}"
 )
 OTEL_UV = (
     "--otel needs the OpenTelemetry SDK and its OTLP exporter, which uv's environment "
@@ -4718,11 +4717,10 @@ class Telemetry:
                 "--otel: OTEL_SDK_DISABLED=true is set, so no span would be sent: "
                 "unset it, or leave --otel out"
             )
-        protocol = (
-            os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-            or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-            or "http/protobuf"
-        )
+        protocol = otlp_setting("PROTOCOL") or "http/protobuf"
+        packages = ["opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http"]
+        if protocol == "grpc":
+            packages.append("opentelemetry-exporter-otlp-proto-grpc")
         try:
             from opentelemetry.sdk.resources import Resource
             from opentelemetry.sdk.trace import SpanLimits, TracerProvider
@@ -4738,64 +4736,47 @@ class Telemetry:
                     "the Python exporters speak: use http/protobuf or grpc"
                 )
         except ImportError:
-            grpc = " opentelemetry-exporter-otlp-proto-grpc" if protocol == "grpc" else ""
-            if os.environ.get("UV"):  # `uv run`: its environment has no pip, and is uv's to make
-                raise UsageError(
-                    OTEL_UV.format(
-                        python=sys.executable,
-                        packages=" --with ".join(
-                            ["opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http"]
-                            + grpc.split()
-                        ),
-                    )
-                )
-            raise UsageError(OTEL_INSTALL.format(python=sys.executable) + grpc)
-        where = (
-            os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-            or (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318").rstrip(
-                "/"
+            # `uv run`: its environment has no pip, and is uv's to make
+            if os.environ.get("UV"):
+                packages = " --with ".join(packages)
+                raise UsageError(OTEL_UV.format(python=sys.executable, packages=packages))
+            raise UsageError(
+                OTEL_INSTALL.format(python=sys.executable, packages=" ".join(packages))
             )
-            + "/v1/traces"
-        )
+        root = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or ""
+        where = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        where = where or (root or "http://localhost:4318").rstrip("/") + "/v1/traces"
         if protocol == "grpc":
             exporter = Counted(OTLPSpanExporter())
         else:
             check_otlp_settings(where)
             exporter = Counted(OTLPSpanExporter(endpoint=where, session=bounded_session()))
-        heard = logging.getLogger("opentelemetry")  # its failures: one line of ours, at the end
-        heard.handlers, heard.propagate = [exporter], False
-        resource = Resource.create(
-            {
-                "service.name": os.environ.get("OTEL_SERVICE_NAME") or "agent.py",
-                "service.version": AGENT_VERSION,
-            }
-        )
-        try:  # value lengths are cut at the door, after redaction (redacted_span), not the SDK
-            limits = SpanLimits()  # the user's, from the OTEL_*_LIMIT variables
+        # the SDK's failures: one line of ours, at the end
+        sdk_log = logging.getLogger("opentelemetry")
+        sdk_log.handlers, sdk_log.propagate = [exporter], False
+        service = os.environ.get("OTEL_SERVICE_NAME") or "agent.py"
+        resource = Resource.create({"service.name": service, "service.version": AGENT_VERSION})
+        # value lengths are cut at the door, after redaction (redacted_span), not by the SDK: the
+        # user's limits, from the OTEL_*_LIMIT variables
+        try:
+            limits = SpanLimits()
         except ValueError as e:
             raise UsageError(f"--otel: {e}")
         exporter.lengths = (limits.max_span_attribute_length, limits.max_attribute_length)
-        provider = TracerProvider(
-            resource=resource,
-            shutdown_on_exit=False,
-            span_limits=SpanLimits(
-                max_attribute_length=SpanLimits.UNSET, max_span_attribute_length=SpanLimits.UNSET
-            ),
+        uncut = SpanLimits(
+            max_attribute_length=SpanLimits.UNSET, max_span_attribute_length=SpanLimits.UNSET
         )
+        provider = TracerProvider(resource=resource, shutdown_on_exit=False, span_limits=uncut)
         provider.add_span_processor(BatchSpanProcessor(exporter))
         capture = os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "")
         content = capture.strip().upper() in ("TRUE", "SPAN_ONLY", "SPAN_AND_EVENT")
-        shown = server_url(where) or "the collector's URL"  # no password, no query: its keys
-        report.line(
-            f"otel: traces to {shown} ({protocol}); message content "
-            f"{'recorded' if content else 'not recorded'}"
-        )
-        root = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or ""
-        if (
-            not os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-            and protocol != "grpc"
-            and root.rstrip("/").endswith("/v1/traces")
-        ):  # as ANTHROPIC_BASE_URL's /v1 is said
+        # no password, no query: they may hold its keys
+        exporter.where = server_url(where) or "the collector's URL"
+        recorded = "recorded" if content else "not recorded"
+        report.line(f"otel: traces to {exporter.where} ({protocol}); message content {recorded}")
+        # /v1/traces added to a URL that ends in it, said as ANTHROPIC_BASE_URL's /v1 is
+        named = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        if not named and protocol != "grpc" and root.rstrip("/").endswith("/v1/traces"):
             root = server_url(root) or root
             report.error(
                 f"note: OTEL_EXPORTER_OTLP_ENDPOINT {root} ends in /v1/traces, and "
@@ -4803,7 +4784,6 @@ class Telemetry:
                 f"({root.rstrip('/').removesuffix('/v1/traces')}), or the whole URL as "
                 "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
             )
-        exporter.where = shown
         return cls(provider, exporter, content)
 
     @property
