@@ -4435,32 +4435,29 @@ def export_atif(path, output):
     extension; "-" for stdout, one trajectory a line). Returns the paths written."""
     document, length = read_document(path, "--export", sized=True)
     kind = document_kind(document)
-
-    def made(flag, source, read=None):
-        """One trajectory, made from its transcript's file, within its cap."""
-        transcript, size_ = read or read_document(source, flag, sized=True)
-        made_ = dump(trajectory(checked_transcript(transcript, source, "export")))
-        if len(made_) > output_cap(size_):
-            raise oversize(flag, source, size_, "a trajectory")
-        return made_
-
     if kind == "a transcript":
-        indexes, inputs = None, [("--export", path)]
-        trajectories = [made("--export", path, (document, length))]
+        indexes = None
+        inputs = [("--export", path)]
+        trajectories = [exported("--export", path, (document, length))]
     elif kind == "a trials summary":
         indexes = trial_indexes(path, document)
-        inputs, seen = [(f"trial {i}'s transcript", trial_path(path, i)) for i in indexes], {}
-        for flag, source in inputs:  # N names of one file would pass its cap N times
-            if file_identity(source) in seen:
+        sources = [(f"trial {i}'s transcript", trial_path(path, i)) for i in indexes]
+        # N names of one file would pass its cap N times
+        seen = {}
+        for flag, source in sources:
+            identity = file_identity(source)
+            if identity in seen:
                 raise UsageError(
                     f"--export {path}: {flag} {source} is the same file as "
-                    f"{seen[file_identity(source)]}: each trial has its own"
+                    f"{seen[identity]}: each trial has its own"
                 )
-            seen[file_identity(source)] = flag
-        for flag, source in inputs:  # all checked before anything is written, one at a time
-            made(flag, source)
-        trajectories = (made(flag, source) for flag, source in list(inputs))  # then made again:
-        inputs.append(("--export", path))  # what is held is one trial's, however many there are
+            seen[identity] = flag
+        # all are checked before anything is written, then made again one at a time as they
+        # are written: what is held is one trial's, however many there are
+        for flag, source in sources:
+            exported(flag, source)
+        trajectories = (exported(flag, source) for flag, source in sources)
+        inputs = sources + [("--export", path)]
     else:
         raise UsageError(f"--export {path} is {kind}; it exports a transcript or a trials summary")
     if output == "-":
@@ -4477,6 +4474,16 @@ def export_atif(path, output):
     for target, t in zip(targets, trajectories, strict=True):
         target.put(t)
     return [str(target.path) for target in targets]
+
+
+def exported(flag, path, read=None):
+    """The trajectory of the transcript at `path` (or `read`: it and its size), as written,
+    within its cap."""
+    transcript, length = read or read_document(path, flag, sized=True)
+    data = dump(trajectory(checked_transcript(transcript, path, "export")))
+    if len(data) > output_cap(length):
+        raise oversize(flag, path, length, "a trajectory")
+    return data
 
 
 def trial_indexes(path, summary):
