@@ -1828,11 +1828,11 @@ REDACTED = "[redacted secret]"
 
 def redact(value):
     """`value` with every whole secret agent.py holds replaced by a marker: in text (str, or
-    UTF-8 bytes), or in every string of a document (dicts and lists, keys too). Every door out
-    redacts: the files (dump, OutputFile.put), stdout and stderr (to_stdout, to_stderr), the
-    collector (Counted), and every cut (shorten), so no prefix of a key is left where its whole
-    would have been caught. A key written in parts or encoded passes: only a party that holds
-    it can write it so (docs/threat-model.md)."""
+    UTF-8 bytes), or in every string of a document (dicts, lists, tuples; keys too). Every door
+    out redacts: the files (dump, OutputFile.put), stdout and stderr (to_stdout, to_stderr),
+    the collector (Counted), and every cut (shorten), so no prefix of a key is left where its
+    whole would have been caught. A key written in parts or encoded passes: only a party that
+    holds it can write it so (docs/threat-model.md)."""
     if not SECRETS:
         return value
     # the longest first, so that a secret that holds another is replaced whole
@@ -1845,7 +1845,7 @@ def redact(value):
             value = value.replace(secret.encode("utf-8", "surrogateescape"), REDACTED.encode())
     elif isinstance(value, dict):
         value = {redact(k): redact(v) for k, v in value.items()}
-    elif isinstance(value, list):
+    elif isinstance(value, (list, tuple)):
         value = [redact(v) for v in value]
     return value
 
@@ -2517,9 +2517,13 @@ class Saver:
     # dump(session) in place of encode(), 1.03x with it (docs/benchmarks.md)
 
     def __init__(self, output, kept=None):
-        self.output, self.kept = output, kept  # --transcript's file; the kept run's (KeptRun)
-        self.done = {"messages": [], "turns": []}  # their finished items, encoded once
-        self.fixed = {}  # key: (value, b'"key":value') for values that cannot change in place
+        # --transcript's file, and the kept run's (KeptRun)
+        self.output = output
+        self.kept = kept
+        # the finished messages and turns, each encoded once
+        self.done = {"messages": [], "turns": []}
+        # key: (value, b'"key":value') for values that cannot change in place
+        self.fixed = {}
 
     def __call__(self, session, final=False):
         # With --transcript, the kept run is written once, at the stop (bench_loop --compare:
@@ -2566,10 +2570,17 @@ class Events:
     says why, and stderr and the transcript say so once."""
 
     def __init__(self, stream, run_id, owned=False, tty=False):
-        self.stream, self.run_id, self.seq, self.lock = stream, run_id, 0, threading.Lock()
-        self.owned = owned  # a file of its own to close, not stdout
-        self.shown = tty or not owned and sys.stdout.isatty()  # on a terminal: escaped there
-        self.lost, self.told = None, False  # why no more events are written; said on stderr
+        self.stream = stream
+        self.run_id = run_id
+        self.seq = 0
+        self.lock = threading.Lock()
+        # a file of its own to close, not stdout
+        self.owned = owned
+        # on a terminal: its controls escaped there
+        self.shown = tty or not owned and sys.stdout.isatty()
+        # why no more events are written, and whether stderr was told
+        self.lost = None
+        self.told = False
 
     @classmethod
     def open(cls, out, run_id):
@@ -4710,11 +4721,19 @@ class Telemetry:
     def __init__(self, provider, exporter, content=False):
         from opentelemetry import trace
 
-        self.trace, self.provider, self.exporter, self.content = trace, provider, exporter, content
+        self.trace = trace
+        self.provider = provider
+        self.exporter = exporter
+        self.content = content
         self.tracer = provider.get_tracer("agent.py", AGENT_VERSION)
-        self.lock, self.runs, self.failed = threading.Lock(), {}, None
-        self.started = count(1)  # next() is the number of spans started so far, plus one
-        self.replay = None  # --replay: the recording, which every span names (no model called)
+        self.lock = threading.Lock()
+        self.runs = {}
+        # why recording stopped, if it did
+        self.failed = None
+        # next() is the number of spans started so far, plus one
+        self.started = count(1)
+        # --replay: the recording, which every span names (no model was called)
+        self.replay = None
 
     @classmethod
     def start(cls, report):
@@ -4983,22 +5002,20 @@ class Telemetry:
             self.exporter.shutdown()
         started = next(self.started) - 1
         lost = started - self.exporter.sent
-        if self.failed or lost:
-            why = (
-                "interrupted by Ctrl-C while they were sent"
-                if interrupted and lost
-                else self.failed
-                or self.exporter.why
-                or (
-                    f"no answer within {OTEL_GRACE:g} s"
-                    if ending.is_alive()
-                    else "the collector refused them"
-                )
-            )
-            report.error(
-                f"agent.py: --otel: {lost} of {plural(started, 'span')} did not reach "
-                f"the collector at {self.exporter.where} ({why})"
-            )
+        if not self.failed and not lost:
+            return
+        if interrupted and lost:
+            why = "interrupted by Ctrl-C while they were sent"
+        elif self.failed or self.exporter.why:
+            why = self.failed or self.exporter.why
+        elif ending.is_alive():
+            why = f"no answer within {OTEL_GRACE:g} s"
+        else:
+            why = "the collector refused them"
+        report.error(
+            f"agent.py: --otel: {lost} of {plural(started, 'span')} did not reach "
+            f"the collector at {self.exporter.where} ({why})"
+        )
 
 
 class Counted(logging.Handler):
@@ -5009,8 +5026,13 @@ class Counted(logging.Handler):
 
     def __init__(self, exporter):
         super().__init__(logging.WARNING)
-        self.inner, self.sent, self.why, self.where = exporter, 0, None, None
-        self.lengths = (None, None)  # the user's OTEL_*_VALUE_LENGTH_LIMIT: span's, others'
+        self.inner = exporter
+        self.sent = 0
+        # the last failure the exporter reported, and the collector's URL as shown
+        self.why = None
+        self.where = None
+        # the user's OTEL_*_VALUE_LENGTH_LIMIT: the span's, and its events' and links'
+        self.lengths = (None, None)
         self.stopped = False
 
     def export(self, spans):

@@ -348,7 +348,7 @@ NOT_TEXT_FOR_AN_OUTPUT = {  # (function, slice): what it cuts
     ("request_turn", "message['content'][:-1]"): "a list of blocks",
     ("sent_view", "content[:-1]"): "a list of blocks",
     ("run_report", "SEGMENTS[:3]"): "a constant list",
-    ("Telemetry", "messages[-1:]"): "a list",
+    ("Telemetry", "messages[len(asked):]"): "a list",
     ("Telemetry", "messages[:-1]"): "a list",
     ("check_text", "value[:e.start]"): "whole text up to a bad byte, then shortened",
     ("read_question", "data[:e.start]"): "whole text up to a bad byte, then shortened",
