@@ -2237,12 +2237,10 @@ def check_distinct(outputs, inputs=()):
 # The published schemas (python agent.py --schema transcript|events|summary), JSON Schema
 # draft 2020-12. Within a version fields are only added, so a reader should let unknown ones
 # pass; the fields added after a version's first release are optional here.
-STRING, COUNT, NUMBER, BOOL = (
-    {"type": "string"},
-    {"type": "integer", "minimum": 0},
-    {"type": "number"},
-    {"type": "boolean"},
-)
+STRING = {"type": "string"}
+COUNT = {"type": "integer", "minimum": 0}
+NUMBER = {"type": "number"}
+BOOL = {"type": "boolean"}
 TIME = {"type": "string", "format": "date-time"}
 
 
@@ -2867,14 +2865,8 @@ def no_constant(name):
     raise json.JSONDecodeError(f"{name} is not JSON", name, 0)
 
 
-JSON_NAMES = {
-    type(None): "null",
-    str: "string",
-    int: "number",
-    float: "number",
-    bool: "boolean",
-    list: "list",
-}  # what a document that is no object is, in JSON's words
+# what a document that is no object is, in JSON's words
+JSON_NAMES = {type(None): "null", str: "string", int: "number", float: "number", bool: "boolean"}
 
 
 def document_kind(document):
