@@ -2670,68 +2670,83 @@ def transcript_problem(session):
         return "it has no messages"
     asked = set()
     for i, m in enumerate(session["messages"]):
-        if (
-            not isinstance(m, dict)
-            or m.get("role") not in ("user", "assistant")
-            or not isinstance(m.get("content"), list)
-            or not m["content"]
-        ):
-            return f"messages[{i}] is not a message with a role and content"
-        for j, b in enumerate(m["content"]):
-            if block_problem(b, m["role"]):
-                return (
-                    f"messages[{i}].content[{j}] is not a well-formed block: "
-                    f"{block_problem(b, m['role'])}"
-                )
-            if b["type"] == "tool_result" and (
-                m["role"] != "user" or b["tool_use_id"] not in asked
-            ):
-                return f"messages[{i}].content[{j}] answers a tool_use that is not just before it"
-            if (
-                b["type"] == "text"
-                and not b["text"]
-                or b["type"] == "tool_result"
-                and not (
-                    isinstance(b.get("content", ""), str)
-                    or isinstance(b["content"], list)
-                    and all(
-                        isinstance(x, dict) and x.get("type") in ("text", "image")
-                        for x in b["content"]
-                    )
-                )
-            ):  # what the API would refuse, never sent
-                return (
-                    f"messages[{i}].content[{j}] is an empty text, or a tool_result whose "
-                    "content is neither text nor a list of blocks"
-                )
-        answered = {b.get("tool_use_id") for b in m["content"] if b["type"] == "tool_result"}
-        if asked - answered:
-            return f"messages[{i}] leaves tool_use {sorted(asked - answered)[0]} unanswered"
+        problem = message_problem(i, m, asked)
+        if problem:
+            return problem
         asked = {b["id"] for b in m["content"] if b["type"] == "tool_use"}
     for i, t in enumerate(session["turns"]):
-        usage = t.get("usage") if isinstance(t, dict) else None
-        if (
-            not isinstance(t, dict)
-            or not is_count(t.get("turn"))
-            or t["turn"] > MAX_TURN
-            or not isinstance(usage, dict)
-            or any(not is_count(usage.get(k)) for k in COUNTS + ("tokens",))
-            or not isinstance(usage.get("cost_usd", ""), (int, float, type(None)))
-            or not isinstance(t.get("stop_reason"), (str, type(None)))
-        ):
-            return f"turns[{i}] is not a turn record with its usage and stop_reason"
-        calls = t.get("tool_calls", [])
-        if not isinstance(calls, list) or not all(
-            isinstance(c, dict) and isinstance(c.get("id"), str) for c in calls
-        ):
-            return f"turns[{i}].tool_calls is not a list of tool calls with their ids"
-        if not is_count(t.get("prompt_tokens", 0)):
-            return f"turns[{i}].prompt_tokens is not a count"
+        problem = turn_problem(i, t)
+        if problem:
+            return problem
+    # each turn's reply is in the history, or its record says it is not
     replies = sum(m["role"] == "assistant" for m in session["messages"])
     kept = sum(t.get("in_history") is not False for t in session["turns"])
-    if replies != kept:  # each turn's reply is in the history, or its record says it is not
+    if replies != kept:
         return f"its messages hold {replies} replies, and its turns say {kept} were kept"
     return sum_problem(session["turns"])
+
+
+def message_problem(i, m, asked):
+    """What makes message `i` unfit to send, or None: its blocks, and the answers to each
+    tool_use of the message before it (`asked`, their ids)."""
+    if (
+        not isinstance(m, dict)
+        or m.get("role") not in ("user", "assistant")
+        or not isinstance(m.get("content"), list)
+        or not m["content"]
+    ):
+        return f"messages[{i}] is not a message with a role and content"
+    for j, b in enumerate(m["content"]):
+        problem = block_problem(b, m["role"])
+        if problem:
+            return f"messages[{i}].content[{j}] is not a well-formed block: {problem}"
+        if b["type"] == "tool_result" and (m["role"] != "user" or b["tool_use_id"] not in asked):
+            return f"messages[{i}].content[{j}] answers a tool_use that is not just before it"
+        # what the API would refuse: never sent
+        empty_text = b["type"] == "text" and not b["text"]
+        bad_result = b["type"] == "tool_result" and not result_content_ok(b.get("content", ""))
+        if empty_text or bad_result:
+            return (
+                f"messages[{i}].content[{j}] is an empty text, or a tool_result whose "
+                "content is neither text nor a list of blocks"
+            )
+    answered = {b.get("tool_use_id") for b in m["content"] if b["type"] == "tool_result"}
+    if asked - answered:
+        return f"messages[{i}] leaves tool_use {sorted(asked - answered)[0]} unanswered"
+    return None
+
+
+def result_content_ok(content):
+    """A tool_result's content as the API takes it: text, or a list of text and image blocks."""
+    if isinstance(content, str):
+        return True
+    blocks = ("text", "image")
+    return isinstance(content, list) and all(
+        isinstance(x, dict) and x.get("type") in blocks for x in content
+    )
+
+
+def turn_problem(i, t):
+    """What makes turn record `i` unfit to resume from, or None."""
+    usage = t.get("usage") if isinstance(t, dict) else None
+    if (
+        not isinstance(t, dict)
+        or not is_count(t.get("turn"))
+        or t["turn"] > MAX_TURN
+        or not isinstance(usage, dict)
+        or any(not is_count(usage.get(k)) for k in COUNTS + ("tokens",))
+        or not isinstance(usage.get("cost_usd", ""), (int, float, type(None)))
+        or not isinstance(t.get("stop_reason"), (str, type(None)))
+    ):
+        return f"turns[{i}] is not a turn record with its usage and stop_reason"
+    calls = t.get("tool_calls", [])
+    if not isinstance(calls, list) or not all(
+        isinstance(c, dict) and isinstance(c.get("id"), str) for c in calls
+    ):
+        return f"turns[{i}].tool_calls is not a list of tool calls with their ids"
+    if not is_count(t.get("prompt_tokens", 0)):
+        return f"turns[{i}].prompt_tokens is not a count"
+    return None
 
 
 MAX_TURN = 1 << 31  # a turn number a transcript may hold: a run goes on from it, one at a time
