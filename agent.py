@@ -1252,7 +1252,6 @@ def request_turn(client, request, limits, report, cancel):
         )
     if not isinstance(message.get("stop_reason"), (str, type(None))):  # kept, as a string
         message = dict(message, stop_reason=shorten(json.dumps(message["stop_reason"]), 80))
-    message = dict(message, content=redact_across(message.get("content")))
     reply.message = clean(message)  # a server's "\\ud800" is not text: kept as U+FFFD
     return reply
 
@@ -1754,117 +1753,38 @@ def placeholder(block, calls):
 # --- Transcript, events, schemas and resume ---
 
 SECRETS = set()  # values agent.py read as secrets (the API key): never sent or written out
+REDACTED = "[redacted secret]"
 
 
-def redact(text):
-    """`text` (str, or UTF-8 bytes) with every secret agent.py holds replaced by a marker, and
-    so is every piece of one, a run of PIECE characters or more of it. Every door out redacts:
-    the files (dump, OutputFile.put), stdout and stderr (to_stdout, to_stderr), the collector
-    (Counted), and every cut (shorten), so no prefix of a key is left where its whole would have
-    been caught. Pieces, because a server that knows the key can write it in parts wherever it
-    likes (two text blocks, a text block and a tool call's input, two turns): each part is a
-    piece, found in whatever field or document it lands, with no need to know where its other
-    parts went. What is left of a key is runs of at most PIECE - 1 of its characters."""
+def redact(value):
+    """`value` with every whole secret agent.py holds replaced by a marker: in text (str, or
+    UTF-8 bytes), or in every string of a document (dicts, lists, tuples; keys too). Every door
+    out redacts: the files (dump, OutputFile.put), stdout and stderr (to_stdout, to_stderr),
+    the collector (Counted), and every cut (shorten), so no prefix of a key is left where its
+    whole would have been caught. A key written in parts or encoded passes: only a party that
+    holds it can write it so (docs/threat-model.md)."""
     if not SECRETS:
-        return text
-    if isinstance(text, bytes):  # the same, on the text the bytes hold (any bytes, kept as is)
-        if not any(utf8(block) in text for secret in SECRETS for block in secret_blocks(secret)[1]):
-            return text  # every piece holds a block: with none here, there is nothing to find
-        return redact(text.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
-    kept, at = [], 0  # (a whole secret is a piece too)
-    for start, end in secret_runs(text):
-        kept += [text[at:start], "[redacted secret]"]
-        at = end
-    return "".join(kept) + text[at:] if kept else text
-
-
-PIECE = 12  # characters of a secret in a row that are redacted wherever they stand
-
-
-def secret_runs(text):
-    """Where `text` holds a piece of a secret (PIECE characters of it in a row, or the whole of
-    one shorter than that): sorted, disjoint (start, end) pairs. Each place a block of a secret
-    is found (one regex a secret, in C) is followed out to both sides, as far as the secret
-    goes on; a piece further on has a block further on, so the search resumes past it."""
-    found = []
-    for secret in SECRETS:
-        pattern, places, least = secret_blocks(secret)
-        at, hit = 0, pattern.search(text)
-        while hit:  # (no :=, so that Python 3.7 reaches the version check at the top)
-            at = hit.start() + 1
-            for offset in places[hit.group()]:  # each place the block has in the secret
-                left, right, shift = hit.start(), hit.end(), offset - hit.start()
-                while left > 0 and left + shift > 0 and text[left - 1] == secret[left - 1 + shift]:
-                    left -= 1
-                while (
-                    right < len(text)
-                    and right + shift < len(secret)
-                    and text[right] == secret[right + shift]
-                ):
-                    right += 1
-                while left < right and escaped(text, left):  # a \" stays whole: the files
-                    left += 1  # stay JSON, where the quote or backslash of a key is escaped
-                while right > left and escaped(text, right):
-                    right -= 1
-                if right - left >= least:
-                    found.append((left, right))
-                    at = max(at, right)
-            hit = pattern.search(text, at)
-    runs = []
-    for start, end in sorted(found):
-        if runs and start <= runs[-1][1]:
-            runs[-1] = (runs[-1][0], max(runs[-1][1], end))
-        else:
-            runs.append((start, end))
-    return runs
-
-
-def escaped(text, at):
-    """True if the character at `at` follows an odd run of backslashes: in JSON text, the
-    second half of an escape (\\" or \\\\), which a cut there would leave a lone backslash."""
-    start = at
-    while start > 0 and text[start - 1] == "\\":
-        start -= 1
-    return (at - start) % 2 == 1
-
-
-BLOCKS = {}  # secret: what secret_blocks made of it, made once
-
-
-def secret_blocks(secret):
-    """(a regex that finds a block of `secret`, {block: the places it has in the secret}, the
-    length of a piece). The blocks cut the secret every half piece, so that every piece of it
-    holds a whole block, wherever the piece starts."""
-    if secret not in BLOCKS:
-        least = min(PIECE, len(secret))
-        half = (least + 1) // 2
-        blocks = {secret[i : i + half] for i in range(0, len(secret) - half + 1, half)}
-        places = {b: [j for j in range(len(secret)) if secret.startswith(b, j)] for b in blocks}
-        BLOCKS[secret] = re.compile("|".join(map(re.escape, sorted(blocks)))), places, least
-    return BLOCKS[secret]
-
-
-def secret_tail(text):
-    """How many characters at the end of `text` a stream holds back for its next part: the run
-    of a secret's characters it ends with (the next part may go on with the secret), from the
-    start of any piece that runs into it. What is written before is redacted whole, and what
-    is held is redacted with what follows: no piece is ever cut in two."""
-    cut = len(text)
-    for secret in SECRETS:
-        n = min(len(secret), len(text))
-        while n and text[len(text) - n :] not in secret:
-            n -= 1
-        cut = min(cut, len(text) - n)
-    for start, end in secret_runs(text):
-        if start < cut < end:
-            cut = start
-    return len(text) - cut
+        return value
+    # the longest first, so that a secret that holds another is replaced whole
+    secrets = sorted(SECRETS, key=len, reverse=True)
+    if isinstance(value, str):
+        for secret in secrets:
+            value = value.replace(secret, REDACTED)
+    elif isinstance(value, bytes):
+        for secret in secrets:
+            value = value.replace(secret.encode("utf-8", "surrogateescape"), REDACTED.encode())
+    elif isinstance(value, dict):
+        value = {redact(k): redact(v) for k, v in value.items()}
+    elif isinstance(value, (list, tuple)):
+        value = [redact(v) for v in value]
+    return value
 
 
 def secret_start(text, least=1, ends=False):
     """How many characters (at least `least`) at the end of `text` could begin a secret: a
-    stream holds them back until the next piece says whether the secret follows (then redact
-    finds it whole). With `ends`, of a reversed text: how many could end one."""
+    stream holds them back until the next part says whether the secret follows (then redact
+    finds it whole), and a cut drops them. With `ends`, of a reversed text: how many could end
+    one."""
     longest = least - 1
     for secret in SECRETS:
         secret = secret[::-1] if ends else secret
@@ -1895,8 +1815,13 @@ def dump(document):
     try:
         text = ENCODER.encode(document)
     except ValueError:
-        text = ENCODER.encode(json.loads(json.dumps(document), parse_constant=lambda _: None))
-    return utf8(redact(text)) + b"\n"
+        document = json.loads(json.dumps(document), parse_constant=lambda _: None)
+        text = ENCODER.encode(document)
+    # JSON writes a secret's quote or backslash escaped, so it is looked for as JSON writes it,
+    # and then redacted in the document's strings, not in the text: the file stays JSON
+    if any(ENCODER.encode(secret)[1:-1] in text for secret in SECRETS):
+        text = ENCODER.encode(redact(document))
+    return utf8(text) + b"\n"
 
 
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # in a str, never part of a valid character
@@ -1924,42 +1849,10 @@ def clean(value):
     return value
 
 
-def redact_across(content):
-    """A reply's content with each secret that runs across adjacent text blocks cut out: each
-    block alone holds only a piece, which redact cannot find, though the blocks read as one
-    text (as stderr and the events stream them). The block where it starts gets the marker,
-    the others lose their piece."""
-    if not SECRETS or not isinstance(content, list):
-        return content
-    content, start = list(content), 0
-    for end in range(len(content) + 1):
-        if (
-            end < len(content)
-            and isinstance(content[end], dict)
-            and content[end].get("type") == "text"
-            and isinstance(content[end].get("text"), str)
-        ):
-            continue
-        texts = [b["text"] for b in content[start:end]]
-        joined, at = "".join(texts), 0
-        found = sorted(
-            (m.start(), m.end())
-            for secret in SECRETS
-            for m in re.finditer(re.escape(secret), joined)
-        )
-        for k, text in enumerate(texts if len(texts) > 1 and found else ()):
-            kept, here, stop = [], at, at + len(text)
-            for first, last in found:
-                if last <= here or first >= stop:
-                    continue
-                kept.append(joined[here : max(first, here)])
-                kept.append("[redacted secret]" if first >= at else "")
-                here = max(here, min(last, stop))
-            kept.append(joined[here:stop])
-            content[start + k] = dict(content[start + k], text="".join(kept))
-            at = stop
-        start = end + 1
-    return content
+TRANSCRIPT_NEEDS_A_FILE = (
+    "a transcript is rewritten after every turn, so it only replaces a file; give a file name, "
+    "or --transcript - for stdout at the end (with --no-keep for no copy at all)"
+)
 
 
 class OutputFile:
@@ -1981,7 +1874,8 @@ class OutputFile:
     def __init__(self, path, workdir, flag="--transcript", stream=False, named=True):
         path = Path(os.path.abspath(path))
         self.path, self.name, self.flag, self.device, self.tty = path, path.name, flag, None, False
-        if own_descriptor(path) is not None and named:  # /dev/stdout: the fd the shell opened
+        # /dev/stdout, /dev/fd/N: agent.py's own descriptor, which the shell opened
+        if own_descriptor(path) is not None and named:
             return self.open_descriptor(own_descriptor(path), stream)
         parent = real_directory(path, flag)
         check_harness(parent / self.name, flag, path)
@@ -1995,34 +1889,27 @@ class OutputFile:
         try:
             self.dir_fd = open_directory(parent)
         except OSError as e:
-            raise UsageError(
-                f"{flag} {path}: the directory {parent} {'does not exist' if e.errno == errno.ENOENT else e.strerror}"
-            )
+            why = "does not exist" if e.errno == errno.ENOENT else e.strerror
+            raise UsageError(f"{flag} {path}: the directory {parent} {why}")
         try:
             there = os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False)
         except FileNotFoundError:
             there = None
         except OSError as e:  # a name too long, say
             raise UsageError(f"{flag} {path} cannot be written: {e.strerror}")
-        if (
-            there
-            and stat.S_ISLNK(there.st_mode)
-            and stream
-            and named
-            and there.st_uid in (os.geteuid(), 0)
-        ):  # /dev/stdout, /dev/fd/63: a pipe?
+        mine = there is not None and there.st_uid in (os.geteuid(), 0)
+        # a stream the user named may go through their own link to a pipe or a device
+        # (/dev/fd/63); any other link is refused below
+        if mine and stat.S_ISLNK(there.st_mode) and stream and named:
             target = os.path.realpath(path)
             if workdir is not None and Path(target).is_relative_to(workdir):
                 raise UsageError(f"{flag} {path} leads into the workdir {workdir} ({target})")
             try:
-                there = os.stat(path)  # through /proc's links too, which name no path
+                followed = os.stat(path)
             except OSError:
-                there = None
-            if not there or stat.S_IFMT(there.st_mode) not in (stat.S_IFIFO, stat.S_IFCHR):
-                raise UsageError(
-                    f"{flag} {path} is a symlink; agent.py writes no file through "
-                    "one: give the file itself"
-                )
+                followed = None
+            if followed and stat.S_IFMT(followed.st_mode) in (stat.S_IFIFO, stat.S_IFCHR):
+                there = followed
         kind = there and stat.S_IFMT(there.st_mode)
         if kind == stat.S_IFDIR:
             raise UsageError(f"{flag} {path} is a directory; give a file name")
@@ -2041,24 +1928,20 @@ class OutputFile:
         if kind in (stat.S_IFIFO, stat.S_IFCHR) and stream and named:
             self.device = self.open_device(there)
         elif kind and kind != stat.S_IFREG:
-            unnamed = "" if named else ", and it is no path you named"
-            why = (
-                (
-                    "a transcript is rewritten after every turn, so it only replaces a file; give "
-                    "a file name, or --transcript - for stdout at the end (with --no-keep for no "
-                    "copy at all)"
-                )
-                if flag == "--transcript" and named
-                else "agent.py only replaces regular files: give a file name"
-            )
-            raise UsageError(
-                f"{flag} {path} is not a regular file ({FILE_KINDS.get(kind, 'a special file')}{unnamed}); {why}"
-            )
+            what = FILE_KINDS.get(kind, "a special file")
+            if not named:
+                what += ", and it is no path you named"
+            why = "agent.py only replaces regular files: give a file name"
+            if flag == "--transcript" and named:
+                why = TRANSCRIPT_NEEDS_A_FILE
+            raise UsageError(f"{flag} {path} is not a regular file ({what}); {why}")
         else:
-            if there:  # agent.py's checkout: only what agent.py writes is replaced there
+            # in agent.py's checkout, only what agent.py writes is replaced
+            if there:
                 check_not_the_checkouts(parent / self.name, flag, path, self.dir_fd)
+            # proves the directory writable before anything is paid for
             try:
-                self.write(b"")  # proves the directory writable before anything is paid for
+                self.write(b"")
             except OSError as e:
                 raise UsageError(f"{flag} {path} cannot be written: {e.strerror}")
         self.identity = (there.st_dev, there.st_ino) if there else str(parent / self.name)
@@ -2069,10 +1952,7 @@ class OutputFile:
         `> file`), as `-` writes stdout. A transcript, rewritten after every turn, needs a file."""
         if not stream:
             raise UsageError(
-                f"{self.flag} {self.path} is not a regular file: a transcript is "
-                "rewritten after every turn, so it only replaces a file; give a file "
-                "name, or --transcript - for stdout at the end (with --no-keep "
-                "for no copy at all)"
+                f"{self.flag} {self.path} is not a regular file: {TRANSCRIPT_NEEDS_A_FILE}"
             )
         try:
             self.device = os.dup(fd)
@@ -2287,12 +2167,10 @@ def check_distinct(outputs, inputs=()):
 # The published schemas (python agent.py --schema transcript|events|summary), JSON Schema
 # draft 2020-12. Within a version fields are only added, so a reader should let unknown ones
 # pass; the fields added after a version's first release are optional here.
-STRING, COUNT, NUMBER, BOOL = (
-    {"type": "string"},
-    {"type": "integer", "minimum": 0},
-    {"type": "number"},
-    {"type": "boolean"},
-)
+STRING = {"type": "string"}
+COUNT = {"type": "integer", "minimum": 0}
+NUMBER = {"type": "number"}
+BOOL = {"type": "boolean"}
 TIME = {"type": "string", "format": "date-time"}
 
 
@@ -2567,9 +2445,13 @@ class Saver:
     # dump(session) in place of encode(), 1.03x with it (docs/benchmarks.md)
 
     def __init__(self, output, kept=None):
-        self.output, self.kept = output, kept  # --transcript's file; the kept run's (KeptRun)
-        self.done = {"messages": [], "turns": []}  # their finished items, encoded once
-        self.fixed = {}  # key: (value, b'"key":value') for values that cannot change in place
+        # --transcript's file, and the kept run's (KeptRun)
+        self.output = output
+        self.kept = kept
+        # the finished messages and turns, each encoded once
+        self.done = {"messages": [], "turns": []}
+        # key: (value, b'"key":value') for values that cannot change in place
+        self.fixed = {}
 
     def __call__(self, session, final=False):
         # With --transcript, the kept run is written once, at the stop (bench_loop --compare:
@@ -2616,10 +2498,17 @@ class Events:
     says why, and stderr and the transcript say so once."""
 
     def __init__(self, stream, run_id, owned=False, tty=False):
-        self.stream, self.run_id, self.seq, self.lock = stream, run_id, 0, threading.Lock()
-        self.owned = owned  # a file of its own to close, not stdout
-        self.shown = tty or not owned and sys.stdout.isatty()  # on a terminal: escaped there
-        self.lost, self.told = None, False  # why no more events are written; said on stderr
+        self.stream = stream
+        self.run_id = run_id
+        self.seq = 0
+        self.lock = threading.Lock()
+        # a file of its own to close, not stdout
+        self.owned = owned
+        # on a terminal: its controls escaped there
+        self.shown = tty or not owned and sys.stdout.isatty()
+        # why no more events are written, and whether stderr was told
+        self.lost = None
+        self.told = False
 
     @classmethod
     def open(cls, out, run_id):
@@ -2711,68 +2600,83 @@ def transcript_problem(session):
         return "it has no messages"
     asked = set()
     for i, m in enumerate(session["messages"]):
-        if (
-            not isinstance(m, dict)
-            or m.get("role") not in ("user", "assistant")
-            or not isinstance(m.get("content"), list)
-            or not m["content"]
-        ):
-            return f"messages[{i}] is not a message with a role and content"
-        for j, b in enumerate(m["content"]):
-            if block_problem(b, m["role"]):
-                return (
-                    f"messages[{i}].content[{j}] is not a well-formed block: "
-                    f"{block_problem(b, m['role'])}"
-                )
-            if b["type"] == "tool_result" and (
-                m["role"] != "user" or b["tool_use_id"] not in asked
-            ):
-                return f"messages[{i}].content[{j}] answers a tool_use that is not just before it"
-            if (
-                b["type"] == "text"
-                and not b["text"]
-                or b["type"] == "tool_result"
-                and not (
-                    isinstance(b.get("content", ""), str)
-                    or isinstance(b["content"], list)
-                    and all(
-                        isinstance(x, dict) and x.get("type") in ("text", "image")
-                        for x in b["content"]
-                    )
-                )
-            ):  # what the API would refuse, never sent
-                return (
-                    f"messages[{i}].content[{j}] is an empty text, or a tool_result whose "
-                    "content is neither text nor a list of blocks"
-                )
-        answered = {b.get("tool_use_id") for b in m["content"] if b["type"] == "tool_result"}
-        if asked - answered:
-            return f"messages[{i}] leaves tool_use {sorted(asked - answered)[0]} unanswered"
+        problem = message_problem(i, m, asked)
+        if problem:
+            return problem
         asked = {b["id"] for b in m["content"] if b["type"] == "tool_use"}
     for i, t in enumerate(session["turns"]):
-        usage = t.get("usage") if isinstance(t, dict) else None
-        if (
-            not isinstance(t, dict)
-            or not is_count(t.get("turn"))
-            or t["turn"] > MAX_TURN
-            or not isinstance(usage, dict)
-            or any(not is_count(usage.get(k)) for k in COUNTS + ("tokens",))
-            or not isinstance(usage.get("cost_usd", ""), (int, float, type(None)))
-            or not isinstance(t.get("stop_reason"), (str, type(None)))
-        ):
-            return f"turns[{i}] is not a turn record with its usage and stop_reason"
-        calls = t.get("tool_calls", [])
-        if not isinstance(calls, list) or not all(
-            isinstance(c, dict) and isinstance(c.get("id"), str) for c in calls
-        ):
-            return f"turns[{i}].tool_calls is not a list of tool calls with their ids"
-        if not is_count(t.get("prompt_tokens", 0)):
-            return f"turns[{i}].prompt_tokens is not a count"
+        problem = turn_problem(i, t)
+        if problem:
+            return problem
+    # each turn's reply is in the history, or its record says it is not
     replies = sum(m["role"] == "assistant" for m in session["messages"])
     kept = sum(t.get("in_history") is not False for t in session["turns"])
-    if replies != kept:  # each turn's reply is in the history, or its record says it is not
+    if replies != kept:
         return f"its messages hold {replies} replies, and its turns say {kept} were kept"
     return sum_problem(session["turns"])
+
+
+def message_problem(i, m, asked):
+    """What makes message `i` unfit to send, or None: its blocks, and the answers to each
+    tool_use of the message before it (`asked`, their ids)."""
+    if (
+        not isinstance(m, dict)
+        or m.get("role") not in ("user", "assistant")
+        or not isinstance(m.get("content"), list)
+        or not m["content"]
+    ):
+        return f"messages[{i}] is not a message with a role and content"
+    for j, b in enumerate(m["content"]):
+        problem = block_problem(b, m["role"])
+        if problem:
+            return f"messages[{i}].content[{j}] is not a well-formed block: {problem}"
+        if b["type"] == "tool_result" and (m["role"] != "user" or b["tool_use_id"] not in asked):
+            return f"messages[{i}].content[{j}] answers a tool_use that is not just before it"
+        # what the API would refuse: never sent
+        empty_text = b["type"] == "text" and not b["text"]
+        bad_result = b["type"] == "tool_result" and not result_content_ok(b.get("content", ""))
+        if empty_text or bad_result:
+            return (
+                f"messages[{i}].content[{j}] is an empty text, or a tool_result whose "
+                "content is neither text nor a list of blocks"
+            )
+    answered = {b.get("tool_use_id") for b in m["content"] if b["type"] == "tool_result"}
+    if asked - answered:
+        return f"messages[{i}] leaves tool_use {sorted(asked - answered)[0]} unanswered"
+    return None
+
+
+def result_content_ok(content):
+    """A tool_result's content as the API takes it: text, or a list of text and image blocks."""
+    if isinstance(content, str):
+        return True
+    blocks = ("text", "image")
+    return isinstance(content, list) and all(
+        isinstance(x, dict) and x.get("type") in blocks for x in content
+    )
+
+
+def turn_problem(i, t):
+    """What makes turn record `i` unfit to resume from, or None."""
+    usage = t.get("usage") if isinstance(t, dict) else None
+    if (
+        not isinstance(t, dict)
+        or not is_count(t.get("turn"))
+        or t["turn"] > MAX_TURN
+        or not isinstance(usage, dict)
+        or any(not is_count(usage.get(k)) for k in COUNTS + ("tokens",))
+        or not isinstance(usage.get("cost_usd", ""), (int, float, type(None)))
+        or not isinstance(t.get("stop_reason"), (str, type(None)))
+    ):
+        return f"turns[{i}] is not a turn record with its usage and stop_reason"
+    calls = t.get("tool_calls", [])
+    if not isinstance(calls, list) or not all(
+        isinstance(c, dict) and isinstance(c.get("id"), str) for c in calls
+    ):
+        return f"turns[{i}].tool_calls is not a list of tool calls with their ids"
+    if not is_count(t.get("prompt_tokens", 0)):
+        return f"turns[{i}].prompt_tokens is not a count"
+    return None
 
 
 MAX_TURN = 1 << 31  # a turn number a transcript may hold: a run goes on from it, one at a time
@@ -2906,14 +2810,8 @@ def no_constant(name):
     raise json.JSONDecodeError(f"{name} is not JSON", name, 0)
 
 
-JSON_NAMES = {
-    type(None): "null",
-    str: "string",
-    int: "number",
-    float: "number",
-    bool: "boolean",
-    list: "list",
-}  # what a document that is no object is, in JSON's words
+# what a document that is no object is, in JSON's words
+JSON_NAMES = {type(None): "null", str: "string", int: "number", float: "number", bool: "boolean"}
 
 
 def document_kind(document):
@@ -2961,23 +2859,18 @@ def prepare_resume(session, question):
     session.pop("replay", None)  # it told of a replay run; this one is not
     last = messages[-1]
     pending = [b for b in last["content"] if b.get("type") == "tool_use"]
-    if last["role"] == "assistant" and pending:  # the token budget leaves these unanswered
+    # the token budget leaves these unanswered
+    if last["role"] == "assistant" and pending:
         why = (session.get("stop") or {}).get("reason", "unknown")
-        messages.append(
-            {
-                "role": "user",
-                "content": [
-                    {
-                        "type": "tool_result",
-                        "tool_use_id": b["id"],
-                        "is_error": True,
-                        "content": f"not run: the previous session stopped ({why}) before this call ran. "
-                        "Call it again if you still need it.",
-                    }
-                    for b in pending
-                ],
-            }
+        note = (
+            f"not run: the previous session stopped ({why}) before this call ran. "
+            "Call it again if you still need it."
         )
+        results = [
+            {"type": "tool_result", "tool_use_id": b["id"], "is_error": True, "content": note}
+            for b in pending
+        ]
+        messages.append({"role": "user", "content": results})
     if (session.get("stop") or {}).get("reason") == "refusal" and last["role"] == "assistant":
         messages.pop()  # continuing after a refusal needs the refused turn removed
         session["turns"][-1]["in_history"] = False
@@ -4443,6 +4336,8 @@ def write_report(path, output=None):
     )
     if problem:
         raise UsageError(f"--report {path} is {kind} agent.py did not write: {problem}")
+    # redacted before any string is escaped or shown as JSON, where a secret would not be found
+    document = redact(document)
     try:
         text = (
             trials_report(document, output_cap(length))
@@ -4474,20 +4369,11 @@ def write_report(path, output=None):
 # make agent.py open another file of its choosing.
 
 ATIF_VERSION = "ATIF-v1.8"
+# the transcript's facts of the run that ATIF has no field for: the trajectory's extra
 RUN_FACTS = (
-    "run_id",
-    "workdir",
-    "started_at",
-    "ended_at",
-    "stop",
-    "answer",
-    "trial",
-    "cleared",
-    "events_lost",
-    "produced_by",
-    "replay",
-    "base_url",
-)  # its extra
+    "run_id workdir started_at ended_at stop answer trial cleared events_lost produced_by replay "
+    "base_url"
+).split()
 
 
 def export_atif(path, output):
@@ -4496,32 +4382,29 @@ def export_atif(path, output):
     extension; "-" for stdout, one trajectory a line). Returns the paths written."""
     document, length = read_document(path, "--export", sized=True)
     kind = document_kind(document)
-
-    def made(flag, source, read=None):
-        """One trajectory, made from its transcript's file, within its cap."""
-        transcript, size_ = read or read_document(source, flag, sized=True)
-        made_ = dump(trajectory(checked_transcript(transcript, source, "export")))
-        if len(made_) > output_cap(size_):
-            raise oversize(flag, source, size_, "a trajectory")
-        return made_
-
     if kind == "a transcript":
-        indexes, inputs = None, [("--export", path)]
-        trajectories = [made("--export", path, (document, length))]
+        indexes = None
+        inputs = [("--export", path)]
+        trajectories = [exported("--export", path, (document, length))]
     elif kind == "a trials summary":
         indexes = trial_indexes(path, document)
-        inputs, seen = [(f"trial {i}'s transcript", trial_path(path, i)) for i in indexes], {}
-        for flag, source in inputs:  # N names of one file would pass its cap N times
-            if file_identity(source) in seen:
+        sources = [(f"trial {i}'s transcript", trial_path(path, i)) for i in indexes]
+        # N names of one file would pass its cap N times
+        seen = {}
+        for flag, source in sources:
+            identity = file_identity(source)
+            if identity in seen:
                 raise UsageError(
                     f"--export {path}: {flag} {source} is the same file as "
-                    f"{seen[file_identity(source)]}: each trial has its own"
+                    f"{seen[identity]}: each trial has its own"
                 )
-            seen[file_identity(source)] = flag
-        for flag, source in inputs:  # all checked before anything is written, one at a time
-            made(flag, source)
-        trajectories = (made(flag, source) for flag, source in list(inputs))  # then made again:
-        inputs.append(("--export", path))  # what is held is one trial's, however many there are
+            seen[identity] = flag
+        # all are checked before anything is written, then made again one at a time as they
+        # are written: what is held is one trial's, however many there are
+        for flag, source in sources:
+            exported(flag, source)
+        trajectories = (exported(flag, source) for flag, source in sources)
+        inputs = sources + [("--export", path)]
     else:
         raise UsageError(f"--export {path} is {kind}; it exports a transcript or a trials summary")
     if output == "-":
@@ -4538,6 +4421,16 @@ def export_atif(path, output):
     for target, t in zip(targets, trajectories, strict=True):
         target.put(t)
     return [str(target.path) for target in targets]
+
+
+def exported(flag, path, read=None):
+    """The trajectory of the transcript at `path` (or `read`: it and its size), as written,
+    within its cap."""
+    transcript, length = read or read_document(path, flag, sized=True)
+    data = dump(trajectory(checked_transcript(transcript, path, "export")))
+    if len(data) > output_cap(length):
+        raise oversize(flag, path, length, "a trajectory")
+    return data
 
 
 def trial_indexes(path, summary):
@@ -4747,8 +4640,7 @@ def iso_time(value):
 
 OTEL_INSTALL = (
     "--otel needs the OpenTelemetry SDK and its OTLP exporter, which {python} "
-    "cannot import: {python} -m pip install opentelemetry-sdk "
-    "opentelemetry-exporter-otlp-proto-http"
+    "cannot import: {python} -m pip install {packages}"
 )
 OTEL_UV = (
     "--otel needs the OpenTelemetry SDK and its OTLP exporter, which uv's environment "
@@ -4756,10 +4648,6 @@ OTEL_UV = (
     "... --otel"
 )
 OTEL_GRACE = 3.0  # seconds the end of a run may wait for the last spans to reach the collector
-COLLECTOR_TIMEOUT = (
-    10.0  # seconds one batch may take in all, unless OTEL_EXPORTER_OTLP_TIMEOUT says
-)
-COLLECTOR_READ = 4096  # bytes of a collector's refusal read, for the reason; a success: none
 
 
 class Telemetry:
@@ -4769,11 +4657,19 @@ class Telemetry:
     def __init__(self, provider, exporter, content=False):
         from opentelemetry import trace
 
-        self.trace, self.provider, self.exporter, self.content = trace, provider, exporter, content
+        self.trace = trace
+        self.provider = provider
+        self.exporter = exporter
+        self.content = content
         self.tracer = provider.get_tracer("agent.py", AGENT_VERSION)
-        self.lock, self.runs, self.failed = threading.Lock(), {}, None
-        self.started = count(1)  # next() is the number of spans started so far, plus one
-        self.replay = None  # --replay: the recording, which every span names (no model called)
+        self.lock = threading.Lock()
+        self.runs = {}
+        # why recording stopped, if it did
+        self.failed = None
+        # next() is the number of spans started so far, plus one
+        self.started = count(1)
+        # --replay: the recording, which every span names (no model was called)
+        self.replay = None
 
     @classmethod
     def start(cls, report):
@@ -4783,11 +4679,10 @@ class Telemetry:
                 "--otel: OTEL_SDK_DISABLED=true is set, so no span would be sent: "
                 "unset it, or leave --otel out"
             )
-        protocol = (
-            os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-            or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-            or "http/protobuf"
-        )
+        protocol = otlp_setting("PROTOCOL") or "http/protobuf"
+        packages = ["opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http"]
+        if protocol == "grpc":
+            packages.append("opentelemetry-exporter-otlp-proto-grpc")
         try:
             from opentelemetry.sdk.resources import Resource
             from opentelemetry.sdk.trace import SpanLimits, TracerProvider
@@ -4795,70 +4690,55 @@ class Telemetry:
 
             if protocol == "grpc":
                 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-            elif protocol == "http/protobuf":  # agent.py's own bounded client (OTLPHTTP)
-                from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+            elif protocol == "http/protobuf":
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
             else:
                 raise UsageError(
                     f"--otel: OTEL_EXPORTER_OTLP_PROTOCOL {protocol!r} is not one "
                     "the Python exporters speak: use http/protobuf or grpc"
                 )
         except ImportError:
-            grpc = " opentelemetry-exporter-otlp-proto-grpc" if protocol == "grpc" else ""
-            if os.environ.get("UV"):  # `uv run`: its environment has no pip, and is uv's to make
-                raise UsageError(
-                    OTEL_UV.format(
-                        python=sys.executable,
-                        packages=" --with ".join(
-                            ["opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http"]
-                            + grpc.split()
-                        ),
-                    )
-                )
-            raise UsageError(OTEL_INSTALL.format(python=sys.executable) + grpc)
-        where = (
-            os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-            or (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318").rstrip(
-                "/"
+            # `uv run`: its environment has no pip, and is uv's to make
+            if os.environ.get("UV"):
+                packages = " --with ".join(packages)
+                raise UsageError(OTEL_UV.format(python=sys.executable, packages=packages))
+            raise UsageError(
+                OTEL_INSTALL.format(python=sys.executable, packages=" ".join(packages))
             )
-            + "/v1/traces"
-        )
-        exporter = Counted(
-            OTLPSpanExporter() if protocol == "grpc" else OTLPHTTP(where, encode_spans)
-        )
-        heard = logging.getLogger("opentelemetry")  # its failures: one line of ours, at the end
-        heard.handlers, heard.propagate = [exporter], False
-        resource = Resource.create(
-            {
-                "service.name": os.environ.get("OTEL_SERVICE_NAME") or "agent.py",
-                "service.version": AGENT_VERSION,
-            }
-        )
-        try:  # value lengths are cut at the door, after redaction (redacted_span), not the SDK
-            limits = SpanLimits()  # the user's, from the OTEL_*_LIMIT variables
+        root = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or ""
+        where = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        where = where or (root or "http://localhost:4318").rstrip("/") + "/v1/traces"
+        if protocol == "grpc":
+            exporter = Counted(OTLPSpanExporter())
+        else:
+            check_otlp_settings(where)
+            exporter = Counted(OTLPSpanExporter(endpoint=where, session=bounded_session()))
+        # the SDK's failures: one line of ours, at the end
+        sdk_log = logging.getLogger("opentelemetry")
+        sdk_log.handlers, sdk_log.propagate = [exporter], False
+        service = os.environ.get("OTEL_SERVICE_NAME") or "agent.py"
+        resource = Resource.create({"service.name": service, "service.version": AGENT_VERSION})
+        # value lengths are cut at the door, after redaction (redacted_span), not by the SDK: the
+        # user's limits, from the OTEL_*_LIMIT variables
+        try:
+            limits = SpanLimits()
         except ValueError as e:
             raise UsageError(f"--otel: {e}")
         exporter.lengths = (limits.max_span_attribute_length, limits.max_attribute_length)
-        provider = TracerProvider(
-            resource=resource,
-            shutdown_on_exit=False,
-            span_limits=SpanLimits(
-                max_attribute_length=SpanLimits.UNSET, max_span_attribute_length=SpanLimits.UNSET
-            ),
+        uncut = SpanLimits(
+            max_attribute_length=SpanLimits.UNSET, max_span_attribute_length=SpanLimits.UNSET
         )
+        provider = TracerProvider(resource=resource, shutdown_on_exit=False, span_limits=uncut)
         provider.add_span_processor(BatchSpanProcessor(exporter))
         capture = os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "")
         content = capture.strip().upper() in ("TRUE", "SPAN_ONLY", "SPAN_AND_EVENT")
-        shown = server_url(where) or "the collector's URL"  # no password, no query: its keys
-        report.line(
-            f"otel: traces to {shown} ({protocol}); message content "
-            f"{'recorded' if content else 'not recorded'}"
-        )
-        root = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or ""
-        if (
-            not os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-            and protocol != "grpc"
-            and root.rstrip("/").endswith("/v1/traces")
-        ):  # as ANTHROPIC_BASE_URL's /v1 is said
+        # no password, no query: they may hold its keys
+        exporter.where = server_url(where) or "the collector's URL"
+        recorded = "recorded" if content else "not recorded"
+        report.line(f"otel: traces to {exporter.where} ({protocol}); message content {recorded}")
+        # /v1/traces added to a URL that ends in it, said as ANTHROPIC_BASE_URL's /v1 is
+        named = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        if not named and protocol != "grpc" and root.rstrip("/").endswith("/v1/traces"):
             root = server_url(root) or root
             report.error(
                 f"note: OTEL_EXPORTER_OTLP_ENDPOINT {root} ends in /v1/traces, and "
@@ -4866,7 +4746,6 @@ class Telemetry:
                 f"({root.rstrip('/').removesuffix('/v1/traces')}), or the whole URL as "
                 "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
             )
-        exporter.where = shown
         return cls(provider, exporter, content)
 
     @property
@@ -4964,26 +4843,17 @@ class Telemetry:
                 chat.set_attribute(key, value)
         if self.content:
             messages = run["session"]["messages"]
-            replied = record.get("in_history") is not False  # the reply is the last message
-            parts = [
-                p for m in genai_messages(messages[-1:] if replied else []) for p in m["parts"]
-            ]
-            chat.set_attributes(
-                {
-                    "gen_ai.input.messages": as_json(
-                        genai_messages(messages[:-1] if replied else messages)
-                    ),
-                    "gen_ai.output.messages": as_json(
-                        [
-                            {
-                                "role": "assistant",
-                                "parts": parts,
-                                "finish_reason": str(record["stop_reason"]),
-                            }
-                        ]
-                    ),
-                }
-            )
+            # the reply is the last message, unless the turn kept it out of the history
+            replied = record.get("in_history") is not False
+            asked = messages[:-1] if replied else messages
+            parts = [p for m in genai_messages(messages[len(asked) :]) for p in m["parts"]]
+            said = {
+                "role": "assistant",
+                "parts": parts,
+                "finish_reason": str(record["stop_reason"]),
+            }
+            chat.set_attribute("gen_ai.input.messages", as_json(genai_messages(asked)))
+            chat.set_attribute("gen_ai.output.messages", as_json([said]))
         chat.end()
 
     def tool_start(self, trial, block):
@@ -5068,22 +4938,20 @@ class Telemetry:
             self.exporter.shutdown()
         started = next(self.started) - 1
         lost = started - self.exporter.sent
-        if self.failed or lost:
-            why = (
-                "interrupted by Ctrl-C while they were sent"
-                if interrupted and lost
-                else self.failed
-                or self.exporter.why
-                or (
-                    f"no answer within {OTEL_GRACE:g} s"
-                    if ending.is_alive()
-                    else "the collector refused them"
-                )
-            )
-            report.error(
-                f"agent.py: --otel: {lost} of {plural(started, 'span')} did not reach "
-                f"the collector at {self.exporter.where} ({why})"
-            )
+        if not self.failed and not lost:
+            return
+        if interrupted and lost:
+            why = "interrupted by Ctrl-C while they were sent"
+        elif self.failed or self.exporter.why:
+            why = self.failed or self.exporter.why
+        elif ending.is_alive():
+            why = f"no answer within {OTEL_GRACE:g} s"
+        else:
+            why = "the collector refused them"
+        report.error(
+            f"agent.py: --otel: {lost} of {plural(started, 'span')} did not reach "
+            f"the collector at {self.exporter.where} ({why})"
+        )
 
 
 class Counted(logging.Handler):
@@ -5094,8 +4962,14 @@ class Counted(logging.Handler):
 
     def __init__(self, exporter):
         super().__init__(logging.WARNING)
-        self.inner, self.sent, self.why, self.where = exporter, 0, None, None
-        self.lengths = (None, None)  # the user's OTEL_*_VALUE_LENGTH_LIMIT: span's, others'
+        self.inner = exporter
+        self.sent = 0
+        # the last failure the exporter reported, and the collector's URL as shown
+        self.why = None
+        self.where = None
+        # the user's OTEL_*_VALUE_LENGTH_LIMIT: the span's, and its events' and links'
+        self.lengths = (None, None)
+        self.stopped = False
 
     def export(self, spans):
         try:
@@ -5104,8 +4978,6 @@ class Counted(logging.Handler):
                 if SECRETS or any(self.lengths)
                 else spans
             )
-        except CollectorError as e:
-            result, self.why = None, str(e)
         except Exception as e:
             result, self.why = None, f"{type(e).__name__}: {e}"
         if getattr(result, "name", "") == "SUCCESS":
@@ -5113,12 +4985,19 @@ class Counted(logging.Handler):
         return result
 
     def emit(self, record):
+        # once the exporter is shut down, what it says (a retry given up) is not why spans
+        # were lost: the failure before it is
+        if self.stopped:
+            return
         message = record.getMessage()
         errno_said = re.search(r"\[Errno -?\d+\] [^'\")]+", message)
         self.why = errno_said[0] if errno_said else shorten(message, 160)
 
     def shutdown(self):
-        self.inner.shutdown()
+        # once: the provider's shutdown and the end of the grace may both ask
+        if not self.stopped:
+            self.stopped = True
+            self.inner.shutdown()
 
     def force_flush(self, timeout_millis=30000):
         return True
@@ -5165,7 +5044,7 @@ def redacted_span(span, length=None, others=None):
 
 
 class CollectorError(Exception):
-    """Why a batch did not reach the collector, in words for the --otel line."""
+    """A collector's answer that loses the batch, though the SDK's exporter would count it sent."""
 
 
 OTLP_HEADER = re.compile(r"[ \t]*[!#-'*+.0-9A-Z^-z|~-]+[ \t]*=[ \t]*[ !#-+\--:<-\[\]-~]*[ \t]*")
@@ -5173,216 +5052,95 @@ OTLP_HEADER = re.compile(r"[ \t]*[!#-'*+.0-9A-Z^-z|~-]+[ \t]*=[ \t]*[ !#-+\--:<-
 # liberal pattern); the SDK prints any other whole, with its secret
 
 
-class OTLPHTTP:
-    """OTLP over HTTP (protobuf), the SDK exporter's job, done so that a collector cannot hurt
-    the run. Each batch is one POST on a new connection, given its timeout in all: a timer
-    shuts the socket at the deadline, however slowly the answer drips. A 2xx is success and
-    its body is never read; anything else, a redirect included (never followed), loses the
-    batch, and at most COLLECTOR_READ bytes of its body are read for the reason. http.client
-    caps the status line and headers (64 KiB a line, 100 headers), so memory never grows with
-    what a collector sends. A 429, 502, 503 or 504, or a connection that failed, is tried again
-    after 1 s, then 2 s, if that fits in the timeout. Configured by the SDK's variables:
-    OTEL_EXPORTER_OTLP_[TRACES_]HEADERS, _TIMEOUT, _COMPRESSION, _CERTIFICATE,
-    _CLIENT_CERTIFICATE and _CLIENT_KEY, and the proxy variables (HTTPS_PROXY, NO_PROXY)."""
+def otlp_setting(name):
+    """An OTEL_EXPORTER_OTLP_ setting for traces: its TRACES_ variable, else the general one."""
+    traces = os.environ.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}")
+    return traces or os.environ.get(f"OTEL_EXPORTER_OTLP_{name}")
 
-    def __init__(self, url, encode):
-        import urllib.request
 
-        from opentelemetry.util.re import parse_env_headers
-
-        def setting(name):
-            return os.environ.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}") or os.environ.get(
-                f"OTEL_EXPORTER_OTLP_{name}"
-            )
-
-        self.url, self.encode, self.stopped = urllib.parse.urlsplit(url), encode, threading.Event()
-        if self.url.scheme not in ("http", "https") or not self.url.hostname:
-            raise UsageError(f"--otel: the collector {url!r} is not an http(s) URL with a host")
-        named = (
-            "OTEL_EXPORTER_OTLP_TRACES_HEADERS"
-            if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS")
-            else "OTEL_EXPORTER_OTLP_HEADERS"
+def check_otlp_settings(url):
+    """A UsageError, before anything is sent, for a setting the SDK's HTTP exporter would only
+    warn about and replace (the timeout, the compression), fail at every batch with (the URL,
+    the certificates), or print whole (a malformed header: the collector's secret)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"--otel: the collector {url!r} is not an http(s) URL with a host")
+    named = "OTEL_EXPORTER_OTLP_HEADERS"
+    if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS"):
+        named = "OTEL_EXPORTER_OTLP_TRACES_HEADERS"
+    pairs = (otlp_setting("HEADERS") or "").split(",")
+    for i, pair in enumerate(pairs):
+        if not pair.strip() or OTLP_HEADER.fullmatch(pair):
+            continue
+        if "=" not in pair:
+            said = 'no =: a header written "Name: value"?'
+        elif not pair.split("=")[0].strip():
+            said = "no name before its ="
+        else:
+            said = "a character a header name or value cannot hold"
+        raise UsageError(
+            f"--otel: {named} is not a comma-separated list of name=value "
+            f"(item {i + 1} of {len(pairs)} has {said}); its values are not shown"
         )
-        pairs = (setting("HEADERS") or "").split(",")
-        for i, pair in enumerate(pairs):  # the SDK would print a bad one whole: a secret
-            if pair.strip() and "=" not in pair:
-                raise UsageError(
-                    f"--otel: {named} is not a comma-separated list of name=value "
-                    f"(item {i + 1} of {len(pairs)} has no =: a header written "
-                    '"Name: value"?); its values are not shown'
+    compression = (otlp_setting("COMPRESSION") or "none").strip().lower()
+    if compression not in ("none", "gzip", "deflate"):
+        raise UsageError(
+            f"--otel: OTEL_EXPORTER_OTLP_COMPRESSION {compression!r} is not none, gzip or deflate"
+        )
+    try:
+        float(otlp_setting("TIMEOUT") or 10)
+    except ValueError:
+        raise UsageError(
+            f"--otel: OTEL_EXPORTER_OTLP_TIMEOUT {otlp_setting('TIMEOUT')!r} is not "
+            "a number of seconds"
+        )
+    if parts.scheme == "https":
+        import ssl
+
+        try:
+            context = ssl.create_default_context(cafile=otlp_setting("CERTIFICATE"))
+            if otlp_setting("CLIENT_CERTIFICATE"):
+                context.load_cert_chain(
+                    otlp_setting("CLIENT_CERTIFICATE"), otlp_setting("CLIENT_KEY")
                 )
-            if pair.strip() and not OTLP_HEADER.fullmatch(pair):  # what the SDK parses
-                said = (
-                    "no name before its ="
-                    if not pair.split("=")[0].strip()
-                    else "a character a header name or value cannot hold"
-                )
-                raise UsageError(
-                    f"--otel: {named} is not a comma-separated list of name=value "
-                    f"(item {i + 1} of {len(pairs)} has {said}); its values are not "
-                    "shown"
-                )
-        self.headers = {
-            **parse_env_headers(setting("HEADERS") or "", liberal=True),
-            "Content-Type": "application/x-protobuf",
-        }
-        self.compression = (setting("COMPRESSION") or "none").strip().lower()
-        if self.compression not in ("none", "gzip", "deflate"):
+        except (OSError, ssl.SSLError) as e:
             raise UsageError(
-                f"--otel: OTEL_EXPORTER_OTLP_COMPRESSION {self.compression!r} is "
-                "not none, gzip or deflate"
+                f"--otel: the certificates OTEL_EXPORTER_OTLP_*CERTIFICATE or "
+                f"_CLIENT_KEY name cannot be used: {e}"
             )
-        if self.compression != "none":
-            self.headers["Content-Encoding"] = self.compression
-        try:
-            self.timeout = float(setting("TIMEOUT") or COLLECTOR_TIMEOUT)
-        except ValueError:
-            raise UsageError(
-                f"--otel: OTEL_EXPORTER_OTLP_TIMEOUT {setting('TIMEOUT')!r} is not "
-                "a number of seconds"
-            )
-        self.context = None
-        if self.url.scheme == "https":
-            import ssl
 
-            try:
-                self.context = ssl.create_default_context(cafile=setting("CERTIFICATE"))
-                if setting("CLIENT_CERTIFICATE"):
-                    self.context.load_cert_chain(
-                        setting("CLIENT_CERTIFICATE"), setting("CLIENT_KEY")
-                    )
-            except (OSError, ssl.SSLError) as e:
-                raise UsageError(
-                    f"--otel: the certificates OTEL_EXPORTER_OTLP_*CERTIFICATE or "
-                    f"_CLIENT_KEY name cannot be used: {e}"
+
+def bounded_session():
+    """The HTTP session the SDK's exporter sends through, bounded so that a collector cannot
+    hurt the run: of an answer it reads the status line and headers only (which http.client
+    caps: 64 KiB a line, 100 headers), never the body, so memory does not grow with what a
+    collector sends; and it follows no redirect (which would send the spans, and any token in
+    the headers, to another server) and reads none of one: a 3xx, which the exporter would
+    count as delivered, loses the batch. Each read waits OTEL_EXPORTER_OTLP_TIMEOUT at most,
+    and the end of the run waits OTEL_GRACE at most (Telemetry.finish)."""
+    import requests
+
+    class BoundedSession(requests.Session):
+        def get_redirect_target(self, response):
+            return None
+
+        def send(self, request, **kwargs):
+            response = super().send(request, **dict(kwargs, stream=True))
+            response.close()
+            if 300 <= response.status_code < 400:
+                location = one_line(response.headers.get("Location", "?"), 100)
+                raise CollectorError(
+                    f"the collector answered {response.status_code} "
+                    f"(a redirect to {location}, not followed)"
                 )
-        proxy = (
-            None
-            if urllib.request.proxy_bypass(self.url.hostname)
-            else urllib.request.getproxies().get(self.url.scheme)
-        )
-        self.proxy = urllib.parse.urlsplit(proxy) if proxy else None
-        self.connection = None  # the POST under way, for shutdown to cut
+            return response
 
-    def export(self, spans):
-        import gzip
-        import http.client
-        import zlib
-
-        from opentelemetry.sdk.trace.export import SpanExportResult
-
-        body = self.encode(spans).SerializeToString()
-        body = {"gzip": gzip.compress, "deflate": zlib.compress}.get(self.compression, lambda b: b)(
-            body
-        )
-        deadline = time.monotonic() + self.timeout
-        for wait_after in (1.0, 2.0, None):
-            try:
-                status, reason = self.post(body, deadline)
-            except (OSError, http.client.HTTPException) as e:  # refused, reset, malformed
-                if self.stopped.is_set():  # the run ended, and its grace with it
-                    raise CollectorError(
-                        f"no whole answer within {OTEL_GRACE:g} s of the run's end"
-                    )
-                if time.monotonic() >= deadline:
-                    raise CollectorError(f"no whole answer within {self.timeout:g} s")
-                status, reason = (
-                    None,
-                    f"[Errno {e.errno}] {e.strerror}"
-                    if getattr(e, "errno", None)
-                    else shorten(f"{type(e).__name__}: {e}", 160),
-                )
-                logging.getLogger("opentelemetry.agent_py").warning(reason)  # the why, so far
-            if status is not None and 200 <= status < 300:
-                return SpanExportResult.SUCCESS
-            if (
-                status in (None, 429, 502, 503, 504)
-                and wait_after
-                and time.monotonic() + wait_after < deadline
-                and not self.stopped.wait(wait_after)
-            ):
-                continue
-            raise CollectorError(reason)
-
-    def post(self, body, deadline):
-        """One POST: (status, the reason in words), within `deadline`."""
-        import http.client
-
-        host, port = self.url.hostname, self.url.port or (443 if self.context else 80)
-        target, headers = (
-            urllib.parse.urlunsplit(("", "", self.url.path or "/", self.url.query, "")),
-            dict(self.headers),
-        )
-        via = (self.proxy.hostname, self.proxy.port or 80) if self.proxy else (host, port)
-        left = deadline - time.monotonic()
-        connection = (
-            http.client.HTTPSConnection(*via, timeout=left, context=self.context)
-            if self.context
-            else http.client.HTTPConnection(*via, timeout=left)
-        )
-        if self.proxy and self.proxy.username:
-            import base64
-
-            headers["Proxy-Authorization"] = (
-                "Basic "
-                + base64.b64encode(
-                    urllib.parse.unquote(
-                        f"{self.proxy.username}:{self.proxy.password or ''}"
-                    ).encode()
-                ).decode()
-            )
-        if self.proxy and self.context:  # https through the proxy: a tunnel, headers to it
-            connection.set_tunnel(
-                host,
-                port,
-                headers={k: headers.pop(k) for k in list(headers) if k == "Proxy-Authorization"},
-            )
-        elif self.proxy:
-            target = self.url.geturl()
-        self.connection, late = connection, threading.Event()
-        cut = threading.Timer(left, lambda: late.set() or self.cut(connection))
-        cut.daemon = True
-        cut.start()
-        try:
-            connection.request("POST", target, body, headers)
-            answer = connection.getresponse()
-            if late.is_set():  # headers cut off at the deadline read as ended: not an answer
-                raise TimeoutError(errno.ETIMEDOUT, "the answer was cut off at the deadline")
-            if 200 <= answer.status < 300:
-                return answer.status, None
-            excerpt = one_line(answer.read(COLLECTOR_READ).decode("utf-8", "replace"), 100)
-            what = (
-                "a redirect to "
-                + one_line(answer.getheader("Location", "?"), 100)
-                + ", not followed"
-                if 300 <= answer.status < 400
-                else excerpt or "no reason"
-            )
-            return answer.status, f"the collector answered {answer.status} ({what})"
-        finally:
-            cut.cancel()
-            self.connection = None
-            connection.close()
-
-    def cut(self, connection):
-        """The deadline, or shutdown: a read blocked on this connection returns at once."""
-        try:
-            connection.sock and connection.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-    def shutdown(self):
-        self.stopped.set()
-        if self.connection:
-            self.cut(self.connection)
-
-    def force_flush(self, timeout_millis=30000):
-        return True
+    return BoundedSession()
 
 
 def as_json(value):
     """A content attribute: JSON text, secrets redacted (the conventions' string form)."""
-    return clean(redact(json.dumps(value, ensure_ascii=False)))
+    return clean(json.dumps(redact(value), ensure_ascii=False))
 
 
 def usage_attributes(usage):
@@ -5425,26 +5183,13 @@ def genai_messages(messages):
                 parts.append({"type": "reasoning", "content": b["thinking"]})
             elif kind == "tool_use":
                 parts.append(
-                    {
-                        "type": "tool_call",
-                        "id": b["id"],
-                        "name": b["name"],
-                        "arguments": b.get("input"),
-                    }
+                    dict(type="tool_call", id=b["id"], name=b["name"], arguments=b.get("input"))
                 )
             elif kind == "tool_result":
-                results.append(
-                    {
-                        "role": "tool",
-                        "parts": [
-                            {
-                                "type": "tool_call_response",
-                                "id": b["tool_use_id"],
-                                "response": b.get("content"),
-                            }
-                        ],
-                    }
+                answer = dict(
+                    type="tool_call_response", id=b["tool_use_id"], response=b.get("content")
                 )
+                results.append({"role": "tool", "parts": [answer]})
         out += results + ([{"role": m["role"], "parts": parts}] if parts else [])
     return out
 
@@ -5734,9 +5479,9 @@ class Reporter:
 
     def emit_said(self, whole=True):
         """The text streamed so far as an event; mid-stream (not `whole`), an end that could
-        be part of a piece of a secret waits for the next event, where redact finds it whole."""
+        begin a secret waits for the next event, where redact finds the secret whole."""
         extra = {"thinking": True} if self.thinking else {}
-        held = 0 if whole else secret_tail(self.said)
+        held = 0 if whole else secret_start(self.said)
         said, self.said = (self.said[:-held], self.said[-held:]) if held else (self.said, "")
         self.events.emit("text", self.trial, turn=self.turn_no, text=said, **extra)
 
@@ -5763,9 +5508,9 @@ class Reporter:
             if len(self.said) >= 2000 or ("\n" in delta and len(self.said) >= 200):
                 self.emit_said(whole=False)
         self.pending += shown
-        if not self.prefix:  # an end that could be part of a secret waits for the next delta
+        if not self.prefix:  # an end that could begin a secret waits for the next delta
             shown, self.held = self.held + shown, ""
-            held = secret_tail(shown)
+            held = secret_start(shown)
             if held:
                 shown, self.held = shown[:-held], shown[-held:]
             self.write(shown)

@@ -499,9 +499,10 @@ def test_a_collector_answering_without_end_costs_the_run_no_memory(request, work
     assert seconds < plain_seconds + agent.OTEL_GRACE + 5, (plain_seconds, seconds)
 
 
-def test_a_dripping_collector_is_listened_to_for_its_timeout_only(request, workdir, agent_copy):
-    """Headers a byte at a time, forever: the client hangs up at the export's timeout (1 s
-    here), not when the run ends; the run ends in bounded time and says the spans were lost."""
+def test_a_dripping_collector_holds_the_run_no_longer_than_its_grace(request, workdir, agent_copy):
+    """Headers a byte at a time, forever: each read is within the export's timeout, so the
+    exporter's thread waits on; the run does not. It ends, after OTEL_GRACE at most, with its
+    answer and one line saying the spans were lost, and the collector is hung up on."""
     api = serve(request, reply(text("done")))
     with HostileCollector("drip") as hostile:
         started = time.monotonic()
@@ -518,7 +519,7 @@ def test_a_dripping_collector_is_listened_to_for_its_timeout_only(request, workd
         time.sleep(0.5)  # the collector notices a hang-up at its next byte
         first = hostile.connections[0]
     assert done.returncode == 0 and done.stdout == "done\n", done.stderr
-    assert first["gone"] is not None and first["gone"] - first["opened"] < 2.2, first
+    assert first["gone"] is not None, first
     assert seconds < 30
     said = [line for line in done.stderr.splitlines() if "--otel:" in line]
     assert len(said) == 1 and "did not reach the collector" in said[0], done.stderr
