@@ -6149,14 +6149,9 @@ def sandbox_policy(workdir, limits, system=None):
 
 # A call, from run_python to its script's first line, in the order it happens: in the agent,
 # execute hands the call to the launcher (ask_launcher) and reads the script's output; in the
-# launcher, launch gives the call to a Child: a fork of the launcher that has its Call (the
-# call's directory, cgroup and Landlock ruleset), has confined itself (Call.run, Call.enter)
-# and exec'd the interpreter on its main.py, which holds the STUB until the call: the launcher
-# writes the script there and gives the go, and the interpreter, started already, runs it. The
-# launcher makes the next calls' Children (AHEAD) as soon as a call ends, while the model
-# thinks, so a call pays for none of that, not even the interpreter's start (bench_sandbox
-# --without ahead: 3.3-3.4x a call's time); a call that finds none (the first, or one of
-# several at once) waits for its own.
+# launcher, launch makes the call's Child: the call's directory with the approved script in it,
+# its cgroup and Landlock ruleset (Call), then a fork that confines itself (Call.run, Call.enter)
+# and execs the interpreter on that main.py, as `python main.py` runs it.
 
 
 def execute(code, workdir, box, timeout, output_chars, cancel=None):
@@ -6222,7 +6217,7 @@ def ask_launcher(launcher, code, workdir, box, timeout):
     """Hand a call to the run's launcher in one message: the code and what the call needs to
     know, and as a descriptor a socket of the call's own (the launcher answers on it; the agent
     closing it ends the call). The first answer is the script's pid, with the read ends of its
-    stdout and stderr (made with the script's process, ahead of the call), or why not."""
+    stdout and stderr, or why not."""
     script_bytes(code)  # (code the script's file cannot hold fails here, as without a launcher)
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
@@ -6237,7 +6232,6 @@ def ask_launcher(launcher, code, workdir, box, timeout):
             "env": child_env(box.policy, ""),  # (home is the launcher's to fill in)
             "timeout": timeout,
         }  # (the launcher ends the call too, LAUNCHER_GRACE later)
-        launcher.drain()
         try:
             send_whole(launcher.control, request, [theirs.fileno()])
         finally:
@@ -6404,93 +6398,71 @@ def start_here(code, workdir, box):
     return Running(proc.stdout.fileno(), proc.stderr.fileno(), proc=proc, call=call)
 
 
-# In the launcher, for each call: its Child (made ahead), the script, the go; in the Child, the
-# confinement, the exec, the STUB's wait, the script.
+# In the launcher, for each call: its Child; in the Child, the confinement, the exec, the script.
 
 
-def launch(box, request, fds, ahead):
-    """Start the call the agent asked for: the script's process made ahead for this kind of call
-    (or one started now) gets the script in its main.py, then its go; the agent gets its pid
-    and the read ends of its stdout and stderr. Returns the Child, or None if none could be
-    made (the agent was told why)."""
-    report, child = socket.socket(fileno=fds[0]), None
+def launch(box, request, fds):
+    """Start the call the agent asked for; the agent gets the script's pid and the read ends of
+    its stdout and stderr. Returns the Child, or None if none could be made (the agent was told
+    why)."""
+    report = socket.socket(fileno=fds[0])
     try:
-        child = ahead or Child(box, request)
-        child.go.settimeout(request.get("timeout") or 60)  # (an interpreter that never starts)
-        try:
-            started = child.go.recv(4096)  # at once for a child made ahead, else at its start
-        except TimeoutError:
-            raise ToolError(
-                "the sandboxed interpreter did not start within the call's timeout; nothing was run"
-            ) from None
-        child.go.settimeout(None)
-        if started.startswith(b"="):  # its interpreter ended already: its exit code says why
-            child.early = started
-        elif started not in (b"r", b""):  # (b"": likewise, without a namespace of its own)
-            raise ToolError(started.decode(errors="replace"))
-        child.call.write(script_bytes(request["code"]))
-        with contextlib.suppress(OSError):
-            child.go.send(b"g")
+        child = Child(box, request)
     except Exception as e:
         with contextlib.suppress(OSError):
             report.send(json.dumps({"error": str(e)}).encode())
-        if child is None:
-            report.close()
-            return None
-        child.kill(report=False)  # its end is watched like any other
-    child.report, pipes, child.pipes = report, child.pipes, ()
+        report.close()
+        return None
+    child.report = report
+    message = {
+        # no pid when the script has a PID namespace: it dies with the namespace
+        "pid": None if child.call.pidns else child.pid,
+        "root": child.call.root,
+        "cgroups": child.call.cgroups,
+        "uncapped": child.call.uncapped,
+    }
     try:
-        if child.tell:  # (an agent that has closed the call: killed next)
-            socket.send_fds(
-                report,
-                [
-                    json.dumps(
-                        {  # (no pid: its namespace dies with it)
-                            "pid": None if child.call.pidns else child.pid,
-                            "root": child.call.root,
-                            "cgroups": child.call.cgroups,
-                            "uncapped": child.call.uncapped,
-                        }
-                    ).encode()
-                ],
-                pipes,
-            )
+        socket.send_fds(report, [json.dumps(message).encode()], child.pipes)
     except OSError:
+        # the agent has closed the call already
         child.kill(report=False)
     finally:
-        for fd in pipes:
+        for fd in child.pipes:
             os.close(fd)
+        child.pipes = ()
     return child
 
 
-def kind_of(request):
-    """What a child made ahead must have been made for, to serve this request."""
-    return tuple(
-        repr(request[k]) for k in ("parent", "workdir", "cgroup", "landlock", "mounts", "env")
-    )
-
-
 class Child:
-    """In the launcher: a call's child, forked ahead of the call where it can be (Call.run: it
-    confines itself, then waits for its go), and watched until nothing of its group is left."""
+    """In the launcher: a call's child, forked at the call (Call.run confines it and execs the
+    script), and watched until nothing of its group is left."""
 
     def __init__(self, box, request):
-        box.cgroup, box.tested = request["cgroup"], request["required"]
-        box.landlock, box.mounts = request["landlock"], request["mounts"]
+        box.cgroup = request["cgroup"]
+        box.tested = request["required"]
+        box.landlock = request["landlock"]
+        box.mounts = request["mounts"]
         if box.landlock and not hasattr(box, "handled"):
             box.plan()
-        self.kind, self.call = kind_of(request), Call(box, STUB, request["parent"])
-        self.report, self.status, self.killed_at, self.tell = None, None, None, True
-        self.pipes, theirs, self.early = (), [], b""
+        self.call = Call(box, script_bytes(request["code"]), request["parent"])
+        self.report = None
+        self.status = None
+        self.killed_at = None
+        self.tell = True
+        self.pipes = ()
+        theirs = []
         try:
             env = child_env(box.policy, self.call.home, request["env"])
-            self.go, go = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            # the child's words: why it could not start, or how the script ended (init)
+            self.words, words = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             out, out_w = os.pipe()
             err, err_w = os.pipe()
-            self.pipes, theirs = (out, err), [go.detach(), out_w, err_w]
+            self.pipes = (out, err)
+            theirs = [words.detach(), out_w, err_w]
             pid = fork_call(box, self.call)
             if pid == 0:
-                self.call.run(*theirs, box.pinned, env)  # never returns
+                # never returns
+                self.call.run(*theirs, box.pinned, env, request.get("timeout"))
         except BaseException:
             for fd in (*self.pipes, *theirs):
                 os.close(fd)
@@ -6499,7 +6471,9 @@ class Child:
         for fd in theirs:
             os.close(fd)
         self.call.started()
-        self.pid, self.pidfd = pid, os.pidfd_open(pid)  # readable once the child has exited
+        self.pid = pid
+        # readable once the child has exited
+        self.pidfd = os.pidfd_open(pid)
 
     def kill(self, report=True):
         """End the child's group: when the script ends, when the agent closed the call
@@ -6526,39 +6500,42 @@ class Child:
 
     def finish(self):
         """Tell the agent how the script ended, once the call's home is gone; then remove the
-        rest, after the report (bench_sandbox --without report-first: 1.05-1.34x a call)."""
+        rest, after the report."""
         call = self.call
-        for fd in (self.pidfd, *self.pipes):  # (pipes not handed to the agent: made ahead)
-            os.close(fd)
-        self.go.setblocking(False)  # the call's processes are gone: nothing to wait for
-        error, told, words, resets = "", False, [self.early], 0
-        while resets < 2:
+        os.close(self.pidfd)
+        # the call's processes are gone: read what they said, without waiting
+        self.words.setblocking(False)
+        error = ""
+        timed_out = False
+        told = False
+        while True:
             try:
-                words.append(self.go.recv(4096))
-            except ConnectionResetError:  # once, for a go its reader died before reading: the
-                resets += 1  # words before it are still there (red-team S9)
-                continue
+                word = self.words.recv(4096)
             except OSError:
                 break
-            if not words[-1]:
+            if not word:
                 break
-        for word in words:  # "=N": the script's exit code, from the init of its namespace;
-            if word.startswith(b"="):  # else why it could not start
-                self.status, told = int(word.partition(b"=")[2]), True
-            elif word not in (b"", b"r"):
+            if word == TIMED_OUT:
+                timed_out = True
+            elif word.startswith(b"="):
+                # the script's exit code, from the call's first process (init)
+                self.status = int(word[1:])
+                told = True
+            else:
                 error = word.decode(errors="replace")
-        if call.pidns and not told and not error and self.status == 0:  # its first process
-            error = (
-                "the sandboxed interpreter ended before the script's end was told; it may "
-                "not have run"
-            )  # ended (0) with no word of the script's end
-        self.go.close()
+        if call.pidns and not told and not error and not timed_out and self.status == 0:
+            error = "the sandboxed interpreter ended before the script's end was told"
+        self.words.close()
         if self.tell and self.report:
-            message = (
-                {"error": error} if error else {"status": [self.status, oom_kills(call.cgroups)]}
-            )
-            with contextlib.suppress(OSError):  # its home gone, whatever it holds on disk:
-                os.rename(call.scratch, call.scratch + ".gone")  # removed after the report
+            if error:
+                message = {"error": error}
+            elif timed_out:
+                message = {"timed_out": True}
+            else:
+                message = {"status": [self.status, oom_kills(call.cgroups)]}
+            # its home gone, whatever it holds on disk: removed after the report
+            with contextlib.suppress(OSError):
+                os.rename(call.scratch, call.scratch + ".gone")
             with contextlib.suppress(OSError):
                 self.report.send(json.dumps(message).encode())
         if self.report:
@@ -6595,46 +6572,66 @@ def fork_call(box, call):
 
 class Call:
     """One run_python call's own things: its directory (the script, which the child can read but
-    not change, and a private home), its cgroup and its Landlock ruleset. Made in the launcher,
-    ahead of the call where it can be; without a launcher, by the agent at the call."""
+    not change, and a private home), its cgroup and its Landlock ruleset. Made at the call, by
+    the launcher (or by the agent, without one)."""
 
     def __init__(self, box, source, parent=None):
-        self.box, self.cgroups, self.ruleset, self.uncapped = box, [], -1, False
-        self.pidns = False  # its process is the first of a PID namespace of its own (fork_call)
+        self.box = box
+        self.cgroups = []
+        self.ruleset = -1
+        self.uncapped = False
+        # its process is the first of a PID namespace of its own (fork_call)
+        self.pidns = False
         self.ids = (os.getuid(), os.getgid())
-        self.rlimits = box.rlimits  # worked out here: enter() runs in the forked child
+        # worked out here: enter() runs in the forked child
+        self.rlimits = box.rlimits
+        # a new directory (0700), made for this call by mkdir, which never reuses a name
         self.root = tempfile.mkdtemp(
-            prefix="-".join(["agent-call", *box.tag, ""]),  # 0700
-            dir=parent or call_parent(),
+            prefix="-".join(["agent-call", *box.tag, ""]), dir=parent or call_parent()
         )
-        try:  # from here on, whatever happens (Ctrl-C included), nothing is left behind
-            self.script = os.path.join(self.root, "main.py")  # the child may read, not change it
-            self.scratch = os.path.join(self.root, "scratch")  # a capped tmpfs, where mounts work
+        # from here on, whatever happens (Ctrl-C included), nothing is left behind
+        try:
+            self.script = os.path.join(self.root, "main.py")
+            # a capped tmpfs, where mounts work
+            self.scratch = os.path.join(self.root, "scratch")
             self.home = os.path.join(self.scratch, "home")
             self.shm = os.path.join(self.scratch, "shm")
             self.own = {"home": self.home, "shm": self.shm, "script": self.script}
-            for directory in (self.scratch, self.home, self.shm):
-                os.mkdir(directory, 0o700)
-            self.write(source)  # (made ahead, it is empty until the call: its rule is made now)
+            self.deliver(source)
             if box.cgroup:
                 try:
                     self.cgroups = make_cgroups(box.cgroup, box.policy, box.tag)
                 except OSError as e:
-                    if box.tested:  # promised on the status line: keep it
+                    # promised on the status line: keep it
+                    if box.tested:
                         raise ToolError(
                             f"could not make this call's cgroup ({e.strerror}); the "
                             "script was not run without its caps"
                         )
-                    self.uncapped = True  # found out by the self-test: the status line says so
+                    # found out by the self-test: the status line says so
+                    self.uncapped = True
             if box.landlock:
                 self.ruleset = self.make_ruleset()
         except BaseException:
             self.release()
             raise
 
-    def write(self, source):
-        with open(self.script, "wb") as script:
-            script.write(source)
+    def deliver(self, source):
+        """Write the approved script and make the home, through the directory's descriptor and
+        never following a name: where the temp directory is visible inside the workdir, an
+        earlier script may have renamed this directory or planted a symlink in it, and this then
+        fails (ELOOP, EEXIST) rather than write the code wherever the link leads."""
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        root = os.open(self.root, flags)
+        try:
+            for name in ("scratch", "scratch/home", "scratch/shm"):
+                os.mkdir(name, 0o700, dir_fd=root)
+            create = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            script = os.open("main.py", create, 0o600, dir_fd=root)
+            with open(script, "wb") as file:
+                file.write(source)
+        finally:
+            os.close(root)
 
     def make_ruleset(self):
         """A Landlock ruleset for one call: the shared grants plus the call's own directory."""
@@ -6694,40 +6691,48 @@ class Call:
             )
         return argv
 
-    def run(self, go, out, err, workdir, env):
-        """In the launcher's fork, made ahead of its call where it can be: go into the workdir (by
-        its descriptor `workdir`, never its name), take the call's stdio (stdin the socket its go
-        comes on, stdout and stderr the pipes the agent will read), hold nothing else of the
-        launcher's, take a session of its own, confine itself (enter) and exec the interpreter
-        on main.py, which until the go holds STUB. Never returns; an error before the exec goes
-        back on `go`."""
+    def run(self, words, out, err, workdir, env, timeout):
+        """In the launcher's fork: go into the workdir (by its descriptor `workdir`, never its
+        name), take the call's stdio (stdin /dev/null, stdout and stderr the pipes the agent
+        reads, fd 3 the socket `words` to the launcher), hold nothing else of the launcher's,
+        take a session of its own, confine itself (enter), fork the script's process, which
+        execs the interpreter on main.py, and stay as its init. Never returns; an error before
+        the exec goes back on `words`."""
         try:
-            if self.pidns and self.ids[0] != 0:  # in the user namespace fork_call made: be
-                own_ids(*self.ids)  # the same user in it as outside
+            # in the user namespace fork_call made: be the same user in it as outside
+            if self.pidns and self.ids[0] != 0:
+                own_ids(*self.ids)
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            null = os.open(os.devnull, os.O_RDONLY)  # the script's stdin, once the go has come
-            for fd, target in ((go, 0), (out, 1), (err, 2), (null, 3)):
+            null = os.open(os.devnull, os.O_RDONLY)
+            for fd, target in ((null, 0), (out, 1), (err, 2), (words, 3)):
                 os.dup2(fd, target)
-            os.fchdir(workdir)  # the directory pinned at the start, not what its name is now
-            low = 4  # nothing of the launcher's: its socket, other calls' ends
+            # the directory pinned at the start, not what its name is now
+            os.fchdir(workdir)
+            # nothing of the launcher's: its socket, other calls' ends
+            low = 4
             for fd in sorted({self.ruleset} - {-1}):
                 os.closerange(low, fd)
                 low = fd + 1
             os.closerange(low, MAX_FD)
-            os.setsid()  # a group (and session) of its own: the one the launcher kills
+            # a group (and session) of its own: the one the launcher kills
+            os.setsid()
+            # (before Landlock, which hides /proc/self)
+            hide_command_line()
             self.enter()
             self.started()
-            script = os.fork() if self.pidns else 0  # this process, or the second of its
-            if script == 0:  # namespace
+            script = os.fork()
+            if script == 0:
+                os.close(3)
+                # as a script started by Popen has them
                 for sig in (*LAUNCHER_IGNORES, signal.SIGXFSZ):
-                    signal.signal(sig, signal.SIG_DFL)  # as a script started by Popen has them
+                    signal.signal(sig, signal.SIG_DFL)
                 argv = self.command()
                 os.execve(argv[0], argv, env)
-            init(script)  # never returns
+            init(script, timeout)
         except BaseException as e:
             with contextlib.suppress(BaseException):
-                os.write(0, f"could not start the sandboxed interpreter: {e}".encode())
+                os.write(3, f"could not start the sandboxed interpreter: {e}".encode())
         finally:
             os._exit(127)
 
@@ -6736,9 +6741,8 @@ class Call:
         call's cgroup, its mount namespace, rlimits, no capabilities, Landlock and seccomp."""
         box, parent = self.box, os.getppid()
         # On v1, "tasks" moves this one thread (all a forked child has) without the lock on every
-        # thread group that "cgroup.procs" takes, and its wait for a grace period (bench_sandbox
-        # --without ahead+tasks against --without ahead: 1.35-1.76x the time of a call whose child
-        # was not made ahead; the join alone 7.8 ms against 0.3)
+        # thread group that "cgroup.procs" takes, and its wait for a grace period (the join
+        # alone 7.8 ms against 0.3)
         joined = "tasks" if box.cgroup and box.cgroup[0] == "v1" else "cgroup.procs"
         for directory in self.cgroups:
             Path(directory, joined).write_text("0")
@@ -6777,86 +6781,53 @@ class Call:
         cleanup(self.root, self.cgroups)
 
 
-def init(script):
-    """The first process of a call's PID namespace, once it has started the script: hold none of
-    the call's stdio, reap whatever comes to it, and when the script ends, say its exit code on
-    the launcher's socket (stdin) and end, which ends every process left in the namespace."""
-    for fd in (1, 2):
-        os.dup2(3, fd)
-    os.close(3)
+def init(script, timeout):
+    """The call's first process, once it has started the script: hold none of the call's stdio,
+    reap whatever comes to it, and when the script ends, say its exit code to the launcher (fd 3)
+    and end. It keeps the deadline too, LAUNCHER_GRACE after the call's timeout, so that a
+    launcher stopped (kill -STOP) or stalled does not let the call run on: then it kills the
+    group, itself included. In a PID namespace of its own, its end ends every process left in
+    it, and the script cannot stop or kill it (the kernel ignores SIGSTOP and SIGKILL sent to a
+    namespace's init from inside); its command line is rewritten (hide_command_line) so that
+    `pkill -STOP -f agent.py`, meant for the agent, does not stop it too."""
+    os.dup2(0, 1)
+    os.dup2(0, 2)
+
+    def overdue(*_):
+        os.write(3, TIMED_OUT)
+        os.killpg(0, signal.SIGKILL)
+
+    if timeout is not None:
+        signal.signal(signal.SIGALRM, overdue)
+        signal.setitimer(signal.ITIMER_REAL, timeout + LAUNCHER_GRACE)
     while True:
         pid, status = os.waitpid(-1, 0)
         if pid == script:
-            os.write(0, b"=%d" % os.waitstatus_to_exitcode(status))
+            os.write(3, b"=%d" % os.waitstatus_to_exitcode(status))
             os._exit(0)
+
+
+TIMED_OUT = b"timed out"
+
+
+def hide_command_line():
+    """Overwrite this process's command line (the launcher's: `python ... agent.py`) in place, as
+    setproctitle does: /proc/PID/cmdline then reads "run_python call"."""
+    with open("/proc/self/stat", "rb") as file:
+        # after the command's name, in parentheses; arg_start and arg_end are fields 48 and 49
+        fields = file.read().rpartition(b")")[2].split()
+    start = int(fields[45])
+    end = int(fields[46])
+    title = b"run_python call"[: end - start - 1]
+    ctypes.memmove(start, title + bytes(end - start - len(title)), end - start)
 
 
 def launcher_gone():
     """Seen from a call's own PID namespace, where the launcher has no pid: has it ended (its
-    end of the socket on stdin closed)?"""
+    end of the socket on fd 3 closed)?"""
     poller = select.poll()
-    poller.register(0, select.POLLHUP)
+    poller.register(3, select.POLLHUP)
     return any(event & select.POLLHUP for _, event in poller.poll(0))
-
-
-# What a call's main.py holds from its process's start, ahead of the call, until its go: the
-# interpreter has started (bench_sandbox --against the code before it: 0.44-0.47x a call's
-# time, and a call 0.54-0.63x a plain interpreter's start), and this waits on stdin for the go,
-# takes /dev/null (fd 3) as stdin, and runs the script the launcher has written over it, as the
-# interpreter runs a file: in __main__, its own frames first in a traceback, exit code 1 (or
-# SIGINT) for an exception nothing caught. The one trace of it: two frames below the script's in
-# inspect.stack().
-STUB = b"""def _(os=__import__("os"), sys=__import__("sys")):
-    os.write(0, b"r")  # started: main.py may now be written
-    if os.read(0, 1) != b"g":  # the go: main.py now holds the call's script
-        os._exit(0)  # (not needed after all)
-    os.dup2(3, 0)  # stdin: /dev/null, opened before the process was confined
-    os.close(3)
-    main = sys.modules["__main__"].__dict__
-    del main["_"]
-    with open(main["__file__"], "rb") as script:
-        source = script.read()
-    try:
-        exec(compile(source, main["__file__"], "exec", dont_inherit=True), main)
-        return
-    except SystemExit:
-        raise
-    except BaseException:  # what the interpreter does with it (PyErr_Print, Py_RunMain), but
-        kind, e, tb = sys.exc_info()  # from the script's own frames on
-    tb = tb.tb_next
-    BaseException.with_traceback(e, tb)
-    sys.last_type, sys.last_value, sys.last_traceback = kind, e, tb
-    if sys.version_info >= (3, 12):
-        sys.last_exc = e
-    if not hasattr(sys, "excepthook"):
-        sys.stderr.write("sys.excepthook is missing\\n")
-        sys.__excepthook__(kind, e, tb)
-    else:
-        try:
-            sys.excepthook(kind, e, tb)
-        except SystemExit:
-            raise
-        except BaseException:
-            kind2, e2, tb2 = sys.exc_info()
-            BaseException.with_traceback(e2, tb2.tb_next)
-            sys.stdout.flush()
-            sys.stderr.write("Error in sys.excepthook:\\n")
-            sys.__excepthook__(kind2, e2, tb2.tb_next)
-            sys.stderr.write("\\nOriginal exception was:\\n")
-            sys.__excepthook__(kind, e, tb)
-    if not issubclass(kind, KeyboardInterrupt):
-        raise SystemExit(1)
-    if "threading" in sys.modules:  # Ctrl-C's exit: the interpreter ends, then kills itself
-        sys.modules["threading"]._shutdown()  # with SIGINT (130 if that does not end it)
-    __import__("atexit")._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    signal = __import__("signal")
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGINT)
-    os._exit(130)
-_()
-"""
 
 
 def make_cgroups(cgroup, policy, tag=()):
@@ -7421,7 +7392,6 @@ class Launcher:
     def close(self):
         """Close the agent's end: the launcher ends every call and removes what it made."""
         self.ended.detach()
-        self.drain()
         self.control.close()
         try:
             self.proc.wait(timeout=10)
@@ -7432,15 +7402,9 @@ class Launcher:
             self.gone()
 
     def note(self, root, cgroups):
-        """What the launcher made (a call's directory and cgroups, or the next call's): the
-        last few, for the agent to remove should the launcher be killed (gone)."""
+        """What the launcher made for a call: the last few, for the agent to remove should the
+        launcher be killed (gone)."""
         self.made = self.made[-15:] + [(root, cgroups)]
-
-    def drain(self):
-        """Take the launcher's notes of what it made ahead (never waits)."""
-        with contextlib.suppress(OSError):
-            for note in iter(lambda: self.control.recv(65536, socket.MSG_DONTWAIT), b""):
-                self.note(*json.loads(note)["ahead"])
 
     def gone(self):
         """The launcher was killed: remove what it had made (what it removed already is gone)."""
@@ -7495,7 +7459,7 @@ def serve(fd):
     its script (its pidfd), its call's socket (the agent closes it at the timeout, on Ctrl-C, or
     when done) and the agent's socket (closed when the agent is gone, kill -9 included); end
     each call's group, reap what it left, report, clean up. Between calls it makes the next
-    calls' processes (AHEAD): directory, cgroup, ruleset, confinement, the interpreter's start."""
+    each call's group, reap what it left, report, clean up."""
     control = socket.socket(fileno=fd)
     for sig in LAUNCHER_IGNORES:  # `pkill -f agent.py` or a Ctrl-C at the terminal hit the
         signal.signal(sig, signal.SIG_IGN)  # launcher too: it goes when the agent does, and
@@ -7529,8 +7493,11 @@ def serve(fd):
         control.send(f"{type(e).__name__}: {e}".encode())
         return
     control.send(b"ready")
-    poller, children, by_fd, spares, last = select.poll(), {}, {}, [], None
-    deadlines = {}  # each running call's child: when the launcher ends it, if the agent has not
+    poller = select.poll()
+    children = {}
+    by_fd = {}
+    # each running call's child: when the launcher ends it, if the agent has not
+    deadlines = {}
     poller.register(control, select.POLLIN)
     poller.register(wake, select.POLLIN)
 
@@ -7540,78 +7507,39 @@ def serve(fd):
 
     try:
         while True:
-            ended = False
             killing = 50 if any(c.killed_at for c in children.values()) else None
             for fd, _ in poller.poll(end_overdue(deadlines, killing)):
                 if fd == control.fileno():
-                    try:
-                        message, fds = receive_whole(control, 1)
-                    except OSError:  # (ECONNRESET: the agent went with a note of ours unread)
-                        message = None
+                    message, fds = receive_whole(control, 1)
                     if message is None:
                         return shut_down(children)
-                    last = message
-                    for spare in [
-                        s
-                        for s in spares
-                        if s.kind != kind_of(last)  # made for another
-                        or s.call.uncapped
-                        and last["required"]  # kind of call, or
-                        or s.killed_at  # uncapped, or killed, or ended
-                        or select.select([s.pidfd], [], [], 0)[0]
-                    ]:
-                        spare.kill(report=False)
-                        spares.remove(spare)
-                    child = launch(box, last, fds, spares.pop(0) if spares else None)
-                    if child and not child.killed_at and last.get("timeout") is not None:
-                        deadlines[child] = time.monotonic() + last["timeout"] + LAUNCHER_GRACE
+                    child = launch(box, message, fds)
+                    if child and message.get("timeout") is not None:
+                        deadlines[child] = time.monotonic() + message["timeout"] + LAUNCHER_GRACE
                     if child:
-                        if child.pid not in children:
-                            children[child.pid] = child
-                            watch(child.pidfd, child)
+                        children[child.pid] = child
+                        watch(child.pidfd, child)
                         watch(child.report.fileno(), child)
                 elif fd == wake:
                     with contextlib.suppress(BlockingIOError):
                         while os.read(wake, 4096):
                             pass
-                elif fd in by_fd:  # its child ended, or the agent ended the call: end the group
+                elif fd in by_fd:
+                    # its child ended, or the agent ended the call: end the group
                     child = by_fd.pop(fd)
                     poller.unregister(fd)
                     child.kill()
             reap(children)
             for child in [c for c in children.values() if c.killed_at and c.over()]:
                 del children[child.pid]
-                if child in spares:  # (one made ahead that died: killed, or reaped unheard)
-                    spares.remove(child)
                 for fd in [fd for fd, c in by_fd.items() if c is child]:
                     del by_fd[fd]
                     poller.unregister(fd)
                 child.finish()
-                ended = ended or child.report is not None
-            running = any(c.report and not c.killed_at for c in children.values())
-            while len(spares) < AHEAD and last and (ended or not running):
-                try:  # the next calls' children, made while the model thinks: off their time
-                    spare = children[0] = Child(box, last)
-                except Exception:
-                    last = None  # made at the next call, which then says why
-                    break
-                del children[0]
-                children[spare.pid] = spare
-                spares.append(spare)
-                watch(spare.pidfd, spare)
-                with contextlib.suppress(OSError):  # for the agent to remove, should this be killed
-                    note = {"ahead": [spare.call.root, spare.call.cgroups]}
-                    control.send(json.dumps(note).encode(), socket.MSG_DONTWAIT)
-
-    except BaseException:  # a bug here must not leave a call running or its things behind
+    # a bug here must not leave a call running or its things behind
+    except BaseException:
         shut_down(children)
         raise
-
-
-# How many calls' processes the launcher keeps made ahead: with two, a turn's next call, sent as
-# one ends, finds one ready (bench_sandbox --without spare: calls in a row 1.92x a plain start,
-# with two 1.32x)
-AHEAD = 2
 
 
 def tupled(value):
