@@ -6231,7 +6231,7 @@ def ask_launcher(launcher, code, workdir, box, timeout):
             "mounts": box.mounts,
             "env": child_env(box.policy, ""),  # (home is the launcher's to fill in)
             "timeout": timeout,
-        }  # (the launcher ends the call too, LAUNCHER_GRACE later)
+        }  # (its first process ends it too, LAUNCHER_GRACE later)
         try:
             send_whole(launcher.control, request, [theirs.fileno()])
         finally:
@@ -7496,8 +7496,6 @@ def serve(fd):
     poller = select.poll()
     children = {}
     by_fd = {}
-    # each running call's child: when the launcher ends it, if the agent has not
-    deadlines = {}
     poller.register(control, select.POLLIN)
     poller.register(wake, select.POLLIN)
 
@@ -7508,14 +7506,12 @@ def serve(fd):
     try:
         while True:
             killing = 50 if any(c.killed_at for c in children.values()) else None
-            for fd, _ in poller.poll(end_overdue(deadlines, killing)):
+            for fd, _ in poller.poll(killing):
                 if fd == control.fileno():
                     message, fds = receive_whole(control, 1)
                     if message is None:
                         return shut_down(children)
                     child = launch(box, message, fds)
-                    if child and message.get("timeout") is not None:
-                        deadlines[child] = time.monotonic() + message["timeout"] + LAUNCHER_GRACE
                     if child:
                         children[child.pid] = child
                         watch(child.pidfd, child)
@@ -7546,26 +7542,9 @@ def tupled(value):
     return tuple(map(tupled, value)) if isinstance(value, list) else value
 
 
-LAUNCHER_GRACE = 2.0  # seconds past a call's timeout before the launcher ends it itself
-
-
-def end_overdue(deadlines, wait):
-    """The agent ends a call at its timeout; should it not (stopped, stalled: red-team S4), the
-    launcher ends the call LAUNCHER_GRACE later and tells the agent it timed out. Returns how
-    long the launcher's poll may wait, in ms: `wait` (None: for ever) or less, to wake by the
-    next deadline."""
-    moment = time.monotonic()
-    for child, at in list(deadlines.items()):
-        if child.killed_at is None and at <= moment:
-            with contextlib.suppress(OSError):  # (an agent that has closed the call meanwhile)
-                child.report.send(json.dumps({"timed_out": True}).encode())
-            child.kill()
-        if child.killed_at is not None:  # ended: by its script, the agent, or here
-            del deadlines[child]
-    if not deadlines:
-        return wait
-    soonest = min(math.ceil((min(deadlines.values()) - moment) * 1000), 60_000)
-    return soonest if wait is None else min(wait, soonest)
+# seconds past a call's timeout before its first process (init) ends it, should the agent not
+# (stopped, stalled: red-team S4) or the launcher not (stopped: issue 33)
+LAUNCHER_GRACE = 2.0
 
 
 def shut_down(children):
@@ -7796,304 +7775,175 @@ MACOS_DIRS = ("/usr/lib", "/usr/share", "/usr/bin", "/bin", "/System", "/Library
 MACOS_FILES = ("/private/etc/localtime", "/dev/urandom", "/dev/random")  # the same, on macOS
 
 
-# Syscall numbers: name -> (x86_64, aarch64), None where the architecture has no such call; from
+# Syscall numbers: name, x86_64, aarch64 ("-" where the architecture has no such call); from
 # arch/x86/entry/syscalls/syscall_64.tbl and include/uapi/asm-generic/unistd.h, Linux 6.18.
+SYSCALLS_TABLE = """
+ioctl 16 29, shmget 29 194, shmat 30 196, shmctl 31 195, socket 41 198, clone 56 220
+semget 64 190, semop 65 193, semctl 66 191, shmdt 67 197, msgget 68 186, msgsnd 69 189
+msgrcv 70 188, msgctl 71 187, chmod 90 -, fchmod 91 52, chown 92 -, fchown 93 55, lchown 94 -
+ptrace 101 117, syslog 103 116, setpgid 109 154, setsid 112 157, capget 125 90, capset 126 91
+utime 132 -, mknod 133 -, uselib 134 -, ustat 136 -, sysfs 139 -, setpriority 141 140
+sched_setparam 142 118, sched_setscheduler 144 119, vhangup 153 58, modify_ldt 154 -
+pivot_root 155 41, _sysctl 156 -, adjtimex 159 171, chroot 161 51, acct 163 89
+settimeofday 164 170, mount 165 40, umount2 166 39, swapon 167 224, swapoff 168 225
+reboot 169 142, sethostname 170 161, setdomainname 171 162, iopl 172 -, ioperm 173 -
+create_module 174 -, init_module 175 105, delete_module 176 106, get_kernel_syms 177 -
+query_module 178 -, quotactl 179 60, nfsservctl 180 42, setxattr 188 5, lsetxattr 189 6
+fsetxattr 190 7, removexattr 197 14, lremovexattr 198 15, fremovexattr 199 16
+sched_setaffinity 203 122, lookup_dcookie 212 18, clock_settime 227 112, utimes 235 -
+mq_open 240 180, mq_unlink 241 181, mq_timedsend 242 182, mq_timedreceive 243 183
+mq_notify 244 184, mq_getsetattr 245 185, kexec_load 246 104, add_key 248 217
+request_key 249 218, keyctl 250 219, ioprio_set 251 30, inotify_add_watch 254 27
+migrate_pages 256 238, mknodat 259 33, fchownat 260 54, futimesat 261 -, fchmodat 268 53
+unshare 272 97, move_pages 279 239, utimensat 280 88, semtimedop 220 192
+perf_event_open 298 241, fanotify_init 300 262, fanotify_mark 301 263, prlimit64 302 261
+name_to_handle_at 303 264, open_by_handle_at 304 265, clock_adjtime 305 266, setns 308 268
+process_vm_readv 310 270, process_vm_writev 311 271, kcmp 312 272, finit_module 313 273
+sched_setattr 314 274, kexec_file_load 320 294, bpf 321 280, userfaultfd 323 282
+io_uring_setup 425 425, io_uring_enter 426 426, io_uring_register 427 427, open_tree 428 428
+move_mount 429 429, fsopen 430 430, fsconfig 431 431, fsmount 432 432, fspick 433 433
+pidfd_open 434 434, clone3 435 435, pidfd_getfd 438 438, process_madvise 440 440
+mount_setattr 442 442, quotactl_fd 443 443, landlock_create_ruleset 444 444
+landlock_add_rule 445 445, landlock_restrict_self 446 446, process_mrelease 448 448
+fchmodat2 452 452, statmount 457 457, listmount 458 458, lsm_set_self_attr 460 460
+setxattrat 463 463, removexattrat 466 466, open_tree_attr 467 467, file_setattr 469 469
+socketpair 53 199, bind 49 200, fcntl 72 25, io_setup 206 0, inotify_init 253 -
+inotify_init1 294 26
+"""
 SYSCALLS = {
-    "ioctl": (16, 29),
-    "shmget": (29, 194),
-    "shmat": (30, 196),
-    "shmctl": (31, 195),
-    "socket": (41, 198),
-    "clone": (56, 220),
-    "semget": (64, 190),
-    "semop": (65, 193),
-    "semctl": (66, 191),
-    "shmdt": (67, 197),
-    "msgget": (68, 186),
-    "msgsnd": (69, 189),
-    "msgrcv": (70, 188),
-    "msgctl": (71, 187),
-    "chmod": (90, None),
-    "fchmod": (91, 52),
-    "chown": (92, None),
-    "fchown": (93, 55),
-    "lchown": (94, None),
-    "ptrace": (101, 117),
-    "syslog": (103, 116),
-    "setpgid": (109, 154),
-    "setsid": (112, 157),
-    "capget": (125, 90),
-    "capset": (126, 91),
-    "utime": (132, None),
-    "mknod": (133, None),
-    "uselib": (134, None),
-    "ustat": (136, None),
-    "sysfs": (139, None),
-    "setpriority": (141, 140),
-    "sched_setparam": (142, 118),
-    "sched_setscheduler": (144, 119),
-    "vhangup": (153, 58),
-    "modify_ldt": (154, None),
-    "pivot_root": (155, 41),
-    "_sysctl": (156, None),
-    "adjtimex": (159, 171),
-    "chroot": (161, 51),
-    "acct": (163, 89),
-    "settimeofday": (164, 170),
-    "mount": (165, 40),
-    "umount2": (166, 39),
-    "swapon": (167, 224),
-    "swapoff": (168, 225),
-    "reboot": (169, 142),
-    "sethostname": (170, 161),
-    "setdomainname": (171, 162),
-    "iopl": (172, None),
-    "ioperm": (173, None),
-    "create_module": (174, None),
-    "init_module": (175, 105),
-    "delete_module": (176, 106),
-    "get_kernel_syms": (177, None),
-    "query_module": (178, None),
-    "quotactl": (179, 60),
-    "nfsservctl": (180, 42),
-    "setxattr": (188, 5),
-    "lsetxattr": (189, 6),
-    "fsetxattr": (190, 7),
-    "removexattr": (197, 14),
-    "lremovexattr": (198, 15),
-    "fremovexattr": (199, 16),
-    "sched_setaffinity": (203, 122),
-    "lookup_dcookie": (212, 18),
-    "clock_settime": (227, 112),
-    "utimes": (235, None),
-    "mq_open": (240, 180),
-    "mq_unlink": (241, 181),
-    "mq_timedsend": (242, 182),
-    "mq_timedreceive": (243, 183),
-    "mq_notify": (244, 184),
-    "mq_getsetattr": (245, 185),
-    "kexec_load": (246, 104),
-    "add_key": (248, 217),
-    "request_key": (249, 218),
-    "keyctl": (250, 219),
-    "ioprio_set": (251, 30),
-    "inotify_add_watch": (254, 27),
-    "migrate_pages": (256, 238),
-    "mknodat": (259, 33),
-    "fchownat": (260, 54),
-    "futimesat": (261, None),
-    "fchmodat": (268, 53),
-    "unshare": (272, 97),
-    "move_pages": (279, 239),
-    "utimensat": (280, 88),
-    "semtimedop": (220, 192),
-    "perf_event_open": (298, 241),
-    "fanotify_init": (300, 262),
-    "fanotify_mark": (301, 263),
-    "prlimit64": (302, 261),
-    "name_to_handle_at": (303, 264),
-    "open_by_handle_at": (304, 265),
-    "clock_adjtime": (305, 266),
-    "setns": (308, 268),
-    "process_vm_readv": (310, 270),
-    "process_vm_writev": (311, 271),
-    "kcmp": (312, 272),
-    "finit_module": (313, 273),
-    "sched_setattr": (314, 274),
-    "kexec_file_load": (320, 294),
-    "bpf": (321, 280),
-    "userfaultfd": (323, 282),
-    "io_uring_setup": (425, 425),
-    "io_uring_enter": (426, 426),
-    "io_uring_register": (427, 427),
-    "open_tree": (428, 428),
-    "move_mount": (429, 429),
-    "fsopen": (430, 430),
-    "fsconfig": (431, 431),
-    "fsmount": (432, 432),
-    "fspick": (433, 433),
-    "pidfd_open": (434, 434),
-    "clone3": (435, 435),
-    "pidfd_getfd": (438, 438),
-    "process_madvise": (440, 440),
-    "mount_setattr": (442, 442),
-    "quotactl_fd": (443, 443),
-    "landlock_create_ruleset": (444, 444),
-    "landlock_add_rule": (445, 445),
-    "landlock_restrict_self": (446, 446),
-    "process_mrelease": (448, 448),
-    "fchmodat2": (452, 452),
-    "statmount": (457, 457),
-    "listmount": (458, 458),
-    "lsm_set_self_attr": (460, 460),
-    "setxattrat": (463, 463),
-    "removexattrat": (466, 466),
-    "open_tree_attr": (467, 467),
-    "file_setattr": (469, 469),
-    "socketpair": (53, 199),
-    "bind": (49, 200),
-    "fcntl": (72, 25),
-    "io_setup": (206, 0),
-    "inotify_init": (253, None),
-    "inotify_init1": (294, 26),
+    name: (int(x86_64), None if aarch64 == "-" else int(aarch64))
+    for name, x86_64, aarch64 in map(str.split, re.split(r"[,\n]\s*", SYSCALLS_TABLE.strip()))
 }
 ARCHES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}  # AUDIT_ARCH_*, column above
 LAST_SYSCALL = 469  # the newest call in the table: newer ones get ENOSYS, as from an older kernel
-CLONE_ESCAPES = (
-    0x8000  # CLONE_PARENT: a sibling of the script, outside its group's reach
-    | 0x20000
-    | 0x02000000
-    | 0x04000000
-    | 0x08000000  # CLONE_NEW{NS,CGROUP,UTS,IPC}
-    | 0x10000000
-    | 0x20000000
-    | 0x40000000
-)  # CLONE_NEW{USER,PID,NET}
+# CLONE_PARENT (a sibling of the script, outside its group's reach) and CLONE_NEW{NS, CGROUP,
+# UTS, IPC, USER, PID, NET}
+CLONE_ESCAPES = 0x8000 | 0x20000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x70000000
 S_IFMT, S_IFCHR, S_IFBLK, AF_UNIX, ALL = 0o170000, 0o020000, 0o060000, 1, 0xFFFFFFFF
 EPERM, EACCES, ENOSYS = 1, 13, 38
+# the names a seccomp table may use for a number
+SECCOMP_NAMES = {
+    "CLONE_ESCAPES": CLONE_ESCAPES,
+    "S_IFMT": S_IFMT,
+    "S_IFCHR": S_IFCHR,
+    "S_IFBLK": S_IFBLK,
+    "AF_UNIX": AF_UNIX,
+    "ALL": ALL,
+    "EPERM": EPERM,
+    "EACCES": EACCES,
+    "ENOSYS": ENOSYS,
+}
 
 
-# The seccomp policy, checked top to bottom: (syscalls, test, errno, what it would let a script
-# do). A test (arg, mask, op, value) matches when (arg & mask) op value, on the low 32 bits the
-# kernel reads for every argument tested here; op "&" matches when any bit of mask is set. Every
-# other call is allowed: files and sockets are Landlock's, resources the rlimits' and cgroup's.
-# The list came from walking the whole syscall table and asking of each: does it act on something
-# outside this process and its files (the host, the kernel, other processes, shared objects)?
-SECCOMP_RULES = (
-    ("reboot kexec_load kexec_file_load", None, EPERM, "power off the host, boot another kernel"),
-    (
-        "init_module finit_module delete_module create_module query_module get_kernel_syms",
-        None,
-        EPERM,
-        "load or unload kernel code",
-    ),
-    (
-        "bpf perf_event_open userfaultfd",
-        None,
-        EPERM,
-        "run programs in the kernel, read performance counters, stall kernel threads",
-    ),
-    (
-        "mount umount2 pivot_root chroot swapon swapoff open_tree open_tree_attr move_mount "
-        "fsopen fsconfig fsmount fspick mount_setattr statmount listmount",
-        None,
-        EPERM,
-        "change or inspect the host's mounts",
-    ),
-    ("unshare setns", None, EPERM, "enter or make namespaces (and regain capabilities in them)"),
-    ("clone", (0, CLONE_ESCAPES, "&", 0), EPERM, "make a sibling of the agent or new namespaces"),
-    (
-        "clone3",
-        None,
-        ENOSYS,
-        "its flags are in memory the filter cannot read; glibc then "
-        "falls back to clone, whose flags it can",
-    ),
-    (
-        "settimeofday clock_settime clock_adjtime adjtimex sethostname setdomainname",
-        None,
-        EPERM,
-        "set the host's clock or name",
-    ),
-    (
-        "syslog acct quotactl quotactl_fd vhangup lookup_dcookie iopl ioperm modify_ldt uselib "
-        "_sysctl sysfs ustat nfsservctl lsm_set_self_attr",
-        None,
-        EPERM,
-        "read the kernel log, change host-wide settings, touch I/O ports",
-    ),
-    ("keyctl add_key request_key", None, EPERM, "read or add kernel keys"),
-    (
-        "ptrace process_vm_readv process_vm_writev kcmp pidfd_open pidfd_getfd process_madvise "
-        "process_mrelease",
-        None,
-        EPERM,
-        "inspect or reach into another process",
-    ),
-    (
-        "prlimit64 sched_setaffinity sched_setscheduler sched_setparam sched_setattr "
-        "migrate_pages move_pages",
-        (0, ALL, "!=", 0),
-        EPERM,
-        "change another process's limits, CPUs, scheduling or memory (0 means itself)",
-    ),
-    ("setpriority", (0, ALL, "!=", 0), EPERM, "renice a group or a user (PRIO_PROCESS only)"),
-    ("setpriority", (1, ALL, "!=", 0), EPERM, "renice another process"),
-    ("ioprio_set", (0, ALL, "!=", 1), EPERM, "set the I/O priority of a group or a user"),
-    ("ioprio_set", (1, ALL, "!=", 0), EPERM, "set another process's I/O priority"),
-    ("setsid setpgid", None, EPERM, "leave the process group the launcher kills"),
-    (
-        "fanotify_init fanotify_mark inotify_init inotify_init1 inotify_add_watch",
-        None,
-        EPERM,
-        "watch file activity, the machine's included (and use up the user's inotify instances)",
-    ),
-    ("fcntl", (1, ALL, "==", 1026), EPERM, "F_NOTIFY: watch a directory, the machine's too"),
-    (
-        "fcntl",
-        (1, ALL, "==", 1024),
-        EPERM,
-        "F_SETLEASE: stall another program's open of a file it owns, as root does every root file",
-    ),
-    ("io_setup", None, EPERM, "take the machine's whole quota of AIO events"),
-    (
-        "msgget msgsnd msgrcv msgctl semget semop semtimedop semctl shmget shmat shmdt shmctl "
-        "mq_open mq_unlink mq_timedsend mq_timedreceive mq_notify mq_getsetattr",
-        None,
-        EPERM,
-        "IPC objects shared with other programs that outlive the call",
-    ),
-    (
-        "io_uring_setup io_uring_enter io_uring_register",
-        None,
-        EPERM,
-        "file and socket operations this filter cannot see",
-    ),
-    ("name_to_handle_at open_by_handle_at", None, EPERM, "open files by handle, past path checks"),
-    (
-        "chmod fchmod fchmodat fchmodat2 chown fchown lchown fchownat utime utimes futimesat "
-        "utimensat setxattr lsetxattr fsetxattr removexattr lremovexattr fremovexattr setxattrat "
-        "removexattrat file_setattr",
-        None,
-        EPERM,
-        "change the mode, owner, times or attributes of files it may only read (Landlock cannot)",
-    ),
-    ("mknod", (1, S_IFMT, "==", S_IFCHR), EPERM, "make a character device"),
-    ("mknod", (1, S_IFMT, "==", S_IFBLK), EPERM, "make a block device"),
-    ("mknodat", (2, S_IFMT, "==", S_IFCHR), EPERM, "make a character device"),
-    ("mknodat", (2, S_IFMT, "==", S_IFBLK), EPERM, "make a block device"),
-    ("ioctl", (1, ALL, "==", 0x40086602), EPERM, "FS_IOC_SETFLAGS: chattr +i on a read-only fd"),
-    ("ioctl", (1, ALL, "==", 0x40046602), EPERM, "FS_IOC32_SETFLAGS, the same"),
-    ("ioctl", (1, ALL, "==", 0x401C5820), EPERM, "FS_IOC_FSSETXATTR: inode flags, project id"),
-    ("ioctl", (1, ALL, "==", 0x40087602), EPERM, "FS_IOC_SETVERSION: the inode generation"),
-    ("ioctl", (1, ALL, "==", 0x40047602), EPERM, "FS_IOC32_SETVERSION, the same"),
-    ("ioctl", (1, ALL, "==", 0x800C6613), EPERM, "FS_IOC_SET_ENCRYPTION_POLICY on a directory"),
-    ("ioctl", (1, ALL, "==", 0xC0506617), EPERM, "FS_IOC_ADD_ENCRYPTION_KEY: a key that stays"),
-    ("ioctl", (1, ALL, "==", 0xC0406618), EPERM, "FS_IOC_REMOVE_ENCRYPTION_KEY"),
-    ("ioctl", (1, ALL, "==", 0xC0406619), EPERM, "FS_IOC_REMOVE_ENCRYPTION_KEY_ALL_USERS"),
-    ("ioctl", (1, ALL, "==", 0x40806685), EPERM, "FS_IOC_ENABLE_VERITY: a file made read-only"),
-    ("ioctl", (1, ALL, "==", 0x6609), EPERM, "EXT4_IOC_MIGRATE: rewrite a file's block map"),
-    ("ioctl", (1, ALL, "==", 0x660C), EPERM, "EXT4_IOC_ALLOC_DA_BLKS: force a file's blocks"),
-    ("ioctl", (1, ALL, "==", 0x5412), EPERM, "TIOCSTI: type into a terminal"),
-    ("ioctl", (1, ALL, "==", 0x541C), EPERM, "TIOCLINUX: the console's selection and keys"),
-    (
-        "socket socketpair",
-        (0, ALL, "!=", AF_UNIX),
-        EACCES,
-        "open a network, netlink or raw socket (or load the module of one)",
-    ),
-)
-UNIX_SOCKET_RULES = (  # where Landlock cannot govern named unix sockets (below ABI 9)
-    ("socket", None, EACCES, "connect to a named unix socket (docker.sock, D-Bus, ssh-agent)"),
-    (
-        "socketpair",
-        (1, 0xF, "==", 2),
-        EACCES,
-        "a datagram pair: its sendto reaches any named socket (/dev/log, systemd's notify socket)",
-    ),
-    ("socketpair", (1, 0xF, "==", 3), EACCES, "SOCK_RAW, which AF_UNIX turns into the same"),
-    ("bind", None, EACCES, "take an abstract socket name the host's programs use"),
-)
+# The seccomp policy, checked top to bottom, one rule a line (an indented line goes on the one
+# above): syscalls | test | errno | what it would let a script do. A test "argN [& mask] op
+# value" matches when (argument N & mask) op value, on the low 32 bits the kernel reads for every
+# argument tested here; "argN & mask" matches when any bit of mask is set; "-" always matches.
+# Every other call is allowed: files and sockets are Landlock's, resources the rlimits' and
+# cgroup's. The list came from walking the whole syscall table and asking of each: does it act
+# on something outside this process and its files (the host, the kernel, other processes,
+# shared objects)?
+SECCOMP_TABLE = """
+reboot kexec_load kexec_file_load | - | EPERM | power off the host, boot another kernel
+init_module finit_module delete_module create_module query_module get_kernel_syms | - | EPERM |
+    load or unload kernel code
+bpf perf_event_open userfaultfd | - | EPERM | run programs in the kernel, read performance
+    counters, stall kernel threads
+mount umount2 pivot_root chroot swapon swapoff open_tree open_tree_attr move_mount fsopen
+    fsconfig fsmount fspick mount_setattr statmount listmount | - | EPERM | change or inspect
+    the host's mounts
+unshare setns | - | EPERM | enter or make namespaces (and regain capabilities in them)
+clone | arg0 & CLONE_ESCAPES | EPERM | make a sibling of the agent or new namespaces
+clone3 | - | ENOSYS | its flags are in memory the filter cannot read; glibc then falls back to
+    clone, whose flags it can
+settimeofday clock_settime clock_adjtime adjtimex sethostname setdomainname | - | EPERM | set
+    the host's clock or name
+syslog acct quotactl quotactl_fd vhangup lookup_dcookie iopl ioperm modify_ldt uselib _sysctl
+    sysfs ustat nfsservctl lsm_set_self_attr | - | EPERM | read the kernel log, change host-wide
+    settings, touch I/O ports
+keyctl add_key request_key | - | EPERM | read or add kernel keys
+ptrace process_vm_readv process_vm_writev kcmp pidfd_open pidfd_getfd process_madvise
+    process_mrelease | - | EPERM | inspect or reach into another process
+prlimit64 sched_setaffinity sched_setscheduler sched_setparam sched_setattr migrate_pages
+    move_pages | arg0 != 0 | EPERM | change another process's limits, CPUs, scheduling or memory
+    (0 means itself)
+setpriority | arg0 != 0 | EPERM | renice a group or a user (PRIO_PROCESS only)
+setpriority | arg1 != 0 | EPERM | renice another process
+ioprio_set | arg0 != AF_UNIX | EPERM | set the I/O priority of a group or a user
+ioprio_set | arg1 != 0 | EPERM | set another process's I/O priority
+setsid setpgid | - | EPERM | leave the process group the launcher kills
+fanotify_init fanotify_mark inotify_init inotify_init1 inotify_add_watch | - | EPERM | watch
+    file activity, the machine's included (and use up the user's inotify instances)
+fcntl | arg1 == 1026 | EPERM | F_NOTIFY: watch a directory, the machine's too
+fcntl | arg1 == 1024 | EPERM | F_SETLEASE: stall another program's open of a file it owns, as
+    root does every root file
+io_setup | - | EPERM | take the machine's whole quota of AIO events
+msgget msgsnd msgrcv msgctl semget semop semtimedop semctl shmget shmat shmdt shmctl mq_open
+    mq_unlink mq_timedsend mq_timedreceive mq_notify mq_getsetattr | - | EPERM | IPC objects
+    shared with other programs that outlive the call
+io_uring_setup io_uring_enter io_uring_register | - | EPERM | file and socket operations this
+    filter cannot see
+name_to_handle_at open_by_handle_at | - | EPERM | open files by handle, past path checks
+chmod fchmod fchmodat fchmodat2 chown fchown lchown fchownat utime utimes futimesat utimensat
+    setxattr lsetxattr fsetxattr removexattr lremovexattr fremovexattr setxattrat removexattrat
+    file_setattr | - | EPERM | change the mode, owner, times or attributes of files it may only
+    read (Landlock cannot)
+mknod | arg1 & S_IFMT == S_IFCHR | EPERM | make a character device
+mknod | arg1 & S_IFMT == S_IFBLK | EPERM | make a block device
+mknodat | arg2 & S_IFMT == S_IFCHR | EPERM | make a character device
+mknodat | arg2 & S_IFMT == S_IFBLK | EPERM | make a block device
+ioctl | arg1 == 0x40086602 | EPERM | FS_IOC_SETFLAGS: chattr +i on a read-only fd
+ioctl | arg1 == 0x40046602 | EPERM | FS_IOC32_SETFLAGS, the same
+ioctl | arg1 == 0x401c5820 | EPERM | FS_IOC_FSSETXATTR: inode flags, project id
+ioctl | arg1 == 0x40087602 | EPERM | FS_IOC_SETVERSION: the inode generation
+ioctl | arg1 == 0x40047602 | EPERM | FS_IOC32_SETVERSION, the same
+ioctl | arg1 == 0x800c6613 | EPERM | FS_IOC_SET_ENCRYPTION_POLICY on a directory
+ioctl | arg1 == 0xc0506617 | EPERM | FS_IOC_ADD_ENCRYPTION_KEY: a key that stays
+ioctl | arg1 == 0xc0406618 | EPERM | FS_IOC_REMOVE_ENCRYPTION_KEY
+ioctl | arg1 == 0xc0406619 | EPERM | FS_IOC_REMOVE_ENCRYPTION_KEY_ALL_USERS
+ioctl | arg1 == 0x40806685 | EPERM | FS_IOC_ENABLE_VERITY: a file made read-only
+ioctl | arg1 == 0x6609 | EPERM | EXT4_IOC_MIGRATE: rewrite a file's block map
+ioctl | arg1 == 0x660c | EPERM | EXT4_IOC_ALLOC_DA_BLKS: force a file's blocks
+ioctl | arg1 == 0x5412 | EPERM | TIOCSTI: type into a terminal
+ioctl | arg1 == 0x541c | EPERM | TIOCLINUX: the console's selection and keys
+socket socketpair | arg0 != AF_UNIX | EACCES | open a network, netlink or raw socket (or load
+    the module of one)
+"""
+# Where Landlock cannot govern named unix sockets (below ABI 9)
+UNIX_SOCKET_TABLE = """
+socket | - | EACCES | connect to a named unix socket (docker.sock, D-Bus, ssh-agent)
+socketpair | arg1 & 0xf == 2 | EACCES | a datagram pair: its sendto reaches any named socket
+    (/dev/log, systemd's notify socket)
+socketpair | arg1 & 0xf == 3 | EACCES | SOCK_RAW, which AF_UNIX turns into the same
+bind | - | EACCES | take an abstract socket name the host's programs use
+"""
+
+
+def seccomp_rules(table):
+    """A seccomp table as rules: (syscalls, (arg, mask, op, value) or None, errno, why)."""
+    rules = []
+    for line in table.strip().replace("\n    ", " ").splitlines():
+        names, test, code, why = (part.strip() for part in line.split("|"))
+        if test != "-":
+            arg, *words = test.split()
+            if words[0] == "&" and len(words) == 2:
+                words += ["&", "0"]
+            elif words[0] != "&":
+                words = ["&", "ALL", *words]
+            mask, op, value = words[1:]
+            test = (int(arg[3:]), seccomp_number(mask), op, seccomp_number(value))
+        rules.append((names, None if test == "-" else test, SECCOMP_NAMES[code], why))
+    return tuple(rules)
+
+
+def seccomp_number(word):
+    return SECCOMP_NAMES[word] if word in SECCOMP_NAMES else int(word, 0)
+
+
+SECCOMP_RULES = seccomp_rules(SECCOMP_TABLE)
+UNIX_SOCKET_RULES = seccomp_rules(UNIX_SOCKET_TABLE)
+
+
 LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446
 PR_SET_PDEATHSIG, PR_CAPBSET_READ, PR_CAPBSET_DROP, PR_SET_SECCOMP = 1, 23, 24, 22
 PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 36, 38, 47
