@@ -6055,21 +6055,18 @@ def read_window(fd, path, offset, limit, max_bytes):
 # --- The sandbox: where run_python's code runs ---
 #
 # Read in the order a call runs: the policy (everything the script may do, one value); execute,
-# the function run_python enters; what each call does, in the order it happens, down to the
-# exec of the script; what runs while it runs and after; then what is set up once per run (the
-# plan, the self-test and the launcher, at the first call); last the tables the policy is made
-# of (Landlock rights, syscalls, the seccomp rules) as data.
+# the function run_python enters; what each call does, down to the exec of the script; what runs
+# while it runs and after; what is set up once per run (the plan, the self-test and the launcher,
+# at the first call); last the tables the policy is made of, as data.
 #
-# On Linux each run has one launcher: a fresh, single-threaded interpreter of this file, started
-# at the first run_python call, that starts every call's script and watches it: agent -> launcher
-# -> script. For each call it forks a small copy of itself that confines itself and execs the
-# script; it owns the script's process group and cgroup, reaps what the script leaves, and kills
-# the group when the script ends, at the timeout, when the agent closes the call, or as soon as
-# the agent is gone (kill -9 included); then it removes the call's directory (the script, which
-# the child can read but not change, and a private home). Before exec the script enters its own
-# cgroup and mount namespace where the machine allows, drops every capability, and is confined by
-# Landlock (files, TCP, signals) and by a seccomp filter (the syscalls that act on the host, other
-# processes or the kernel). What it may do is one value:
+# On Linux each run has one launcher, a fresh single-threaded interpreter of this file started at
+# the first call: agent -> launcher -> call. For each call it makes the call's directory (the
+# script, which the child can read but not change, and a private home), forks a child that
+# confines itself (its cgroup and mount namespace where the machine allows, no capability,
+# Landlock for files, TCP and signals, a seccomp filter for the syscalls that act on the host)
+# and execs `python main.py`; it kills the call's group when the script ends, when the agent
+# closes the call or is gone (kill -9 included), then removes the directory. What the script may
+# do is one value:
 
 
 @dataclass(frozen=True)
@@ -6306,23 +6303,21 @@ def check_exec_room(env):
     stack limit (at most 6 MiB; fs/exec.c); elsewhere over ARG_MAX."""
     sizes = {k: len(os.fsencode(k)) + 1 + len(os.fsencode(v)) for k, v in env.items()}
     name = max(sizes, key=sizes.get, default=None)
-    linux, stack = sys.platform == "linux", resource.getrlimit(resource.RLIMIT_STACK)[0]
-    if linux:
-        room = (
-            6 << 20 if stack == resource.RLIM_INFINITY else max(min(stack // 4, 6 << 20), 128 << 10)
-        )
-    else:
+    stack = resource.getrlimit(resource.RLIMIT_STACK)[0]
+    linux = sys.platform == "linux"
+    if not linux:
         room = os.sysconf("SC_ARG_MAX")
-    room -= EXEC_ARGV_ROOM  # (the interpreter and the script's path, and their pointers)
-    used = sum(n + 1 + 8 for n in sizes.values())  # with its NUL and its pointer
+    elif stack == resource.RLIM_INFINITY:
+        room = 6 << 20
+    else:
+        room = max(min(stack // 4, 6 << 20), 128 << 10)
+    # (the interpreter and the script's path, and their pointers)
+    room -= EXEC_ARGV_ROOM
+    # each with its NUL and its pointer
+    used = sum(n + 1 + 8 for n in sizes.values())
     if linux and name and sizes[name] >= 128 << 10:
-        why, which = (
-            (
-                f"{name} is {sizes[name]:,} bytes, and Linux gives a program no variable "
-                "over 131,071"
-            ),
-            name,
-        )
+        why = f"{name} is {sizes[name]:,} bytes, and Linux gives a program no variable over 131,071"
+        which = name
     elif used > room:
         why = (
             f"its variables take {used:,} bytes, and a program may be given at most "
@@ -7709,70 +7704,43 @@ def seccomp_filter(machine, rules):
 
 # The tables the policy and the mechanism are made of: data, one line per right or rule.
 
-# Landlock rights: name -> (bit, the ABI that introduced it), from include/uapi/linux/landlock.h.
-# The ruleset handles every right the running kernel knows: what no rule grants is denied.
-LANDLOCK_FS = {
-    "execute": (0, 1),
-    "write_file": (1, 1),
-    "read_file": (2, 1),
-    "read_dir": (3, 1),
-    "remove_dir": (4, 1),
-    "remove_file": (5, 1),
-    "make_char": (6, 1),
-    "make_dir": (7, 1),
-    "make_reg": (8, 1),
-    "make_sock": (9, 1),
-    "make_fifo": (10, 1),
-    "make_block": (11, 1),
-    "make_sym": (12, 1),
-    "refer": (13, 2),  # link or rename across directories
-    "truncate": (14, 3),
-    "ioctl_dev": (15, 5),  # ioctl on device files
-    "resolve_unix": (16, 9),  # connect to a named unix socket (docker.sock, D-Bus, ssh-agent)
-}
-LANDLOCK_NET = {
-    "bind_tcp": (0, 4),
-    "connect_tcp": (1, 4),  # handled, no port granted:
-    "bind_udp": (2, 10),
-    "connect_send_udp": (3, 10),
-}  # no TCP, no UDP
-LANDLOCK_SCOPE = {"abstract_unix_socket": (0, 6), "signal": (1, 6)}  # not beyond the sandbox
-FILE_RIGHTS = {
-    "execute",
-    "write_file",
-    "read_file",
-    "truncate",
-    "ioctl_dev",
-}  # all a file rule takes
+
+def landlock_table(text):
+    """Words "name:abi", each right's bit its place: {name: (bit, the ABI that introduced it)}."""
+    pairs = (word.split(":") for word in text.split())
+    return {name: (bit, int(abi)) for bit, (name, abi) in enumerate(pairs)}
+
+
+# Landlock rights in the order of their bits, from include/uapi/linux/landlock.h. refer: link or
+# rename across directories; ioctl_dev: ioctl on device files; resolve_unix: connect to a named
+# unix socket (docker.sock, D-Bus, ssh-agent). The ruleset handles every right the running
+# kernel knows: what no rule grants is denied.
+LANDLOCK_FS = landlock_table(
+    "execute:1 write_file:1 read_file:1 read_dir:1 remove_dir:1 remove_file:1 make_char:1 "
+    "make_dir:1 make_reg:1 make_sock:1 make_fifo:1 make_block:1 make_sym:1 refer:2 truncate:3 "
+    "ioctl_dev:5 resolve_unix:9"
+)
+# handled with no port granted: no TCP, no UDP
+LANDLOCK_NET = landlock_table("bind_tcp:4 connect_tcp:4 bind_udp:10 connect_send_udp:10")
+# no signal and no abstract unix socket beyond the call's own processes
+LANDLOCK_SCOPE = landlock_table("abstract_unix_socket:6 signal:6")
+# all a rule on a file (not a directory) takes
+FILE_RIGHTS = {"execute", "write_file", "read_file", "truncate", "ioctl_dev"}
 READ_EXEC = {"execute", "read_file", "read_dir"}
-READ_WRITE = set(LANDLOCK_FS) - {"make_char", "make_block", "ioctl_dev"}  # everything but devices
+# everything but devices
+READ_WRITE = set(LANDLOCK_FS) - {"make_char", "make_block", "ioctl_dev"}
 
 
 # What the child may read and execute besides the Python it runs (found at startup): programs a
 # script may start and the libraries they load; of /etc only the files below; never /proc or $HOME.
-SYSTEM_DIRS = (
-    "/usr/bin",
-    "/bin",
-    "/usr/lib",
-    "/usr/lib64",
-    "/lib",
-    "/lib64",
-    "/usr/share/zoneinfo",
+SYSTEM_DIRS = tuple("/usr/bin /bin /usr/lib /usr/lib64 /lib /lib64 /usr/share/zoneinfo".split())
+SYSTEM_FILES = tuple(
+    "/etc/ld.so.cache /etc/localtime /etc/mime.types /etc/hosts /etc/host.conf "
+    "/etc/nsswitch.conf /etc/gai.conf /dev/urandom /dev/random /dev/zero".split()
 )
-SYSTEM_FILES = (
-    "/etc/ld.so.cache",
-    "/etc/localtime",
-    "/etc/mime.types",
-    "/etc/hosts",
-    "/etc/host.conf",
-    "/etc/nsswitch.conf",
-    "/etc/gai.conf",
-    "/dev/urandom",
-    "/dev/random",
-    "/dev/zero",
-)
-MACOS_DIRS = ("/usr/lib", "/usr/share", "/usr/bin", "/bin", "/System", "/Library/Apple")  # and
-MACOS_FILES = ("/private/etc/localtime", "/dev/urandom", "/dev/random")  # the same, on macOS
+# the same, on macOS
+MACOS_DIRS = ("/usr/lib", "/usr/share", "/usr/bin", "/bin", "/System", "/Library/Apple")
+MACOS_FILES = ("/private/etc/localtime", "/dev/urandom", "/dev/random")
 
 
 # Syscall numbers: name, x86_64, aarch64 ("-" where the architecture has no such call); from
