@@ -6184,8 +6184,10 @@ def execute(code, workdir, box, timeout, output_chars, cancel=None):
                     if len(sel.get_map()) == 0 or moment - ended_at > 2:
                         break
                 for key, _ in sel.select(timeout=min(0.1, deadline - moment)):
-                    if key.fileobj is run.report:  # the launcher's word: the script's pid, its
-                        status = run.heard(box)  # end (code, OOM kills), or its own end
+                    # the launcher's message: the script's pid, its end (code, OOM kills), or
+                    # the launcher's own end
+                    if key.fileobj is run.report:
+                        status = run.read_answer(box)
                         if status is not None:
                             sel.unregister(run.report)
                     else:
@@ -6196,7 +6198,8 @@ def execute(code, workdir, box, timeout, output_chars, cancel=None):
                             sel.unregister(key.fd)
     finally:
         run.end(status)
-    timed_out = timed_out or status == "timed out"  # (the launcher's word, a grace after ours)
+    # (the call's first process ended it, a grace after the agent's timeout)
+    timed_out = timed_out or status == "timed out"
     code, oom = (None, 0) if status in (None, "gone", "timed out") else status
     return Execution(code, clips[run.out].text(), clips[run.err].text(), timed_out, bool(oom))
 
@@ -6250,7 +6253,7 @@ def ask_launcher(launcher, code, workdir, box, timeout):
             ) from None
         raise
     run = Running(*pipes, report=mine, launcher=launcher)
-    run.heard(box, answer)
+    run.read_answer(box, answer)
     return run
 
 
@@ -6448,12 +6451,12 @@ class Child:
         theirs = []
         try:
             env = child_env(box.policy, self.call.home, request["env"])
-            # the child's words: why it could not start, or how the script ended (init)
-            self.words, words = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            # what the child says: why it could not start, or how the script ended (init)
+            self.messages, messages = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             out, out_w = os.pipe()
             err, err_w = os.pipe()
             self.pipes = (out, err)
-            theirs = [words.detach(), out_w, err_w]
+            theirs = [messages.detach(), out_w, err_w]
             pid = fork_call(box, self.call)
             if pid == 0:
                 # never returns
@@ -6499,28 +6502,28 @@ class Child:
         call = self.call
         os.close(self.pidfd)
         # the call's processes are gone: read what they said, without waiting
-        self.words.setblocking(False)
+        self.messages.setblocking(False)
         error = ""
         timed_out = False
         told = False
         while True:
             try:
-                word = self.words.recv(4096)
+                message = self.messages.recv(4096)
             except OSError:
                 break
-            if not word:
+            if not message:
                 break
-            if word == TIMED_OUT:
+            if message == TIMED_OUT:
                 timed_out = True
-            elif word.startswith(b"="):
+            elif message.startswith(b"="):
                 # the script's exit code, from the call's first process (init)
-                self.status = int(word[1:])
+                self.status = int(message[1:])
                 told = True
             else:
-                error = word.decode(errors="replace")
+                error = message.decode(errors="replace")
         if call.pidns and not told and not error and not timed_out and self.status == 0:
             error = "the sandboxed interpreter ended before the script's end was told"
-        self.words.close()
+        self.messages.close()
         if self.tell and self.report:
             if error:
                 message = {"error": error}
@@ -6686,13 +6689,13 @@ class Call:
             )
         return argv
 
-    def run(self, words, out, err, workdir, env, timeout):
+    def run(self, messages, out, err, workdir, env, timeout):
         """In the launcher's fork: go into the workdir (by its descriptor `workdir`, never its
         name), take the call's stdio (stdin /dev/null, stdout and stderr the pipes the agent
-        reads, fd 3 the socket `words` to the launcher), hold nothing else of the launcher's,
+        reads, fd 3 the socket `messages` to the launcher), hold nothing else of the launcher's,
         take a session of its own, confine itself (enter), fork the script's process, which
         execs the interpreter on main.py, and stay as its init. Never returns; an error before
-        the exec goes back on `words`."""
+        the exec goes back on `messages`."""
         try:
             # in the user namespace fork_call made: be the same user in it as outside
             if self.pidns and self.ids[0] != 0:
@@ -6700,7 +6703,7 @@ class Call:
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             null = os.open(os.devnull, os.O_RDONLY)
-            for fd, target in ((null, 0), (out, 1), (err, 2), (words, 3)):
+            for fd, target in ((null, 0), (out, 1), (err, 2), (messages, 3)):
                 os.dup2(fd, target)
             # the directory pinned at the start, not what its name is now
             os.fchdir(workdir)
@@ -6909,7 +6912,7 @@ class Running:
         self.launcher, self.pid = launcher, None  # the script's group
         self.made = None  # the call's directory and cgroups, as the launcher named them
 
-    def heard(self, box, data=None):
+    def read_answer(self, box, data=None):
         """The launcher's message: the script's pid (None), its end (code, OOM kills), or an
         error (ToolError); "gone" if the launcher is (killed: then the agent kills the group);
         "timed out" if the launcher ended the call at its timeout, the agent having not."""
