@@ -6908,17 +6908,26 @@ class Running:
     launcher's socket for this call (closing it ends the call); without a launcher, the child."""
 
     def __init__(self, out, err, report=None, proc=None, call=None, launcher=None):
-        self.out, self.err, self.report, self.proc, self.call = out, err, report, proc, call
-        self.launcher, self.pid = launcher, None  # the script's group
-        self.made = None  # the call's directory and cgroups, as the launcher named them
+        self.out = out
+        self.err = err
+        self.report = report
+        self.proc = proc
+        self.call = call
+        self.launcher = launcher
+        # the script's group, where the launcher names it (no PID namespace)
+        self.pid = None
+        # the call's directory and cgroups, as the launcher named them
+        self.made = None
 
     def read_answer(self, box, data=None):
         """The launcher's message: the script's pid (None), its end (code, OOM kills), or an
         error (ToolError); "gone" if the launcher is (killed: then the agent kills the group);
-        "timed out" if the launcher ended the call at its timeout, the agent having not."""
+        "timed out" if the call's first process ended it a grace after its timeout."""
         data = self.report.recv(65536) if data is None else data
-        if not data:  # (no pid: the call's PID namespace went with the launcher, all of it)
-            if self.pid:  # the script died with the launcher (PDEATHSIG); what it started now
+        if not data:
+            # the script died with the launcher (PDEATHSIG); what it started dies now (in a PID
+            # namespace there is no pid: the namespace went with the launcher, all of it)
+            if self.pid:
                 kill_group(self.pid)
             return "gone"
         message = json.loads(data)
@@ -6928,41 +6937,46 @@ class Running:
             return tuple(message["status"])
         if "timed_out" in message:
             return "timed out"
-        self.pid, self.made = message["pid"], (message["root"], message["cgroups"])
+        self.pid = message["pid"]
+        self.made = (message["root"], message["cgroups"])
         self.launcher.note(*self.made)
+        # found out by the self-test: the status line says so
         if message["uncapped"]:
-            box.cgroup = None  # found out by the self-test: the status line says so
+            box.cgroup = None
         return None
 
     def end(self, status):
         """The call is over: close the launcher's socket (it kills whatever is left of the group,
         then removes the call's things) and the pipes; without a launcher, do that here."""
-        if self.report:
-            if status in (None, "timed out"):  # timed out, cancelled or failed: the launcher
-                with contextlib.suppress(OSError):  # ends the group and says when it is gone,
-                    self.report.shutdown(socket.SHUT_WR)
-                    self.report.settimeout(1)  # (a second at most)
-                    while self.report.recv(65536):
-                        pass
-            self.report.close()
-            os.close(self.out)
-            os.close(self.err)
-            if status == "gone":  # nobody else will remove what it made: this call's things
-                if self.made:  # (however many calls ran), then what the agent noted
-                    cleanup_later(*self.made)
-                self.launcher.gone()
+        if not self.report:
+            kill_group(self.proc.pid)
+            self.proc.stdout.close()
+            self.proc.stderr.close()
+            # what it killed leaves the cgroups a moment later
+            threading.Thread(target=self.remove_later, daemon=True).start()
             return
-        kill_group(self.proc.pid)
-        self.proc.stdout.close()
-        self.proc.stderr.close()
-        threading.Thread(
-            target=lambda: (
-                self.proc.wait(),
-                self.call.started(),  # (what it
-                cleanup_later(self.call.root, self.call.cgroups),
-            ),
-            daemon=True,
-        ).start()  # killed leaves the cgroups a moment later)
+        # timed out, cancelled or failed: the launcher ends the group and says when it is gone
+        # (a second at most)
+        if status in (None, "timed out"):
+            with contextlib.suppress(OSError):
+                self.report.shutdown(socket.SHUT_WR)
+                self.report.settimeout(1)
+                while self.report.recv(65536):
+                    pass
+        self.report.close()
+        os.close(self.out)
+        os.close(self.err)
+        # nobody else will remove what it made: this call's things (however many calls ran),
+        # then what the agent noted
+        if status == "gone":
+            if self.made:
+                cleanup_later(*self.made)
+            self.launcher.gone()
+
+    def remove_later(self):
+        self.proc.wait()
+        self.call.started()
+        cleanup_later(self.call.root, self.call.cgroups)
 
 
 def reap(children):
@@ -7330,49 +7344,33 @@ class Launcher:
 
     def __init__(self, box):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        fd = theirs.fileno()
+        argv = [sys.executable, "-I", "-S", "-B", "-c", LAUNCHER_BOOT, AGENT_FILE, str(fd)]
+        # nothing of the agent's environment; a session of its own, which a kill of the agent's
+        # group does not reach
+        options = {"env": {}, "cwd": "/", "start_new_session": True, "pass_fds": [fd]}
         try:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-I",
-                    "-S",
-                    "-B",
-                    "-c",
-                    LAUNCHER_BOOT,
-                    AGENT_FILE,
-                    str(theirs.fileno()),
-                ],
-                pass_fds=[theirs.fileno()],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                env={},
-                cwd="/",  # nothing of the agent's environment
-                start_new_session=True,
-            )  # a kill of the agent's group does not reach it
-            with contextlib.suppress(OSError), self.proc.stdin:  # (if it ended, it says why)
+            pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.DEVNULL}
+            self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, **pipes, **options)
+            # (if it ended, it says why on stderr)
+            with contextlib.suppress(OSError), self.proc.stdin:
                 self.proc.stdin.write(AGENT_SOURCE)
         finally:
             theirs.close()
-        self.control, self.pid, self.made = ours, self.proc.pid, []
+        self.control = ours
+        self.pid = self.proc.pid
+        self.made = []
         # Every name the launcher makes (call directories, cgroups) carries this run's tag, so
         # that should it be killed while it makes one, before its note comes, gone() finds it
         self.tag = os.urandom(6).hex()
         self.where = [call_parent(), *(box.cgroup[1] if box.cgroup else [])]
-        policy = {
-            k: sorted(v) if isinstance(v, frozenset) else v for k, v in asdict(box.policy).items()
-        }
-        answer, why = b"", ""
+        policy = asdict(box.policy)
+        policy["env_keep"] = sorted(policy["env_keep"])
+        config = {"workdir": str(box.workdir), "tag": self.tag, "policy": policy}
+        answer = b""
+        why = ""
         try:
-            socket.send_fds(
-                ours,
-                [
-                    json.dumps(
-                        {"workdir": str(box.workdir), "tag": self.tag, "policy": policy}
-                    ).encode()
-                ],
-                [box.pinned],
-            )
+            send_whole(ours, config, [box.pinned])
             ours.settimeout(60)
             answer = ours.recv(4096)
             ours.settimeout(None)
@@ -7467,20 +7465,13 @@ def serve(fd):
     signal.set_wakeup_fd(woken)  # a child's end wakes the loop: reap it
     signal.signal(signal.SIGCHLD, lambda *_: None)
     try:
-        message, fds, _, _ = socket.recv_fds(control, 1 << 20, 1)
+        config, fds = receive_whole(control, 1)
         for fd in fds:
             os.set_inheritable(fd, False)
-        config = json.loads(message)
-        if len(fds) != 1:
-            raise OSError("the agent sent no workdir descriptor")
         box = Sandbox(Path(config["workdir"]), True, Limits(), pinned=fds[0])
         box.tag = [config["tag"]]
-        box.policy = SandboxPolicy(
-            **{
-                k: frozenset(v) if k == "env_keep" else tupled(v)
-                for k, v in config["policy"].items()
-            }
-        )
+        policy = {k: tupled(v) for k, v in config["policy"].items()}
+        box.policy = SandboxPolicy(**{**policy, "env_keep": frozenset(policy["env_keep"])})
         os.close(os.pidfd_open(os.getpid()))  # Linux 5.3, or no launcher
         if box.libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:  # orphans come here
             raise OSError(ctypes.get_errno(), "PR_SET_CHILD_SUBREAPER failed")
