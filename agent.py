@@ -6175,6 +6175,11 @@ def execute(code, workdir, box, timeout, output_chars, cancel=None):
                 moment = time.monotonic()
                 if moment >= deadline:
                     timed_out = status is None
+                    # what the script wrote before its timeout, still in the pipes, is kept
+                    # (a pipe holds 64 KiB; a script still writing is not waited for)
+                    for fd in (run.out, run.err):
+                        with contextlib.suppress(OSError):
+                            clips[fd].add(os.read(fd, 65536))
                     break
                 if status is None and run.proc and run.proc.poll() is not None:
                     status = (run.proc.returncode, 0)
