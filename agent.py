@@ -6397,7 +6397,7 @@ def start_here(code, workdir, box):
         if isinstance(e, (OSError, subprocess.SubprocessError)):
             raise ToolError(f"could not start the sandboxed interpreter: {e}")
         raise
-    call.started()
+    call.close_ruleset()
     return Running(proc.stdout.fileno(), proc.stderr.fileno(), proc=proc, call=call)
 
 
@@ -6473,7 +6473,7 @@ class Child:
             raise
         for fd in theirs:
             os.close(fd)
-        self.call.started()
+        self.call.close_ruleset()
         self.pid = pid
         # readable once the child has exited
         self.pidfd = os.pidfd_open(pid)
@@ -6567,9 +6567,11 @@ def fork_call(box, call):
         if pid > 0:
             call.pidns = True
             return pid
-        if error not in (errno.EPERM, errno.EINVAL):  # a passing want (EAGAIN: a task limit
-            raise OSError(error, os.strerror(error))  # full; ENOMEM): this call fails, as a
-        box.pidns = False  # fork would; refused for good here: a plain fork from now on (S6)
+        # a passing want (EAGAIN: a task limit full; ENOMEM): this call fails, as a fork would
+        if error not in (errno.EPERM, errno.EINVAL):
+            raise OSError(error, os.strerror(error))
+        # refused for good here: a plain fork from now on (S6)
+        box.pidns = False
     return os.fork()
 
 
@@ -6723,7 +6725,7 @@ class Call:
             # (before Landlock, which hides /proc/self)
             hide_command_line()
             self.enter()
-            self.started()
+            self.close_ruleset()
             script = os.fork()
             if script == 0:
                 os.close(3)
@@ -6749,17 +6751,19 @@ class Call:
         joined = "tasks" if box.cgroup and box.cgroup[0] == "v1" else "cgroup.procs"
         for directory in self.cgroups:
             Path(directory, joined).write_text("0")
-        try:  # out of memory, the kernel kills the script's processes first, never the agent's:
-            Path("/proc/self/oom_score_adj").write_text("1000")  # (a container's limit may be
-        except OSError:  # below the call's cap); raising one's own score needs no privilege
-            pass
+        # out of memory, the kernel kills the script's processes first, never the agent's (a
+        # container's limit may be below the call's cap); raising one's own score needs no
+        # privilege
+        with contextlib.suppress(OSError):
+            Path("/proc/self/oom_score_adj").write_text("1000")
         if box.mounts:
             private_scratch(box.libc, self)
         for which, soft, hard in self.rlimits:
             resource.setrlimit(which, (soft, hard))
         if box.landlock:
             drop_capabilities(box.libc)
-        if box.linux:  # after every change of credentials, which would clear it
+        # after every change of credentials, which would clear it
+        if box.linux:
             box.libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             if os.getppid() != parent or self.pidns and launcher_gone():
                 os._exit(1)
@@ -6772,7 +6776,7 @@ class Call:
             ):
                 raise OSError(ctypes.get_errno(), "seccomp filter failed")
 
-    def started(self):
+    def close_ruleset(self):
         """After the fork: the child holds the ruleset; its maker needs it no more."""
         if self.ruleset >= 0:
             os.close(self.ruleset)
@@ -6780,7 +6784,7 @@ class Call:
 
     def release(self):
         """Remove what the call made (idempotent)."""
-        self.started()
+        self.close_ruleset()
         cleanup(self.root, self.cgroups)
 
 
@@ -6980,7 +6984,7 @@ class Running:
 
     def remove_later(self):
         self.proc.wait()
-        self.call.started()
+        self.call.close_ruleset()
         cleanup_later(self.call.root, self.call.cgroups)
 
 
@@ -7462,9 +7466,11 @@ def serve(fd):
     each call's group, reap what it left, report, clean up. Between calls it makes the next
     each call's group, reap what it left, report, clean up."""
     control = socket.socket(fileno=fd)
-    for sig in LAUNCHER_IGNORES:  # `pkill -f agent.py` or a Ctrl-C at the terminal hit the
-        signal.signal(sig, signal.SIG_IGN)  # launcher too: it goes when the agent does, and
-    wake, woken = os.pipe()  # only after ending every call
+    # `pkill -f agent.py` or a Ctrl-C at the terminal hit the launcher too: it goes when the
+    # agent does, and only after ending every call
+    for sig in LAUNCHER_IGNORES:
+        signal.signal(sig, signal.SIG_IGN)
+    wake, woken = os.pipe()
     os.set_blocking(wake, False)
     os.set_blocking(woken, False)
     signal.set_wakeup_fd(woken)  # a child's end wakes the loop: reap it
@@ -7477,12 +7483,15 @@ def serve(fd):
         box.tag = [config["tag"]]
         policy = {k: tupled(v) for k, v in config["policy"].items()}
         box.policy = SandboxPolicy(**{**policy, "env_keep": frozenset(policy["env_keep"])})
-        os.close(os.pidfd_open(os.getpid()))  # Linux 5.3, or no launcher
-        if box.libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:  # orphans come here
+        # Linux 5.3, or no launcher
+        os.close(os.pidfd_open(os.getpid()))
+        # orphans come here
+        if box.libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "PR_SET_CHILD_SUBREAPER failed")
-        with contextlib.suppress(AttributeError):  # (glibc's) what compiling this file left,
-            box.libc.malloc_trim(0)  # 28 MB to 13: each call's two forks copy less, and a
-            # turn's second call, at once, costs 1.94x a plain start, not 2.28x (bench_sandbox)
+        # what compiling this file left, 28 MB to 13 (glibc's): each call's two forks copy less
+        # (calls in a row 1.94x a plain start, not 2.28x, in bench_sandbox of 2026-12-04)
+        with contextlib.suppress(AttributeError):
+            box.libc.malloc_trim(0)
     except Exception as e:
         control.send(f"{type(e).__name__}: {e}".encode())
         return
