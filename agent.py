@@ -6082,8 +6082,8 @@ class SandboxPolicy:
     #                        and "shm", in a private tmpfs where mounts are allowed
     own_read: tuple  # its call's own files it may read, not change: "script", the approved code
     shm: str  # where it sees its own "shm": /dev/shm (without a mount namespace, nowhere)
-    env_keep: frozenset  # variables passed on from agent.py's environment, and every LC_* ...
-    env_secret: str  # ... unless the name matches this: no key, token or password is passed
+    env_keep: frozenset  # variables passed on from agent.py's environment, and every LC_*
+    env_secret: str  # names never passed, even if kept: no key, token or password
     env_set: tuple  # (name, value) set for every script; {home} is the call's private home
     rlimits: tuple  # (RLIMIT_*, soft, hard) for each of its processes, never above agent.py's
     max_tasks: int  # processes and threads of one call, all told (its cgroup, where allowed)
