@@ -5731,21 +5731,18 @@ def read_window(fd, path, offset, limit, max_bytes):
 # --- The sandbox: where run_python's code runs ---
 #
 # Read in the order a call runs: the policy (everything the script may do, one value); execute,
-# the function run_python enters; what each call does, in the order it happens, down to the
-# exec of the script; what runs while it runs and after; then what is set up once per run (the
-# plan, the self-test and the launcher, at the first call); last the tables the policy is made
-# of (Landlock rights, syscalls, the seccomp rules) as data.
+# the function run_python enters; what each call does, down to the exec of the script; what runs
+# while it runs and after; what is set up once per run (the plan, the self-test and the launcher,
+# at the first call); last the tables the policy is made of, as data.
 #
-# On Linux each run has one launcher: a fresh, single-threaded interpreter of this file, started
-# at the first run_python call, that starts every call's script and watches it: agent -> launcher
-# -> script. For each call it forks a small copy of itself that confines itself and execs the
-# script; it owns the script's process group and cgroup, reaps what the script leaves, and kills
-# the group when the script ends, at the timeout, when the agent closes the call, or as soon as
-# the agent is gone (kill -9 included); then it removes the call's directory (the script, which
-# the child can read but not change, and a private home). Before exec the script enters its own
-# cgroup and mount namespace where the machine allows, drops every capability, and is confined by
-# Landlock (files, TCP, signals) and by a seccomp filter (the syscalls that act on the host, other
-# processes or the kernel). What it may do is one value:
+# On Linux each run has one launcher, a fresh single-threaded interpreter of this file started at
+# the first call: agent -> launcher -> call. For each call it makes the call's directory (the
+# script, which the child can read but not change, and a private home), forks a child that
+# confines itself (its cgroup and mount namespace where the machine allows, no capability,
+# Landlock for files, TCP and signals, a seccomp filter for the syscalls that act on the host)
+# and execs `python main.py`; it kills the call's group when the script ends, when the agent
+# closes the call or is gone (kill -9 included), then removes the directory. What the script may
+# do is one value:
 
 
 @dataclass(frozen=True)
@@ -5761,8 +5758,8 @@ class SandboxPolicy:
     #                        and "shm", in a private tmpfs where mounts are allowed
     own_read: tuple  # its call's own files it may read, not change: "script", the approved code
     shm: str  # where it sees its own "shm": /dev/shm (without a mount namespace, nowhere)
-    env_keep: frozenset  # variables passed on from agent.py's environment, and every LC_* ...
-    env_secret: str  # ... unless the name matches this: no key, token or password is passed
+    env_keep: frozenset  # variables passed on from agent.py's environment, and every LC_*
+    env_secret: str  # names never passed, even if kept: no key, token or password
     env_set: tuple  # (name, value) set for every script; {home} is the call's private home
     rlimits: tuple  # (RLIMIT_*, soft, hard) for each of its processes, never above agent.py's
     max_tasks: int  # processes and threads of one call, all told (its cgroup, where allowed)
@@ -5825,14 +5822,9 @@ def sandbox_policy(workdir, limits, system=None):
 
 # A call, from run_python to its script's first line, in the order it happens: in the agent,
 # execute hands the call to the launcher (ask_launcher) and reads the script's output; in the
-# launcher, launch gives the call to a Child: a fork of the launcher that has its Call (the
-# call's directory, cgroup and Landlock ruleset), has confined itself (Call.run, Call.enter)
-# and exec'd the interpreter on its main.py, which holds the STUB until the call: the launcher
-# writes the script there and gives the go, and the interpreter, started already, runs it. The
-# launcher makes the next calls' Children (AHEAD) as soon as a call ends, while the model
-# thinks, so a call pays for none of that, not even the interpreter's start (bench_sandbox
-# --without ahead: 3.3-3.4x a call's time); a call that finds none (the first, or one of
-# several at once) waits for its own.
+# launcher, launch makes the call's Child: the call's directory with the approved script in it,
+# its cgroup and Landlock ruleset (Call), then a fork that confines itself (Call.run, Call.enter)
+# and execs the interpreter on that main.py, as `python main.py` runs it.
 
 
 def execute(code, workdir, box, timeout, output_chars, cancel=None):
@@ -5859,6 +5851,11 @@ def execute(code, workdir, box, timeout, output_chars, cancel=None):
                 moment = time.monotonic()
                 if moment >= deadline:
                     timed_out = status is None
+                    # what the script wrote before its timeout, still in the pipes, is kept
+                    # (a pipe holds 64 KiB; a script still writing is not waited for)
+                    for fd in (run.out, run.err):
+                        with contextlib.suppress(OSError):
+                            clips[fd].add(os.read(fd, 65536))
                     break
                 if status is None and run.proc and run.proc.poll() is not None:
                     status = (run.proc.returncode, 0)
@@ -5868,8 +5865,10 @@ def execute(code, workdir, box, timeout, output_chars, cancel=None):
                     if len(sel.get_map()) == 0 or moment - ended_at > 2:
                         break
                 for key, _ in sel.select(timeout=min(0.1, deadline - moment)):
-                    if key.fileobj is run.report:  # the launcher's word: the script's pid, its
-                        status = run.heard(box)  # end (code, OOM kills), or its own end
+                    # the launcher's message: the script's pid, its end (code, OOM kills), or
+                    # the launcher's own end
+                    if key.fileobj is run.report:
+                        status = run.read_answer(box)
                         if status is not None:
                             sel.unregister(run.report)
                     else:
@@ -5880,7 +5879,8 @@ def execute(code, workdir, box, timeout, output_chars, cancel=None):
                             sel.unregister(key.fd)
     finally:
         run.end(status)
-    timed_out = timed_out or status == "timed out"  # (the launcher's word, a grace after ours)
+    # (the call's first process ended it, a grace after the agent's timeout)
+    timed_out = timed_out or status == "timed out"
     code, oom = (None, 0) if status in (None, "gone", "timed out") else status
     return Execution(code, clips[run.out].text(), clips[run.err].text(), timed_out, bool(oom))
 
@@ -5898,7 +5898,7 @@ def ask_launcher(launcher, code, workdir, box, timeout):
     """Hand a call to the run's launcher in one message: the code and what the call needs to
     know, and as a descriptor a socket of the call's own (the launcher answers on it; the agent
     closing it ends the call). The first answer is the script's pid, with the read ends of its
-    stdout and stderr (made with the script's process, ahead of the call), or why not."""
+    stdout and stderr, or why not."""
     script_bytes(code)  # (code the script's file cannot hold fails here, as without a launcher)
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
@@ -5912,8 +5912,7 @@ def ask_launcher(launcher, code, workdir, box, timeout):
             "mounts": box.mounts,
             "env": child_env(box.policy, ""),  # (home is the launcher's to fill in)
             "timeout": timeout,
-        }  # (the launcher ends the call too, LAUNCHER_GRACE later)
-        launcher.drain()
+        }  # (its first process ends it too, LAUNCHER_GRACE later)
         try:
             send_whole(launcher.control, request, [theirs.fileno()])
         finally:
@@ -5935,7 +5934,7 @@ def ask_launcher(launcher, code, workdir, box, timeout):
             ) from None
         raise
     run = Running(*pipes, report=mine, launcher=launcher)
-    run.heard(box, answer)
+    run.read_answer(box, answer)
     return run
 
 
@@ -5988,23 +5987,21 @@ def check_exec_room(env):
     stack limit (at most 6 MiB; fs/exec.c); elsewhere over ARG_MAX."""
     sizes = {k: len(os.fsencode(k)) + 1 + len(os.fsencode(v)) for k, v in env.items()}
     name = max(sizes, key=sizes.get, default=None)
-    linux, stack = sys.platform == "linux", resource.getrlimit(resource.RLIMIT_STACK)[0]
-    if linux:
-        room = (
-            6 << 20 if stack == resource.RLIM_INFINITY else max(min(stack // 4, 6 << 20), 128 << 10)
-        )
-    else:
+    stack = resource.getrlimit(resource.RLIMIT_STACK)[0]
+    linux = sys.platform == "linux"
+    if not linux:
         room = os.sysconf("SC_ARG_MAX")
-    room -= EXEC_ARGV_ROOM  # (the interpreter and the script's path, and their pointers)
-    used = sum(n + 1 + 8 for n in sizes.values())  # with its NUL and its pointer
+    elif stack == resource.RLIM_INFINITY:
+        room = 6 << 20
+    else:
+        room = max(min(stack // 4, 6 << 20), 128 << 10)
+    # (the interpreter and the script's path, and their pointers)
+    room -= EXEC_ARGV_ROOM
+    # each with its NUL and its pointer
+    used = sum(n + 1 + 8 for n in sizes.values())
     if linux and name and sizes[name] >= 128 << 10:
-        why, which = (
-            (
-                f"{name} is {sizes[name]:,} bytes, and Linux gives a program no variable "
-                "over 131,071"
-            ),
-            name,
-        )
+        why = f"{name} is {sizes[name]:,} bytes, and Linux gives a program no variable over 131,071"
+        which = name
     elif used > room:
         why = (
             f"its variables take {used:,} bytes, and a program may be given at most "
@@ -6076,97 +6073,75 @@ def start_here(code, workdir, box):
         if isinstance(e, (OSError, subprocess.SubprocessError)):
             raise ToolError(f"could not start the sandboxed interpreter: {e}")
         raise
-    call.started()
+    call.close_ruleset()
     return Running(proc.stdout.fileno(), proc.stderr.fileno(), proc=proc, call=call)
 
 
-# In the launcher, for each call: its Child (made ahead), the script, the go; in the Child, the
-# confinement, the exec, the STUB's wait, the script.
+# In the launcher, for each call: its Child; in the Child, the confinement, the exec, the script.
 
 
-def launch(box, request, fds, ahead):
-    """Start the call the agent asked for: the script's process made ahead for this kind of call
-    (or one started now) gets the script in its main.py, then its go; the agent gets its pid
-    and the read ends of its stdout and stderr. Returns the Child, or None if none could be
-    made (the agent was told why)."""
-    report, child = socket.socket(fileno=fds[0]), None
+def launch(box, request, fds):
+    """Start the call the agent asked for; the agent gets the script's pid and the read ends of
+    its stdout and stderr. Returns the Child, or None if none could be made (the agent was told
+    why)."""
+    report = socket.socket(fileno=fds[0])
     try:
-        child = ahead or Child(box, request)
-        child.go.settimeout(request.get("timeout") or 60)  # (an interpreter that never starts)
-        try:
-            started = child.go.recv(4096)  # at once for a child made ahead, else at its start
-        except TimeoutError:
-            raise ToolError(
-                "the sandboxed interpreter did not start within the call's timeout; nothing was run"
-            ) from None
-        child.go.settimeout(None)
-        if started.startswith(b"="):  # its interpreter ended already: its exit code says why
-            child.early = started
-        elif started not in (b"r", b""):  # (b"": likewise, without a namespace of its own)
-            raise ToolError(started.decode(errors="replace"))
-        child.call.write(script_bytes(request["code"]))
-        with contextlib.suppress(OSError):
-            child.go.send(b"g")
+        child = Child(box, request)
     except Exception as e:
         with contextlib.suppress(OSError):
             report.send(json.dumps({"error": str(e)}).encode())
-        if child is None:
-            report.close()
-            return None
-        child.kill(report=False)  # its end is watched like any other
-    child.report, pipes, child.pipes = report, child.pipes, ()
+        report.close()
+        return None
+    child.report = report
+    message = {
+        # no pid when the script has a PID namespace: it dies with the namespace
+        "pid": None if child.call.pidns else child.pid,
+        "root": child.call.root,
+        "cgroups": child.call.cgroups,
+        "uncapped": child.call.uncapped,
+    }
     try:
-        if child.tell:  # (an agent that has closed the call: killed next)
-            socket.send_fds(
-                report,
-                [
-                    json.dumps(
-                        {  # (no pid: its namespace dies with it)
-                            "pid": None if child.call.pidns else child.pid,
-                            "root": child.call.root,
-                            "cgroups": child.call.cgroups,
-                            "uncapped": child.call.uncapped,
-                        }
-                    ).encode()
-                ],
-                pipes,
-            )
+        socket.send_fds(report, [json.dumps(message).encode()], child.pipes)
     except OSError:
+        # the agent has closed the call already
         child.kill(report=False)
     finally:
-        for fd in pipes:
+        for fd in child.pipes:
             os.close(fd)
+        child.pipes = ()
     return child
 
 
-def kind_of(request):
-    """What a child made ahead must have been made for, to serve this request."""
-    return tuple(
-        repr(request[k]) for k in ("parent", "workdir", "cgroup", "landlock", "mounts", "env")
-    )
-
-
 class Child:
-    """In the launcher: a call's child, forked ahead of the call where it can be (Call.run: it
-    confines itself, then waits for its go), and watched until nothing of its group is left."""
+    """In the launcher: a call's child, forked at the call (Call.run confines it and execs the
+    script), and watched until nothing of its group is left."""
 
     def __init__(self, box, request):
-        box.cgroup, box.tested = request["cgroup"], request["required"]
-        box.landlock, box.mounts = request["landlock"], request["mounts"]
+        box.cgroup = request["cgroup"]
+        box.tested = request["required"]
+        box.landlock = request["landlock"]
+        box.mounts = request["mounts"]
         if box.landlock and not hasattr(box, "handled"):
             box.plan()
-        self.kind, self.call = kind_of(request), Call(box, STUB, request["parent"])
-        self.report, self.status, self.killed_at, self.tell = None, None, None, True
-        self.pipes, theirs, self.early = (), [], b""
+        self.call = Call(box, script_bytes(request["code"]), request["parent"])
+        self.report = None
+        self.status = None
+        self.killed_at = None
+        self.tell = True
+        self.pipes = ()
+        theirs = []
         try:
             env = child_env(box.policy, self.call.home, request["env"])
-            self.go, go = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            # what the child says: why it could not start, or how the script ended (init)
+            self.messages, messages = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             out, out_w = os.pipe()
             err, err_w = os.pipe()
-            self.pipes, theirs = (out, err), [go.detach(), out_w, err_w]
+            self.pipes = (out, err)
+            theirs = [messages.detach(), out_w, err_w]
             pid = fork_call(box, self.call)
             if pid == 0:
-                self.call.run(*theirs, box.pinned, env)  # never returns
+                # never returns
+                self.call.run(*theirs, box.pinned, env, request.get("timeout"))
         except BaseException:
             for fd in (*self.pipes, *theirs):
                 os.close(fd)
@@ -6174,8 +6149,10 @@ class Child:
             raise
         for fd in theirs:
             os.close(fd)
-        self.call.started()
-        self.pid, self.pidfd = pid, os.pidfd_open(pid)  # readable once the child has exited
+        self.call.close_ruleset()
+        self.pid = pid
+        # readable once the child has exited
+        self.pidfd = os.pidfd_open(pid)
 
     def kill(self, report=True):
         """End the child's group: when the script ends, when the agent closed the call
@@ -6202,39 +6179,42 @@ class Child:
 
     def finish(self):
         """Tell the agent how the script ended, once the call's home is gone; then remove the
-        rest, after the report (bench_sandbox --without report-first: 1.05-1.34x a call)."""
+        rest, after the report."""
         call = self.call
-        for fd in (self.pidfd, *self.pipes):  # (pipes not handed to the agent: made ahead)
-            os.close(fd)
-        self.go.setblocking(False)  # the call's processes are gone: nothing to wait for
-        error, told, words, resets = "", False, [self.early], 0
-        while resets < 2:
+        os.close(self.pidfd)
+        # the call's processes are gone: read what they said, without waiting
+        self.messages.setblocking(False)
+        error = ""
+        timed_out = False
+        told = False
+        while True:
             try:
-                words.append(self.go.recv(4096))
-            except ConnectionResetError:  # once, for a go its reader died before reading: the
-                resets += 1  # words before it are still there (red-team S9)
-                continue
+                message = self.messages.recv(4096)
             except OSError:
                 break
-            if not words[-1]:
+            if not message:
                 break
-        for word in words:  # "=N": the script's exit code, from the init of its namespace;
-            if word.startswith(b"="):  # else why it could not start
-                self.status, told = int(word.partition(b"=")[2]), True
-            elif word not in (b"", b"r"):
-                error = word.decode(errors="replace")
-        if call.pidns and not told and not error and self.status == 0:  # its first process
-            error = (
-                "the sandboxed interpreter ended before the script's end was told; it may "
-                "not have run"
-            )  # ended (0) with no word of the script's end
-        self.go.close()
+            if message == TIMED_OUT:
+                timed_out = True
+            elif message.startswith(b"="):
+                # the script's exit code, from the call's first process (init)
+                self.status = int(message[1:])
+                told = True
+            else:
+                error = message.decode(errors="replace")
+        if call.pidns and not told and not error and not timed_out and self.status == 0:
+            error = "the sandboxed interpreter ended before the script's end was told"
+        self.messages.close()
         if self.tell and self.report:
-            message = (
-                {"error": error} if error else {"status": [self.status, oom_kills(call.cgroups)]}
-            )
-            with contextlib.suppress(OSError):  # its home gone, whatever it holds on disk:
-                os.rename(call.scratch, call.scratch + ".gone")  # removed after the report
+            if error:
+                message = {"error": error}
+            elif timed_out:
+                message = {"timed_out": True}
+            else:
+                message = {"status": [self.status, oom_kills(call.cgroups)]}
+            # its home gone, whatever it holds on disk: removed after the report
+            with contextlib.suppress(OSError):
+                os.rename(call.scratch, call.scratch + ".gone")
             with contextlib.suppress(OSError):
                 self.report.send(json.dumps(message).encode())
         if self.report:
@@ -6263,54 +6243,76 @@ def fork_call(box, call):
         if pid > 0:
             call.pidns = True
             return pid
-        if error not in (errno.EPERM, errno.EINVAL):  # a passing want (EAGAIN: a task limit
-            raise OSError(error, os.strerror(error))  # full; ENOMEM): this call fails, as a
-        box.pidns = False  # fork would; refused for good here: a plain fork from now on (S6)
+        # a passing want (EAGAIN: a task limit full; ENOMEM): this call fails, as a fork would
+        if error not in (errno.EPERM, errno.EINVAL):
+            raise OSError(error, os.strerror(error))
+        # refused for good here: a plain fork from now on (S6)
+        box.pidns = False
     return os.fork()
 
 
 class Call:
     """One run_python call's own things: its directory (the script, which the child can read but
-    not change, and a private home), its cgroup and its Landlock ruleset. Made in the launcher,
-    ahead of the call where it can be; without a launcher, by the agent at the call."""
+    not change, and a private home), its cgroup and its Landlock ruleset. Made at the call, by
+    the launcher (or by the agent, without one)."""
 
     def __init__(self, box, source, parent=None):
-        self.box, self.cgroups, self.ruleset, self.uncapped = box, [], -1, False
-        self.pidns = False  # its process is the first of a PID namespace of its own (fork_call)
+        self.box = box
+        self.cgroups = []
+        self.ruleset = -1
+        self.uncapped = False
+        # its process is the first of a PID namespace of its own (fork_call)
+        self.pidns = False
         self.ids = (os.getuid(), os.getgid())
-        self.rlimits = box.rlimits  # worked out here: enter() runs in the forked child
+        # worked out here: enter() runs in the forked child
+        self.rlimits = box.rlimits
+        # a new directory (0700), made for this call by mkdir, which never reuses a name
         self.root = tempfile.mkdtemp(
-            prefix="-".join(["agent-call", *box.tag, ""]),  # 0700
-            dir=parent or call_parent(),
+            prefix="-".join(["agent-call", *box.tag, ""]), dir=parent or call_parent()
         )
-        try:  # from here on, whatever happens (Ctrl-C included), nothing is left behind
-            self.script = os.path.join(self.root, "main.py")  # the child may read, not change it
-            self.scratch = os.path.join(self.root, "scratch")  # a capped tmpfs, where mounts work
+        # from here on, whatever happens (Ctrl-C included), nothing is left behind
+        try:
+            self.script = os.path.join(self.root, "main.py")
+            # a capped tmpfs, where mounts work
+            self.scratch = os.path.join(self.root, "scratch")
             self.home = os.path.join(self.scratch, "home")
             self.shm = os.path.join(self.scratch, "shm")
             self.own = {"home": self.home, "shm": self.shm, "script": self.script}
-            for directory in (self.scratch, self.home, self.shm):
-                os.mkdir(directory, 0o700)
-            self.write(source)  # (made ahead, it is empty until the call: its rule is made now)
+            self.deliver(source)
             if box.cgroup:
                 try:
                     self.cgroups = make_cgroups(box.cgroup, box.policy, box.tag)
                 except OSError as e:
-                    if box.tested:  # promised on the status line: keep it
+                    # promised on the status line: keep it
+                    if box.tested:
                         raise ToolError(
                             f"could not make this call's cgroup ({e.strerror}); the "
                             "script was not run without its caps"
                         )
-                    self.uncapped = True  # found out by the self-test: the status line says so
+                    # found out by the self-test: the status line says so
+                    self.uncapped = True
             if box.landlock:
                 self.ruleset = self.make_ruleset()
         except BaseException:
             self.release()
             raise
 
-    def write(self, source):
-        with open(self.script, "wb") as script:
-            script.write(source)
+    def deliver(self, source):
+        """Write the approved script and make the home, through the directory's descriptor and
+        never following a name: where the temp directory is visible inside the workdir, an
+        earlier script may have renamed this directory or planted a symlink in it, and this then
+        fails (ELOOP, EEXIST) rather than write the code wherever the link leads."""
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        root = os.open(self.root, flags)
+        try:
+            for name in ("scratch", "scratch/home", "scratch/shm"):
+                os.mkdir(name, 0o700, dir_fd=root)
+            create = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            script = os.open("main.py", create, 0o600, dir_fd=root)
+            with open(script, "wb") as file:
+                file.write(source)
+        finally:
+            os.close(root)
 
     def make_ruleset(self):
         """A Landlock ruleset for one call: the shared grants plus the call's own directory."""
@@ -6370,40 +6372,48 @@ class Call:
             )
         return argv
 
-    def run(self, go, out, err, workdir, env):
-        """In the launcher's fork, made ahead of its call where it can be: go into the workdir (by
-        its descriptor `workdir`, never its name), take the call's stdio (stdin the socket its go
-        comes on, stdout and stderr the pipes the agent will read), hold nothing else of the
-        launcher's, take a session of its own, confine itself (enter) and exec the interpreter
-        on main.py, which until the go holds STUB. Never returns; an error before the exec goes
-        back on `go`."""
+    def run(self, messages, out, err, workdir, env, timeout):
+        """In the launcher's fork: go into the workdir (by its descriptor `workdir`, never its
+        name), take the call's stdio (stdin /dev/null, stdout and stderr the pipes the agent
+        reads, fd 3 the socket `messages` to the launcher), hold nothing else of the launcher's,
+        take a session of its own, confine itself (enter), fork the script's process, which
+        execs the interpreter on main.py, and stay as its init. Never returns; an error before
+        the exec goes back on `messages`."""
         try:
-            if self.pidns and self.ids[0] != 0:  # in the user namespace fork_call made: be
-                own_ids(*self.ids)  # the same user in it as outside
+            # in the user namespace fork_call made: be the same user in it as outside
+            if self.pidns and self.ids[0] != 0:
+                own_ids(*self.ids)
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            null = os.open(os.devnull, os.O_RDONLY)  # the script's stdin, once the go has come
-            for fd, target in ((go, 0), (out, 1), (err, 2), (null, 3)):
+            null = os.open(os.devnull, os.O_RDONLY)
+            for fd, target in ((null, 0), (out, 1), (err, 2), (messages, 3)):
                 os.dup2(fd, target)
-            os.fchdir(workdir)  # the directory pinned at the start, not what its name is now
-            low = 4  # nothing of the launcher's: its socket, other calls' ends
+            # the directory pinned at the start, not what its name is now
+            os.fchdir(workdir)
+            # nothing of the launcher's: its socket, other calls' ends
+            low = 4
             for fd in sorted({self.ruleset} - {-1}):
                 os.closerange(low, fd)
                 low = fd + 1
             os.closerange(low, MAX_FD)
-            os.setsid()  # a group (and session) of its own: the one the launcher kills
+            # a group (and session) of its own: the one the launcher kills
+            os.setsid()
+            # (before Landlock, which hides /proc/self)
+            hide_command_line()
             self.enter()
-            self.started()
-            script = os.fork() if self.pidns else 0  # this process, or the second of its
-            if script == 0:  # namespace
+            self.close_ruleset()
+            script = os.fork()
+            if script == 0:
+                os.close(3)
+                # as a script started by Popen has them
                 for sig in (*LAUNCHER_IGNORES, signal.SIGXFSZ):
-                    signal.signal(sig, signal.SIG_DFL)  # as a script started by Popen has them
+                    signal.signal(sig, signal.SIG_DFL)
                 argv = self.command()
                 os.execve(argv[0], argv, env)
-            init(script)  # never returns
+            init(script, timeout)
         except BaseException as e:
             with contextlib.suppress(BaseException):
-                os.write(0, f"could not start the sandboxed interpreter: {e}".encode())
+                os.write(3, f"could not start the sandboxed interpreter: {e}".encode())
         finally:
             os._exit(127)
 
@@ -6412,23 +6422,24 @@ class Call:
         call's cgroup, its mount namespace, rlimits, no capabilities, Landlock and seccomp."""
         box, parent = self.box, os.getppid()
         # On v1, "tasks" moves this one thread (all a forked child has) without the lock on every
-        # thread group that "cgroup.procs" takes, and its wait for a grace period (bench_sandbox
-        # --without ahead+tasks against --without ahead: 1.35-1.76x the time of a call whose child
-        # was not made ahead; the join alone 7.8 ms against 0.3)
+        # thread group that "cgroup.procs" takes, and its wait for a grace period (the join
+        # alone 7.8 ms against 0.3)
         joined = "tasks" if box.cgroup and box.cgroup[0] == "v1" else "cgroup.procs"
         for directory in self.cgroups:
             Path(directory, joined).write_text("0")
-        try:  # out of memory, the kernel kills the script's processes first, never the agent's:
-            Path("/proc/self/oom_score_adj").write_text("1000")  # (a container's limit may be
-        except OSError:  # below the call's cap); raising one's own score needs no privilege
-            pass
+        # out of memory, the kernel kills the script's processes first, never the agent's (a
+        # container's limit may be below the call's cap); raising one's own score needs no
+        # privilege
+        with contextlib.suppress(OSError):
+            Path("/proc/self/oom_score_adj").write_text("1000")
         if box.mounts:
             private_scratch(box.libc, self)
         for which, soft, hard in self.rlimits:
             resource.setrlimit(which, (soft, hard))
         if box.landlock:
             drop_capabilities(box.libc)
-        if box.linux:  # after every change of credentials, which would clear it
+        # after every change of credentials, which would clear it
+        if box.linux:
             box.libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             if os.getppid() != parent or self.pidns and launcher_gone():
                 os._exit(1)
@@ -6441,7 +6452,7 @@ class Call:
             ):
                 raise OSError(ctypes.get_errno(), "seccomp filter failed")
 
-    def started(self):
+    def close_ruleset(self):
         """After the fork: the child holds the ruleset; its maker needs it no more."""
         if self.ruleset >= 0:
             os.close(self.ruleset)
@@ -6449,90 +6460,57 @@ class Call:
 
     def release(self):
         """Remove what the call made (idempotent)."""
-        self.started()
+        self.close_ruleset()
         cleanup(self.root, self.cgroups)
 
 
-def init(script):
-    """The first process of a call's PID namespace, once it has started the script: hold none of
-    the call's stdio, reap whatever comes to it, and when the script ends, say its exit code on
-    the launcher's socket (stdin) and end, which ends every process left in the namespace."""
-    for fd in (1, 2):
-        os.dup2(3, fd)
-    os.close(3)
+def init(script, timeout):
+    """The call's first process, once it has started the script: hold none of the call's stdio,
+    reap whatever comes to it, and when the script ends, say its exit code to the launcher (fd 3)
+    and end. It keeps the deadline too, LAUNCHER_GRACE after the call's timeout, so that a
+    launcher stopped (kill -STOP) or stalled does not let the call run on: then it kills the
+    group, itself included. In a PID namespace of its own, its end ends every process left in
+    it, and the script cannot stop or kill it (the kernel ignores SIGSTOP and SIGKILL sent to a
+    namespace's init from inside); its command line is rewritten (hide_command_line) so that
+    `pkill -STOP -f agent.py`, meant for the agent, does not stop it too."""
+    os.dup2(0, 1)
+    os.dup2(0, 2)
+
+    def overdue(*_):
+        os.write(3, TIMED_OUT)
+        os.killpg(0, signal.SIGKILL)
+
+    if timeout is not None:
+        signal.signal(signal.SIGALRM, overdue)
+        signal.setitimer(signal.ITIMER_REAL, timeout + LAUNCHER_GRACE)
     while True:
         pid, status = os.waitpid(-1, 0)
         if pid == script:
-            os.write(0, b"=%d" % os.waitstatus_to_exitcode(status))
+            os.write(3, b"=%d" % os.waitstatus_to_exitcode(status))
             os._exit(0)
+
+
+TIMED_OUT = b"timed out"
+
+
+def hide_command_line():
+    """Overwrite this process's command line (the launcher's: `python ... agent.py`) in place, as
+    setproctitle does: /proc/PID/cmdline then reads "run_python call"."""
+    with open("/proc/self/stat", "rb") as file:
+        # after the command's name, in parentheses; arg_start and arg_end are fields 48 and 49
+        fields = file.read().rpartition(b")")[2].split()
+    start = int(fields[45])
+    end = int(fields[46])
+    title = b"run_python call"[: end - start - 1]
+    ctypes.memmove(start, title + bytes(end - start - len(title)), end - start)
 
 
 def launcher_gone():
     """Seen from a call's own PID namespace, where the launcher has no pid: has it ended (its
-    end of the socket on stdin closed)?"""
+    end of the socket on fd 3 closed)?"""
     poller = select.poll()
-    poller.register(0, select.POLLHUP)
+    poller.register(3, select.POLLHUP)
     return any(event & select.POLLHUP for _, event in poller.poll(0))
-
-
-# What a call's main.py holds from its process's start, ahead of the call, until its go: the
-# interpreter has started (bench_sandbox --against the code before it: 0.44-0.47x a call's
-# time, and a call 0.54-0.63x a plain interpreter's start), and this waits on stdin for the go,
-# takes /dev/null (fd 3) as stdin, and runs the script the launcher has written over it, as the
-# interpreter runs a file: in __main__, its own frames first in a traceback, exit code 1 (or
-# SIGINT) for an exception nothing caught. The one trace of it: two frames below the script's in
-# inspect.stack().
-STUB = b"""def _(os=__import__("os"), sys=__import__("sys")):
-    os.write(0, b"r")  # started: main.py may now be written
-    if os.read(0, 1) != b"g":  # the go: main.py now holds the call's script
-        os._exit(0)  # (not needed after all)
-    os.dup2(3, 0)  # stdin: /dev/null, opened before the process was confined
-    os.close(3)
-    main = sys.modules["__main__"].__dict__
-    del main["_"]
-    with open(main["__file__"], "rb") as script:
-        source = script.read()
-    try:
-        exec(compile(source, main["__file__"], "exec", dont_inherit=True), main)
-        return
-    except SystemExit:
-        raise
-    except BaseException:  # what the interpreter does with it (PyErr_Print, Py_RunMain), but
-        kind, e, tb = sys.exc_info()  # from the script's own frames on
-    tb = tb.tb_next
-    BaseException.with_traceback(e, tb)
-    sys.last_type, sys.last_value, sys.last_traceback = kind, e, tb
-    if sys.version_info >= (3, 12):
-        sys.last_exc = e
-    if not hasattr(sys, "excepthook"):
-        sys.stderr.write("sys.excepthook is missing\\n")
-        sys.__excepthook__(kind, e, tb)
-    else:
-        try:
-            sys.excepthook(kind, e, tb)
-        except SystemExit:
-            raise
-        except BaseException:
-            kind2, e2, tb2 = sys.exc_info()
-            BaseException.with_traceback(e2, tb2.tb_next)
-            sys.stdout.flush()
-            sys.stderr.write("Error in sys.excepthook:\\n")
-            sys.__excepthook__(kind2, e2, tb2.tb_next)
-            sys.stderr.write("\\nOriginal exception was:\\n")
-            sys.__excepthook__(kind, e, tb)
-    if not issubclass(kind, KeyboardInterrupt):
-        raise SystemExit(1)
-    if "threading" in sys.modules:  # Ctrl-C's exit: the interpreter ends, then kills itself
-        sys.modules["threading"]._shutdown()  # with SIGINT (130 if that does not end it)
-    __import__("atexit")._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    signal = __import__("signal")
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGINT)
-    os._exit(130)
-_()
-"""
 
 
 def make_cgroups(cgroup, policy, tag=()):
@@ -6615,17 +6593,26 @@ class Running:
     launcher's socket for this call (closing it ends the call); without a launcher, the child."""
 
     def __init__(self, out, err, report=None, proc=None, call=None, launcher=None):
-        self.out, self.err, self.report, self.proc, self.call = out, err, report, proc, call
-        self.launcher, self.pid = launcher, None  # the script's group
-        self.made = None  # the call's directory and cgroups, as the launcher named them
+        self.out = out
+        self.err = err
+        self.report = report
+        self.proc = proc
+        self.call = call
+        self.launcher = launcher
+        # the script's group, where the launcher names it (no PID namespace)
+        self.pid = None
+        # the call's directory and cgroups, as the launcher named them
+        self.made = None
 
-    def heard(self, box, data=None):
+    def read_answer(self, box, data=None):
         """The launcher's message: the script's pid (None), its end (code, OOM kills), or an
         error (ToolError); "gone" if the launcher is (killed: then the agent kills the group);
-        "timed out" if the launcher ended the call at its timeout, the agent having not."""
+        "timed out" if the call's first process ended it a grace after its timeout."""
         data = self.report.recv(65536) if data is None else data
-        if not data:  # (no pid: the call's PID namespace went with the launcher, all of it)
-            if self.pid:  # the script died with the launcher (PDEATHSIG); what it started now
+        if not data:
+            # the script died with the launcher (PDEATHSIG); what it started dies now (in a PID
+            # namespace there is no pid: the namespace went with the launcher, all of it)
+            if self.pid:
                 kill_group(self.pid)
             return "gone"
         message = json.loads(data)
@@ -6635,41 +6622,46 @@ class Running:
             return tuple(message["status"])
         if "timed_out" in message:
             return "timed out"
-        self.pid, self.made = message["pid"], (message["root"], message["cgroups"])
+        self.pid = message["pid"]
+        self.made = (message["root"], message["cgroups"])
         self.launcher.note(*self.made)
+        # found out by the self-test: the status line says so
         if message["uncapped"]:
-            box.cgroup = None  # found out by the self-test: the status line says so
+            box.cgroup = None
         return None
 
     def end(self, status):
         """The call is over: close the launcher's socket (it kills whatever is left of the group,
         then removes the call's things) and the pipes; without a launcher, do that here."""
-        if self.report:
-            if status in (None, "timed out"):  # timed out, cancelled or failed: the launcher
-                with contextlib.suppress(OSError):  # ends the group and says when it is gone,
-                    self.report.shutdown(socket.SHUT_WR)
-                    self.report.settimeout(1)  # (a second at most)
-                    while self.report.recv(65536):
-                        pass
-            self.report.close()
-            os.close(self.out)
-            os.close(self.err)
-            if status == "gone":  # nobody else will remove what it made: this call's things
-                if self.made:  # (however many calls ran), then what the agent noted
-                    cleanup_later(*self.made)
-                self.launcher.gone()
+        if not self.report:
+            kill_group(self.proc.pid)
+            self.proc.stdout.close()
+            self.proc.stderr.close()
+            # what it killed leaves the cgroups a moment later
+            threading.Thread(target=self.remove_later, daemon=True).start()
             return
-        kill_group(self.proc.pid)
-        self.proc.stdout.close()
-        self.proc.stderr.close()
-        threading.Thread(
-            target=lambda: (
-                self.proc.wait(),
-                self.call.started(),  # (what it
-                cleanup_later(self.call.root, self.call.cgroups),
-            ),
-            daemon=True,
-        ).start()  # killed leaves the cgroups a moment later)
+        # timed out, cancelled or failed: the launcher ends the group and says when it is gone
+        # (a second at most)
+        if status in (None, "timed out"):
+            with contextlib.suppress(OSError):
+                self.report.shutdown(socket.SHUT_WR)
+                self.report.settimeout(1)
+                while self.report.recv(65536):
+                    pass
+        self.report.close()
+        os.close(self.out)
+        os.close(self.err)
+        # nobody else will remove what it made: this call's things (however many calls ran),
+        # then what the agent noted
+        if status == "gone":
+            if self.made:
+                cleanup_later(*self.made)
+            self.launcher.gone()
+
+    def remove_later(self):
+        self.proc.wait()
+        self.call.close_ruleset()
+        cleanup_later(self.call.root, self.call.cgroups)
 
 
 def reap(children):
@@ -7037,49 +7029,33 @@ class Launcher:
 
     def __init__(self, box):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        fd = theirs.fileno()
+        argv = [sys.executable, "-I", "-S", "-B", "-c", LAUNCHER_BOOT, AGENT_FILE, str(fd)]
+        # nothing of the agent's environment; a session of its own, which a kill of the agent's
+        # group does not reach
+        options = {"env": {}, "cwd": "/", "start_new_session": True, "pass_fds": [fd]}
         try:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-I",
-                    "-S",
-                    "-B",
-                    "-c",
-                    LAUNCHER_BOOT,
-                    AGENT_FILE,
-                    str(theirs.fileno()),
-                ],
-                pass_fds=[theirs.fileno()],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                env={},
-                cwd="/",  # nothing of the agent's environment
-                start_new_session=True,
-            )  # a kill of the agent's group does not reach it
-            with contextlib.suppress(OSError), self.proc.stdin:  # (if it ended, it says why)
+            pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.DEVNULL}
+            self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, **pipes, **options)
+            # (if it ended, it says why on stderr)
+            with contextlib.suppress(OSError), self.proc.stdin:
                 self.proc.stdin.write(AGENT_SOURCE)
         finally:
             theirs.close()
-        self.control, self.pid, self.made = ours, self.proc.pid, []
+        self.control = ours
+        self.pid = self.proc.pid
+        self.made = []
         # Every name the launcher makes (call directories, cgroups) carries this run's tag, so
         # that should it be killed while it makes one, before its note comes, gone() finds it
         self.tag = os.urandom(6).hex()
         self.where = [call_parent(), *(box.cgroup[1] if box.cgroup else [])]
-        policy = {
-            k: sorted(v) if isinstance(v, frozenset) else v for k, v in asdict(box.policy).items()
-        }
-        answer, why = b"", ""
+        policy = asdict(box.policy)
+        policy["env_keep"] = sorted(policy["env_keep"])
+        config = {"workdir": str(box.workdir), "tag": self.tag, "policy": policy}
+        answer = b""
+        why = ""
         try:
-            socket.send_fds(
-                ours,
-                [
-                    json.dumps(
-                        {"workdir": str(box.workdir), "tag": self.tag, "policy": policy}
-                    ).encode()
-                ],
-                [box.pinned],
-            )
+            send_whole(ours, config, [box.pinned])
             ours.settimeout(60)
             answer = ours.recv(4096)
             ours.settimeout(None)
@@ -7097,7 +7073,6 @@ class Launcher:
     def close(self):
         """Close the agent's end: the launcher ends every call and removes what it made."""
         self.ended.detach()
-        self.drain()
         self.control.close()
         try:
             self.proc.wait(timeout=10)
@@ -7108,15 +7083,9 @@ class Launcher:
             self.gone()
 
     def note(self, root, cgroups):
-        """What the launcher made (a call's directory and cgroups, or the next call's): the
-        last few, for the agent to remove should the launcher be killed (gone)."""
+        """What the launcher made for a call: the last few, for the agent to remove should the
+        launcher be killed (gone)."""
         self.made = self.made[-15:] + [(root, cgroups)]
-
-    def drain(self):
-        """Take the launcher's notes of what it made ahead (never waits)."""
-        with contextlib.suppress(OSError):
-            for note in iter(lambda: self.control.recv(65536, socket.MSG_DONTWAIT), b""):
-                self.note(*json.loads(note)["ahead"])
 
     def gone(self):
         """The launcher was killed: remove what it had made (what it removed already is gone)."""
@@ -7171,42 +7140,41 @@ def serve(fd):
     its script (its pidfd), its call's socket (the agent closes it at the timeout, on Ctrl-C, or
     when done) and the agent's socket (closed when the agent is gone, kill -9 included); end
     each call's group, reap what it left, report, clean up. Between calls it makes the next
-    calls' processes (AHEAD): directory, cgroup, ruleset, confinement, the interpreter's start."""
+    each call's group, reap what it left, report, clean up."""
     control = socket.socket(fileno=fd)
-    for sig in LAUNCHER_IGNORES:  # `pkill -f agent.py` or a Ctrl-C at the terminal hit the
-        signal.signal(sig, signal.SIG_IGN)  # launcher too: it goes when the agent does, and
-    wake, woken = os.pipe()  # only after ending every call
+    # `pkill -f agent.py` or a Ctrl-C at the terminal hit the launcher too: it goes when the
+    # agent does, and only after ending every call
+    for sig in LAUNCHER_IGNORES:
+        signal.signal(sig, signal.SIG_IGN)
+    wake, woken = os.pipe()
     os.set_blocking(wake, False)
     os.set_blocking(woken, False)
     signal.set_wakeup_fd(woken)  # a child's end wakes the loop: reap it
     signal.signal(signal.SIGCHLD, lambda *_: None)
     try:
-        message, fds, _, _ = socket.recv_fds(control, 1 << 20, 1)
+        config, fds = receive_whole(control, 1)
         for fd in fds:
             os.set_inheritable(fd, False)
-        config = json.loads(message)
-        if len(fds) != 1:
-            raise OSError("the agent sent no workdir descriptor")
         box = Sandbox(Path(config["workdir"]), True, Limits(), pinned=fds[0])
         box.tag = [config["tag"]]
-        box.policy = SandboxPolicy(
-            **{
-                k: frozenset(v) if k == "env_keep" else tupled(v)
-                for k, v in config["policy"].items()
-            }
-        )
-        os.close(os.pidfd_open(os.getpid()))  # Linux 5.3, or no launcher
-        if box.libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:  # orphans come here
+        policy = {k: tupled(v) for k, v in config["policy"].items()}
+        box.policy = SandboxPolicy(**{**policy, "env_keep": frozenset(policy["env_keep"])})
+        # Linux 5.3, or no launcher
+        os.close(os.pidfd_open(os.getpid()))
+        # orphans come here
+        if box.libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "PR_SET_CHILD_SUBREAPER failed")
-        with contextlib.suppress(AttributeError):  # (glibc's) what compiling this file left,
-            box.libc.malloc_trim(0)  # 28 MB to 13: each call's two forks copy less, and a
-            # turn's second call, at once, costs 1.94x a plain start, not 2.28x (bench_sandbox)
+        # what compiling this file left, 28 MB to 13 (glibc's): each call's two forks copy less
+        # (calls in a row 1.94x a plain start, not 2.28x, in bench_sandbox of 2026-12-04)
+        with contextlib.suppress(AttributeError):
+            box.libc.malloc_trim(0)
     except Exception as e:
         control.send(f"{type(e).__name__}: {e}".encode())
         return
     control.send(b"ready")
-    poller, children, by_fd, spares, last = select.poll(), {}, {}, [], None
-    deadlines = {}  # each running call's child: when the launcher ends it, if the agent has not
+    poller = select.poll()
+    children = {}
+    by_fd = {}
     poller.register(control, select.POLLIN)
     poller.register(wake, select.POLLIN)
 
@@ -7216,104 +7184,46 @@ def serve(fd):
 
     try:
         while True:
-            ended = False
             killing = 50 if any(c.killed_at for c in children.values()) else None
-            for fd, _ in poller.poll(end_overdue(deadlines, killing)):
+            for fd, _ in poller.poll(killing):
                 if fd == control.fileno():
-                    try:
-                        message, fds = receive_whole(control, 1)
-                    except OSError:  # (ECONNRESET: the agent went with a note of ours unread)
-                        message = None
+                    message, fds = receive_whole(control, 1)
                     if message is None:
                         return shut_down(children)
-                    last = message
-                    for spare in [
-                        s
-                        for s in spares
-                        if s.kind != kind_of(last)  # made for another
-                        or s.call.uncapped
-                        and last["required"]  # kind of call, or
-                        or s.killed_at  # uncapped, or killed, or ended
-                        or select.select([s.pidfd], [], [], 0)[0]
-                    ]:
-                        spare.kill(report=False)
-                        spares.remove(spare)
-                    child = launch(box, last, fds, spares.pop(0) if spares else None)
-                    if child and not child.killed_at and last.get("timeout") is not None:
-                        deadlines[child] = time.monotonic() + last["timeout"] + LAUNCHER_GRACE
+                    child = launch(box, message, fds)
                     if child:
-                        if child.pid not in children:
-                            children[child.pid] = child
-                            watch(child.pidfd, child)
+                        children[child.pid] = child
+                        watch(child.pidfd, child)
                         watch(child.report.fileno(), child)
                 elif fd == wake:
                     with contextlib.suppress(BlockingIOError):
                         while os.read(wake, 4096):
                             pass
-                elif fd in by_fd:  # its child ended, or the agent ended the call: end the group
+                elif fd in by_fd:
+                    # its child ended, or the agent ended the call: end the group
                     child = by_fd.pop(fd)
                     poller.unregister(fd)
                     child.kill()
             reap(children)
             for child in [c for c in children.values() if c.killed_at and c.over()]:
                 del children[child.pid]
-                if child in spares:  # (one made ahead that died: killed, or reaped unheard)
-                    spares.remove(child)
                 for fd in [fd for fd, c in by_fd.items() if c is child]:
                     del by_fd[fd]
                     poller.unregister(fd)
                 child.finish()
-                ended = ended or child.report is not None
-            running = any(c.report and not c.killed_at for c in children.values())
-            while len(spares) < AHEAD and last and (ended or not running):
-                try:  # the next calls' children, made while the model thinks: off their time
-                    spare = children[0] = Child(box, last)
-                except Exception:
-                    last = None  # made at the next call, which then says why
-                    break
-                del children[0]
-                children[spare.pid] = spare
-                spares.append(spare)
-                watch(spare.pidfd, spare)
-                with contextlib.suppress(OSError):  # for the agent to remove, should this be killed
-                    note = {"ahead": [spare.call.root, spare.call.cgroups]}
-                    control.send(json.dumps(note).encode(), socket.MSG_DONTWAIT)
-
-    except BaseException:  # a bug here must not leave a call running or its things behind
+    # a bug here must not leave a call running or its things behind
+    except BaseException:
         shut_down(children)
         raise
-
-
-# How many calls' processes the launcher keeps made ahead: with two, a turn's next call, sent as
-# one ends, finds one ready (bench_sandbox --without spare: calls in a row 1.92x a plain start,
-# with two 1.32x)
-AHEAD = 2
 
 
 def tupled(value):
     return tuple(map(tupled, value)) if isinstance(value, list) else value
 
 
-LAUNCHER_GRACE = 2.0  # seconds past a call's timeout before the launcher ends it itself
-
-
-def end_overdue(deadlines, wait):
-    """The agent ends a call at its timeout; should it not (stopped, stalled: red-team S4), the
-    launcher ends the call LAUNCHER_GRACE later and tells the agent it timed out. Returns how
-    long the launcher's poll may wait, in ms: `wait` (None: for ever) or less, to wake by the
-    next deadline."""
-    moment = time.monotonic()
-    for child, at in list(deadlines.items()):
-        if child.killed_at is None and at <= moment:
-            with contextlib.suppress(OSError):  # (an agent that has closed the call meanwhile)
-                child.report.send(json.dumps({"timed_out": True}).encode())
-            child.kill()
-        if child.killed_at is not None:  # ended: by its script, the agent, or here
-            del deadlines[child]
-    if not deadlines:
-        return wait
-    soonest = min(math.ceil((min(deadlines.values()) - moment) * 1000), 60_000)
-    return soonest if wait is None else min(wait, soonest)
+# seconds past a call's timeout before its first process (init) ends it, should the agent not
+# (stopped, stalled: red-team S4) or the launcher not (stopped: issue 33)
+LAUNCHER_GRACE = 2.0
 
 
 def shut_down(children):
@@ -7478,370 +7388,214 @@ def seccomp_filter(machine, rules):
 
 # The tables the policy and the mechanism are made of: data, one line per right or rule.
 
-# Landlock rights: name -> (bit, the ABI that introduced it), from include/uapi/linux/landlock.h.
-# The ruleset handles every right the running kernel knows: what no rule grants is denied.
-LANDLOCK_FS = {
-    "execute": (0, 1),
-    "write_file": (1, 1),
-    "read_file": (2, 1),
-    "read_dir": (3, 1),
-    "remove_dir": (4, 1),
-    "remove_file": (5, 1),
-    "make_char": (6, 1),
-    "make_dir": (7, 1),
-    "make_reg": (8, 1),
-    "make_sock": (9, 1),
-    "make_fifo": (10, 1),
-    "make_block": (11, 1),
-    "make_sym": (12, 1),
-    "refer": (13, 2),  # link or rename across directories
-    "truncate": (14, 3),
-    "ioctl_dev": (15, 5),  # ioctl on device files
-    "resolve_unix": (16, 9),  # connect to a named unix socket (docker.sock, D-Bus, ssh-agent)
-}
-LANDLOCK_NET = {
-    "bind_tcp": (0, 4),
-    "connect_tcp": (1, 4),  # handled, no port granted:
-    "bind_udp": (2, 10),
-    "connect_send_udp": (3, 10),
-}  # no TCP, no UDP
-LANDLOCK_SCOPE = {"abstract_unix_socket": (0, 6), "signal": (1, 6)}  # not beyond the sandbox
-FILE_RIGHTS = {
-    "execute",
-    "write_file",
-    "read_file",
-    "truncate",
-    "ioctl_dev",
-}  # all a file rule takes
+
+def landlock_table(text):
+    """Words "name:abi", each right's bit its place: {name: (bit, the ABI that introduced it)}."""
+    pairs = (word.split(":") for word in text.split())
+    return {name: (bit, int(abi)) for bit, (name, abi) in enumerate(pairs)}
+
+
+# Landlock rights in the order of their bits, from include/uapi/linux/landlock.h. refer: link or
+# rename across directories; ioctl_dev: ioctl on device files; resolve_unix: connect to a named
+# unix socket (docker.sock, D-Bus, ssh-agent). The ruleset handles every right the running
+# kernel knows: what no rule grants is denied.
+LANDLOCK_FS = landlock_table(
+    "execute:1 write_file:1 read_file:1 read_dir:1 remove_dir:1 remove_file:1 make_char:1 "
+    "make_dir:1 make_reg:1 make_sock:1 make_fifo:1 make_block:1 make_sym:1 refer:2 truncate:3 "
+    "ioctl_dev:5 resolve_unix:9"
+)
+# handled with no port granted: no TCP, no UDP
+LANDLOCK_NET = landlock_table("bind_tcp:4 connect_tcp:4 bind_udp:10 connect_send_udp:10")
+# no signal and no abstract unix socket beyond the call's own processes
+LANDLOCK_SCOPE = landlock_table("abstract_unix_socket:6 signal:6")
+# all a rule on a file (not a directory) takes
+FILE_RIGHTS = {"execute", "write_file", "read_file", "truncate", "ioctl_dev"}
 READ_EXEC = {"execute", "read_file", "read_dir"}
-READ_WRITE = set(LANDLOCK_FS) - {"make_char", "make_block", "ioctl_dev"}  # everything but devices
+# everything but devices
+READ_WRITE = set(LANDLOCK_FS) - {"make_char", "make_block", "ioctl_dev"}
 
 
 # What the child may read and execute besides the Python it runs (found at startup): programs a
 # script may start and the libraries they load; of /etc only the files below; never /proc or $HOME.
-SYSTEM_DIRS = (
-    "/usr/bin",
-    "/bin",
-    "/usr/lib",
-    "/usr/lib64",
-    "/lib",
-    "/lib64",
-    "/usr/share/zoneinfo",
+SYSTEM_DIRS = tuple("/usr/bin /bin /usr/lib /usr/lib64 /lib /lib64 /usr/share/zoneinfo".split())
+SYSTEM_FILES = tuple(
+    "/etc/ld.so.cache /etc/localtime /etc/mime.types /etc/hosts /etc/host.conf "
+    "/etc/nsswitch.conf /etc/gai.conf /dev/urandom /dev/random /dev/zero".split()
 )
-SYSTEM_FILES = (
-    "/etc/ld.so.cache",
-    "/etc/localtime",
-    "/etc/mime.types",
-    "/etc/hosts",
-    "/etc/host.conf",
-    "/etc/nsswitch.conf",
-    "/etc/gai.conf",
-    "/dev/urandom",
-    "/dev/random",
-    "/dev/zero",
-)
-MACOS_DIRS = ("/usr/lib", "/usr/share", "/usr/bin", "/bin", "/System", "/Library/Apple")  # and
-MACOS_FILES = ("/private/etc/localtime", "/dev/urandom", "/dev/random")  # the same, on macOS
+# the same, on macOS
+MACOS_DIRS = ("/usr/lib", "/usr/share", "/usr/bin", "/bin", "/System", "/Library/Apple")
+MACOS_FILES = ("/private/etc/localtime", "/dev/urandom", "/dev/random")
 
 
-# Syscall numbers: name -> (x86_64, aarch64), None where the architecture has no such call; from
+# Syscall numbers: name, x86_64, aarch64 ("-" where the architecture has no such call); from
 # arch/x86/entry/syscalls/syscall_64.tbl and include/uapi/asm-generic/unistd.h, Linux 6.18.
+SYSCALLS_TABLE = """
+ioctl 16 29, shmget 29 194, shmat 30 196, shmctl 31 195, socket 41 198, clone 56 220
+semget 64 190, semop 65 193, semctl 66 191, shmdt 67 197, msgget 68 186, msgsnd 69 189
+msgrcv 70 188, msgctl 71 187, chmod 90 -, fchmod 91 52, chown 92 -, fchown 93 55, lchown 94 -
+ptrace 101 117, syslog 103 116, setpgid 109 154, setsid 112 157, capget 125 90, capset 126 91
+utime 132 -, mknod 133 -, uselib 134 -, ustat 136 -, sysfs 139 -, setpriority 141 140
+sched_setparam 142 118, sched_setscheduler 144 119, vhangup 153 58, modify_ldt 154 -
+pivot_root 155 41, _sysctl 156 -, adjtimex 159 171, chroot 161 51, acct 163 89
+settimeofday 164 170, mount 165 40, umount2 166 39, swapon 167 224, swapoff 168 225
+reboot 169 142, sethostname 170 161, setdomainname 171 162, iopl 172 -, ioperm 173 -
+create_module 174 -, init_module 175 105, delete_module 176 106, get_kernel_syms 177 -
+query_module 178 -, quotactl 179 60, nfsservctl 180 42, setxattr 188 5, lsetxattr 189 6
+fsetxattr 190 7, removexattr 197 14, lremovexattr 198 15, fremovexattr 199 16
+sched_setaffinity 203 122, lookup_dcookie 212 18, clock_settime 227 112, utimes 235 -
+mq_open 240 180, mq_unlink 241 181, mq_timedsend 242 182, mq_timedreceive 243 183
+mq_notify 244 184, mq_getsetattr 245 185, kexec_load 246 104, add_key 248 217
+request_key 249 218, keyctl 250 219, ioprio_set 251 30, inotify_add_watch 254 27
+migrate_pages 256 238, mknodat 259 33, fchownat 260 54, futimesat 261 -, fchmodat 268 53
+unshare 272 97, move_pages 279 239, utimensat 280 88, semtimedop 220 192
+perf_event_open 298 241, fanotify_init 300 262, fanotify_mark 301 263, prlimit64 302 261
+name_to_handle_at 303 264, open_by_handle_at 304 265, clock_adjtime 305 266, setns 308 268
+process_vm_readv 310 270, process_vm_writev 311 271, kcmp 312 272, finit_module 313 273
+sched_setattr 314 274, kexec_file_load 320 294, bpf 321 280, userfaultfd 323 282
+io_uring_setup 425 425, io_uring_enter 426 426, io_uring_register 427 427, open_tree 428 428
+move_mount 429 429, fsopen 430 430, fsconfig 431 431, fsmount 432 432, fspick 433 433
+pidfd_open 434 434, clone3 435 435, pidfd_getfd 438 438, process_madvise 440 440
+mount_setattr 442 442, quotactl_fd 443 443, landlock_create_ruleset 444 444
+landlock_add_rule 445 445, landlock_restrict_self 446 446, process_mrelease 448 448
+fchmodat2 452 452, statmount 457 457, listmount 458 458, lsm_set_self_attr 460 460
+setxattrat 463 463, removexattrat 466 466, open_tree_attr 467 467, file_setattr 469 469
+socketpair 53 199, bind 49 200, fcntl 72 25, io_setup 206 0, inotify_init 253 -
+inotify_init1 294 26
+"""
 SYSCALLS = {
-    "ioctl": (16, 29),
-    "shmget": (29, 194),
-    "shmat": (30, 196),
-    "shmctl": (31, 195),
-    "socket": (41, 198),
-    "clone": (56, 220),
-    "semget": (64, 190),
-    "semop": (65, 193),
-    "semctl": (66, 191),
-    "shmdt": (67, 197),
-    "msgget": (68, 186),
-    "msgsnd": (69, 189),
-    "msgrcv": (70, 188),
-    "msgctl": (71, 187),
-    "chmod": (90, None),
-    "fchmod": (91, 52),
-    "chown": (92, None),
-    "fchown": (93, 55),
-    "lchown": (94, None),
-    "ptrace": (101, 117),
-    "syslog": (103, 116),
-    "setpgid": (109, 154),
-    "setsid": (112, 157),
-    "capget": (125, 90),
-    "capset": (126, 91),
-    "utime": (132, None),
-    "mknod": (133, None),
-    "uselib": (134, None),
-    "ustat": (136, None),
-    "sysfs": (139, None),
-    "setpriority": (141, 140),
-    "sched_setparam": (142, 118),
-    "sched_setscheduler": (144, 119),
-    "vhangup": (153, 58),
-    "modify_ldt": (154, None),
-    "pivot_root": (155, 41),
-    "_sysctl": (156, None),
-    "adjtimex": (159, 171),
-    "chroot": (161, 51),
-    "acct": (163, 89),
-    "settimeofday": (164, 170),
-    "mount": (165, 40),
-    "umount2": (166, 39),
-    "swapon": (167, 224),
-    "swapoff": (168, 225),
-    "reboot": (169, 142),
-    "sethostname": (170, 161),
-    "setdomainname": (171, 162),
-    "iopl": (172, None),
-    "ioperm": (173, None),
-    "create_module": (174, None),
-    "init_module": (175, 105),
-    "delete_module": (176, 106),
-    "get_kernel_syms": (177, None),
-    "query_module": (178, None),
-    "quotactl": (179, 60),
-    "nfsservctl": (180, 42),
-    "setxattr": (188, 5),
-    "lsetxattr": (189, 6),
-    "fsetxattr": (190, 7),
-    "removexattr": (197, 14),
-    "lremovexattr": (198, 15),
-    "fremovexattr": (199, 16),
-    "sched_setaffinity": (203, 122),
-    "lookup_dcookie": (212, 18),
-    "clock_settime": (227, 112),
-    "utimes": (235, None),
-    "mq_open": (240, 180),
-    "mq_unlink": (241, 181),
-    "mq_timedsend": (242, 182),
-    "mq_timedreceive": (243, 183),
-    "mq_notify": (244, 184),
-    "mq_getsetattr": (245, 185),
-    "kexec_load": (246, 104),
-    "add_key": (248, 217),
-    "request_key": (249, 218),
-    "keyctl": (250, 219),
-    "ioprio_set": (251, 30),
-    "inotify_add_watch": (254, 27),
-    "migrate_pages": (256, 238),
-    "mknodat": (259, 33),
-    "fchownat": (260, 54),
-    "futimesat": (261, None),
-    "fchmodat": (268, 53),
-    "unshare": (272, 97),
-    "move_pages": (279, 239),
-    "utimensat": (280, 88),
-    "semtimedop": (220, 192),
-    "perf_event_open": (298, 241),
-    "fanotify_init": (300, 262),
-    "fanotify_mark": (301, 263),
-    "prlimit64": (302, 261),
-    "name_to_handle_at": (303, 264),
-    "open_by_handle_at": (304, 265),
-    "clock_adjtime": (305, 266),
-    "setns": (308, 268),
-    "process_vm_readv": (310, 270),
-    "process_vm_writev": (311, 271),
-    "kcmp": (312, 272),
-    "finit_module": (313, 273),
-    "sched_setattr": (314, 274),
-    "kexec_file_load": (320, 294),
-    "bpf": (321, 280),
-    "userfaultfd": (323, 282),
-    "io_uring_setup": (425, 425),
-    "io_uring_enter": (426, 426),
-    "io_uring_register": (427, 427),
-    "open_tree": (428, 428),
-    "move_mount": (429, 429),
-    "fsopen": (430, 430),
-    "fsconfig": (431, 431),
-    "fsmount": (432, 432),
-    "fspick": (433, 433),
-    "pidfd_open": (434, 434),
-    "clone3": (435, 435),
-    "pidfd_getfd": (438, 438),
-    "process_madvise": (440, 440),
-    "mount_setattr": (442, 442),
-    "quotactl_fd": (443, 443),
-    "landlock_create_ruleset": (444, 444),
-    "landlock_add_rule": (445, 445),
-    "landlock_restrict_self": (446, 446),
-    "process_mrelease": (448, 448),
-    "fchmodat2": (452, 452),
-    "statmount": (457, 457),
-    "listmount": (458, 458),
-    "lsm_set_self_attr": (460, 460),
-    "setxattrat": (463, 463),
-    "removexattrat": (466, 466),
-    "open_tree_attr": (467, 467),
-    "file_setattr": (469, 469),
-    "socketpair": (53, 199),
-    "bind": (49, 200),
-    "fcntl": (72, 25),
-    "io_setup": (206, 0),
-    "inotify_init": (253, None),
-    "inotify_init1": (294, 26),
+    name: (int(x86_64), None if aarch64 == "-" else int(aarch64))
+    for name, x86_64, aarch64 in map(str.split, re.split(r"[,\n]\s*", SYSCALLS_TABLE.strip()))
 }
 ARCHES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}  # AUDIT_ARCH_*, column above
 LAST_SYSCALL = 469  # the newest call in the table: newer ones get ENOSYS, as from an older kernel
-CLONE_ESCAPES = (
-    0x8000  # CLONE_PARENT: a sibling of the script, outside its group's reach
-    | 0x20000
-    | 0x02000000
-    | 0x04000000
-    | 0x08000000  # CLONE_NEW{NS,CGROUP,UTS,IPC}
-    | 0x10000000
-    | 0x20000000
-    | 0x40000000
-)  # CLONE_NEW{USER,PID,NET}
+# CLONE_PARENT (a sibling of the script, outside its group's reach) and CLONE_NEW{NS, CGROUP,
+# UTS, IPC, USER, PID, NET}
+CLONE_ESCAPES = 0x8000 | 0x20000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x70000000
 S_IFMT, S_IFCHR, S_IFBLK, AF_UNIX, ALL = 0o170000, 0o020000, 0o060000, 1, 0xFFFFFFFF
 EPERM, EACCES, ENOSYS = 1, 13, 38
+# the names a seccomp table may use for a number
+SECCOMP_NAMES = {
+    "CLONE_ESCAPES": CLONE_ESCAPES,
+    "S_IFMT": S_IFMT,
+    "S_IFCHR": S_IFCHR,
+    "S_IFBLK": S_IFBLK,
+    "AF_UNIX": AF_UNIX,
+    "ALL": ALL,
+    "EPERM": EPERM,
+    "EACCES": EACCES,
+    "ENOSYS": ENOSYS,
+}
 
 
-# The seccomp policy, checked top to bottom: (syscalls, test, errno, what it would let a script
-# do). A test (arg, mask, op, value) matches when (arg & mask) op value, on the low 32 bits the
-# kernel reads for every argument tested here; op "&" matches when any bit of mask is set. Every
-# other call is allowed: files and sockets are Landlock's, resources the rlimits' and cgroup's.
-# The list came from walking the whole syscall table and asking of each: does it act on something
-# outside this process and its files (the host, the kernel, other processes, shared objects)?
-SECCOMP_RULES = (
-    ("reboot kexec_load kexec_file_load", None, EPERM, "power off the host, boot another kernel"),
-    (
-        "init_module finit_module delete_module create_module query_module get_kernel_syms",
-        None,
-        EPERM,
-        "load or unload kernel code",
-    ),
-    (
-        "bpf perf_event_open userfaultfd",
-        None,
-        EPERM,
-        "run programs in the kernel, read performance counters, stall kernel threads",
-    ),
-    (
-        "mount umount2 pivot_root chroot swapon swapoff open_tree open_tree_attr move_mount "
-        "fsopen fsconfig fsmount fspick mount_setattr statmount listmount",
-        None,
-        EPERM,
-        "change or inspect the host's mounts",
-    ),
-    ("unshare setns", None, EPERM, "enter or make namespaces (and regain capabilities in them)"),
-    ("clone", (0, CLONE_ESCAPES, "&", 0), EPERM, "make a sibling of the agent or new namespaces"),
-    (
-        "clone3",
-        None,
-        ENOSYS,
-        "its flags are in memory the filter cannot read; glibc then "
-        "falls back to clone, whose flags it can",
-    ),
-    (
-        "settimeofday clock_settime clock_adjtime adjtimex sethostname setdomainname",
-        None,
-        EPERM,
-        "set the host's clock or name",
-    ),
-    (
-        "syslog acct quotactl quotactl_fd vhangup lookup_dcookie iopl ioperm modify_ldt uselib "
-        "_sysctl sysfs ustat nfsservctl lsm_set_self_attr",
-        None,
-        EPERM,
-        "read the kernel log, change host-wide settings, touch I/O ports",
-    ),
-    ("keyctl add_key request_key", None, EPERM, "read or add kernel keys"),
-    (
-        "ptrace process_vm_readv process_vm_writev kcmp pidfd_open pidfd_getfd process_madvise "
-        "process_mrelease",
-        None,
-        EPERM,
-        "inspect or reach into another process",
-    ),
-    (
-        "prlimit64 sched_setaffinity sched_setscheduler sched_setparam sched_setattr "
-        "migrate_pages move_pages",
-        (0, ALL, "!=", 0),
-        EPERM,
-        "change another process's limits, CPUs, scheduling or memory (0 means itself)",
-    ),
-    ("setpriority", (0, ALL, "!=", 0), EPERM, "renice a group or a user (PRIO_PROCESS only)"),
-    ("setpriority", (1, ALL, "!=", 0), EPERM, "renice another process"),
-    ("ioprio_set", (0, ALL, "!=", 1), EPERM, "set the I/O priority of a group or a user"),
-    ("ioprio_set", (1, ALL, "!=", 0), EPERM, "set another process's I/O priority"),
-    ("setsid setpgid", None, EPERM, "leave the process group the launcher kills"),
-    (
-        "fanotify_init fanotify_mark inotify_init inotify_init1 inotify_add_watch",
-        None,
-        EPERM,
-        "watch file activity, the machine's included (and use up the user's inotify instances)",
-    ),
-    ("fcntl", (1, ALL, "==", 1026), EPERM, "F_NOTIFY: watch a directory, the machine's too"),
-    (
-        "fcntl",
-        (1, ALL, "==", 1024),
-        EPERM,
-        "F_SETLEASE: stall another program's open of a file it owns, as root does every root file",
-    ),
-    ("io_setup", None, EPERM, "take the machine's whole quota of AIO events"),
-    (
-        "msgget msgsnd msgrcv msgctl semget semop semtimedop semctl shmget shmat shmdt shmctl "
-        "mq_open mq_unlink mq_timedsend mq_timedreceive mq_notify mq_getsetattr",
-        None,
-        EPERM,
-        "IPC objects shared with other programs that outlive the call",
-    ),
-    (
-        "io_uring_setup io_uring_enter io_uring_register",
-        None,
-        EPERM,
-        "file and socket operations this filter cannot see",
-    ),
-    ("name_to_handle_at open_by_handle_at", None, EPERM, "open files by handle, past path checks"),
-    (
-        "chmod fchmod fchmodat fchmodat2 chown fchown lchown fchownat utime utimes futimesat "
-        "utimensat setxattr lsetxattr fsetxattr removexattr lremovexattr fremovexattr setxattrat "
-        "removexattrat file_setattr",
-        None,
-        EPERM,
-        "change the mode, owner, times or attributes of files it may only read (Landlock cannot)",
-    ),
-    ("mknod", (1, S_IFMT, "==", S_IFCHR), EPERM, "make a character device"),
-    ("mknod", (1, S_IFMT, "==", S_IFBLK), EPERM, "make a block device"),
-    ("mknodat", (2, S_IFMT, "==", S_IFCHR), EPERM, "make a character device"),
-    ("mknodat", (2, S_IFMT, "==", S_IFBLK), EPERM, "make a block device"),
-    ("ioctl", (1, ALL, "==", 0x40086602), EPERM, "FS_IOC_SETFLAGS: chattr +i on a read-only fd"),
-    ("ioctl", (1, ALL, "==", 0x40046602), EPERM, "FS_IOC32_SETFLAGS, the same"),
-    ("ioctl", (1, ALL, "==", 0x401C5820), EPERM, "FS_IOC_FSSETXATTR: inode flags, project id"),
-    ("ioctl", (1, ALL, "==", 0x40087602), EPERM, "FS_IOC_SETVERSION: the inode generation"),
-    ("ioctl", (1, ALL, "==", 0x40047602), EPERM, "FS_IOC32_SETVERSION, the same"),
-    ("ioctl", (1, ALL, "==", 0x800C6613), EPERM, "FS_IOC_SET_ENCRYPTION_POLICY on a directory"),
-    ("ioctl", (1, ALL, "==", 0xC0506617), EPERM, "FS_IOC_ADD_ENCRYPTION_KEY: a key that stays"),
-    ("ioctl", (1, ALL, "==", 0xC0406618), EPERM, "FS_IOC_REMOVE_ENCRYPTION_KEY"),
-    ("ioctl", (1, ALL, "==", 0xC0406619), EPERM, "FS_IOC_REMOVE_ENCRYPTION_KEY_ALL_USERS"),
-    ("ioctl", (1, ALL, "==", 0x40806685), EPERM, "FS_IOC_ENABLE_VERITY: a file made read-only"),
-    ("ioctl", (1, ALL, "==", 0x6609), EPERM, "EXT4_IOC_MIGRATE: rewrite a file's block map"),
-    ("ioctl", (1, ALL, "==", 0x660C), EPERM, "EXT4_IOC_ALLOC_DA_BLKS: force a file's blocks"),
-    ("ioctl", (1, ALL, "==", 0x5412), EPERM, "TIOCSTI: type into a terminal"),
-    ("ioctl", (1, ALL, "==", 0x541C), EPERM, "TIOCLINUX: the console's selection and keys"),
-    (
-        "socket socketpair",
-        (0, ALL, "!=", AF_UNIX),
-        EACCES,
-        "open a network, netlink or raw socket (or load the module of one)",
-    ),
-)
-UNIX_SOCKET_RULES = (  # where Landlock cannot govern named unix sockets (below ABI 9)
-    ("socket", None, EACCES, "connect to a named unix socket (docker.sock, D-Bus, ssh-agent)"),
-    (
-        "socketpair",
-        (1, 0xF, "==", 2),
-        EACCES,
-        "a datagram pair: its sendto reaches any named socket (/dev/log, systemd's notify socket)",
-    ),
-    ("socketpair", (1, 0xF, "==", 3), EACCES, "SOCK_RAW, which AF_UNIX turns into the same"),
-    ("bind", None, EACCES, "take an abstract socket name the host's programs use"),
-)
+# The seccomp policy, checked top to bottom, one rule a line (an indented line goes on the one
+# above): syscalls | test | errno | what it would let a script do. A test "argN [& mask] op
+# value" matches when (argument N & mask) op value, on the low 32 bits the kernel reads for every
+# argument tested here; "argN & mask" matches when any bit of mask is set; "-" always matches.
+# Every other call is allowed: files and sockets are Landlock's, resources the rlimits' and
+# cgroup's. The list came from walking the whole syscall table and asking of each: does it act
+# on something outside this process and its files (the host, the kernel, other processes,
+# shared objects)?
+SECCOMP_TABLE = """
+reboot kexec_load kexec_file_load | - | EPERM | power off the host, boot another kernel
+init_module finit_module delete_module create_module query_module get_kernel_syms | - | EPERM |
+    load or unload kernel code
+bpf perf_event_open userfaultfd | - | EPERM | run programs in the kernel, read performance
+    counters, stall kernel threads
+mount umount2 pivot_root chroot swapon swapoff open_tree open_tree_attr move_mount fsopen
+    fsconfig fsmount fspick mount_setattr statmount listmount | - | EPERM | change or inspect
+    the host's mounts
+unshare setns | - | EPERM | enter or make namespaces (and regain capabilities in them)
+clone | arg0 & CLONE_ESCAPES | EPERM | make a sibling of the agent or new namespaces
+clone3 | - | ENOSYS | its flags are in memory the filter cannot read; glibc then falls back to
+    clone, whose flags it can
+settimeofday clock_settime clock_adjtime adjtimex sethostname setdomainname | - | EPERM | set
+    the host's clock or name
+syslog acct quotactl quotactl_fd vhangup lookup_dcookie iopl ioperm modify_ldt uselib _sysctl
+    sysfs ustat nfsservctl lsm_set_self_attr | - | EPERM | read the kernel log, change host-wide
+    settings, touch I/O ports
+keyctl add_key request_key | - | EPERM | read or add kernel keys
+ptrace process_vm_readv process_vm_writev kcmp pidfd_open pidfd_getfd process_madvise
+    process_mrelease | - | EPERM | inspect or reach into another process
+prlimit64 sched_setaffinity sched_setscheduler sched_setparam sched_setattr migrate_pages
+    move_pages | arg0 != 0 | EPERM | change another process's limits, CPUs, scheduling or memory
+    (0 means itself)
+setpriority | arg0 != 0 | EPERM | renice a group or a user (PRIO_PROCESS only)
+setpriority | arg1 != 0 | EPERM | renice another process
+ioprio_set | arg0 != AF_UNIX | EPERM | set the I/O priority of a group or a user
+ioprio_set | arg1 != 0 | EPERM | set another process's I/O priority
+setsid setpgid | - | EPERM | leave the process group the launcher kills
+fanotify_init fanotify_mark inotify_init inotify_init1 inotify_add_watch | - | EPERM | watch
+    file activity, the machine's included (and use up the user's inotify instances)
+fcntl | arg1 == 1026 | EPERM | F_NOTIFY: watch a directory, the machine's too
+fcntl | arg1 == 1024 | EPERM | F_SETLEASE: stall another program's open of a file it owns, as
+    root does every root file
+io_setup | - | EPERM | take the machine's whole quota of AIO events
+msgget msgsnd msgrcv msgctl semget semop semtimedop semctl shmget shmat shmdt shmctl mq_open
+    mq_unlink mq_timedsend mq_timedreceive mq_notify mq_getsetattr | - | EPERM | IPC objects
+    shared with other programs that outlive the call
+io_uring_setup io_uring_enter io_uring_register | - | EPERM | file and socket operations this
+    filter cannot see
+name_to_handle_at open_by_handle_at | - | EPERM | open files by handle, past path checks
+chmod fchmod fchmodat fchmodat2 chown fchown lchown fchownat utime utimes futimesat utimensat
+    setxattr lsetxattr fsetxattr removexattr lremovexattr fremovexattr setxattrat removexattrat
+    file_setattr | - | EPERM | change the mode, owner, times or attributes of files it may only
+    read (Landlock cannot)
+mknod | arg1 & S_IFMT == S_IFCHR | EPERM | make a character device
+mknod | arg1 & S_IFMT == S_IFBLK | EPERM | make a block device
+mknodat | arg2 & S_IFMT == S_IFCHR | EPERM | make a character device
+mknodat | arg2 & S_IFMT == S_IFBLK | EPERM | make a block device
+ioctl | arg1 == 0x40086602 | EPERM | FS_IOC_SETFLAGS: chattr +i on a read-only fd
+ioctl | arg1 == 0x40046602 | EPERM | FS_IOC32_SETFLAGS, the same
+ioctl | arg1 == 0x401c5820 | EPERM | FS_IOC_FSSETXATTR: inode flags, project id
+ioctl | arg1 == 0x40087602 | EPERM | FS_IOC_SETVERSION: the inode generation
+ioctl | arg1 == 0x40047602 | EPERM | FS_IOC32_SETVERSION, the same
+ioctl | arg1 == 0x800c6613 | EPERM | FS_IOC_SET_ENCRYPTION_POLICY on a directory
+ioctl | arg1 == 0xc0506617 | EPERM | FS_IOC_ADD_ENCRYPTION_KEY: a key that stays
+ioctl | arg1 == 0xc0406618 | EPERM | FS_IOC_REMOVE_ENCRYPTION_KEY
+ioctl | arg1 == 0xc0406619 | EPERM | FS_IOC_REMOVE_ENCRYPTION_KEY_ALL_USERS
+ioctl | arg1 == 0x40806685 | EPERM | FS_IOC_ENABLE_VERITY: a file made read-only
+ioctl | arg1 == 0x6609 | EPERM | EXT4_IOC_MIGRATE: rewrite a file's block map
+ioctl | arg1 == 0x660c | EPERM | EXT4_IOC_ALLOC_DA_BLKS: force a file's blocks
+ioctl | arg1 == 0x5412 | EPERM | TIOCSTI: type into a terminal
+ioctl | arg1 == 0x541c | EPERM | TIOCLINUX: the console's selection and keys
+socket socketpair | arg0 != AF_UNIX | EACCES | open a network, netlink or raw socket (or load
+    the module of one)
+"""
+# Where Landlock cannot govern named unix sockets (below ABI 9)
+UNIX_SOCKET_TABLE = """
+socket | - | EACCES | connect to a named unix socket (docker.sock, D-Bus, ssh-agent)
+socketpair | arg1 & 0xf == 2 | EACCES | a datagram pair: its sendto reaches any named socket
+    (/dev/log, systemd's notify socket)
+socketpair | arg1 & 0xf == 3 | EACCES | SOCK_RAW, which AF_UNIX turns into the same
+bind | - | EACCES | take an abstract socket name the host's programs use
+"""
+
+
+def seccomp_rules(table):
+    """A seccomp table as rules: (syscalls, (arg, mask, op, value) or None, errno, why)."""
+    rules = []
+    for line in table.strip().replace("\n    ", " ").splitlines():
+        names, test, code, why = (part.strip() for part in line.split("|"))
+        if test != "-":
+            arg, *words = test.split()
+            if words[0] == "&" and len(words) == 2:
+                words += ["&", "0"]
+            elif words[0] != "&":
+                words = ["&", "ALL", *words]
+            mask, op, value = words[1:]
+            test = (int(arg[3:]), seccomp_number(mask), op, seccomp_number(value))
+        rules.append((names, None if test == "-" else test, SECCOMP_NAMES[code], why))
+    return tuple(rules)
+
+
+def seccomp_number(word):
+    return SECCOMP_NAMES[word] if word in SECCOMP_NAMES else int(word, 0)
+
+
+SECCOMP_RULES = seccomp_rules(SECCOMP_TABLE)
+UNIX_SOCKET_RULES = seccomp_rules(UNIX_SOCKET_TABLE)
+
+
 LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446
 PR_SET_PDEATHSIG, PR_CAPBSET_READ, PR_CAPBSET_DROP, PR_SET_SECCOMP = 1, 23, 24, 22
 PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 36, 38, 47

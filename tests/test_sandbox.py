@@ -3,7 +3,6 @@
 import contextlib
 import ctypes
 import errno
-import importlib.util
 import json
 import marshal
 import os
@@ -65,7 +64,7 @@ def new_box(workdir, **limits):
 def box(workdir):
     box = new_box(workdir)
     yield box
-    box.close()  # its launcher, and what it made ahead for a next call
+    box.close()  # its launcher
 
 
 def execute(box, workdir, code, timeout=20, chars=30_000, cancel=None):
@@ -570,16 +569,6 @@ sys.path.insert(0, sys.argv[2])
 import agent
 from pathlib import Path
 
-def next_call(cmdline):  # a copy of the launcher making the next call's process, or that
-    argv = cmdline.split(b"\\0")  # process waiting: the interpreter on a main.py holding the STUB
-    if len(argv) == 3 and argv[0] == now[launcher][2].split(b"\\0")[0] \\
-            and argv[1].endswith(b"/main.py"):
-        try:
-            return Path(os.fsdecode(argv[1])).read_bytes() == agent.STUB
-        except OSError:
-            return False
-    return cmdline == now[launcher][2]
-
 def tree():
     found = {}
     for proc in Path("/proc").iterdir():
@@ -594,13 +583,11 @@ box = agent.Sandbox(Path(sys.argv[1]), True, agent.Limits())
 box.ready()
 run = agent.execute(sys.stdin.read(), box.workdir, box, 30, 1000)
 launcher, deadline = box.launcher.pid, time.monotonic() + 10
-while True:  # the launcher may still be reaping; it may have made the next call's child
+while True:  # the launcher may still be reaping
     now = tree()
     mine = [(p, s) for p, (parent, s, _) in now.items() if parent == os.getpid()]
-    below = [(p, s, next_call(c)) for p, (parent, s, c) in now.items()
-             if parent == launcher]
-    if mine == [(launcher, "S")] and all(s != "Z" and same for _, s, same in below) \
-            and len(below) <= agent.AHEAD or time.monotonic() > deadline:
+    below = [(p, s) for p, (parent, s, c) in now.items() if parent == launcher]
+    if mine == [(launcher, "S")] and not below or time.monotonic() > deadline:
         break
     time.sleep(0.05)
 print(json.dumps({"out": run.stdout, "mine": mine, "launcher": launcher, "below": below}))
@@ -610,9 +597,7 @@ print(json.dumps({"out": run.stdout, "mine": mine, "launcher": launcher, "below"
 @needs_landlock
 def test_after_a_call_the_agent_is_parent_of_its_launcher_alone(workdir):
     """The script's orphans (double forks, left zombies) are reaped by the launcher, their
-    subreaper: after the call the agent's one child is its launcher, whose children (AHEAD, if
-    any) are the next calls' (a copy of the launcher, or the interpreter it became, on a main.py that holds
-    the STUB); none is a zombie, none is the script's."""
+    subreaper: after the call the agent's one child is its launcher, which has none left."""
     code = (
         "import os\n"
         "for _ in range(50):\n"
@@ -632,8 +617,7 @@ def test_after_a_call_the_agent_is_parent_of_its_launcher_alone(workdir):
     seen = json.loads(done.stdout)
     assert seen["out"] == "forked\n", done.stderr
     assert seen["mine"] == [[seen["launcher"], "S"]], seen
-    assert len(seen["below"]) <= agent.AHEAD, seen
-    assert all(s != "Z" and same for _, s, same in seen["below"]), seen
+    assert seen["below"] == [], seen
 
 
 def agent_running(code, workdir):
@@ -958,7 +942,7 @@ def test_the_launcher_killed_with_many_calls_running_leaves_no_directory(
     workdir, tmp_path, monkeypatch
 ):
     """S5: more calls at once (trials, --jobs) than the agent's note of what the launcher made
-    ahead holds (16): the launcher killed, each call removes its own directory and cgroups."""
+    holds (16): the launcher killed, each call removes its own directory and cgroups."""
     private = tmp_path / "tmp"
     private.mkdir(mode=0o700)
     monkeypatch.setenv("TMPDIR", str(private))
@@ -991,45 +975,6 @@ def test_the_launcher_killed_with_many_calls_running_leaves_no_directory(
             d.rmdir()
     assert len(runs) == n and left == [], f"{len(left)} calls' directories outlived the launcher"
     assert kept == [], f"{len(kept)} calls' cgroups outlived the launcher"
-
-
-def test_kill_9_of_the_agent_leaves_no_directory_of_its_launcher(workdir, tmp_path):
-    """The launcher makes the next call's directory, cgroup and child ahead: after a kill -9 of
-    the agent, those go too, and the launcher with them."""
-    private = tmp_path / "tmp"
-    private.mkdir(mode=0o700)
-    driver = (
-        f"import sys, time; sys.path.insert(0, {str(AGENT.parent)!r})\n"
-        "import agent\nfrom pathlib import Path\n"
-        f"box = agent.Sandbox(Path({str(os.path.realpath(workdir))!r}), True, agent.Limits())\n"
-        "box.ready()\n"
-        "agent.execute('pass', box.workdir, box, 60, 1000)\n"
-        "print(box.launcher.pid, flush=True)\n"
-        "time.sleep(60)\n"
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", driver],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "TMPDIR": str(private)},
-    )
-    launcher = int(proc.stdout.readline())
-    deadline, capped = time.monotonic() + 10, bool(agent.cgroup_parents())
-    while time.monotonic() < deadline:  # the child made ahead, in its call's cgroup
-        made = os.listdir(private)
-        cgroups = [d for pid in children_of(launcher) for d in cgroups_of(pid)]
-        if made and (cgroups or not capped):
-            break
-        time.sleep(0.05)
-    assert made and all(name.startswith("agent-call-") for name in made)
-    assert cgroups or not capped, "the child made ahead is in no cgroup of its call"
-    proc.kill()
-    proc.wait()
-    deadline = time.monotonic() + 5
-    while (alive(launcher) or os.listdir(private)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not alive(launcher) and os.listdir(private) == []
-    assert not [d for d in cgroups if d.exists()]
 
 
 def test_after_its_launcher_is_killed_a_call_is_refused_in_one_line(box, workdir):
@@ -1410,8 +1355,7 @@ def test_a_call_is_made_nowhere_another_user_could_swap_it(
     assert os.listdir(shared) == [] and victim.read_text() == "precious"
 
 
-# --- the interpreter started ahead of the call (STUB): a script sees what it would see started
-# plainly, `python main.py`, but for two frames below its own
+# --- a script runs as `python main.py` runs it
 
 
 def plainly(tmp_path, workdir, code, home):
@@ -1447,34 +1391,48 @@ print(json.dumps({"globals": sorted(globals()), "argv": [os.path.basename(a) for
 
 
 @pytest.mark.parametrize("sandboxed", [True, False], ids=["sandbox", "no-sandbox"])
-def test_a_script_started_ahead_sees_what_a_plainly_started_one_sees(workdir, tmp_path, sandboxed):
+def test_a_script_sees_what_a_plainly_started_one_sees(workdir, tmp_path, sandboxed):
     """Its globals, argv, modules, open descriptors (0, 1, 2: stdin /dev/null, read empty),
-    __name__, __file__ and flags are those of `python main.py` in the same environment; the
-    second call's process is the one made ahead."""
+    __name__, __file__ and flags are those of `python main.py` in the same environment."""
     box = agent.Sandbox(Path(os.path.realpath(workdir)), sandboxed, agent.Limits())
     try:
         box.ready()
-        seen = [execute(box, workdir, LOOKS) for _ in range(2)]  # the first made at the call
+        run = execute(box, workdir, LOOKS)
     finally:
         box.close()
     code, out, err = plainly(tmp_path, workdir, LOOKS, str(tmp_path))
     assert code == 0, err
-    for run in seen:
-        assert run.code == 0 and run.stderr == "", run.stderr
-        assert json.loads(run.stdout) == json.loads(out)
+    assert run.code == 0 and run.stderr == "", run.stderr
+    assert json.loads(run.stdout) == json.loads(out)
 
 
-ENDINGS = {  # what ends a script, and how the interpreter reports it
+RECURSION = """import sys
+depth = 0
+def f():
+    global depth
+    depth += 1
+    f()
+try:
+    f()
+except RecursionError:
+    print(depth)
+"""
+
+# what ends a script, and how the interpreter reports it
+ENDINGS = {
+    "recursion-limit": RECURSION,
+    "no-frame-below": "import sys\nprint(sys._getframe().f_back is None)\n",
     "exception": "def f():\n    1 / 0\nf()\n",
     "syntax": "x = (\n",
     "keyboard-interrupt": "print('before')\nraise KeyboardInterrupt\n",
+    "sigint": "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(5)\n",
     "exit-text": "import sys\nsys.exit('bye')\n",
     "exit-code": "import sys\nsys.exit(3)\n",
+    "os-exit": "import os\nprint('before', flush=True)\nos._exit(7)\n",
     "own-excepthook": "import sys\nsys.excepthook = lambda t, v, tb: print('hook', t.__name__, "
     "tb.tb_frame.f_code.co_name)\nraise ValueError('x')\n",
     "atexit": "import atexit\natexit.register(print, 'at exit')\nraise ValueError('x')\n",
     "chained": "try:\n    1 / 0\nexcept ZeroDivisionError:\n    raise KeyError('k')\n",
-    # red-team S7: each of these ended otherwise through the first stub
     "keyboard-interrupt-blocked": "import signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, "
     "{signal.SIGINT})\nraise KeyboardInterrupt\n",
     "raising-excepthook": "import sys\ndef hook(*args):\n    raise RuntimeError('in the hook')\n"
@@ -1484,19 +1442,17 @@ ENDINGS = {  # what ends a script, and how the interpreter reports it
     "raise KeyboardInterrupt\n",
     "traceback-property": "class E(Exception):\n    __traceback__ = property(lambda self: None)\n"
     "raise E('boom')\n",
-    "with-traceback-overridden": "class E(Exception):\n    def with_traceback(self, tb):\n"
-    "        return None\nraise E('boom')\n",
     "excepthook-none": "import sys\nsys.excepthook = None\nraise ValueError('x')\n",
     "excepthook-missing": "import sys\ndel sys.excepthook\nraise ValueError('x')\n",
 }
 
 
 @pytest.mark.parametrize("ending", sorted(ENDINGS))
-def test_a_script_started_ahead_ends_as_a_plainly_started_one_does(box, workdir, tmp_path, ending):
-    """Exit code (or signal), stdout and stderr, traceback included, are the interpreter's own:
-    the stub's frames are not in it."""
+def test_a_script_ends_as_python_main_py_does(box, workdir, tmp_path, ending):
+    """Exit code (or signal), stdout and stderr, traceback included, are those of `python
+    main.py` run on the same file in the same environment: the recursion limit a script
+    reaches, its bottom frame, its exceptions, exits and signals."""
     code = ENDINGS[ending]
-    execute(box, workdir, "pass")  # the call below gets the process made ahead
     run = execute(box, workdir, code)
     main = next(
         (line.split('"')[1] for line in run.stderr.splitlines() if line.startswith('  File "')),
@@ -1506,102 +1462,60 @@ def test_a_script_started_ahead_ends_as_a_plainly_started_one_does(box, workdir,
     assert (run.code, run.stdout, run.stderr.replace(main, "MAIN")) == expected
 
 
-def ahead_of(launcher):
-    """The next calls' processes, made ahead: the launcher's children on a main.py holding STUB,
-    or the launcher's children whose child that is (the first process of its PID namespace)."""
-    found = []
-    for child in children_of(launcher):
-        for process in (child, *children_of(child)):
-            with contextlib.suppress(OSError, IndexError):
-                argv = Path(f"/proc/{process}/cmdline").read_bytes().split(b"\0")
-                if Path(os.fsdecode(argv[1])).read_bytes() == agent.STUB:
-                    found.append(child)
-    return found
+# A script whose workdir holds the temp directory (schroot, mock) replaces every call directory
+# it finds there, and plants more, with symlinks to a file outside (a .pth of a venv, which the
+# next `agent.py` would run): the launcher, unconfined, must never write through one.
+PLANT = """import os, sys
+target, tmp = sys.argv[1:] or (TARGET, TMP)
+for name in os.listdir(tmp):
+    path = os.path.join(tmp, name)
+    if os.path.dirname(os.path.realpath(__file__)) == os.path.realpath(path):
+        continue
+    if os.path.isdir(path):
+        # the call's script replaced by a link
+        script = os.path.join(path, "main.py")
+        if os.path.lexists(script):
+            os.unlink(script)
+        os.symlink(target, script)
+        # and the call's directory by a link to a directory holding such a script
+        os.rename(path, path + ".moved")
+        os.symlink(path + ".moved", path)
+# names planted where a call's directory or script may come
+os.mkdir(os.path.join(tmp, "planted"))
+os.symlink(target, os.path.join(tmp, "planted", "main.py"))
+for name in ("main.py", "agent-call-main.py", "agent-call-"):
+    os.symlink(target, os.path.join(tmp, name))
+print("planted")
+"""
 
 
 @needs_landlock
-def test_a_call_whose_process_made_ahead_was_killed_still_runs(box, workdir):
-    execute(box, workdir, "pass")
-    deadline = time.monotonic() + 10
-    while len(ahead_of(box.launcher.pid)) < agent.AHEAD and time.monotonic() < deadline:
-        time.sleep(0.02)
-    made = ahead_of(box.launcher.pid)
-    assert len(made) == agent.AHEAD, made
-    for pid in made:
-        os.kill(pid, signal.SIGKILL)
-    while (
-        any(os.path.exists(f"/proc/{pid}") for pid in made) and time.monotonic() < deadline
-    ):  # (until the launcher has reaped them)
-        time.sleep(0.02)
-    run = execute(box, workdir, "print('ran')")
-    assert (run.code, run.stdout) == (0, "ran\n"), run.stderr
-
-
-def test_an_interpreter_that_never_starts_is_one_error_within_the_timeout(agent_copy, workdir):
-    """A call's interpreter that never says it started (here, a STUB that sleeps first) is a
-    tool error at the call's timeout, not a launcher blocked for ever; the next call runs."""
-    source = agent_copy.read_text()
-    stalled = source.replace(
-        '    os.write(0, b"r")  # started: main.py may now be written',
-        '    __import__("time").sleep(60)',
-    )
-    assert stalled != source
-    agent_copy.write_text(stalled)
-    spec = importlib.util.spec_from_file_location("agent_stalled", agent_copy)
-    copy = sys.modules["agent_stalled"] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(copy)
-    box = copy.Sandbox(Path(os.path.realpath(workdir)), False, copy.Limits())
-    try:
-        box.ready()
-        started = time.monotonic()
-        with pytest.raises(copy.ToolError, match="did not start within the call's timeout"):
-            copy.execute("print('ran')", box.workdir, box, 2, 1000)
-        assert time.monotonic() - started < 6
-        assert box.launcher.proc.poll() is None, "the launcher ended"
-    finally:
-        box.close()
-        del sys.modules["agent_stalled"]
-
-
-def test_a_spare_whose_interpreter_died_is_never_reported_as_a_script_that_ran(box, workdir):
-    """Red-team S9: a process made ahead whose interpreter dies after saying it started, but
-    before its go, taken by a call before the launcher has heard. The go then lay unread at a
-    dead end, the launcher's next read of the socket got ECONNRESET, which it took for the end,
-    and so lost the namespace's word of the script's end (-9): the call was reported as exit 0
-    with no output, though its script never ran. (Each spare's first process is held stopped
-    while its interpreter is killed, so that it is still a spare when the call comes.)"""
-    execute(box, workdir, "pass")
-    deadline, inits = time.monotonic() + 10, []
-    while time.monotonic() < deadline:  # both made ahead, each first process with its stub
-        inits = children_of(box.launcher.pid)
-        if len(inits) == agent.AHEAD and all(children_of(p) for p in inits):
-            break
-        time.sleep(0.05)
-    if not all(children_of(p) for p in inits):
-        pytest.skip("no PID namespace for a call here: each spare is its interpreter alone")
-    time.sleep(1)  # (each stub has said it started)
-    try:
-        for init in inits:
-            os.kill(init, signal.SIGSTOP)
-            os.kill(children_of(init)[0], signal.SIGKILL)
-        threading.Timer(1.0, lambda: [os.kill(p, signal.SIGCONT) for p in inits]).start()
-        run = execute(box, workdir, "open('ran', 'w').write('x')\nprint('ran')")
-    finally:
-        time.sleep(1.2)
-        for init in inits:
-            with contextlib.suppress(OSError):
-                os.kill(init, signal.SIGCONT)
-    ran = (workdir / "ran").exists()
-    assert (
-        (run.code, run.stdout, ran) == (0, "ran\n", True) or run.code not in (0, None) and not ran
-    ), (run, ran)
-    assert execute(box, workdir, "print('after')").stdout == "after\n"
+def test_a_script_cannot_redirect_the_next_calls_script(workdir, tmp_path, monkeypatch):
+    venv = tmp_path / "venv" / "site-packages"
+    venv.mkdir(parents=True)
+    target = venv / "evil.pth"
+    target.write_text("import os\n")
+    tmp = workdir / "tmp"
+    tmp.mkdir(mode=0o700)
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    box = new_box(workdir)
+    plant = PLANT.replace("TARGET", repr(str(target))).replace("TMP", repr(str(tmp)))
+    # the first call made, then its own directory removed: what the planter finds is the next
+    assert execute(box, workdir, "pass").code == 0
+    first = execute(box, workdir, plant)
+    assert first.stdout == "planted\n", first.stderr
+    approved = "print('approved')\n"
+    for _ in range(3):
+        run = execute(box, workdir, approved)
+        assert (run.code, run.stdout) == (0, "approved\n"), run.stderr
+    assert target.read_text() == "import os\n"
+    assert os.listdir(venv) == ["evil.pth"]
 
 
 @needs_landlock
 def test_a_change_of_the_agents_environment_reaches_the_next_call(box, workdir, monkeypatch):
-    """The process made ahead was started with the environment of the call before; a call with
-    another gets a process started with its own."""
+    """Each call gets the agent's environment as it is at the call."""
     show = "import os\nprint(os.environ.get('LC_PAPER'))"
     monkeypatch.setenv("LC_PAPER", "first")
     assert execute(box, workdir, show).stdout == "first\n"
@@ -2115,6 +2029,59 @@ def test_a_stalled_agent_does_not_keep_a_script_past_its_timeout(workdir):
         time.sleep(0.05)
     assert not os.path.exists(os.path.dirname(home)), "the call's directory outlived the call"
     assert not [d for d in cgroups if d.exists()], "the call's cgroup outlived the call"
+
+
+@needs_landlock
+def test_a_stopped_launcher_does_not_keep_a_script_past_its_timeout(box, workdir):
+    """Issue 33: the launcher stopped mid-call (kill -STOP), and with it every process of the
+    call whose command line names agent.py, as `pkill -STOP -f agent.py` would: the call's first
+    process still ends the script and its child at the timeout plus LAUNCHER_GRACE. Continued,
+    the launcher runs the next call."""
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        f"    open('child', 'w').write(f'{{{HOST_PID}}}')\n"
+        "    time.sleep(60)\n"
+        "while not os.path.exists('child'):\n"
+        "    time.sleep(0.01)\n"
+        f"open('pids.tmp', 'w').write(f'{{{HOST_PID}}} ' + open('child').read())\n"
+        "os.rename('pids.tmp', 'pids')\n"
+        "time.sleep(60)\n"
+    )
+    timeout = 2
+    runs = []
+    call = threading.Thread(target=lambda: runs.append(execute(box, workdir, code, timeout)))
+    call.start()
+    deadline = time.monotonic() + 60
+    while not (workdir / "pids").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # the script started a moment before: its timeout runs from before this
+    started = time.monotonic()
+    script, child = map(int, (workdir / "pids").read_text().split())
+    launcher = box.launcher.pid
+    stopped = [launcher]
+    for pid in descendants(launcher):
+        with contextlib.suppress(OSError):
+            if b"agent.py" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                stopped.append(pid)
+    try:
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        # (slack for a loaded machine)
+        limit = started + timeout + agent.LAUNCHER_GRACE + 5
+        while (alive(script) or alive(child)) and time.monotonic() < limit:
+            time.sleep(0.05)
+        ran_on = [pid for pid in (script, child) if alive(pid)]
+        assert state_of(launcher) == "T", "the launcher was not stopped all along"
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGCONT)
+        call.join()
+    assert ran_on == [], "the call ran on past its timeout while its launcher was stopped"
+    assert runs[0].timed_out
+    run = execute(box, workdir, "print('after')")
+    assert (run.code, run.stdout) == (0, "after\n"), run.stderr
 
 
 BIG = "é" + "x" * 99_998  # 100,000 bytes as UTF-8, 100,004 as the JSON of a request
