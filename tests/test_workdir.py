@@ -146,7 +146,7 @@ def test_a_tree_the_system_runs_from_or_all_users_share_is_refused(capsys, workd
     finally:
         probe.unlink(missing_ok=True)
     refused(code, err, client)
-    assert err.startswith(f"agent.py: --workdir {workdir} is "), err
+    assert err.startswith(f"agent.py: --workdir {workdir} "), err
 
 
 def test_from_tmp_the_refusal_names_the_rule_and_suggests_no_sample_data(capsys, monkeypatch):
