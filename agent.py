@@ -8900,12 +8900,10 @@ PLACEHOLDER_KEY = "sk-ant-..."  # what .env.example holds
 
 
 def harness():
-    """What runs agent.py, each as (what, its path, what an output must not do to it):
-    "file", be it; "tree", be anywhere below it; "modules", be a module Python would import
-    from it (a .py, .pth ... directly in it); None, nothing (a prefix such as /usr holds far
-    more than Python; the user base holds the kept runs beside its site-packages). A workdir
-    must hold none of them (check_workdir); an output goes over none of them (OutputFile)."""
-    venv = sys.prefix != sys.base_prefix  # a venv is all agent.py's; /usr is not all Python's
+    """What runs agent.py, as (what, its path, what an output must not do to it): "file", be it;
+    "tree", be anywhere below it; "modules", be a module Python imports from it; None, only be
+    held by a workdir (/usr holds far more than Python; the user base holds the kept runs)."""
+    venv = sys.prefix != sys.base_prefix
     found = [
         ("agent.py", __file__, "file"),
         ("the .env agent.py reads", dotenv_path(), "file"),
@@ -8913,30 +8911,22 @@ def harness():
         ("the environment agent.py runs in", sys.prefix, "tree" if venv else None),
         ("the Python it is built on", sys.base_prefix, None),
         ("Python's standard library", sysconfig.get_path("stdlib"), "tree"),
-    ]
-    found += [("a directory agent.py imports from", p, "modules") for p in sys.path if p]
-    found.append(
         (
-            "agent.py's bytecode cache, which `import agent` (the tests, the benchmarks) would run",
+            "agent.py's bytecode cache",
             os.path.join(os.path.dirname(__file__), "__pycache__"),
             "tree",
-        )
-    )
-    found += [
+        ),
         (
-            "Python's user base, whose site-packages .pth files run at every Python start "
-            "(unsandboxed: one could redirect the next run's key)",
+            "Python's user base, whose .pth files run at every Python start",
             site.getuserbase(),
             None,
         ),
-        (
-            "Python's user site-packages, whose .pth files run at every Python start",
-            site.getusersitepackages(),
-            "tree",
-        ),
+        ("Python's user site-packages", site.getusersitepackages(), "tree"),
     ]
+    found += [("a directory agent.py imports from", p, "modules") for p in sys.path if p]
+    # The name the user typed, symlinks and all: a symlink in the workdir could be swapped.
     if os.path.realpath(sys.argv[0] or ".") == os.path.realpath(__file__):
-        found.append(("agent.py", sys.argv[0], "file"))  # the name the user typed, symlinks and all
+        found.append(("agent.py", sys.argv[0], "file"))
     return [(what, path, kind) for what, path, kind in found if path]
 
 
