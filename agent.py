@@ -8911,16 +8911,8 @@ def harness():
         ("the environment agent.py runs in", sys.prefix, "tree" if venv else None),
         ("the Python it is built on", sys.base_prefix, None),
         ("Python's standard library", sysconfig.get_path("stdlib"), "tree"),
-        (
-            "agent.py's bytecode cache",
-            os.path.join(os.path.dirname(__file__), "__pycache__"),
-            "tree",
-        ),
-        (
-            "Python's user base, whose .pth files run at every Python start",
-            site.getuserbase(),
-            None,
-        ),
+        ("agent.py's __pycache__", os.path.join(os.path.dirname(__file__), "__pycache__"), "tree"),
+        ("Python's user base, whose .pth files run at every start", site.getuserbase(), None),
         ("Python's user site-packages", site.getusersitepackages(), "tree"),
     ]
     found += [("a directory agent.py imports from", p, "modules") for p in sys.path if p]
@@ -8933,20 +8925,20 @@ def harness():
 MODULE_SUFFIXES = (".py", ".pyc", ".pth", ".so", ".zip")  # what Python imports from a directory
 
 
-OWN_OUTPUTS = re.compile(  # how each file agent.py writes begins: a transcript or trials
-    rb'\s*\{\s*"(version|schema_version)"\s*:|'  # summary (version), an ATIF export,
-    rb'\{"type":"[a-z.]+","seq":|'  # events (JSON Lines), a report (its own head)
+# How each file agent.py writes begins: a transcript, trials summary or ATIF export; events (JSON
+# Lines); a report (its own head).
+OWN_OUTPUTS = re.compile(
+    rb'\s*\{\s*"(version|schema_version)"\s*:|'
+    rb'\{"type":"[a-z.]+","seq":|'
     rb'<!doctype html><html lang="en"><head><meta charset="utf-8"><meta http-equiv="Content-'
     rb'Security-Policy" content="default-src \'none\'; style-src \'nonce-'
 )
 
 
 def check_not_the_checkouts(path, flag, given, dir_fd):
-    """Refuse to replace a file in agent.py's own directory tree (its checkout: requirements.txt,
-    README.md, tests/ ...) unless it is empty or one agent.py writes (a transcript, trials
-    summary, events, report or ATIF export, by how it begins): `--events requirements.txt` is
-    one tab-completion away from `--events run.jsonl`, and git would be the only way back.
-    Elsewhere an output replaces any regular file of the user's, as README says."""
+    """Refuse to replace a file in agent.py's checkout unless it is empty or one agent.py wrote:
+    `--events requirements.txt` is one tab away from `--events run.jsonl`. Elsewhere an output
+    replaces any regular file of the user's, as README says."""
     home = Path(os.path.realpath(__file__)).parent
     if not path.is_relative_to(home):
         return
@@ -8969,8 +8961,7 @@ def check_not_the_checkouts(path, flag, given, dir_fd):
 
 
 def check_harness(path, flag, given):
-    """Refuse an output at `path` (its real directory, and its name; `given` as the user named
-    it) that would replace a file of what runs agent.py, or write into its environment: one
+    """Refuse an output at `path` (`given` as the user named it) over what runs agent.py: one
     typo must not break agent.py, its venv or its interpreter, nor plant the .env it trusts."""
     for what, named, kind in harness():
         real = Path(os.path.realpath(named))
@@ -9094,8 +9085,8 @@ def mounts_at_or_below(workdir):
         return []
     mounts = []
     for line in lines:
-        fields, _, rest = line.partition(" - ")
-        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields.split()[4])
+        head, _, rest = line.partition(" - ")
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), head.split()[4])
         mounts.append((Path(point), rest.split()[0]))
     below = [m for m in mounts if m[0] != workdir and m[0].is_relative_to(workdir)]
     # The workdir is on the last mount listed at the deepest mount point above it.
