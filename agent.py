@@ -5968,24 +5968,22 @@ def open_inside(ctx, path):
     if os.path.normpath(relative).split(os.sep)[0] == "..":  # leaves it by its very spelling
         raise outside(path, os.path.realpath(os.path.join(workdir, relative)), workdir)
     flags = os.O_PATH | os.O_CLOEXEC
+    beneath = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS
     try:
         try:
-            fd = openat2(ctx.workdir_fd, relative, flags, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
+            fd = openat2(ctx.workdir_fd, relative, flags, beneath)
         except OSError as e:
-            if e.errno == errno.ENOSYS:  # no openat2: resolve, then check the descriptor below
-                fd = os.open(os.path.realpath(os.path.join(workdir, relative)), flags)
-            elif e.errno != errno.EXDEV:
+            if e.errno not in (errno.ENOSYS, errno.EXDEV):
                 raise
-            else:  # a step left the workdir, or an absolute symlink that may land inside it
-                target = os.path.realpath(os.path.join(workdir, relative))
-                if not Path(target).is_relative_to(workdir):
-                    raise outside(path, target, workdir)
-                fd = openat2(
-                    ctx.workdir_fd,
-                    os.path.relpath(target, workdir),
-                    flags,
-                    RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
-                )
+            # No openat2 (before Linux 5.6), or a step left the workdir (an absolute symlink may
+            # land inside it): resolve here, then open beneath it again (or plainly, checked below).
+            target = os.path.realpath(os.path.join(workdir, relative))
+            if not Path(target).is_relative_to(workdir):
+                raise outside(path, target, workdir)
+            if e.errno == errno.ENOSYS:
+                fd = os.open(target, flags)
+            else:
+                fd = openat2(ctx.workdir_fd, os.path.relpath(target, workdir), flags, beneath)
     except FileNotFoundError:
         raise ToolError(
             f"{path!r} does not exist. List the files with run_python, e.g. "
@@ -6006,9 +6004,15 @@ def open_inside(ctx, path):
 def read_window(fd, path, offset, limit, max_bytes):
     """Lines [offset, offset+limit) (at most max_bytes), reading fixed-size chunks, never a
     whole line: the rest of the file is only counted, so memory stays bounded."""
-    kept, line, last, cut_line, seen, tail = bytearray(), 1, offset - 1, False, 0, b"\n"
-    for chunk in iter(lambda: os.read(fd, 1 << 16), b""):  # (no :=, so that Python 3.7 can
-        seen += len(chunk)  # parse the file and reach the version check at its top)
+    kept = bytearray()
+    line = 1
+    last = offset - 1
+    cut_line = False
+    seen = 0
+    tail = b"\n"
+    # No := here, so that Python 3.7 can parse the file and reach the version check at its top.
+    for chunk in iter(lambda: os.read(fd, 1 << 16), b""):
+        seen += len(chunk)
         tail = chunk[-1:]
         start = 0
         while start < len(chunk) and line < offset + limit and not cut_line:
@@ -6016,9 +6020,11 @@ def read_window(fd, path, offset, limit, max_bytes):
             end = len(chunk) if nl < 0 else nl + 1
             if line >= offset:
                 room = max_bytes - len(kept)
-                if end - start > room:  # this line does not fit: keep what does, stop there
+                # This line does not fit: keep what does, and stop there.
+                if end - start > room:
                     kept += chunk[start : start + room]
-                    cut_line, last = room > 0, line if room > 0 else last
+                    cut_line = room > 0
+                    last = line if room > 0 else last
                     break
                 kept += chunk[start:end]
                 last = line
@@ -8909,7 +8915,6 @@ def harness():
         ("the .env agent.py reads", dotenv_path(), "file"),
         ("the Python interpreter", sys.executable, "file"),
         ("the environment agent.py runs in", sys.prefix, "tree" if venv else None),
-        ("the Python it is built on", sys.base_prefix, None),
         ("Python's standard library", sysconfig.get_path("stdlib"), "tree"),
         ("agent.py's __pycache__", os.path.join(os.path.dirname(__file__), "__pycache__"), "tree"),
         ("Python's user base, whose .pth files run at every start", site.getuserbase(), None),
@@ -9021,7 +9026,24 @@ def check_workdir(workdir, where, confined=True):
     # Where the workdir's tree begins (itself and each mount below it), and what is above it.
     starts = {file_id(p) for p, _ in mounts if p.is_relative_to(workdir)} | {file_id(workdir)}
     above = {file_id(up) for up in (workdir, *workdir.parents)}
-    for what, path, inside_too in protected():
+    import pwd
+
+    found = [("a tree the system runs from", p, True) for p in SYSTEM_TREES]
+    found += [("a directory all users share", p, False) for p in SHARED_DIRECTORIES]
+    homes = {os.path.expanduser("~")} | {user.pw_dir for user in pwd.getpwall()}
+    found += [("a user's home", p, False) for p in sorted(homes)]
+    found += [(what, path, kind == "tree") for what, path, kind in harness()]
+    for p in (sys.exec_prefix, sys.base_exec_prefix):
+        found.append(("the Python agent.py runs on", p, False))
+    for name in ("PATH", "LD_LIBRARY_PATH"):
+        for p in os.environ.get(name, "").split(os.pathsep):
+            # An empty entry on PATH is the current directory.
+            if p or name == "PATH":
+                found.append(
+                    (f"a directory on {name}, where the next run's programs are", p, False)
+                )
+    for what, path, inside_too in found:
+        path = path or "."
         real = Path(os.path.realpath(path))
         if starts & {file_id(up) for up in (real, *real.parents)} - {None}:
             refuse_workdir(where, f"{'is' if real == workdir else 'holds'} {what} ({real})")
@@ -9039,23 +9061,6 @@ def check_workdir(workdir, where, confined=True):
             if file_id(os.path.join(top, name), follow=False) in linked:
                 what, path = linked[file_id(os.path.join(top, name), follow=False)]
                 refuse_workdir(where, f"holds {top}/{name}, a hard link to {what} ({path})")
-
-
-def protected():
-    """What a workdir must not hold, as (what, path, whether a workdir inside it is refused)."""
-    import pwd
-
-    found = [("a tree the system runs from", p, True) for p in SYSTEM_TREES]
-    found += [("a directory all users share", p, False) for p in SHARED_DIRECTORIES]
-    homes = {os.path.expanduser("~")} | {user.pw_dir for user in pwd.getpwall()}
-    found += [("a user's home", p, False) for p in sorted(homes)]
-    found += [(what, path, kind == "tree") for what, path, kind in harness()]
-    for p in (sys.exec_prefix, sys.base_exec_prefix):
-        found.append(("the Python agent.py runs on", p, False))
-    for name in ("PATH", "LD_LIBRARY_PATH"):
-        for p in os.environ.get(name, "").split(os.pathsep):
-            found.append((f"a directory on {name}, where the next run's programs are", p, False))
-    return [(what, path or ".", inside_too) for what, path, inside_too in found]
 
 
 def refuse_workdir(where, said):

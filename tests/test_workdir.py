@@ -69,8 +69,13 @@ def content(path):
         done = subprocess.run(["dmesg"], capture_output=True, text=True)
         return [line for line in done.stdout.splitlines() if TOKEN in line]
     if path.endswith("cgroup.procs"):  # processes come and go: the attack's would carry TOKEN
-        pids = Path(path).read_text().split()
-        return [p for p in pids if TOKEN in Path(f"/proc/{p}/cmdline").read_text(errors="replace")]
+        found = []
+        for pid in Path(path).read_text().split():
+            try:
+                found += [pid] if TOKEN in Path(f"/proc/{pid}/cmdline").read_text("latin-1") else []
+            except OSError:  # it ended since
+                continue
+        return found
     with open(path, "rb") as f:
         return f.read(4096)
 
