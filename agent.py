@@ -8947,10 +8947,9 @@ def check_not_the_checkouts(path, flag, given, dir_fd):
     home = Path(os.path.realpath(__file__)).parent
     if not path.is_relative_to(home):
         return
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        fd = os.open(
-            path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
-        )
+        fd = os.open(path.name, flags, dir_fd=dir_fd)
         try:
             head = os.read(fd, 4096)
         finally:
@@ -9058,8 +9057,8 @@ def check_workdir(workdir, where, confined=True):
             linked[found.st_dev, found.st_ino] = (what, path)
     for top, _, names in os.walk(workdir) if linked else ():
         for name in names:
-            if file_id(os.path.join(top, name), follow=False) in linked:
-                what, path = linked[file_id(os.path.join(top, name), follow=False)]
+            what, path = linked.get(file_id(os.path.join(top, name), follow=False), (None, None))
+            if what:
                 refuse_workdir(where, f"holds {top}/{name}, a hard link to {what} ({path})")
 
 
