@@ -9015,6 +9015,8 @@ SHARED_DIRECTORIES = ("/", "/home", "/media", "/mnt", "/srv", "/tmp")
 
 def check_workdir(workdir, where, confined=True):
     """Refuse a workdir that is not a directory of ordinary data (the rule above)."""
+    import pwd
+
     if not confined:
         return
     mounts = mounts_at_or_below(workdir)
@@ -9025,8 +9027,6 @@ def check_workdir(workdir, where, confined=True):
     # Where the workdir's tree begins (itself and each mount below it), and what is above it.
     starts = {file_id(p) for p, _ in mounts if p.is_relative_to(workdir)} | {file_id(workdir)}
     above = {file_id(up) for up in (workdir, *workdir.parents)}
-    import pwd
-
     found = [("a tree the system runs from", p, True) for p in SYSTEM_TREES]
     found += [("a directory all users share", p, False) for p in SHARED_DIRECTORIES]
     homes = {os.path.expanduser("~")} | {user.pw_dir for user in pwd.getpwall()}
@@ -9052,9 +9052,9 @@ def check_workdir(workdir, where, confined=True):
             refuse_workdir(where, f"is inside {what} ({real})")
     linked = {}
     for what, path, _ in harness():
-        found = os.stat(path) if os.path.isfile(path) else None
-        if found and found.st_nlink > 1:
-            linked[found.st_dev, found.st_ino] = (what, path)
+        info = os.stat(path) if os.path.isfile(path) else None
+        if info and info.st_nlink > 1:
+            linked[info.st_dev, info.st_ino] = (what, path)
     for top, _, names in os.walk(workdir) if linked else ():
         for name in names:
             what, path = linked.get(file_id(os.path.join(top, name), follow=False), (None, None))
