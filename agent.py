@@ -5644,24 +5644,22 @@ def open_inside(ctx, path):
     if os.path.normpath(relative).split(os.sep)[0] == "..":  # leaves it by its very spelling
         raise outside(path, os.path.realpath(os.path.join(workdir, relative)), workdir)
     flags = os.O_PATH | os.O_CLOEXEC
+    beneath = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS
     try:
         try:
-            fd = openat2(ctx.workdir_fd, relative, flags, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
+            fd = openat2(ctx.workdir_fd, relative, flags, beneath)
         except OSError as e:
-            if e.errno == errno.ENOSYS:  # no openat2: resolve, then check the descriptor below
-                fd = os.open(os.path.realpath(os.path.join(workdir, relative)), flags)
-            elif e.errno != errno.EXDEV:
+            if e.errno not in (errno.ENOSYS, errno.EXDEV):
                 raise
-            else:  # a step left the workdir, or an absolute symlink that may land inside it
-                target = os.path.realpath(os.path.join(workdir, relative))
-                if not Path(target).is_relative_to(workdir):
-                    raise outside(path, target, workdir)
-                fd = openat2(
-                    ctx.workdir_fd,
-                    os.path.relpath(target, workdir),
-                    flags,
-                    RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
-                )
+            # No openat2 (before Linux 5.6), or a step left the workdir (an absolute symlink may
+            # land inside it): resolve here, then open beneath it again (or plainly, checked below).
+            target = os.path.realpath(os.path.join(workdir, relative))
+            if not Path(target).is_relative_to(workdir):
+                raise outside(path, target, workdir)
+            if e.errno == errno.ENOSYS:
+                fd = os.open(target, flags)
+            else:
+                fd = openat2(ctx.workdir_fd, os.path.relpath(target, workdir), flags, beneath)
     except FileNotFoundError:
         raise ToolError(
             f"{path!r} does not exist. List the files with run_python, e.g. "
@@ -5682,9 +5680,15 @@ def open_inside(ctx, path):
 def read_window(fd, path, offset, limit, max_bytes):
     """Lines [offset, offset+limit) (at most max_bytes), reading fixed-size chunks, never a
     whole line: the rest of the file is only counted, so memory stays bounded."""
-    kept, line, last, cut_line, seen, tail = bytearray(), 1, offset - 1, False, 0, b"\n"
-    for chunk in iter(lambda: os.read(fd, 1 << 16), b""):  # (no :=, so that Python 3.7 can
-        seen += len(chunk)  # parse the file and reach the version check at its top)
+    kept = bytearray()
+    line = 1
+    last = offset - 1
+    cut_line = False
+    seen = 0
+    tail = b"\n"
+    # No := here, so that Python 3.7 can parse the file and reach the version check at its top.
+    for chunk in iter(lambda: os.read(fd, 1 << 16), b""):
+        seen += len(chunk)
         tail = chunk[-1:]
         start = 0
         while start < len(chunk) and line < offset + limit and not cut_line:
@@ -5692,9 +5696,11 @@ def read_window(fd, path, offset, limit, max_bytes):
             end = len(chunk) if nl < 0 else nl + 1
             if line >= offset:
                 room = max_bytes - len(kept)
-                if end - start > room:  # this line does not fit: keep what does, stop there
+                # This line does not fit: keep what does, and stop there.
+                if end - start > room:
                     kept += chunk[start : start + room]
-                    cut_line, last = room > 0, line if room > 0 else last
+                    cut_line = room > 0
+                    last = line if room > 0 else last
                     break
                 kept += chunk[start:end]
                 last = line
@@ -8330,70 +8336,50 @@ PLACEHOLDER_KEY = "sk-ant-..."  # what .env.example holds
 
 
 def harness():
-    """What runs agent.py, each as (what, its path, what an output must not do to it):
-    "file", be it; "tree", be anywhere below it; "modules", be a module Python would import
-    from it (a .py, .pth ... directly in it); None, nothing (a prefix such as /usr holds far
-    more than Python; the user base holds the kept runs beside its site-packages). A workdir
-    must hold none of them (check_workdir); an output goes over none of them (OutputFile)."""
-    venv = sys.prefix != sys.base_prefix  # a venv is all agent.py's; /usr is not all Python's
+    """What runs agent.py, as (what, its path, what an output must not do to it): "file", be it;
+    "tree", be anywhere below it; "modules", be a module Python imports from it; None, only be
+    held by a workdir (/usr holds far more than Python; the user base holds the kept runs)."""
+    venv = sys.prefix != sys.base_prefix
     found = [
         ("agent.py", __file__, "file"),
         ("the .env agent.py reads", dotenv_path(), "file"),
         ("the Python interpreter", sys.executable, "file"),
         ("the environment agent.py runs in", sys.prefix, "tree" if venv else None),
-        ("the Python it is built on", sys.base_prefix, None),
         ("Python's standard library", sysconfig.get_path("stdlib"), "tree"),
+        ("agent.py's __pycache__", os.path.join(os.path.dirname(__file__), "__pycache__"), "tree"),
+        ("Python's user base, whose .pth files run at every start", site.getuserbase(), None),
+        ("Python's user site-packages", site.getusersitepackages(), "tree"),
     ]
     found += [("a directory agent.py imports from", p, "modules") for p in sys.path if p]
-    found.append(
-        (
-            "agent.py's bytecode cache, which `import agent` (the tests, the benchmarks) would run",
-            os.path.join(os.path.dirname(__file__), "__pycache__"),
-            "tree",
-        )
-    )
-    found += [
-        (
-            "Python's user base, whose site-packages .pth files run at every Python start "
-            "(unsandboxed: one could redirect the next run's key)",
-            site.getuserbase(),
-            None,
-        ),
-        (
-            "Python's user site-packages, whose .pth files run at every Python start",
-            site.getusersitepackages(),
-            "tree",
-        ),
-    ]
+    # The name the user typed, symlinks and all: a symlink in the workdir could be swapped.
     if os.path.realpath(sys.argv[0] or ".") == os.path.realpath(__file__):
-        found.append(("agent.py", sys.argv[0], "file"))  # the name the user typed, symlinks and all
+        found.append(("agent.py", sys.argv[0], "file"))
     return [(what, path, kind) for what, path, kind in found if path]
 
 
 MODULE_SUFFIXES = (".py", ".pyc", ".pth", ".so", ".zip")  # what Python imports from a directory
 
 
-OWN_OUTPUTS = re.compile(  # how each file agent.py writes begins: a transcript or trials
-    rb'\s*\{\s*"(version|schema_version)"\s*:|'  # summary (version), an ATIF export,
-    rb'\{"type":"[a-z.]+","seq":|'  # events (JSON Lines), a report (its own head)
+# How each file agent.py writes begins: a transcript, trials summary or ATIF export; events (JSON
+# Lines); a report (its own head).
+OWN_OUTPUTS = re.compile(
+    rb'\s*\{\s*"(version|schema_version)"\s*:|'
+    rb'\{"type":"[a-z.]+","seq":|'
     rb'<!doctype html><html lang="en"><head><meta charset="utf-8"><meta http-equiv="Content-'
     rb'Security-Policy" content="default-src \'none\'; style-src \'nonce-'
 )
 
 
 def check_not_the_checkouts(path, flag, given, dir_fd):
-    """Refuse to replace a file in agent.py's own directory tree (its checkout: requirements.txt,
-    README.md, tests/ ...) unless it is empty or one agent.py writes (a transcript, trials
-    summary, events, report or ATIF export, by how it begins): `--events requirements.txt` is
-    one tab-completion away from `--events run.jsonl`, and git would be the only way back.
-    Elsewhere an output replaces any regular file of the user's, as README says."""
+    """Refuse to replace a file in agent.py's checkout unless it is empty or one agent.py wrote:
+    `--events requirements.txt` is one tab away from `--events run.jsonl`. Elsewhere an output
+    replaces any regular file of the user's, as README says."""
     home = Path(os.path.realpath(__file__)).parent
     if not path.is_relative_to(home):
         return
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        fd = os.open(
-            path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
-        )
+        fd = os.open(path.name, flags, dir_fd=dir_fd)
         try:
             head = os.read(fd, 4096)
         finally:
@@ -8409,8 +8395,7 @@ def check_not_the_checkouts(path, flag, given, dir_fd):
 
 
 def check_harness(path, flag, given):
-    """Refuse an output at `path` (its real directory, and its name; `given` as the user named
-    it) that would replace a file of what runs agent.py, or write into its environment: one
+    """Refuse an output at `path` (`given` as the user named it) over what runs agent.py: one
     typo must not break agent.py, its venv or its interpreter, nor plant the .env it trusts."""
     for what, named, kind in harness():
         real = Path(os.path.realpath(named))
@@ -8427,130 +8412,96 @@ def check_harness(path, flag, given):
         )
 
 
+# What a workdir may be: a directory of ordinary data on an ordinary filesystem. The sandbox lets
+# the model's code write anywhere in its workdir, so a workdir that reaches the kernel, the system
+# or what runs agent.py next time would let that code act outside the sandbox. With the sandbox
+# on, refused (with --no-sandbox the code can write wherever agent.py can: any workdir goes):
+# - a kernel filesystem (KERNEL_FILESYSTEMS, by type) as the workdir or mounted below it;
+# - a tree the system runs from (SYSTEM_TREES): the workdir is one, is inside one or holds one;
+# - a directory all users share or a user's home (SHARED_DIRECTORIES, every home in the password
+#   database, $HOME): the workdir is one or holds one. A directory below one (/tmp/data,
+#   ~/project) is allowed: what runs at login or boot is not there;
+# - what runs agent.py next time (harness(), the Python's prefixes, PATH and LD_LIBRARY_PATH):
+#   the workdir holds one, is inside a "tree" one (the venv, the standard library, user
+#   site-packages), or holds a hard link to one of its files.
+# Directories are compared by (st_dev, st_ino), so a bind mount reaching one by another path is
+# the same directory; a path as given is compared too, for a symlink in the workdir on the way.
+
+# The kernel's interfaces, not data: writing their files changes the machine (core_pattern in
+# proc, cgroup.procs in cgroup2, a block device in devtmpfs).
+KERNEL_FILESYSTEMS = {
+    "proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs",
+    "securityfs", "bpf", "configfs", "pstore", "efivarfs", "fusectl", "mqueue", "hugetlbfs",
+    "binfmt_misc", "nsfs", "selinuxfs", "smackfs", "rpc_pipefs", "nfsd", "binder", "autofs",
+}  # fmt: skip
+
+SYSTEM_TREES = (
+    "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/proc",
+    "/run", "/sbin", "/sys", "/usr", "/var",
+)  # fmt: skip
+
+SHARED_DIRECTORIES = ("/", "/home", "/media", "/mnt", "/srv", "/tmp")
+
+
 def check_workdir(workdir, where, confined=True):
-    """Refuse a workdir that holds what runs agent.py: the sandbox lets the model's code write
-    anywhere in the workdir, so it could rewrite what runs the next time, unconfined and with
-    the key. `where` says where the workdir came from, for the message. Without the sandbox
-    (`confined` False, --no-sandbox) its code can write wherever agent.py can, whatever the
-    workdir: refusing one protects nothing there, so a throwaway container's / is allowed."""
+    """Refuse a workdir that is not a directory of ordinary data (the rule above)."""
+    import pwd
+
     if not confined:
         return
-    for what, path, _ in harness():
+    mounts = mounts_at_or_below(workdir)
+    for point, kind in mounts:
+        if kind in KERNEL_FILESYSTEMS:
+            said = "is on" if workdir.is_relative_to(point) else f"has mounted at {point}"
+            refuse_workdir(where, f"{said} a kernel filesystem ({kind})")
+    # Where the workdir's tree begins (itself and each mount below it), and what is above it.
+    starts = {file_id(p) for p, _ in mounts if p.is_relative_to(workdir)} | {file_id(workdir)}
+    above = {file_id(up) for up in (workdir, *workdir.parents)}
+    found = [("a tree the system runs from", p, True) for p in SYSTEM_TREES]
+    found += [("a directory all users share", p, False) for p in SHARED_DIRECTORIES]
+    homes = {os.path.expanduser("~")} | {user.pw_dir for user in pwd.getpwall()}
+    found += [("a user's home", p, False) for p in sorted(homes)]
+    found += [(what, path, kind == "tree") for what, path, kind in harness()]
+    for p in (sys.exec_prefix, sys.base_exec_prefix):
+        found.append(("the Python agent.py runs on", p, False))
+    for name in ("PATH", "LD_LIBRARY_PATH"):
+        for p in os.environ.get(name, "").split(os.pathsep):
+            # An empty entry on PATH is the current directory.
+            if p or name == "PATH":
+                found.append(
+                    (f"a directory on {name}, where the next run's programs are", p, False)
+                )
+    for what, path, inside_too in found:
+        path = path or "."
         real = Path(os.path.realpath(path))
-        named = [
-            Path(e)
-            for e in names_on_the_way(path)
-            if Path(e).is_relative_to(workdir) and Path(e) != workdir
-        ]  # a name in the workdir: the model's code may swap it
-        if real.is_relative_to(workdir) or named:
-            real = named[0] if named and not real.is_relative_to(workdir) else real
-            refuse_workdir(where, f"holds {what} ({real})")
-    check_next_run(workdir, where)
+        if starts & {file_id(up) for up in (real, *real.parents)} - {None}:
+            refuse_workdir(where, f"{'is' if real == workdir else 'holds'} {what} ({real})")
+        if Path(os.path.abspath(path)).is_relative_to(workdir):
+            refuse_workdir(where, f"holds {what} ({os.path.abspath(path)})")
+        if inside_too and file_id(real) in above - {None}:
+            refuse_workdir(where, f"is inside {what} ({real})")
+    linked = {}
+    for what, path, _ in harness():
+        info = os.stat(path) if os.path.isfile(path) else None
+        if info and info.st_nlink > 1:
+            linked[info.st_dev, info.st_ino] = (what, path)
+    for top, _, names in os.walk(workdir) if linked else ():
+        for name in names:
+            what, path = linked.get(file_id(os.path.join(top, name), follow=False), (None, None))
+            if what:
+                refuse_workdir(where, f"holds {top}/{name}, a hard link to {what} ({path})")
 
 
 def refuse_workdir(where, said):
     raise UsageError(
-        f"{where} {said}, which the model's code could rewrite before the next run: "
-        "pass --workdir with the directory of the data (in a throwaway container, "
-        f"--no-sandbox allows it), e.g. --workdir {sample_workdir()}"
+        f"{where} {said}: a workdir must be a directory of ordinary data, as the model's code may "
+        "write anywhere in it and the next run would run what it wrote; give -C such a directory "
+        "(in a throwaway container, --no-sandbox allows any)"
     )
-
-
-def next_run():
-    """Beyond harness(), what else runs before or inside the next agent.py (docs/threat-model.md,
-    "what runs agent.py next time"), as (what, path, whether a workdir *inside* it is refused
-    too): the prefixes Python runs from, every directory on PATH (where README's `python3`, the
-    `#!/usr/bin/env python3` line and `uv` are looked up), /etc (ld.so.preload, the loader's
-    and the shell's configuration), the directories the dynamic loader takes libraries from
-    (inside one too: glibc-hwcaps/ below it comes first), the files this Python has mapped (its
-    libraries), and the home directory (~/.profile, ~/.bashrc run before agent.py)."""
-    found = [
-        ("the Python agent.py runs on", p, False)
-        for p in (sys.exec_prefix, sys.base_exec_prefix)
-        if p
-    ]
-    found += [
-        ("a directory on PATH, where the next `python3` (or `uv`) is looked up", p or ".", False)
-        for p in os.environ.get("PATH", "").split(os.pathsep)
-    ]
-    found.append(
-        (
-            "the system's configuration, where the dynamic loader's ld.so.preload and the "
-            "shells' profiles are",
-            "/etc",
-            True,
-        )
-    )
-    found += [
-        ("a directory the dynamic loader takes libraries from", p, True)
-        for p in loader_directories()
-    ]
-    found += [
-        ("a file agent.py's Python has mapped (a library it runs)", p, False)
-        for p in mapped_files()
-    ]
-    found.append(
-        (
-            "your home directory, whose shell startup files (~/.profile, ~/.bashrc) run "
-            "before agent.py",
-            os.path.expanduser("~"),
-            False,
-        )
-    )
-    return found
-
-
-LOADER_DIRECTORIES = (
-    "/lib",
-    "/lib64",
-    "/lib32",
-    "/usr/lib",
-    "/usr/lib64",
-    "/usr/lib32",
-    "/usr/local/lib",
-)  # where ld.so looks whatever its configuration says
-
-
-def loader_directories(conf="/etc/ld.so.conf", depth=4):
-    """The directories the dynamic loader takes libraries from: its defaults, LD_LIBRARY_PATH,
-    and those ld.so.conf names (its `include` globs followed)."""
-    found = list(LOADER_DIRECTORIES) if depth == 4 else []
-    found += (
-        [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p] if depth == 4 else []
-    )
-    try:
-        lines = Path(conf).read_text(errors="replace").splitlines()[:1000]
-    except (OSError, ValueError):
-        return found
-    import glob
-
-    for line in (line.split("#")[0].strip() for line in lines):
-        if line.startswith("include") and depth:
-            for name in sorted(glob.glob(line[len("include") :].strip()))[:100]:
-                found += loader_directories(name, depth - 1)
-        elif line.startswith("/"):
-            found.append(line)
-    return found
-
-
-def mapped_files():
-    """The files this process has mapped (its interpreter and shared libraries), from
-    /proc/self/maps; none where there is no /proc."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {
-                line.split(None, 5)[5].rstrip("\n")
-                for line in maps
-                if len(line.split(None, 5)) == 6
-            }
-    except OSError:
-        return []
-    return sorted(p for p in paths if p.startswith("/") and os.path.isfile(p))
 
 
 def file_id(path, follow=True):
-    """(st_dev, st_ino) of `path`, the file itself whatever name or mount reaches it; None if
-    there is nothing there."""
+    """(st_dev, st_ino) of `path`: the file itself, whatever name or mount reaches it."""
     try:
         found = os.stat(path, follow_symlinks=follow)
     except (OSError, ValueError):
@@ -8558,119 +8509,23 @@ def file_id(path, follow=True):
     return found.st_dev, found.st_ino
 
 
-def check_next_run(workdir, where):
-    """Refuse a workdir that reaches what runs agent.py next time (harness() and next_run()) by
-    path, or as the same file by another route (N46, N47): Landlock judges the path the script
-    opens, so a bind mount of the checkout (as the workdir, or mounted below it) and a hard link
-    to agent.py or its .env inside it are agent.py to the script. Compared by (st_dev, st_ino):
-    the workdir and each directory above it, every mount below it, and, when a protected file
-    has more than one link, every file in it."""
-    entries = [(what, path, kind == "tree") for what, path, kind in harness()] + next_run()
-    holds, inside = {}, {}  # (dev, ino) -> (what, real path)
-    for what, path, within in entries:
-        real = Path(os.path.realpath(path))
-        if real.is_relative_to(workdir):
-            refuse_workdir(where, f"holds {what} ({real})")
-        if within and workdir.is_relative_to(real):
-            refuse_workdir(where, f"is inside {what} ({real})")
-        for up in (real, *real.parents):
-            holds.setdefault(file_id(up), (what, real))
-        if within:
-            inside.setdefault(file_id(real), (what, real))
-    holds.pop(None, None)
-    inside.pop(None, None)
-    for up in (workdir, *workdir.parents):
-        if file_id(up) in inside:
-            what, real = inside[file_id(up)]
-            refuse_workdir(where, f"is inside {what} ({real}), reached through {up}")
-    if file_id(workdir) in holds:
-        what, real = holds[file_id(workdir)]
-        refuse_workdir(
-            where, f"is the directory above {what} ({real}) reached by another path (a bind mount)"
-        )
-    for point in mounts_below(workdir):
-        if file_id(point) in holds:
-            what, real = holds[file_id(point)]
-            refuse_workdir(where, f"holds {what} ({real}) through the mount at {point}")
-    linked = {}
-    for what, path, _ in entries:
-        try:
-            found = os.stat(path)
-        except (OSError, ValueError):
-            continue
-        if stat.S_ISREG(found.st_mode) and found.st_nlink > 1:
-            linked[found.st_dev, found.st_ino] = (what, Path(os.path.realpath(path)))
-    if linked:
-        for name in hard_links_below(workdir, linked):
-            what, real = linked[file_id(name, follow=False)]
-            refuse_workdir(where, f"holds {name}, a hard link to {what} ({real})")
-
-
-def mounts_below(workdir):
-    """The mount points strictly below `workdir`, from /proc/self/mountinfo (its fifth field,
-    with the kernel's octal escapes of space, tab, newline and backslash undone)."""
+def mounts_at_or_below(workdir):
+    """(mount point, filesystem type) of the mount the workdir is on and of every one below it,
+    from /proc/self/mountinfo (the kernel's octal escapes in a mount point undone)."""
     try:
         with open("/proc/self/mountinfo") as info:
-            points = [line.split()[4] for line in info if len(line.split()) > 4]
+            lines = info.read().splitlines()
     except OSError:
         return []
-    points = [Path(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), p)) for p in points]
-    return [p for p in points if p != workdir and p.is_relative_to(workdir)]
-
-
-def hard_links_below(workdir, linked):
-    """Every regular file below `workdir` that is one of `linked` ((dev, ino) keys) under
-    another name; symlinks are not followed (a symlink is no way in: Landlock judges the
-    target's path)."""
-    todo = [str(workdir)]
-    while todo:
-        try:
-            entries = list(os.scandir(todo.pop()))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    todo.append(entry.path)
-                elif entry.is_file(follow_symlinks=False):
-                    found = entry.stat(follow_symlinks=False)
-                    if found.st_nlink > 1 and (found.st_dev, found.st_ino) in linked:
-                        yield Path(entry.path)
-            except OSError:
-                continue
-
-
-def names_on_the_way(path, hops=40):
-    """Every directory entry met while resolving `path` as the kernel does (each component and
-    each symlink followed, as the real directory holding it plus its name): replacing any one
-    of them changes what `path` opens. `path` as given, relative to the current directory."""
-    todo, here, entries = list(reversed(os.path.join(os.getcwd(), path).split("/"))), "/", []
-    while todo:  # the names still to walk, the next one last
-        name = todo.pop()
-        if name in ("", "."):
-            continue
-        if name == "..":
-            here = os.path.dirname(here)
-            continue
-        entry = os.path.join(here, name)
-        entries.append(entry)
-        try:
-            target = os.readlink(entry) if hops and os.path.islink(entry) else None
-        except OSError:
-            target = None
-        if target is None:
-            here = entry
-        else:
-            hops -= 1
-            here = "/" if target.startswith("/") else here
-            todo += reversed(target.split("/"))
-    return entries
-
-
-def sample_workdir():
-    """agent.py's sample data, workspace/, as the user can give it from where they stand."""
-    sample = Path(os.path.realpath(__file__)).parent / "workspace"
-    return beside_agent("workspace") if sample.is_dir() else "DIR"
+    mounts = []
+    for line in lines:
+        head, _, rest = line.partition(" - ")
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), head.split()[4])
+        mounts.append((Path(point), rest.split()[0]))
+    below = [m for m in mounts if m[0] != workdir and m[0].is_relative_to(workdir)]
+    # The workdir is on the last mount listed at the deepest mount point above it.
+    above = [m for m in reversed(mounts) if workdir.is_relative_to(m[0])]
+    return [max(above, key=lambda m: len(m[0].parts))] + below if above else below
 
 
 def beside_agent(name):

@@ -361,12 +361,6 @@ NOT_TEXT_FOR_AN_OUTPUT = {  # (function, slice): what it cuts
     ("Saver", "value[-1:]"): "a list",
     ("Sandbox", "out[6:]"): "the self-test's own word after LEAK: ",
     ("Sandbox", "(run.stderr.strip() or out)[-200:]"): "the self-test's stderr, no secret in it",
-    (
-        "loader_directories",
-        "Path(conf).read_text(errors='replace').splitlines()[:1000]",
-    ): "a list of ld.so.conf's lines",
-    ("loader_directories", "line[len('include'):]"): "an include line's glob, after its keyword",
-    ("loader_directories", "sorted(glob.glob(line[len('include'):].strip()))[:100]"): "a list",
 }
 
 
