@@ -8886,10 +8886,12 @@ def read_system_prompt(path):
 
 def install_hint():
     """What to run to install agent.py's packages, with paths that work from where the user
-    stands (in the checkout: .venv, requirements.txt, agent.py)."""
-    venv, agent_py = beside_agent(".venv"), beside_agent("agent.py")
+    stands (in the checkout: .venv, requirements.txt, agent.py). The line it ends up on begins
+    with `agent.py: `, so it does not name agent.py again."""
+    venv = beside_agent(".venv")
+    agent_py = beside_agent("agent.py")
     return (
-        f"agent.py needs the anthropic and python-dotenv packages, which {sys.executable} "
+        f"needs the anthropic and python-dotenv packages, which {sys.executable} "
         f"cannot import: python3 -m venv {venv} && {venv}/bin/pip install -r "
         f"{beside_agent('requirements.txt')}, then run {venv}/bin/python {agent_py} ...; or "
         f"run it with uv run {agent_py} ..."
