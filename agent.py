@@ -8354,9 +8354,8 @@ def parse_args(argv):
         "-C",
         "--workdir",
         metavar="DIR",
-        help="the directory the tools work in "
-        "(default: the current one); one that holds agent.py or its Python is "
-        "refused, unless --no-sandbox",
+        help="the directory the tools work in (default: the current one); one that holds agent.py "
+        "or its Python is refused, unless --no-sandbox",
     )
     run.add_argument(
         "-m",
@@ -8380,31 +8379,27 @@ def parse_args(argv):
         "-r",
         "--resume",
         metavar="PATH",
-        help="continue a saved transcript (last: "
-        "the newest kept run; or a run id); rewrites PATH as the run goes on (give "
-        "--transcript to write elsewhere)",
+        help="continue a saved transcript (last: the newest kept run; or a run id); rewrites PATH "
+        "as the run goes on (give --transcript to write elsewhere)",
     )
     run.add_argument(
         "--replay",
         metavar="PATH",
-        help="run a saved transcript's model turns "
-        "again against the real tools: no key, no connection (last, or a run id: "
-        "a kept run)",
+        help="run a saved transcript's model turns again against the real tools: no key, no "
+        "connection (last, or a run id: a kept run)",
     )
     run.add_argument(
         "--strict",
         action="store_true",
-        help="with --replay: stop at the first "
-        "turn whose tool results differ from the recording, and exit 7 "
-        "(replay_differs): a regression check for CI",
+        help="with --replay: stop at the first turn whose tool results differ from the recording, "
+        "and exit 7 (replay_differs): a regression check for CI",
     )
     run.add_argument(
         "-s",
         "--system-prompt",
         metavar="FILE",
-        help="the system prompt, from "
-        "this UTF-8 file (default: agent.py's, for questions about files); recorded "
-        "in the transcript, and kept by --resume",
+        help="the system prompt, from this UTF-8 file (default: agent.py's, for questions about "
+        "files); recorded in the transcript, and kept by --resume",
     )
     limits = p.add_argument_group("limits")
     limits.add_argument(
@@ -8446,9 +8441,8 @@ def parse_args(argv):
         type=float,
         metavar="SECONDS",
         default=Limits.request_timeout,
-        help="seconds a streamed reply may go "
-        "without an event before the turn is retried (default: "
-        f"{Limits.request_timeout:g})",
+        help=f"seconds a streamed reply may go without an event before the turn is retried "
+        f"(default: {Limits.request_timeout:g})",
     )
     outputs = p.add_argument_group("outputs")
     outputs.add_argument(
@@ -8483,10 +8477,8 @@ def parse_args(argv):
         "--trials",
         type=whole_number,
         metavar="K",
-        help=f"run the question K times "
-        f"(at most {MAX_TRIALS:,}); "
-        "report pass@k and pass^k (with no --expect, --expect-tool or "
-        "--expect-stop, a trial passes if it stopped with end_turn)",
+        help=f"run the question K times (at most {MAX_TRIALS:,}); report pass@k and pass^k (with "
+        f"no --expect, --expect-tool or --expect-stop, a trial passes if it stopped with end_turn)",
     )
     trials.add_argument(
         "--jobs",
@@ -8499,9 +8491,8 @@ def parse_args(argv):
         "--trials-budget-usd",
         type=float,
         metavar="X",
-        help="dollars over all "
-        "the trials: once they have spent X, no more start (--budget-usd bounds "
-        "each one; default: no total)",
+        help="dollars over all the trials: once they have spent X, no more start (--budget-usd "
+        "bounds each one; default: no total)",
     )
     trials.add_argument(
         "--expect", metavar="REGEX", help="a trial passes if this regex is in the answer"
@@ -8521,9 +8512,8 @@ def parse_args(argv):
     trials.add_argument(
         "--decline-message",
         metavar="TEXT",
-        help="what a declined run_python "
-        "call tells the model (default: not to retry it, and to ask the user how "
-        "to proceed)",
+        help="what a declined run_python call tells the model (default: not to retry it, and to "
+        "ask the user how to proceed)",
     )
     context = p.add_argument_group("context: clearing old tool results")
     context.add_argument(
@@ -8531,9 +8521,8 @@ def parse_args(argv):
         type=tokens_or_off,
         metavar="TOKENS|off",
         default=Limits.clear_at,
-        help="once a prompt reaches TOKENS, send old "
-        "tool results as a one-line placeholder (default: "
-        f"{Limits.clear_at:,})",
+        help=f"once a prompt reaches TOKENS, send old tool results as a one-line placeholder "
+        f"(default: {Limits.clear_at:,})",
     )
     context.add_argument(
         "--keep-tool-results",
@@ -8547,9 +8536,8 @@ def parse_args(argv):
         type=whole_number,
         metavar="TOKENS",
         default=Limits.clear_at_least,
-        help="clear only when that frees this "
-        "many tokens, since a clearing breaks the cache once (default: "
-        f"{Limits.clear_at_least:,})",
+        help=f"clear only when that frees this many tokens, since a clearing breaks the cache "
+        f"once (default: {Limits.clear_at_least:,})",
     )
     context.add_argument(
         "--context-edit",
@@ -8563,9 +8551,8 @@ def parse_args(argv):
     inspect.add_argument(
         "--count-tokens",
         action="store_true",
-        help="print what the system "
-        "prompt, the tools and QUESTION cost in input tokens (the API's "
-        "count_tokens), and exit",
+        help="print what the system prompt, the tools and QUESTION cost in input tokens (the "
+        "API's count_tokens), and exit",
     )
     inspect.add_argument(
         "--schema",
@@ -8582,9 +8569,8 @@ def parse_args(argv):
         "--export",
         nargs=2,
         metavar=("FORMAT", "JSON"),
-        help="convert a "
-        "transcript or trials summary (last, or a run id: a kept run): atif "
-        "(the Agent Trajectory Interchange Format, v1.8), and exit",
+        help="convert a transcript or trials summary (last, or a run id: a kept run): atif (the "
+        "Agent Trajectory Interchange Format, v1.8), and exit",
     )
     inspect.add_argument(
         "-o",
@@ -8639,55 +8625,37 @@ def parse_args(argv):
         )
         if given
     ]
-    if args.count_tokens:  # it runs nothing: what a run would do with these, it would not do
-        ignored = [
-            flag
-            for flag, given in (
-                ("--replay", args.replay),
-                ("--resume", args.resume),
-                ("--trials", args.trials),
-                ("--transcript", args.transcript),
-                ("--events", args.events),
-            )
-            if given is not None
-        ]
-        if ignored or inspecting:
-            raise UsageError(
-                f"--count-tokens cannot be combined with {(ignored or inspecting)[0]}"
-                ": it counts a question's tokens and runs nothing; give one of them"
-            )
+    # --count-tokens, --schema, --report and --export run nothing: a run's flag would be dropped
+    run_flags = (
+        ("--replay", args.replay),
+        ("--resume", args.resume),
+        ("--trials", args.trials),
+        ("--transcript", args.transcript),
+        ("--events", args.events),
+    )
+    dropped = [flag for flag, given in run_flags if given is not None]
+    if args.count_tokens and (dropped or inspecting):
+        raise UsageError(
+            f"--count-tokens cannot be combined with {(dropped or inspecting)[0]}"
+            ": it counts a question's tokens and runs nothing; give one of them"
+        )
     if len(inspecting) > 1:
         raise UsageError(f"{' and '.join(inspecting)} cannot be combined: give one")
-    if inspecting:  # they read a saved run and run nothing: a run's flag would be dropped
-        dropped = [
-            flag
-            for flag, given in (
-                ("--replay", args.replay),
-                ("--resume", args.resume),
-                ("--trials", args.trials),
-                ("--transcript", args.transcript),
-                ("--events", args.events),
-                ("--otel", args.otel or None),
-            )
-            if given is not None
-        ]
-        if dropped:
-            what = {
-                "--schema": "prints a schema",
-                "--report": "writes a report of a saved run",
-                "--export": "converts a saved run",
-            }[inspecting[0]]
-            raise UsageError(
-                f"{inspecting[0]} cannot be combined with {dropped[0]}: it {what}, "
-                "and runs nothing; give one of them"
-            )
+    dropped += ["--otel"] * args.otel
+    if inspecting and dropped:
+        what = {
+            "--schema": "prints a schema",
+            "--report": "writes a report of a saved run",
+            "--export": "converts a saved run",
+        }[inspecting[0]]
+        raise UsageError(
+            f"{inspecting[0]} cannot be combined with {dropped[0]}: it {what}, "
+            "and runs nothing; give one of them"
+        )
     if args.output and not (args.report or args.export):
         raise UsageError(
             "-o/--output goes with --report or --export (the answer goes to "
-            f"stdout: > {shlex.quote(args.output)}; the transcript: --transcript "
-            "FILE)"
-            if args.output
-            else "-o/--output goes with --report or --export"
+            f"stdout: > {shlex.quote(args.output)}; the transcript: --transcript FILE)"
         )
     if inspecting and args.question is not None:
         raise UsageError(f"{inspecting[0]} takes no question, and {args.question!r} was given")
@@ -9293,6 +9261,10 @@ def dotenv_path():
     return Path(__file__).resolve().with_name(".env")
 
 
+# the settings agent.py reads from the environment, else from the .env beside it
+CONFIG_NAMES = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL")
+
+
 def load_config(workdir, report):
     """API settings: the environment, else the .env beside agent.py, read as plain values (no
     ${VAR} expansion) and never loaded into os.environ. That file counts only if it is a
@@ -9300,16 +9272,11 @@ def load_config(workdir, report):
     the model's code wrote) outside the workdir, owned by the user running agent.py (or root)
     and writable by no one else: no file a script or another user could have written decides
     where the key and the data go."""
-    names = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL")
-    text = read_dotenv(dotenv_path(), workdir, report)
-    found = {}
-    if text:
-        try:
-            from dotenv import dotenv_values
-        except ImportError:
-            raise UsageError(install_hint())
-        found = dotenv_values(stream=io.StringIO(text), interpolate=False)
-    config = {n: os.environ.get(n) or found.get(n) for n in names}
+    try:
+        found = dotenv_settings(workdir, report)
+    except ImportError:
+        raise UsageError(install_hint())
+    config = {n: os.environ.get(n) or found.get(n) for n in CONFIG_NAMES}
     model = config["ANTHROPIC_MODEL"]
     if model and model != model.strip():  # sent as it is, a model id with a space is a 404
         raise UsageError(f"ANTHROPIC_MODEL {model!r} has white space around it: give it without")
@@ -9327,7 +9294,18 @@ def load_config(workdir, report):
             f"ANTHROPIC_API_KEY{where} {said} at position {odd + 1} of {len(key)}: "
             "copy the key again"
         )
-    return {n: check_text(config[n], n) for n in names}
+    return {n: check_text(config[n], n) for n in CONFIG_NAMES}
+
+
+def dotenv_settings(workdir, report):
+    """The settings in the .env beside agent.py, if it counts (read_dotenv), as plain values:
+    no ${VAR} expansion, and never loaded into os.environ."""
+    text = read_dotenv(dotenv_path(), workdir, report)
+    if not text:
+        return {}
+    from dotenv import dotenv_values
+
+    return dotenv_values(stream=io.StringIO(text), interpolate=False)
 
 
 def learn_secrets():
@@ -9336,16 +9314,9 @@ def learn_secrets():
     it: a --replay sends nothing, yet what it writes must hold the key no more than a live
     run's output does. True if a key was too short to redact."""
     keys = [os.environ.get("ANTHROPIC_API_KEY")]
-    text = read_dotenv(dotenv_path(), None, None)
-    if text:
-        try:
-            from dotenv import dotenv_values
-
-            keys.append(
-                dotenv_values(stream=io.StringIO(text), interpolate=False).get("ANTHROPIC_API_KEY")
-            )
-        except ImportError:  # load_config says what to install, if the run needs the file
-            pass
+    # without python-dotenv, load_config says what to install, if the run needs the file
+    with contextlib.suppress(ImportError):
+        keys.append(dotenv_settings(None, None).get("ANTHROPIC_API_KEY"))
     SECRETS.update(k for k in keys if k and len(k) >= 8)  # a shorter one would redact words
     return any(k and len(k) < 8 for k in keys)  # so the user is told it is not redacted
 
@@ -9353,6 +9324,7 @@ def learn_secrets():
 def read_dotenv(path, workdir, report):
     """The text of the .env at `path`, or None when there is none or it does not count (stderr
     says why, unless `report` is None)."""
+    # the tests' stand-in for the one .env: none
     if path is None:
         return None
     why, who = None, "the model's code"
@@ -9421,18 +9393,14 @@ def no_key(workdir):
     the user may expect it to be read (the current directory, the workdir), which is not."""
     path = dotenv_path()
     line = "no API key: set ANTHROPIC_API_KEY in the environment"
-    if path:
-        line += (
-            f" or in {path} "
-            + (
-                "(copy .env.example there)"
-                if not os.path.lexists(path)
-                else "(it holds none)"
-                if os.access(path, os.R_OK)
-                else "(which you cannot read)"
-            )
-            + ", the one .env agent.py reads"
-        )
+    # (None: the tests' stand-in for no .env)
+    if path is not None:
+        state = "which you cannot read"
+        if not os.path.lexists(path):
+            state = "copy .env.example there"
+        elif os.access(path, os.R_OK):
+            state = "it holds none"
+        line += f" or in {path} ({state}), the one .env agent.py reads"
     try:
         places = [Path.cwd()] + ([Path(workdir)] if workdir else [])
     except OSError:  # no current directory any more
@@ -9675,9 +9643,6 @@ def count_tokens_mode(args, client, system, report):
         report.error(f"agent.py: --count-tokens: {stop.reason}: {stop.detail}")
         return stop.exit_code
     return 0
-
-
-CONFIG_NAMES = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL")
 
 
 class Run:
