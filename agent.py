@@ -8751,7 +8751,8 @@ def check_text(value, what):
     the command line or the environment over as lone surrogates), which agent.py can neither
     send nor record."""
     try:
-        value is None or value.encode("utf-8")
+        if value is not None:
+            value.encode("utf-8")
     except UnicodeEncodeError as e:
         byte = os.fsencode(value[e.start])[0] if "\udc80" <= value[e.start] <= "\udcff" else None
         not_utf8(what, byte, value[: e.start])
@@ -9817,9 +9818,9 @@ def ask_to_go_on(run, client, config):
     taken = {}
     if (session or run.replay) and not args.workdir:
         taken["--workdir DIR"] = ("workdir", str(run.workdir), "")
-    if session is not None and run.model != (
-        args.model or config["ANTHROPIC_MODEL"] or DEFAULT_MODEL
-    ):
+    # the model the resumed file recorded, taken where neither -m nor ANTHROPIC_MODEL names one
+    default = args.model or config["ANTHROPIC_MODEL"] or DEFAULT_MODEL
+    if session is not None and run.model != default:
         taken["--model ID"] = ("model", run.model, "")
     made_with = session.get("base_url") if session is not None else run.server
     made_with = (server_url(made_with) or made_with) if is_str(made_with) else None
