@@ -9710,18 +9710,7 @@ class Run:
                 raise UsageError(
                     f"{flag} needs a known price, and {model} is not in the pricing table"
                 )
-        self.limits = Limits(
-            max_turns=args.max_turns,
-            token_budget=args.token_budget,
-            budget_usd=args.budget_usd,
-            max_tokens=args.max_tokens,
-            tool_timeout=args.tool_timeout,
-            request_timeout=args.request_timeout,
-            clear_at=args.clear_tool_results,
-            keep_results=args.keep_tool_results,
-            clear_at_least=args.clear_at_least,
-            context_edit=args.context_edit,
-        )
+        self.limits = flag_limits(args)
         # a replay runs the recording's replies, under the limits in which they ended as they did
         if self.replay:
             self.limits = replay_limits(self.replay, self.limits)
@@ -9747,6 +9736,22 @@ class Run:
             self.kept_line = KeptRun(name, self.output, report).said()
         elif self.kept:
             self.kept_line = self.kept.said()
+
+
+def flag_limits(args):
+    """The run's Limits, as its flags set them."""
+    return Limits(
+        max_turns=args.max_turns,
+        token_budget=args.token_budget,
+        budget_usd=args.budget_usd,
+        max_tokens=args.max_tokens,
+        tool_timeout=args.tool_timeout,
+        request_timeout=args.request_timeout,
+        clear_at=args.clear_tool_results,
+        keep_results=args.keep_tool_results,
+        clear_at_least=args.clear_at_least,
+        context_edit=args.context_edit,
+    )
 
 
 def run_workdir(args, recorded, replay):
