@@ -7790,9 +7790,8 @@ def parse_args(argv):
         "-C",
         "--workdir",
         metavar="DIR",
-        help="the directory the tools work in "
-        "(default: the current one); one that holds agent.py or its Python is "
-        "refused, unless --no-sandbox",
+        help="the directory the tools work in (default: the current one); one that holds agent.py "
+        "or its Python is refused, unless --no-sandbox",
     )
     run.add_argument(
         "-m",
@@ -7816,31 +7815,27 @@ def parse_args(argv):
         "-r",
         "--resume",
         metavar="PATH",
-        help="continue a saved transcript (last: "
-        "the newest kept run; or a run id); rewrites PATH as the run goes on (give "
-        "--transcript to write elsewhere)",
+        help="continue a saved transcript (last: the newest kept run; or a run id); rewrites PATH "
+        "as the run goes on (give --transcript to write elsewhere)",
     )
     run.add_argument(
         "--replay",
         metavar="PATH",
-        help="run a saved transcript's model turns "
-        "again against the real tools: no key, no connection (last, or a run id: "
-        "a kept run)",
+        help="run a saved transcript's model turns again against the real tools: no key, no "
+        "connection (last, or a run id: a kept run)",
     )
     run.add_argument(
         "--strict",
         action="store_true",
-        help="with --replay: stop at the first "
-        "turn whose tool results differ from the recording, and exit 7 "
-        "(replay_differs): a regression check for CI",
+        help="with --replay: stop at the first turn whose tool results differ from the recording, "
+        "and exit 7 (replay_differs): a regression check for CI",
     )
     run.add_argument(
         "-s",
         "--system-prompt",
         metavar="FILE",
-        help="the system prompt, from "
-        "this UTF-8 file (default: agent.py's, for questions about files); recorded "
-        "in the transcript, and kept by --resume",
+        help="the system prompt, from this UTF-8 file (default: agent.py's, for questions about "
+        "files); recorded in the transcript, and kept by --resume",
     )
     limits = p.add_argument_group("limits")
     limits.add_argument(
@@ -7882,9 +7877,8 @@ def parse_args(argv):
         type=float,
         metavar="SECONDS",
         default=Limits.request_timeout,
-        help="seconds a streamed reply may go "
-        "without an event before the turn is retried (default: "
-        f"{Limits.request_timeout:g})",
+        help=f"seconds a streamed reply may go without an event before the turn is retried "
+        f"(default: {Limits.request_timeout:g})",
     )
     outputs = p.add_argument_group("outputs")
     outputs.add_argument(
@@ -7919,10 +7913,8 @@ def parse_args(argv):
         "--trials",
         type=whole_number,
         metavar="K",
-        help=f"run the question K times "
-        f"(at most {MAX_TRIALS:,}); "
-        "report pass@k and pass^k (with no --expect, --expect-tool or "
-        "--expect-stop, a trial passes if it stopped with end_turn)",
+        help=f"run the question K times (at most {MAX_TRIALS:,}); report pass@k and pass^k (with "
+        f"no --expect, --expect-tool or --expect-stop, a trial passes if it stopped with end_turn)",
     )
     trials.add_argument(
         "--jobs",
@@ -7935,9 +7927,8 @@ def parse_args(argv):
         "--trials-budget-usd",
         type=float,
         metavar="X",
-        help="dollars over all "
-        "the trials: once they have spent X, no more start (--budget-usd bounds "
-        "each one; default: no total)",
+        help="dollars over all the trials: once they have spent X, no more start (--budget-usd "
+        "bounds each one; default: no total)",
     )
     trials.add_argument(
         "--expect", metavar="REGEX", help="a trial passes if this regex is in the answer"
@@ -7957,9 +7948,8 @@ def parse_args(argv):
     trials.add_argument(
         "--decline-message",
         metavar="TEXT",
-        help="what a declined run_python "
-        "call tells the model (default: not to retry it, and to ask the user how "
-        "to proceed)",
+        help="what a declined run_python call tells the model (default: not to retry it, and to "
+        "ask the user how to proceed)",
     )
     context = p.add_argument_group("context: clearing old tool results")
     context.add_argument(
@@ -7967,9 +7957,8 @@ def parse_args(argv):
         type=tokens_or_off,
         metavar="TOKENS|off",
         default=Limits.clear_at,
-        help="once a prompt reaches TOKENS, send old "
-        "tool results as a one-line placeholder (default: "
-        f"{Limits.clear_at:,})",
+        help=f"once a prompt reaches TOKENS, send old tool results as a one-line placeholder "
+        f"(default: {Limits.clear_at:,})",
     )
     context.add_argument(
         "--keep-tool-results",
@@ -7983,9 +7972,8 @@ def parse_args(argv):
         type=whole_number,
         metavar="TOKENS",
         default=Limits.clear_at_least,
-        help="clear only when that frees this "
-        "many tokens, since a clearing breaks the cache once (default: "
-        f"{Limits.clear_at_least:,})",
+        help=f"clear only when that frees this many tokens, since a clearing breaks the cache "
+        f"once (default: {Limits.clear_at_least:,})",
     )
     context.add_argument(
         "--context-edit",
@@ -7999,9 +7987,8 @@ def parse_args(argv):
     inspect.add_argument(
         "--count-tokens",
         action="store_true",
-        help="print what the system "
-        "prompt, the tools and QUESTION cost in input tokens (the API's "
-        "count_tokens), and exit",
+        help="print what the system prompt, the tools and QUESTION cost in input tokens (the "
+        "API's count_tokens), and exit",
     )
     inspect.add_argument(
         "--schema",
@@ -8018,9 +8005,8 @@ def parse_args(argv):
         "--export",
         nargs=2,
         metavar=("FORMAT", "JSON"),
-        help="convert a "
-        "transcript or trials summary (last, or a run id: a kept run): atif "
-        "(the Agent Trajectory Interchange Format, v1.8), and exit",
+        help="convert a transcript or trials summary (last, or a run id: a kept run): atif (the "
+        "Agent Trajectory Interchange Format, v1.8), and exit",
     )
     inspect.add_argument(
         "-o",
@@ -8075,55 +8061,37 @@ def parse_args(argv):
         )
         if given
     ]
-    if args.count_tokens:  # it runs nothing: what a run would do with these, it would not do
-        ignored = [
-            flag
-            for flag, given in (
-                ("--replay", args.replay),
-                ("--resume", args.resume),
-                ("--trials", args.trials),
-                ("--transcript", args.transcript),
-                ("--events", args.events),
-            )
-            if given is not None
-        ]
-        if ignored or inspecting:
-            raise UsageError(
-                f"--count-tokens cannot be combined with {(ignored or inspecting)[0]}"
-                ": it counts a question's tokens and runs nothing; give one of them"
-            )
+    # --count-tokens, --schema, --report and --export run nothing: a run's flag would be dropped
+    run_flags = (
+        ("--replay", args.replay),
+        ("--resume", args.resume),
+        ("--trials", args.trials),
+        ("--transcript", args.transcript),
+        ("--events", args.events),
+    )
+    dropped = [flag for flag, given in run_flags if given is not None]
+    if args.count_tokens and (dropped or inspecting):
+        raise UsageError(
+            f"--count-tokens cannot be combined with {(dropped or inspecting)[0]}"
+            ": it counts a question's tokens and runs nothing; give one of them"
+        )
     if len(inspecting) > 1:
         raise UsageError(f"{' and '.join(inspecting)} cannot be combined: give one")
-    if inspecting:  # they read a saved run and run nothing: a run's flag would be dropped
-        dropped = [
-            flag
-            for flag, given in (
-                ("--replay", args.replay),
-                ("--resume", args.resume),
-                ("--trials", args.trials),
-                ("--transcript", args.transcript),
-                ("--events", args.events),
-                ("--otel", args.otel or None),
-            )
-            if given is not None
-        ]
-        if dropped:
-            what = {
-                "--schema": "prints a schema",
-                "--report": "writes a report of a saved run",
-                "--export": "converts a saved run",
-            }[inspecting[0]]
-            raise UsageError(
-                f"{inspecting[0]} cannot be combined with {dropped[0]}: it {what}, "
-                "and runs nothing; give one of them"
-            )
+    dropped += ["--otel"] * args.otel
+    if inspecting and dropped:
+        what = {
+            "--schema": "prints a schema",
+            "--report": "writes a report of a saved run",
+            "--export": "converts a saved run",
+        }[inspecting[0]]
+        raise UsageError(
+            f"{inspecting[0]} cannot be combined with {dropped[0]}: it {what}, "
+            "and runs nothing; give one of them"
+        )
     if args.output and not (args.report or args.export):
         raise UsageError(
             "-o/--output goes with --report or --export (the answer goes to "
-            f"stdout: > {shlex.quote(args.output)}; the transcript: --transcript "
-            "FILE)"
-            if args.output
-            else "-o/--output goes with --report or --export"
+            f"stdout: > {shlex.quote(args.output)}; the transcript: --transcript FILE)"
         )
     if inspecting and args.question is not None:
         raise UsageError(f"{inspecting[0]} takes no question, and {args.question!r} was given")
@@ -8219,7 +8187,8 @@ def check_text(value, what):
     the command line or the environment over as lone surrogates), which agent.py can neither
     send nor record."""
     try:
-        value is None or value.encode("utf-8")
+        if value is not None:
+            value.encode("utf-8")
     except UnicodeEncodeError as e:
         byte = os.fsencode(value[e.start])[0] if "\udc80" <= value[e.start] <= "\udcff" else None
         not_utf8(what, byte, value[: e.start])
@@ -8322,10 +8291,12 @@ def read_system_prompt(path):
 
 def install_hint():
     """What to run to install agent.py's packages, with paths that work from where the user
-    stands (in the checkout: .venv, requirements.txt, agent.py)."""
-    venv, agent_py = beside_agent(".venv"), beside_agent("agent.py")
+    stands (in the checkout: .venv, requirements.txt, agent.py). The line it ends up on begins
+    with `agent.py: `, so it does not name agent.py again."""
+    venv = beside_agent(".venv")
+    agent_py = beside_agent("agent.py")
     return (
-        f"agent.py needs the anthropic and python-dotenv packages, which {sys.executable} "
+        f"needs the anthropic and python-dotenv packages, which {sys.executable} "
         f"cannot import: python3 -m venv {venv} && {venv}/bin/pip install -r "
         f"{beside_agent('requirements.txt')}, then run {venv}/bin/python {agent_py} ...; or "
         f"run it with uv run {agent_py} ..."
@@ -8576,6 +8547,10 @@ def dotenv_path():
     return Path(__file__).resolve().with_name(".env")
 
 
+# the settings agent.py reads from the environment, else from the .env beside it
+CONFIG_NAMES = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL")
+
+
 def load_config(workdir, report):
     """API settings: the environment, else the .env beside agent.py, read as plain values (no
     ${VAR} expansion) and never loaded into os.environ. That file counts only if it is a
@@ -8583,16 +8558,11 @@ def load_config(workdir, report):
     the model's code wrote) outside the workdir, owned by the user running agent.py (or root)
     and writable by no one else: no file a script or another user could have written decides
     where the key and the data go."""
-    names = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL")
-    text = read_dotenv(dotenv_path(), workdir, report)
-    found = {}
-    if text:
-        try:
-            from dotenv import dotenv_values
-        except ImportError:
-            raise UsageError(install_hint())
-        found = dotenv_values(stream=io.StringIO(text), interpolate=False)
-    config = {n: os.environ.get(n) or found.get(n) for n in names}
+    try:
+        found = dotenv_settings(workdir, report)
+    except ImportError:
+        raise UsageError(install_hint())
+    config = {n: os.environ.get(n) or found.get(n) for n in CONFIG_NAMES}
     model = config["ANTHROPIC_MODEL"]
     if model and model != model.strip():  # sent as it is, a model id with a space is a 404
         raise UsageError(f"ANTHROPIC_MODEL {model!r} has white space around it: give it without")
@@ -8610,7 +8580,18 @@ def load_config(workdir, report):
             f"ANTHROPIC_API_KEY{where} {said} at position {odd + 1} of {len(key)}: "
             "copy the key again"
         )
-    return {n: check_text(config[n], n) for n in names}
+    return {n: check_text(config[n], n) for n in CONFIG_NAMES}
+
+
+def dotenv_settings(workdir, report):
+    """The settings in the .env beside agent.py, if it counts (read_dotenv), as plain values:
+    no ${VAR} expansion, and never loaded into os.environ."""
+    text = read_dotenv(dotenv_path(), workdir, report)
+    if not text:
+        return {}
+    from dotenv import dotenv_values
+
+    return dotenv_values(stream=io.StringIO(text), interpolate=False)
 
 
 def learn_secrets():
@@ -8619,16 +8600,9 @@ def learn_secrets():
     it: a --replay sends nothing, yet what it writes must hold the key no more than a live
     run's output does. True if a key was too short to redact."""
     keys = [os.environ.get("ANTHROPIC_API_KEY")]
-    text = read_dotenv(dotenv_path(), None, None)
-    if text:
-        try:
-            from dotenv import dotenv_values
-
-            keys.append(
-                dotenv_values(stream=io.StringIO(text), interpolate=False).get("ANTHROPIC_API_KEY")
-            )
-        except ImportError:  # load_config says what to install, if the run needs the file
-            pass
+    # without python-dotenv, load_config says what to install, if the run needs the file
+    with contextlib.suppress(ImportError):
+        keys.append(dotenv_settings(None, None).get("ANTHROPIC_API_KEY"))
     SECRETS.update(k for k in keys if k and len(k) >= 8)  # a shorter one would redact words
     return any(k and len(k) < 8 for k in keys)  # so the user is told it is not redacted
 
@@ -8636,6 +8610,7 @@ def learn_secrets():
 def read_dotenv(path, workdir, report):
     """The text of the .env at `path`, or None when there is none or it does not count (stderr
     says why, unless `report` is None)."""
+    # the tests' stand-in for the one .env: none
     if path is None:
         return None
     why, who = None, "the model's code"
@@ -8704,18 +8679,14 @@ def no_key(workdir):
     the user may expect it to be read (the current directory, the workdir), which is not."""
     path = dotenv_path()
     line = "no API key: set ANTHROPIC_API_KEY in the environment"
-    if path:
-        line += (
-            f" or in {path} "
-            + (
-                "(copy .env.example there)"
-                if not os.path.lexists(path)
-                else "(it holds none)"
-                if os.access(path, os.R_OK)
-                else "(which you cannot read)"
-            )
-            + ", the one .env agent.py reads"
-        )
+    # (None: the tests' stand-in for no .env)
+    if path is not None:
+        state = "which you cannot read"
+        if not os.path.lexists(path):
+            state = "copy .env.example there"
+        elif os.access(path, os.R_OK):
+            state = "it holds none"
+        line += f" or in {path} ({state}), the one .env agent.py reads"
     try:
         places = [Path.cwd()] + ([Path(workdir)] if workdir else [])
     except OSError:  # no current directory any more
@@ -8847,289 +8818,33 @@ def already_streamed(report):
 
 
 def main(argv=None, client=None, stdin=None):
-    """Parse flags, run one session (or trials), print the answer; return the exit code."""
-    report, events, telemetry, run_id = Reporter(), None, None, uuid.uuid4().hex
+    """Parse the flags, run the mode they name (schema, report, export, count-tokens, or a run:
+    new, resumed, replayed or trials), and return its exit code. A failure before a run starts
+    becomes one line and its exit code here; a run says how it stopped itself (run_mode)."""
+    report = Reporter()
     STOPPING.clear()
     if hasattr(sys.stdout, "reconfigure"):
-        sys.stdout.reconfigure(errors="backslashreplace")  # a lone surrogate must not crash it
+        # a lone surrogate must not crash it
+        sys.stdout.reconfigure(errors="backslashreplace")
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
         if args.schema:
-            to_stdout(json.dumps(SCHEMAS[args.schema], indent=2))
-            return 0
-        if learn_secrets():  # before any file is read: whatever it holds, the key is never written
-            report.line(
-                "note: the API key is shorter than 8 characters, too short to redact "
-                "without hiding ordinary words: agent.py cannot keep it out of what it "
-                "writes (a server's error that echoes it, say)",
-                always=True,
-            )
+            return schema_mode(args)
+        # before any file is read: whatever it holds, the key is never written
+        note_short_key(report)
         if args.report:
-            args.report = kept_run(args.report, "--report", report)
-            for written in write_report(args.report, args.output):
-                report.line(f"report: {written}", always=True)
-            return 0
+            return report_mode(args, report)
         if args.export:
-            args.export[1] = kept_run(args.export[1], "--export", report)
-            for written in export_atif(args.export[1], args.output):
-                report.line(f"atif: {written}", always=True)
-            return 0
-        stdin = stdin or sys.stdin or io.StringIO()  # closed (<&-): as if it held nothing
-        if cwd_gone():  # every relative path, a recorded workdir's too, would fail
-            raise UsageError(CWD_GONE)
-        if sys.stdout is None:  # >&-
-            raise UsageError(
-                "stdout is closed: nowhere to write the answer (give > FILE, or > /dev/null)"
-            )
-        if args.question == "-":
-            args.question = read_question(stdin).strip()
-            stdin = QuestionWasRead()
-            if not args.question:
-                raise UsageError("the question is - but stdin held none")
-        with contextlib.suppress(AttributeError, ValueError, OSError):  # no file: left as is
-            if not stdin.isatty():  # no terminal shows the answer: agreed's question does
-                stdin = PipedAnswers(stdin)
+            return export_mode(args, report)
+        stdin = checked_stdin(args, stdin)
         system = read_system_prompt(args.system_prompt) if args.system_prompt else None
         if args.count_tokens:
-            config = load_config(None, report)
-            model = args.model or config["ANTHROPIC_MODEL"] or DEFAULT_MODEL
-            if args.question is None:
-                report.line(
-                    f"no question given: counting the example {EXAMPLE_QUESTION!r}", always=True
-                )
-            client = client or make_client(config, Limits())
-            try:
-                to_stdout(
-                    count_tokens(
-                        client, model, args.question or EXAMPLE_QUESTION, system or SYSTEM_PROMPT
-                    )
-                )
-            except Exception as e:  # the server's answer, or its refusal: one line
-                stop = stop_for(e)
-                report.error(f"agent.py: --count-tokens: {stop.reason}: {stop.detail}")
-                return stop.exit_code
-            return 0
-        report.quiet = args.quiet
-        args.no_keep = no_keep_variable() or args.no_keep  # the variable checked either way
-        asked, args.resume = args.resume, kept_run(args.resume, "--resume", report)
-        args.replay = kept_run(args.replay, "--replay", report)
-        session, unanswered = (
-            prepare_resume(load_transcript(args.resume), args.question)
-            if args.resume
-            else (None, 0)
-        )
-        replay = load_recording(args.replay) if args.replay else None
-        recorded = session or replay or {}  # a file: what it says is used only if the user agrees
-        source = args.resume or args.replay
-        given = args.workdir or recorded.get("workdir")
-        workdir, why = resolved_directory(given or ".")
-        where = (
-            workdir_named(f"--workdir {args.workdir}", args.workdir, workdir)
-            if args.workdir
-            else f"the workdir {source} recorded ({shown_path(workdir)})"
-            if recorded
-            else f"the current directory ({workdir}; no --workdir was given)"
-        )
-        if why is not None:
-            gone = not why and not os.path.lexists(workdir)
-            if recorded and not args.workdir:  # not the user's word: name the file, the way out
-                named = recorded_workdir(given, workdir)
-                raise UsageError(
-                    f"{source} recorded the workdir {named}, which "
-                    f"{'does not exist' if gone else 'is not a directory'}{why} "
-                    f"here: give -C DIR (--workdir) to "
-                    f"{'replay' if replay else 'resume'} it in another directory"
-                )
-            home = (
-                "; a ~ in quotes is not your home directory: leave it unquoted, or write $HOME"
-                if gone and args.workdir.startswith("~")
-                else ""
-            )
-            raise UsageError(
-                f"{where} {'does not exist' if gone else 'is not a directory'}{why}{home}"
-            )
-        check_workdir(workdir, where, confined=not args.no_sandbox)
-        if not args.no_sandbox:  # unconfined, the model's code can write anywhere anyway
-            check_runs_apart(workdir, where)
-        for inside in {workdir, Path(os.path.realpath(recorded.get("workdir") or workdir))}:
-            if (
-                args.resume
-                and Path(os.path.realpath(args.resume)).is_relative_to(inside)
-                and inside != workdir
-                and asked != args.resume
-            ):  # a kept run, by its name
-                raise UsageError(
-                    f"--resume {asked} is the kept run {args.resume}, made by a run "
-                    f"whose workdir, {inside}, holds the kept runs (only "
-                    "--no-sandbox allows that): its code could have rewritten this "
-                    "file, so it is not resumed; give another run's id (--resume "
-                    f"ID; they are in {Path(args.resume).parent}), or remove this "
-                    f"one (rm {args.resume})"
-                    + (" and last names the one before" if asked == "last" else "")
-                )
-            if args.resume and Path(os.path.realpath(args.resume)).is_relative_to(inside):
-                raise UsageError(
-                    f"--resume {args.resume} is inside the workdir {inside}, where "
-                    "the model's code could have rewritten it; it is not resumed "
-                    "(move it out of the workdir if you trust it)"
-                )
-        config = (
-            load_config(workdir, report)
-            if not replay
-            else dict.fromkeys(  # no key
-                ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL")
-            )
-        )
-        server = server_url(config["ANTHROPIC_BASE_URL"] or "")  # recorded; None: Anthropic's
-        if server and "@" in urllib.parse.urlsplit(config["ANTHROPIC_BASE_URL"]).netloc:  # N28
-            report.error(
-                "note: ANTHROPIC_BASE_URL holds a user:password@, which is sent as the "
-                "Authorization header in place of the API key's"
-            )
-        model = args.model or config["ANTHROPIC_MODEL"] or recorded.get("model") or DEFAULT_MODEL
-        prompt = own_prompt(session) if session is not None and system is None else None
-        taken = (
-            {"--workdir DIR": ("workdir", str(workdir), "")}
-            if recorded and not args.workdir
-            else {}
-        )
-        if session is not None and model != (
-            args.model or config["ANTHROPIC_MODEL"] or DEFAULT_MODEL
-        ):
-            taken["--model ID"] = ("model", model, "")
-        made_with = session.get("base_url") if session is not None else server
-        made_with = (server_url(made_with) or made_with) if is_str(made_with) else None
-        made_with, going_to = made_with or ANTHROPIC_URL, server or ANTHROPIC_URL
-        if made_with != going_to:  # its whole history goes to this server: the user says so
-            taken[ELSEWHERE] = (  # one line, its URL fitted to it
-                "server",
-                made_with,
-                f" (its history would now go to {visible(going_to)})",
-            )
-        if prompt:
-            taken["--system-prompt FILE"] = (
-                "system prompt",
-                prompt,
-                f" ({len(prompt):,} characters)",
-            )
-        if taken and own_kept_run(source):  # agent.py wrote it: only a server change is asked
-            taken = {flag: value for flag, value in taken.items() if flag == ELSEWHERE}
-        if (
-            taken
-            and not replay
-            and client is None
-            and importlib.util.find_spec("anthropic") is None
-        ):  # N37: what to install first, not a question, then that
-            raise UsageError(install_hint())
-        if taken and not agreed(
-            consent_question(source, taken.values(), terminal_size()[1]), stdin
-        ):
-            given = [flag for flag in taken if flag != ELSEWHERE]  # what a flag can say
-            why = [f"give {' and '.join(given)} to say how {source} goes on"] if given else []
-            if ELSEWHERE in taken:  # ANTHROPIC_BASE_URL was given: only a y consents
-                why.append(
-                    f"{source} goes on with a server other than the one that made it "
-                    "only when you answer y (echo y | agent.py ...)"
-                )
-            raise UsageError(
-                f"not replayed: give --workdir DIR to say where {source} runs"
-                if replay
-                else "not resumed: " + "; and ".join(why)
-            )
-        if session is not None and system:
-            session["system"] = system
-        target = args.transcript or args.resume  # --resume goes on in the file it continues
-        if target == args.resume and args.resume and is_kept(args.resume, trial=True):
-            target = None  # but a kept trial stays as it ran: the run goes on as a new kept run
-        reach = None if args.no_sandbox else workdir  # where the model's code can write, if not
-        if args.transcript not in (None, "-") and in_runs_dir(args.transcript):  # agent.py's
-            raise UsageError(
-                f"--transcript {args.transcript} is in the directory of kept runs, "
-                "whose files agent.py names by run id: give a path elsewhere (the "
-                "run is kept there anyway)"
-            )
-        output = (
-            OutputFile(target, reach, "--transcript" if args.transcript else "--resume")
-            if target not in (None, "-")
-            else None
-        )  # reach None: everywhere
-        if args.trials:
-            room_for_trials(args.trials)
-        trial_outputs = (
-            {
-                i: OutputFile(trial_path(output.path, i), reach, named=False)
-                for i in range(1, args.trials + 1)
-            }
-            if args.trials and output
-            else {}
-        )
-        events_out = (
-            OutputFile(args.events, reach, "--events", stream=True)
-            if args.events not in (None, "-")
-            else None
-        )
-        check_distinct(
-            [("--transcript", output)] * bool(output)
-            + [("--events", events_out)] * bool(events_out)
-            + [(f"trial {i}'s transcript", o) for i, o in trial_outputs.items()]
-        )
-        if events_out and args.resume:
-            check_distinct([("--events", events_out)], [("--resume", args.resume)])
-        if args.replay:
-            check_distinct(
-                [("--transcript", output)] * bool(output)
-                + [("--events", events_out)] * bool(events_out),
-                [("--replay", args.replay)],
-            )
-        if args.system_prompt:  # read once at the start: an output on it would replace it
-            check_distinct(
-                [("--transcript", output)] * bool(output)
-                + [("--events", events_out)] * bool(events_out)
-                + [(f"trial {i}'s transcript", o) for i, o in trial_outputs.items()],
-                [("--system-prompt", args.system_prompt)],
-            )
-        for flag, given in (
-            ("--budget-usd", args.budget_usd),
-            ("--trials-budget-usd", args.trials_budget_usd),
-        ):
-            if given is not None and base_model(model) not in PRICING:
-                raise UsageError(
-                    f"{flag} needs a known price, and {model} is not in the pricing table"
-                )
-        limits = Limits(
-            max_turns=args.max_turns,
-            token_budget=args.token_budget,
-            budget_usd=args.budget_usd,
-            max_tokens=args.max_tokens,
-            tool_timeout=args.tool_timeout,
-            request_timeout=args.request_timeout,
-            clear_at=args.clear_tool_results,
-            keep_results=args.keep_tool_results,
-            clear_at_least=args.clear_at_least,
-            context_edit=args.context_edit,
-        )
-        if replay:  # the recording's replies, and the limits under which they end as it did
-            limits, client = replay_limits(replay, limits), ReplayClient(replay, args.replay)
-        if client is None:
-            client = make_client(config, limits, otel=args.otel, workdir=workdir)
-        telemetry = Telemetry.start(report) if args.otel else None
-        events = Events.open(events_out, run_id) if args.events else None
-        # Every run is kept but a replay, and a run that goes on in a kept file (--resume last)
-        going_on = bool(args.resume) and target == args.resume and is_kept(args.resume)
-        kept, kept_trials, kept_line = None, {}, None
-        if not (args.no_keep or replay or going_on):
-            if args.trials:
-                kept, kept_trials = keep_run(run_id, reach, report, args.trials)
-            else:
-                kept = keep_run(run_id, reach, report)
-        if going_on:
-            kept_line = KeptRun(KEPT_FILE.fullmatch(output.name)[1], output, report).said()
-        elif kept:
-            kept_line = kept.said()
+            return count_tokens_mode(args, client, system, report)
+        run = Run(args, client, stdin, system, report)
     except UsageError as e:
         report.error(f"agent.py: {e}")
         return EXIT_USAGE
-    except SystemExit as e:  # --help
+    except SystemExit as e:  # --help, --version
         return e.code or 0
     except FileNotFoundError as e:
         if not cwd_gone():
@@ -9138,26 +8853,367 @@ def main(argv=None, client=None, stdin=None):
         return EXIT_USAGE
     except (KeyboardInterrupt, Exception) as e:  # Ctrl-C before anything was sent, or a bug
         return failed(report, stop_for(e, api=False))
-    report.events, report.telemetry = events, telemetry
-    if base_model(model) not in PRICING:
-        report.error(f"note: no price is known for {model}; cost_usd will be null")
+    return run_mode(run)
 
-    def sandbox_status(status):  # on stderr unless --quiet; in the events always
+
+def schema_mode(args):
+    """--schema: print one JSON Schema."""
+    to_stdout(json.dumps(SCHEMAS[args.schema], indent=2))
+    return 0
+
+
+def note_short_key(report):
+    """Learn the key to redact, and say so when it is too short to be."""
+    if learn_secrets():
+        report.line(
+            "note: the API key is shorter than 8 characters, too short to redact "
+            "without hiding ordinary words: agent.py cannot keep it out of what it "
+            "writes (a server's error that echoes it, say)",
+            always=True,
+        )
+
+
+def report_mode(args, report):
+    """--report: an HTML report of a saved run."""
+    args.report = kept_run(args.report, "--report", report)
+    for written in write_report(args.report, args.output):
+        report.line(f"report: {written}", always=True)
+    return 0
+
+
+def export_mode(args, report):
+    """--export atif: a saved run as an ATIF trajectory."""
+    args.export[1] = kept_run(args.export[1], "--export", report)
+    for written in export_atif(args.export[1], args.output):
+        report.line(f"atif: {written}", always=True)
+    return 0
+
+
+def checked_stdin(args, stdin):
+    """stdin as a run reads it, once the question was taken from it (-); a UsageError when the
+    current directory or stdout is gone."""
+    # closed (<&-): as if it held nothing
+    stdin = stdin or sys.stdin or io.StringIO()
+    # every relative path, a recorded workdir's too, would fail
+    if cwd_gone():
+        raise UsageError(CWD_GONE)
+    # >&-
+    if sys.stdout is None:
+        raise UsageError(
+            "stdout is closed: nowhere to write the answer (give > FILE, or > /dev/null)"
+        )
+    if args.question == "-":
+        args.question = read_question(stdin).strip()
+        stdin = QuestionWasRead()
+        if not args.question:
+            raise UsageError("the question is - but stdin held none")
+    # no terminal shows the answer: agreed's question does (a stdin with no file is left as is)
+    with contextlib.suppress(AttributeError, ValueError, OSError):
+        if not stdin.isatty():
+            stdin = PipedAnswers(stdin)
+    return stdin
+
+
+def count_tokens_mode(args, client, system, report):
+    """--count-tokens: what the question would cost in input tokens, from the API."""
+    config = load_config(None, report)
+    model = args.model or config["ANTHROPIC_MODEL"] or DEFAULT_MODEL
+    if args.question is None:
+        report.line(f"no question given: counting the example {EXAMPLE_QUESTION!r}", always=True)
+    client = client or make_client(config, Limits())
+    question = args.question or EXAMPLE_QUESTION
+    try:
+        to_stdout(count_tokens(client, model, question, system or SYSTEM_PROMPT))
+    except Exception as e:  # the server's answer, or its refusal: one line
+        stop = stop_for(e)
+        report.error(f"agent.py: --count-tokens: {stop.reason}: {stop.detail}")
+        return stop.exit_code
+    return 0
+
+
+class Run:
+    """A run checked and set up, nothing sent yet: what each mode (a new run, --resume,
+    --replay, --trials) reads. Setting it up checks everything a run checks before its first
+    request: the file it goes on from, its workdir, the settings, the user's consent to what
+    the file says, the outputs and the kept copy."""
+
+    def __init__(self, args, client, stdin, system, report):
+        self.args = args
+        self.report = report
+        self.stdin = stdin
+        # --system-prompt's text, if given
+        self.system = system
+        self.run_id = uuid.uuid4().hex
+        report.quiet = args.quiet
+        # the variable is checked either way
+        args.no_keep = no_keep_variable() or args.no_keep
+        asked = args.resume
+        args.resume = kept_run(args.resume, "--resume", report)
+        args.replay = kept_run(args.replay, "--replay", report)
+        # the resumed session, and how many of its tool calls were left unanswered
+        self.session = None
+        self.unanswered = 0
+        if args.resume:
+            loaded = load_transcript(args.resume)
+            self.session, self.unanswered = prepare_resume(loaded, args.question)
+        # the recording --replay runs again
+        self.replay = load_recording(args.replay) if args.replay else None
+        # a file: what it says is used only if the user agrees
+        recorded = self.session or self.replay or {}
+        self.workdir = run_workdir(args, recorded, self.replay)
+        check_resumed_outside(args, asked, self.workdir, recorded)
+        if self.replay:
+            config = dict.fromkeys(CONFIG_NAMES)
+        else:
+            config = load_config(self.workdir, report)
+        # ANTHROPIC_BASE_URL as the transcript records it; None: Anthropic's
+        self.server = server_url(config["ANTHROPIC_BASE_URL"] or "")
+        if self.server and "@" in urllib.parse.urlsplit(config["ANTHROPIC_BASE_URL"]).netloc:
+            # N28
+            report.error(
+                "note: ANTHROPIC_BASE_URL holds a user:password@, which is sent as the "
+                "Authorization header in place of the API key's"
+            )
+        model = args.model or config["ANTHROPIC_MODEL"] or recorded.get("model") or DEFAULT_MODEL
+        self.model = model
+        ask_to_go_on(self, client, config)
+        if self.session is not None and system:
+            self.session["system"] = system
+        # --resume goes on in the file it continues, but a kept trial stays as it ran: the run
+        # goes on as a new kept run
+        target = args.transcript or args.resume
+        if target == args.resume and args.resume and is_kept(args.resume, trial=True):
+            target = None
+        # where the model's code can write, if not everywhere
+        reach = None if args.no_sandbox else self.workdir
+        self.output, self.trial_outputs, events_out = open_outputs(args, target, reach)
+        for flag, given in (
+            ("--budget-usd", args.budget_usd),
+            ("--trials-budget-usd", args.trials_budget_usd),
+        ):
+            if given is not None and base_model(model) not in PRICING:
+                raise UsageError(
+                    f"{flag} needs a known price, and {model} is not in the pricing table"
+                )
+        self.limits = flag_limits(args)
+        # a replay runs the recording's replies, under the limits in which they ended as they did
+        if self.replay:
+            self.limits = replay_limits(self.replay, self.limits)
+            client = ReplayClient(self.replay, args.replay)
+        if client is None:
+            client = make_client(config, self.limits, otel=args.otel, workdir=self.workdir)
+        self.client = client
+        self.telemetry = Telemetry.start(report) if args.otel else None
+        self.events = Events.open(events_out, self.run_id) if args.events else None
+        # Every run is kept but a replay, and a run that goes on in a kept file (--resume last)
+        going_on = bool(args.resume) and target == args.resume and is_kept(args.resume)
+        self.kept = None
+        self.kept_trials = {}
+        if not (args.no_keep or self.replay or going_on):
+            if args.trials:
+                self.kept, self.kept_trials = keep_run(self.run_id, reach, report, args.trials)
+            else:
+                self.kept = keep_run(self.run_id, reach, report)
+        # the line that names the kept run, said once
+        self.kept_line = None
+        if going_on:
+            name = KEPT_FILE.fullmatch(self.output.name)[1]
+            self.kept_line = KeptRun(name, self.output, report).said()
+        elif self.kept:
+            self.kept_line = self.kept.said()
+
+
+def flag_limits(args):
+    """The run's Limits, as its flags set them."""
+    return Limits(
+        max_turns=args.max_turns,
+        token_budget=args.token_budget,
+        budget_usd=args.budget_usd,
+        max_tokens=args.max_tokens,
+        tool_timeout=args.tool_timeout,
+        request_timeout=args.request_timeout,
+        clear_at=args.clear_tool_results,
+        keep_results=args.keep_tool_results,
+        clear_at_least=args.clear_at_least,
+        context_edit=args.context_edit,
+    )
+
+
+def run_workdir(args, recorded, replay):
+    """The run's workdir: --workdir, else the one the resumed or replayed file recorded, else
+    the current directory; a UsageError if it is no directory or is refused."""
+    source = args.resume or args.replay
+    given = args.workdir or recorded.get("workdir")
+    workdir, why = resolved_directory(given or ".")
+    if args.workdir:
+        where = workdir_named(f"--workdir {args.workdir}", args.workdir, workdir)
+    elif recorded:
+        where = f"the workdir {source} recorded ({shown_path(workdir)})"
+    else:
+        where = f"the current directory ({workdir}; no --workdir was given)"
+    if why is not None:
+        gone = not why and not os.path.lexists(workdir)
+        missing = "does not exist" if gone else "is not a directory"
+        # not the user's word: name the file, and the way out
+        if recorded and not args.workdir:
+            raise UsageError(
+                f"{source} recorded the workdir {recorded_workdir(given, workdir)}, which "
+                f"{missing}{why} here: give -C DIR (--workdir) to "
+                f"{'replay' if replay else 'resume'} it in another directory"
+            )
+        home = ""
+        if gone and args.workdir.startswith("~"):
+            home = "; a ~ in quotes is not your home directory: leave it unquoted, or write $HOME"
+        raise UsageError(f"{where} {missing}{why}{home}")
+    check_workdir(workdir, where, confined=not args.no_sandbox)
+    # unconfined, the model's code can write anywhere anyway
+    if not args.no_sandbox:
+        check_runs_apart(workdir, where)
+    return workdir
+
+
+def check_resumed_outside(args, asked, workdir, recorded):
+    """Refuse to resume a file inside the workdir (this run's or the recorded one), where the
+    model's code could have rewritten it."""
+    if not args.resume:
+        return
+    resumed = Path(os.path.realpath(args.resume))
+    for inside in {workdir, Path(os.path.realpath(recorded.get("workdir") or workdir))}:
+        if not resumed.is_relative_to(inside):
+            continue
+        # a kept run, by its name
+        if inside != workdir and asked != args.resume:
+            raise UsageError(
+                f"--resume {asked} is the kept run {args.resume}, made by a run "
+                f"whose workdir, {inside}, holds the kept runs (only "
+                "--no-sandbox allows that): its code could have rewritten this "
+                "file, so it is not resumed; give another run's id (--resume "
+                f"ID; they are in {Path(args.resume).parent}), or remove this "
+                f"one (rm {args.resume})"
+                + (" and last names the one before" if asked == "last" else "")
+            )
+        raise UsageError(
+            f"--resume {args.resume} is inside the workdir {inside}, where "
+            "the model's code could have rewritten it; it is not resumed "
+            "(move it out of the workdir if you trust it)"
+        )
+
+
+def ask_to_go_on(run, client, config):
+    """What a resumed or replayed file decides (its workdir, model, system prompt, server) is
+    used only when the user agrees; a UsageError if they do not."""
+    args = run.args
+    session = run.session
+    source = args.resume or args.replay
+    taken = {}
+    if (session or run.replay) and not args.workdir:
+        taken["--workdir DIR"] = ("workdir", str(run.workdir), "")
+    # the model the resumed file recorded, taken where neither -m nor ANTHROPIC_MODEL names one
+    default = args.model or config["ANTHROPIC_MODEL"] or DEFAULT_MODEL
+    if session is not None and run.model != default:
+        taken["--model ID"] = ("model", run.model, "")
+    made_with = session.get("base_url") if session is not None else run.server
+    made_with = (server_url(made_with) or made_with) if is_str(made_with) else None
+    made_with = made_with or ANTHROPIC_URL
+    going_to = run.server or ANTHROPIC_URL
+    # its whole history goes to this server: the user says so, in one line, its URL fitted
+    if made_with != going_to:
+        taken[ELSEWHERE] = (
+            "server",
+            made_with,
+            f" (its history would now go to {visible(going_to)})",
+        )
+    prompt = own_prompt(session) if session is not None and run.system is None else None
+    if prompt:
+        taken["--system-prompt FILE"] = ("system prompt", prompt, f" ({len(prompt):,} characters)")
+    # a run agent.py kept itself, as it wrote it: only a server change is asked about
+    if taken and own_kept_run(source):
+        taken = {flag: value for flag, value in taken.items() if flag == ELSEWHERE}
+    if not taken:
+        return
+    # N37: what to install first, not a question, then that
+    if not run.replay and client is None and importlib.util.find_spec("anthropic") is None:
+        raise UsageError(install_hint())
+    if agreed(consent_question(source, taken.values(), terminal_size()[1]), run.stdin):
+        return
+    if run.replay:
+        raise UsageError(f"not replayed: give --workdir DIR to say where {source} runs")
+    # what a flag can say
+    given = [flag for flag in taken if flag != ELSEWHERE]
+    why = [f"give {' and '.join(given)} to say how {source} goes on"] if given else []
+    # ANTHROPIC_BASE_URL was given: only a y consents
+    if ELSEWHERE in taken:
+        why.append(
+            f"{source} goes on with a server other than the one that made it "
+            "only when you answer y (echo y | agent.py ...)"
+        )
+    raise UsageError("not resumed: " + "; and ".join(why))
+
+
+def open_outputs(args, target, reach):
+    """The transcript (at `target`), each trial's transcript and the events file, each checked
+    to be writable and none the same file as another or as an input; `reach` None: everywhere."""
+    # agent.py names the files of kept runs
+    if args.transcript not in (None, "-") and in_runs_dir(args.transcript):
+        raise UsageError(
+            f"--transcript {args.transcript} is in the directory of kept runs, "
+            "whose files agent.py names by run id: give a path elsewhere (the "
+            "run is kept there anyway)"
+        )
+    output = None
+    if target not in (None, "-"):
+        output = OutputFile(target, reach, "--transcript" if args.transcript else "--resume")
+    if args.trials:
+        room_for_trials(args.trials)
+    trial_outputs = {}
+    if args.trials and output:
+        for i in range(1, args.trials + 1):
+            trial_outputs[i] = OutputFile(trial_path(output.path, i), reach, named=False)
+    events_out = None
+    if args.events not in (None, "-"):
+        events_out = OutputFile(args.events, reach, "--events", stream=True)
+    written = [("--transcript", output)] * bool(output)
+    written += [("--events", events_out)] * bool(events_out)
+    trials = [(f"trial {i}'s transcript", o) for i, o in trial_outputs.items()]
+    check_distinct(written + trials)
+    if events_out and args.resume:
+        check_distinct([("--events", events_out)], [("--resume", args.resume)])
+    if args.replay:
+        check_distinct(written, [("--replay", args.replay)])
+    # read once at the start: an output on it would replace it
+    if args.system_prompt:
+        check_distinct(written + trials, [("--system-prompt", args.system_prompt)])
+    return output, trial_outputs, events_out
+
+
+def run_mode(run):
+    """Run what start_run set up (trials, or one session: new, resumed or replayed), print its
+    answer and say how it stopped; return the exit code."""
+    report = run.report
+    args = run.args
+    report.events = run.events
+    report.telemetry = run.telemetry
+    if base_model(run.model) not in PRICING:
+        report.error(f"note: no price is known for {run.model}; cost_usd will be null")
+
+    # on stderr unless --quiet; in the events always
+    def sandbox_status(status):
         report.line(status)
         report.emit("sandbox", status=status, confined=bool(sandbox.confined))
 
-    sandbox = Sandbox(workdir, not args.no_sandbox, limits, sandbox_status)
-    approve = make_approver(args.yes, args.no_sandbox, sandbox, stdin)
-    ctx = ToolContext(workdir, limits, sandbox, approve, args.decline_message or DECLINE_MESSAGE)
+    sandbox = Sandbox(run.workdir, not args.no_sandbox, run.limits, sandbox_status)
+    approve = make_approver(args.yes, args.no_sandbox, sandbox, run.stdin)
+    decline = args.decline_message or DECLINE_MESSAGE
+    ctx = ToolContext(run.workdir, run.limits, sandbox, approve, decline)
     started = time.monotonic()
     report.emit(
         "run.start",
         schema_version=EVENTS_VERSION,
         agent_version=AGENT_VERSION,
-        model=model,
-        workdir=str(workdir),
-        question=replay["question"] if replay else args.question,
-        limits=asdict(limits),
+        model=run.model,
+        workdir=str(run.workdir),
+        question=run.replay["question"] if run.replay else args.question,
+        limits=asdict(run.limits),
         sandbox={"enabled": not args.no_sandbox, "status": "proven at the first run_python call"},
         **({"resumed_from": args.resume} if args.resume else {}),
         **({"replayed_from": args.replay} if args.replay else {}),
@@ -9165,132 +9221,158 @@ def main(argv=None, client=None, stdin=None):
     )
     try:
         if args.trials:
-            spec = TrialSpec(
-                args.question,
-                model,
-                args.effort,
-                args.trials,
-                args.jobs,
-                args.expect,
-                args.expect_tool,
-                args.expect_stop,
-                args.quiet,
-                system or SYSTEM_PROMPT,
-                server,
-                args.trials_budget_usd,
-            )
-            summary = run_trials(spec, client, ctx, trial_outputs, events, telemetry, kept_trials)
-            if events and events.lost:
-                summary["events_lost"] = events.lost
-            if args.transcript == "-":
-                print_document(summary)
-            elif output:
-                output.write(dump(summary), durable=True)
-            if kept:  # the same summary, naming the kept trials' files
-                kept.write(
-                    dump(
-                        {
-                            **summary,
-                            "trials": [
-                                {**t, "transcript": str(kept_trials[t["index"]].output.path)}
-                                for t in summary["trials"]
-                            ],
-                        }
-                    ),
-                    final=True,
-                )
-                report.line(kept_line)
-            label, code, detail = trials_stop(summary)
-            report.emit(
-                "run.stop",
-                stop=label,
-                detail=detail,
-                exit_code=code,
-                answer=None,
-                usage=None,
-                turns=None,
-                seconds=None,
-            )
-            return code
-        if replay:
-            session = replay_session(replay, workdir, run_id, args.replay)
-            report.line(
-                f"replaying {args.replay}: {plural(len(replay['turns']), 'turn')} "
-                f"recorded from {made_by(replay)}; workdir {workdir}; nothing is sent"
-            )
-        elif session is None:
-            session = new_session(
-                args.question, model, workdir, args.effort, run_id, system or SYSTEM_PROMPT
-            )
-            if server:
-                session["base_url"] = server
+            return trials_mode(run, ctx)
+        if run.replay:
+            run.session = replayed_session(run)
+        elif run.session is None:
+            run.session = new_session_of(run)
         else:
-            session.update(
-                model=model,
-                workdir=str(workdir),
-                run_id=run_id,
-                effort=args.effort or session.get("effort"),
-            )
-            session.pop("base_url", None)  # the server of this run, not the last one's
-            if server:
-                session["base_url"] = server
-            report.line(
-                f"resuming {args.resume}: {plural(len(session['turns']), 'turn')} so "
-                f"far; workdir {workdir}; model {model}"
-                + (
-                    f"; {plural(unanswered, 'pending tool call')} answered 'not run'"
-                    if unanswered
-                    else ""
-                )
-            )
-        save = Saver(output, kept)
-        report.trace("begin", session)
-        stop = drive(
-            client,
-            session,
-            ctx,
-            report,
-            ReplayCheck(replay, client, report, save, args.strict) if replay else save,
-        )
-        report.trace("end", stop, session)
-        report.flush_text()
-        u, turns = session["usage"], plural(len(session["turns"]), "turn")
-        cost = "cost unknown" if u["cost_usd"] is None else f"${u['cost_usd']:.6f}"
-        say = report.error if stop.exit_code not in (0, 3) else report.line
-        empty = (
-            ", with no text"
-            if stop.reason in TEXT_STOPS
-            and stop.exit_code == 0
-            and not (session["answer"] or "").strip()
-            else ""
-        )  # nothing on stdout: say so here
-        say(
-            f"stop: {stop.reason} ({said_stop(stop)}{empty}); {turns}, {u['tokens']} tokens, "
-            f"{cost}{failed_said(session)}"
-        )
-        if kept_line:
-            report.line(kept_line)
-            kept_line = None  # said: not again if the answer cannot be written
-        if args.transcript == "-":
-            print_document(session)
-        elif session["answer"] and args.events != "-" and not already_streamed(report):
-            to_stdout(visible(session["answer"]) if sys.stdout.isatty() else session["answer"])
-        run_stop_event(report, stop, session, started)
-        save.events_lost(session, events)  # the transcript says so, if they were
-        return stop.exit_code
-    except BaseException as e:  # the disk filled up, Ctrl-C outside a turn, a bug: one line
+            resumed_session(run)
+        return session_mode(run, ctx, started)
+    # the disk filled up, Ctrl-C outside a turn, a bug: one line
+    except BaseException as e:
         stop = stop_for(e, api=False)
         failed(report, stop)
-        if kept_line and session and not args.trials:
-            report.line(kept_line)
-        run_stop_event(report, stop, session, started)
+        if run.kept_line and run.session and not args.trials:
+            report.line(run.kept_line)
+        run_stop_event(report, stop, run.session, started)
         return stop.exit_code
     finally:
-        sandbox.close()  # its launcher, if the run started one, ends with the run
-        if telemetry:
-            telemetry.finish(report)
-        if events:
-            events.close()
+        # its launcher, if the run started one, ends with the run
+        sandbox.close()
+        if run.telemetry:
+            run.telemetry.finish(report)
+        if run.events:
+            run.events.close()
+
+
+def trials_mode(run, ctx):
+    """--trials: run the question K times, write the summary, and exit as the trials went."""
+    args = run.args
+    spec = TrialSpec(
+        args.question,
+        run.model,
+        args.effort,
+        args.trials,
+        args.jobs,
+        args.expect,
+        args.expect_tool,
+        args.expect_stop,
+        args.quiet,
+        run.system or SYSTEM_PROMPT,
+        run.server,
+        args.trials_budget_usd,
+    )
+    summary = run_trials(
+        spec, run.client, ctx, run.trial_outputs, run.events, run.telemetry, run.kept_trials
+    )
+    if run.events and run.events.lost:
+        summary["events_lost"] = run.events.lost
+    if args.transcript == "-":
+        print_document(summary)
+    elif run.output:
+        run.output.write(dump(summary), durable=True)
+    # the kept copy: the same summary, naming the kept trials' files
+    if run.kept:
+        trials = [
+            {**t, "transcript": str(run.kept_trials[t["index"]].output.path)}
+            for t in summary["trials"]
+        ]
+        run.kept.write(dump({**summary, "trials": trials}), final=True)
+        run.report.line(run.kept_line)
+    label, code, detail = trials_stop(summary)
+    run.report.emit(
+        "run.stop",
+        stop=label,
+        detail=detail,
+        exit_code=code,
+        answer=None,
+        usage=None,
+        turns=None,
+        seconds=None,
+    )
+    return code
+
+
+def replayed_session(run):
+    """--replay: a session that runs the recording's turns again."""
+    session = replay_session(run.replay, run.workdir, run.run_id, run.args.replay)
+    run.report.line(
+        f"replaying {run.args.replay}: {plural(len(run.replay['turns']), 'turn')} "
+        f"recorded from {made_by(run.replay)}; workdir {run.workdir}; nothing is sent"
+    )
+    return session
+
+
+def new_session_of(run):
+    """A new run: a session with the question alone."""
+    args = run.args
+    prompt = run.system or SYSTEM_PROMPT
+    session = new_session(args.question, run.model, run.workdir, args.effort, run.run_id, prompt)
+    if run.server:
+        session["base_url"] = run.server
+    return session
+
+
+def resumed_session(run):
+    """--resume: the saved session, set to go on with this run's model, workdir and server."""
+    session = run.session
+    session.update(
+        model=run.model,
+        workdir=str(run.workdir),
+        run_id=run.run_id,
+        effort=run.args.effort or session.get("effort"),
+    )
+    # the server of this run, not the last one's
+    session.pop("base_url", None)
+    if run.server:
+        session["base_url"] = run.server
+    pending = ""
+    if run.unanswered:
+        pending = f"; {plural(run.unanswered, 'pending tool call')} answered 'not run'"
+    run.report.line(
+        f"resuming {run.args.resume}: {plural(len(session['turns']), 'turn')} so "
+        f"far; workdir {run.workdir}; model {run.model}{pending}"
+    )
+
+
+def session_mode(run, ctx, started):
+    """Drive the session to its stop, say the stop line, print the answer; the exit code."""
+    args = run.args
+    report = run.report
+    session = run.session
+    save = Saver(run.output, run.kept)
+    # a replay also checks each turn's tool results against the recording
+    checked = ReplayCheck(run.replay, run.client, report, save, args.strict) if run.replay else save
+    report.trace("begin", session)
+    stop = drive(run.client, session, ctx, report, checked)
+    report.trace("end", stop, session)
+    report.flush_text()
+    usage = session["usage"]
+    turns = plural(len(session["turns"]), "turn")
+    cost = "cost unknown" if usage["cost_usd"] is None else f"${usage['cost_usd']:.6f}"
+    say = report.error if stop.exit_code not in (0, 3) else report.line
+    # nothing on stdout: say so here
+    empty = ""
+    if stop.reason in TEXT_STOPS and stop.exit_code == 0 and not (session["answer"] or "").strip():
+        empty = ", with no text"
+    say(
+        f"stop: {stop.reason} ({said_stop(stop)}{empty}); {turns}, {usage['tokens']} tokens, "
+        f"{cost}{failed_said(session)}"
+    )
+    if run.kept_line:
+        report.line(run.kept_line)
+        # said: not again if the answer cannot be written
+        run.kept_line = None
+    if args.transcript == "-":
+        print_document(session)
+    elif session["answer"] and args.events != "-" and not already_streamed(report):
+        answer = session["answer"]
+        to_stdout(visible(answer) if sys.stdout.isatty() else answer)
+    run_stop_event(report, stop, session, started)
+    # the transcript says so, if they were
+    save.events_lost(session, run.events)
+    return stop.exit_code
 
 
 def failed_said(session):

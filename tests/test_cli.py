@@ -1195,6 +1195,8 @@ def test_without_its_dependencies_agent_py_says_how_to_install_them(
     )
     at = "" if stand == "in the checkout" else "agent/"
     assert done.returncode == 2 and "Traceback" not in done.stderr
+    # issue 34: the line names agent.py once, not `agent.py: agent.py needs ...`
+    assert done.stderr.startswith("agent.py: needs the anthropic and python-dotenv packages, ")
     assert (
         f": python3 -m venv {at}.venv && {at}.venv/bin/pip install -r {at}requirements.txt, "
         f"then run {at}.venv/bin/python {at}agent.py ...; or run it with uv run {at}agent.py "
