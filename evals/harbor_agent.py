@@ -247,11 +247,13 @@ DROPPED = {
 class KeyProxy:
     """A trial's proxy on the host's 127.0.0.1: the container's agent.py gets `url` and a
     per-trial `token` in place of the key; a request carrying the token is sent on to the one
-    upstream with the key. Nothing else is forwarded, and stop() ends it with the trial. `failure` keeps why the upstream could
-    not be reached (the trial's error says that, not the proxy's 502)."""
+    upstream with the key. Nothing else is forwarded, and stop() ends it with the trial.
+    `failure` keeps why the upstream could not be reached (the trial's error says that, not the
+    proxy's 502); `requests` counts what reached the proxy (none: the container could not)."""
 
     def __init__(self, key, upstream):
         self.key, self.token, self.failure = key, f"agent-py-trial-{secrets.token_hex(16)}", None
+        self.requests = 0
         parts = urlsplit(upstream)
         self.upstream, self.tls = parts, parts.scheme == "https"
         self.where = f"{parts.scheme}://{parts.hostname}:{parts.port or (443 if self.tls else 80)}"
@@ -288,6 +290,7 @@ class KeyProxy:
         handler.wfile.write(body.encode())
 
     def forward(self, handler):
+        self.requests += 1
         # The SDK sends the key as x-api-key or as a bearer token: the key goes on the same way
         bearer = (handler.headers.get("authorization") or "").removeprefix("Bearer ")
         given = handler.headers.get("x-api-key") or bearer
@@ -473,6 +476,11 @@ chmod -R a+rX {HOME}
         if proxy and proxy.failure and isinstance(error, NonZeroAgentExitCodeError):
             error = NetworkConnectionError(
                 f"agent.py: api_error: the key proxy cannot reach {proxy.where} ({proxy.failure})"
+            )
+        if proxy and not proxy.requests and isinstance(error, NetworkConnectionError):
+            error.args = (
+                f"{error.args[0]}; the container could not reach the key proxy on the host's "
+                "127.0.0.1: give it the host's network, or run with --ak key_proxy=false",
             )
         if error is not None:
             stderr = await self.read_text(environment, f"{LOGS}/{STDERR}")

@@ -152,13 +152,20 @@ NO_LANDLOCK = {
 
 
 def host_network_copy(
-    tmp, *names, agent_timeout=None, no_landlock=False, no_python=False, hostile_env=None
+    tmp,
+    *names,
+    agent_timeout=None,
+    no_landlock=False,
+    no_python=False,
+    hostile_env=None,
+    network="host",
 ):
     """The tasks, as shipped, plus the compose override that gives `main` the host's network
     (so the container reaches FakeAPI on 127.0.0.1) and agent.py's packages as wheels (so
     AgentPy's install needs no index); optionally a shorter agent timeout, or a seccomp profile
     that refuses Landlock (agent.py's sandbox then fails its self-test), or an image without
-    Python, or an image that ships an /installed-agent/.env naming another server."""
+    Python, or an image that ships an /installed-agent/.env naming another server, or another
+    network (`none`: the container cannot reach the host's 127.0.0.1)."""
     for name in names:
         copy = tmp / name
         shutil.copytree(TASKS / name, copy)
@@ -168,7 +175,7 @@ def host_network_copy(
                     "RUN mkdir -p /installed-agent && printf 'ANTHROPIC_BASE_URL=%s\\n' "
                     f"{hostile_env} > /installed-agent/.env\n"
                 )
-        compose = OVERRIDE
+        compose = OVERRIDE.replace("network_mode: host", f"network_mode: {network}")
         if no_landlock:
             profile = copy / "no-landlock.json"
             profile.write_text(json.dumps(NO_LANDLOCK))
@@ -554,9 +561,11 @@ def test_k_3_n_2_makes_3_trials(jobs, fake_api, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def dead_api_job(jobs, tmp_path_factory):
-    """The API dead (nothing listens); and an image with no Python at all."""
+    """The API dead (nothing listens); an image with no Python at all; and a container with no
+    network, which cannot reach the key proxy."""
     tasks = host_network_copy(tmp_path_factory.mktemp("tasks"), "scores-average")
     host_network_copy(tasks, "lowest-three", no_python=True)
+    host_network_copy(tasks, "missing-file", network="none")
     return harbor(
         jobs,
         "agentpy-dead",
@@ -567,7 +576,7 @@ def dead_api_job(jobs, tmp_path_factory):
         "-m",
         f"anthropic/{MODEL}",
         "-n",
-        "2",
+        "3",
         env={"ANTHROPIC_API_KEY": KEY, "ANTHROPIC_BASE_URL": DEAD_API},
     )
 
@@ -580,6 +589,15 @@ def test_an_image_without_python_fails_saying_so(dead_api_job):
         in result["exception_info"]["exception_message"]
     )
     assert result["verifier_result"] is None
+
+
+def test_a_container_that_cannot_reach_the_key_proxy_fails_saying_what_to_do(dead_api_job):
+    folder, result = by_task(dead_api_job)["missing-file"]
+    assert error_type(result) == "NetworkConnectionError", result["exception_info"]
+    message = result["exception_info"]["exception_message"]
+    assert "connection refused" in message
+    assert "could not reach the key proxy on the host's 127.0.0.1" in message
+    assert "--ak key_proxy=false" in message
 
 
 def test_a_dead_api_is_a_network_error_harbor_retries(dead_api_job):
@@ -735,3 +753,56 @@ def test_run_python_that_could_never_run_is_an_error_not_a_quiet_model(harbor_ve
     assert "run_python could never run" in message and "self-test failed" in message
     assert "NonZeroAgentExitCodeError" not in mro  # not caught and verified as a finished one
     assert outcomes([[0, stopped("end_turn"), events[:1]]]) == [None]  # it chose no tool
+
+
+PROXY = """
+import json, socket, sys, urllib.error, urllib.request
+import harbor_agent
+from fake_api import FakeAPI
+from fakes import reply, text
+key = sys.argv[1]
+body = json.dumps({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
+def post(url, token, host=None):
+    request = urllib.request.Request(url + "/v1/messages", body.encode(), method="POST")
+    request.add_header("content-type", "application/json")
+    request.add_header("x-api-key", token)
+    if host:
+        request.add_header("host", host)
+    try:
+        return urllib.request.urlopen(request).status
+    except urllib.error.HTTPError as e:
+        return e.code
+with FakeAPI([lambda b: reply(text("hi"))] * 5) as api, FakeAPI() as other:
+    proxy = harbor_agent.KeyProxy(key, api.url)
+    out = {"bound": proxy.server.server_address[0]}
+    out["wrong token"] = [post(proxy.url, "sk-ant-guess"), len(api.headers)]
+    out["token"] = [post(proxy.url, proxy.token), [h.get("x-api-key") for h in api.headers]]
+    out["another host"] = [post(proxy.url, proxy.token, host=other.url[7:]), len(other.headers)]
+    proxy.stop()
+    try:
+        socket.create_connection(("127.0.0.1", proxy.server.server_address[1]), timeout=2)
+        out["after stop"] = "connected"
+    except OSError as e:
+        out["after stop"] = type(e).__name__
+print(json.dumps(out))
+"""
+
+
+def test_the_key_proxy_forwards_only_its_trials_requests_to_its_one_upstream(harbor_venv):
+    """On 127.0.0.1; a request without the trial's token gets 401 and reaches nobody; with it,
+    the upstream gets the key in its place; a Host header naming another server changes
+    nothing; after stop() nothing listens."""
+    done = subprocess.run(
+        [HARBOR_HOME / "venv/bin/python", "-c", PROXY, KEY],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": f"{ROOT / 'evals'}:{ROOT / 'tests'}"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {
+        "bound": "127.0.0.1",
+        "wrong token": [401, 0],
+        "token": [200, [KEY]],
+        "another host": [200, 0],
+        "after stop": "ConnectionRefusedError",
+    }
