@@ -11,7 +11,7 @@ trajectory. agent.py never imports this file, and this file never imports agent.
 
 What happens in a trial, in order:
 
-  install   agent.py into /installed-agent, with a venv of the image's own Python (3.11 or
+  install   agent.py into /installed-agent (emptied first), with a venv of the image's own Python (3.11 or
             newer; an image without one fails here, saying what it lacks)
   run       agent.py on the instruction, in the task's working directory, against KeyProxy:
             a proxy on the host's 127.0.0.1 that adds the key, so the key never enters the
@@ -473,7 +473,8 @@ chmod -R a+rX {HOME}
         else:
             context.metadata = {"agent_py": {"exit_code": code, "stop": None}}
         error = outcome(code, transcript, events)
-        if proxy and proxy.failure and isinstance(error, NonZeroAgentExitCodeError):
+        # agent.py's api_error is the proxy's 502: say what the proxy could not reach
+        if proxy and proxy.failure and f"proxy: {proxy.failure}" in str(error):
             error = NetworkConnectionError(
                 f"agent.py: api_error: the key proxy cannot reach {proxy.where} ({proxy.failure})"
             )
