@@ -11,11 +11,11 @@ trajectory. agent.py never imports this file, and this file never imports agent.
 
 What happens in a trial, in order:
 
-  install   agent.py into /installed-agent, with a venv of the image's own Python (3.11 or
+  install   agent.py into /installed-agent (emptied first), with a venv of the image's own Python (3.11 or
             newer; an image without one fails here, saying what it lacks)
-  run       agent.py on the instruction, in the task's working directory; the key and
-            ANTHROPIC_BASE_URL reach it as environment variables only; transcript, events,
-            stdout and stderr go to the trial's agent log folder (/logs/agent)
+  run       agent.py on the instruction, in the task's working directory, against KeyProxy:
+            a proxy on the host's 127.0.0.1 that adds the key, so the key never enters the
+            container; transcript, events, stdout and stderr go to /logs/agent
   after     trajectory.json (agent.py's `--export atif`) beside them; Harbor's context filled
             from the transcript; agent.py's stop mapped onto Harbor's outcome (`outcome`)
 
@@ -25,14 +25,21 @@ transcript of the turns that were done, on the host, with the same agent.py.
 Options (`--ak key=value`) and the reasons for their defaults: docs/harbor.md.
 """
 
+import hmac
+import http.client
 import json
 import re
+import secrets
 import shlex
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from harbor.agents.installed.base import (
     AgentAuthenticationError,
@@ -88,6 +95,11 @@ class AgentPyOptions(InstalledAgentOptions):
         default=None, description="agent.py --effort (default: the model's)"
     )
     budget_usd: float | None = Field(default=None, gt=0, description="agent.py --budget-usd")
+    key_proxy: bool = Field(
+        default=True,
+        description="keep the key on the host, behind a proxy on its 127.0.0.1 (the container "
+        "must share the host's network); false: the key goes into the container",
+    )
     sandbox: bool = Field(
         default=False,
         description="keep agent.py's sandbox on (default: off, --no-sandbox; the container is it)",
@@ -213,9 +225,118 @@ def read_events(text):
     return events
 
 
+API = "https://api.anthropic.com"  # the upstream when Harbor's environment names none
+# Request and reply headers the proxy does not pass on: its own connection's, and the
+# credentials it replaces.
+DROPPED = {
+    "host",
+    "connection",
+    "keep-alive",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+    "x-api-key",
+    "authorization",
+}
+
+
+class KeyProxy:
+    """A trial's proxy on the host's 127.0.0.1: the container's agent.py gets `url` and a
+    per-trial `token` in place of the key; a request carrying the token is sent on to the one
+    upstream with the key. Nothing else is forwarded, and stop() ends it with the trial.
+    `failure` keeps why the upstream could not be reached (the trial's error says that, not the
+    proxy's 502); `requests` counts what reached the proxy (none: the container could not)."""
+
+    def __init__(self, key, upstream):
+        self.key, self.token, self.failure = key, f"agent-py-trial-{secrets.token_hex(16)}", None
+        self.requests = 0
+        parts = urlsplit(upstream)
+        self.upstream, self.tls = parts, parts.scheme == "https"
+        self.where = f"{parts.scheme}://{parts.hostname}:{parts.port or (443 if self.tls else 80)}"
+        self.open = set()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                proxy.forward(self)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+        for connection in list(self.open):
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def refuse(self, handler, status, kind, message):
+        body = json.dumps({"type": "error", "error": {"type": kind, "message": message}})
+        handler.send_response(status)
+        handler.send_header("content-type", "application/json")
+        handler.send_header("content-length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body.encode())
+
+    def forward(self, handler):
+        self.requests += 1
+        # The SDK sends the key as x-api-key or as a bearer token: the key goes on the same way
+        bearer = (handler.headers.get("authorization") or "").removeprefix("Bearer ")
+        given = handler.headers.get("x-api-key") or bearer
+        if not hmac.compare_digest(given.encode(), self.token.encode()):
+            return self.refuse(handler, 401, "authentication_error", "not this trial's token")
+        length = handler.headers.get("content-length")
+        if length is None:
+            return self.refuse(handler, 411, "invalid_request_error", "no content-length")
+        body = handler.rfile.read(int(length))
+        headers = {k: v for k, v in handler.headers.items() if k.lower() not in DROPPED}
+        if handler.headers.get("x-api-key"):
+            headers["x-api-key"] = self.key
+        else:
+            headers["authorization"] = f"Bearer {self.key}"
+        up = self.upstream
+        kind = http.client.HTTPSConnection if self.tls else http.client.HTTPConnection
+        connection = kind(up.hostname, up.port, timeout=900)
+        self.open.add(handler.connection)
+        try:
+            try:
+                connection.request("POST", up.path.rstrip("/") + handler.path, body, headers)
+                reply = connection.getresponse()
+            except OSError as e:
+                self.failure = (
+                    "connection refused" if isinstance(e, ConnectionRefusedError) else str(e)
+                )
+                return self.refuse(handler, 502, "api_error", f"proxy: {self.failure}")
+            handler.send_response(reply.status)
+            for name, value in reply.getheaders():
+                if name.lower() not in DROPPED - {"content-length"}:
+                    handler.send_header(name, value)
+            handler.end_headers()
+            while chunk := reply.read1(65536):
+                handler.wfile.write(chunk)
+                handler.wfile.flush()
+        except OSError:
+            pass  # the agent or the trial went away mid-reply
+        finally:
+            connection.close()
+            self.open.discard(handler.connection)
+
+
 class AgentPy(BaseInstalledAgent):
     """agent.py (this repository) as a Harbor agent. Model: `-m anthropic/MODEL`; key:
-    ANTHROPIC_API_KEY (and ANTHROPIC_BASE_URL, if set) from Harbor's environment or `--ae`."""
+    ANTHROPIC_API_KEY (and ANTHROPIC_BASE_URL, if set) from Harbor's environment or `--ae`,
+    kept on the host by KeyProxy unless `--ak key_proxy=false`."""
 
     options_model = AgentPyOptions
     options: AgentPyOptions
@@ -231,6 +352,8 @@ class AgentPy(BaseInstalledAgent):
         return stdout.strip().removeprefix("agent.py ").strip()
 
     async def install(self, environment: BaseEnvironment):
+        # A clean directory: nothing the image ships there (a .env) is read by agent.py
+        await environment.exec(command=f"rm -rf {HOME} && mkdir -m 755 {HOME}", user="root")
         for local in (AGENT_PY, REQUIREMENTS):
             await environment.upload_file(local, f"{HOME}/{local.name}")
         script = f"""
@@ -294,15 +417,19 @@ chmod -R a+rX {HOME}
             f"> {LOGS}/{STDOUT} 2> {LOGS}/{STDERR}"
         )
 
-    def secrets(self):
-        """The key and base URL for agent.py's environment, never a file or a command line
-        Harbor logs: from `--ae` or Harbor's own environment."""
-        env = {}
-        for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"):
-            value = self._get_env(name)
-            if value:
-                env[name] = value
-        return env
+    def upstream(self):
+        """The key, and the server it is for: Harbor's environment's (or `--ae`'s) base URL,
+        else the Anthropic API."""
+        return self._get_env("ANTHROPIC_API_KEY") or "", self._get_env("ANTHROPIC_BASE_URL") or API
+
+    def agent_env(self, proxy):
+        """agent.py's key and base URL, always both (so no .env in the image decides them):
+        the proxy's token and URL, or with key_proxy=false the key and upstream themselves.
+        Environment variables only: never a file or a command line that Harbor logs."""
+        if proxy:
+            return {"ANTHROPIC_API_KEY": proxy.token, "ANTHROPIC_BASE_URL": proxy.url}
+        key, url = self.upstream()
+        return {"ANTHROPIC_API_KEY": key, "ANTHROPIC_BASE_URL": url}
 
     @with_prompt_template
     async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext):
@@ -317,7 +444,14 @@ chmod -R a+rX {HOME}
             await environment.upload_file(
                 Path(self.options.system_prompt).expanduser(), f"{HOME}/system-prompt.md"
             )
-        result = await environment.exec(command=self.command(model), env=self.secrets())
+        key, upstream = self.upstream()
+        # (no key: agent.py itself says it is missing)
+        proxy = KeyProxy(key, upstream) if self.options.key_proxy and key else None
+        try:
+            result = await environment.exec(command=self.command(model), env=self.agent_env(proxy))
+        finally:
+            if proxy:
+                proxy.stop()
         code = result.return_code
         transcript = await self.read_json(environment, f"{LOGS}/{TRANSCRIPT}")
         events = read_events(await self.read_text(environment, f"{LOGS}/{EVENTS}"))
@@ -339,6 +473,16 @@ chmod -R a+rX {HOME}
         else:
             context.metadata = {"agent_py": {"exit_code": code, "stop": None}}
         error = outcome(code, transcript, events)
+        # agent.py's api_error is the proxy's 502: say what the proxy could not reach
+        if proxy and proxy.failure and f"proxy: {proxy.failure}" in str(error):
+            error = NetworkConnectionError(
+                f"agent.py: api_error: the key proxy cannot reach {proxy.where} ({proxy.failure})"
+            )
+        if proxy and not proxy.requests and isinstance(error, NetworkConnectionError):
+            error.args = (
+                f"{error.args[0]}; the container could not reach the key proxy on the host's "
+                "127.0.0.1: give it the host's network, or run with --ak key_proxy=false",
+            )
         if error is not None:
             stderr = await self.read_text(environment, f"{LOGS}/{STDERR}")
             if stderr and not transcript:  # nothing recorded: its own last words say why
