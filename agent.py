@@ -2172,6 +2172,16 @@ COUNT = {"type": "integer", "minimum": 0}
 NUMBER = {"type": "number"}
 BOOL = {"type": "boolean"}
 TIME = {"type": "string", "format": "date-time"}
+INT = {"type": "integer"}
+OBJECT = {"type": "object"}
+
+
+def schema(title, body):
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": f"agent.py {title}",
+        **body,
+    }
 
 
 def nullable(schema):
@@ -2191,23 +2201,20 @@ def obj(required, optional=None):
 
 
 USAGE_SCHEMA = obj({**{k: COUNT for k in COUNTS + ("tokens",)}, "cost_usd": nullable(NUMBER)})
-RETRY_SCHEMA = obj(
-    {"attempt": COUNT, "status": nullable({"type": "integer"}), "error": STRING, "delay": NUMBER}
-)
+RETRY_SCHEMA = obj({"attempt": COUNT, "status": nullable(INT), "error": STRING, "delay": NUMBER})
 LABEL = {"enum": list(EXIT_CODES)}
 PRODUCED_BY = obj(
     {"kind": STRING}, {"model": STRING, "script": STRING, "note": STRING, "turns": COUNT}
 )
-TRANSCRIPT_SCHEMA = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "title": f"agent.py transcript, version {TRANSCRIPT_VERSION}",
-    **obj(
+TRANSCRIPT_SCHEMA = schema(
+    f"transcript, version {TRANSCRIPT_VERSION}",
+    obj(
         {
             "version": {"const": TRANSCRIPT_VERSION},
             "model": STRING,
             "effort": nullable({"enum": list(EFFORTS)}),
             "system": STRING,
-            "tools": array({"type": "object"}),
+            "tools": array(OBJECT),
             "workdir": STRING,
             "question": STRING,
             "messages": array(
@@ -2236,7 +2243,7 @@ TRANSCRIPT_SCHEMA = {
                                 {"id": STRING, "name": STRING, "is_error": BOOL, "seconds": NUMBER},
                                 {
                                     "declined": BOOL,
-                                    "exit_code": nullable({"type": "integer"}),
+                                    "exit_code": nullable(INT),
                                     "bytes": COUNT,
                                 },
                             )
@@ -2251,8 +2258,8 @@ TRANSCRIPT_SCHEMA = {
                         "notes": array(STRING),
                         "message_id": nullable(STRING),
                         "prompt_tokens": COUNT,
-                        "cache_miss": nullable({"type": "object"}),
-                        "context_edits": array({"type": "object"}),
+                        "cache_miss": nullable(OBJECT),
+                        "context_edits": array(OBJECT),
                         "cleared": obj({"tool_results": COUNT, "estimated_tokens": COUNT}),
                         "in_history": {"const": False},
                     },
@@ -2262,7 +2269,7 @@ TRANSCRIPT_SCHEMA = {
                 obj(
                     {"reason": LABEL, "detail": STRING},
                     {
-                        "exit_code": {"type": "integer"},
+                        "exit_code": INT,
                         "retries": array(RETRY_SCHEMA),
                         "failed_usage": USAGE_SCHEMA,
                     },
@@ -2292,99 +2299,84 @@ TRANSCRIPT_SCHEMA = {
             ),
         },
     ),
+)
+# each event's type -> the fields it always has; EVENT_OPTIONAL: those it may have
+EVENT_TYPES = {
+    "run.start": {
+        "schema_version": {"const": EVENTS_VERSION},
+        "agent_version": STRING,
+        "model": STRING,
+        "workdir": STRING,
+        "question": nullable(STRING),
+        "limits": OBJECT,
+        "sandbox": OBJECT,
+    },
+    "sandbox": {"status": STRING, "confined": BOOL},
+    "turn.start": {"turn": COUNT},
+    "text": {"turn": COUNT, "text": STRING},
+    "api.retry": {"turn": COUNT, **RETRY_SCHEMA["properties"]},
+    "tool.start": {"turn": COUNT, "id": STRING, "name": STRING, "input": {}},
+    "tool.end": {
+        "turn": COUNT,
+        "id": STRING,
+        "name": STRING,
+        "is_error": BOOL,
+        "declined": BOOL,
+        "exit_code": nullable(INT),
+        "bytes": COUNT,
+        "seconds": NUMBER,
+        "withheld": BOOL,
+    },
+    "turn.end": {
+        "turn": COUNT,
+        "stop_reason": nullable(STRING),
+        "usage": USAGE_SCHEMA,
+        "request_id": nullable(STRING),
+        "attempts": COUNT,
+        "seconds": NUMBER,
+        "api_seconds": NUMBER,
+        "tool_calls": COUNT,
+        "notes": array(STRING),
+    },
+    "trial.start": {"transcript": nullable(STRING)},
+    "trial.end": {
+        "index": COUNT,
+        "stop": LABEL,
+        "passed": BOOL,
+        "turns": COUNT,
+        "tokens": COUNT,
+        "cost_usd": nullable(NUMBER),
+        "seconds": NUMBER,
+        "transcript": nullable(STRING),
+    },
+    "trials.summary": {"summary": OBJECT},
+    "run.stop": {
+        "stop": nullable(LABEL),
+        "detail": STRING,
+        "exit_code": INT,
+        "answer": nullable(STRING),
+        "usage": nullable(USAGE_SCHEMA),
+        "turns": nullable(COUNT),
+        "seconds": nullable(NUMBER),
+    },
 }
-EVENT_TYPES = {  # type -> (fields it always has, fields it may have)
-    "run.start": (
-        {
-            "schema_version": {"const": EVENTS_VERSION},
-            "agent_version": STRING,
-            "model": STRING,
-            "workdir": STRING,
-            "question": nullable(STRING),
-            "limits": {"type": "object"},
-            "sandbox": {"type": "object"},
-        },
-        {"resumed_from": STRING, "replayed_from": STRING, "trials": COUNT},
-    ),
-    "sandbox": ({"status": STRING, "confined": BOOL}, {}),
-    "turn.start": ({"turn": COUNT}, {}),
-    "text": ({"turn": COUNT, "text": STRING}, {"thinking": BOOL}),
-    "api.retry": (
-        {
-            "turn": COUNT,
-            "attempt": COUNT,
-            "status": nullable({"type": "integer"}),
-            "error": STRING,
-            "delay": NUMBER,
-        },
-        {},
-    ),
-    "tool.start": ({"turn": COUNT, "id": STRING, "name": STRING, "input": {}}, {}),
-    "tool.end": (
-        {
-            "turn": COUNT,
-            "id": STRING,
-            "name": STRING,
-            "is_error": BOOL,
-            "declined": BOOL,
-            "exit_code": nullable({"type": "integer"}),
-            "bytes": COUNT,
-            "seconds": NUMBER,
-            "withheld": BOOL,
-        },
-        {},
-    ),
-    "turn.end": (
-        {
-            "turn": COUNT,
-            "stop_reason": nullable(STRING),
-            "usage": USAGE_SCHEMA,
-            "request_id": nullable(STRING),
-            "attempts": COUNT,
-            "seconds": NUMBER,
-            "api_seconds": NUMBER,
-            "tool_calls": COUNT,
-            "notes": array(STRING),
-        },
-        {},
-    ),
-    "trial.start": ({"transcript": nullable(STRING)}, {}),
-    "trial.end": (
-        {
-            "index": COUNT,
-            "stop": LABEL,
-            "passed": BOOL,
-            "turns": COUNT,
-            "tokens": COUNT,
-            "cost_usd": nullable(NUMBER),
-            "seconds": NUMBER,
-            "transcript": nullable(STRING),
-        },
-        {},
-    ),
-    "trials.summary": ({"summary": {"type": "object"}}, {}),
-    "run.stop": (
-        {
-            "stop": nullable(LABEL),
-            "detail": STRING,
-            "exit_code": {"type": "integer"},
-            "answer": nullable(STRING),
-            "usage": nullable(USAGE_SCHEMA),
-            "turns": nullable(COUNT),
-            "seconds": nullable(NUMBER),
-        },
-        {},
-    ),
+EVENT_OPTIONAL = {
+    "run.start": {"resumed_from": STRING, "replayed_from": STRING, "trials": COUNT},
+    "text": {"thinking": BOOL},
 }
 EVENT_COMMON = {"type": {"enum": list(EVENT_TYPES)}, "seq": COUNT, "at": TIME, "run_id": STRING}
-EVENTS_SCHEMA = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "title": f"agent.py event (one JSON Lines record), version {EVENTS_VERSION}",
-    "oneOf": [
-        {**obj({**EVENT_COMMON, "type": {"const": kind}, **always}, {"trial": COUNT, **maybe})}
-        for kind, (always, maybe) in EVENT_TYPES.items()
-    ],
-}
+EVENTS_SCHEMA = schema(
+    f"event (one JSON Lines record), version {EVENTS_VERSION}",
+    {
+        "oneOf": [
+            obj(
+                {**EVENT_COMMON, "type": {"const": kind}, **always},
+                {"trial": COUNT, **EVENT_OPTIONAL.get(kind, {})},
+            )
+            for kind, always in EVENT_TYPES.items()
+        ]
+    },
+)
 TRIAL_SCHEMA = obj(
     {
         "index": COUNT,
@@ -2398,10 +2390,9 @@ TRIAL_SCHEMA = obj(
     }
 )
 SPREAD = obj({"mean": nullable(NUMBER), "median": nullable(NUMBER)})
-SUMMARY_SCHEMA = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "title": f"agent.py trials summary, version {SUMMARY_VERSION}",
-    **obj(
+SUMMARY_SCHEMA = schema(
+    f"trials summary, version {SUMMARY_VERSION}",
+    obj(
         {
             "version": {"const": SUMMARY_VERSION},
             "kind": {"const": "trials"},
@@ -2431,7 +2422,7 @@ SUMMARY_SCHEMA = {
         },
         {"events_lost": STRING, "base_url": STRING, "budget_usd": NUMBER},
     ),
-}
+)
 SCHEMAS = {"transcript": TRANSCRIPT_SCHEMA, "events": EVENTS_SCHEMA, "summary": SUMMARY_SCHEMA}
 
 
