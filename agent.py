@@ -1757,12 +1757,8 @@ REDACTED = "[redacted secret]"
 
 
 def redact(value):
-    """`value` with every whole secret agent.py holds replaced by a marker: in text (str, or
-    UTF-8 bytes), or in every string of a document (dicts, lists, tuples; keys too). Every door
-    out redacts: the files (dump, OutputFile.put), stdout and stderr (to_stdout, to_stderr),
-    the collector (Counted), and every cut (shorten), so no prefix of a key is left where its
-    whole would have been caught. A key written in parts or encoded passes: only a party that
-    holds it can write it so (docs/threat-model.md)."""
+    """`value` with every whole secret replaced by a marker: in text (str or UTF-8 bytes), or in
+    every string of a document, keys too. Every door out redacts (docs/threat-model.md)."""
     if not SECRETS:
         return value
     # the longest first, so that a secret that holds another is replaced whole
@@ -1781,10 +1777,8 @@ def redact(value):
 
 
 def secret_start(text, least=1, ends=False):
-    """How many characters (at least `least`) at the end of `text` could begin a secret: a
-    stream holds them back until the next part says whether the secret follows (then redact
-    finds it whole), and a cut drops them. With `ends`, of a reversed text: how many could end
-    one."""
+    """How many characters (at least `least`) at the end of `text` could begin a secret (with
+    `ends`, of a reversed text: end one): a stream holds them back, a cut drops them."""
     longest = least - 1
     for secret in SECRETS:
         secret = secret[::-1] if ends else secret
@@ -1800,18 +1794,13 @@ def now():
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-ENCODER = json.JSONEncoder(
-    ensure_ascii=False,
-    separators=(",", ":"),  # made once, not per call
-    allow_nan=False,
-)  # NaN and Infinity are not JSON
+# made once, not per call; NaN and Infinity are not JSON
+ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def dump(document):
-    """A document as the bytes agent.py writes: one line of JSON (the C encoder), secrets
-    redacted, text that is not valid Unicode (a lone surrogate) written as U+FFFD. Never NaN or
-    Infinity: the readers and check_reply keep them out, and should one slip through, it is
-    written as null rather than as a file no JSON reader (agent.py included) accepts."""
+    """A document as the bytes agent.py writes: one line of JSON, secrets redacted, a lone
+    surrogate as U+FFFD, and a NaN or Infinity that slipped through as null."""
     try:
         text = ENCODER.encode(document)
     except ValueError:
@@ -1828,8 +1817,7 @@ LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # in a str, never part of a vali
 
 
 def utf8(text):
-    """`text` as UTF-8, each lone surrogate (a byte that was not UTF-8, a server's stray
-    \\ud800) written as U+FFFD: nothing agent.py writes holds text that is not Unicode."""
+    """`text` as UTF-8, each lone surrogate written as U+FFFD."""
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:
@@ -1837,9 +1825,7 @@ def utf8(text):
 
 
 def clean(value):
-    """A value from outside (a reply, a document read back, an error's text) with each lone
-    surrogate in its strings replaced by U+FFFD, so that every writer, OTel's included, gets
-    text."""
+    """A value from outside with each lone surrogate in its strings replaced by U+FFFD."""
     if isinstance(value, str):
         return value if value.isascii() else LONE_SURROGATE.sub("\ufffd", value)
     if isinstance(value, dict):
@@ -1856,20 +1842,11 @@ TRANSCRIPT_NEEDS_A_FILE = (
 
 
 class OutputFile:
-    """Every file agent.py writes goes through this one writer: a transcript or trials summary
-    (rewritten whole after every turn), events (streamed), a report or an export. Checked before
-    the first request, so that an output goes only where the user meant:
-
-    - outside the workdir, in a directory reached through no symlink another user made;
-    - an existing file is replaced (a new file beside it, then a rename), never truncated or
-      written in place: a hard link's other name keeps its content, and whoever holds the old
-      file open reads nothing new; a file that belongs to another user is left alone;
-    - never through a symlink at the path itself, except that a stream the user names may go
-      through their own FIFO or character device (a pipe, /dev/null, /dev/stdout, a terminal,
-      which then gets its controls escaped); never one another user owns, and never for a path
-      the user did not name (`named=False`: the default beside an input, a trial's transcript).
-
-    The new file is created with O_EXCL under a random name: nothing planted there is opened."""
+    """The one writer of every file agent.py writes, checked before the first request: outside
+    the workdir, through no symlink another user made, never over another user's file; an
+    existing file is replaced (a new file, O_EXCL, then a rename), never written in place; no
+    symlink at the path itself, except a stream the user named may go through their own FIFO
+    or character device (`named=False`: a path agent.py chose)."""
 
     def __init__(self, path, workdir, flag="--transcript", stream=False, named=True):
         path = Path(os.path.abspath(path))
@@ -1947,9 +1924,8 @@ class OutputFile:
         self.identity = (there.st_dev, there.st_ino) if there else str(parent / self.name)
 
     def open_descriptor(self, fd, stream):
-        """/dev/stdout, /dev/stderr, /dev/fd/N as the user names them: agent.py's own
-        descriptor N, written through whatever the shell opened there (a pipe, the terminal,
-        `> file`), as `-` writes stdout. A transcript, rewritten after every turn, needs a file."""
+        """/dev/stdout, /dev/fd/N: agent.py's own descriptor, written through as `-` writes
+        stdout. A transcript, rewritten after every turn, needs a file."""
         if not stream:
             raise UsageError(
                 f"{self.flag} {self.path} is not a regular file: {TRANSCRIPT_NEEDS_A_FILE}"
@@ -1962,8 +1938,7 @@ class OutputFile:
         self.tty, self.identity = os.isatty(self.device), (opened.st_dev, opened.st_ino)
 
     def open_device(self, there):
-        """A descriptor writing through the FIFO or character device at the path: never one
-        that blocks for want of a reader."""
+        """A descriptor of the FIFO or device at the path, never blocking for want of a reader."""
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
         except OSError as e:
@@ -1978,8 +1953,7 @@ class OutputFile:
         return fd
 
     def stream(self):
-        """A binary file to append to: the device, or a new regular file that has already
-        taken the old one's place (so a reader following the name sees it grow)."""
+        """A binary file to append to: the device, or a new file already in the old one's place."""
         if self.device is not None:
             return os.fdopen(self.device, "wb")
         fd = self.create()
@@ -2007,8 +1981,7 @@ class OutputFile:
             raise OutputLost(f"{OutputLost.prefix}{self.path}: {e.strerror}") from e
 
     def create(self):
-        """A new, empty file beside the target, under a name no one could have guessed, made
-        here (O_EXCL): a file, FIFO or hard link planted at that name is never opened."""
+        """A new, empty file beside the target under a random name (O_EXCL: nothing planted)."""
         for _ in range(100):
             self.temp = temp_name(self.name)
             try:
@@ -2029,10 +2002,9 @@ class OutputFile:
             pass
 
     def write(self, data, durable=False):
-        """Write `data` to a new file beside the target, then swap it in for the target. A turn's
-        save swaps the two names (RENAME_EXCHANGE) and unlinks the old file: as atomic as a
-        rename, and five times cheaper on ext4, whose rename over a file forces the new one's
-        blocks out. `durable` (the last save) fsyncs and renames, to survive a power cut too."""
+        """Write `data` to a new file beside the target, then swap it in: a turn's save swaps
+        the names (RENAME_EXCHANGE, cheaper on ext4 than a rename over a file) and unlinks the
+        old; `durable` (the last save) fsyncs and renames."""
         fd = self.create()
         try:
             with os.fdopen(fd, "wb") as f:
@@ -2043,8 +2015,6 @@ class OutputFile:
             if not data:
                 self.discard()
                 return
-            # bench_loop --compare, 100 turns: 1.15x the bare loop's CPU time a turn with
-            # os.replace alone, 1.03x with this (docs/benchmarks.md)
             if (
                 not durable
                 and getattr(LIBC, "renameat2", None)
@@ -2074,15 +2044,13 @@ def own_descriptor(path):
 
 
 def temp_name(name):
-    """The name of the new file written beside `name` before it takes its place: its start, so
-    that a name the file system takes (255 bytes) leaves room for the rest."""
+    """The new file's name beside `name`: its start only, to stay within 255 bytes."""
     return f".{name[:40]}.{uuid.uuid4().hex[:16]}.tmp"
 
 
 def real_directory(path, flag):
-    """The real path of the directory `path` is in, resolved as the kernel would, but refusing
-    a symlink on the way that another user (not this one, not root) made: it could lead an
-    output wherever its maker chose. What does not exist is left for the open to name."""
+    """The real path of the directory `path` is in, refusing a symlink on the way that another
+    user (not this one, not root) made. What does not exist is left for the open to name."""
     me, hops, real = os.geteuid(), 0, Path("/")
     todo = list(reversed(path.parent.parts[1:]))  # still to resolve, the next one last
     while todo:
@@ -2115,8 +2083,7 @@ def real_directory(path, flag):
 
 
 def open_directory(real):
-    """A descriptor of the directory at `real` (a real path), reached through no symlink at
-    all, so nothing swapped in since real_directory looked can lead elsewhere."""
+    """A descriptor of the directory at `real`, reached through no symlink at all."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
     try:
         return openat2(-100, str(real), flags, RESOLVE_NO_SYMLINKS)  # AT_FDCWD; absolute anyway
@@ -2146,8 +2113,7 @@ def file_identity(path):
 
 
 def check_distinct(outputs, inputs=()):
-    """Refuse two outputs on one file, and an output on a file the command reads: each would
-    destroy the other. `outputs` and `inputs`: (flag, OutputFile or path) pairs."""
+    """Refuse two outputs on one file, or an output on an input: (flag, OutputFile or path)."""
     seen = {}
     for flag, out in outputs:
         if out.identity in seen:
@@ -2176,7 +2142,7 @@ INT = {"type": "integer"}
 OBJECT = {"type": "object"}
 
 
-def schema(title, body):
+def published(title, body):
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": f"agent.py {title}",
@@ -2206,7 +2172,7 @@ LABEL = {"enum": list(EXIT_CODES)}
 PRODUCED_BY = obj(
     {"kind": STRING}, {"model": STRING, "script": STRING, "note": STRING, "turns": COUNT}
 )
-TRANSCRIPT_SCHEMA = schema(
+TRANSCRIPT_SCHEMA = published(
     f"transcript, version {TRANSCRIPT_VERSION}",
     obj(
         {
@@ -2365,7 +2331,7 @@ EVENT_OPTIONAL = {
     "text": {"thinking": BOOL},
 }
 EVENT_COMMON = {"type": {"enum": list(EVENT_TYPES)}, "seq": COUNT, "at": TIME, "run_id": STRING}
-EVENTS_SCHEMA = schema(
+EVENTS_SCHEMA = published(
     f"event (one JSON Lines record), version {EVENTS_VERSION}",
     {
         "oneOf": [
@@ -2390,7 +2356,7 @@ TRIAL_SCHEMA = obj(
     }
 )
 SPREAD = obj({"mean": nullable(NUMBER), "median": nullable(NUMBER)})
-SUMMARY_SCHEMA = schema(
+SUMMARY_SCHEMA = published(
     f"trials summary, version {SUMMARY_VERSION}",
     obj(
         {
@@ -2427,13 +2393,8 @@ SCHEMAS = {"transcript": TRANSCRIPT_SCHEMA, "events": EVENTS_SCHEMA, "summary": 
 
 
 class Saver:
-    """Keeps a transcript on disk: after every turn, before the next request (so before any
-    tool of the next turn runs), and at the end, fsynced. Each message and turn is encoded
-    once, so a save costs what is new plus one write of the file (tests/bench_loop.py: a
-    background thread for it was slower, fighting the loop for the GIL)."""
-
-    # bench_loop --compare, 100 turns: 1.27x the bare loop's CPU time a turn with
-    # dump(session) in place of encode(), 1.03x with it (docs/benchmarks.md)
+    """Keeps a transcript on disk: after every turn, before the next request, and at the end,
+    fsynced. Each message and turn is encoded once: a save costs what is new."""
 
     def __init__(self, output, kept=None):
         # --transcript's file, and the kept run's (KeptRun)
@@ -2445,8 +2406,7 @@ class Saver:
         self.fixed = {}
 
     def __call__(self, session, final=False):
-        # With --transcript, the kept run is written once, at the stop (bench_loop --compare:
-        # 1.38x the CPU time a turn of --no-keep when both were saved after every turn).
+        # with --transcript, the kept run is written once, at the stop
         kept = self.kept and (final or not self.output)
         if self.output or kept:
             data = self.encode(session)  # once for both files
@@ -2456,15 +2416,14 @@ class Saver:
                 self.kept.write(data, final)
 
     def events_lost(self, session, events):
-        """Once the run has ended: if the event stream was lost, the transcript says why."""
+        """At the end: if the event stream was lost, the transcript says why."""
         if events and events.lost and session.get("events_lost") != events.lost:
             session["events_lost"] = events.lost
             self(session, final=True)
 
     def encode(self, document):
-        """dump(document), byte for byte, but each message and turn is encoded once (the lists
-        only grow and only the last of each can still change), and so is a field that keeps a
-        value which cannot change in place: a save costs what is new."""
+        """dump(document), byte for byte, but each finished message and turn, and each field
+        whose value cannot change in place, encoded once."""
         parts = []
         for key, value in document.items():
             if key in self.done:
@@ -2483,10 +2442,8 @@ class Saver:
 
 
 class Events:
-    """The event stream (--events): JSON Lines, each event written and flushed as it happens,
-    each with type, seq, at and run_id. Shared by concurrent trials, so it takes a lock. A
-    stream that cannot be written (a closed pipe, a full disk) ends, never the run: `lost`
-    says why, and stderr and the transcript say so once."""
+    """The event stream (--events): JSON Lines, each flushed as it happens; shared by trials. A
+    stream that cannot be written ends, never the run: `lost` says why."""
 
     def __init__(self, stream, run_id, owned=False, tty=False):
         self.stream = stream
@@ -2623,9 +2580,14 @@ def message_problem(i, m, asked):
             return f"messages[{i}].content[{j}] is not a well-formed block: {problem}"
         if b["type"] == "tool_result" and (m["role"] != "user" or b["tool_use_id"] not in asked):
             return f"messages[{i}].content[{j}] answers a tool_use that is not just before it"
-        # what the API would refuse: never sent
+        # what the API would refuse: an empty text, a result not text or text and image blocks
+        content = b.get("content", "")
         empty_text = b["type"] == "text" and not b["text"]
-        bad_result = b["type"] == "tool_result" and not result_content_ok(b.get("content", ""))
+        bad_result = b["type"] == "tool_result" and not (
+            isinstance(content, str)
+            or isinstance(content, list)
+            and all(isinstance(x, dict) and x.get("type") in ("text", "image") for x in content)
+        )
         if empty_text or bad_result:
             return (
                 f"messages[{i}].content[{j}] is an empty text, or a tool_result whose "
@@ -2635,16 +2597,6 @@ def message_problem(i, m, asked):
     if asked - answered:
         return f"messages[{i}] leaves tool_use {sorted(asked - answered)[0]} unanswered"
     return None
-
-
-def result_content_ok(content):
-    """A tool_result's content as the API takes it: text, or a list of text and image blocks."""
-    if isinstance(content, str):
-        return True
-    blocks = ("text", "image")
-    return isinstance(content, list) and all(
-        isinstance(x, dict) and x.get("type") in blocks for x in content
-    )
 
 
 def turn_problem(i, t):
@@ -2678,8 +2630,7 @@ def is_count(value):
 
 
 def sum_problem(turns):
-    """Why the turns' costs or seconds cannot be added up (each is a finite number, their sum
-    is not: 1e308 + 1e308), or None. Counts cannot overflow: their totals stop at 2**53."""
+    """Why the turns' costs or seconds cannot be added up (1e308 + 1e308), or None."""
     for key in ("cost_usd", "seconds", "api_seconds"):
         total = 0.0
         for t in items(turns):
@@ -2690,9 +2641,7 @@ def sum_problem(turns):
 
 
 def summary_problem(summary):
-    """Why a trials summary cannot be rendered, or None: pass@k and pass^k are objects keyed by
-    plain numbers (1, 2, 3...), whatever else the file holds (a value that is not a number is
-    drawn as 0)."""
+    """Why a trials summary cannot be rendered, or None: pass@k and pass^k keyed by numbers."""
     for key in ("pass_at_k", "pass_hat_k"):
         table = summary.get(key, {})
         if not isinstance(table, dict):
@@ -2708,8 +2657,8 @@ MAX_CONTAINERS = 2_000_000  # its objects and lists: 64 MiB of {} would take ~7 
 
 
 def read_regular(named, path, most):
-    """At most `most` bytes of the regular file at `path`, opened so that nothing at the path
-    (a FIFO, a device) can make agent.py block; else a UsageError that starts with `named`."""
+    """At most `most` bytes of the regular file at `path`, never blocking on a FIFO or device;
+    else a UsageError that starts with `named`."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -2729,9 +2678,8 @@ def read_regular(named, path, most):
 
 
 def read_document(path, flag, sized=False):
-    """The JSON document at `path`, read only from a regular file, so that nothing at the path
-    can make agent.py block or run out of memory or recursion; else a UsageError saying what is
-    there. With `sized`, the document and its size in bytes."""
+    """The JSON document at `path`, bounded in size, depth and numbers; else a UsageError saying
+    what is there. With `sized`, the document and its size in bytes."""
     data = read_regular(f"{flag} {path}", path, MAX_DOCUMENT + 1)
     if len(data) > MAX_DOCUMENT:
         raise UsageError(
@@ -2769,7 +2717,7 @@ def read_document(path, flag, sized=False):
                 f"{flag} {path} is an event stream (--events, JSON Lines), not "
                 f"the one JSON document {flag} reads"
             )
-        if data.startswith(b"\xef\xbb\xbf"):  # newuser2 N12: Python's advice was no help
+        if data.startswith(b"\xef\xbb\xbf"):
             raise UsageError(
                 f"{flag} {path} starts with a byte-order mark (saved by an "
                 "editor?), which no JSON document starts with: save it without one"
@@ -2808,7 +2756,7 @@ JSON_NAMES = {type(None): "null", str: "string", int: "number", float: "number",
 def document_kind(document):
     """What a JSON document is, in words, to tell the user what they gave."""
     if not isinstance(document, dict):
-        return f"a JSON {JSON_NAMES.get(type(document), 'list')}"  # the caller says not what
+        return f"a JSON {JSON_NAMES.get(type(document), 'list')}"
     if document.get("kind") == "trials":
         return "a trials summary"
     if str(document.get("schema_version", "")).startswith("ATIF"):
@@ -2821,14 +2769,12 @@ def document_kind(document):
 
 
 def load_transcript(path, flag="--resume", doing=None):
-    """Read a saved transcript for --resume (or --replay, --export), or raise UsageError saying
-    what is wrong."""
+    """The transcript at `path`, or a UsageError saying what is wrong."""
     return checked_transcript(read_document(path, flag), path, doing or flag[2:])
 
 
 def checked_transcript(session, path, doing):
-    """`session`, read from `path`, if it is a transcript fit to resume (replay, export); else a
-    UsageError saying what it is."""
+    """`session` if it is a transcript fit to resume (replay, export); else a UsageError."""
     kind = document_kind(session)
     if kind != "a transcript":
         raise UsageError(f"cannot {doing}: {path} is {kind}, not a transcript")
@@ -2842,8 +2788,8 @@ def checked_transcript(session, path, doing):
 
 
 def prepare_resume(session, question):
-    """Make the saved history valid to send again, then add the follow-up question. Returns
-    the session and how many pending tool calls were answered "not run"."""
+    """The saved history made valid to send again, with the follow-up question, and how many
+    pending tool calls were answered "not run"."""
     messages = session["messages"]
     if isinstance(session.get("produced_by"), dict):  # the turns so far; the rest are the model's
         session["produced_by"].setdefault("turns", len(session["turns"]))
@@ -2891,8 +2837,7 @@ def prepare_resume(session, question):
 
 
 def own_prompt(session):
-    """The system prompt a transcript was made with, if it is not agent.py's (--system-prompt):
-    --resume goes on with it only if the user agrees. None for agent.py's, or none at all."""
+    """The transcript's own system prompt (--system-prompt), if not agent.py's; else None."""
     system = session.get("system")
     return (
         system if isinstance(system, str) and system.strip() and system != SYSTEM_PROMPT else None
