@@ -3926,8 +3926,7 @@ def page(title, body):
 
 
 def token_chart(turns, parts):
-    """Per-turn stacked bars of what each request cost in tokens, with the running cost, added
-    to `parts` (a Bounded list)."""
+    """Per-turn stacked bars of each request's tokens and the running cost, added to `parts`."""
     width, height, left, bottom = 760, 260, 60, 30
     rows = items(turns)
     peak = max(
@@ -4012,8 +4011,7 @@ def block_html(block):
 
 
 def provenance(t):
-    """Where a run's replies came from, when not from a live run of its model: the replies of
-    a scripted model or a recording (produced_by), a replay of a recording (replay)."""
+    """Where a run's replies came from when not from its model: produced_by, replay."""
     made, replayed = fields(t.get("produced_by")), fields(t.get("replay"))
     said = ""
     if made:
@@ -4030,19 +4028,17 @@ def provenance(t):
 
 
 def server_said(t):
-    """The server a run talked to (base_url), for the report's header; none for Anthropic's
-    API, the SDK's default, which transcripts do not name."""
+    """The server a run talked to (base_url), if the transcript names one."""
     return f" · server <code>{esc(t['base_url'])}</code>" if is_str(t.get("base_url")) else ""
 
 
 def priced_as(t):
-    """What a cost means when the run talked to a server that is not Anthropic's API: agent.py
-    prices tokens by the model's name, as that API would bill them (PRICING)."""
+    """What a cost means when the run talked to a server that is not Anthropic's API."""
     url = t.get("base_url")
     if not is_str(url) or urllib.parse.urlsplit(url).hostname == ANTHROPIC_HOST:
         return ""
     model = t.get("model") if is_str(t.get("model")) else "the model"
-    if base_model(model) not in PRICING:  # nothing was priced: say so, not how it was
+    if base_model(model) not in PRICING:
         return (
             f"<p>No cost is shown: agent.py knows no price for {esc(model)} (it prices "
             f"Anthropic's models as Anthropic's API bills them), and {esc(url)} may bill "
@@ -4055,8 +4051,7 @@ def priced_as(t):
 
 
 def run_report(t, cap):
-    """The report of one run: what was asked, how it ended, what each turn cost and did; a
-    UsageError if it would take more than `cap` characters."""
+    """The report of one run: what was asked, how it ended, what each turn cost and did."""
     turns, usage, stop = items(t.get("turns")), fields(t.get("usage")), fields(t.get("stop"))
     prompt = sum(num(usage.get(k)) for k, _, _ in SEGMENTS[:3])
     share = f"{num(usage.get('cache_read_input_tokens')) / prompt:.0%}" if prompt else "n/a"
@@ -4120,9 +4115,8 @@ def run_report(t, cap):
 
 
 def trials_report(summary, cap):
-    """The report of --trials: pass@k and pass^k, and a row per trial with its transcript's
-    name (render that with --report too: this page opens no file of its own accord); a
-    UsageError if it would take more than `cap` characters."""
+    """The report of --trials: pass@k and pass^k, and a row per trial naming its transcript
+    (this page opens no file)."""
     at, hat = fields(summary.get("pass_at_k")), fields(summary.get("pass_hat_k"))
     ks = sorted(int(k) for k in at)  # plain numbers: summary_problem checked them
     interval = summary.get("pass@1_wilson95")
@@ -4217,8 +4211,7 @@ def trials_chart(body, ks, at, hat):
 
 
 class Bounded(list):
-    """The parts of a report, refusing to grow past `cap` characters: what a document makes
-    agent.py write is bounded by the document's size, however it is shaped."""
+    """The parts of a report, refusing to grow past `cap` characters."""
 
     def __init__(self, cap):
         super().__init__()
@@ -4258,9 +4251,8 @@ def oversize(flag, path, input_bytes, what):
 
 
 def write_report(path, output=None):
-    """--report: render a transcript or a trials summary as HTML. It reads only `path` and
-    writes only `output` (default: beside it, .html; "-" for stdout): a summary's trials are
-    rows, not pages, since a document must not make agent.py open another file."""
+    """--report: a transcript or a trials summary as HTML, written to `output` (default: beside
+    it, .html; "-" for stdout). It reads only `path`."""
     document, length = read_document(path, "--report", sized=True)
     kind = document_kind(document)
     if kind not in ("a transcript", "a trials summary"):
@@ -4296,13 +4288,9 @@ def write_report(path, output=None):
 
 # --- Export: ATIF, the Agent Trajectory Interchange Format ---
 #
-# --export atif RUN.json turns a transcript into an ATIF v1.8 trajectory (docs/export.md), the
-# format Harbor and other tools read: the question as a user step, each turn as an agent step
-# (its text, thinking and tool calls, their results as its observation, its usage as its
-# metrics), totals as final_metrics. What ATIF has no field for goes into an `extra`. A trials
-# summary becomes one trajectory per trial, each read from where --trials wrote it beside the
-# summary (run.json -> run.1.json), never from a path the summary names: a document must not
-# make agent.py open another file of its choosing.
+# --export atif RUN.json writes an ATIF v1.8 trajectory (docs/export.md): the question a user
+# step, each turn an agent step, what ATIF has no field for in an `extra`. A trials summary's
+# trials are read from where --trials wrote them (run.1.json), never from a path it names.
 
 ATIF_VERSION = "ATIF-v1.8"
 # the transcript's facts of the run that ATIF has no field for: the trajectory's extra
@@ -4313,9 +4301,8 @@ RUN_FACTS = (
 
 
 def export_atif(path, output):
-    """--export atif: write the trajectory of a transcript, or one per trial of a trials
-    summary, to `output` (default: beside it, .atif.json; trial i's with .i before the
-    extension; "-" for stdout, one trajectory a line). Returns the paths written."""
+    """--export atif: the trajectory of a transcript, or one per trial of a trials summary, to
+    `output` (default: beside it, .atif.json, .i for trial i; "-": stdout). Returns the paths."""
     document, length = read_document(path, "--export", sized=True)
     kind = document_kind(document)
     if kind == "a transcript":
@@ -4335,8 +4322,7 @@ def export_atif(path, output):
                     f"{seen[identity]}: each trial has its own"
                 )
             seen[identity] = flag
-        # all are checked before anything is written, then made again one at a time as they
-        # are written: what is held is one trial's, however many there are
+        # all checked before anything is written, then made again one at a time as written
         for flag, source in sources:
             exported(flag, source)
         trajectories = (exported(flag, source) for flag, source in sources)
@@ -4360,8 +4346,7 @@ def export_atif(path, output):
 
 
 def exported(flag, path, read=None):
-    """The trajectory of the transcript at `path` (or `read`: it and its size), as written,
-    within its cap."""
+    """The trajectory of the transcript at `path` (or `read`: it and its size), within its cap."""
     transcript, length = read or read_document(path, flag, sized=True)
     data = dump(trajectory(checked_transcript(transcript, path, "export")))
     if len(data) > output_cap(length):
@@ -4408,8 +4393,7 @@ def trajectory(session):
 
 
 def atif_agent(session):
-    """The agent block: agent.py, the version that wrote the transcript, its model and tools;
-    its system prompt and effort in extra."""
+    """The agent block; the system prompt and effort in extra."""
     version = session.get("agent_version")
     return {
         "name": "agent.py",
@@ -4425,9 +4409,8 @@ def atif_agent(session):
 
 
 def atif_steps(session):
-    """The history as ATIF steps, in order: each question a user step, each turn an agent step
-    whose observation answers every one of its tool calls (a call the transcript holds no
-    result for is answered 'not run'). Returns the steps and how many calls had no result."""
+    """The history as ATIF steps, each tool call answered (with 'not run' if the transcript
+    holds no result), and how many calls had no result."""
     steps, turns, agent = [], list(session["turns"]), None
     calls = {
         b["id"]: b for m in session["messages"] for b in m["content"] if b["type"] == "tool_use"
@@ -4464,11 +4447,8 @@ def atif_steps(session):
 
 
 def agent_step(turn, content):
-    """One turn as an agent step: the reply's text as its message, its thinking as reasoning,
-    its tool calls, the turn's usage as metrics. The rest of the turn's record (stop reason,
-    request id, seconds, retries, notes...) goes into extra, with the kinds of any other
-    block (redacted thinking, a server tool's) the reply held; what it kept of each tool call
-    goes with the call's result."""
+    """One turn as an agent step: text, reasoning, tool calls, metrics; the rest of the turn's
+    record and the kinds of any other block in extra."""
     step = {
         "source": "agent",
         "message": "".join(b["text"] for b in content if b["type"] == "text"),
@@ -4497,10 +4477,8 @@ def agent_step(turn, content):
 
 
 def observation_result(block, facts, cleared_as=None):
-    """A tool result, naming its call. Its extra: is_error, what the turn recorded of the call
-    (`facts`: declined, exit code, bytes, seconds), and, for a result that clearing later sent
-    as a placeholder, cleared and that placeholder (the content is the whole result, as the
-    model first saw it)."""
+    """A tool result; its extra: is_error, the turn's `facts` of the call, and for a result
+    clearing replaced, its placeholder."""
     content = block.get("content")
     extra = {
         **{k: v for k, v in facts.items() if k not in ("id", "name")},
@@ -4516,8 +4494,7 @@ def observation_result(block, facts, cleared_as=None):
 
 
 def answer_the_rest(step, stop):
-    """Answer each tool call of `step` that has no result (the run stopped before it ran) with
-    a 'not run' one; return how many it answered."""
+    """Answer each tool call of `step` that has no result with 'not run'; return how many."""
     answered = {r["source_call_id"] for r in step.get("observation", {}).get("results", [])}
     missing = [c for c in step.get("tool_calls", []) if c["tool_call_id"] not in answered]
     why = f"the run stopped ({stop['reason']})" if stop else "the transcript ends"
@@ -4533,9 +4510,8 @@ def answer_the_rest(step, stop):
 
 
 def step_metrics(usage):
-    """A usage record as ATIF metrics: the prompt counts every input token, cache reads
-    (cached_tokens, a part of it) and cache writes too; the writes, which ATIF has no field
-    for, go into extra."""
+    """A usage record as ATIF metrics: the prompt counts cache reads and writes; writes in
+    extra."""
     return {
         "prompt_tokens": prompt_tokens(usage),
         "completion_tokens": usage["output_tokens"],
@@ -4546,7 +4522,7 @@ def step_metrics(usage):
 
 
 def final_metrics(session, steps):
-    """The totals over every turn, as the transcript's usage counts them, and the steps."""
+    """The totals over every turn, and the steps."""
     totals = step_metrics(total_usage(session))
     extra = totals.pop("extra")
     return {
@@ -4557,7 +4533,7 @@ def final_metrics(session, steps):
 
 
 def iso_time(value):
-    """`value` if it is an ISO 8601 time (a normalised transcript may hold a stand-in)."""
+    """`value` if it is an ISO 8601 time."""
     try:
         datetime.fromisoformat(value.replace("Z", "+00:00"))
         return value
@@ -4567,12 +4543,8 @@ def iso_time(value):
 
 # --- Telemetry: the run as OpenTelemetry GenAI traces (--otel) ---
 #
-# One invoke_agent span per run (per trial), and under it a chat span per turn and an
-# execute_tool span per tool call, with the attributes of the OpenTelemetry GenAI semantic
-# conventions (docs/telemetry.md). The SDK and its OTLP exporter are optional packages,
-# imported only with --otel; they are configured by the standard OTEL_EXPORTER_OTLP_* variables.
-# Message content and tool arguments and results are recorded only when the user opts in with
-# OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT, as the conventions ask.
+# An invoke_agent span per run (per trial), under it a chat span per turn and an execute_tool
+# span per tool call (docs/telemetry.md). The SDK is imported only with --otel.
 
 OTEL_INSTALL = (
     "--otel needs the OpenTelemetry SDK and its OTLP exporter, which {python} "
@@ -4587,8 +4559,8 @@ OTEL_GRACE = 3.0  # seconds the end of a run may wait for the last spans to reac
 
 
 class Telemetry:
-    """Spans for the moments the Reporter sees. Thread-safe: trials and parallel reads share it.
-    It never ends a run: a failure to record or send is said once on stderr."""
+    """Spans for the moments the Reporter sees; thread-safe. A failure is said once, never ends
+    a run."""
 
     def __init__(self, provider, exporter, content=False):
         from opentelemetry import trace
@@ -4654,8 +4626,7 @@ class Telemetry:
         sdk_log.handlers, sdk_log.propagate = [exporter], False
         service = os.environ.get("OTEL_SERVICE_NAME") or "agent.py"
         resource = Resource.create({"service.name": service, "service.version": AGENT_VERSION})
-        # value lengths are cut at the door, after redaction (redacted_span), not by the SDK: the
-        # user's limits, from the OTEL_*_LIMIT variables
+        # the user's value length limits are applied after redaction (redacted_span)
         try:
             limits = SpanLimits()
         except ValueError as e:
@@ -4891,10 +4862,8 @@ class Telemetry:
 
 
 class Counted(logging.Handler):
-    """The OTLP exporter, counting the spans it sent, and the one door to the collector: every
-    span goes out redacted (redacted_span), whatever a server echoed into it. And the handler
-    of the SDK's log, keeping the last failure it reported (a refused connection, a status) to
-    say why spans were lost."""
+    """The OTLP exporter, counting the spans it sent and redacting each (redacted_span); and
+    the SDK log's handler, keeping the last failure to say why spans were lost."""
 
     def __init__(self, exporter):
         super().__init__(logging.WARNING)
@@ -4940,12 +4909,9 @@ class Counted(logging.Handler):
 
 
 def redacted_span(span, length=None, others=None):
-    """A finished span as it may leave: a copy with every string in it redacted (its name, its
-    attributes, its events' and links' attributes, its status), so no attribute an error's text
-    or a server's header filled, with content capture on or off, carries a secret. The user's
-    limit on an attribute value's length (`length` for the span's, `others` for its events'
-    and links') is applied here, by shorten, after redaction: the SDK, cutting a value when it
-    is set, would leave a prefix of a secret that redact could not find."""
+    """A copy of a finished span with every string redacted, then cut to the user's length
+    limits (`length`: the span's, `others`: its events' and links'): cut first, a prefix of a
+    secret would pass."""
     from opentelemetry.sdk.trace import Event, ReadableSpan
     from opentelemetry.trace import Link, Status
 
@@ -4983,9 +4949,8 @@ class CollectorError(Exception):
     """A collector's answer that loses the batch, though the SDK's exporter would count it sent."""
 
 
+# one name=value of OTEL_EXPORTER_OTLP_HEADERS as the SDK parses it; it prints any other whole
 OTLP_HEADER = re.compile(r"[ \t]*[!#-'*+.0-9A-Z^-z|~-]+[ \t]*=[ \t]*[ !#-+\--:<-\[\]-~]*[ \t]*")
-# one name=value of OTEL_EXPORTER_OTLP_HEADERS as the SDK parses it (opentelemetry.util.re's
-# liberal pattern); the SDK prints any other whole, with its secret
 
 
 def otlp_setting(name):
@@ -4995,9 +4960,8 @@ def otlp_setting(name):
 
 
 def check_otlp_settings(url):
-    """A UsageError, before anything is sent, for a setting the SDK's HTTP exporter would only
-    warn about and replace (the timeout, the compression), fail at every batch with (the URL,
-    the certificates), or print whole (a malformed header: the collector's secret)."""
+    """A UsageError, before anything is sent, for a setting the SDK's HTTP exporter would
+    replace, fail every batch with, or print whole (a malformed header)."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UsageError(f"--otel: the collector {url!r} is not an http(s) URL with a host")
@@ -5047,13 +5011,8 @@ def check_otlp_settings(url):
 
 
 def bounded_session():
-    """The HTTP session the SDK's exporter sends through, bounded so that a collector cannot
-    hurt the run: of an answer it reads the status line and headers only (which http.client
-    caps: 64 KiB a line, 100 headers), never the body, so memory does not grow with what a
-    collector sends; and it follows no redirect (which would send the spans, and any token in
-    the headers, to another server) and reads none of one: a 3xx, which the exporter would
-    count as delivered, loses the batch. Each read waits OTEL_EXPORTER_OTLP_TIMEOUT at most,
-    and the end of the run waits OTEL_GRACE at most (Telemetry.finish)."""
+    """The exporter's HTTP session: it reads an answer's status and headers, never its body,
+    and follows no redirect (a 3xx loses the batch, which the SDK would count delivered)."""
     import requests
 
     class BoundedSession(requests.Session):
@@ -5080,8 +5039,7 @@ def as_json(value):
 
 
 def usage_attributes(usage):
-    """A usage record as the conventions count it for Anthropic: input tokens include the
-    cache's reads and writes, which also get attributes of their own."""
+    """A usage record as the conventions count it: input tokens include the cache's."""
     return {
         "gen_ai.usage.input_tokens": usage["input_tokens"]
         + usage["cache_read_input_tokens"]
@@ -5106,8 +5064,7 @@ def tool_definitions(tools=TOOLS):
 
 
 def genai_messages(messages):
-    """History in the conventions' message form: text, reasoning and tool-call parts; each tool
-    result a message of its own, with role tool."""
+    """History in the conventions' message form; each tool result a message with role tool."""
     out = []
     for m in messages:
         parts, results = [], []
