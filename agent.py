@@ -2169,6 +2169,24 @@ def obj(required, optional=None):
 USAGE_SCHEMA = obj({**{k: COUNT for k in COUNTS + ("tokens",)}, "cost_usd": nullable(NUMBER)})
 RETRY_SCHEMA = obj({"attempt": COUNT, "status": nullable(INT), "error": STRING, "delay": NUMBER})
 LABEL = {"enum": list(EXIT_CODES)}
+# what a turn's record and its turn.end event both begin with
+TURN = {
+    "turn": COUNT,
+    "stop_reason": nullable(STRING),
+    "usage": USAGE_SCHEMA,
+    "request_id": nullable(STRING),
+}
+# a trial's record, in the trial.end event's order
+TRIAL = {
+    "index": COUNT,
+    "stop": LABEL,
+    "passed": BOOL,
+    "turns": COUNT,
+    "tokens": COUNT,
+    "cost_usd": nullable(NUMBER),
+    "seconds": NUMBER,
+    "transcript": nullable(STRING),
+}
 PRODUCED_BY = obj(
     {"kind": STRING}, {"model": STRING, "script": STRING, "note": STRING, "turns": COUNT}
 )
@@ -2188,9 +2206,7 @@ TRANSCRIPT_SCHEMA = published(
                     {
                         "role": {"enum": ["user", "assistant"]},
                         "content": {
-                            **array(
-                                {**obj({"type": STRING}), "additionalProperties": True}
-                            ),  # API blocks
+                            **array({**obj({"type": STRING}), "additionalProperties": True}),
                             "minItems": 1,
                         },
                     }
@@ -2199,10 +2215,7 @@ TRANSCRIPT_SCHEMA = published(
             "turns": array(
                 obj(
                     {
-                        "turn": COUNT,
-                        "stop_reason": nullable(STRING),
-                        "usage": USAGE_SCHEMA,
-                        "request_id": nullable(STRING),
+                        **TURN,
                         "seconds": NUMBER,
                         "tool_calls": array(
                             obj(
@@ -2294,10 +2307,7 @@ EVENT_TYPES = {
         "withheld": BOOL,
     },
     "turn.end": {
-        "turn": COUNT,
-        "stop_reason": nullable(STRING),
-        "usage": USAGE_SCHEMA,
-        "request_id": nullable(STRING),
+        **TURN,
         "attempts": COUNT,
         "seconds": NUMBER,
         "api_seconds": NUMBER,
@@ -2305,16 +2315,7 @@ EVENT_TYPES = {
         "notes": array(STRING),
     },
     "trial.start": {"transcript": nullable(STRING)},
-    "trial.end": {
-        "index": COUNT,
-        "stop": LABEL,
-        "passed": BOOL,
-        "turns": COUNT,
-        "tokens": COUNT,
-        "cost_usd": nullable(NUMBER),
-        "seconds": NUMBER,
-        "transcript": nullable(STRING),
-    },
+    "trial.end": TRIAL,
     "trials.summary": {"summary": OBJECT},
     "run.stop": {
         "stop": nullable(LABEL),
@@ -2344,16 +2345,7 @@ EVENTS_SCHEMA = published(
     },
 )
 TRIAL_SCHEMA = obj(
-    {
-        "index": COUNT,
-        "stop": LABEL,
-        "turns": COUNT,
-        "tokens": COUNT,
-        "cost_usd": nullable(NUMBER),
-        "seconds": NUMBER,
-        "passed": BOOL,
-        "transcript": nullable(STRING),
-    }
+    {k: TRIAL[k] for k in "index stop turns tokens cost_usd seconds passed transcript".split()}
 )
 SPREAD = obj({"mean": nullable(NUMBER), "median": nullable(NUMBER)})
 SUMMARY_SCHEMA = published(
@@ -4010,23 +4002,6 @@ def block_html(block):
     return f"<details><summary>{esc(kind)}</summary><pre>{esc(shorten(json.dumps(block, ensure_ascii=False), 5000))}</pre></details>"
 
 
-def provenance(t):
-    """Where a run's replies came from when not from its model: produced_by, replay."""
-    made, replayed = fields(t.get("produced_by")), fields(t.get("replay"))
-    said = ""
-    if made:
-        who = "a scripted model" if made.get("kind") == "scripted" else "the model"
-        by = made.get("script") or made.get("model") or "?"
-        upto = f", turns 1-{made['turns']}" if isinstance(made.get("turns"), int) else ""
-        said += f" · replies by {who} ({esc(by)}{upto})"
-    if replayed:
-        said += (
-            f" · a replay of <code>{esc(replayed.get('source'))}</code>, "
-            f"{len(items(replayed.get('differences')))} tool results differing"
-        )
-    return said
-
-
 def server_said(t):
     """The server a run talked to (base_url), if the transcript names one."""
     return f" · server <code>{esc(t['base_url'])}</code>" if is_str(t.get("base_url")) else ""
@@ -4064,12 +4039,25 @@ def run_report(t, cap):
         ("time", f"{seconds:.1f} s"),
         ("cache-read share of the prompt", share),
     ]
+    # where the replies came from, when not from the run's model
+    made, replayed = fields(t.get("produced_by")), fields(t.get("replay"))
+    provenance = ""
+    if made:
+        who = "a scripted model" if made.get("kind") == "scripted" else "the model"
+        by = made.get("script") or made.get("model") or "?"
+        upto = f", turns 1-{made['turns']}" if isinstance(made.get("turns"), int) else ""
+        provenance += f" · replies by {who} ({esc(by)}{upto})"
+    if replayed:
+        provenance += (
+            f" · a replay of <code>{esc(replayed.get('source'))}</code>, "
+            f"{len(items(replayed.get('differences')))} tool results differing"
+        )
     body = Bounded(cap)
     body += [
         f'<h1>agent.py run</h1><div class="q">{esc(t.get("question", ""))}</div>',
         f"<p>model <b>{esc(t.get('model'))}</b> · workdir <code>{esc(t.get('workdir'))}"
         f"</code> · run <code>{esc(t.get('run_id', '?'))}</code> · started "
-        f"{esc(t.get('started_at', '?'))}{provenance(t)}{server_said(t)}</p>",
+        f"{esc(t.get('started_at', '?'))}{provenance}{server_said(t)}</p>",
         '<div class="cards">'
         + "".join(f'<div class="card">{esc(k)}<b>{esc(v)}</b></div>' for k, v in cards)
         + "</div>",
@@ -4152,8 +4140,41 @@ def trials_report(summary, cap):
         )
         + priced_as(summary)
     )
+    # pass@k and pass^k for k = 1..scored: a table and a chart
     if ks:
-        trials_chart(body, ks, at, hat)
+        body.append(
+            "<h2>pass@k and pass^k</h2><table><tr><th>k</th><th>pass@k</th><th>pass^k</th></tr>"
+        )
+        for k in ks:
+            body.append(
+                f"<tr><td>{k}</td><td>{num(at.get(str(k))):.3f}</td><td>"
+                f"{num(hat.get(str(k))):.3f}</td></tr>"
+            )
+        width, height = 360, 180
+        body.append(
+            f'</table><svg class="passk" width="{width}" height="{height}" viewBox="0 0 '
+            f'{width} {height}" role="img" aria-label="pass@k and pass^k">'
+        )
+        x = lambda k: 30 + (k - 1) / max(len(ks) - 1, 1) * (width - 50)  # noqa: E731
+        for key, values in (("at", at), ("hat", hat)):
+            body.append(f'<polyline class="line-{key}" points="')
+            for i, k in enumerate(ks):
+                body.append(
+                    f"{' ' * bool(i)}{x(k):.1f},"
+                    f"{height - 20 - num(values.get(str(k))) * (height - 40):.1f}"
+                )
+            body.append('"/>')
+        for k in ks:
+            body.append(
+                f'<text class="axis" x="{x(k):.1f}" y="{height - 4}" '
+                f'text-anchor="middle">k={k}</text>'
+            )
+        body.append(
+            '<text class="axis" x="4" y="14">1.0</text><text class="axis" x="4" '
+            f'y="{height - 20}">0</text></svg><p class="legend"><span class="l-input">'
+            '</span>pass@k<span class="l-output"></span>pass^k (dashed; the lines meet '
+            "where every trial passed or none did)</p>"
+        )
     body.append(
         "<h2>Trials</h2><table><tr><th>trial</th><th>stop</th><th>result</th><th>"
         "turns</th><th>tokens</th><th>cost</th><th>transcript</th></tr>"
@@ -4172,42 +4193,6 @@ def trials_report(summary, cap):
         )
     body.append("</table>")
     return page("agent.py trials", "".join(body))
-
-
-def trials_chart(body, ks, at, hat):
-    """pass@k and pass^k for k = 1..scored: a table and a chart."""
-    body.append(
-        "<h2>pass@k and pass^k</h2><table><tr><th>k</th><th>pass@k</th><th>pass^k</th></tr>"
-    )
-    for k in ks:
-        body.append(
-            f"<tr><td>{k}</td><td>{num(at.get(str(k))):.3f}</td><td>"
-            f"{num(hat.get(str(k))):.3f}</td></tr>"
-        )
-    width, height = 360, 180
-    body.append(
-        f'</table><svg class="passk" width="{width}" height="{height}" viewBox="0 0 '
-        f'{width} {height}" role="img" aria-label="pass@k and pass^k">'
-    )
-    x = lambda k: 30 + (k - 1) / max(len(ks) - 1, 1) * (width - 50)  # noqa: E731
-    for key, values in (("at", at), ("hat", hat)):
-        body.append(f'<polyline class="line-{key}" points="')
-        for i, k in enumerate(ks):
-            body.append(
-                f"{' ' * bool(i)}{x(k):.1f},"
-                f"{height - 20 - num(values.get(str(k))) * (height - 40):.1f}"
-            )
-        body.append('"/>')
-    for k in ks:
-        body.append(
-            f'<text class="axis" x="{x(k):.1f}" y="{height - 4}" text-anchor="middle">k={k}</text>'
-        )
-    body.append(
-        '<text class="axis" x="4" y="14">1.0</text><text class="axis" x="4" '
-        f'y="{height - 20}">0</text></svg><p class="legend"><span class="l-input">'
-        '</span>pass@k<span class="l-output"></span>pass^k (dashed; the lines meet '
-        "where every trial passed or none did)</p>"
-    )
 
 
 class Bounded(list):
@@ -4310,7 +4295,21 @@ def export_atif(path, output):
         inputs = [("--export", path)]
         trajectories = [exported("--export", path, (document, length))]
     elif kind == "a trials summary":
-        indexes = trial_indexes(path, document)
+        # the trials that kept a transcript
+        indexes = []
+        for trial in items(document.get("trials")):
+            index = trial.get("index")
+            if not isinstance(index, int) or isinstance(index, bool) or index < 1:
+                raise UsageError(
+                    f"--export {path}: a trial's index is {index!r}, not a number from 1"
+                )
+            if trial.get("transcript") is not None:
+                indexes.append(index)
+        if not indexes:
+            raise UsageError(
+                f"--export {path} is a trials summary whose trials kept no "
+                "transcript (run --trials with --transcript PATH to keep them)"
+            )
         sources = [(f"trial {i}'s transcript", trial_path(path, i)) for i in indexes]
         # N names of one file would pass its cap N times
         seen = {}
@@ -4354,29 +4353,23 @@ def exported(flag, path, read=None):
     return data
 
 
-def trial_indexes(path, summary):
-    """The indexes of a summary's trials that kept a transcript; a UsageError if none did."""
-    indexes = []
-    for trial in items(summary.get("trials")):
-        index = trial.get("index")
-        if not isinstance(index, int) or isinstance(index, bool) or index < 1:
-            raise UsageError(f"--export {path}: a trial's index is {index!r}, not a number from 1")
-        if trial.get("transcript") is not None:
-            indexes.append(index)
-    if not indexes:
-        raise UsageError(
-            f"--export {path} is a trials summary whose trials kept no "
-            "transcript (run --trials with --transcript PATH to keep them)"
-        )
-    return indexes
-
-
 def trajectory(session):
     """One transcript as an ATIF trajectory."""
     steps, unanswered = atif_steps(session)
+    version = session.get("agent_version")
     document = {
         "schema_version": ATIF_VERSION,
-        "agent": atif_agent(session),
+        "agent": {
+            "name": "agent.py",
+            "version": version if is_str(version) else "unknown",
+            "model_name": session["model"],
+            "tool_definitions": tool_definitions(items(session.get("tools"))),
+            "extra": {
+                "system_prompt": session.get("system"),
+                "effort": session.get("effort"),
+                "transcript_version": session["version"],
+            },
+        },
         "steps": steps,
         "final_metrics": final_metrics(session, steps),
         "extra": {k: session[k] for k in RUN_FACTS if k in session},
@@ -4390,22 +4383,6 @@ def trajectory(session):
             "here, with not_in_transcript in its extra"
         )
     return document
-
-
-def atif_agent(session):
-    """The agent block; the system prompt and effort in extra."""
-    version = session.get("agent_version")
-    return {
-        "name": "agent.py",
-        "version": version if is_str(version) else "unknown",
-        "model_name": session["model"],
-        "tool_definitions": tool_definitions(items(session.get("tools"))),
-        "extra": {
-            "system_prompt": session.get("system"),
-            "effort": session.get("effort"),
-            "transcript_version": session["version"],
-        },
-    }
 
 
 def atif_steps(session):
