@@ -2049,8 +2049,7 @@ def temp_name(name):
 
 
 def real_directory(path, flag):
-    """The real path of the directory `path` is in, refusing a symlink on the way that another
-    user (not this one, not root) made. What does not exist is left for the open to name."""
+    """The real path of `path`'s directory, refusing a symlink another user (not root) made."""
     me, hops, real = os.geteuid(), 0, Path("/")
     todo = list(reversed(path.parent.parts[1:]))  # still to resolve, the next one last
     while todo:
@@ -2385,8 +2384,7 @@ SCHEMAS = {"transcript": TRANSCRIPT_SCHEMA, "events": EVENTS_SCHEMA, "summary": 
 
 
 class Saver:
-    """Keeps a transcript on disk: after every turn, before the next request, and at the end,
-    fsynced. Each message and turn is encoded once: a save costs what is new."""
+    """Keeps a transcript on disk: after every turn, before the next request, and at the end."""
 
     def __init__(self, output, kept=None):
         # --transcript's file, and the kept run's (KeptRun)
@@ -2414,8 +2412,7 @@ class Saver:
             self(session, final=True)
 
     def encode(self, document):
-        """dump(document), byte for byte, but each finished message and turn, and each field
-        whose value cannot change in place, encoded once."""
+        """dump(document), byte for byte, each finished message, turn and field encoded once."""
         parts = []
         for key, value in document.items():
             if key in self.done:
@@ -2434,8 +2431,7 @@ class Saver:
 
 
 class Events:
-    """The event stream (--events): JSON Lines, each flushed as it happens; shared by trials. A
-    stream that cannot be written ends, never the run: `lost` says why."""
+    """The event stream (--events), JSON Lines; one that cannot be written ends, not the run."""
 
     def __init__(self, stream, run_id, owned=False, tty=False):
         self.stream = stream
@@ -2512,8 +2508,7 @@ def is_str(value, empty=False):
 
 
 def transcript_problem(session):
-    """What makes `session` unfit to resume, or None: every field resume reads, types included,
-    and the tool_use/tool_result pairing the API requires."""
+    """What makes `session` unfit to resume, or None: its fields and its tool_use pairing."""
     if not isinstance(session, dict):
         return "it is not a JSON object"
     if session.get("version") != TRANSCRIPT_VERSION:
@@ -2557,8 +2552,7 @@ def transcript_problem(session):
 
 
 def message_problem(i, m, asked):
-    """What makes message `i` unfit to send, or None: its blocks, and the answers to each
-    tool_use of the message before it (`asked`, their ids)."""
+    """What makes message `i` unfit to send, or None; `asked`: the ids it must answer."""
     if (
         not isinstance(m, dict)
         or m.get("role") not in ("user", "assistant")
@@ -2649,8 +2643,7 @@ MAX_CONTAINERS = 2_000_000  # its objects and lists: 64 MiB of {} would take ~7 
 
 
 def read_regular(named, path, most):
-    """At most `most` bytes of the regular file at `path`, never blocking on a FIFO or device;
-    else a UsageError that starts with `named`."""
+    """At most `most` bytes of the regular file at `path`; else a UsageError naming `named`."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -2780,8 +2773,7 @@ def checked_transcript(session, path, doing):
 
 
 def prepare_resume(session, question):
-    """The saved history made valid to send again, with the follow-up question, and how many
-    pending tool calls were answered "not run"."""
+    """The history made valid to send again, with the question; and how many calls were not run."""
     messages = session["messages"]
     if isinstance(session.get("produced_by"), dict):  # the turns so far; the rest are the model's
         session["produced_by"].setdefault("turns", len(session["turns"]))
@@ -4103,8 +4095,7 @@ def run_report(t, cap):
 
 
 def trials_report(summary, cap):
-    """The report of --trials: pass@k and pass^k, and a row per trial naming its transcript
-    (this page opens no file)."""
+    """The report of --trials: pass@k and pass^k, and a row per trial (it opens no file)."""
     at, hat = fields(summary.get("pass_at_k")), fields(summary.get("pass_hat_k"))
     ks = sorted(int(k) for k in at)  # plain numbers: summary_problem checked them
     interval = summary.get("pass@1_wilson95")
@@ -4236,8 +4227,7 @@ def oversize(flag, path, input_bytes, what):
 
 
 def write_report(path, output=None):
-    """--report: a transcript or a trials summary as HTML, written to `output` (default: beside
-    it, .html; "-" for stdout). It reads only `path`."""
+    """--report: a transcript or trials summary as HTML to `output` (default: beside it)."""
     document, length = read_document(path, "--report", sized=True)
     kind = document_kind(document)
     if kind not in ("a transcript", "a trials summary"):
@@ -4386,8 +4376,7 @@ def trajectory(session):
 
 
 def atif_steps(session):
-    """The history as ATIF steps, each tool call answered (with 'not run' if the transcript
-    holds no result), and how many calls had no result."""
+    """The history as ATIF steps, and how many tool calls had no result (answered 'not run')."""
     steps, turns, agent = [], list(session["turns"]), None
     calls = {
         b["id"]: b for m in session["messages"] for b in m["content"] if b["type"] == "tool_use"
@@ -4424,8 +4413,7 @@ def atif_steps(session):
 
 
 def agent_step(turn, content):
-    """One turn as an agent step: text, reasoning, tool calls, metrics; the rest of the turn's
-    record and the kinds of any other block in extra."""
+    """One turn as an agent step; the rest of its record and other blocks' kinds in extra."""
     step = {
         "source": "agent",
         "message": "".join(b["text"] for b in content if b["type"] == "text"),
@@ -4454,8 +4442,7 @@ def agent_step(turn, content):
 
 
 def observation_result(block, facts, cleared_as=None):
-    """A tool result; its extra: is_error, the turn's `facts` of the call, and for a result
-    clearing replaced, its placeholder."""
+    """A tool result; its extra: is_error, the call's `facts`, clearing's placeholder if any."""
     content = block.get("content")
     extra = {
         **{k: v for k, v in facts.items() if k not in ("id", "name")},
@@ -4487,8 +4474,7 @@ def answer_the_rest(step, stop):
 
 
 def step_metrics(usage):
-    """A usage record as ATIF metrics: the prompt counts cache reads and writes; writes in
-    extra."""
+    """A usage record as ATIF metrics (the prompt counts the cache's tokens; writes in extra)."""
     return {
         "prompt_tokens": prompt_tokens(usage),
         "completion_tokens": usage["output_tokens"],
@@ -4536,8 +4522,7 @@ OTEL_GRACE = 3.0  # seconds the end of a run may wait for the last spans to reac
 
 
 class Telemetry:
-    """Spans for the moments the Reporter sees; thread-safe. A failure is said once, never ends
-    a run."""
+    """Spans for the moments the Reporter sees; a failure is said once and never ends a run."""
 
     def __init__(self, provider, exporter, content=False):
         from opentelemetry import trace
@@ -4549,11 +4534,9 @@ class Telemetry:
         self.tracer = provider.get_tracer("agent.py", AGENT_VERSION)
         self.lock = threading.Lock()
         self.runs = {}
-        # why recording stopped, if it did
+        # why recording stopped; next(started): the spans started, plus one; --replay's source
         self.failed = None
-        # next() is the number of spans started so far, plus one
         self.started = count(1)
-        # --replay: the recording, which every span names (no model was called)
         self.replay = None
 
     @classmethod
@@ -4639,8 +4622,10 @@ class Telemetry:
 
     def span(self, name, kind, parent, attributes):
         next(self.started)
+        # a span is named "{operation} {target}"
+        attributes = {"gen_ai.operation.name": name.split()[0], **attributes}
         if self.replay:  # no model was called: every span says so
-            attributes = {**attributes, "agent_py.replay": self.replay}
+            attributes["agent_py.replay"] = self.replay
         context = self.trace.set_span_in_context(parent) if parent else None
         return self.tracer.start_span(
             name, context=context, attributes=attributes, kind=getattr(self.trace.SpanKind, kind)
@@ -4651,7 +4636,6 @@ class Telemetry:
         run_id = session["run_id"] + (f".{trial}" if trial else "")
         self.replay = fields(session.get("replay")).get("source")  # --replay: the recording
         attributes = {
-            "gen_ai.operation.name": "invoke_agent",
             "gen_ai.provider.name": "anthropic",
             "gen_ai.agent.name": "agent.py",
             "gen_ai.agent.version": AGENT_VERSION,
@@ -4689,7 +4673,6 @@ class Telemetry:
                 "CLIENT",
                 run["span"],
                 {
-                    "gen_ai.operation.name": "chat",
                     "gen_ai.provider.name": "anthropic",
                     "gen_ai.request.model": model,
                     "gen_ai.request.stream": True,
@@ -4744,7 +4727,6 @@ class Telemetry:
         run = self.runs.get(trial)
         if run:
             attributes = {
-                "gen_ai.operation.name": "execute_tool",
                 "gen_ai.tool.name": block["name"],
                 "gen_ai.tool.call.id": block["id"],
                 "gen_ai.tool.type": "function",
@@ -4937,8 +4919,7 @@ def otlp_setting(name):
 
 
 def check_otlp_settings(url):
-    """A UsageError, before anything is sent, for a setting the SDK's HTTP exporter would
-    replace, fail every batch with, or print whole (a malformed header)."""
+    """A UsageError for a setting the SDK would replace, fail with, or print (a header)."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UsageError(f"--otel: the collector {url!r} is not an http(s) URL with a host")
