@@ -4392,15 +4392,17 @@ def atif_steps(session):
             continue
         for block in message["content"]:
             if block["type"] == "tool_result":
-                agent["observation"]["results"].append(
-                    observation_result(
-                        block,
-                        facts.get(block["tool_use_id"], {}),
-                        placeholder(block, calls)["content"]
-                        if block["tool_use_id"] in cleared
-                        else None,
-                    )
-                )
+                # its extra: is_error, the call's facts, and clearing's placeholder if any
+                call = block["tool_use_id"]
+                content = block.get("content")
+                extra = {k: v for k, v in facts.get(call, {}).items() if k not in ("id", "name")}
+                extra["is_error"] = bool(block.get("is_error"))
+                if call in cleared:
+                    extra.update(cleared=True, placeholder=placeholder(block, calls)["content"])
+                if not isinstance(content, str):
+                    content = json.dumps(content, ensure_ascii=False)
+                result = {"source_call_id": call, "extra": extra, "content": content}
+                agent["observation"]["results"].append(result)
             elif block["text"] == FINAL_TURN_NOTE:
                 steps.append({"source": "system", "message": block["text"]})
             else:
@@ -4439,22 +4441,6 @@ def agent_step(turn, content):
     if others:
         step["extra"]["other_blocks"] = others
     return step
-
-
-def observation_result(block, facts, cleared_as=None):
-    """A tool result; its extra: is_error, the call's `facts`, clearing's placeholder if any."""
-    content = block.get("content")
-    extra = {
-        **{k: v for k, v in facts.items() if k not in ("id", "name")},
-        "is_error": bool(block.get("is_error")),
-    }
-    if cleared_as is not None:
-        extra.update(cleared=True, placeholder=cleared_as)
-    return {
-        "source_call_id": block["tool_use_id"],
-        "extra": extra,
-        "content": content if isinstance(content, str) else json.dumps(content, ensure_ascii=False),
-    }
 
 
 def answer_the_rest(step, stop):
