@@ -4495,15 +4495,6 @@ def iso_time(value):
 # An invoke_agent span per run (per trial), under it a chat span per turn and an execute_tool
 # span per tool call (docs/telemetry.md). The SDK is imported only with --otel.
 
-OTEL_INSTALL = (
-    "--otel needs the OpenTelemetry SDK and its OTLP exporter, which {python} "
-    "cannot import: {python} -m pip install {packages}"
-)
-OTEL_UV = (
-    "--otel needs the OpenTelemetry SDK and its OTLP exporter, which uv's environment "
-    "for agent.py ({python}) cannot import: run it as uv run --with {packages} agent.py "
-    "... --otel"
-)
 OTEL_GRACE = 3.0  # seconds the end of a run may wait for the last spans to reach the collector
 
 
@@ -4552,16 +4543,20 @@ class Telemetry:
                     "the Python exporters speak: use http/protobuf or grpc"
                 )
         except ImportError:
+            needs = "--otel needs the OpenTelemetry SDK and its OTLP exporter, which"
             # `uv run`: its environment has no pip, and is uv's to make
             if os.environ.get("UV"):
-                packages = " --with ".join(packages)
-                raise UsageError(OTEL_UV.format(python=sys.executable, packages=packages))
+                raise UsageError(
+                    f"{needs} uv's environment for agent.py ({sys.executable}) cannot import: "
+                    f"run it as uv run --with {' --with '.join(packages)} agent.py ... --otel"
+                )
             raise UsageError(
-                OTEL_INSTALL.format(python=sys.executable, packages=" ".join(packages))
+                f"{needs} {sys.executable} cannot import: {sys.executable} -m pip install "
+                + " ".join(packages)
             )
         root = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or ""
-        where = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        where = where or (root or "http://localhost:4318").rstrip("/") + "/v1/traces"
+        named = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        where = named or (root or "http://localhost:4318").rstrip("/") + "/v1/traces"
         if protocol == "grpc":
             exporter = Counted(OTLPSpanExporter())
         else:
@@ -4590,7 +4585,6 @@ class Telemetry:
         recorded = "recorded" if content else "not recorded"
         report.line(f"otel: traces to {exporter.where} ({protocol}); message content {recorded}")
         # /v1/traces added to a URL that ends in it, said as ANTHROPIC_BASE_URL's /v1 is
-        named = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         if not named and protocol != "grpc" and root.rstrip("/").endswith("/v1/traces"):
             root = server_url(root) or root
             report.error(
