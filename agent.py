@@ -2015,14 +2015,10 @@ class OutputFile:
             if not data:
                 self.discard()
                 return
-            if (
-                not durable
-                and getattr(LIBC, "renameat2", None)
-                and LIBC.renameat2(
-                    self.dir_fd, self.temp.encode(), self.dir_fd, self.name.encode(), 2
-                )
-                == 0
-            ):
+            exchange = not durable and getattr(LIBC, "renameat2", None)
+            names = (self.dir_fd, self.temp.encode(), self.dir_fd, self.name.encode())
+            # 2: RENAME_EXCHANGE
+            if exchange and exchange(*names, 2) == 0:
                 os.unlink(self.temp, dir_fd=self.dir_fd)  # now the old transcript
             else:  # the first save, or no RENAME_EXCHANGE here
                 os.replace(self.temp, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
