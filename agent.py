@@ -2672,14 +2672,8 @@ def read_document(path, flag, sized=False):
             "a document agent.py wrote"
         )
     try:
-        document = clean(
-            json.loads(
-                data.decode("utf-8"),
-                parse_int=bounded_int,
-                parse_float=bounded_float,
-                parse_constant=no_constant,
-            )
-        )
+        bounds = dict(parse_int=bounded_int, parse_float=bounded_float, parse_constant=no_constant)
+        document = clean(json.loads(data.decode("utf-8"), **bounds))
         return (document, len(data)) if sized else document
     except RecursionError:
         raise UsageError(f"{flag} {path} is nested too deeply: not a document agent.py wrote")
