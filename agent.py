@@ -1757,12 +1757,8 @@ REDACTED = "[redacted secret]"
 
 
 def redact(value):
-    """`value` with every whole secret agent.py holds replaced by a marker: in text (str, or
-    UTF-8 bytes), or in every string of a document (dicts, lists, tuples; keys too). Every door
-    out redacts: the files (dump, OutputFile.put), stdout and stderr (to_stdout, to_stderr),
-    the collector (Counted), and every cut (shorten), so no prefix of a key is left where its
-    whole would have been caught. A key written in parts or encoded passes: only a party that
-    holds it can write it so (docs/threat-model.md)."""
+    """`value` with every whole secret replaced by a marker: in text (str or UTF-8 bytes), or in
+    every string of a document, keys too. Every door out redacts (docs/threat-model.md)."""
     if not SECRETS:
         return value
     # the longest first, so that a secret that holds another is replaced whole
@@ -1781,10 +1777,8 @@ def redact(value):
 
 
 def secret_start(text, least=1, ends=False):
-    """How many characters (at least `least`) at the end of `text` could begin a secret: a
-    stream holds them back until the next part says whether the secret follows (then redact
-    finds it whole), and a cut drops them. With `ends`, of a reversed text: how many could end
-    one."""
+    """How many characters (at least `least`) at the end of `text` could begin a secret (with
+    `ends`, of a reversed text: end one): a stream holds them back, a cut drops them."""
     longest = least - 1
     for secret in SECRETS:
         secret = secret[::-1] if ends else secret
@@ -1800,18 +1794,13 @@ def now():
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-ENCODER = json.JSONEncoder(
-    ensure_ascii=False,
-    separators=(",", ":"),  # made once, not per call
-    allow_nan=False,
-)  # NaN and Infinity are not JSON
+# made once, not per call; NaN and Infinity are not JSON
+ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def dump(document):
-    """A document as the bytes agent.py writes: one line of JSON (the C encoder), secrets
-    redacted, text that is not valid Unicode (a lone surrogate) written as U+FFFD. Never NaN or
-    Infinity: the readers and check_reply keep them out, and should one slip through, it is
-    written as null rather than as a file no JSON reader (agent.py included) accepts."""
+    """A document as the bytes agent.py writes: one line of JSON, secrets redacted, a lone
+    surrogate as U+FFFD, and a NaN or Infinity that slipped through as null."""
     try:
         text = ENCODER.encode(document)
     except ValueError:
@@ -1828,8 +1817,7 @@ LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # in a str, never part of a vali
 
 
 def utf8(text):
-    """`text` as UTF-8, each lone surrogate (a byte that was not UTF-8, a server's stray
-    \\ud800) written as U+FFFD: nothing agent.py writes holds text that is not Unicode."""
+    """`text` as UTF-8, each lone surrogate written as U+FFFD."""
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:
@@ -1837,9 +1825,7 @@ def utf8(text):
 
 
 def clean(value):
-    """A value from outside (a reply, a document read back, an error's text) with each lone
-    surrogate in its strings replaced by U+FFFD, so that every writer, OTel's included, gets
-    text."""
+    """A value from outside with each lone surrogate in its strings replaced by U+FFFD."""
     if isinstance(value, str):
         return value if value.isascii() else LONE_SURROGATE.sub("\ufffd", value)
     if isinstance(value, dict):
@@ -1856,20 +1842,11 @@ TRANSCRIPT_NEEDS_A_FILE = (
 
 
 class OutputFile:
-    """Every file agent.py writes goes through this one writer: a transcript or trials summary
-    (rewritten whole after every turn), events (streamed), a report or an export. Checked before
-    the first request, so that an output goes only where the user meant:
-
-    - outside the workdir, in a directory reached through no symlink another user made;
-    - an existing file is replaced (a new file beside it, then a rename), never truncated or
-      written in place: a hard link's other name keeps its content, and whoever holds the old
-      file open reads nothing new; a file that belongs to another user is left alone;
-    - never through a symlink at the path itself, except that a stream the user names may go
-      through their own FIFO or character device (a pipe, /dev/null, /dev/stdout, a terminal,
-      which then gets its controls escaped); never one another user owns, and never for a path
-      the user did not name (`named=False`: the default beside an input, a trial's transcript).
-
-    The new file is created with O_EXCL under a random name: nothing planted there is opened."""
+    """The one writer of every file agent.py writes, checked before the first request: outside
+    the workdir, through no symlink another user made, never over another user's file; an
+    existing file is replaced (a new file, O_EXCL, then a rename), never written in place; no
+    symlink at the path itself, except a stream the user named may go through their own FIFO
+    or character device (`named=False`: a path agent.py chose)."""
 
     def __init__(self, path, workdir, flag="--transcript", stream=False, named=True):
         path = Path(os.path.abspath(path))
@@ -1947,9 +1924,8 @@ class OutputFile:
         self.identity = (there.st_dev, there.st_ino) if there else str(parent / self.name)
 
     def open_descriptor(self, fd, stream):
-        """/dev/stdout, /dev/stderr, /dev/fd/N as the user names them: agent.py's own
-        descriptor N, written through whatever the shell opened there (a pipe, the terminal,
-        `> file`), as `-` writes stdout. A transcript, rewritten after every turn, needs a file."""
+        """/dev/stdout, /dev/fd/N: agent.py's own descriptor, written through as `-` writes
+        stdout. A transcript, rewritten after every turn, needs a file."""
         if not stream:
             raise UsageError(
                 f"{self.flag} {self.path} is not a regular file: {TRANSCRIPT_NEEDS_A_FILE}"
@@ -1962,8 +1938,7 @@ class OutputFile:
         self.tty, self.identity = os.isatty(self.device), (opened.st_dev, opened.st_ino)
 
     def open_device(self, there):
-        """A descriptor writing through the FIFO or character device at the path: never one
-        that blocks for want of a reader."""
+        """A descriptor of the FIFO or device at the path, never blocking for want of a reader."""
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
         except OSError as e:
@@ -1978,8 +1953,7 @@ class OutputFile:
         return fd
 
     def stream(self):
-        """A binary file to append to: the device, or a new regular file that has already
-        taken the old one's place (so a reader following the name sees it grow)."""
+        """A binary file to append to: the device, or a new file already in the old one's place."""
         if self.device is not None:
             return os.fdopen(self.device, "wb")
         fd = self.create()
@@ -2007,8 +1981,7 @@ class OutputFile:
             raise OutputLost(f"{OutputLost.prefix}{self.path}: {e.strerror}") from e
 
     def create(self):
-        """A new, empty file beside the target, under a name no one could have guessed, made
-        here (O_EXCL): a file, FIFO or hard link planted at that name is never opened."""
+        """A new, empty file beside the target under a random name (O_EXCL: nothing planted)."""
         for _ in range(100):
             self.temp = temp_name(self.name)
             try:
@@ -2029,10 +2002,9 @@ class OutputFile:
             pass
 
     def write(self, data, durable=False):
-        """Write `data` to a new file beside the target, then swap it in for the target. A turn's
-        save swaps the two names (RENAME_EXCHANGE) and unlinks the old file: as atomic as a
-        rename, and five times cheaper on ext4, whose rename over a file forces the new one's
-        blocks out. `durable` (the last save) fsyncs and renames, to survive a power cut too."""
+        """Write `data` to a new file beside the target, then swap it in: a turn's save swaps
+        the names (RENAME_EXCHANGE, cheaper on ext4 than a rename over a file) and unlinks the
+        old; `durable` (the last save) fsyncs and renames."""
         fd = self.create()
         try:
             with os.fdopen(fd, "wb") as f:
@@ -2043,16 +2015,10 @@ class OutputFile:
             if not data:
                 self.discard()
                 return
-            # bench_loop --compare, 100 turns: 1.15x the bare loop's CPU time a turn with
-            # os.replace alone, 1.03x with this (docs/benchmarks.md)
-            if (
-                not durable
-                and getattr(LIBC, "renameat2", None)
-                and LIBC.renameat2(
-                    self.dir_fd, self.temp.encode(), self.dir_fd, self.name.encode(), 2
-                )
-                == 0
-            ):
+            exchange = not durable and getattr(LIBC, "renameat2", None)
+            names = (self.dir_fd, self.temp.encode(), self.dir_fd, self.name.encode())
+            # 2: RENAME_EXCHANGE
+            if exchange and exchange(*names, 2) == 0:
                 os.unlink(self.temp, dir_fd=self.dir_fd)  # now the old transcript
             else:  # the first save, or no RENAME_EXCHANGE here
                 os.replace(self.temp, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
@@ -2074,15 +2040,12 @@ def own_descriptor(path):
 
 
 def temp_name(name):
-    """The name of the new file written beside `name` before it takes its place: its start, so
-    that a name the file system takes (255 bytes) leaves room for the rest."""
+    """The new file's name beside `name`: its start only, to stay within 255 bytes."""
     return f".{name[:40]}.{uuid.uuid4().hex[:16]}.tmp"
 
 
 def real_directory(path, flag):
-    """The real path of the directory `path` is in, resolved as the kernel would, but refusing
-    a symlink on the way that another user (not this one, not root) made: it could lead an
-    output wherever its maker chose. What does not exist is left for the open to name."""
+    """The real path of `path`'s directory, refusing a symlink another user (not root) made."""
     me, hops, real = os.geteuid(), 0, Path("/")
     todo = list(reversed(path.parent.parts[1:]))  # still to resolve, the next one last
     while todo:
@@ -2115,8 +2078,7 @@ def real_directory(path, flag):
 
 
 def open_directory(real):
-    """A descriptor of the directory at `real` (a real path), reached through no symlink at
-    all, so nothing swapped in since real_directory looked can lead elsewhere."""
+    """A descriptor of the directory at `real`, reached through no symlink at all."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
     try:
         return openat2(-100, str(real), flags, RESOLVE_NO_SYMLINKS)  # AT_FDCWD; absolute anyway
@@ -2146,8 +2108,7 @@ def file_identity(path):
 
 
 def check_distinct(outputs, inputs=()):
-    """Refuse two outputs on one file, and an output on a file the command reads: each would
-    destroy the other. `outputs` and `inputs`: (flag, OutputFile or path) pairs."""
+    """Refuse two outputs on one file, or an output on an input: (flag, OutputFile or path)."""
     seen = {}
     for flag, out in outputs:
         if out.identity in seen:
@@ -2172,6 +2133,16 @@ COUNT = {"type": "integer", "minimum": 0}
 NUMBER = {"type": "number"}
 BOOL = {"type": "boolean"}
 TIME = {"type": "string", "format": "date-time"}
+INT = {"type": "integer"}
+OBJECT = {"type": "object"}
+
+
+def published(title, body):
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": f"agent.py {title}",
+        **body,
+    }
 
 
 def nullable(schema):
@@ -2191,23 +2162,38 @@ def obj(required, optional=None):
 
 
 USAGE_SCHEMA = obj({**{k: COUNT for k in COUNTS + ("tokens",)}, "cost_usd": nullable(NUMBER)})
-RETRY_SCHEMA = obj(
-    {"attempt": COUNT, "status": nullable({"type": "integer"}), "error": STRING, "delay": NUMBER}
-)
+RETRY_SCHEMA = obj({"attempt": COUNT, "status": nullable(INT), "error": STRING, "delay": NUMBER})
 LABEL = {"enum": list(EXIT_CODES)}
+# what a turn's record and its turn.end event both begin with
+TURN = {
+    "turn": COUNT,
+    "stop_reason": nullable(STRING),
+    "usage": USAGE_SCHEMA,
+    "request_id": nullable(STRING),
+}
+# a trial's record, in the trial.end event's order
+TRIAL = {
+    "index": COUNT,
+    "stop": LABEL,
+    "passed": BOOL,
+    "turns": COUNT,
+    "tokens": COUNT,
+    "cost_usd": nullable(NUMBER),
+    "seconds": NUMBER,
+    "transcript": nullable(STRING),
+}
 PRODUCED_BY = obj(
     {"kind": STRING}, {"model": STRING, "script": STRING, "note": STRING, "turns": COUNT}
 )
-TRANSCRIPT_SCHEMA = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "title": f"agent.py transcript, version {TRANSCRIPT_VERSION}",
-    **obj(
+TRANSCRIPT_SCHEMA = published(
+    f"transcript, version {TRANSCRIPT_VERSION}",
+    obj(
         {
             "version": {"const": TRANSCRIPT_VERSION},
             "model": STRING,
             "effort": nullable({"enum": list(EFFORTS)}),
             "system": STRING,
-            "tools": array({"type": "object"}),
+            "tools": array(OBJECT),
             "workdir": STRING,
             "question": STRING,
             "messages": array(
@@ -2215,9 +2201,7 @@ TRANSCRIPT_SCHEMA = {
                     {
                         "role": {"enum": ["user", "assistant"]},
                         "content": {
-                            **array(
-                                {**obj({"type": STRING}), "additionalProperties": True}
-                            ),  # API blocks
+                            **array({**obj({"type": STRING}), "additionalProperties": True}),
                             "minItems": 1,
                         },
                     }
@@ -2226,17 +2210,14 @@ TRANSCRIPT_SCHEMA = {
             "turns": array(
                 obj(
                     {
-                        "turn": COUNT,
-                        "stop_reason": nullable(STRING),
-                        "usage": USAGE_SCHEMA,
-                        "request_id": nullable(STRING),
+                        **TURN,
                         "seconds": NUMBER,
                         "tool_calls": array(
                             obj(
                                 {"id": STRING, "name": STRING, "is_error": BOOL, "seconds": NUMBER},
                                 {
                                     "declined": BOOL,
-                                    "exit_code": nullable({"type": "integer"}),
+                                    "exit_code": nullable(INT),
                                     "bytes": COUNT,
                                 },
                             )
@@ -2251,8 +2232,8 @@ TRANSCRIPT_SCHEMA = {
                         "notes": array(STRING),
                         "message_id": nullable(STRING),
                         "prompt_tokens": COUNT,
-                        "cache_miss": nullable({"type": "object"}),
-                        "context_edits": array({"type": "object"}),
+                        "cache_miss": nullable(OBJECT),
+                        "context_edits": array(OBJECT),
                         "cleared": obj({"tool_results": COUNT, "estimated_tokens": COUNT}),
                         "in_history": {"const": False},
                     },
@@ -2262,7 +2243,7 @@ TRANSCRIPT_SCHEMA = {
                 obj(
                     {"reason": LABEL, "detail": STRING},
                     {
-                        "exit_code": {"type": "integer"},
+                        "exit_code": INT,
                         "retries": array(RETRY_SCHEMA),
                         "failed_usage": USAGE_SCHEMA,
                     },
@@ -2292,116 +2273,79 @@ TRANSCRIPT_SCHEMA = {
             ),
         },
     ),
+)
+# each event's type -> the fields it always has; EVENT_OPTIONAL: those it may have
+EVENT_TYPES = {
+    "run.start": {
+        "schema_version": {"const": EVENTS_VERSION},
+        "agent_version": STRING,
+        "model": STRING,
+        "workdir": STRING,
+        "question": nullable(STRING),
+        "limits": OBJECT,
+        "sandbox": OBJECT,
+    },
+    "sandbox": {"status": STRING, "confined": BOOL},
+    "turn.start": {"turn": COUNT},
+    "text": {"turn": COUNT, "text": STRING},
+    "api.retry": {"turn": COUNT, **RETRY_SCHEMA["properties"]},
+    "tool.start": {"turn": COUNT, "id": STRING, "name": STRING, "input": {}},
+    "tool.end": {
+        "turn": COUNT,
+        "id": STRING,
+        "name": STRING,
+        "is_error": BOOL,
+        "declined": BOOL,
+        "exit_code": nullable(INT),
+        "bytes": COUNT,
+        "seconds": NUMBER,
+        "withheld": BOOL,
+    },
+    "turn.end": {
+        **TURN,
+        "attempts": COUNT,
+        "seconds": NUMBER,
+        "api_seconds": NUMBER,
+        "tool_calls": COUNT,
+        "notes": array(STRING),
+    },
+    "trial.start": {"transcript": nullable(STRING)},
+    "trial.end": TRIAL,
+    "trials.summary": {"summary": OBJECT},
+    "run.stop": {
+        "stop": nullable(LABEL),
+        "detail": STRING,
+        "exit_code": INT,
+        "answer": nullable(STRING),
+        "usage": nullable(USAGE_SCHEMA),
+        "turns": nullable(COUNT),
+        "seconds": nullable(NUMBER),
+    },
 }
-EVENT_TYPES = {  # type -> (fields it always has, fields it may have)
-    "run.start": (
-        {
-            "schema_version": {"const": EVENTS_VERSION},
-            "agent_version": STRING,
-            "model": STRING,
-            "workdir": STRING,
-            "question": nullable(STRING),
-            "limits": {"type": "object"},
-            "sandbox": {"type": "object"},
-        },
-        {"resumed_from": STRING, "replayed_from": STRING, "trials": COUNT},
-    ),
-    "sandbox": ({"status": STRING, "confined": BOOL}, {}),
-    "turn.start": ({"turn": COUNT}, {}),
-    "text": ({"turn": COUNT, "text": STRING}, {"thinking": BOOL}),
-    "api.retry": (
-        {
-            "turn": COUNT,
-            "attempt": COUNT,
-            "status": nullable({"type": "integer"}),
-            "error": STRING,
-            "delay": NUMBER,
-        },
-        {},
-    ),
-    "tool.start": ({"turn": COUNT, "id": STRING, "name": STRING, "input": {}}, {}),
-    "tool.end": (
-        {
-            "turn": COUNT,
-            "id": STRING,
-            "name": STRING,
-            "is_error": BOOL,
-            "declined": BOOL,
-            "exit_code": nullable({"type": "integer"}),
-            "bytes": COUNT,
-            "seconds": NUMBER,
-            "withheld": BOOL,
-        },
-        {},
-    ),
-    "turn.end": (
-        {
-            "turn": COUNT,
-            "stop_reason": nullable(STRING),
-            "usage": USAGE_SCHEMA,
-            "request_id": nullable(STRING),
-            "attempts": COUNT,
-            "seconds": NUMBER,
-            "api_seconds": NUMBER,
-            "tool_calls": COUNT,
-            "notes": array(STRING),
-        },
-        {},
-    ),
-    "trial.start": ({"transcript": nullable(STRING)}, {}),
-    "trial.end": (
-        {
-            "index": COUNT,
-            "stop": LABEL,
-            "passed": BOOL,
-            "turns": COUNT,
-            "tokens": COUNT,
-            "cost_usd": nullable(NUMBER),
-            "seconds": NUMBER,
-            "transcript": nullable(STRING),
-        },
-        {},
-    ),
-    "trials.summary": ({"summary": {"type": "object"}}, {}),
-    "run.stop": (
-        {
-            "stop": nullable(LABEL),
-            "detail": STRING,
-            "exit_code": {"type": "integer"},
-            "answer": nullable(STRING),
-            "usage": nullable(USAGE_SCHEMA),
-            "turns": nullable(COUNT),
-            "seconds": nullable(NUMBER),
-        },
-        {},
-    ),
+EVENT_OPTIONAL = {
+    "run.start": {"resumed_from": STRING, "replayed_from": STRING, "trials": COUNT},
+    "text": {"thinking": BOOL},
 }
 EVENT_COMMON = {"type": {"enum": list(EVENT_TYPES)}, "seq": COUNT, "at": TIME, "run_id": STRING}
-EVENTS_SCHEMA = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "title": f"agent.py event (one JSON Lines record), version {EVENTS_VERSION}",
-    "oneOf": [
-        {**obj({**EVENT_COMMON, "type": {"const": kind}, **always}, {"trial": COUNT, **maybe})}
-        for kind, (always, maybe) in EVENT_TYPES.items()
-    ],
-}
-TRIAL_SCHEMA = obj(
+EVENTS_SCHEMA = published(
+    f"event (one JSON Lines record), version {EVENTS_VERSION}",
     {
-        "index": COUNT,
-        "stop": LABEL,
-        "turns": COUNT,
-        "tokens": COUNT,
-        "cost_usd": nullable(NUMBER),
-        "seconds": NUMBER,
-        "passed": BOOL,
-        "transcript": nullable(STRING),
-    }
+        "oneOf": [
+            obj(
+                {**EVENT_COMMON, "type": {"const": kind}, **always},
+                {"trial": COUNT, **EVENT_OPTIONAL.get(kind, {})},
+            )
+            for kind, always in EVENT_TYPES.items()
+        ]
+    },
+)
+TRIAL_SCHEMA = obj(
+    {k: TRIAL[k] for k in "index stop turns tokens cost_usd seconds passed transcript".split()}
 )
 SPREAD = obj({"mean": nullable(NUMBER), "median": nullable(NUMBER)})
-SUMMARY_SCHEMA = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "title": f"agent.py trials summary, version {SUMMARY_VERSION}",
-    **obj(
+SUMMARY_SCHEMA = published(
+    f"trials summary, version {SUMMARY_VERSION}",
+    obj(
         {
             "version": {"const": SUMMARY_VERSION},
             "kind": {"const": "trials"},
@@ -2431,18 +2375,12 @@ SUMMARY_SCHEMA = {
         },
         {"events_lost": STRING, "base_url": STRING, "budget_usd": NUMBER},
     ),
-}
+)
 SCHEMAS = {"transcript": TRANSCRIPT_SCHEMA, "events": EVENTS_SCHEMA, "summary": SUMMARY_SCHEMA}
 
 
 class Saver:
-    """Keeps a transcript on disk: after every turn, before the next request (so before any
-    tool of the next turn runs), and at the end, fsynced. Each message and turn is encoded
-    once, so a save costs what is new plus one write of the file (tests/bench_loop.py: a
-    background thread for it was slower, fighting the loop for the GIL)."""
-
-    # bench_loop --compare, 100 turns: 1.27x the bare loop's CPU time a turn with
-    # dump(session) in place of encode(), 1.03x with it (docs/benchmarks.md)
+    """Keeps a transcript on disk: after every turn, before the next request, and at the end."""
 
     def __init__(self, output, kept=None):
         # --transcript's file, and the kept run's (KeptRun)
@@ -2454,8 +2392,7 @@ class Saver:
         self.fixed = {}
 
     def __call__(self, session, final=False):
-        # With --transcript, the kept run is written once, at the stop (bench_loop --compare:
-        # 1.38x the CPU time a turn of --no-keep when both were saved after every turn).
+        # with --transcript, the kept run is written once, at the stop
         kept = self.kept and (final or not self.output)
         if self.output or kept:
             data = self.encode(session)  # once for both files
@@ -2465,15 +2402,13 @@ class Saver:
                 self.kept.write(data, final)
 
     def events_lost(self, session, events):
-        """Once the run has ended: if the event stream was lost, the transcript says why."""
+        """At the end: if the event stream was lost, the transcript says why."""
         if events and events.lost and session.get("events_lost") != events.lost:
             session["events_lost"] = events.lost
             self(session, final=True)
 
     def encode(self, document):
-        """dump(document), byte for byte, but each message and turn is encoded once (the lists
-        only grow and only the last of each can still change), and so is a field that keeps a
-        value which cannot change in place: a save costs what is new."""
+        """dump(document), byte for byte, each finished message, turn and field encoded once."""
         parts = []
         for key, value in document.items():
             if key in self.done:
@@ -2492,10 +2427,7 @@ class Saver:
 
 
 class Events:
-    """The event stream (--events): JSON Lines, each event written and flushed as it happens,
-    each with type, seq, at and run_id. Shared by concurrent trials, so it takes a lock. A
-    stream that cannot be written (a closed pipe, a full disk) ends, never the run: `lost`
-    says why, and stderr and the transcript say so once."""
+    """The event stream (--events), JSON Lines; one that cannot be written ends, not the run."""
 
     def __init__(self, stream, run_id, owned=False, tty=False):
         self.stream = stream
@@ -2572,8 +2504,7 @@ def is_str(value, empty=False):
 
 
 def transcript_problem(session):
-    """What makes `session` unfit to resume, or None: every field resume reads, types included,
-    and the tool_use/tool_result pairing the API requires."""
+    """What makes `session` unfit to resume, or None: its fields and its tool_use pairing."""
     if not isinstance(session, dict):
         return "it is not a JSON object"
     if session.get("version") != TRANSCRIPT_VERSION:
@@ -2617,8 +2548,7 @@ def transcript_problem(session):
 
 
 def message_problem(i, m, asked):
-    """What makes message `i` unfit to send, or None: its blocks, and the answers to each
-    tool_use of the message before it (`asked`, their ids)."""
+    """What makes message `i` unfit to send, or None; `asked`: the ids it must answer."""
     if (
         not isinstance(m, dict)
         or m.get("role") not in ("user", "assistant")
@@ -2632,9 +2562,14 @@ def message_problem(i, m, asked):
             return f"messages[{i}].content[{j}] is not a well-formed block: {problem}"
         if b["type"] == "tool_result" and (m["role"] != "user" or b["tool_use_id"] not in asked):
             return f"messages[{i}].content[{j}] answers a tool_use that is not just before it"
-        # what the API would refuse: never sent
+        # what the API would refuse: an empty text, a result not text or text and image blocks
+        content = b.get("content", "")
         empty_text = b["type"] == "text" and not b["text"]
-        bad_result = b["type"] == "tool_result" and not result_content_ok(b.get("content", ""))
+        bad_result = b["type"] == "tool_result" and not (
+            isinstance(content, str)
+            or isinstance(content, list)
+            and all(isinstance(x, dict) and x.get("type") in ("text", "image") for x in content)
+        )
         if empty_text or bad_result:
             return (
                 f"messages[{i}].content[{j}] is an empty text, or a tool_result whose "
@@ -2644,16 +2579,6 @@ def message_problem(i, m, asked):
     if asked - answered:
         return f"messages[{i}] leaves tool_use {sorted(asked - answered)[0]} unanswered"
     return None
-
-
-def result_content_ok(content):
-    """A tool_result's content as the API takes it: text, or a list of text and image blocks."""
-    if isinstance(content, str):
-        return True
-    blocks = ("text", "image")
-    return isinstance(content, list) and all(
-        isinstance(x, dict) and x.get("type") in blocks for x in content
-    )
 
 
 def turn_problem(i, t):
@@ -2687,8 +2612,7 @@ def is_count(value):
 
 
 def sum_problem(turns):
-    """Why the turns' costs or seconds cannot be added up (each is a finite number, their sum
-    is not: 1e308 + 1e308), or None. Counts cannot overflow: their totals stop at 2**53."""
+    """Why the turns' costs or seconds cannot be added up (1e308 + 1e308), or None."""
     for key in ("cost_usd", "seconds", "api_seconds"):
         total = 0.0
         for t in items(turns):
@@ -2699,9 +2623,7 @@ def sum_problem(turns):
 
 
 def summary_problem(summary):
-    """Why a trials summary cannot be rendered, or None: pass@k and pass^k are objects keyed by
-    plain numbers (1, 2, 3...), whatever else the file holds (a value that is not a number is
-    drawn as 0)."""
+    """Why a trials summary cannot be rendered, or None: pass@k and pass^k keyed by numbers."""
     for key in ("pass_at_k", "pass_hat_k"):
         table = summary.get(key, {})
         if not isinstance(table, dict):
@@ -2717,8 +2639,7 @@ MAX_CONTAINERS = 2_000_000  # its objects and lists: 64 MiB of {} would take ~7 
 
 
 def read_regular(named, path, most):
-    """At most `most` bytes of the regular file at `path`, opened so that nothing at the path
-    (a FIFO, a device) can make agent.py block; else a UsageError that starts with `named`."""
+    """At most `most` bytes of the regular file at `path`; else a UsageError naming `named`."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -2738,9 +2659,8 @@ def read_regular(named, path, most):
 
 
 def read_document(path, flag, sized=False):
-    """The JSON document at `path`, read only from a regular file, so that nothing at the path
-    can make agent.py block or run out of memory or recursion; else a UsageError saying what is
-    there. With `sized`, the document and its size in bytes."""
+    """The JSON document at `path`, bounded in size, depth and numbers; else a UsageError saying
+    what is there. With `sized`, the document and its size in bytes."""
     data = read_regular(f"{flag} {path}", path, MAX_DOCUMENT + 1)
     if len(data) > MAX_DOCUMENT:
         raise UsageError(
@@ -2752,14 +2672,8 @@ def read_document(path, flag, sized=False):
             "a document agent.py wrote"
         )
     try:
-        document = clean(
-            json.loads(
-                data.decode("utf-8"),
-                parse_int=bounded_int,
-                parse_float=bounded_float,
-                parse_constant=no_constant,
-            )
-        )
+        bounds = dict(parse_int=bounded_int, parse_float=bounded_float, parse_constant=no_constant)
+        document = clean(json.loads(data.decode("utf-8"), **bounds))
         return (document, len(data)) if sized else document
     except RecursionError:
         raise UsageError(f"{flag} {path} is nested too deeply: not a document agent.py wrote")
@@ -2778,7 +2692,7 @@ def read_document(path, flag, sized=False):
                 f"{flag} {path} is an event stream (--events, JSON Lines), not "
                 f"the one JSON document {flag} reads"
             )
-        if data.startswith(b"\xef\xbb\xbf"):  # newuser2 N12: Python's advice was no help
+        if data.startswith(b"\xef\xbb\xbf"):
             raise UsageError(
                 f"{flag} {path} starts with a byte-order mark (saved by an "
                 "editor?), which no JSON document starts with: save it without one"
@@ -2817,7 +2731,7 @@ JSON_NAMES = {type(None): "null", str: "string", int: "number", float: "number",
 def document_kind(document):
     """What a JSON document is, in words, to tell the user what they gave."""
     if not isinstance(document, dict):
-        return f"a JSON {JSON_NAMES.get(type(document), 'list')}"  # the caller says not what
+        return f"a JSON {JSON_NAMES.get(type(document), 'list')}"
     if document.get("kind") == "trials":
         return "a trials summary"
     if str(document.get("schema_version", "")).startswith("ATIF"):
@@ -2830,14 +2744,12 @@ def document_kind(document):
 
 
 def load_transcript(path, flag="--resume", doing=None):
-    """Read a saved transcript for --resume (or --replay, --export), or raise UsageError saying
-    what is wrong."""
+    """The transcript at `path`, or a UsageError saying what is wrong."""
     return checked_transcript(read_document(path, flag), path, doing or flag[2:])
 
 
 def checked_transcript(session, path, doing):
-    """`session`, read from `path`, if it is a transcript fit to resume (replay, export); else a
-    UsageError saying what it is."""
+    """`session` if it is a transcript fit to resume (replay, export); else a UsageError."""
     kind = document_kind(session)
     if kind != "a transcript":
         raise UsageError(f"cannot {doing}: {path} is {kind}, not a transcript")
@@ -2851,8 +2763,7 @@ def checked_transcript(session, path, doing):
 
 
 def prepare_resume(session, question):
-    """Make the saved history valid to send again, then add the follow-up question. Returns
-    the session and how many pending tool calls were answered "not run"."""
+    """The history made valid to send again, with the question; and how many calls were not run."""
     messages = session["messages"]
     if isinstance(session.get("produced_by"), dict):  # the turns so far; the rest are the model's
         session["produced_by"].setdefault("turns", len(session["turns"]))
@@ -2900,8 +2811,7 @@ def prepare_resume(session, question):
 
 
 def own_prompt(session):
-    """The system prompt a transcript was made with, if it is not agent.py's (--system-prompt):
-    --resume goes on with it only if the user agrees. None for agent.py's, or none at all."""
+    """The transcript's own system prompt (--system-prompt), if not agent.py's; else None."""
     system = session.get("system")
     return (
         system if isinstance(system, str) and system.strip() and system != SYSTEM_PROMPT else None
@@ -3990,8 +3900,7 @@ def page(title, body):
 
 
 def token_chart(turns, parts):
-    """Per-turn stacked bars of what each request cost in tokens, with the running cost, added
-    to `parts` (a Bounded list)."""
+    """Per-turn stacked bars of each request's tokens and the running cost, added to `parts`."""
     width, height, left, bottom = 760, 260, 60, 30
     rows = items(turns)
     peak = max(
@@ -4075,38 +3984,18 @@ def block_html(block):
     return f"<details><summary>{esc(kind)}</summary><pre>{esc(shorten(json.dumps(block, ensure_ascii=False), 5000))}</pre></details>"
 
 
-def provenance(t):
-    """Where a run's replies came from, when not from a live run of its model: the replies of
-    a scripted model or a recording (produced_by), a replay of a recording (replay)."""
-    made, replayed = fields(t.get("produced_by")), fields(t.get("replay"))
-    said = ""
-    if made:
-        who = "a scripted model" if made.get("kind") == "scripted" else "the model"
-        by = made.get("script") or made.get("model") or "?"
-        upto = f", turns 1-{made['turns']}" if isinstance(made.get("turns"), int) else ""
-        said += f" · replies by {who} ({esc(by)}{upto})"
-    if replayed:
-        said += (
-            f" · a replay of <code>{esc(replayed.get('source'))}</code>, "
-            f"{len(items(replayed.get('differences')))} tool results differing"
-        )
-    return said
-
-
 def server_said(t):
-    """The server a run talked to (base_url), for the report's header; none for Anthropic's
-    API, the SDK's default, which transcripts do not name."""
+    """The server a run talked to (base_url), if the transcript names one."""
     return f" · server <code>{esc(t['base_url'])}</code>" if is_str(t.get("base_url")) else ""
 
 
 def priced_as(t):
-    """What a cost means when the run talked to a server that is not Anthropic's API: agent.py
-    prices tokens by the model's name, as that API would bill them (PRICING)."""
+    """What a cost means when the run talked to a server that is not Anthropic's API."""
     url = t.get("base_url")
     if not is_str(url) or urllib.parse.urlsplit(url).hostname == ANTHROPIC_HOST:
         return ""
     model = t.get("model") if is_str(t.get("model")) else "the model"
-    if base_model(model) not in PRICING:  # nothing was priced: say so, not how it was
+    if base_model(model) not in PRICING:
         return (
             f"<p>No cost is shown: agent.py knows no price for {esc(model)} (it prices "
             f"Anthropic's models as Anthropic's API bills them), and {esc(url)} may bill "
@@ -4119,8 +4008,7 @@ def priced_as(t):
 
 
 def run_report(t, cap):
-    """The report of one run: what was asked, how it ended, what each turn cost and did; a
-    UsageError if it would take more than `cap` characters."""
+    """The report of one run: what was asked, how it ended, what each turn cost and did."""
     turns, usage, stop = items(t.get("turns")), fields(t.get("usage")), fields(t.get("stop"))
     prompt = sum(num(usage.get(k)) for k, _, _ in SEGMENTS[:3])
     share = f"{num(usage.get('cache_read_input_tokens')) / prompt:.0%}" if prompt else "n/a"
@@ -4133,12 +4021,25 @@ def run_report(t, cap):
         ("time", f"{seconds:.1f} s"),
         ("cache-read share of the prompt", share),
     ]
+    # where the replies came from, when not from the run's model
+    made, replayed = fields(t.get("produced_by")), fields(t.get("replay"))
+    provenance = ""
+    if made:
+        who = "a scripted model" if made.get("kind") == "scripted" else "the model"
+        by = made.get("script") or made.get("model") or "?"
+        upto = f", turns 1-{made['turns']}" if isinstance(made.get("turns"), int) else ""
+        provenance += f" · replies by {who} ({esc(by)}{upto})"
+    if replayed:
+        provenance += (
+            f" · a replay of <code>{esc(replayed.get('source'))}</code>, "
+            f"{len(items(replayed.get('differences')))} tool results differing"
+        )
     body = Bounded(cap)
     body += [
         f'<h1>agent.py run</h1><div class="q">{esc(t.get("question", ""))}</div>',
         f"<p>model <b>{esc(t.get('model'))}</b> · workdir <code>{esc(t.get('workdir'))}"
         f"</code> · run <code>{esc(t.get('run_id', '?'))}</code> · started "
-        f"{esc(t.get('started_at', '?'))}{provenance(t)}{server_said(t)}</p>",
+        f"{esc(t.get('started_at', '?'))}{provenance}{server_said(t)}</p>",
         '<div class="cards">'
         + "".join(f'<div class="card">{esc(k)}<b>{esc(v)}</b></div>' for k, v in cards)
         + "</div>",
@@ -4184,9 +4085,7 @@ def run_report(t, cap):
 
 
 def trials_report(summary, cap):
-    """The report of --trials: pass@k and pass^k, and a row per trial with its transcript's
-    name (render that with --report too: this page opens no file of its own accord); a
-    UsageError if it would take more than `cap` characters."""
+    """The report of --trials: pass@k and pass^k, and a row per trial (it opens no file)."""
     at, hat = fields(summary.get("pass_at_k")), fields(summary.get("pass_hat_k"))
     ks = sorted(int(k) for k in at)  # plain numbers: summary_problem checked them
     interval = summary.get("pass@1_wilson95")
@@ -4222,8 +4121,41 @@ def trials_report(summary, cap):
         )
         + priced_as(summary)
     )
+    # pass@k and pass^k for k = 1..scored: a table and a chart
     if ks:
-        trials_chart(body, ks, at, hat)
+        body.append(
+            "<h2>pass@k and pass^k</h2><table><tr><th>k</th><th>pass@k</th><th>pass^k</th></tr>"
+        )
+        for k in ks:
+            body.append(
+                f"<tr><td>{k}</td><td>{num(at.get(str(k))):.3f}</td><td>"
+                f"{num(hat.get(str(k))):.3f}</td></tr>"
+            )
+        width, height = 360, 180
+        body.append(
+            f'</table><svg class="passk" width="{width}" height="{height}" viewBox="0 0 '
+            f'{width} {height}" role="img" aria-label="pass@k and pass^k">'
+        )
+        x = lambda k: 30 + (k - 1) / max(len(ks) - 1, 1) * (width - 50)  # noqa: E731
+        for key, values in (("at", at), ("hat", hat)):
+            body.append(f'<polyline class="line-{key}" points="')
+            for i, k in enumerate(ks):
+                body.append(
+                    f"{' ' * bool(i)}{x(k):.1f},"
+                    f"{height - 20 - num(values.get(str(k))) * (height - 40):.1f}"
+                )
+            body.append('"/>')
+        for k in ks:
+            body.append(
+                f'<text class="axis" x="{x(k):.1f}" y="{height - 4}" '
+                f'text-anchor="middle">k={k}</text>'
+            )
+        body.append(
+            '<text class="axis" x="4" y="14">1.0</text><text class="axis" x="4" '
+            f'y="{height - 20}">0</text></svg><p class="legend"><span class="l-input">'
+            '</span>pass@k<span class="l-output"></span>pass^k (dashed; the lines meet '
+            "where every trial passed or none did)</p>"
+        )
     body.append(
         "<h2>Trials</h2><table><tr><th>trial</th><th>stop</th><th>result</th><th>"
         "turns</th><th>tokens</th><th>cost</th><th>transcript</th></tr>"
@@ -4244,45 +4176,8 @@ def trials_report(summary, cap):
     return page("agent.py trials", "".join(body))
 
 
-def trials_chart(body, ks, at, hat):
-    """pass@k and pass^k for k = 1..scored: a table and a chart."""
-    body.append(
-        "<h2>pass@k and pass^k</h2><table><tr><th>k</th><th>pass@k</th><th>pass^k</th></tr>"
-    )
-    for k in ks:
-        body.append(
-            f"<tr><td>{k}</td><td>{num(at.get(str(k))):.3f}</td><td>"
-            f"{num(hat.get(str(k))):.3f}</td></tr>"
-        )
-    width, height = 360, 180
-    body.append(
-        f'</table><svg class="passk" width="{width}" height="{height}" viewBox="0 0 '
-        f'{width} {height}" role="img" aria-label="pass@k and pass^k">'
-    )
-    x = lambda k: 30 + (k - 1) / max(len(ks) - 1, 1) * (width - 50)  # noqa: E731
-    for key, values in (("at", at), ("hat", hat)):
-        body.append(f'<polyline class="line-{key}" points="')
-        for i, k in enumerate(ks):
-            body.append(
-                f"{' ' * bool(i)}{x(k):.1f},"
-                f"{height - 20 - num(values.get(str(k))) * (height - 40):.1f}"
-            )
-        body.append('"/>')
-    for k in ks:
-        body.append(
-            f'<text class="axis" x="{x(k):.1f}" y="{height - 4}" text-anchor="middle">k={k}</text>'
-        )
-    body.append(
-        '<text class="axis" x="4" y="14">1.0</text><text class="axis" x="4" '
-        f'y="{height - 20}">0</text></svg><p class="legend"><span class="l-input">'
-        '</span>pass@k<span class="l-output"></span>pass^k (dashed; the lines meet '
-        "where every trial passed or none did)</p>"
-    )
-
-
 class Bounded(list):
-    """The parts of a report, refusing to grow past `cap` characters: what a document makes
-    agent.py write is bounded by the document's size, however it is shaped."""
+    """The parts of a report, refusing to grow past `cap` characters."""
 
     def __init__(self, cap):
         super().__init__()
@@ -4322,9 +4217,7 @@ def oversize(flag, path, input_bytes, what):
 
 
 def write_report(path, output=None):
-    """--report: render a transcript or a trials summary as HTML. It reads only `path` and
-    writes only `output` (default: beside it, .html; "-" for stdout): a summary's trials are
-    rows, not pages, since a document must not make agent.py open another file."""
+    """--report: a transcript or trials summary as HTML to `output` (default: beside it)."""
     document, length = read_document(path, "--report", sized=True)
     kind = document_kind(document)
     if kind not in ("a transcript", "a trials summary"):
@@ -4360,13 +4253,9 @@ def write_report(path, output=None):
 
 # --- Export: ATIF, the Agent Trajectory Interchange Format ---
 #
-# --export atif RUN.json turns a transcript into an ATIF v1.8 trajectory (docs/export.md), the
-# format Harbor and other tools read: the question as a user step, each turn as an agent step
-# (its text, thinking and tool calls, their results as its observation, its usage as its
-# metrics), totals as final_metrics. What ATIF has no field for goes into an `extra`. A trials
-# summary becomes one trajectory per trial, each read from where --trials wrote it beside the
-# summary (run.json -> run.1.json), never from a path the summary names: a document must not
-# make agent.py open another file of its choosing.
+# --export atif RUN.json writes an ATIF v1.8 trajectory (docs/export.md): the question a user
+# step, each turn an agent step, what ATIF has no field for in an `extra`. A trials summary's
+# trials are read from where --trials wrote them (run.1.json), never from a path it names.
 
 ATIF_VERSION = "ATIF-v1.8"
 # the transcript's facts of the run that ATIF has no field for: the trajectory's extra
@@ -4377,9 +4266,8 @@ RUN_FACTS = (
 
 
 def export_atif(path, output):
-    """--export atif: write the trajectory of a transcript, or one per trial of a trials
-    summary, to `output` (default: beside it, .atif.json; trial i's with .i before the
-    extension; "-" for stdout, one trajectory a line). Returns the paths written."""
+    """--export atif: the trajectory of a transcript, or one per trial of a trials summary, to
+    `output` (default: beside it, .atif.json, .i for trial i; "-": stdout). Returns the paths."""
     document, length = read_document(path, "--export", sized=True)
     kind = document_kind(document)
     if kind == "a transcript":
@@ -4387,7 +4275,21 @@ def export_atif(path, output):
         inputs = [("--export", path)]
         trajectories = [exported("--export", path, (document, length))]
     elif kind == "a trials summary":
-        indexes = trial_indexes(path, document)
+        # the trials that kept a transcript
+        indexes = []
+        for trial in items(document.get("trials")):
+            index = trial.get("index")
+            if not isinstance(index, int) or isinstance(index, bool) or index < 1:
+                raise UsageError(
+                    f"--export {path}: a trial's index is {index!r}, not a number from 1"
+                )
+            if trial.get("transcript") is not None:
+                indexes.append(index)
+        if not indexes:
+            raise UsageError(
+                f"--export {path} is a trials summary whose trials kept no "
+                "transcript (run --trials with --transcript PATH to keep them)"
+            )
         sources = [(f"trial {i}'s transcript", trial_path(path, i)) for i in indexes]
         # N names of one file would pass its cap N times
         seen = {}
@@ -4399,8 +4301,7 @@ def export_atif(path, output):
                     f"{seen[identity]}: each trial has its own"
                 )
             seen[identity] = flag
-        # all are checked before anything is written, then made again one at a time as they
-        # are written: what is held is one trial's, however many there are
+        # all checked before anything is written, then made again one at a time as written
         for flag, source in sources:
             exported(flag, source)
         trajectories = (exported(flag, source) for flag, source in sources)
@@ -4424,8 +4325,7 @@ def export_atif(path, output):
 
 
 def exported(flag, path, read=None):
-    """The trajectory of the transcript at `path` (or `read`: it and its size), as written,
-    within its cap."""
+    """The trajectory of the transcript at `path` (or `read`: it and its size), within its cap."""
     transcript, length = read or read_document(path, flag, sized=True)
     data = dump(trajectory(checked_transcript(transcript, path, "export")))
     if len(data) > output_cap(length):
@@ -4433,29 +4333,23 @@ def exported(flag, path, read=None):
     return data
 
 
-def trial_indexes(path, summary):
-    """The indexes of a summary's trials that kept a transcript; a UsageError if none did."""
-    indexes = []
-    for trial in items(summary.get("trials")):
-        index = trial.get("index")
-        if not isinstance(index, int) or isinstance(index, bool) or index < 1:
-            raise UsageError(f"--export {path}: a trial's index is {index!r}, not a number from 1")
-        if trial.get("transcript") is not None:
-            indexes.append(index)
-    if not indexes:
-        raise UsageError(
-            f"--export {path} is a trials summary whose trials kept no "
-            "transcript (run --trials with --transcript PATH to keep them)"
-        )
-    return indexes
-
-
 def trajectory(session):
     """One transcript as an ATIF trajectory."""
     steps, unanswered = atif_steps(session)
+    version = session.get("agent_version")
     document = {
         "schema_version": ATIF_VERSION,
-        "agent": atif_agent(session),
+        "agent": {
+            "name": "agent.py",
+            "version": version if is_str(version) else "unknown",
+            "model_name": session["model"],
+            "tool_definitions": tool_definitions(items(session.get("tools"))),
+            "extra": {
+                "system_prompt": session.get("system"),
+                "effort": session.get("effort"),
+                "transcript_version": session["version"],
+            },
+        },
         "steps": steps,
         "final_metrics": final_metrics(session, steps),
         "extra": {k: session[k] for k in RUN_FACTS if k in session},
@@ -4471,27 +4365,8 @@ def trajectory(session):
     return document
 
 
-def atif_agent(session):
-    """The agent block: agent.py, the version that wrote the transcript, its model and tools;
-    its system prompt and effort in extra."""
-    version = session.get("agent_version")
-    return {
-        "name": "agent.py",
-        "version": version if is_str(version) else "unknown",
-        "model_name": session["model"],
-        "tool_definitions": tool_definitions(items(session.get("tools"))),
-        "extra": {
-            "system_prompt": session.get("system"),
-            "effort": session.get("effort"),
-            "transcript_version": session["version"],
-        },
-    }
-
-
 def atif_steps(session):
-    """The history as ATIF steps, in order: each question a user step, each turn an agent step
-    whose observation answers every one of its tool calls (a call the transcript holds no
-    result for is answered 'not run'). Returns the steps and how many calls had no result."""
+    """The history as ATIF steps, and how many tool calls had no result (answered 'not run')."""
     steps, turns, agent = [], list(session["turns"]), None
     calls = {
         b["id"]: b for m in session["messages"] for b in m["content"] if b["type"] == "tool_use"
@@ -4507,15 +4382,17 @@ def atif_steps(session):
             continue
         for block in message["content"]:
             if block["type"] == "tool_result":
-                agent["observation"]["results"].append(
-                    observation_result(
-                        block,
-                        facts.get(block["tool_use_id"], {}),
-                        placeholder(block, calls)["content"]
-                        if block["tool_use_id"] in cleared
-                        else None,
-                    )
-                )
+                # its extra: is_error, the call's facts, and clearing's placeholder if any
+                call = block["tool_use_id"]
+                content = block.get("content")
+                extra = {k: v for k, v in facts.get(call, {}).items() if k not in ("id", "name")}
+                extra["is_error"] = bool(block.get("is_error"))
+                if call in cleared:
+                    extra.update(cleared=True, placeholder=placeholder(block, calls)["content"])
+                if not isinstance(content, str):
+                    content = json.dumps(content, ensure_ascii=False)
+                result = {"source_call_id": call, "extra": extra, "content": content}
+                agent["observation"]["results"].append(result)
             elif block["text"] == FINAL_TURN_NOTE:
                 steps.append({"source": "system", "message": block["text"]})
             else:
@@ -4528,11 +4405,7 @@ def atif_steps(session):
 
 
 def agent_step(turn, content):
-    """One turn as an agent step: the reply's text as its message, its thinking as reasoning,
-    its tool calls, the turn's usage as metrics. The rest of the turn's record (stop reason,
-    request id, seconds, retries, notes...) goes into extra, with the kinds of any other
-    block (redacted thinking, a server tool's) the reply held; what it kept of each tool call
-    goes with the call's result."""
+    """One turn as an agent step; the rest of its record and other blocks' kinds in extra."""
     step = {
         "source": "agent",
         "message": "".join(b["text"] for b in content if b["type"] == "text"),
@@ -4560,28 +4433,8 @@ def agent_step(turn, content):
     return step
 
 
-def observation_result(block, facts, cleared_as=None):
-    """A tool result, naming its call. Its extra: is_error, what the turn recorded of the call
-    (`facts`: declined, exit code, bytes, seconds), and, for a result that clearing later sent
-    as a placeholder, cleared and that placeholder (the content is the whole result, as the
-    model first saw it)."""
-    content = block.get("content")
-    extra = {
-        **{k: v for k, v in facts.items() if k not in ("id", "name")},
-        "is_error": bool(block.get("is_error")),
-    }
-    if cleared_as is not None:
-        extra.update(cleared=True, placeholder=cleared_as)
-    return {
-        "source_call_id": block["tool_use_id"],
-        "extra": extra,
-        "content": content if isinstance(content, str) else json.dumps(content, ensure_ascii=False),
-    }
-
-
 def answer_the_rest(step, stop):
-    """Answer each tool call of `step` that has no result (the run stopped before it ran) with
-    a 'not run' one; return how many it answered."""
+    """Answer each tool call of `step` that has no result with 'not run'; return how many."""
     answered = {r["source_call_id"] for r in step.get("observation", {}).get("results", [])}
     missing = [c for c in step.get("tool_calls", []) if c["tool_call_id"] not in answered]
     why = f"the run stopped ({stop['reason']})" if stop else "the transcript ends"
@@ -4597,9 +4450,7 @@ def answer_the_rest(step, stop):
 
 
 def step_metrics(usage):
-    """A usage record as ATIF metrics: the prompt counts every input token, cache reads
-    (cached_tokens, a part of it) and cache writes too; the writes, which ATIF has no field
-    for, go into extra."""
+    """A usage record as ATIF metrics (the prompt counts the cache's tokens; writes in extra)."""
     return {
         "prompt_tokens": prompt_tokens(usage),
         "completion_tokens": usage["output_tokens"],
@@ -4610,7 +4461,7 @@ def step_metrics(usage):
 
 
 def final_metrics(session, steps):
-    """The totals over every turn, as the transcript's usage counts them, and the steps."""
+    """The totals over every turn, and the steps."""
     totals = step_metrics(total_usage(session))
     extra = totals.pop("extra")
     return {
@@ -4621,7 +4472,7 @@ def final_metrics(session, steps):
 
 
 def iso_time(value):
-    """`value` if it is an ISO 8601 time (a normalised transcript may hold a stand-in)."""
+    """`value` if it is an ISO 8601 time."""
     try:
         datetime.fromisoformat(value.replace("Z", "+00:00"))
         return value
@@ -4631,28 +4482,14 @@ def iso_time(value):
 
 # --- Telemetry: the run as OpenTelemetry GenAI traces (--otel) ---
 #
-# One invoke_agent span per run (per trial), and under it a chat span per turn and an
-# execute_tool span per tool call, with the attributes of the OpenTelemetry GenAI semantic
-# conventions (docs/telemetry.md). The SDK and its OTLP exporter are optional packages,
-# imported only with --otel; they are configured by the standard OTEL_EXPORTER_OTLP_* variables.
-# Message content and tool arguments and results are recorded only when the user opts in with
-# OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT, as the conventions ask.
+# An invoke_agent span per run (per trial), under it a chat span per turn and an execute_tool
+# span per tool call (docs/telemetry.md). The SDK is imported only with --otel.
 
-OTEL_INSTALL = (
-    "--otel needs the OpenTelemetry SDK and its OTLP exporter, which {python} "
-    "cannot import: {python} -m pip install {packages}"
-)
-OTEL_UV = (
-    "--otel needs the OpenTelemetry SDK and its OTLP exporter, which uv's environment "
-    "for agent.py ({python}) cannot import: run it as uv run --with {packages} agent.py "
-    "... --otel"
-)
 OTEL_GRACE = 3.0  # seconds the end of a run may wait for the last spans to reach the collector
 
 
 class Telemetry:
-    """Spans for the moments the Reporter sees. Thread-safe: trials and parallel reads share it.
-    It never ends a run: a failure to record or send is said once on stderr."""
+    """Spans for the moments the Reporter sees; a failure is said once and never ends a run."""
 
     def __init__(self, provider, exporter, content=False):
         from opentelemetry import trace
@@ -4664,11 +4501,9 @@ class Telemetry:
         self.tracer = provider.get_tracer("agent.py", AGENT_VERSION)
         self.lock = threading.Lock()
         self.runs = {}
-        # why recording stopped, if it did
+        # why recording stopped; next(started): the spans started, plus one; --replay's source
         self.failed = None
-        # next() is the number of spans started so far, plus one
         self.started = count(1)
-        # --replay: the recording, which every span names (no model was called)
         self.replay = None
 
     @classmethod
@@ -4698,16 +4533,20 @@ class Telemetry:
                     "the Python exporters speak: use http/protobuf or grpc"
                 )
         except ImportError:
+            needs = "--otel needs the OpenTelemetry SDK and its OTLP exporter, which"
             # `uv run`: its environment has no pip, and is uv's to make
             if os.environ.get("UV"):
-                packages = " --with ".join(packages)
-                raise UsageError(OTEL_UV.format(python=sys.executable, packages=packages))
+                raise UsageError(
+                    f"{needs} uv's environment for agent.py ({sys.executable}) cannot import: "
+                    f"run it as uv run --with {' --with '.join(packages)} agent.py ... --otel"
+                )
             raise UsageError(
-                OTEL_INSTALL.format(python=sys.executable, packages=" ".join(packages))
+                f"{needs} {sys.executable} cannot import: {sys.executable} -m pip install "
+                + " ".join(packages)
             )
         root = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or ""
-        where = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        where = where or (root or "http://localhost:4318").rstrip("/") + "/v1/traces"
+        named = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        where = named or (root or "http://localhost:4318").rstrip("/") + "/v1/traces"
         if protocol == "grpc":
             exporter = Counted(OTLPSpanExporter())
         else:
@@ -4718,8 +4557,7 @@ class Telemetry:
         sdk_log.handlers, sdk_log.propagate = [exporter], False
         service = os.environ.get("OTEL_SERVICE_NAME") or "agent.py"
         resource = Resource.create({"service.name": service, "service.version": AGENT_VERSION})
-        # value lengths are cut at the door, after redaction (redacted_span), not by the SDK: the
-        # user's limits, from the OTEL_*_LIMIT variables
+        # the user's value length limits are applied after redaction (redacted_span)
         try:
             limits = SpanLimits()
         except ValueError as e:
@@ -4737,7 +4575,6 @@ class Telemetry:
         recorded = "recorded" if content else "not recorded"
         report.line(f"otel: traces to {exporter.where} ({protocol}); message content {recorded}")
         # /v1/traces added to a URL that ends in it, said as ANTHROPIC_BASE_URL's /v1 is
-        named = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         if not named and protocol != "grpc" and root.rstrip("/").endswith("/v1/traces"):
             root = server_url(root) or root
             report.error(
@@ -4755,8 +4592,10 @@ class Telemetry:
 
     def span(self, name, kind, parent, attributes):
         next(self.started)
+        # a span is named "{operation} {target}"
+        attributes = {"gen_ai.operation.name": name.split()[0], **attributes}
         if self.replay:  # no model was called: every span says so
-            attributes = {**attributes, "agent_py.replay": self.replay}
+            attributes["agent_py.replay"] = self.replay
         context = self.trace.set_span_in_context(parent) if parent else None
         return self.tracer.start_span(
             name, context=context, attributes=attributes, kind=getattr(self.trace.SpanKind, kind)
@@ -4767,7 +4606,6 @@ class Telemetry:
         run_id = session["run_id"] + (f".{trial}" if trial else "")
         self.replay = fields(session.get("replay")).get("source")  # --replay: the recording
         attributes = {
-            "gen_ai.operation.name": "invoke_agent",
             "gen_ai.provider.name": "anthropic",
             "gen_ai.agent.name": "agent.py",
             "gen_ai.agent.version": AGENT_VERSION,
@@ -4805,7 +4643,6 @@ class Telemetry:
                 "CLIENT",
                 run["span"],
                 {
-                    "gen_ai.operation.name": "chat",
                     "gen_ai.provider.name": "anthropic",
                     "gen_ai.request.model": model,
                     "gen_ai.request.stream": True,
@@ -4860,7 +4697,6 @@ class Telemetry:
         run = self.runs.get(trial)
         if run:
             attributes = {
-                "gen_ai.operation.name": "execute_tool",
                 "gen_ai.tool.name": block["name"],
                 "gen_ai.tool.call.id": block["id"],
                 "gen_ai.tool.type": "function",
@@ -4955,10 +4791,8 @@ class Telemetry:
 
 
 class Counted(logging.Handler):
-    """The OTLP exporter, counting the spans it sent, and the one door to the collector: every
-    span goes out redacted (redacted_span), whatever a server echoed into it. And the handler
-    of the SDK's log, keeping the last failure it reported (a refused connection, a status) to
-    say why spans were lost."""
+    """The OTLP exporter, counting the spans it sent and redacting each (redacted_span); and
+    the SDK log's handler, keeping the last failure to say why spans were lost."""
 
     def __init__(self, exporter):
         super().__init__(logging.WARNING)
@@ -5004,12 +4838,9 @@ class Counted(logging.Handler):
 
 
 def redacted_span(span, length=None, others=None):
-    """A finished span as it may leave: a copy with every string in it redacted (its name, its
-    attributes, its events' and links' attributes, its status), so no attribute an error's text
-    or a server's header filled, with content capture on or off, carries a secret. The user's
-    limit on an attribute value's length (`length` for the span's, `others` for its events'
-    and links') is applied here, by shorten, after redaction: the SDK, cutting a value when it
-    is set, would leave a prefix of a secret that redact could not find."""
+    """A copy of a finished span with every string redacted, then cut to the user's length
+    limits (`length`: the span's, `others`: its events' and links'): cut first, a prefix of a
+    secret would pass."""
     from opentelemetry.sdk.trace import Event, ReadableSpan
     from opentelemetry.trace import Link, Status
 
@@ -5047,9 +4878,8 @@ class CollectorError(Exception):
     """A collector's answer that loses the batch, though the SDK's exporter would count it sent."""
 
 
+# one name=value of OTEL_EXPORTER_OTLP_HEADERS as the SDK parses it; it prints any other whole
 OTLP_HEADER = re.compile(r"[ \t]*[!#-'*+.0-9A-Z^-z|~-]+[ \t]*=[ \t]*[ !#-+\--:<-\[\]-~]*[ \t]*")
-# one name=value of OTEL_EXPORTER_OTLP_HEADERS as the SDK parses it (opentelemetry.util.re's
-# liberal pattern); the SDK prints any other whole, with its secret
 
 
 def otlp_setting(name):
@@ -5059,9 +4889,7 @@ def otlp_setting(name):
 
 
 def check_otlp_settings(url):
-    """A UsageError, before anything is sent, for a setting the SDK's HTTP exporter would only
-    warn about and replace (the timeout, the compression), fail at every batch with (the URL,
-    the certificates), or print whole (a malformed header: the collector's secret)."""
+    """A UsageError for a setting the SDK would replace, fail with, or print (a header)."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UsageError(f"--otel: the collector {url!r} is not an http(s) URL with a host")
@@ -5111,13 +4939,8 @@ def check_otlp_settings(url):
 
 
 def bounded_session():
-    """The HTTP session the SDK's exporter sends through, bounded so that a collector cannot
-    hurt the run: of an answer it reads the status line and headers only (which http.client
-    caps: 64 KiB a line, 100 headers), never the body, so memory does not grow with what a
-    collector sends; and it follows no redirect (which would send the spans, and any token in
-    the headers, to another server) and reads none of one: a 3xx, which the exporter would
-    count as delivered, loses the batch. Each read waits OTEL_EXPORTER_OTLP_TIMEOUT at most,
-    and the end of the run waits OTEL_GRACE at most (Telemetry.finish)."""
+    """The exporter's HTTP session: it reads an answer's status and headers, never its body,
+    and follows no redirect (a 3xx loses the batch, which the SDK would count delivered)."""
     import requests
 
     class BoundedSession(requests.Session):
@@ -5144,8 +4967,7 @@ def as_json(value):
 
 
 def usage_attributes(usage):
-    """A usage record as the conventions count it for Anthropic: input tokens include the
-    cache's reads and writes, which also get attributes of their own."""
+    """A usage record as the conventions count it: input tokens include the cache's."""
     return {
         "gen_ai.usage.input_tokens": usage["input_tokens"]
         + usage["cache_read_input_tokens"]
@@ -5170,8 +4992,7 @@ def tool_definitions(tools=TOOLS):
 
 
 def genai_messages(messages):
-    """History in the conventions' message form: text, reasoning and tool-call parts; each tool
-    result a message of its own, with role tool."""
+    """History in the conventions' message form; each tool result a message with role tool."""
     out = []
     for m in messages:
         parts, results = [], []

@@ -186,7 +186,7 @@ REMOVALS = {
         ("    finally:\n        gc.freeze()\n        gc.enable()\n", ""),
     ],
     "rename_exchange": [
-        ('if not durable and getattr(LIBC, "renameat2", None) and', "if False and")
+        ('exchange = not durable and getattr(LIBC, "renameat2", None)', "exchange = None")
     ],
     "saver": [
         (
