@@ -7,6 +7,7 @@ import gc
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -20,6 +21,28 @@ import pytest
 from helpers import AGENT, OTHER_USERS, kept_by_the_tests, loopback, schema_errors, tool_context
 
 import agent
+
+HARBOR_ASKED = "run them with `pytest -m harbor`, or AGENT_HARBOR=1 (CI=true, .ci/run, runs them)"
+
+
+def harbor_asked(config):
+    """Harbor's tests start real jobs in podman containers, on the host's network, for minutes:
+    they run only under CI, with AGENT_HARBOR=1, or when `-m` names them."""
+    return bool(
+        os.environ.get("CI")
+        or os.environ.get("AGENT_HARBOR") == "1"
+        or re.search(r"\bharbor\b", config.getoption("markexpr") or "")
+    )
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    if harbor_asked(config):
+        return
+    skip = pytest.mark.skip(reason=f"Harbor's container jobs: {HARBOR_ASKED}")
+    for item in items:
+        if item.get_closest_marker("harbor"):
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)
@@ -41,17 +64,40 @@ def no_test_hangs(request):
     signal.signal(signal.SIGALRM, previous)
 
 
+def own_home(setenv, home, state):
+    """HOME and the XDG directories in `home` (and XDG_STATE_HOME at `state`): what the tests
+    run (agent.py, a subprocess, a browser, Harbor) writes there, never in the real home."""
+    for name, below in (
+        ("XDG_CONFIG_HOME", ".config"),
+        ("XDG_CACHE_HOME", ".cache"),
+        ("XDG_DATA_HOME", ".local/share"),
+    ):
+        (home / below).mkdir(parents=True)
+        setenv(name, str(home / below))
+    setenv("HOME", str(home))
+    setenv("XDG_STATE_HOME", str(state))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_home(nothing_kept_in_the_real_home, nothing_written_in_the_real_home, tmp_path_factory):
+    """A home of the session's for what module and session fixtures start (a browser, Harbor's
+    jobs); each test then gets its own (no_user_config). Set after the real home was looked at."""
+    with pytest.MonkeyPatch.context() as patch:
+        own_home(patch.setenv, tmp_path_factory.mktemp("home"), tmp_path_factory.mktemp("state"))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def no_user_config(monkeypatch, tmp_path_factory):
     """No ANTHROPIC_* from the environment, no .env found anywhere, a cwd of the test's own,
-    and a state directory of the test's own: the runs agent.py keeps (in-process, or in a
-    subprocess, which inherits the environment) never go to the real home."""
+    and a home and state directory of the test's own: the runs agent.py keeps (in-process, or in
+    a subprocess, which inherits the environment) never go to the real home."""
     for name in list(os.environ):
         if name.startswith(("ANTHROPIC", "AGENT_PY_")):
             monkeypatch.delenv(name)
     monkeypatch.setattr(agent, "dotenv_path", lambda: None)
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+    own_home(monkeypatch.setenv, tmp_path_factory.mktemp("home"), tmp_path_factory.mktemp("state"))
     agent.SECRETS.clear()
 
 
@@ -87,6 +133,38 @@ def nothing_kept_in_the_real_home(tmp_path_factory):
         if before.get(p) != changed and kept_by_the_tests(p, basetemp)
     )
     assert not left, f"tests kept runs in the real home: {left[:5]}"
+
+
+# Where the programs the tests run would write in a home: Harbor's notices, the browser's
+# profile and caches. With HOME and the XDG directories in tmp (own_home) nothing lands there.
+HOME_PLACES = (
+    ".cache/harbor",
+    ".config/chromium",
+    ".cache/chromium",
+    ".cache/ms-playwright",
+    ".cache/fontconfig",
+    ".pki",
+    ".local/share/harbor",
+)
+
+
+def real_home_files():
+    """The entries at the top of the real home, and every file in HOME_PLACES there."""
+    home = Path(pwd.getpwuid(os.getuid()).pw_dir)
+    found = set(home.iterdir()) if home.is_dir() else set()
+    for place in HOME_PLACES:
+        found |= set((home / place).rglob("*"))
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_written_in_the_real_home():
+    """No test, subprocess or browser adds a file to the real home (a program another session
+    runs on this machine meanwhile would be blamed too: the places looked at are few)."""
+    before = real_home_files()
+    yield
+    added = sorted(map(str, real_home_files() - before))
+    assert not added, f"the tests wrote in the real home: {added[:5]}"
 
 
 @pytest.fixture(autouse=True)
