@@ -13,6 +13,7 @@ import signal
 import socket
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -67,13 +68,10 @@ def no_test_hangs(request):
 def own_home(setenv, home, state):
     """HOME and the XDG directories in `home` (and XDG_STATE_HOME at `state`): what the tests
     run (agent.py, a subprocess, a browser, Harbor) writes there, never in the real home."""
-    for name, below in (
-        ("XDG_CONFIG_HOME", ".config"),
-        ("XDG_CACHE_HOME", ".cache"),
-        ("XDG_DATA_HOME", ".local/share"),
-    ):
-        (home / below).mkdir(parents=True)
-        setenv(name, str(home / below))
+    # (not made ahead: what writes there makes them, and each test's would cost a mkdir)
+    setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    setenv("XDG_CACHE_HOME", str(home / ".cache"))
+    setenv("XDG_DATA_HOME", str(home / ".local" / "share"))
     setenv("HOME", str(home))
     setenv("XDG_STATE_HOME", str(state))
 
@@ -222,6 +220,19 @@ def no_request_a_fake_api_rejected(request):
     yield
     for api in getattr(request.node, "apis", []):
         assert not api.rejected, f"the API would reject a request: {api.rejected}"
+
+
+@dataclass(frozen=True)
+class QuickRetries(agent.Limits):
+    retry_base: float = 0.01
+
+
+@pytest.fixture(autouse=True)
+def quick_retries(monkeypatch):
+    """A run in the test's process backs off 0.01 s, not 0.5 s, before its first retry (a
+    server's retry-after still counts as given): five failed attempts cost 0.15 s, not 7.5 s.
+    How long agent.py waits is tested on retry_delay itself, and in the subprocess runs."""
+    monkeypatch.setattr(agent, "Limits", QuickRetries)
 
 
 @pytest.fixture(autouse=True)
