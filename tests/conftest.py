@@ -1,7 +1,8 @@
-"""The fixtures. What every test gets: none of the user's config, no network beyond loopback, no
-request the real API would reject, and nothing left behind in the temp directory. And what
-tests ask for by name: workdir, ctx, spans, agent_copy, as_nobody. Helper functions are in
-helpers.py."""
+"""The fixtures. What every test gets: none of the user's config, a home of its own (nothing
+written in the real one), no network beyond loopback, no request the real API would reject,
+and nothing left behind in the temp directory. And what tests ask for by name: workdir, ctx,
+spans, agent_copy, as_nobody. Helper functions are in helpers.py. Harbor's container jobs
+run only when asked (HARBOR_ASKED)."""
 
 import gc
 import json
@@ -23,7 +24,10 @@ from helpers import AGENT, OTHER_USERS, kept_by_the_tests, loopback, schema_erro
 
 import agent
 
-HARBOR_ASKED = "run them with `pytest -m harbor`, or AGENT_HARBOR=1 (CI=true, .ci/run, runs them)"
+HARBOR_ASKED = (
+    "Harbor's jobs in podman containers (minutes, on the host's network) run only when asked: "
+    "`pytest -m harbor`, or AGENT_HARBOR=1 (CI=true and .ci/run run them)"
+)
 
 
 def harbor_asked(config):
@@ -40,7 +44,7 @@ def harbor_asked(config):
 def pytest_collection_modifyitems(config, items):
     if harbor_asked(config):
         return
-    skip = pytest.mark.skip(reason=f"Harbor's container jobs: {HARBOR_ASKED}")
+    skip = pytest.mark.skip(reason=HARBOR_ASKED)
     for item in items:
         if item.get_closest_marker("harbor"):
             item.add_marker(skip)
