@@ -1,17 +1,20 @@
-"""The fixtures. What every test gets: none of the user's config, no network beyond loopback, no
-request the real API would reject, and nothing left behind in the temp directory. And what
-tests ask for by name: workdir, ctx, spans, agent_copy, as_nobody. Helper functions are in
-helpers.py."""
+"""The fixtures. What every test gets: none of the user's config, a home of its own (nothing
+written in the real one), no network beyond loopback, no request the real API would reject,
+and nothing left behind in the temp directory. And what tests ask for by name: workdir, ctx,
+spans, agent_copy, as_nobody. Helper functions are in helpers.py. Harbor's container jobs
+run only when asked (HARBOR_ASKED)."""
 
 import gc
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,6 +23,31 @@ import pytest
 from helpers import AGENT, OTHER_USERS, kept_by_the_tests, loopback, schema_errors, tool_context
 
 import agent
+
+HARBOR_ASKED = (
+    "Harbor's jobs in podman containers (minutes, on the host's network) run only when asked: "
+    "`pytest -m harbor`, or AGENT_HARBOR=1 (CI=true and .ci/run run them)"
+)
+
+
+def harbor_asked(config):
+    """Harbor's tests start real jobs in podman containers, on the host's network, for minutes:
+    they run only under CI, with AGENT_HARBOR=1, or when `-m` names them."""
+    return bool(
+        os.environ.get("CI")
+        or os.environ.get("AGENT_HARBOR") == "1"
+        or re.search(r"\bharbor\b", config.getoption("markexpr") or "")
+    )
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    if harbor_asked(config):
+        return
+    skip = pytest.mark.skip(reason=HARBOR_ASKED)
+    for item in items:
+        if item.get_closest_marker("harbor"):
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)
@@ -41,17 +69,37 @@ def no_test_hangs(request):
     signal.signal(signal.SIGALRM, previous)
 
 
+def own_home(setenv, home, state):
+    """HOME and the XDG directories in `home` (and XDG_STATE_HOME at `state`): what the tests
+    run (agent.py, a subprocess, a browser, Harbor) writes there, never in the real home."""
+    # (not made ahead: what writes there makes them, and each test's would cost a mkdir)
+    setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    setenv("XDG_CACHE_HOME", str(home / ".cache"))
+    setenv("XDG_DATA_HOME", str(home / ".local" / "share"))
+    setenv("HOME", str(home))
+    setenv("XDG_STATE_HOME", str(state))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_home(nothing_kept_in_the_real_home, nothing_written_in_the_real_home, tmp_path_factory):
+    """A home of the session's for what module and session fixtures start (a browser, Harbor's
+    jobs); each test then gets its own (no_user_config). Set after the real home was looked at."""
+    with pytest.MonkeyPatch.context() as patch:
+        own_home(patch.setenv, tmp_path_factory.mktemp("home"), tmp_path_factory.mktemp("state"))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def no_user_config(monkeypatch, tmp_path_factory):
     """No ANTHROPIC_* from the environment, no .env found anywhere, a cwd of the test's own,
-    and a state directory of the test's own: the runs agent.py keeps (in-process, or in a
-    subprocess, which inherits the environment) never go to the real home."""
+    and a home and state directory of the test's own: the runs agent.py keeps (in-process, or in
+    a subprocess, which inherits the environment) never go to the real home."""
     for name in list(os.environ):
         if name.startswith(("ANTHROPIC", "AGENT_PY_")):
             monkeypatch.delenv(name)
     monkeypatch.setattr(agent, "dotenv_path", lambda: None)
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+    own_home(monkeypatch.setenv, tmp_path_factory.mktemp("home"), tmp_path_factory.mktemp("state"))
     agent.SECRETS.clear()
 
 
@@ -87,6 +135,38 @@ def nothing_kept_in_the_real_home(tmp_path_factory):
         if before.get(p) != changed and kept_by_the_tests(p, basetemp)
     )
     assert not left, f"tests kept runs in the real home: {left[:5]}"
+
+
+# Where the programs the tests run would write in a home: Harbor's notices, the browser's
+# profile and caches. With HOME and the XDG directories in tmp (own_home) nothing lands there.
+HOME_PLACES = (
+    ".cache/harbor",
+    ".config/chromium",
+    ".cache/chromium",
+    ".cache/ms-playwright",
+    ".cache/fontconfig",
+    ".pki",
+    ".local/share/harbor",
+)
+
+
+def real_home_files():
+    """The entries at the top of the real home, and every file in HOME_PLACES there."""
+    home = Path(pwd.getpwuid(os.getuid()).pw_dir)
+    found = set(home.iterdir()) if home.is_dir() else set()
+    for place in HOME_PLACES:
+        found |= set((home / place).rglob("*"))
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_written_in_the_real_home():
+    """No test, subprocess or browser adds a file to the real home (a program another session
+    runs on this machine meanwhile would be blamed too: the places looked at are few)."""
+    before = real_home_files()
+    yield
+    added = sorted(map(str, real_home_files() - before))
+    assert not added, f"the tests wrote in the real home: {added[:5]}"
 
 
 @pytest.fixture(autouse=True)
@@ -144,6 +224,19 @@ def no_request_a_fake_api_rejected(request):
     yield
     for api in getattr(request.node, "apis", []):
         assert not api.rejected, f"the API would reject a request: {api.rejected}"
+
+
+@dataclass(frozen=True)
+class QuickRetries(agent.Limits):
+    retry_base: float = 0.01
+
+
+@pytest.fixture(autouse=True)
+def quick_retries(monkeypatch):
+    """A run in the test's process backs off 0.01 s, not 0.5 s, before its first retry (a
+    server's retry-after still counts as given): five failed attempts cost 0.15 s, not 7.5 s.
+    How long agent.py waits is tested on retry_delay itself, and in the subprocess runs."""
+    monkeypatch.setattr(agent, "Limits", QuickRetries)
 
 
 @pytest.fixture(autouse=True)

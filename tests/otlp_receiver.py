@@ -9,6 +9,7 @@ protobuf, gzip or not), decoded with opentelemetry-proto; every span it was sent
 and HostileCollector, one that answers with an endless body, a drip, or a redirect.
 """
 
+import functools
 import gzip
 import socket
 import threading
@@ -55,7 +56,8 @@ class OTLPReceiver(ThreadingHTTPServer):
         ]
 
     def __enter__(self):
-        threading.Thread(target=self.serve_forever, daemon=True).start()
+        serve = functools.partial(self.serve_forever, poll_interval=0.02)  # a quick shutdown()
+        threading.Thread(target=serve, daemon=True).start()
         return self
 
     def __exit__(self, *exc):

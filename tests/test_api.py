@@ -748,7 +748,8 @@ def web_server(request, tmp_path):
         )
         server = ThreadingHTTPServer(("127.0.0.1", 0), made)
         server.posts = 0
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        serve = functools.partial(server.serve_forever, poll_interval=0.02)  # a quick shutdown()
+        threading.Thread(target=serve, daemon=True).start()
         request.addfinalizer(lambda: (server.shutdown(), server.server_close()))
         return server, f"http://127.0.0.1:{server.server_address[1]}"
 
