@@ -6325,9 +6325,9 @@ def hide_command_line():
     setproctitle does: /proc/PID/cmdline then reads "run_python call"."""
     with open("/proc/self/stat", "rb") as file:
         # after the command's name, in parentheses; arg_start and arg_end are fields 48 and 49
-        fields = file.read().rpartition(b")")[2].split()
-    start = int(fields[45])
-    end = int(fields[46])
+        stat_fields = file.read().rpartition(b")")[2].split()
+    start = int(stat_fields[45])
+    end = int(stat_fields[46])
     title = b"run_python call"[: end - start - 1]
     ctypes.memmove(start, title + bytes(end - start - len(title)), end - start)
 
