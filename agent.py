@@ -883,10 +883,6 @@ class StreamStalled(Exception):
     past the time it may take: retry the turn."""
 
 
-class StreamRunaway(StreamIncomplete):
-    """The reply streamed more than its max_tokens can hold: a server that does not stop."""
-
-
 # Tokens a second a reply averages at least, after its first event: with the defaults a reply
 # may take 180 s + 16,000 / 10 s (about 30 minutes).
 MIN_TOKEN_RATE = 10
@@ -940,16 +936,6 @@ class Watchdog(threading.Thread):
             pass
 
 
-def reported_usage(stream):
-    """The usage the SDK's snapshot of a stream holds so far ({} if none can be read)."""
-    try:
-        usage = stream.current_message_snapshot.usage
-        usage = usage.to_dict() if hasattr(usage, "to_dict") else usage
-    except Exception:  # no message_start yet, or a test's fake stream
-        return {}
-    return usage if isinstance(usage, dict) else {}
-
-
 def stream_reply(client, request, report, cancel, limits, seen):
     """Send one request, stream its text to the reporter; return (message dict, request id,
     {tool_use id: its arguments' JSON, for each call whose JSON did not arrive whole}). `seen`
@@ -994,15 +980,22 @@ def stream_reply(client, request, report, cancel, limits, seen):
                     report.writing(call["name"], call["chars"])
                 elif event.type == "content_block_stop" and call:
                     arguments = "".join(call["pieces"])
-                    if arguments.strip() and not whole_json(arguments):
+                    # whole JSON, not a prefix the SDK's partial reader took as whole
+                    try:
+                        json.loads(arguments if arguments.strip() else "{}")
+                    except ValueError:
                         cut_off[call["id"]] = arguments
                     call = None
                 elif event.type == "message_stop":
                     complete = True
                 elif event.type in ("message_start", "message_delta"):
-                    seen["usage"] = reported_usage(stream)
+                    # the usage the SDK's snapshot holds so far (none in a test's fake stream)
+                    usage = getattr(stream, "current_message_snapshot", None)
+                    usage = getattr(usage, "usage", None)
+                    usage = usage.to_dict() if hasattr(usage, "to_dict") else usage
+                    seen["usage"] = usage if isinstance(usage, dict) else {}
                 if streamed > most:
-                    raise StreamRunaway(
+                    raise StreamIncomplete(
                         f"the reply streamed over {most:,} characters, more than "
                         f"max_tokens {request['max_tokens']} can hold; the "
                         "server does not stop"
@@ -1057,28 +1050,11 @@ def not_a_stream(stream):
         )
 
 
-def whole_json(text):
-    """True if `text` is one whole JSON document, not a prefix the SDK's partial reader took."""
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True
-
-
-TRANSPORT_ERRORS = {"APIConnectionError", "APITimeoutError", "TransportError", "ConnectionError"}
-
-
 def transport_error(exc):
     """A network failure below HTTP (reset, refused, closed, timed out): worth another try."""
     names = {k.__name__ for e in (exc, exc.__cause__) if e is not None for k in type(e).__mro__}
-    return bool(names & (TRANSPORT_ERRORS | {"StreamIncomplete", "StreamStalled"}))
-
-
-def closed_idle_connection(exc):
-    """The server closed a kept-alive connection between replies, without saying so."""
-    cause = exc.__cause__ or exc
-    return type(cause).__name__ == "RemoteProtocolError" and "without sending" in str(cause)
+    transport = {"APIConnectionError", "APITimeoutError", "TransportError", "ConnectionError"}
+    return bool(names & (transport | {"StreamIncomplete", "StreamStalled"}))
 
 
 PLAIN_HTTP = "the server answers in plain HTTP, not TLS"
@@ -1110,9 +1086,12 @@ def retry_delay(exc, attempt, limits):
     body = getattr(exc, "body", None)
     error = body.get("error") if isinstance(body, dict) else None
     kind = error.get("type") if isinstance(error, dict) else None
+    # a kept-alive connection the server closed between replies: a new one at once
+    cause = exc.__cause__ or exc
+    stale = type(cause).__name__ == "RemoteProtocolError" and "without sending" in str(cause)
     if transport_error(exc):
-        if closed_idle_connection(exc) and attempt == 1:
-            return 0.0  # a stale connection, not an overload: a new one at once
+        if stale and attempt == 1:
+            return 0.0
         transient = True
     elif status is None:
         transient = False
@@ -1346,18 +1325,6 @@ def reply_facts(reply):
     return facts
 
 
-def request_host(exc):
-    """Where a failed request went (scheme://host:port), if the exception knows."""
-    for e in (exc, exc.__cause__):
-        try:
-            url = e.request.url
-            host = f"[{url.host}]" if ":" in url.host else url.host  # an IPv6 address
-            return f"{url.scheme}://{host}{f':{url.port}' if url.port else ''}"
-        except Exception:
-            continue
-    return None
-
-
 def api_message(exc):
     """The server's error in one line, for stderr and the transcript: the API's own message
     (either error shape), or, from a server that answered something else, its status, the URL
@@ -1375,7 +1342,7 @@ def api_message(exc):
         return clean(foreign_error(exc, status, body, asked))
     else:
         text = error if isinstance(error, str) else (str(exc) or type(exc).__name__)
-    host = request_host(exc) if transport_error(exc) else None
+    host = asked_url(exc, path=False) if transport_error(exc) else None
     if host and unreachable(exc):
         why = unreachable(exc)
         asked = asked_url(exc) or host
@@ -1388,14 +1355,17 @@ def api_message(exc):
     return clean(f"{status} {text}" if isinstance(status, int) and status >= 400 else text)
 
 
-def asked_url(exc):
-    """The URL a failed request asked, without credentials or query, or None."""
-    try:
-        url = exc.request.url
-        host = f"[{url.host}]" if ":" in url.host else url.host
-        return f"{url.scheme}://{host}{f':{url.port}' if url.port else ''}{url.path}"
-    except Exception:
-        return None
+def asked_url(exc, path=True):
+    """The URL a failed request asked (scheme://host:port, then its path if `path`), without
+    credentials or query, or None if the exception does not know."""
+    for e in (exc, exc.__cause__):
+        try:
+            url = e.request.url
+            host = f"[{url.host}]" if ":" in url.host else url.host  # an IPv6 address
+            return f"{url.scheme}://{host}{f':{url.port}' if url.port else ''}" + url.path * path
+        except Exception:
+            continue
+    return None
 
 
 def wrong_root(asked):
@@ -1467,15 +1437,10 @@ class Price:
     read: float
 
 
-# USD per million tokens, as billed on the Claude API. Checked 2026-12-02 against
-# platform.claude.com/docs/en/about-claude/pricing ("Model pricing"), its release notes and the
-# model overview pages (models/<model>/overview). Haiku 5.5 bills a request whose prompt (input
-# + cache reads + cache writes) exceeds 100,000 tokens at its second band, output included.
-# Sonnet 5.5's cache reads cost $0.10 since 2026-10-07 (release notes of that day: "lowered ...
-# from $0.20 USD to $0.10 USD per million tokens"; the pricing page's footnote agrees; older
-# copies of the overview page still say $0.20). Fable 5.2 (released 2026-11-09): $8 / $40 from
-# the pricing page; its cache rates ($10 / $16 writes, $0.20 reads) only from trackers so far.
-# Each entry: ((prompt tokens up to, price), ...); None means no upper bound.
+# USD per million tokens, as billed on the Claude API (platform.claude.com/docs/en/about-claude/
+# pricing, 2026-12-02). Haiku 5.5 bills a request whose prompt (input + cache reads + cache
+# writes) exceeds 100,000 tokens at its second band, output included. Each entry: ((prompt
+# tokens up to, price), ...); None means no upper bound.
 _OPUS_4 = ((None, Price(5.00, 25.00, 6.25, 10.00, 0.50)),)
 _SONNET_4 = ((None, Price(3.00, 15.00, 3.75, 6.00, 0.30)),)
 PRICING = {
