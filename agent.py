@@ -786,10 +786,8 @@ def check_cancelled(cancel):
 
 
 def on_stop_signal(signum, frame):
-    """Ctrl-C, SIGTERM and SIGHUP (a closed terminal): kill the running tool, save, exit 130.
-    The StopSignal is lost if the signal lands where Python swallows exceptions (an at-fork
-    hook of subprocess, a __del__), so the flag stays set, with the signal, for the loops that
-    wait to see."""
+    """Ctrl-C, SIGTERM and SIGHUP: kill the running tool, save, exit 130. The flag stays set for
+    the loops that wait, as Python swallows the StopSignal in some places (a __del__)."""
     STOPPING.signum = signum
     STOPPING.set()
     raise StopSignal(signum)
@@ -893,8 +891,8 @@ TOKEN_CHARS = 64
 
 class Watchdog(threading.Thread):
     """Shuts a stream's socket once no event has come for `seconds`, or at `deadline`: a server
-    that sends only pings, nothing, or never stops cannot hold a turn forever. poke() on every
-    event, stop() at the end. A thread of its own looks five times a second."""
+    that sends only pings, nothing, or never stops cannot hold a turn forever. `last` is set at
+    every event, `done` at the end. A thread of its own looks five times a second."""
 
     def __init__(self, stream, seconds, deadline):
         super().__init__(daemon=True)
@@ -905,20 +903,12 @@ class Watchdog(threading.Thread):
         self.done = threading.Event()
         self.start()
 
-    def poke(self):
-        self.last = time.monotonic()
-
-    def stop(self):
-        self.done.set()
-
     def run(self):
-        while not self.done.wait(0.2):
-            moment = time.monotonic()
-            if moment - self.last > self.seconds or moment > self.deadline:
-                self.fire(moment)
+        moment = time.monotonic()
+        while moment - self.last <= self.seconds and moment <= self.deadline:
+            if self.done.wait(0.2):
                 return
-
-    def fire(self, moment):
+            moment = time.monotonic()
         self.fired = (
             f"the reply went on past {self.deadline - self.started:.0f} s, the most "
             f"its max_tokens may take at {MIN_TOKEN_RATE} tokens a second"
@@ -954,7 +944,7 @@ def stream_reply(client, request, report, cancel, limits, seen):
         cut_off = {}
         try:
             for event in stream:
-                watch.poke()
+                watch.last = time.monotonic()
                 check_cancelled(cancel)
                 if event.type == "text":
                     report.text(event.text)
@@ -1021,7 +1011,7 @@ def stream_reply(client, request, report, cancel, limits, seen):
                 raise StreamStalled(watch.fired) from e
             raise
         finally:
-            watch.stop()
+            watch.done.set()
         request_id = getattr(stream, "request_id", None)
     return (message.to_dict() if hasattr(message, "to_dict") else message), request_id, cut_off
 
@@ -1115,10 +1105,8 @@ def retry_delay(exc, attempt, limits):
 
 def request_with_retries(client, request, limits, report, cancel):
     """Up to max_attempts requests for one turn, backing off on transient failures; returns
-    the Reply. An attempt that fails may have been billed though no reply came of it (N17):
-    what the server reported it spent (message_start's counts, then message_delta's) is kept
-    in the Reply's `failed`, or, when the turn fails, in the exception's `failed_usage`, beside
-    its `retries`."""
+    the Reply. What a failed attempt was billed is kept in the Reply's `failed` (or, when the
+    turn fails, in the exception's `failed_usage`, beside its `retries`)."""
     reply = Reply(None, None, 0, [], [], 0.0)
     for attempt in range(1, limits.max_attempts + 1):
         started = time.monotonic()
@@ -1557,10 +1545,8 @@ def total_usage(session):
 
 
 def failed_usage(session):
-    """Set the transcript's `failed_usage`: what the server reported for attempts that failed
-    (cut, stalled, an error mid-stream), over every turn and the turn that stopped the run.
-    Kept apart from `usage` (the totals over turns' replies); counted in the budgets and said
-    on the stop line. Left out when nothing was reported."""
+    """Set the transcript's `failed_usage` (left out when zero): what the server reported for
+    failed attempts over every turn and the stop, kept apart from `usage`."""
     total = empty_usage()
     for record in session["turns"] + [session.get("stop") or {}]:
         if isinstance(record.get("failed_usage"), dict):
@@ -1614,9 +1600,6 @@ def count_tokens(client, model, question, system=SYSTEM_PROMPT):
 
 # --- Clearing old tool results ---
 
-CLEARED = "[cleared to save context: {what}; call it again if you need it]"
-CONTEXT_EDIT_BETA = "context-management-2025-06-27"
-
 
 def server_clearing(limits):
     """The request's fields that ask the API to clear old tool results (its beta)."""
@@ -1626,7 +1609,7 @@ def server_clearing(limits):
         "keep": {"type": "tool_uses", "value": limits.keep_results},
         "clear_at_least": {"type": "input_tokens", "value": limits.clear_at_least},
     }
-    return {"betas": [CONTEXT_EDIT_BETA], "context_management": {"edits": [edit]}}
+    return {"betas": ["context-management-2025-06-27"], "context_management": {"edits": [edit]}}
 
 
 def estimated_tokens(block):
@@ -1711,7 +1694,7 @@ def placeholder(block, calls):
         what += " " + shorten(json.dumps(call.get("input"), ensure_ascii=False), 100)
     return {
         **{k: v for k, v in block.items() if k in ("type", "tool_use_id", "is_error")},
-        "content": CLEARED.format(what=what),
+        "content": f"[cleared to save context: {what}; call it again if you need it]",
     }
 
 
@@ -2875,15 +2858,9 @@ def own_prompt(session):
 
 # --- Kept runs: every run in the user's state directory ---
 #
-# As claude, codex and llm keep their sessions, agent.py keeps each run's transcript where it
-# can be found again: $XDG_STATE_HOME/agent.py/runs, else ~/.local/state/agent.py/runs (RUNS),
-# one file per run, 0600 in a 0700 directory, named by the run's id: the UTC time it started
-# and the first 8 hex digits of its run_id (20261204-123045-3f2a9c1b.json; a trials run keeps
-# its summary as ID.trials.json and trial i as ID.trials.i.json). `last`, or a run id, names a
-# kept run wherever a transcript is read (--resume, --replay, --report, --export); --no-keep
-# or AGENT_PY_NO_KEEP=1 keeps none. The model's code must not read, write or plant a kept run:
-# a runs directory that is the workdir, inside it or around it is not used, nor one that is a
-# symlink, another user's, or one another user could write to (docs/runs.md).
+# Each run's transcript is kept in runs_dir(), 0600 in a 0700 directory, as ID.json (the UTC
+# start and 8 hex digits of its run_id); `last` or an id names it wherever a transcript is read.
+# The model's code must not read, write or plant a kept run (docs/runs.md).
 
 KEPT_FILE = re.compile(r"(\d{8}-\d{6}-([0-9a-f]{8}))(?:\.trials(?:\.(\d+))?)?\.json")
 RUN_NAME = re.compile(r"(?:(\d{8}-\d{6})-)?([0-9a-f]{8})[0-9a-f]{0,24}(?:\.(\d+))?")
@@ -3179,11 +3156,9 @@ def in_runs_dir(path):
 
 
 def own_kept_run(path):
-    """True if `path` is a run agent.py kept and no one has replaced: a file directly in the
-    runs directory (open_runs checks that it is this user's, 0700 and reached through no
-    symlink), named as agent.py names kept runs, and still as agent.py wrote it: a regular
-    file (not a symlink), this user's, mode 0600, with no other name (no hard link). Only this
-    user could have written it there, as with any of their files (docs/runs.md)."""
+    """True if `path` is a run agent.py kept and no one has replaced: directly in the runs
+    directory (open_runs checks it), named as a kept run, and a regular file of this user's,
+    mode 0600, with no other name (no hard link)."""
     name = Path(path).name
     if not KEPT_FILE.fullmatch(name):
         return False
@@ -3215,12 +3190,9 @@ def is_kept(path, trial=False):
 
 # --- Replay: a recorded run without a key ---
 #
-# python agent.py --replay RUN.json --workdir DIR runs a transcript's recorded model turns again,
-# against the real tools in the real sandbox: ReplayClient stands in for the SDK's client and
-# answers each request with the next recorded reply, so the loop above runs unchanged, and
-# nothing is sent. ReplayCheck says, per call, where a tool result now differs from the
-# recorded one. The run ends as the recording did: replay_limits makes the same limit stop the
-# same turn, and a request past the last reply stops with the recorded stop (ReplayEnded).
+# --replay runs a transcript's recorded replies again against the real tools: ReplayClient
+# stands in for the SDK's client, so the loop runs unchanged and nothing is sent; ReplayCheck
+# says where a tool result now differs from the recorded one.
 
 
 class ReplayEnded(Exception):
@@ -3249,18 +3221,10 @@ class ReplayDiffers(Exception):
 
 
 def load_recording(path):
-    """A transcript --replay can run, or a UsageError saying what the file is."""
+    """A transcript --replay can run, or a UsageError saying why not."""
     recording = load_transcript(path, "--replay")
-    problem = recording_problem(recording)
-    if problem:
-        raise UsageError(f"cannot replay: {path} {problem}")
-    return recording
-
-
-def recording_problem(recording):
-    """Why a transcript (already fit to resume) cannot be replayed, or None."""
     if not is_str(recording.get("question")) or not is_str(recording.get("system"), empty=True):
-        return "has no question or no system prompt"
+        raise UsageError(f"cannot replay: {path} has no question or no system prompt")
     asked = [
         b
         for m in recording["messages"][1:]
@@ -3269,12 +3233,12 @@ def recording_problem(recording):
         if b["type"] == "text" and b["text"] != FINAL_TURN_NOTE
     ]
     if asked:
-        return (
-            "was continued with --resume and a follow-up question; only a run from its "
-            "first question can be replayed (--resume with --transcript NEW.json goes on in a "
-            "new file, and leaves the one it continues as it was)"
+        raise UsageError(
+            f"cannot replay: {path} was continued with --resume and a follow-up question; only "
+            "a run from its first question can be replayed (--resume with --transcript "
+            "NEW.json goes on in a new file, and leaves the one it continues as it was)"
         )
-    return None
+    return recording
 
 
 def recorded_replies(recording):
@@ -3296,12 +3260,9 @@ def recorded_replies(recording):
 
 
 def replay_limits(recording, limits):
-    """The user's `limits`, tightened so that the recorded replies end as the recording did:
-    its number of turns if it stopped at max_turns, else two more (a request past the replies
-    is then never the final one); a budget its replies reach at their last turn if it stopped
-    on that budget, else one they never reach. Never loosened: the user's --max-turns,
-    --token-budget and --budget-usd bound a replay as they bound a live run (and with them its
-    memory, whatever the recording's length); what the recording counts is no budget."""
+    """The user's `limits`, tightened so that the recorded replies end as the recording did
+    (the limit it stopped on is reached at its last turn; others never are), never loosened:
+    the user's limits bound a replay as they bound a live run."""
     used = empty_usage()
     reason = (recording.get("stop") or {}).get("reason")
     for turn in recording["turns"]:  # priced as the loop will price them
@@ -3347,11 +3308,8 @@ def made_by(recording):
 
 
 class ReplayClient:
-    """Stands in for anthropic.Anthropic in stream_reply: messages.stream(**request) answers with
-    the next recorded reply (its text and thinking stream to stderr as a live reply's would).
-    It sends nothing and needs no key. Past the last reply it raises ReplayEnded: with the
-    recorded stop if the recording ended there without a reply (Ctrl-C, an API error), else
-    with an error saying that the replay asks for more than was recorded."""
+    """Stands in for anthropic.Anthropic in stream_reply: each request is answered with the next
+    recorded reply, and nothing is sent. Past the last reply it raises ReplayEnded."""
 
     def __init__(self, recording, source):
         self.replies = recorded_replies(recording)
@@ -5210,11 +5168,8 @@ def code_point_escape(code):
 
 
 def for_terminal(data, html=False, terminal=None):
-    """JSON (or HTML) bytes bound for stdout (or for `terminal`, a terminal the user named as
-    an output): when it is a terminal, each character `visible` would escape is written as the
-    escape that means the same there, \\uXXXX (or &#xXXXX;), so a transcript or report shown
-    raw cannot reorder or drive the terminal. In a pipe or a file, the bytes are left as they
-    are."""
+    """JSON (or HTML) bytes bound for stdout (or `terminal`): on a terminal, each character
+    `visible` would escape is written as \\uXXXX (or &#xXXXX;), which means the same there."""
     if not (sys.stdout.isatty() if terminal is None else terminal):
         return data
     text = data.decode("utf-8", "surrogateescape")
@@ -5239,11 +5194,9 @@ SHOWN_AS = {"\t": "\u2409", " ": "\u2420"}  # a tab, and a space that ends a lin
 
 
 def shown_code(code):
-    """Code as the approval question shows it: no two programs that differ look the same. Every
-    character but printable ASCII and READABLE text appears as its code point, ⟦U+0430⟧ (so a
-    Cyrillic а cannot pass for a Latin a, nor a zero-width space for nothing); tabs and spaces
-    that end a line are drawn (␉ ␠); each line is numbered, the empty last one too. Returns the
-    lines and the names of the characters that were replaced."""
+    """Code as the approval question shows it, numbered: no two programs that differ look the
+    same. Other than printable ASCII and READABLE is shown as ⟦U+0430⟧, trailing blanks drawn
+    (␉ ␠). Returns the lines and the characters that were replaced."""
     lines, named = [], {}
     for line in code.split("\n"):
         end = len(line.rstrip(" "))
@@ -5338,11 +5291,8 @@ def dimmed(text, stream=None):
 
 def consent_question(source, taken, columns):
     """What --resume and --replay ask before using what a transcript says: each value (label,
-    value, note) quoted on a line of its own, with line breaks, quotes, backslashes and every
-    character `visible` escapes written as escapes, and cut in the middle, saying how much, to
-    fit its rows: the workdir 6 (a real path, so it is seldom cut), a model or a prompt one.
-    However the file is made, the question takes at most 12 rows below the user's own path,
-    and every line the user answers is agent.py's."""
+    value, note) quoted and escaped on a line of its own, cut in the middle to fit its rows
+    (the workdir 6, others one), so every line the user answers is agent.py's."""
     rows = [f"{quoted(source)} asks to go on with its own:"]  # the user's own path, in full
     rows += [
         fitted(f"  {label} ", value, note, columns, 6 if label == "workdir" else 1)
