@@ -794,10 +794,9 @@ def on_stop_signal(signum, frame):
 
 
 class Connections:
-    """Every connection the SDK's client opens, noted as it is made (httpcore's trace extension,
-    set on each request by make_client's hook), so that Ctrl-C in trials can cut the requests
-    other threads wait on: a thread reading a socket wakes when it is shut down, not before the
-    server answers. Once cut, a connection made after is shut as it opens."""
+    """Every connection the SDK's client opens (httpcore's trace, set by make_client's hook),
+    so that Ctrl-C in trials can shut the sockets other threads wait on; once cut, a new one
+    is shut as it opens."""
 
     lock = threading.Lock()
     opened = weakref.WeakSet()
@@ -881,8 +880,7 @@ class StreamStalled(Exception):
     past the time it may take: retry the turn."""
 
 
-# Tokens a second a reply averages at least, after its first event: with the defaults a reply
-# may take 180 s + 16,000 / 10 s (about 30 minutes).
+# Tokens a second a reply averages at least, after its first event (16,000 tokens: 27 min).
 MIN_TOKEN_RATE = 10
 # Characters one token can stream, at most (the longest are ~16): a reply that streams more
 # than max_tokens * 64 is cut, so a turn is bounded in size too.
@@ -937,8 +935,7 @@ def stream_reply(client, request, report, cancel, limits, seen):
         not_a_stream(stream)
         watch = Watchdog(stream, limits.request_timeout, time.monotonic() + lasts)
         complete = False
-        # characters streamed so far; the tool call being written (its name, id, the length
-        # and the pieces of its arguments' JSON); the calls whose JSON did not arrive whole
+        # characters streamed; the tool call being written; calls whose JSON came cut off
         streamed = 0
         call = None
         cut_off = {}
@@ -1263,10 +1260,9 @@ def block_problem(block, role):
 
 
 def check_reply(message, cut_off=None):
-    """The reply's content as it can go back, and what had to be mended: a block the API would
-    not take back (block_problem), empty text (the API rejects it), a tool_use id used twice.
-    Whatever is dropped is kept in the turn's notes, and a dropped tool call is never run; so
-    is a call whose arguments were cut off (`cut_off`), which stays, answered with an error."""
+    """The reply's content as it can go back, and notes on what was mended: a block the API
+    would not take back, empty text, a repeated tool_use id are dropped (a dropped call is never
+    run; neither is one whose arguments were cut off, which stays, answered with an error)."""
     content = message.get("content")
     notes = []
     seen = set()
@@ -1296,9 +1292,8 @@ def check_reply(message, cut_off=None):
 
 
 def reply_facts(reply):
-    """What the transcript keeps of a reply besides its content: its id (the next request asks
-    the API about cache misses against it), its prompt size (the clearing trigger), why the
-    cache missed and what the API cleared, where it said so."""
+    """What the transcript keeps of a reply besides its content: its id, its prompt size, why
+    the cache missed and what the API cleared, where it said so."""
     message = reply.message
     facts = {
         "message_id": message.get("id") if isinstance(message.get("id"), str) else None,
@@ -1314,9 +1309,8 @@ def reply_facts(reply):
 
 
 def api_message(exc):
-    """The server's error in one line, for stderr and the transcript: the API's own message
-    (either error shape), or, from a server that answered something else, its status, the URL
-    asked and a short clean excerpt (foreign_error)."""
+    """The server's error in one line, for stderr and the transcript: the API's own message,
+    or what another server answered (foreign_error)."""
     body = getattr(exc, "body", None)
     error = body.get("error") if isinstance(body, dict) else None
     status = getattr(exc, "status_code", None)
@@ -1372,9 +1366,8 @@ def wrong_root(asked):
 
 
 def foreign_error(exc, status, body, asked):
-    """A status whose body is not the API's JSON error: a web server, a proxy's page, nothing.
-    One line: the status, the URL asked, what the body was (a short excerpt, tags and controls
-    taken out), and, unless the API itself answered, whether the base URL is a Messages API."""
+    """One line for a status whose body is not the API's JSON error (a web server, a proxy's
+    page, nothing): the status, the URL asked, a clean excerpt of the body."""
     # the standard phrase, not the server's own: that could say anything
     try:
         reason = " " + http.HTTPStatus(status).phrase
@@ -1476,9 +1469,8 @@ def base_model(model):
 
 
 def billed(usage):
-    """The parts of a response's usage that are billed: each entry of usage.iterations when the
-    response has them (server-side compaction adds a sampling step the top-level counts leave
-    out: "sum across all entries in the usage.iterations array"), else the usage itself."""
+    """The parts of a response's usage that are billed: each entry of usage.iterations (from
+    server-side compaction) when it has them, else the usage itself."""
     parts = usage.get("iterations") if isinstance(usage, dict) else None
     if isinstance(parts, list) and parts and all(isinstance(p, dict) for p in parts):
         return parts
@@ -1619,10 +1611,9 @@ def estimated_tokens(block):
 
 
 def clear_old_results(session, limits):
-    """Clear old tool results once the last prompt reached the trigger: every one but the
-    newest keep_results, if that frees at least clear_at_least tokens (a clearing breaks the
-    cache once, so it should be worth it). Sticky: the ids only ever grow, and the history
-    itself is never edited. Returns (how many, tokens freed) or None."""
+    """Once the last prompt reached the trigger, clear every tool result but the newest
+    keep_results, if that frees clear_at_least tokens. The ids only ever grow; the history
+    is never edited. Returns (how many, tokens freed) or None."""
     turns = session["turns"]
     if (
         not limits.clear_at
@@ -1653,9 +1644,8 @@ def clear_old_results(session, limits):
 
 
 def sent_view(session):
-    """The history as it is sent: a cleared tool result stands in for itself in a few tokens,
-    and a cache breakpoint marks where the previous request ended, so that request's cache is
-    read whatever this turn added (automatic caching looks back only 20 blocks)."""
+    """The history as it is sent: cleared tool results as placeholders, and a cache breakpoint
+    where the previous request ended (automatic caching looks back only 20 blocks)."""
     cleared = set(session.get("cleared", ()))
     messages = session["messages"]
     # messages are shared, never changed: a new one replaces one in the view
@@ -2894,10 +2884,9 @@ def runs_dir():
 
 
 def open_runs(create=False):
-    """The runs directory, opened: (descriptor, real path). With `create`, it and agent.py/
-    above it are made, mode 0700. Each of the two is opened without following a symlink and
-    must be this user's and writable by no one else (one that is readable by others is made
-    0700); else a UsageError saying why. OSError when it cannot be opened or made at all."""
+    """The runs directory, opened: (descriptor, real path); with `create`, made (0700). It and
+    agent.py/ above it must be no symlink, this user's, writable by no one else: else a
+    UsageError. OSError when it cannot be opened or made at all."""
     path = runs_dir()
     if create:
         home = None if os.path.isabs(os.environ.get("XDG_STATE_HOME", "")) else Path.home()
@@ -2985,10 +2974,8 @@ class KeptRun:
 
 
 def keep_run(run_id, workdir, report, trials=0):
-    """Make this run's kept file (O_EXCL: never another run's) and return its KeptRun; with
-    `trials`, the summary's and each trial's ({i: KeptRun}). None, with a one-line note on
-    stderr, when runs cannot be kept here. `workdir`: where the model's code can write (None
-    with --no-sandbox: anywhere)."""
+    """Make this run's kept file (O_EXCL) and return its KeptRun (with `trials`, also each
+    trial's, {i: KeptRun}); None, with a note on stderr, when runs cannot be kept here."""
     try:
         kept, each = make_kept_run(run_id, workdir, report, trials)
     except UsageError as e:
@@ -3130,9 +3117,8 @@ def kept_run(name, flag, report):
 
 
 def check_runs_apart(workdir, where):
-    """Refuse a workdir that holds the runs directory, or lies inside it (whether or not it
-    exists yet, and whether or not this run is kept): the model's code could read kept runs
-    there, or plant one that `--resume last` would take up."""
+    """Refuse a workdir that holds the runs directory or lies inside it, kept or not: the
+    model's code could read kept runs there, or plant one."""
     try:
         runs = Path(os.path.realpath(runs_dir()))
     except OSError:  # nowhere to keep runs: none are kept (keep_run says so)
@@ -3429,10 +3415,8 @@ def tool_results(messages):
 
 
 class ReplayCheck:
-    """Wraps the transcript's save (the loop saves after every turn, and at the stop): first
-    compares each tool result of the turns since the last save with the recorded one, says on
-    stderr where they differ, and keeps the difference in the session's `replay` field. At the
-    stop, says how many differed, and whether the replay stopped before the recording did."""
+    """Wraps the transcript's save: compares the tool results of the turns since the last save
+    with the recorded ones, says where they differ and keeps it in the session's `replay`."""
 
     def __init__(self, recording, client, report, save, strict=False):
         self.recorded = tool_results(recording["messages"])
@@ -3527,8 +3511,7 @@ def trials_stop(summary):
 
 def expect_found(regex, answer):
     """True if the --expect regex is in the answer, False if not, None if the search took over
-    EXPECT_SECONDS. It runs in a child: a regex that backtracks on the model's text holds the
-    GIL inside `re`, where no Ctrl-C or SIGTERM can reach agent.py; a child can be killed."""
+    EXPECT_SECONDS: in a child, which can be killed, as a backtracking `re` holds the GIL."""
     try:
         done = subprocess.run(
             [sys.executable, "-I", "-S", "-c", SEARCH, regex],
@@ -3621,9 +3604,8 @@ def spread(values):
 
 
 def summarize(trials, requested):
-    """The summary of the trials that ran. Model failures (a trial that did not pass) are kept
-    apart from infrastructure failures (api_error, error, interrupted): pass@k and pass^k count
-    only the trials that finished without one, as tau-bench does."""
+    """The summary of the trials that ran: pass@k and pass^k count only the trials without an
+    infrastructure failure (INFRA_STOPS), as tau-bench does."""
     trials = sorted(trials, key=lambda t: t["index"])
     scored = [t for t in trials if t["stop"] not in INFRA_STOPS]
     n, c = len(scored), sum(t["passed"] for t in scored)
@@ -3740,9 +3722,8 @@ class TrialSpec:
 
 
 def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
-    """Run the trials and print their summary; return it. `outputs`: each trial's transcript
-    file, if any (run.json -> run.1.json); `kept`, each trial's KeptRun. A Ctrl-C cancels the
-    trials still running."""
+    """Run the trials and print their summary; return it. `outputs` and `kept`: each trial's
+    transcript file and KeptRun. A Ctrl-C cancels the trials still running."""
     ctx = replace(ctx, cancel=threading.Event())
     results = []
     pool = ThreadPoolExecutor(max_workers=spec.jobs)
@@ -5139,11 +5120,8 @@ def plural(n, word):
     return f"{n} {word}{'s' * (n != 1)}"
 
 
-# Characters a terminal obeys instead of showing, or draws as nothing: C0 and C1 controls but
-# newline and tab, bidi marks, overrides and isolates, line and paragraph separators, lone
-# surrogates (which no terminal encoding can carry), and every default-ignorable code point:
-# zero-width characters, the soft hyphen, variation selectors, tag characters, the BOM, the
-# Hangul and braille fillers.
+# Characters a terminal obeys instead of showing, or draws as nothing: controls but newline
+# and tab, bidi marks, line separators, lone surrogates, and every default-ignorable code point.
 INVISIBLE = re.compile(
     "[\x00-\x08\x0b-\x1f\x7f-\x9f\xad\u034f\u061c\u115f\u1160\u17b4\u17b5"
     "\u180b-\u180f\u200b-\u200f\u2028-\u202e\u2060-\u206f\u2800\u3164"
@@ -5230,10 +5208,8 @@ def display_width(text):
 
 
 def approval_question(code, rows, columns, unconfined=None):
-    """What stderr shows before run_python's [y/N] question. When the code is longer than the
-    screen, its header comes again right above the question, saying how much has scrolled off.
-    `unconfined`: why the sandbox is unavailable, which the question itself then says (a y runs
-    the code as the user, -q or not)."""
+    """What stderr shows before run_python's [y/N] question; code taller than the screen gets
+    its header again above it. `unconfined`: why the sandbox is unavailable, said in it."""
     lines, named = shown_code(code)
     legend = [
         f"  \u27e6U+{ord(ch):04X}\u27e7 is {unicodedata.name(ch, 'an unnamed character')}"
