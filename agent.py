@@ -707,8 +707,7 @@ def error_result(block, content):
 
 
 def not_run(block, limit):
-    """The answer to a call past the most calls one turn runs, and its facts: what a turn holds
-    and how long it takes stay bounded however many calls a reply asks for."""
+    """The answer to a call past the most calls one turn runs (a turn stays bounded)."""
     said = (
         f"Not run: one turn runs at most {limit} tool calls. Read fewer files at once (one or "
         "two per turn), and make fewer calls in one turn."
@@ -749,23 +748,20 @@ STOPPING = threading.Event()  # set by on_stop_signal (with the signal: .signum)
 
 
 def stopped_by(exc):
-    """The interrupted stop's detail. A StopSignal says which signal it was: SIGHUP, a closed
-    terminal, is named; Ctrl-C and SIGTERM, and a trial cancelled by them, are said as one."""
+    """The interrupted stop's detail: SIGHUP is named; Ctrl-C and SIGTERM are said as one."""
     if isinstance(exc, StopSignal) and exc.signum == signal.SIGHUP:
         return "stopped by SIGHUP"
     return "stopped by Ctrl-C or SIGTERM"
 
 
 def unfinished(block, stopped, when):
-    """The answer to a call that a stop (`stopped`: the signal's exception, or a trial's
-    Interrupted) cut short, or kept from running, and its facts."""
+    """The answer to a call that a stop cut short, or kept from running, and its facts."""
     said = f"interrupted: {stopped_by(stopped)} {when}."
     return error_result(block, said), {"exit_code": None, "declined": False}
 
 
 class StopSignal(KeyboardInterrupt):
-    """Ctrl-C, SIGTERM or SIGHUP: the KeyboardInterrupt on_stop_signal raises, which says which
-    signal it was (`signum`), for the stop's detail (stopped_by)."""
+    """Ctrl-C, SIGTERM or SIGHUP, as a KeyboardInterrupt that says which (`signum`)."""
 
     def __init__(self, signum=None):
         super().__init__()
@@ -777,8 +773,7 @@ class Interrupted(Exception):
 
 
 def check_cancelled(cancel):
-    """Raise if the run must stop: a stop signal (even one whose StopSignal Python swallowed:
-    see on_stop_signal), or `cancel` set for this trial."""
+    """Raise if the run must stop: a stop signal (even a swallowed one), or `cancel` set."""
     if STOPPING.is_set():  # signum: the handler's; none when the flag was set by hand
         raise StopSignal(getattr(STOPPING, "signum", None))
     if cancel is not None and cancel.is_set():
@@ -837,16 +832,14 @@ MAX_COUNT = 1 << 53  # the largest count agent.py reads or writes: what JSON car
 
 
 def number(value):
-    """A token count as a server sent it, or 0 when it sent something else (not a count, or
-    past 2**53, which no count reaches and a float could not hold)."""
+    """A token count as a server sent it, or 0 when it is not a count up to 2**53."""
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT:
         return value
     return 0
 
 
 def json_safe(value):
-    """True if `value` holds only what JSON carries exactly and agent.py reads back: no NaN or
-    infinity, no integer past 2**53 (a server's JSON parser accepts both)."""
+    """True if `value` holds no NaN, infinity or integer past 2**53 (which JSON loses)."""
     todo = [value]
     while todo:
         v = todo.pop()
@@ -862,8 +855,7 @@ def json_safe(value):
 
 
 def fields(value):
-    """An object of a reply or document, or an empty one: a server or a forged file may put
-    anything anywhere."""
+    """An object of a reply or document, or an empty one if it is something else."""
     return value if isinstance(value, dict) else {}
 
 
@@ -876,8 +868,7 @@ class StreamIncomplete(Exception):
 
 
 class StreamStalled(Exception):
-    """No event arrived for --request-timeout seconds (pings do not count), or the reply went on
-    past the time it may take: retry the turn."""
+    """No event for --request-timeout seconds, or a reply past its time: retry the turn."""
 
 
 # Tokens a second a reply averages at least, after its first event (16,000 tokens: 27 min).
@@ -925,9 +916,8 @@ class Watchdog(threading.Thread):
 
 
 def stream_reply(client, request, report, cancel, limits, seen):
-    """Send one request, stream its text to the reporter; return (message dict, request id,
-    {tool_use id: its arguments' JSON, for each call whose JSON did not arrive whole}). `seen`
-    gets the usage the server has reported so far."""
+    """Send one request, stream its text to the reporter; return (message, request id, {id:
+    arguments' JSON of each call cut off}). `seen` gets the usage reported so far."""
     messages = client.beta.messages if "betas" in request else client.messages
     most = request["max_tokens"] * TOKEN_CHARS  # characters the reply may stream
     lasts = limits.request_timeout + request["max_tokens"] / MIN_TOKEN_RATE  # seconds it may take
@@ -1014,8 +1004,7 @@ def stream_reply(client, request, report, cancel, limits, seen):
 
 
 class NotAStream(Exception):
-    """A server answered a streamed request with something else (JSON, a page): api_error, not
-    retried, as a reply would come the same way again."""
+    """A server answered a streamed request with something else: api_error, not retried."""
 
     status_code = 200
 
@@ -1048,8 +1037,7 @@ PLAIN_HTTP = "the server answers in plain HTTP, not TLS"
 
 
 def unreachable(exc):
-    """Why the server cannot be reached at all, or None: a refused connection or a host that
-    does not exist is not mended by another try a second later (nothing listens there)."""
+    """Why the server cannot be reached at all (no retry mends it), or None."""
     while exc is not None:
         if isinstance(exc, ConnectionRefusedError):
             return "connection refused: is the server running?"
@@ -1168,8 +1156,7 @@ class Reply:
 
 
 def request_turn(client, request, limits, report, cancel):
-    """One turn: a reply cut inside a tool call is retried once with twice the max_tokens,
-    if that can help (the prompt and the new max_tokens must fit the context window)."""
+    """One turn: a reply cut inside a tool call is retried once with twice the max_tokens."""
     reply = request_with_retries(client, request, limits, report, cancel)
     message = reply.message
     sizes = [request["max_tokens"]]
@@ -1351,8 +1338,7 @@ def asked_url(exc, path=True):
 
 
 def wrong_root(asked):
-    """The mistakes other SDKs and docs teach: a base URL ending in /v1, or the whole endpoint
-    (/v1/messages), to which this SDK adds /v1/messages again."""
+    """A base URL ending in /v1 or /v1/messages, which this SDK adds again: what to give."""
     if not asked or "/v1/messages" not in asked:
         return ""
     given = asked.rpartition("/v1/messages")[0]  # the base URL: what the SDK added is after it
@@ -1503,8 +1489,7 @@ def prompt_tokens(usage):
 
 
 def usage_record(model, usage):
-    """A response's usage as the transcript keeps it: the four counts (over every billed
-    iteration), their sum, the cost."""
+    """A response's usage as the transcript keeps it: the four counts, their sum, the cost."""
     parts = billed(usage)
     record = {k: min(sum(number(p.get(k)) for p in parts), MAX_COUNT) for k in COUNTS}
     record["tokens"] = min(sum(record.values()), MAX_COUNT)  # past it, a server's story
@@ -1513,8 +1498,7 @@ def usage_record(model, usage):
 
 
 def add_usage(total, part):
-    """Add a usage record into a running total; one unknown cost makes the total unknown. A
-    count stops at 2**53, which no run reaches: what agent.py writes, it reads back."""
+    """Add a usage record into a total; one unknown cost makes the total unknown."""
     for key in COUNTS + ("tokens",):
         total[key] = min(total[key] + part[key], MAX_COUNT)
     total["cost_usd"] = (
@@ -1554,8 +1538,7 @@ TOOL_USE_PROMPT = dict.fromkeys(("claude-haiku-5-5", "claude-sonnet-5-5", "claud
 
 
 def count_tokens(client, model, question, system=SYSTEM_PROMPT):
-    """What one request's fixed part costs in input tokens, part by part: three calls to the
-    API's count_tokens endpoint (free; nothing is generated), each adding one part."""
+    """What one request's fixed part costs in input tokens, by the API's count_tokens."""
 
     asked = [{"role": "user", "content": [{"type": "text", "text": question}]}]
 
@@ -1604,12 +1587,6 @@ def server_clearing(limits):
     return {"betas": ["context-management-2025-06-27"], "context_management": {"edits": [edit]}}
 
 
-def estimated_tokens(block):
-    """A tool result's size in tokens, roughly (4 bytes a token): enough to decide a clearing."""
-    content = block.get("content")
-    return len(content if isinstance(content, str) else json.dumps(content)) // 4
-
-
 def clear_old_results(session, limits):
     """Once the last prompt reached the trigger, clear every tool result but the newest
     keep_results, if that frees clear_at_least tokens. The ids only ever grow; the history
@@ -1635,7 +1612,9 @@ def clear_old_results(session, limits):
         for b in results[: max(0, len(results) - limits.keep_results)]
         if b["tool_use_id"] not in cleared
     ]
-    freed = sum(estimated_tokens(b) for b in old)
+    # roughly 4 bytes a token: enough to decide a clearing
+    sizes = [b.get("content") for b in old]
+    freed = sum(len(c if isinstance(c, str) else json.dumps(c)) // 4 for c in sizes)
     if not old or freed < limits.clear_at_least:
         return None
     # a new list: a snapshot being written keeps the old one
@@ -2857,8 +2836,7 @@ RUN_NAME = re.compile(r"(?:(\d{8}-\d{6})-)?([0-9a-f]{8})[0-9a-f]{0,24}(?:\.(\d+)
 
 
 def no_keep_variable():
-    """AGENT_PY_NO_KEEP as the words people write: 1, true, yes, on keep no run; 0, false, no,
-    off or nothing keep them; anything else is a usage error, not a silent guess."""
+    """AGENT_PY_NO_KEEP as a boolean; a word that is not one is a usage error."""
     value = os.environ.get("AGENT_PY_NO_KEEP", "")
     word = value.strip().lower()
     if word in ("1", "true", "yes", "on"):
@@ -2872,8 +2850,7 @@ def no_keep_variable():
 
 
 def runs_dir():
-    """Where runs are kept: $XDG_STATE_HOME/agent.py/runs, else ~/.local/state/agent.py/runs
-    (an XDG_STATE_HOME that is not an absolute path is ignored, as the XDG spec says)."""
+    """$XDG_STATE_HOME/agent.py/runs (if absolute), else ~/.local/state/agent.py/runs."""
     state = os.environ.get("XDG_STATE_HOME", "")
     if not os.path.isabs(state):
         try:
@@ -2947,8 +2924,7 @@ def open_runs(create=False):
 
 
 class KeptRun:
-    """A run's kept transcript: its id and file. A save that fails (a full disk) stops keeping
-    it, with one line on stderr, and never the run itself."""
+    """A run's kept transcript: a save that fails stops keeping it, with a note, not the run."""
 
     def __init__(self, run, output, report):
         self.run, self.output, self.report, self.lost = run, output, report, None
@@ -3024,8 +3000,7 @@ def make_kept_run(run_id, workdir, report, trials):
 
 
 def runs_unusable(e):
-    """Why the runs directory could not be made or opened (`e`), naming it: what is in the way
-    when a path above it is not a directory."""
+    """Why the runs directory could not be made or opened (`e`): what is in the way, if any."""
     try:
         path = runs_dir()
     except OSError:  # no home directory: that is the reason
@@ -3041,9 +3016,8 @@ def runs_unusable(e):
 
 
 def kept_run(name, flag, report):
-    """The path of the kept run `name` names: `last` (the newest kept run; for --resume and
-    --replay the newest run that is not trials) or a run id (a unique hex prefix will do; ID.i
-    is trial i of a trials run). Any other name is a path, and returned as it is."""
+    """The path of the kept run `name` names: `last` or a run id (a unique hex prefix; ID.i for
+    trial i). Any other name is a path, and returned as it is."""
     asked = RUN_NAME.fullmatch(name or "")
     if name != "last" and not asked:
         return name
@@ -3190,8 +3164,7 @@ class ReplayEnded(Exception):
 
 
 class ReplayDiffers(Exception):
-    """--replay --strict: a turn's tool results differ from the recording, so the recorded
-    replies that follow answered results this run did not get. The next request raises it."""
+    """--replay --strict: a turn's tool results differ from the recording (the next request)."""
 
     def __init__(self, turn, differed, calls, source, declined=0):
         super().__init__(
@@ -3227,24 +3200,6 @@ def load_recording(path):
     return recording
 
 
-def recorded_replies(recording):
-    """Each turn's reply, as the API sent it: the content kept in the history (none, for a
-    turn whose reply was not), the stop_reason, the message id and the usage counts."""
-    kept = iter(m["content"] for m in recording["messages"] if m["role"] == "assistant")
-    return [
-        {
-            "id": t.get("message_id"),
-            "type": "message",
-            "role": "assistant",
-            "model": recording["model"],
-            "stop_reason": t.get("stop_reason"),
-            "content": [] if t.get("in_history") is False else next(kept),
-            "usage": {k: t["usage"][k] for k in COUNTS},
-        }
-        for t in recording["turns"]
-    ]
-
-
 def replay_limits(recording, limits):
     """The user's `limits`, tightened so that the recorded replies end as the recording did
     (the limit it stopped on is reached at its last turn; others never are), never loosened:
@@ -3268,8 +3223,7 @@ def replay_limits(recording, limits):
 
 
 def replay_session(recording, workdir, run_id, source):
-    """The new run's session: the recorded question, model, effort and system prompt; the
-    recording's `produced_by`; and a `replay` field for the differences ReplayCheck finds."""
+    """The new run's session: the recording's question, model, effort, prompt, `produced_by`."""
     session = new_session(
         recording["question"], recording["model"], workdir, recording.get("effort"), run_id
     )
@@ -3298,7 +3252,20 @@ class ReplayClient:
     recorded reply, and nothing is sent. Past the last reply it raises ReplayEnded."""
 
     def __init__(self, recording, source):
-        self.replies = recorded_replies(recording)
+        # each turn's reply as the API sent it (no content for one left out of the history)
+        kept = iter(m["content"] for m in recording["messages"] if m["role"] == "assistant")
+        self.replies = [
+            {
+                "id": t.get("message_id"),
+                "type": "message",
+                "role": "assistant",
+                "model": recording["model"],
+                "stop_reason": t.get("stop_reason"),
+                "content": [] if t.get("in_history") is False else next(kept),
+                "usage": {k: t["usage"][k] for k in COUNTS},
+            }
+            for t in recording["turns"]
+        ]
         self.source = source
         self.recorded_stop = recording.get("stop")
         # replies given so far; the ReplayDiffers the next request raises (--strict)
@@ -3386,8 +3353,7 @@ DIFF_LINES, DIFF_WIDTH = 12, 160  # the most a difference shows, in lines and ch
 
 
 def result_diff(recorded, replayed):
-    """How a tool result differs from the recorded one, as the changed lines of a unified diff
-    (-recorded, +replayed), at most DIFF_LINES of at most DIFF_WIDTH characters each."""
+    """The changed lines of a unified diff from the recorded result to the replayed one."""
 
     def lines(result):
         if result is None:
@@ -3500,8 +3466,7 @@ SEARCH = "import re, sys; sys.exit(0 if re.search(sys.argv[1], sys.stdin.read())
 
 
 def trials_stop(summary):
-    """How --trials ends: (label, exit code, detail). Every requested trial passed: 0; some did
-    not: 6; Ctrl-C cut them short: interrupted. No one session's label stands for them all."""
+    """How --trials ends: (label, exit code, detail): 0 if every trial passed, else 6 or 130."""
     detail = f"{summary['passes']} of {summary['requested']} trials passed"
     if summary["interrupted"]:
         return "interrupted", EXIT_CODES["interrupted"], detail
@@ -3525,15 +3490,13 @@ def expect_found(regex, answer):
 
 
 def passed(session, expect, found=True):
-    """Did a trial meet every --expect condition (or, with none, stop with end_turn)? `found`:
-    whether the regex is in the answer (expect_found). A failed session never passes."""
+    """Did a trial meet every --expect condition? A failed session never passes."""
     stop = (session.get("stop") or {}).get("reason")
     return stop not in ("api_error", "error") and unmet(session, expect, found) is None
 
 
 def why_failed(session, expect, found=True):
-    """The first condition a trial that ran to a stop of the model's own did not meet, in
-    words; None if it passed, or if the harness or the network ended it (not the model)."""
+    """Why a trial the model ended did not pass, in words; None if it passed, or for INFRA_STOPS."""
     if (session.get("stop") or {}).get("reason") in INFRA_STOPS:
         return None
     return unmet(session, expect, found)
@@ -3682,8 +3645,7 @@ MAX_JOBS = 32  # --jobs at most: trials at once, each a thread, a connection and
 
 
 def room_for_trials(k):
-    """Open files enough for k trials (each holds its transcript's directory and its kept copy's
-    open): the soft limit raised toward the hard one if need be, else a UsageError."""
+    """Open files enough for k trials: the soft limit raised if need be, else a UsageError."""
     need = 2 * k + 256  # and the rest of the process: the SDK, the sandbox, the outputs
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < need:
@@ -3700,8 +3662,7 @@ def room_for_trials(k):
 
 @dataclass(frozen=True)
 class TrialSpec:
-    """What --trials measures: one question, asked k times as fresh sessions (same flags,
-    limits and approvals), `jobs` at once; and what makes a trial pass."""
+    """What --trials measures: one question asked k times, `jobs` at once, and what passes."""
 
     question: str
     model: str
@@ -5102,8 +5063,7 @@ def genai_messages(messages):
 
 
 def agreed(question, stdin):
-    """Ask on stderr (or, when that is a file and the answer comes from a terminal, on the
-    terminal); True only for y or yes. No answer (stdin closed) is a no."""
+    """Ask on stderr (or the answering terminal); True only for y or yes; no answer is a no."""
     with Reporter.lock, answer_screen(stdin) as screen:
         if not to_stderr(
             dimmed(visible(question if question.endswith("] ") else question + " [y/N] "), screen),
@@ -5131,8 +5091,7 @@ INVISIBLE = re.compile(
 
 
 def visible(text):
-    """Text for a terminal: what would move the cursor, clear or reorder it, or hide in it, is
-    shown escaped."""
+    """Text for a terminal: what would drive the terminal, or hide in it, is shown escaped."""
     return INVISIBLE.sub(lambda m: code_point_escape(ord(m[0])), text)
 
 
@@ -5242,8 +5201,7 @@ CODE_LINE = re.compile("^ *\\d+\u2502 ")  # a numbered line of code in the appro
 
 
 def styled(stream=None):
-    """True when `stream` (stderr) is a terminal agent.py may style: never a file or a pipe,
-    nor a terminal with NO_COLOR set (no-color.org) or TERM=dumb."""
+    """True when `stream` (stderr) is a terminal, without NO_COLOR or TERM=dumb."""
     try:
         return (
             (stream or sys.stderr).isatty()
@@ -5255,8 +5213,7 @@ def styled(stream=None):
 
 
 def dimmed(text, stream=None):
-    """agent.py's own lines of `text` faint on a terminal, so that they look unlike what the
-    model wrote; the code in an approval question (its numbered lines) stays as it is."""
+    """agent.py's own lines faint on a terminal; the code in an approval question stays as is."""
     if not styled(stream):
         return text
     return "\n".join(
@@ -5287,8 +5244,7 @@ def quoted(text):
 
 
 def fitted(before, text, after, columns, rows=1):
-    """before + quoted(text) + after, in `rows` rows of `columns`: a quoted text too wide loses
-    its middle to a marker that says how many characters it stands for."""
+    """before + quoted(text) + after in `rows` rows: a text too wide loses its middle."""
     shown = quoted(redact(text))
     room = max(rows * columns - 1 - display_width(before + after), 40)
     if display_width(shown) > room:
@@ -5309,8 +5265,7 @@ def fitted(before, text, after, columns, rows=1):
 
 
 def shorten(text, width):
-    """At most `width` characters, cut after a whole word with an ellipsis (secrets redacted
-    first: a cut key could not be found whole later)."""
+    """At most `width` characters, cut after a word, secrets redacted first (while whole)."""
     text = redact(text)
     if len(text) <= width:
         return text
@@ -5320,8 +5275,7 @@ def shorten(text, width):
 
 
 class Reporter:
-    """Progress, streamed text and prompts on stderr, whole lines under a lock for trials; and
-    the same moments as events, when an event stream is open."""
+    """Progress, streamed text and prompts on stderr (under a lock), and the same as events."""
 
     lock = threading.Lock()
 
@@ -5377,17 +5331,15 @@ class Reporter:
         self.events.emit("text", self.trial, turn=self.turn_no, text=said, **extra)
 
     def line(self, text, always=False, plain=False):
-        """One line of agent.py's own (progress, status), dim on a terminal (an error plain),
-        whatever the text holds: a line break in it (a name a file or a server gave) is shown as
-        \\n, so no line can pass for one of agent.py's own."""
+        """One line of agent.py's own, dim on a terminal (an error plain); a line break in the
+        text is shown as \\n, so no line can pass for one of agent.py's own."""
         self.flush_text()
         shown = visible(text).replace(chr(10), chr(92) + "n")
         shown = shown if plain or not self.dim else f"{DIM}{shown}{UNDIM}"
         self.write(f"{self.prefix}{shown}\n", always)
 
     def text(self, delta, thinking=False):
-        """Model text (or the summary of its thinking) as it streams; with a prefix
-        (concurrent trials) only whole lines."""
+        """Model text (or its thinking) as it streams; with a prefix (trials) whole lines."""
         shown = visible(delta)
         if thinking != self.thinking:  # a switch: say which is which, on a line of its own
             self.emit("text.switch")  # (what was said before goes out as its own event)
@@ -5412,8 +5364,7 @@ class Reporter:
             self.write(f"{self.prefix}{line}\n")
 
     def writing(self, name, chars):
-        """A tool call's input as it streams: a line every 2 s, so that stderr never goes silent
-        while the model writes a long script (a new call starts the clock with chars 0)."""
+        """A tool call's input as it streams: a line every 2 s, so stderr never goes silent."""
         moment = time.monotonic()
         if chars == 0:
             self.said_writing = moment
