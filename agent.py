@@ -873,8 +873,7 @@ class StreamStalled(Exception):
 
 # Tokens a second a reply averages at least, after its first event (16,000 tokens: 27 min).
 MIN_TOKEN_RATE = 10
-# Characters one token can stream, at most (the longest are ~16): a reply that streams more
-# than max_tokens * 64 is cut, so a turn is bounded in size too.
+# Characters one token can stream at most (the longest are ~16): bounds a reply's size too.
 TOKEN_CHARS = 64
 
 
@@ -1436,9 +1435,8 @@ COUNTS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache
 MAX_OUTPUT = dict.fromkeys(("claude-haiku-4-5", "claude-sonnet-4-5", "claude-sonnet-4-6"), 64_000)
 DEFAULT_MAX_OUTPUT = 128_000
 SHOW_THINKING = {"claude-opus-5-5", "claude-sonnet-5-5", "claude-fable-5", "claude-fable-5-1"}
-# ^ models that write their notes between tool calls as thinking, shown only on request
-# ("display" defaults to "omitted"; the model overview pages, 2026-12-02): without it, stderr
-# goes silent between tool calls. Haiku 5.5 writes no such notes.
+# ^ models whose notes between tool calls are thinking, shown only on request ("display"
+# defaults to "omitted"): without it, stderr goes silent between tool calls.
 CONTEXT_WINDOW = {  # tokens of prompt + output, where the model overview pages give them
     "claude-haiku-5-5": 1_000_000,
     "claude-sonnet-5-5": 1_000_000,
@@ -3077,7 +3075,7 @@ def kept_run(name, flag, report):
             f"note: {flag} {name} names a kept run; for the file {name} here, give ./{name}"
         )
     newer = [entry for when, entry in empty if when > max(found)[0]] if name == "last" else []
-    if newer:  # never pass over the run the user just had without a word (N31)
+    if newer:  # never pass over the run the user just had without a word
         taken = max(found)[1].removesuffix(".json")
         said = time.strftime("%H:%M:%S", time.localtime(max(found)[0] / 1e9))
         report.error(
@@ -3489,19 +3487,6 @@ def expect_found(regex, answer):
     return done.returncode == 0
 
 
-def passed(session, expect, found=True):
-    """Did a trial meet every --expect condition? A failed session never passes."""
-    stop = (session.get("stop") or {}).get("reason")
-    return stop not in ("api_error", "error") and unmet(session, expect, found) is None
-
-
-def why_failed(session, expect, found=True):
-    """Why a trial the model ended did not pass, in words; None if it passed, or for INFRA_STOPS."""
-    if (session.get("stop") or {}).get("reason") in INFRA_STOPS:
-        return None
-    return unmet(session, expect, found)
-
-
 def unmet(session, expect, found):
     """The first --expect condition the session did not meet, in words, or None."""
     stop = (session.get("stop") or {}).get("reason")
@@ -3744,11 +3729,12 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
             if spec.regex and stop.reason != "interrupted"
             else not spec.regex
         )
-        missed = why_failed(session, spec.expect, found)
-        if missed:
+        missed = unmet(session, spec.expect, found)
+        # said only of a stop of the model's own; a failed session never passes
+        if missed and stop.reason not in INFRA_STOPS:
             report.line(f"fail: {missed}", always=True)
-        usage = session["usage"]
-        results.append(trial_result(index, stop.reason, usage, passed(session, spec.expect, found)))
+        ok = missed is None and stop.reason not in ("api_error", "error")
+        results.append(trial_result(index, stop.reason, session["usage"], ok))
         report.emit("trial.end", **results[-1])
 
     futures = [pool.submit(trial, i) for i in range(1, spec.k + 1)]
@@ -5116,11 +5102,9 @@ def for_terminal(data, html=False, terminal=None):
     return INVISIBLE.sub(escape, text).encode("utf-8", "surrogateescape")
 
 
-# What the approval question shows as it is, besides printable ASCII: Chinese, Japanese and Korean
-# text and the punctuation it is written with, so that a question in Chinese stays readable. Not
-# the kana drawn like a Han character or like each other (エ 工, カ 力, タ 夕, ト 卜, ニ 二, ハ 八,
-# ロ 口, ー 一, ヘ へ), nor the compatibility ideographs that copy unified ones, nor the brackets
-# drawn like the question's own escape brackets ⟦ ⟧ (〘 〙 〚 〛).
+# What the approval question shows as it is, besides printable ASCII: CJK text and punctuation;
+# not the kana drawn like a Han character or each other (エ 工, カ 力, ロ 口, ー 一), compatibility
+# ideographs, or brackets drawn like the question's own ⟦ ⟧ (〘 〙 〚 〛).
 READABLE = re.compile(
     "[\u3001-\u3003\u3008-\u3011\u3014-\u3017\u3041-\u3096\u30a1-\u30fa"
     "\u30fd\u30fe\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7a3\uff01\uff08\uff09"
