@@ -976,12 +976,10 @@ def stream_reply(client, request, report, cancel, limits, seen):
                         f"max_tokens {request['max_tokens']} can hold; the "
                         "server does not stop"
                     )
+            if not complete and watch.fired:
+                raise StreamStalled(watch.fired)
             if not complete:
-                raise (
-                    StreamStalled(watch.fired)
-                    if watch.fired
-                    else StreamIncomplete("the response stream ended before message_stop")
-                )
+                raise StreamIncomplete("the response stream ended before message_stop")
             message = stream.get_final_message()
         except (Interrupted, KeyboardInterrupt, StreamIncomplete, StreamStalled):
             raise
@@ -3165,15 +3163,12 @@ class ReplayDiffers(Exception):
     """--replay --strict: a turn's tool results differ from the recording (the next request)."""
 
     def __init__(self, turn, differed, calls, source, declined=0):
+        declined_note = f"; {declined} of them not run: declined (no working sandbox, and no y)"
         super().__init__(
             f"turn {turn}: {differed} of {plural(calls, 'tool result')} "
             f"{'differs' if differed == 1 else 'differ'} from {source}, and the "
             "recorded replies after it answered the recorded results (--strict)"
-            + (
-                f"; {declined} of them not run: declined (no working sandbox, and no y)"
-                if declined
-                else ""
-            )
+            + (declined_note if declined else "")
         )
 
 
@@ -3309,16 +3304,12 @@ class ReplayClient:
 
 def reply_chars(message):
     """The characters a reply streams, as stream_reply counts them: text, thinking, tool input."""
-    return sum(
-        len(b.get("text", ""))
-        + len(b.get("thinking", ""))
-        + (
-            len(json.dumps(b.get("input"), ensure_ascii=False))
-            if b.get("type") == "tool_use"
-            else 0
-        )
-        for b in message["content"]
-    )
+    chars = 0
+    for b in message["content"]:
+        chars += len(b.get("text", "")) + len(b.get("thinking", ""))
+        if b.get("type") == "tool_use":
+            chars += len(json.dumps(b.get("input"), ensure_ascii=False))
+    return chars
 
 
 class ReplayStream:
@@ -3360,13 +3351,8 @@ def result_diff(recorded, replayed):
         text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
         return [f"is_error: {json.dumps(bool(result.get('is_error')))}"] + text.splitlines()
 
-    diff = [
-        shorten(line, DIFF_WIDTH)
-        for line in list(difflib.unified_diff(lines(recorded), lines(replayed), lineterm="", n=0))[
-            2:
-        ]
-        if not line.startswith("@@")
-    ]
+    changed = list(difflib.unified_diff(lines(recorded), lines(replayed), lineterm="", n=0))
+    diff = [shorten(line, DIFF_WIDTH) for line in changed[2:] if not line.startswith("@@")]
     if len(diff) > DIFF_LINES:
         diff[DIFF_LINES - 1 :] = [f"… and {len(diff) - DIFF_LINES + 1} more changed lines"]
     return diff

@@ -323,10 +323,7 @@ CUTTERS = {
 }
 NOT_TEXT_FOR_AN_OUTPUT = {  # (function, slice): what it cuts
     ("result_diff", "diff[DIFF_LINES - 1:]"): "a list of lines, each shortened",
-    (
-        "result_diff",
-        "list(difflib.unified_diff(lines(recorded), lines(replayed), lineterm='', n=0))[2:]",
-    ): "a list of lines, each shortened",
+    ("result_diff", "changed[2:]"): "a list of lines, each shortened",
     ("ReplayCheck", "session['turns'][self.checked:]"): "a list",
     ("ReplayCheck", "session['messages'][self.seen:]"): "a list",
     (
