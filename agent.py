@@ -707,8 +707,7 @@ def error_result(block, content):
 
 
 def not_run(block, limit):
-    """The answer to a call past the most calls one turn runs, and its facts: what a turn holds
-    and how long it takes stay bounded however many calls a reply asks for."""
+    """The answer to a call past the most calls one turn runs (a turn stays bounded)."""
     said = (
         f"Not run: one turn runs at most {limit} tool calls. Read fewer files at once (one or "
         "two per turn), and make fewer calls in one turn."
@@ -749,23 +748,20 @@ STOPPING = threading.Event()  # set by on_stop_signal (with the signal: .signum)
 
 
 def stopped_by(exc):
-    """The interrupted stop's detail. A StopSignal says which signal it was: SIGHUP, a closed
-    terminal, is named; Ctrl-C and SIGTERM, and a trial cancelled by them, are said as one."""
+    """The interrupted stop's detail: SIGHUP is named; Ctrl-C and SIGTERM are said as one."""
     if isinstance(exc, StopSignal) and exc.signum == signal.SIGHUP:
         return "stopped by SIGHUP"
     return "stopped by Ctrl-C or SIGTERM"
 
 
 def unfinished(block, stopped, when):
-    """The answer to a call that a stop (`stopped`: the signal's exception, or a trial's
-    Interrupted) cut short, or kept from running, and its facts."""
+    """The answer to a call that a stop cut short, or kept from running, and its facts."""
     said = f"interrupted: {stopped_by(stopped)} {when}."
     return error_result(block, said), {"exit_code": None, "declined": False}
 
 
 class StopSignal(KeyboardInterrupt):
-    """Ctrl-C, SIGTERM or SIGHUP: the KeyboardInterrupt on_stop_signal raises, which says which
-    signal it was (`signum`), for the stop's detail (stopped_by)."""
+    """Ctrl-C, SIGTERM or SIGHUP, as a KeyboardInterrupt that says which (`signum`)."""
 
     def __init__(self, signum=None):
         super().__init__()
@@ -777,8 +773,7 @@ class Interrupted(Exception):
 
 
 def check_cancelled(cancel):
-    """Raise if the run must stop: a stop signal (even one whose StopSignal Python swallowed:
-    see on_stop_signal), or `cancel` set for this trial."""
+    """Raise if the run must stop: a stop signal (even a swallowed one), or `cancel` set."""
     if STOPPING.is_set():  # signum: the handler's; none when the flag was set by hand
         raise StopSignal(getattr(STOPPING, "signum", None))
     if cancel is not None and cancel.is_set():
@@ -786,20 +781,17 @@ def check_cancelled(cancel):
 
 
 def on_stop_signal(signum, frame):
-    """Ctrl-C, SIGTERM and SIGHUP (a closed terminal): kill the running tool, save, exit 130.
-    The StopSignal is lost if the signal lands where Python swallows exceptions (an at-fork
-    hook of subprocess, a __del__), so the flag stays set, with the signal, for the loops that
-    wait to see."""
+    """Ctrl-C, SIGTERM and SIGHUP: kill the running tool, save, exit 130. The flag stays set for
+    the loops that wait, as Python swallows the StopSignal in some places (a __del__)."""
     STOPPING.signum = signum
     STOPPING.set()
     raise StopSignal(signum)
 
 
 class Connections:
-    """Every connection the SDK's client opens, noted as it is made (httpcore's trace extension,
-    set on each request by make_client's hook), so that Ctrl-C in trials can cut the requests
-    other threads wait on: a thread reading a socket wakes when it is shut down, not before the
-    server answers. Once cut, a connection made after is shut as it opens."""
+    """Every connection the SDK's client opens (httpcore's trace, set by make_client's hook),
+    so that Ctrl-C in trials can shut the sockets other threads wait on; once cut, a new one
+    is shut as it opens."""
 
     lock = threading.Lock()
     opened = weakref.WeakSet()
@@ -840,16 +832,14 @@ MAX_COUNT = 1 << 53  # the largest count agent.py reads or writes: what JSON car
 
 
 def number(value):
-    """A token count as a server sent it, or 0 when it sent something else (not a count, or
-    past 2**53, which no count reaches and a float could not hold)."""
+    """A token count as a server sent it, or 0 when it is not a count up to 2**53."""
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT:
         return value
     return 0
 
 
 def json_safe(value):
-    """True if `value` holds only what JSON carries exactly and agent.py reads back: no NaN or
-    infinity, no integer past 2**53 (a server's JSON parser accepts both)."""
+    """True if `value` holds no NaN, infinity or integer past 2**53 (which JSON loses)."""
     todo = [value]
     while todo:
         v = todo.pop()
@@ -865,8 +855,7 @@ def json_safe(value):
 
 
 def fields(value):
-    """An object of a reply or document, or an empty one: a server or a forged file may put
-    anything anywhere."""
+    """An object of a reply or document, or an empty one if it is something else."""
     return value if isinstance(value, dict) else {}
 
 
@@ -879,26 +868,19 @@ class StreamIncomplete(Exception):
 
 
 class StreamStalled(Exception):
-    """No event arrived for --request-timeout seconds (pings do not count), or the reply went on
-    past the time it may take: retry the turn."""
+    """No event for --request-timeout seconds, or a reply past its time: retry the turn."""
 
 
-class StreamRunaway(StreamIncomplete):
-    """The reply streamed more than its max_tokens can hold: a server that does not stop."""
-
-
-# Tokens a second a reply averages at least, after its first event: with the defaults a reply
-# may take 180 s + 16,000 / 10 s (about 30 minutes).
+# Tokens a second a reply averages at least, after its first event (16,000 tokens: 27 min).
 MIN_TOKEN_RATE = 10
-# Characters one token can stream, at most (the longest are ~16): a reply that streams more
-# than max_tokens * 64 is cut, so a turn is bounded in size too.
+# Characters one token can stream at most (the longest are ~16): bounds a reply's size too.
 TOKEN_CHARS = 64
 
 
 class Watchdog(threading.Thread):
     """Shuts a stream's socket once no event has come for `seconds`, or at `deadline`: a server
-    that sends only pings, nothing, or never stops cannot hold a turn forever. poke() on every
-    event, stop() at the end. A thread of its own looks five times a second."""
+    that sends only pings, nothing, or never stops cannot hold a turn forever. `last` is set at
+    every event, `done` at the end. A thread of its own looks five times a second."""
 
     def __init__(self, stream, seconds, deadline):
         super().__init__(daemon=True)
@@ -909,20 +891,12 @@ class Watchdog(threading.Thread):
         self.done = threading.Event()
         self.start()
 
-    def poke(self):
-        self.last = time.monotonic()
-
-    def stop(self):
-        self.done.set()
-
     def run(self):
-        while not self.done.wait(0.2):
-            moment = time.monotonic()
-            if moment - self.last > self.seconds or moment > self.deadline:
-                self.fire(moment)
+        moment = time.monotonic()
+        while moment - self.last <= self.seconds and moment <= self.deadline:
+            if self.done.wait(0.2):
                 return
-
-    def fire(self, moment):
+            moment = time.monotonic()
         self.fired = (
             f"the reply went on past {self.deadline - self.started:.0f} s, the most "
             f"its max_tokens may take at {MIN_TOKEN_RATE} tokens a second"
@@ -940,20 +914,9 @@ class Watchdog(threading.Thread):
             pass
 
 
-def reported_usage(stream):
-    """The usage the SDK's snapshot of a stream holds so far ({} if none can be read)."""
-    try:
-        usage = stream.current_message_snapshot.usage
-        usage = usage.to_dict() if hasattr(usage, "to_dict") else usage
-    except Exception:  # no message_start yet, or a test's fake stream
-        return {}
-    return usage if isinstance(usage, dict) else {}
-
-
 def stream_reply(client, request, report, cancel, limits, seen):
-    """Send one request, stream its text to the reporter; return (message dict, request id,
-    {tool_use id: its arguments' JSON, for each call whose JSON did not arrive whole}). `seen`
-    gets the usage the server has reported so far."""
+    """Send one request, stream its text to the reporter; return (message, request id, {id:
+    arguments' JSON of each call cut off}). `seen` gets the usage reported so far."""
     messages = client.beta.messages if "betas" in request else client.messages
     most = request["max_tokens"] * TOKEN_CHARS  # characters the reply may stream
     lasts = limits.request_timeout + request["max_tokens"] / MIN_TOKEN_RATE  # seconds it may take
@@ -961,14 +924,13 @@ def stream_reply(client, request, report, cancel, limits, seen):
         not_a_stream(stream)
         watch = Watchdog(stream, limits.request_timeout, time.monotonic() + lasts)
         complete = False
-        # characters streamed so far; the tool call being written (its name, id, the length
-        # and the pieces of its arguments' JSON); the calls whose JSON did not arrive whole
+        # characters streamed; the tool call being written; calls whose JSON came cut off
         streamed = 0
         call = None
         cut_off = {}
         try:
             for event in stream:
-                watch.poke()
+                watch.last = time.monotonic()
                 check_cancelled(cancel)
                 if event.type == "text":
                     report.text(event.text)
@@ -994,25 +956,30 @@ def stream_reply(client, request, report, cancel, limits, seen):
                     report.writing(call["name"], call["chars"])
                 elif event.type == "content_block_stop" and call:
                     arguments = "".join(call["pieces"])
-                    if arguments.strip() and not whole_json(arguments):
+                    # whole JSON, not a prefix the SDK's partial reader took as whole
+                    try:
+                        json.loads(arguments if arguments.strip() else "{}")
+                    except ValueError:
                         cut_off[call["id"]] = arguments
                     call = None
                 elif event.type == "message_stop":
                     complete = True
                 elif event.type in ("message_start", "message_delta"):
-                    seen["usage"] = reported_usage(stream)
+                    # the usage the SDK's snapshot holds so far (none in a test's fake stream)
+                    usage = getattr(stream, "current_message_snapshot", None)
+                    usage = getattr(usage, "usage", None)
+                    usage = usage.to_dict() if hasattr(usage, "to_dict") else usage
+                    seen["usage"] = usage if isinstance(usage, dict) else {}
                 if streamed > most:
-                    raise StreamRunaway(
+                    raise StreamIncomplete(
                         f"the reply streamed over {most:,} characters, more than "
                         f"max_tokens {request['max_tokens']} can hold; the "
                         "server does not stop"
                     )
+            if not complete and watch.fired:
+                raise StreamStalled(watch.fired)
             if not complete:
-                raise (
-                    StreamStalled(watch.fired)
-                    if watch.fired
-                    else StreamIncomplete("the response stream ended before message_stop")
-                )
+                raise StreamIncomplete("the response stream ended before message_stop")
             message = stream.get_final_message()
         except (Interrupted, KeyboardInterrupt, StreamIncomplete, StreamStalled):
             raise
@@ -1028,14 +995,13 @@ def stream_reply(client, request, report, cancel, limits, seen):
                 raise StreamStalled(watch.fired) from e
             raise
         finally:
-            watch.stop()
+            watch.done.set()
         request_id = getattr(stream, "request_id", None)
     return (message.to_dict() if hasattr(message, "to_dict") else message), request_id, cut_off
 
 
 class NotAStream(Exception):
-    """A server answered a streamed request with something else (JSON, a page): api_error, not
-    retried, as a reply would come the same way again."""
+    """A server answered a streamed request with something else: api_error, not retried."""
 
     status_code = 200
 
@@ -1057,36 +1023,18 @@ def not_a_stream(stream):
         )
 
 
-def whole_json(text):
-    """True if `text` is one whole JSON document, not a prefix the SDK's partial reader took."""
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True
-
-
-TRANSPORT_ERRORS = {"APIConnectionError", "APITimeoutError", "TransportError", "ConnectionError"}
-
-
 def transport_error(exc):
     """A network failure below HTTP (reset, refused, closed, timed out): worth another try."""
     names = {k.__name__ for e in (exc, exc.__cause__) if e is not None for k in type(e).__mro__}
-    return bool(names & (TRANSPORT_ERRORS | {"StreamIncomplete", "StreamStalled"}))
-
-
-def closed_idle_connection(exc):
-    """The server closed a kept-alive connection between replies, without saying so."""
-    cause = exc.__cause__ or exc
-    return type(cause).__name__ == "RemoteProtocolError" and "without sending" in str(cause)
+    transport = {"APIConnectionError", "APITimeoutError", "TransportError", "ConnectionError"}
+    return bool(names & (transport | {"StreamIncomplete", "StreamStalled"}))
 
 
 PLAIN_HTTP = "the server answers in plain HTTP, not TLS"
 
 
 def unreachable(exc):
-    """Why the server cannot be reached at all, or None: a refused connection or a host that
-    does not exist is not mended by another try a second later (nothing listens there)."""
+    """Why the server cannot be reached at all (no retry mends it), or None."""
     while exc is not None:
         if isinstance(exc, ConnectionRefusedError):
             return "connection refused: is the server running?"
@@ -1110,9 +1058,12 @@ def retry_delay(exc, attempt, limits):
     body = getattr(exc, "body", None)
     error = body.get("error") if isinstance(body, dict) else None
     kind = error.get("type") if isinstance(error, dict) else None
+    # a kept-alive connection the server closed between replies: a new one at once
+    cause = exc.__cause__ or exc
+    stale = type(cause).__name__ == "RemoteProtocolError" and "without sending" in str(cause)
     if transport_error(exc):
-        if closed_idle_connection(exc) and attempt == 1:
-            return 0.0  # a stale connection, not an overload: a new one at once
+        if stale and attempt == 1:
+            return 0.0
         transient = True
     elif status is None:
         transient = False
@@ -1136,10 +1087,8 @@ def retry_delay(exc, attempt, limits):
 
 def request_with_retries(client, request, limits, report, cancel):
     """Up to max_attempts requests for one turn, backing off on transient failures; returns
-    the Reply. An attempt that fails may have been billed though no reply came of it (N17):
-    what the server reported it spent (message_start's counts, then message_delta's) is kept
-    in the Reply's `failed`, or, when the turn fails, in the exception's `failed_usage`, beside
-    its `retries`."""
+    the Reply. What a failed attempt was billed is kept in the Reply's `failed` (or, when the
+    turn fails, in the exception's `failed_usage`, beside its `retries`)."""
     reply = Reply(None, None, 0, [], [], 0.0)
     for attempt in range(1, limits.max_attempts + 1):
         started = time.monotonic()
@@ -1204,8 +1153,7 @@ class Reply:
 
 
 def request_turn(client, request, limits, report, cancel):
-    """One turn: a reply cut inside a tool call is retried once with twice the max_tokens,
-    if that can help (the prompt and the new max_tokens must fit the context window)."""
+    """One turn: a reply cut inside a tool call is retried once with twice the max_tokens."""
     reply = request_with_retries(client, request, limits, report, cancel)
     message = reply.message
     sizes = [request["max_tokens"]]
@@ -1296,10 +1244,9 @@ def block_problem(block, role):
 
 
 def check_reply(message, cut_off=None):
-    """The reply's content as it can go back, and what had to be mended: a block the API would
-    not take back (block_problem), empty text (the API rejects it), a tool_use id used twice.
-    Whatever is dropped is kept in the turn's notes, and a dropped tool call is never run; so
-    is a call whose arguments were cut off (`cut_off`), which stays, answered with an error."""
+    """The reply's content as it can go back, and notes on what was mended: a block the API
+    would not take back, empty text, a repeated tool_use id are dropped (a dropped call is never
+    run; neither is one whose arguments were cut off, which stays, answered with an error)."""
     content = message.get("content")
     notes = []
     seen = set()
@@ -1329,9 +1276,8 @@ def check_reply(message, cut_off=None):
 
 
 def reply_facts(reply):
-    """What the transcript keeps of a reply besides its content: its id (the next request asks
-    the API about cache misses against it), its prompt size (the clearing trigger), why the
-    cache missed and what the API cleared, where it said so."""
+    """What the transcript keeps of a reply besides its content: its id, its prompt size, why
+    the cache missed and what the API cleared, where it said so."""
     message = reply.message
     facts = {
         "message_id": message.get("id") if isinstance(message.get("id"), str) else None,
@@ -1346,22 +1292,9 @@ def reply_facts(reply):
     return facts
 
 
-def request_host(exc):
-    """Where a failed request went (scheme://host:port), if the exception knows."""
-    for e in (exc, exc.__cause__):
-        try:
-            url = e.request.url
-            host = f"[{url.host}]" if ":" in url.host else url.host  # an IPv6 address
-            return f"{url.scheme}://{host}{f':{url.port}' if url.port else ''}"
-        except Exception:
-            continue
-    return None
-
-
 def api_message(exc):
-    """The server's error in one line, for stderr and the transcript: the API's own message
-    (either error shape), or, from a server that answered something else, its status, the URL
-    asked and a short clean excerpt (foreign_error)."""
+    """The server's error in one line, for stderr and the transcript: the API's own message,
+    or what another server answered (foreign_error)."""
     body = getattr(exc, "body", None)
     error = body.get("error") if isinstance(body, dict) else None
     status = getattr(exc, "status_code", None)
@@ -1375,7 +1308,7 @@ def api_message(exc):
         return clean(foreign_error(exc, status, body, asked))
     else:
         text = error if isinstance(error, str) else (str(exc) or type(exc).__name__)
-    host = request_host(exc) if transport_error(exc) else None
+    host = asked_url(exc, path=False) if transport_error(exc) else None
     if host and unreachable(exc):
         why = unreachable(exc)
         asked = asked_url(exc) or host
@@ -1388,19 +1321,21 @@ def api_message(exc):
     return clean(f"{status} {text}" if isinstance(status, int) and status >= 400 else text)
 
 
-def asked_url(exc):
-    """The URL a failed request asked, without credentials or query, or None."""
-    try:
-        url = exc.request.url
-        host = f"[{url.host}]" if ":" in url.host else url.host
-        return f"{url.scheme}://{host}{f':{url.port}' if url.port else ''}{url.path}"
-    except Exception:
-        return None
+def asked_url(exc, path=True):
+    """The URL a failed request asked (scheme://host:port, then its path if `path`), without
+    credentials or query, or None if the exception does not know."""
+    for e in (exc, exc.__cause__):
+        try:
+            url = e.request.url
+            host = f"[{url.host}]" if ":" in url.host else url.host  # an IPv6 address
+            return f"{url.scheme}://{host}{f':{url.port}' if url.port else ''}" + url.path * path
+        except Exception:
+            continue
+    return None
 
 
 def wrong_root(asked):
-    """The mistakes other SDKs and docs teach: a base URL ending in /v1, or the whole endpoint
-    (/v1/messages), to which this SDK adds /v1/messages again."""
+    """A base URL ending in /v1 or /v1/messages, which this SDK adds again: what to give."""
     if not asked or "/v1/messages" not in asked:
         return ""
     given = asked.rpartition("/v1/messages")[0]  # the base URL: what the SDK added is after it
@@ -1414,9 +1349,8 @@ def wrong_root(asked):
 
 
 def foreign_error(exc, status, body, asked):
-    """A status whose body is not the API's JSON error: a web server, a proxy's page, nothing.
-    One line: the status, the URL asked, what the body was (a short excerpt, tags and controls
-    taken out), and, unless the API itself answered, whether the base URL is a Messages API."""
+    """One line for a status whose body is not the API's JSON error (a web server, a proxy's
+    page, nothing): the status, the URL asked, a clean excerpt of the body."""
     # the standard phrase, not the server's own: that could say anything
     try:
         reason = " " + http.HTTPStatus(status).phrase
@@ -1467,15 +1401,10 @@ class Price:
     read: float
 
 
-# USD per million tokens, as billed on the Claude API. Checked 2026-12-02 against
-# platform.claude.com/docs/en/about-claude/pricing ("Model pricing"), its release notes and the
-# model overview pages (models/<model>/overview). Haiku 5.5 bills a request whose prompt (input
-# + cache reads + cache writes) exceeds 100,000 tokens at its second band, output included.
-# Sonnet 5.5's cache reads cost $0.10 since 2026-10-07 (release notes of that day: "lowered ...
-# from $0.20 USD to $0.10 USD per million tokens"; the pricing page's footnote agrees; older
-# copies of the overview page still say $0.20). Fable 5.2 (released 2026-11-09): $8 / $40 from
-# the pricing page; its cache rates ($10 / $16 writes, $0.20 reads) only from trackers so far.
-# Each entry: ((prompt tokens up to, price), ...); None means no upper bound.
+# USD per million tokens, as billed on the Claude API (platform.claude.com/docs/en/about-claude/
+# pricing, 2026-12-02). Haiku 5.5 bills a request whose prompt (input + cache reads + cache
+# writes) exceeds 100,000 tokens at its second band, output included. Each entry: ((prompt
+# tokens up to, price), ...); None means no upper bound.
 _OPUS_4 = ((None, Price(5.00, 25.00, 6.25, 10.00, 0.50)),)
 _SONNET_4 = ((None, Price(3.00, 15.00, 3.75, 6.00, 0.30)),)
 PRICING = {
@@ -1504,9 +1433,8 @@ COUNTS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache
 MAX_OUTPUT = dict.fromkeys(("claude-haiku-4-5", "claude-sonnet-4-5", "claude-sonnet-4-6"), 64_000)
 DEFAULT_MAX_OUTPUT = 128_000
 SHOW_THINKING = {"claude-opus-5-5", "claude-sonnet-5-5", "claude-fable-5", "claude-fable-5-1"}
-# ^ models that write their notes between tool calls as thinking, shown only on request
-# ("display" defaults to "omitted"; the model overview pages, 2026-12-02): without it, stderr
-# goes silent between tool calls. Haiku 5.5 writes no such notes.
+# ^ models whose notes between tool calls are thinking, shown only on request ("display"
+# defaults to "omitted"): without it, stderr goes silent between tool calls.
 CONTEXT_WINDOW = {  # tokens of prompt + output, where the model overview pages give them
     "claude-haiku-5-5": 1_000_000,
     "claude-sonnet-5-5": 1_000_000,
@@ -1523,9 +1451,8 @@ def base_model(model):
 
 
 def billed(usage):
-    """The parts of a response's usage that are billed: each entry of usage.iterations when the
-    response has them (server-side compaction adds a sampling step the top-level counts leave
-    out: "sum across all entries in the usage.iterations array"), else the usage itself."""
+    """The parts of a response's usage that are billed: each entry of usage.iterations (from
+    server-side compaction) when it has them, else the usage itself."""
     parts = usage.get("iterations") if isinstance(usage, dict) else None
     if isinstance(parts, list) and parts and all(isinstance(p, dict) for p in parts):
         return parts
@@ -1558,8 +1485,7 @@ def prompt_tokens(usage):
 
 
 def usage_record(model, usage):
-    """A response's usage as the transcript keeps it: the four counts (over every billed
-    iteration), their sum, the cost."""
+    """A response's usage as the transcript keeps it: the four counts, their sum, the cost."""
     parts = billed(usage)
     record = {k: min(sum(number(p.get(k)) for p in parts), MAX_COUNT) for k in COUNTS}
     record["tokens"] = min(sum(record.values()), MAX_COUNT)  # past it, a server's story
@@ -1568,8 +1494,7 @@ def usage_record(model, usage):
 
 
 def add_usage(total, part):
-    """Add a usage record into a running total; one unknown cost makes the total unknown. A
-    count stops at 2**53, which no run reaches: what agent.py writes, it reads back."""
+    """Add a usage record into a total; one unknown cost makes the total unknown."""
     for key in COUNTS + ("tokens",):
         total[key] = min(total[key] + part[key], MAX_COUNT)
     total["cost_usd"] = (
@@ -1592,10 +1517,8 @@ def total_usage(session):
 
 
 def failed_usage(session):
-    """Set the transcript's `failed_usage`: what the server reported for attempts that failed
-    (cut, stalled, an error mid-stream), over every turn and the turn that stopped the run.
-    Kept apart from `usage` (the totals over turns' replies); counted in the budgets and said
-    on the stop line. Left out when nothing was reported."""
+    """Set the transcript's `failed_usage` (left out when zero): what the server reported for
+    failed attempts over every turn and the stop, kept apart from `usage`."""
     total = empty_usage()
     for record in session["turns"] + [session.get("stop") or {}]:
         if isinstance(record.get("failed_usage"), dict):
@@ -1611,8 +1534,7 @@ TOOL_USE_PROMPT = dict.fromkeys(("claude-haiku-5-5", "claude-sonnet-5-5", "claud
 
 
 def count_tokens(client, model, question, system=SYSTEM_PROMPT):
-    """What one request's fixed part costs in input tokens, part by part: three calls to the
-    API's count_tokens endpoint (free; nothing is generated), each adding one part."""
+    """What one request's fixed part costs in input tokens, by the API's count_tokens."""
 
     asked = [{"role": "user", "content": [{"type": "text", "text": question}]}]
 
@@ -1649,9 +1571,6 @@ def count_tokens(client, model, question, system=SYSTEM_PROMPT):
 
 # --- Clearing old tool results ---
 
-CLEARED = "[cleared to save context: {what}; call it again if you need it]"
-CONTEXT_EDIT_BETA = "context-management-2025-06-27"
-
 
 def server_clearing(limits):
     """The request's fields that ask the API to clear old tool results (its beta)."""
@@ -1661,20 +1580,13 @@ def server_clearing(limits):
         "keep": {"type": "tool_uses", "value": limits.keep_results},
         "clear_at_least": {"type": "input_tokens", "value": limits.clear_at_least},
     }
-    return {"betas": [CONTEXT_EDIT_BETA], "context_management": {"edits": [edit]}}
-
-
-def estimated_tokens(block):
-    """A tool result's size in tokens, roughly (4 bytes a token): enough to decide a clearing."""
-    content = block.get("content")
-    return len(content if isinstance(content, str) else json.dumps(content)) // 4
+    return {"betas": ["context-management-2025-06-27"], "context_management": {"edits": [edit]}}
 
 
 def clear_old_results(session, limits):
-    """Clear old tool results once the last prompt reached the trigger: every one but the
-    newest keep_results, if that frees at least clear_at_least tokens (a clearing breaks the
-    cache once, so it should be worth it). Sticky: the ids only ever grow, and the history
-    itself is never edited. Returns (how many, tokens freed) or None."""
+    """Once the last prompt reached the trigger, clear every tool result but the newest
+    keep_results, if that frees clear_at_least tokens. The ids only ever grow; the history
+    is never edited. Returns (how many, tokens freed) or None."""
     turns = session["turns"]
     if (
         not limits.clear_at
@@ -1696,7 +1608,9 @@ def clear_old_results(session, limits):
         for b in results[: max(0, len(results) - limits.keep_results)]
         if b["tool_use_id"] not in cleared
     ]
-    freed = sum(estimated_tokens(b) for b in old)
+    # roughly 4 bytes a token: enough to decide a clearing
+    sizes = [b.get("content") for b in old]
+    freed = sum(len(c if isinstance(c, str) else json.dumps(c)) // 4 for c in sizes)
     if not old or freed < limits.clear_at_least:
         return None
     # a new list: a snapshot being written keeps the old one
@@ -1705,9 +1619,8 @@ def clear_old_results(session, limits):
 
 
 def sent_view(session):
-    """The history as it is sent: a cleared tool result stands in for itself in a few tokens,
-    and a cache breakpoint marks where the previous request ended, so that request's cache is
-    read whatever this turn added (automatic caching looks back only 20 blocks)."""
+    """The history as it is sent: cleared tool results as placeholders, and a cache breakpoint
+    where the previous request ended (automatic caching looks back only 20 blocks)."""
     cleared = set(session.get("cleared", ()))
     messages = session["messages"]
     # messages are shared, never changed: a new one replaces one in the view
@@ -1746,7 +1659,7 @@ def placeholder(block, calls):
         what += " " + shorten(json.dumps(call.get("input"), ensure_ascii=False), 100)
     return {
         **{k: v for k, v in block.items() if k in ("type", "tool_use_id", "is_error")},
-        "content": CLEARED.format(what=what),
+        "content": f"[cleared to save context: {what}; call it again if you need it]",
     }
 
 
@@ -2820,23 +2733,16 @@ def own_prompt(session):
 
 # --- Kept runs: every run in the user's state directory ---
 #
-# As claude, codex and llm keep their sessions, agent.py keeps each run's transcript where it
-# can be found again: $XDG_STATE_HOME/agent.py/runs, else ~/.local/state/agent.py/runs (RUNS),
-# one file per run, 0600 in a 0700 directory, named by the run's id: the UTC time it started
-# and the first 8 hex digits of its run_id (20261204-123045-3f2a9c1b.json; a trials run keeps
-# its summary as ID.trials.json and trial i as ID.trials.i.json). `last`, or a run id, names a
-# kept run wherever a transcript is read (--resume, --replay, --report, --export); --no-keep
-# or AGENT_PY_NO_KEEP=1 keeps none. The model's code must not read, write or plant a kept run:
-# a runs directory that is the workdir, inside it or around it is not used, nor one that is a
-# symlink, another user's, or one another user could write to (docs/runs.md).
+# Each run's transcript is kept in runs_dir(), 0600 in a 0700 directory, as ID.json (the UTC
+# start and 8 hex digits of its run_id); `last` or an id names it wherever a transcript is read.
+# The model's code must not read, write or plant a kept run (docs/runs.md).
 
 KEPT_FILE = re.compile(r"(\d{8}-\d{6}-([0-9a-f]{8}))(?:\.trials(?:\.(\d+))?)?\.json")
 RUN_NAME = re.compile(r"(?:(\d{8}-\d{6})-)?([0-9a-f]{8})[0-9a-f]{0,24}(?:\.(\d+))?")
 
 
 def no_keep_variable():
-    """AGENT_PY_NO_KEEP as the words people write: 1, true, yes, on keep no run; 0, false, no,
-    off or nothing keep them; anything else is a usage error, not a silent guess."""
+    """AGENT_PY_NO_KEEP as a boolean; a word that is not one is a usage error."""
     value = os.environ.get("AGENT_PY_NO_KEEP", "")
     word = value.strip().lower()
     if word in ("1", "true", "yes", "on"):
@@ -2850,8 +2756,7 @@ def no_keep_variable():
 
 
 def runs_dir():
-    """Where runs are kept: $XDG_STATE_HOME/agent.py/runs, else ~/.local/state/agent.py/runs
-    (an XDG_STATE_HOME that is not an absolute path is ignored, as the XDG spec says)."""
+    """$XDG_STATE_HOME/agent.py/runs (if absolute), else ~/.local/state/agent.py/runs."""
     state = os.environ.get("XDG_STATE_HOME", "")
     if not os.path.isabs(state):
         try:
@@ -2862,10 +2767,9 @@ def runs_dir():
 
 
 def open_runs(create=False):
-    """The runs directory, opened: (descriptor, real path). With `create`, it and agent.py/
-    above it are made, mode 0700. Each of the two is opened without following a symlink and
-    must be this user's and writable by no one else (one that is readable by others is made
-    0700); else a UsageError saying why. OSError when it cannot be opened or made at all."""
+    """The runs directory, opened: (descriptor, real path); with `create`, made (0700). It and
+    agent.py/ above it must be no symlink, this user's, writable by no one else: else a
+    UsageError. OSError when it cannot be opened or made at all."""
     path = runs_dir()
     if create:
         home = None if os.path.isabs(os.environ.get("XDG_STATE_HOME", "")) else Path.home()
@@ -2926,8 +2830,7 @@ def open_runs(create=False):
 
 
 class KeptRun:
-    """A run's kept transcript: its id and file. A save that fails (a full disk) stops keeping
-    it, with one line on stderr, and never the run itself."""
+    """A run's kept transcript: a save that fails stops keeping it, with a note, not the run."""
 
     def __init__(self, run, output, report):
         self.run, self.output, self.report, self.lost = run, output, report, None
@@ -2953,10 +2856,8 @@ class KeptRun:
 
 
 def keep_run(run_id, workdir, report, trials=0):
-    """Make this run's kept file (O_EXCL: never another run's) and return its KeptRun; with
-    `trials`, the summary's and each trial's ({i: KeptRun}). None, with a one-line note on
-    stderr, when runs cannot be kept here. `workdir`: where the model's code can write (None
-    with --no-sandbox: anywhere)."""
+    """Make this run's kept file (O_EXCL) and return its KeptRun (with `trials`, also each
+    trial's, {i: KeptRun}); None, with a note on stderr, when runs cannot be kept here."""
     try:
         kept, each = make_kept_run(run_id, workdir, report, trials)
     except UsageError as e:
@@ -3005,8 +2906,7 @@ def make_kept_run(run_id, workdir, report, trials):
 
 
 def runs_unusable(e):
-    """Why the runs directory could not be made or opened (`e`), naming it: what is in the way
-    when a path above it is not a directory."""
+    """Why the runs directory could not be made or opened (`e`): what is in the way, if any."""
     try:
         path = runs_dir()
     except OSError:  # no home directory: that is the reason
@@ -3022,9 +2922,8 @@ def runs_unusable(e):
 
 
 def kept_run(name, flag, report):
-    """The path of the kept run `name` names: `last` (the newest kept run; for --resume and
-    --replay the newest run that is not trials) or a run id (a unique hex prefix will do; ID.i
-    is trial i of a trials run). Any other name is a path, and returned as it is."""
+    """The path of the kept run `name` names: `last` or a run id (a unique hex prefix; ID.i for
+    trial i). Any other name is a path, and returned as it is."""
     asked = RUN_NAME.fullmatch(name or "")
     if name != "last" and not asked:
         return name
@@ -3084,7 +2983,7 @@ def kept_run(name, flag, report):
             f"note: {flag} {name} names a kept run; for the file {name} here, give ./{name}"
         )
     newer = [entry for when, entry in empty if when > max(found)[0]] if name == "last" else []
-    if newer:  # never pass over the run the user just had without a word (N31)
+    if newer:  # never pass over the run the user just had without a word
         taken = max(found)[1].removesuffix(".json")
         said = time.strftime("%H:%M:%S", time.localtime(max(found)[0] / 1e9))
         report.error(
@@ -3098,9 +2997,8 @@ def kept_run(name, flag, report):
 
 
 def check_runs_apart(workdir, where):
-    """Refuse a workdir that holds the runs directory, or lies inside it (whether or not it
-    exists yet, and whether or not this run is kept): the model's code could read kept runs
-    there, or plant one that `--resume last` would take up."""
+    """Refuse a workdir that holds the runs directory or lies inside it, kept or not: the
+    model's code could read kept runs there, or plant one."""
     try:
         runs = Path(os.path.realpath(runs_dir()))
     except OSError:  # nowhere to keep runs: none are kept (keep_run says so)
@@ -3124,11 +3022,9 @@ def in_runs_dir(path):
 
 
 def own_kept_run(path):
-    """True if `path` is a run agent.py kept and no one has replaced: a file directly in the
-    runs directory (open_runs checks that it is this user's, 0700 and reached through no
-    symlink), named as agent.py names kept runs, and still as agent.py wrote it: a regular
-    file (not a symlink), this user's, mode 0600, with no other name (no hard link). Only this
-    user could have written it there, as with any of their files (docs/runs.md)."""
+    """True if `path` is a run agent.py kept and no one has replaced: directly in the runs
+    directory (open_runs checks it), named as a kept run, and a regular file of this user's,
+    mode 0600, with no other name (no hard link)."""
     name = Path(path).name
     if not KEPT_FILE.fullmatch(name):
         return False
@@ -3160,12 +3056,9 @@ def is_kept(path, trial=False):
 
 # --- Replay: a recorded run without a key ---
 #
-# python agent.py --replay RUN.json --workdir DIR runs a transcript's recorded model turns again,
-# against the real tools in the real sandbox: ReplayClient stands in for the SDK's client and
-# answers each request with the next recorded reply, so the loop above runs unchanged, and
-# nothing is sent. ReplayCheck says, per call, where a tool result now differs from the
-# recorded one. The run ends as the recording did: replay_limits makes the same limit stop the
-# same turn, and a request past the last reply stops with the recorded stop (ReplayEnded).
+# --replay runs a transcript's recorded replies again against the real tools: ReplayClient
+# stands in for the SDK's client, so the loop runs unchanged and nothing is sent; ReplayCheck
+# says where a tool result now differs from the recorded one.
 
 
 class ReplayEnded(Exception):
@@ -3177,35 +3070,23 @@ class ReplayEnded(Exception):
 
 
 class ReplayDiffers(Exception):
-    """--replay --strict: a turn's tool results differ from the recording, so the recorded
-    replies that follow answered results this run did not get. The next request raises it."""
+    """--replay --strict: a turn's tool results differ from the recording (the next request)."""
 
     def __init__(self, turn, differed, calls, source, declined=0):
+        declined_note = f"; {declined} of them not run: declined (no working sandbox, and no y)"
         super().__init__(
             f"turn {turn}: {differed} of {plural(calls, 'tool result')} "
             f"{'differs' if differed == 1 else 'differ'} from {source}, and the "
             "recorded replies after it answered the recorded results (--strict)"
-            + (
-                f"; {declined} of them not run: declined (no working sandbox, and no y)"
-                if declined
-                else ""
-            )
+            + (declined_note if declined else "")
         )
 
 
 def load_recording(path):
-    """A transcript --replay can run, or a UsageError saying what the file is."""
+    """A transcript --replay can run, or a UsageError saying why not."""
     recording = load_transcript(path, "--replay")
-    problem = recording_problem(recording)
-    if problem:
-        raise UsageError(f"cannot replay: {path} {problem}")
-    return recording
-
-
-def recording_problem(recording):
-    """Why a transcript (already fit to resume) cannot be replayed, or None."""
     if not is_str(recording.get("question")) or not is_str(recording.get("system"), empty=True):
-        return "has no question or no system prompt"
+        raise UsageError(f"cannot replay: {path} has no question or no system prompt")
     asked = [
         b
         for m in recording["messages"][1:]
@@ -3214,39 +3095,18 @@ def recording_problem(recording):
         if b["type"] == "text" and b["text"] != FINAL_TURN_NOTE
     ]
     if asked:
-        return (
-            "was continued with --resume and a follow-up question; only a run from its "
-            "first question can be replayed (--resume with --transcript NEW.json goes on in a "
-            "new file, and leaves the one it continues as it was)"
+        raise UsageError(
+            f"cannot replay: {path} was continued with --resume and a follow-up question; only "
+            "a run from its first question can be replayed (--resume with --transcript "
+            "NEW.json goes on in a new file, and leaves the one it continues as it was)"
         )
-    return None
-
-
-def recorded_replies(recording):
-    """Each turn's reply, as the API sent it: the content kept in the history (none, for a
-    turn whose reply was not), the stop_reason, the message id and the usage counts."""
-    kept = iter(m["content"] for m in recording["messages"] if m["role"] == "assistant")
-    return [
-        {
-            "id": t.get("message_id"),
-            "type": "message",
-            "role": "assistant",
-            "model": recording["model"],
-            "stop_reason": t.get("stop_reason"),
-            "content": [] if t.get("in_history") is False else next(kept),
-            "usage": {k: t["usage"][k] for k in COUNTS},
-        }
-        for t in recording["turns"]
-    ]
+    return recording
 
 
 def replay_limits(recording, limits):
-    """The user's `limits`, tightened so that the recorded replies end as the recording did:
-    its number of turns if it stopped at max_turns, else two more (a request past the replies
-    is then never the final one); a budget its replies reach at their last turn if it stopped
-    on that budget, else one they never reach. Never loosened: the user's --max-turns,
-    --token-budget and --budget-usd bound a replay as they bound a live run (and with them its
-    memory, whatever the recording's length); what the recording counts is no budget."""
+    """The user's `limits`, tightened so that the recorded replies end as the recording did
+    (the limit it stopped on is reached at its last turn; others never are), never loosened:
+    the user's limits bound a replay as they bound a live run."""
     used = empty_usage()
     reason = (recording.get("stop") or {}).get("reason")
     for turn in recording["turns"]:  # priced as the loop will price them
@@ -3266,8 +3126,7 @@ def replay_limits(recording, limits):
 
 
 def replay_session(recording, workdir, run_id, source):
-    """The new run's session: the recorded question, model, effort and system prompt; the
-    recording's `produced_by`; and a `replay` field for the differences ReplayCheck finds."""
+    """The new run's session: the recording's question, model, effort, prompt, `produced_by`."""
     session = new_session(
         recording["question"], recording["model"], workdir, recording.get("effort"), run_id
     )
@@ -3292,14 +3151,24 @@ def made_by(recording):
 
 
 class ReplayClient:
-    """Stands in for anthropic.Anthropic in stream_reply: messages.stream(**request) answers with
-    the next recorded reply (its text and thinking stream to stderr as a live reply's would).
-    It sends nothing and needs no key. Past the last reply it raises ReplayEnded: with the
-    recorded stop if the recording ended there without a reply (Ctrl-C, an API error), else
-    with an error saying that the replay asks for more than was recorded."""
+    """Stands in for anthropic.Anthropic in stream_reply: each request is answered with the next
+    recorded reply, and nothing is sent. Past the last reply it raises ReplayEnded."""
 
     def __init__(self, recording, source):
-        self.replies = recorded_replies(recording)
+        # each turn's reply as the API sent it (no content for one left out of the history)
+        kept = iter(m["content"] for m in recording["messages"] if m["role"] == "assistant")
+        self.replies = [
+            {
+                "id": t.get("message_id"),
+                "type": "message",
+                "role": "assistant",
+                "model": recording["model"],
+                "stop_reason": t.get("stop_reason"),
+                "content": [] if t.get("in_history") is False else next(kept),
+                "usage": {k: t["usage"][k] for k in COUNTS},
+            }
+            for t in recording["turns"]
+        ]
         self.source = source
         self.recorded_stop = recording.get("stop")
         # replies given so far; the ReplayDiffers the next request raises (--strict)
@@ -3345,16 +3214,12 @@ class ReplayClient:
 
 def reply_chars(message):
     """The characters a reply streams, as stream_reply counts them: text, thinking, tool input."""
-    return sum(
-        len(b.get("text", ""))
-        + len(b.get("thinking", ""))
-        + (
-            len(json.dumps(b.get("input"), ensure_ascii=False))
-            if b.get("type") == "tool_use"
-            else 0
-        )
-        for b in message["content"]
-    )
+    chars = 0
+    for b in message["content"]:
+        chars += len(b.get("text", "")) + len(b.get("thinking", ""))
+        if b.get("type") == "tool_use":
+            chars += len(json.dumps(b.get("input"), ensure_ascii=False))
+    return chars
 
 
 class ReplayStream:
@@ -3387,8 +3252,7 @@ DIFF_LINES, DIFF_WIDTH = 12, 160  # the most a difference shows, in lines and ch
 
 
 def result_diff(recorded, replayed):
-    """How a tool result differs from the recorded one, as the changed lines of a unified diff
-    (-recorded, +replayed), at most DIFF_LINES of at most DIFF_WIDTH characters each."""
+    """The changed lines of a unified diff from the recorded result to the replayed one."""
 
     def lines(result):
         if result is None:
@@ -3397,13 +3261,8 @@ def result_diff(recorded, replayed):
         text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
         return [f"is_error: {json.dumps(bool(result.get('is_error')))}"] + text.splitlines()
 
-    diff = [
-        shorten(line, DIFF_WIDTH)
-        for line in list(difflib.unified_diff(lines(recorded), lines(replayed), lineterm="", n=0))[
-            2:
-        ]
-        if not line.startswith("@@")
-    ]
+    changed = list(difflib.unified_diff(lines(recorded), lines(replayed), lineterm="", n=0))
+    diff = [shorten(line, DIFF_WIDTH) for line in changed[2:] if not line.startswith("@@")]
     if len(diff) > DIFF_LINES:
         diff[DIFF_LINES - 1 :] = [f"… and {len(diff) - DIFF_LINES + 1} more changed lines"]
     return diff
@@ -3416,10 +3275,8 @@ def tool_results(messages):
 
 
 class ReplayCheck:
-    """Wraps the transcript's save (the loop saves after every turn, and at the stop): first
-    compares each tool result of the turns since the last save with the recorded one, says on
-    stderr where they differ, and keeps the difference in the session's `replay` field. At the
-    stop, says how many differed, and whether the replay stopped before the recording did."""
+    """Wraps the transcript's save: compares the tool results of the turns since the last save
+    with the recorded ones, says where they differ and keeps it in the session's `replay`."""
 
     def __init__(self, recording, client, report, save, strict=False):
         self.recorded = tool_results(recording["messages"])
@@ -3503,8 +3360,7 @@ SEARCH = "import re, sys; sys.exit(0 if re.search(sys.argv[1], sys.stdin.read())
 
 
 def trials_stop(summary):
-    """How --trials ends: (label, exit code, detail). Every requested trial passed: 0; some did
-    not: 6; Ctrl-C cut them short: interrupted. No one session's label stands for them all."""
+    """How --trials ends: (label, exit code, detail): 0 if every trial passed, else 6 or 130."""
     detail = f"{summary['passes']} of {summary['requested']} trials passed"
     if summary["interrupted"]:
         return "interrupted", EXIT_CODES["interrupted"], detail
@@ -3514,8 +3370,7 @@ def trials_stop(summary):
 
 def expect_found(regex, answer):
     """True if the --expect regex is in the answer, False if not, None if the search took over
-    EXPECT_SECONDS. It runs in a child: a regex that backtracks on the model's text holds the
-    GIL inside `re`, where no Ctrl-C or SIGTERM can reach agent.py; a child can be killed."""
+    EXPECT_SECONDS: in a child, which can be killed, as a backtracking `re` holds the GIL."""
     try:
         done = subprocess.run(
             [sys.executable, "-I", "-S", "-c", SEARCH, regex],
@@ -3526,21 +3381,6 @@ def expect_found(regex, answer):
     except subprocess.TimeoutExpired:
         return None
     return done.returncode == 0
-
-
-def passed(session, expect, found=True):
-    """Did a trial meet every --expect condition (or, with none, stop with end_turn)? `found`:
-    whether the regex is in the answer (expect_found). A failed session never passes."""
-    stop = (session.get("stop") or {}).get("reason")
-    return stop not in ("api_error", "error") and unmet(session, expect, found) is None
-
-
-def why_failed(session, expect, found=True):
-    """The first condition a trial that ran to a stop of the model's own did not meet, in
-    words; None if it passed, or if the harness or the network ended it (not the model)."""
-    if (session.get("stop") or {}).get("reason") in INFRA_STOPS:
-        return None
-    return unmet(session, expect, found)
 
 
 def unmet(session, expect, found):
@@ -3608,9 +3448,8 @@ def spread(values):
 
 
 def summarize(trials, requested):
-    """The summary of the trials that ran. Model failures (a trial that did not pass) are kept
-    apart from infrastructure failures (api_error, error, interrupted): pass@k and pass^k count
-    only the trials that finished without one, as tau-bench does."""
+    """The summary of the trials that ran: pass@k and pass^k count only the trials without an
+    infrastructure failure (INFRA_STOPS), as tau-bench does."""
     trials = sorted(trials, key=lambda t: t["index"])
     scored = [t for t in trials if t["stop"] not in INFRA_STOPS]
     n, c = len(scored), sum(t["passed"] for t in scored)
@@ -3687,8 +3526,7 @@ MAX_JOBS = 32  # --jobs at most: trials at once, each a thread, a connection and
 
 
 def room_for_trials(k):
-    """Open files enough for k trials (each holds its transcript's directory and its kept copy's
-    open): the soft limit raised toward the hard one if need be, else a UsageError."""
+    """Open files enough for k trials: the soft limit raised if need be, else a UsageError."""
     need = 2 * k + 256  # and the rest of the process: the SDK, the sandbox, the outputs
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < need:
@@ -3705,8 +3543,7 @@ def room_for_trials(k):
 
 @dataclass(frozen=True)
 class TrialSpec:
-    """What --trials measures: one question, asked k times as fresh sessions (same flags,
-    limits and approvals), `jobs` at once; and what makes a trial pass."""
+    """What --trials measures: one question asked k times, `jobs` at once, and what passes."""
 
     question: str
     model: str
@@ -3727,9 +3564,8 @@ class TrialSpec:
 
 
 def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
-    """Run the trials and print their summary; return it. `outputs`: each trial's transcript
-    file, if any (run.json -> run.1.json); `kept`, each trial's KeptRun. A Ctrl-C cancels the
-    trials still running."""
+    """Run the trials and print their summary; return it. `outputs` and `kept`: each trial's
+    transcript file and KeptRun. A Ctrl-C cancels the trials still running."""
     ctx = replace(ctx, cancel=threading.Event())
     results = []
     pool = ThreadPoolExecutor(max_workers=spec.jobs)
@@ -3789,11 +3625,12 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
             if spec.regex and stop.reason != "interrupted"
             else not spec.regex
         )
-        missed = why_failed(session, spec.expect, found)
-        if missed:
+        missed = unmet(session, spec.expect, found)
+        # said only of a stop of the model's own; a failed session never passes
+        if missed and stop.reason not in INFRA_STOPS:
             report.line(f"fail: {missed}", always=True)
-        usage = session["usage"]
-        results.append(trial_result(index, stop.reason, usage, passed(session, spec.expect, found)))
+        ok = missed is None and stop.reason not in ("api_error", "error")
+        results.append(trial_result(index, stop.reason, session["usage"], ok))
         report.emit("trial.end", **results[-1])
 
     futures = [pool.submit(trial, i) for i in range(1, spec.k + 1)]
@@ -5019,8 +4856,7 @@ def genai_messages(messages):
 
 
 def agreed(question, stdin):
-    """Ask on stderr (or, when that is a file and the answer comes from a terminal, on the
-    terminal); True only for y or yes. No answer (stdin closed) is a no."""
+    """Ask on stderr (or the answering terminal); True only for y or yes; no answer is a no."""
     with Reporter.lock, answer_screen(stdin) as screen:
         if not to_stderr(
             dimmed(visible(question if question.endswith("] ") else question + " [y/N] "), screen),
@@ -5037,11 +4873,8 @@ def plural(n, word):
     return f"{n} {word}{'s' * (n != 1)}"
 
 
-# Characters a terminal obeys instead of showing, or draws as nothing: C0 and C1 controls but
-# newline and tab, bidi marks, overrides and isolates, line and paragraph separators, lone
-# surrogates (which no terminal encoding can carry), and every default-ignorable code point:
-# zero-width characters, the soft hyphen, variation selectors, tag characters, the BOM, the
-# Hangul and braille fillers.
+# Characters a terminal obeys instead of showing, or draws as nothing: controls but newline
+# and tab, bidi marks, line separators, lone surrogates, and every default-ignorable code point.
 INVISIBLE = re.compile(
     "[\x00-\x08\x0b-\x1f\x7f-\x9f\xad\u034f\u061c\u115f\u1160\u17b4\u17b5"
     "\u180b-\u180f\u200b-\u200f\u2028-\u202e\u2060-\u206f\u2800\u3164"
@@ -5051,8 +4884,7 @@ INVISIBLE = re.compile(
 
 
 def visible(text):
-    """Text for a terminal: what would move the cursor, clear or reorder it, or hide in it, is
-    shown escaped."""
+    """Text for a terminal: what would drive the terminal, or hide in it, is shown escaped."""
     return INVISIBLE.sub(lambda m: code_point_escape(ord(m[0])), text)
 
 
@@ -5066,11 +4898,8 @@ def code_point_escape(code):
 
 
 def for_terminal(data, html=False, terminal=None):
-    """JSON (or HTML) bytes bound for stdout (or for `terminal`, a terminal the user named as
-    an output): when it is a terminal, each character `visible` would escape is written as the
-    escape that means the same there, \\uXXXX (or &#xXXXX;), so a transcript or report shown
-    raw cannot reorder or drive the terminal. In a pipe or a file, the bytes are left as they
-    are."""
+    """JSON (or HTML) bytes bound for stdout (or `terminal`): on a terminal, each character
+    `visible` would escape is written as \\uXXXX (or &#xXXXX;), which means the same there."""
     if not (sys.stdout.isatty() if terminal is None else terminal):
         return data
     text = data.decode("utf-8", "surrogateescape")
@@ -5080,11 +4909,9 @@ def for_terminal(data, html=False, terminal=None):
     return INVISIBLE.sub(escape, text).encode("utf-8", "surrogateescape")
 
 
-# What the approval question shows as it is, besides printable ASCII: Chinese, Japanese and Korean
-# text and the punctuation it is written with, so that a question in Chinese stays readable. Not
-# the kana drawn like a Han character or like each other (エ 工, カ 力, タ 夕, ト 卜, ニ 二, ハ 八,
-# ロ 口, ー 一, ヘ へ), nor the compatibility ideographs that copy unified ones, nor the brackets
-# drawn like the question's own escape brackets ⟦ ⟧ (〘 〙 〚 〛).
+# What the approval question shows as it is, besides printable ASCII: CJK text and punctuation;
+# not the kana drawn like a Han character or each other (エ 工, カ 力, ロ 口, ー 一), compatibility
+# ideographs, or brackets drawn like the question's own ⟦ ⟧ (〘 〙 〚 〛).
 READABLE = re.compile(
     "[\u3001-\u3003\u3008-\u3011\u3014-\u3017\u3041-\u3096\u30a1-\u30fa"
     "\u30fd\u30fe\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7a3\uff01\uff08\uff09"
@@ -5095,11 +4922,9 @@ SHOWN_AS = {"\t": "\u2409", " ": "\u2420"}  # a tab, and a space that ends a lin
 
 
 def shown_code(code):
-    """Code as the approval question shows it: no two programs that differ look the same. Every
-    character but printable ASCII and READABLE text appears as its code point, ⟦U+0430⟧ (so a
-    Cyrillic а cannot pass for a Latin a, nor a zero-width space for nothing); tabs and spaces
-    that end a line are drawn (␉ ␠); each line is numbered, the empty last one too. Returns the
-    lines and the names of the characters that were replaced."""
+    """Code as the approval question shows it, numbered: no two programs that differ look the
+    same. Other than printable ASCII and READABLE is shown as ⟦U+0430⟧, trailing blanks drawn
+    (␉ ␠). Returns the lines and the characters that were replaced."""
     lines, named = [], {}
     for line in code.split("\n"):
         end = len(line.rstrip(" "))
@@ -5133,10 +4958,8 @@ def display_width(text):
 
 
 def approval_question(code, rows, columns, unconfined=None):
-    """What stderr shows before run_python's [y/N] question. When the code is longer than the
-    screen, its header comes again right above the question, saying how much has scrolled off.
-    `unconfined`: why the sandbox is unavailable, which the question itself then says (a y runs
-    the code as the user, -q or not)."""
+    """What stderr shows before run_python's [y/N] question; code taller than the screen gets
+    its header again above it. `unconfined`: why the sandbox is unavailable, said in it."""
     lines, named = shown_code(code)
     legend = [
         f"  \u27e6U+{ord(ch):04X}\u27e7 is {unicodedata.name(ch, 'an unnamed character')}"
@@ -5169,8 +4992,7 @@ CODE_LINE = re.compile("^ *\\d+\u2502 ")  # a numbered line of code in the appro
 
 
 def styled(stream=None):
-    """True when `stream` (stderr) is a terminal agent.py may style: never a file or a pipe,
-    nor a terminal with NO_COLOR set (no-color.org) or TERM=dumb."""
+    """True when `stream` (stderr) is a terminal, without NO_COLOR or TERM=dumb."""
     try:
         return (
             (stream or sys.stderr).isatty()
@@ -5182,8 +5004,7 @@ def styled(stream=None):
 
 
 def dimmed(text, stream=None):
-    """agent.py's own lines of `text` faint on a terminal, so that they look unlike what the
-    model wrote; the code in an approval question (its numbered lines) stays as it is."""
+    """agent.py's own lines faint on a terminal; the code in an approval question stays as is."""
     if not styled(stream):
         return text
     return "\n".join(
@@ -5194,11 +5015,8 @@ def dimmed(text, stream=None):
 
 def consent_question(source, taken, columns):
     """What --resume and --replay ask before using what a transcript says: each value (label,
-    value, note) quoted on a line of its own, with line breaks, quotes, backslashes and every
-    character `visible` escapes written as escapes, and cut in the middle, saying how much, to
-    fit its rows: the workdir 6 (a real path, so it is seldom cut), a model or a prompt one.
-    However the file is made, the question takes at most 12 rows below the user's own path,
-    and every line the user answers is agent.py's."""
+    value, note) quoted and escaped on a line of its own, cut in the middle to fit its rows
+    (the workdir 6, others one), so every line the user answers is agent.py's."""
     rows = [f"{quoted(source)} asks to go on with its own:"]  # the user's own path, in full
     rows += [
         fitted(f"  {label} ", value, note, columns, 6 if label == "workdir" else 1)
@@ -5217,8 +5035,7 @@ def quoted(text):
 
 
 def fitted(before, text, after, columns, rows=1):
-    """before + quoted(text) + after, in `rows` rows of `columns`: a quoted text too wide loses
-    its middle to a marker that says how many characters it stands for."""
+    """before + quoted(text) + after in `rows` rows: a text too wide loses its middle."""
     shown = quoted(redact(text))
     room = max(rows * columns - 1 - display_width(before + after), 40)
     if display_width(shown) > room:
@@ -5239,8 +5056,7 @@ def fitted(before, text, after, columns, rows=1):
 
 
 def shorten(text, width):
-    """At most `width` characters, cut after a whole word with an ellipsis (secrets redacted
-    first: a cut key could not be found whole later)."""
+    """At most `width` characters, cut after a word, secrets redacted first (while whole)."""
     text = redact(text)
     if len(text) <= width:
         return text
@@ -5250,8 +5066,7 @@ def shorten(text, width):
 
 
 class Reporter:
-    """Progress, streamed text and prompts on stderr, whole lines under a lock for trials; and
-    the same moments as events, when an event stream is open."""
+    """Progress, streamed text and prompts on stderr (under a lock), and the same as events."""
 
     lock = threading.Lock()
 
@@ -5307,17 +5122,15 @@ class Reporter:
         self.events.emit("text", self.trial, turn=self.turn_no, text=said, **extra)
 
     def line(self, text, always=False, plain=False):
-        """One line of agent.py's own (progress, status), dim on a terminal (an error plain),
-        whatever the text holds: a line break in it (a name a file or a server gave) is shown as
-        \\n, so no line can pass for one of agent.py's own."""
+        """One line of agent.py's own, dim on a terminal (an error plain); a line break in the
+        text is shown as \\n, so no line can pass for one of agent.py's own."""
         self.flush_text()
         shown = visible(text).replace(chr(10), chr(92) + "n")
         shown = shown if plain or not self.dim else f"{DIM}{shown}{UNDIM}"
         self.write(f"{self.prefix}{shown}\n", always)
 
     def text(self, delta, thinking=False):
-        """Model text (or the summary of its thinking) as it streams; with a prefix
-        (concurrent trials) only whole lines."""
+        """Model text (or its thinking) as it streams; with a prefix (trials) whole lines."""
         shown = visible(delta)
         if thinking != self.thinking:  # a switch: say which is which, on a line of its own
             self.emit("text.switch")  # (what was said before goes out as its own event)
@@ -5342,8 +5155,7 @@ class Reporter:
             self.write(f"{self.prefix}{line}\n")
 
     def writing(self, name, chars):
-        """A tool call's input as it streams: a line every 2 s, so that stderr never goes silent
-        while the model writes a long script (a new call starts the clock with chars 0)."""
+        """A tool call's input as it streams: a line every 2 s, so stderr never goes silent."""
         moment = time.monotonic()
         if chars == 0:
             self.said_writing = moment

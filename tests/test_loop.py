@@ -323,10 +323,7 @@ CUTTERS = {
 }
 NOT_TEXT_FOR_AN_OUTPUT = {  # (function, slice): what it cuts
     ("result_diff", "diff[DIFF_LINES - 1:]"): "a list of lines, each shortened",
-    (
-        "result_diff",
-        "list(difflib.unified_diff(lines(recorded), lines(replayed), lineterm='', n=0))[2:]",
-    ): "a list of lines, each shortened",
+    ("result_diff", "changed[2:]"): "a list of lines, each shortened",
     ("ReplayCheck", "session['turns'][self.checked:]"): "a list",
     ("ReplayCheck", "session['messages'][self.seen:]"): "a list",
     (
@@ -342,7 +339,7 @@ NOT_TEXT_FOR_AN_OUTPUT = {  # (function, slice): what it cuts
     ("make_kept_run", "run_id[:8]"): "a run id agent.py made",
     ("real_directory", "path.parent.parts[1:]"): "a list",
     ("load_transcript", "flag[2:]"): "a flag's name",
-    ("recording_problem", "recording['messages'][1:]"): "a list",
+    ("load_recording", "recording['messages'][1:]"): "a list",
     ("for_terminal", "json.dumps(m[0])[1:-1]"): "the quotes around one escaped character",
     ("approval_question", "legend[:11]"): "a list of lines",
     ("request_turn", "message['content'][:-1]"): "a list of blocks",
