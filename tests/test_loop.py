@@ -358,6 +358,13 @@ NOT_TEXT_FOR_AN_OUTPUT = {  # (function, slice): what it cuts
     ("Saver", "value[-1:]"): "a list",
     ("Sandbox", "out[6:]"): "the self-test's own word after LEAK: ",
     ("Sandbox", "(run.stderr.strip() or out)[-200:]"): "the self-test's stderr, no secret in it",
+    ("Child", "message[1:]"): "the exit code the call's first process sent",
+    (
+        "hide_command_line",
+        "b'run_python call'[:end - start - 1]",
+    ): "a constant title, for the kernel",
+    ("seccomp_rules", "arg[3:]"): "a number in agent.py's own seccomp table",
+    ("seccomp_rules", "words[1:]"): "a list of agent.py's own seccomp table",
 }
 
 
