@@ -6737,14 +6737,11 @@ class Launcher:
         for parent in self.where:  # what it was making when it was killed, not yet noted
             with contextlib.suppress(OSError):
                 for name in os.listdir(parent):
-                    if name.startswith((f"agent-call-{self.tag}-", f"agent-{self.tag}-")):
-                        cleanup_later(
-                            *(
-                                (os.path.join(parent, name), [])
-                                if name.startswith("agent-call-")
-                                else (None, [os.path.join(parent, name)])
-                            )
-                        )
+                    path = os.path.join(parent, name)
+                    if name.startswith(f"agent-call-{self.tag}-"):
+                        cleanup_later(path, [])
+                    elif name.startswith(f"agent-{self.tag}-"):
+                        cleanup_later(None, [path])
 
 
 def pin_directory(path):
@@ -6781,7 +6778,6 @@ def serve(fd):
     """The launcher's loop, single-threaded: start each call the agent sends (launch), watch
     its script (its pidfd), its call's socket (the agent closes it at the timeout, on Ctrl-C, or
     when done) and the agent's socket (closed when the agent is gone, kill -9 included); end
-    each call's group, reap what it left, report, clean up. Between calls it makes the next
     each call's group, reap what it left, report, clean up."""
     control = socket.socket(fileno=fd)
     # `pkill -f agent.py` or a Ctrl-C at the terminal hit the launcher too: it goes when the
