@@ -561,9 +561,9 @@ def test_an_expect_regex_that_backtracks_fails_the_trial_in_bounded_time(
 ):
     """N41 as the user met it, through the CLI: `^(\\w+\\s?)+$` on this answer backtracks for
     longer than anyone waits (before: still running after 15 minutes, Ctrl-C and SIGTERM
-    ignored). The trial fails, saying why, within the time --expect is given."""
+    ignored). The trial fails, saying why, after the time --expect is given (a run that waited
+    on the match would outlast run_agent_py's timeout)."""
     api = serve(request, reply(text(WORDY)))
-    started = time.monotonic()
     done = run_agent_py(
         agent_copy,
         "q",
@@ -578,7 +578,7 @@ def test_an_expect_regex_that_backtracks_fails_the_trial_in_bounded_time(
         stdin=subprocess.DEVNULL,
         timeout=120,
     )
-    assert done.returncode == 6 and time.monotonic() - started < agent.EXPECT_SECONDS + 20
+    assert done.returncode == 6
     assert (
         f"[trial 1] fail: --expect '{BACKTRACKS}' timed out after "
         f"{agent.EXPECT_SECONDS:g} s on an answer of {len(WORDY)} characters: the regex "
@@ -590,7 +590,8 @@ def test_an_expect_regex_that_backtracks_fails_the_trial_in_bounded_time(
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_ends_a_run_while_expect_is_matched(request, workdir, agent_copy, signum):
     """N41: while the regex is matched, Ctrl-C and SIGTERM end the run, with its summary,
-    within the time the match is given (before: ignored; only kill -9 ended it)."""
+    before the match's own time is up (before: ignored; the match then timed out, and the run
+    ended with exit 6, not 130)."""
     api = serve(request, reply(text(WORDY)))
     proc = run_agent_py(
         agent_copy,
@@ -612,14 +613,12 @@ def test_ctrl_c_ends_a_run_while_expect_is_matched(request, workdir, agent_copy,
     while "stop: end_turn" not in seen and proc.poll() is None:
         seen += proc.stderr.readline()
     time.sleep(0.5)  # the match has begun
-    signalled = time.monotonic()
     proc.send_signal(signum)
     try:
         out, err = proc.communicate(timeout=agent.EXPECT_SECONDS + 30)
     finally:
         proc.kill()
     assert proc.returncode == 130, seen + err
-    assert time.monotonic() - signalled < agent.EXPECT_SECONDS + 2, "Ctrl-C was not heard"
     assert "trials: " in err and "Traceback" not in err, err
 
 
