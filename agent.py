@@ -884,7 +884,9 @@ class Watchdog(threading.Thread):
 
     def __init__(self, stream, seconds, deadline):
         super().__init__(daemon=True)
-        self.stream, self.seconds, self.deadline = stream, seconds, deadline
+        self.stream = stream
+        self.seconds = seconds
+        self.deadline = deadline
         # why it shut the stream, once it has
         self.fired = None
         self.started = self.last = time.monotonic()
@@ -1125,7 +1127,9 @@ def request_with_retries(client, request, limits, report, cancel):
             elif cancel.wait(delay):
                 check_cancelled(cancel)
         else:
-            reply.message, reply.request_id, reply.cut_off = message, request_id, cut_off
+            reply.message = message
+            reply.request_id = request_id
+            reply.cut_off = cut_off
             reply.attempts = attempt
             reply.usages.append(message.get("usage") or {})
             reply.api_seconds += time.monotonic() - started
@@ -1763,7 +1767,11 @@ class OutputFile:
 
     def __init__(self, path, workdir, flag="--transcript", stream=False, named=True):
         path = Path(os.path.abspath(path))
-        self.path, self.name, self.flag, self.device, self.tty = path, path.name, flag, None, False
+        self.path = path
+        self.name = path.name
+        self.flag = flag
+        self.device = None
+        self.tty = False
         # /dev/stdout, /dev/fd/N: agent.py's own descriptor, which the shell opened
         if own_descriptor(path) is not None and named:
             return self.open_descriptor(own_descriptor(path), stream)
@@ -1959,7 +1967,9 @@ def temp_name(name):
 
 def real_directory(path, flag):
     """The real path of `path`'s directory, refusing a symlink another user (not root) made."""
-    me, hops, real = os.geteuid(), 0, Path("/")
+    me = os.geteuid()
+    hops = 0
+    real = Path("/")
     todo = list(reversed(path.parent.parts[1:]))  # still to resolve, the next one last
     while todo:
         part = todo.pop()
@@ -2833,7 +2843,10 @@ class KeptRun:
     """A run's kept transcript: a save that fails stops keeping it, with a note, not the run."""
 
     def __init__(self, run, output, report):
-        self.run, self.output, self.report, self.lost = run, output, report, None
+        self.run = run
+        self.output = output
+        self.report = report
+        self.lost = None
 
     def write(self, data, final=False):
         if self.lost is None:
@@ -3280,8 +3293,14 @@ class ReplayCheck:
 
     def __init__(self, recording, client, report, save, strict=False):
         self.recorded = tool_results(recording["messages"])
-        self.client, self.report, self.save, self.strict = client, report, save, strict
-        self.checked, self.seen, self.calls = 0, 0, 0  # turns and messages compared; calls
+        self.client = client
+        self.report = report
+        self.save = save
+        self.strict = strict
+        # how many turns, messages and calls were compared
+        self.checked = 0
+        self.seen = 0
+        self.calls = 0
 
     def __call__(self, session, final=False):
         results = tool_results(session["messages"][self.seen :])
@@ -3846,7 +3865,9 @@ def priced_as(t):
 
 def run_report(t, cap):
     """The report of one run: what was asked, how it ended, what each turn cost and did."""
-    turns, usage, stop = items(t.get("turns")), fields(t.get("usage")), fields(t.get("stop"))
+    turns = items(t.get("turns"))
+    usage = fields(t.get("usage"))
+    stop = fields(t.get("stop"))
     prompt = sum(num(usage.get(k)) for k, _, _ in SEGMENTS[:3])
     share = f"{num(usage.get('cache_read_input_tokens')) / prompt:.0%}" if prompt else "n/a"
     seconds = sum(num(x.get("seconds")) for x in turns)
@@ -3973,7 +3994,10 @@ def trials_report(summary, cap):
             f'</table><svg class="passk" width="{width}" height="{height}" viewBox="0 0 '
             f'{width} {height}" role="img" aria-label="pass@k and pass^k">'
         )
-        x = lambda k: 30 + (k - 1) / max(len(ks) - 1, 1) * (width - 50)  # noqa: E731
+
+        def x(k):
+            return 30 + (k - 1) / max(len(ks) - 1, 1) * (width - 50)
+
         for key, values in (("at", at), ("hat", hat)):
             body.append(f'<polyline class="line-{key}" points="')
             for i, k in enumerate(ks):
@@ -4204,7 +4228,9 @@ def trajectory(session):
 
 def atif_steps(session):
     """The history as ATIF steps, and how many tool calls had no result (answered 'not run')."""
-    steps, turns, agent = [], list(session["turns"]), None
+    steps = []
+    turns = list(session["turns"])
+    agent = None
     calls = {
         b["id"]: b for m in session["messages"] for b in m["content"] if b["type"] == "tool_use"
     }
@@ -6328,7 +6354,10 @@ class Clip:
     """Keeps the first and last `half` bytes of a stream and counts what falls between."""
 
     def __init__(self, half):
-        self.half, self.head, self.tail, self.total = half, bytearray(), bytearray(), 0
+        self.half = half
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
 
     def add(self, data):
         self.total += len(data)
@@ -6344,7 +6373,9 @@ class Clip:
         head, tail = self.head.decode("utf-8", "replace"), self.tail.decode("utf-8", "replace")
         if cut:  # a secret cut in two here would be found whole in neither part: cut it out
             start, end = secret_start(head, least=8), secret_start(tail[::-1], least=8, ends=True)
-            head, tail, cut = head[: len(head) - start], tail[end:], cut + start + end
+            head = head[: len(head) - start]
+            tail = tail[end:]
+            cut = cut + start + end
         return head + (f"\n[... {cut} bytes cut ...]\n" if cut else "") + tail
 
 
@@ -6467,7 +6498,9 @@ class Sandbox:
     """run_python's boundary for one run: planned and proven at the first call, then reused."""
 
     def __init__(self, workdir, enabled, limits, report=None, pinned=None):
-        self.workdir, self.limits, self.report = workdir, limits, report or (lambda line: None)
+        self.workdir = workdir
+        self.limits = limits
+        self.report = report or (lambda line: None)
         # The workdir as opened now, at the run's start: every call's cwd and writable tree is
         # this directory, whatever its name names later (another user who can rename it may
         # swap it for a symlink to / mid-run). `workdir` is its name, for messages and policy.
@@ -6483,8 +6516,12 @@ class Sandbox:
         self.tested = not enabled  # the self-test has run (with --no-sandbox there is none)
         self.confined = False  # every call runs inside the boundary: the self-test proved it
         self.status = "sandbox: off (--no-sandbox); run_python runs unconfined"
-        self.said, self.lock, self.macos = False, threading.Lock(), None
-        self.launcher, self.no_launcher, self.starting = None, "", threading.Lock()
+        self.said = False
+        self.lock = threading.Lock()
+        self.macos = None
+        self.launcher = None
+        self.no_launcher = ""
+        self.starting = threading.Lock()
         self.why = None  # why there is no sandbox, once unavailable() said so
 
     @cached_property
@@ -6535,7 +6572,10 @@ class Sandbox:
 
     def unavailable(self, why):
         """No working boundary: say so; run_python then asks before every call, even with --yes."""
-        self.landlock, self.mounts, self.macos, self.confined = False, False, None, False
+        self.landlock = False
+        self.mounts = False
+        self.macos = None
+        self.confined = False
         self.tested, self.why = True, why
         self.status = (
             f"sandbox: unavailable ({why}); run_python will ask before every call, "
@@ -6897,7 +6937,9 @@ def macos_profile(policy):
             if os.path.exists(p)
         ]
 
-    own = lambda kind, names: [f'({kind} (param "OWN_{n.upper()}"))' for n in names]  # noqa: E731
+    def own(kind, names):
+        return [f'({kind} (param "OWN_{n.upper()}"))' for n in names]
+
     return (
         "\n".join(
             [
@@ -6964,8 +7006,8 @@ def python_paths(macos=False):
                 if ".so" in os.path.basename(path) and os.path.isfile(path):
                     files.add(path)
     system = MACOS_DIRS if macos else SYSTEM_DIRS
-    inside = lambda p: any(p.startswith(d + "/") for d in (*dirs, *system))  # noqa: E731
-    return sorted(dirs), sorted(f for f in files if not inside(f))
+    inside = tuple(d + "/" for d in (*dirs, *system))
+    return sorted(dirs), sorted(f for f in files if not f.startswith(inside))
 
 
 def cgroup_parents():
@@ -6993,8 +7035,17 @@ def cgroup_parents():
 def seccomp_filter(machine, rules):
     """Seccomp rules as a BPF program: foreign arches are killed, unknown numbers get ENOSYS."""
     arch, column = ARCHES[machine]
-    ld, ret = (lambda k: (0x20, 0, 0, k)), (lambda k: (0x06, 0, 0, k))  # BPF_LD|W|ABS, BPF_RET
-    jeq = lambda k, yes, no: (0x15, yes, no, k)  # noqa: E731  jumps are relative, 8-bit
+
+    # BPF_LD|W|ABS, BPF_RET, and BPF_JEQ, whose jumps are relative, 8-bit
+    def ld(k):
+        return (0x20, 0, 0, k)
+
+    def ret(k):
+        return (0x06, 0, 0, k)
+
+    def jeq(k, yes, no):
+        return (0x15, yes, no, k)
+
     prog = [
         ld(4),
         jeq(arch, 1, 0),
@@ -7397,6 +7448,49 @@ def tokens_or_off(value):
 LONGEST_WAIT = 10**9  # seconds a timeout may be: every clock agent.py waits on holds it
 
 
+# --help's text for each argument, by its long name, in the order --help shows them
+HELP = {
+    "--version": "print agent.py's version, and exit",
+    "question": "the question; - reads it from stdin (with --resume: an optional follow-up)",
+    "--workdir": "the directory the tools work in (default: the current one); one that holds agent.py or its Python is refused, unless --no-sandbox",
+    "--model": f"model id (default: $ANTHROPIC_MODEL, else {DEFAULT_MODEL})",
+    "--effort": "sent as output_config.effort (default: the model's)",
+    "--yes": "run run_python without asking, once the sandbox is proven (default: ask every time)",
+    "--no-sandbox": "run run_python unconfined (default: sandboxed)",
+    "--resume": "continue a saved transcript (last: the newest kept run; or a run id); rewrites PATH as the run goes on (give --transcript to write elsewhere)",
+    "--replay": "run a saved transcript's model turns again against the real tools: no key, no connection (last, or a run id: a kept run)",
+    "--strict": "with --replay: stop at the first turn whose tool results differ from the recording, and exit 7 (replay_differs): a regression check for CI",
+    "--system-prompt": "the system prompt, from this UTF-8 file (default: agent.py's, for questions about files); recorded in the transcript, and kept by --resume",
+    "--max-turns": f"requests per run (default: {Limits.max_turns})",
+    "--token-budget": f"input + cache + output tokens per run (default: {Limits.token_budget:,})",
+    "--budget-usd": "dollars per run, priced like the bill (default: no dollar limit)",
+    "--max-tokens": f"output tokens per response (default: {Limits.max_tokens:,})",
+    "--tool-timeout": f"seconds per run_python call (default: {Limits.tool_timeout:g})",
+    "--request-timeout": f"seconds a streamed reply may go without an event before the turn is retried (default: {Limits.request_timeout:g})",
+    "--transcript": "write the transcript JSON here, outside the workdir; - for stdout (default: none)",
+    "--events": "write the run's events as JSON Lines here, outside the workdir; - for stdout (default: none)",
+    "--otel": "send the run as OpenTelemetry traces over OTLP, as OTEL_EXPORTER_OTLP_* say (optional packages)",
+    "--quiet": "no progress on stderr (default: progress)",
+    "--no-keep": "keep no copy of this run in $XDG_STATE_HOME/agent.py/runs or ~/.local/state/agent.py/runs (default: every run is kept there; AGENT_PY_NO_KEEP=1 keeps none)",
+    "--trials": f"run the question K times (at most {MAX_TRIALS:,}); report pass@k and pass^k (with no --expect, --expect-tool or --expect-stop, a trial passes if it stopped with end_turn)",
+    "--jobs": f"trials run at once (default: 1; at most {MAX_JOBS})",
+    "--trials-budget-usd": "dollars over all the trials: once they have spent X, no more start (--budget-usd bounds each one; default: no total)",
+    "--expect": "a trial passes if this regex is in the answer",
+    "--expect-tool": "... and it used this tool",
+    "--expect-stop": "... and stopped so: one of " + ", ".join(EXIT_CODES),
+    "--decline-message": "what a declined run_python call tells the model (default: not to retry it, and to ask the user how to proceed)",
+    "--clear-tool-results": f"once a prompt reaches TOKENS, send old tool results as a one-line placeholder (default: {Limits.clear_at:,})",
+    "--keep-tool-results": f"the newest tool results, never cleared (default: {Limits.keep_results})",
+    "--clear-at-least": f"clear only when that frees this many tokens, since a clearing breaks the cache once (default: {Limits.clear_at_least:,})",
+    "--context-edit": "who clears: agent.py, or the API's context editing (beta) (default: client)",
+    "--count-tokens": "print what the system prompt, the tools and QUESTION cost in input tokens (the API's count_tokens), and exit",
+    "--schema": "print the JSON Schema of a transcript, an event or a trials summary, and exit",
+    "--report": "write an HTML report of a transcript or trials summary (last, or a run id: a kept run), and exit",
+    "--export": "convert a transcript or trials summary (last, or a run id: a kept run): atif (the Agent Trajectory Interchange Format, v1.8), and exit",
+    "--output": "where --report or --export writes; - for stdout (default: beside JSON)",
+}
+
+
 def parse_args(argv):
     p = Parser(
         prog="agent.py",
@@ -7410,242 +7504,112 @@ def parse_args(argv):
         "--version",
         action="version",
         version=f"agent.py {AGENT_VERSION}",
-        help="print agent.py's version, and exit",
+        help=HELP["--version"],
     )
     run = p.add_argument_group("run")
-    run.add_argument(
-        "question",
-        nargs="?",
-        help="the question; - reads it from stdin (with --resume: an optional follow-up)",
-    )
-    run.add_argument(
-        "-C",
-        "--workdir",
-        metavar="DIR",
-        help="the directory the tools work in (default: the current one); one that holds agent.py "
-        "or its Python is refused, unless --no-sandbox",
-    )
-    run.add_argument(
-        "-m",
-        "--model",
-        metavar="ID",
-        help=f"model id (default: $ANTHROPIC_MODEL, else {DEFAULT_MODEL})",
-    )
-    run.add_argument(
-        "--effort", choices=EFFORTS, help="sent as output_config.effort (default: the model's)"
-    )
-    run.add_argument(
-        "-y",
-        "--yes",
-        action="store_true",
-        help="run run_python without asking, once the sandbox is proven (default: ask every time)",
-    )
-    run.add_argument(
-        "--no-sandbox", action="store_true", help="run run_python unconfined (default: sandboxed)"
-    )
-    run.add_argument(
-        "-r",
-        "--resume",
-        metavar="PATH",
-        help="continue a saved transcript (last: the newest kept run; or a run id); rewrites PATH "
-        "as the run goes on (give --transcript to write elsewhere)",
-    )
-    run.add_argument(
-        "--replay",
-        metavar="PATH",
-        help="run a saved transcript's model turns again against the real tools: no key, no "
-        "connection (last, or a run id: a kept run)",
-    )
-    run.add_argument(
-        "--strict",
-        action="store_true",
-        help="with --replay: stop at the first turn whose tool results differ from the recording, "
-        "and exit 7 (replay_differs): a regression check for CI",
-    )
-    run.add_argument(
-        "-s",
-        "--system-prompt",
-        metavar="FILE",
-        help="the system prompt, from this UTF-8 file (default: agent.py's, for questions about "
-        "files); recorded in the transcript, and kept by --resume",
-    )
+    run.add_argument("question", nargs="?", help=HELP["question"])
+    run.add_argument("-C", "--workdir", metavar="DIR", help=HELP["--workdir"])
+    run.add_argument("-m", "--model", metavar="ID", help=HELP["--model"])
+    run.add_argument("--effort", choices=EFFORTS, help=HELP["--effort"])
+    run.add_argument("-y", "--yes", action="store_true", help=HELP["--yes"])
+    run.add_argument("--no-sandbox", action="store_true", help=HELP["--no-sandbox"])
+    run.add_argument("-r", "--resume", metavar="PATH", help=HELP["--resume"])
+    run.add_argument("--replay", metavar="PATH", help=HELP["--replay"])
+    run.add_argument("--strict", action="store_true", help=HELP["--strict"])
+    run.add_argument("-s", "--system-prompt", metavar="FILE", help=HELP["--system-prompt"])
     limits = p.add_argument_group("limits")
     limits.add_argument(
         "--max-turns",
         type=whole_number,
         metavar="N",
         default=Limits.max_turns,
-        help=f"requests per run (default: {Limits.max_turns})",
+        help=HELP["--max-turns"],
     )
     limits.add_argument(
         "--token-budget",
         type=whole_number,
         metavar="N",
         default=Limits.token_budget,
-        help=f"input + cache + output tokens per run (default: {Limits.token_budget:,})",
+        help=HELP["--token-budget"],
     )
-    limits.add_argument(
-        "--budget-usd",
-        type=float,
-        metavar="X",
-        help="dollars per run, priced like the bill (default: no dollar limit)",
-    )
+    limits.add_argument("--budget-usd", type=float, metavar="X", help=HELP["--budget-usd"])
     limits.add_argument(
         "--max-tokens",
         type=whole_number,
         metavar="N",
         default=Limits.max_tokens,
-        help=f"output tokens per response (default: {Limits.max_tokens:,})",
+        help=HELP["--max-tokens"],
     )
     limits.add_argument(
         "--tool-timeout",
         type=float,
         metavar="SECONDS",
         default=Limits.tool_timeout,
-        help=f"seconds per run_python call (default: {Limits.tool_timeout:g})",
+        help=HELP["--tool-timeout"],
     )
     limits.add_argument(
         "--request-timeout",
         type=float,
         metavar="SECONDS",
         default=Limits.request_timeout,
-        help=f"seconds a streamed reply may go without an event before the turn is retried "
-        f"(default: {Limits.request_timeout:g})",
+        help=HELP["--request-timeout"],
     )
     outputs = p.add_argument_group("outputs")
-    outputs.add_argument(
-        "--transcript",
-        metavar="PATH",
-        help="write the transcript JSON here, outside the workdir; - for stdout (default: none)",
-    )
-    outputs.add_argument(
-        "--events",
-        metavar="PATH",
-        help="write the run's events as JSON Lines "
-        "here, outside the workdir; - for stdout (default: none)",
-    )
-    outputs.add_argument(
-        "--otel",
-        action="store_true",
-        help="send the run as OpenTelemetry "
-        "traces over OTLP, as OTEL_EXPORTER_OTLP_* say (optional packages)",
-    )
-    outputs.add_argument(
-        "-q", "--quiet", action="store_true", help="no progress on stderr (default: progress)"
-    )
-    outputs.add_argument(
-        "--no-keep",
-        action="store_true",
-        help="keep no copy of this run in "
-        "$XDG_STATE_HOME/agent.py/runs or ~/.local/state/agent.py/runs "
-        "(default: every run is kept there; AGENT_PY_NO_KEEP=1 keeps none)",
-    )
+    outputs.add_argument("--transcript", metavar="PATH", help=HELP["--transcript"])
+    outputs.add_argument("--events", metavar="PATH", help=HELP["--events"])
+    outputs.add_argument("--otel", action="store_true", help=HELP["--otel"])
+    outputs.add_argument("-q", "--quiet", action="store_true", help=HELP["--quiet"])
+    outputs.add_argument("--no-keep", action="store_true", help=HELP["--no-keep"])
     trials = p.add_argument_group("trials: how stable is a behaviour")
+    trials.add_argument("--trials", type=whole_number, metavar="K", help=HELP["--trials"])
+    trials.add_argument("--jobs", type=whole_number, metavar="N", default=1, help=HELP["--jobs"])
     trials.add_argument(
-        "--trials",
-        type=whole_number,
-        metavar="K",
-        help=f"run the question K times (at most {MAX_TRIALS:,}); report pass@k and pass^k (with "
-        f"no --expect, --expect-tool or --expect-stop, a trial passes if it stopped with end_turn)",
+        "--trials-budget-usd", type=float, metavar="X", help=HELP["--trials-budget-usd"]
+    )
+    trials.add_argument("--expect", metavar="REGEX", help=HELP["--expect"])
+    trials.add_argument(
+        "--expect-tool", metavar="NAME", choices=list(TOOL_FUNCTIONS), help=HELP["--expect-tool"]
     )
     trials.add_argument(
-        "--jobs",
-        type=whole_number,
-        metavar="N",
-        default=1,
-        help=f"trials run at once (default: 1; at most {MAX_JOBS})",
+        "--expect-stop", metavar="LABEL", choices=list(EXIT_CODES), help=HELP["--expect-stop"]
     )
-    trials.add_argument(
-        "--trials-budget-usd",
-        type=float,
-        metavar="X",
-        help="dollars over all the trials: once they have spent X, no more start (--budget-usd "
-        "bounds each one; default: no total)",
-    )
-    trials.add_argument(
-        "--expect", metavar="REGEX", help="a trial passes if this regex is in the answer"
-    )
-    trials.add_argument(
-        "--expect-tool",
-        metavar="NAME",
-        choices=list(TOOL_FUNCTIONS),
-        help="... and it used this tool",
-    )
-    trials.add_argument(
-        "--expect-stop",
-        metavar="LABEL",
-        choices=list(EXIT_CODES),
-        help="... and stopped so: one of " + ", ".join(EXIT_CODES),
-    )
-    trials.add_argument(
-        "--decline-message",
-        metavar="TEXT",
-        help="what a declined run_python call tells the model (default: not to retry it, and to "
-        "ask the user how to proceed)",
-    )
+    trials.add_argument("--decline-message", metavar="TEXT", help=HELP["--decline-message"])
     context = p.add_argument_group("context: clearing old tool results")
     context.add_argument(
         "--clear-tool-results",
         type=tokens_or_off,
         metavar="TOKENS|off",
         default=Limits.clear_at,
-        help=f"once a prompt reaches TOKENS, send old tool results as a one-line placeholder "
-        f"(default: {Limits.clear_at:,})",
+        help=HELP["--clear-tool-results"],
     )
     context.add_argument(
         "--keep-tool-results",
         type=whole_number,
         metavar="N",
         default=Limits.keep_results,
-        help=f"the newest tool results, never cleared (default: {Limits.keep_results})",
+        help=HELP["--keep-tool-results"],
     )
     context.add_argument(
         "--clear-at-least",
         type=whole_number,
         metavar="TOKENS",
         default=Limits.clear_at_least,
-        help=f"clear only when that frees this many tokens, since a clearing breaks the cache "
-        f"once (default: {Limits.clear_at_least:,})",
+        help=HELP["--clear-at-least"],
     )
     context.add_argument(
         "--context-edit",
         choices=("client", "server"),
         default=Limits.context_edit,
-        help="who clears: agent.py, or the API's context editing (beta) (default: client)",
+        help=HELP["--context-edit"],
     )
     inspect = p.add_argument_group(
         "inspection: print or convert, send nothing (but --count-tokens)"
     )
-    inspect.add_argument(
-        "--count-tokens",
-        action="store_true",
-        help="print what the system prompt, the tools and QUESTION cost in input tokens (the "
-        "API's count_tokens), and exit",
-    )
-    inspect.add_argument(
-        "--schema",
-        choices=list(SCHEMAS),
-        help="print the JSON Schema of a transcript, an event or a trials summary, and exit",
-    )
-    inspect.add_argument(
-        "--report",
-        metavar="JSON",
-        help="write an HTML report of a transcript "
-        "or trials summary (last, or a run id: a kept run), and exit",
-    )
-    inspect.add_argument(
-        "--export",
-        nargs=2,
-        metavar=("FORMAT", "JSON"),
-        help="convert a transcript or trials summary (last, or a run id: a kept run): atif (the "
-        "Agent Trajectory Interchange Format, v1.8), and exit",
-    )
-    inspect.add_argument(
-        "-o",
-        "--output",
-        metavar="PATH",
-        help="where --report or --export writes; - for stdout (default: beside JSON)",
-    )
+    inspect.add_argument("--count-tokens", action="store_true", help=HELP["--count-tokens"])
+    inspect.add_argument("--schema", choices=list(SCHEMAS), help=HELP["--schema"])
+    inspect.add_argument("--report", metavar="JSON", help=HELP["--report"])
+    inspect.add_argument("--export", nargs=2, metavar=("FORMAT", "JSON"), help=HELP["--export"])
+    inspect.add_argument("-o", "--output", metavar="PATH", help=HELP["--output"])
     args, extra = p.parse_known_args(argv)
     if extra:  # argparse's own message; for words alone, what they most likely are
         words = [a for a in extra if not a.startswith("-") or a == "-"]
