@@ -7517,43 +7517,18 @@ def parse_args(argv):
     run.add_argument("--replay", metavar="PATH", help=HELP["--replay"])
     run.add_argument("--strict", action="store_true", help=HELP["--strict"])
     run.add_argument("-s", "--system-prompt", metavar="FILE", help=HELP["--system-prompt"])
+    # the options that set a field of Limits, its default
     limits = p.add_argument_group("limits")
-    limits.add_argument(
-        "--max-turns",
-        type=whole_number,
-        metavar="N",
-        default=Limits.max_turns,
-        help=HELP["--max-turns"],
-    )
-    limits.add_argument(
-        "--token-budget",
-        type=whole_number,
-        metavar="N",
-        default=Limits.token_budget,
-        help=HELP["--token-budget"],
-    )
-    limits.add_argument("--budget-usd", type=float, metavar="X", help=HELP["--budget-usd"])
-    limits.add_argument(
-        "--max-tokens",
-        type=whole_number,
-        metavar="N",
-        default=Limits.max_tokens,
-        help=HELP["--max-tokens"],
-    )
-    limits.add_argument(
-        "--tool-timeout",
-        type=float,
-        metavar="SECONDS",
-        default=Limits.tool_timeout,
-        help=HELP["--tool-timeout"],
-    )
-    limits.add_argument(
-        "--request-timeout",
-        type=float,
-        metavar="SECONDS",
-        default=Limits.request_timeout,
-        help=HELP["--request-timeout"],
-    )
+    for flag, kind, metavar, name in (
+        ("--max-turns", whole_number, "N", "max_turns"),
+        ("--token-budget", whole_number, "N", "token_budget"),
+        ("--budget-usd", float, "X", "budget_usd"),
+        ("--max-tokens", whole_number, "N", "max_tokens"),
+        ("--tool-timeout", float, "SECONDS", "tool_timeout"),
+        ("--request-timeout", float, "SECONDS", "request_timeout"),
+    ):
+        default = getattr(Limits, name)
+        limits.add_argument(flag, type=kind, metavar=metavar, default=default, help=HELP[flag])
     outputs = p.add_argument_group("outputs")
     outputs.add_argument("--transcript", metavar="PATH", help=HELP["--transcript"])
     outputs.add_argument("--events", metavar="PATH", help=HELP["--events"])
@@ -7575,27 +7550,13 @@ def parse_args(argv):
     )
     trials.add_argument("--decline-message", metavar="TEXT", help=HELP["--decline-message"])
     context = p.add_argument_group("context: clearing old tool results")
-    context.add_argument(
-        "--clear-tool-results",
-        type=tokens_or_off,
-        metavar="TOKENS|off",
-        default=Limits.clear_at,
-        help=HELP["--clear-tool-results"],
-    )
-    context.add_argument(
-        "--keep-tool-results",
-        type=whole_number,
-        metavar="N",
-        default=Limits.keep_results,
-        help=HELP["--keep-tool-results"],
-    )
-    context.add_argument(
-        "--clear-at-least",
-        type=whole_number,
-        metavar="TOKENS",
-        default=Limits.clear_at_least,
-        help=HELP["--clear-at-least"],
-    )
+    for flag, kind, metavar, name in (
+        ("--clear-tool-results", tokens_or_off, "TOKENS|off", "clear_at"),
+        ("--keep-tool-results", whole_number, "N", "keep_results"),
+        ("--clear-at-least", whole_number, "TOKENS", "clear_at_least"),
+    ):
+        default = getattr(Limits, name)
+        context.add_argument(flag, type=kind, metavar=metavar, default=default, help=HELP[flag])
     context.add_argument(
         "--context-edit",
         choices=("client", "server"),
