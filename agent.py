@@ -5395,19 +5395,13 @@ def read_window(fd, path, offset, limit, max_bytes):
 
 # --- The sandbox: where run_python's code runs ---
 #
-# Read in the order a call runs: the policy (everything the script may do, one value); execute,
-# the function run_python enters; what each call does, down to the exec of the script; what runs
-# while it runs and after; what is set up once per run (the plan, the self-test and the launcher,
-# at the first call); last the tables the policy is made of, as data.
-#
 # On Linux each run has one launcher, a fresh single-threaded interpreter of this file started at
 # the first call: agent -> launcher -> call. For each call it makes the call's directory (the
-# script, which the child can read but not change, and a private home), forks a child that
-# confines itself (its cgroup and mount namespace where the machine allows, no capability,
-# Landlock for files, TCP and signals, a seccomp filter for the syscalls that act on the host)
-# and execs `python main.py`; it kills the call's group when the script ends, when the agent
-# closes the call or is gone (kill -9 included), then removes the directory. What the script may
-# do is one value:
+# script and a private home), forks a child that confines itself (cgroup and mount namespace
+# where the machine allows, no capability, Landlock, seccomp) and spawns `python main.py`; it
+# kills the call's group when the script ends or the agent closes the call or is gone, then
+# removes the directory. Read in the order a call runs: the policy, one value; execute; each
+# call, down to the script's exec; the set-up once per run; last the policy's tables, as data.
 
 
 @dataclass(frozen=True)
@@ -5489,7 +5483,7 @@ def sandbox_policy(workdir, limits, system=None):
 # execute hands the call to the launcher (ask_launcher) and reads the script's output; in the
 # launcher, launch makes the call's Child: the call's directory with the approved script in it,
 # its cgroup and Landlock ruleset (Call), then a fork that confines itself (Call.run, Call.enter)
-# and execs the interpreter on that main.py, as `python main.py` runs it.
+# and spawns the interpreter on that main.py, as `python main.py` runs it.
 
 
 def execute(code, workdir, box, timeout, output_chars, cancel=None):
@@ -5560,10 +5554,8 @@ class Execution:
 
 
 def ask_launcher(launcher, code, workdir, box, timeout):
-    """Hand a call to the run's launcher in one message: the code and what the call needs to
-    know, and as a descriptor a socket of the call's own (the launcher answers on it; the agent
-    closing it ends the call). The first answer is the script's pid, with the read ends of its
-    stdout and stderr, or why not."""
+    """Hand a call to the launcher with a socket of the call's own (closing it ends the call);
+    the answer is the read ends of the script's stdout and stderr, or why not."""
     script_bytes(code)  # (code the script's file cannot hold fails here, as without a launcher)
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
@@ -5611,9 +5603,7 @@ def script_bytes(code):
 
 def call_parent():
     """Where a call's directory is made: the temp directory, if no other user can rename what
-    is in it or in a directory above it. Where one could (open to others without the sticky
-    bit, or another user's), they could swap the call's directory for their own and plant its
-    main.py as a symlink, and the approved script would be written wherever that led."""
+    is in it or above it (and so swap the call's directory for one of theirs)."""
     parent, me = Path(os.path.realpath(tempfile.gettempdir())), os.geteuid()
     for directory in (parent, *parent.parents):
         there = os.stat(directory)
@@ -5685,10 +5675,8 @@ EXEC_ARGV_ROOM = 16 << 10  # bytes kept for the script's command line, from the 
 
 
 def send_whole(sock, value, fds):
-    """Send `value` (as JSON) with the descriptors `fds` on a SEQPACKET socket, whole however
-    large: it travels in a memfd beside them. A message itself is cut to
-    the reader's buffer, or refused (EMSGSIZE) over the socket's (208 KiB by default); an
-    environment may take megabytes (check_exec_room)."""
+    """Send `value` as JSON with the descriptors `fds`, in a memfd beside them: a message
+    itself is refused over the socket's buffer (208 KiB), and an environment may be larger."""
     data = os.memfd_create("message")
     try:
         with open(data, "wb", closefd=False) as file:
@@ -5746,9 +5734,8 @@ def start_here(code, workdir, box):
 
 
 def launch(box, request, fds):
-    """Start the call the agent asked for; the agent gets the script's pid and the read ends of
-    its stdout and stderr. Returns the Child, or None if none could be made (the agent was told
-    why)."""
+    """Start the call the agent asked for and send it the read ends of the script's stdout and
+    stderr; the Child, or None (the agent was told why)."""
     report = socket.socket(fileno=fds[0])
     try:
         child = Child(box, request)
@@ -5888,12 +5875,10 @@ class Child:
 
 
 def fork_call(box, call):
-    """fork, in the launcher, for a call: where the kernel lets this user make one (root, or a
-    user namespace for anyone else), the child is the first process, pid 1, of a PID namespace of
-    its own, and runs the script as the second (Call.run, init). When the first dies, killed or
-    with the launcher (PDEATHSIG), the kernel kills every process in the namespace: nothing the
-    script started outlives the call, even with the agent and the launcher killed at once
-    (red-team S2; `pkill -9 -f agent.py` did that). Elsewhere a plain fork."""
+    """fork, in the launcher, for a call: where the kernel allows (root, or a user namespace),
+    the child is pid 1 of a PID namespace of its own, and when it dies (killed, or with the
+    launcher: PDEATHSIG) the kernel kills every process in it, even with the agent and the
+    launcher killed at once. Elsewhere a plain fork."""
     if box.pidns:
         flags = CLONE_NEWPID | (CLONE_NEWUSER if os.geteuid() else 0) | signal.SIGCHLD
         nr = SYSCALLS["clone"][ARCHES[platform.machine()][1]]
@@ -5917,9 +5902,8 @@ def fork_call(box, call):
 
 
 class Call:
-    """One run_python call's own things: its directory (the script, which the child can read but
-    not change, and a private home), its cgroup and its Landlock ruleset. Made at the call, by
-    the launcher (or by the agent, without one)."""
+    """One run_python call's own things, made at the call: its directory (the script, read-only
+    to the child, and a private home), its cgroup and its Landlock ruleset."""
 
     def __init__(self, box, source, parent=None):
         self.box = box
@@ -6038,12 +6022,9 @@ class Call:
         return argv
 
     def run(self, messages, out, err, workdir, env, timeout):
-        """In the launcher's fork: go into the workdir (by its descriptor `workdir`, never its
-        name), take the call's stdio (stdin /dev/null, stdout and stderr the pipes the agent
-        reads, fd 3 the socket `messages` to the launcher), hold nothing else of the launcher's,
-        take a session of its own, confine itself (enter), fork the script's process, which
-        execs the interpreter on main.py, and stay as its init. Never returns; an error before
-        the exec goes back on `messages`."""
+        """In the launcher's fork: go into the pinned workdir, take the call's stdio (fd 3: the
+        socket `messages` to the launcher) and a session of its own, confine itself (enter),
+        spawn the script and stay as its init. Never returns; an error goes back on fd 3."""
         try:
             # in the user namespace fork_call made: be the same user in it as outside
             if self.pidns and self.ids[0] != 0:
@@ -6133,14 +6114,12 @@ class Call:
 
 
 def init(script, timeout):
-    """The call's first process, once it has started the script: hold none of the call's stdio,
-    reap whatever comes to it, and when the script ends, say its exit code to the launcher (fd 3)
-    and end. It keeps the deadline too, LAUNCHER_GRACE after the call's timeout, so that a
-    launcher stopped (kill -STOP) or stalled does not let the call run on: then it kills the
-    group, itself included. In a PID namespace of its own, its end ends every process left in
-    it, and the script cannot stop or kill it (the kernel ignores SIGSTOP and SIGKILL sent to a
-    namespace's init from inside); its command line is rewritten (hide_command_line) so that
-    `pkill -STOP -f agent.py`, meant for the agent, does not stop it too."""
+    """The call's first process, once the script runs: reap whatever comes to it, say the
+    script's exit code to the launcher (fd 3) and end, which in a PID namespace ends every
+    process left in it. It keeps the deadline too (LAUNCHER_GRACE after the timeout: a stopped
+    launcher does not let the call run on); the script cannot stop or kill it (the kernel
+    ignores SIGSTOP and SIGKILL sent to a namespace's init from inside), and `pkill -STOP -f
+    agent.py` misses it (hide_command_line)."""
     os.dup2(0, 1)
     os.dup2(0, 2)
 
@@ -6257,8 +6236,8 @@ def drop_capabilities(libc):
 
 
 class Running:
-    """The agent's side of one call: the read ends of the script's stdout and stderr, and the
-    launcher's socket for this call (closing it ends the call); without a launcher, the child."""
+    """The agent's side of one call: the script's stdout and stderr, and the launcher's socket
+    for it (closing it ends the call); without a launcher, the child."""
 
     def __init__(self, out, err, report=None, proc=None, call=None, launcher=None):
         self.out = out
@@ -6273,9 +6252,8 @@ class Running:
         self.made = None
 
     def read_answer(self, box, data=None):
-        """The launcher's message: the script's pid (None), its end (code, OOM kills), or an
-        error (ToolError); "gone" if the launcher is (killed: then the agent kills the group);
-        "timed out" if the call's first process ended it a grace after its timeout."""
+        """The launcher's message: None (the call started), the script's (code, OOM kills), a
+        ToolError, "gone" (the launcher was killed) or "timed out" (by the call's init)."""
         data = self.report.recv(65536) if data is None else data
         if not data:
             # the script died with the launcher (PDEATHSIG); what it started dies now (in a PID
@@ -6705,9 +6683,8 @@ print("LEAK: " + ", ".join(leaks) if leaks else "OK")
 
 
 class Launcher:
-    """The agent's end of the run's launcher: a fresh interpreter (not a fork of the agent, which
-    is big and may have threads) that loads this file and runs serve(). It starts each call's
-    script and watches it; it goes when the agent closes this end, or is gone."""
+    """The agent's end of the run's launcher: a fresh interpreter (not a fork of the agent, big
+    and threaded) running serve() on this file's source; it goes when this end closes."""
 
     def __init__(self, box):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
