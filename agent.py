@@ -6195,19 +6195,19 @@ def private_scratch(libc, call):
     if user:
         own_ids(*call.ids)
     policy = call.box.policy
+
+    def mount(source, target, kind, flags, data=None):
+        if libc.mount(source, target.encode(), kind, flags, data) != 0:
+            raise OSError(ctypes.get_errno(), f"mount {target} failed")
+
+    # nothing mounted here propagates to the host
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
     options = f"size={policy.scratch_mb}m,nr_inodes=65536,mode=0700".encode()
-    shm = "shm" in policy.own_read_write and policy.shm
-    for src, dst, kind, flags, data in (
-        (None, b"/", None, MS_REC | MS_PRIVATE, None),  # nothing propagates to the host
-        (b"tmpfs", call.scratch.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options),
-        (None, None, None, 0, None),  # (make the own trees inside the new tmpfs)
-        (call.shm.encode(), shm and shm.encode(), None, MS_BIND, None),
-    ):
-        if src is None and dst is None:
-            for name in policy.own_read_write:
-                os.mkdir(call.own[name], 0o700)
-        elif dst and libc.mount(src, dst, kind, flags, data) != 0:
-            raise OSError(ctypes.get_errno(), f"mount {dst.decode()} failed")
+    mount(b"tmpfs", call.scratch, b"tmpfs", MS_NOSUID | MS_NODEV, options)
+    for name in policy.own_read_write:
+        os.mkdir(call.own[name], 0o700)
+    if "shm" in policy.own_read_write and policy.shm:
+        mount(call.shm.encode(), policy.shm, None, MS_BIND)
     for name in policy.own_read_write:  # new inodes: the parent's ruleset cannot know them
         call.add_rule(call.ruleset, call.own[name], READ_WRITE)
 
