@@ -6049,8 +6049,8 @@ class Call:
             self.enter()
             self.close_ruleset()
             # the script's process: posix_spawn (vfork and exec) copies none of this
-            # process's memory, as a fork would (2 ms a call, in bench_sandbox); the signals
-            # the launcher ignores are the script's default again, as under Popen
+            # process's memory, as a fork would (2.1 ms a call: docs/benchmarks.md); the
+            # signals the launcher ignores are the script's default again, as under Popen
             argv = self.command()
             script = os.posix_spawn(
                 argv[0],
