@@ -1730,7 +1730,6 @@ LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # in a str, never part of a vali
 
 
 def utf8(text):
-    """`text` as UTF-8, each lone surrogate written as U+FFFD."""
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:
@@ -1763,7 +1762,11 @@ class OutputFile:
 
     def __init__(self, path, workdir, flag="--transcript", stream=False, named=True):
         path = Path(os.path.abspath(path))
-        self.path, self.name, self.flag, self.device, self.tty = path, path.name, flag, None, False
+        self.path = path
+        self.name = path.name
+        self.flag = flag
+        self.device = None
+        self.tty = False
         # /dev/stdout, /dev/fd/N: agent.py's own descriptor, which the shell opened
         if own_descriptor(path) is not None and named:
             return self.open_descriptor(own_descriptor(path), stream)
@@ -1848,7 +1851,8 @@ class OutputFile:
         except OSError:
             raise UsageError(f"{self.flag} {self.path}: agent.py's descriptor {fd} is not open")
         opened = os.fstat(self.device)
-        self.tty, self.identity = os.isatty(self.device), (opened.st_dev, opened.st_ino)
+        self.tty = os.isatty(self.device)
+        self.identity = (opened.st_dev, opened.st_ino)
 
     def open_device(self, there):
         """A descriptor of the FIFO or device at the path, never blocking for want of a reader."""
@@ -2625,7 +2629,6 @@ def bounded_int(text):
 
 
 def bounded_float(text):
-    """A float of a document: finite."""
     value = float(text)
     if not math.isfinite(value):
         raise Unbounded(shorten(text, 24))
@@ -2657,7 +2660,6 @@ def document_kind(document):
 
 
 def load_transcript(path, flag="--resume", doing=None):
-    """The transcript at `path`, or a UsageError saying what is wrong."""
     return checked_transcript(read_document(path, flag), path, doing or flag[2:])
 
 
@@ -3872,7 +3874,7 @@ def run_report(t, cap):
             f"{len(items(replayed.get('differences')))} tool results differing"
         )
     body = Bounded(cap)
-    body += [
+    for part in [
         f'<h1>agent.py run</h1><div class="q">{esc(t.get("question", ""))}</div>',
         f"<p>model <b>{esc(t.get('model'))}</b> · workdir <code>{esc(t.get('workdir'))}"
         f"</code> · run <code>{esc(t.get('run_id', '?'))}</code> · started "
@@ -3881,7 +3883,8 @@ def run_report(t, cap):
         + "".join(f'<div class="card">{esc(k)}<b>{esc(v)}</b></div>' for k, v in cards)
         + "</div>",
         f"<p>{esc(stop.get('detail', ''))}</p>{priced_as(t)}",
-    ]
+    ]:
+        body.append(part)
     if t.get("answer"):
         body.append(f"<h2>Answer</h2><pre>{esc(t['answer'])}</pre>")
     body.append("<h2>Tokens per turn</h2>")
@@ -4026,11 +4029,6 @@ class Bounded(list):
             raise Oversize(self.cap)
         super().append(text)
 
-    def __iadd__(self, texts):
-        for text in texts:
-            self.append(text)
-        return self
-
 
 class Oversize(Exception):
     """An output past its cap (OUTPUT_FACTOR times its input, plus OUTPUT_SLACK)."""
@@ -4045,7 +4043,6 @@ def output_cap(input_bytes):
 
 
 def oversize(flag, path, input_bytes, what):
-    """The one line that says an input would make an output past its cap."""
     return UsageError(
         f"{flag} {path} would make {what} over {output_cap(input_bytes) >> 20} "
         f"MiB, {OUTPUT_FACTOR} times its {input_bytes:,} bytes: no document "
@@ -4171,7 +4168,6 @@ def exported(flag, path, read=None):
 
 
 def trajectory(session):
-    """One transcript as an ATIF trajectory."""
     steps, unanswered = atif_steps(session)
     version = session.get("agent_version")
     document = {
@@ -4298,7 +4294,6 @@ def step_metrics(usage):
 
 
 def final_metrics(session, steps):
-    """The totals over every turn, and the steps."""
     totals = step_metrics(total_usage(session))
     extra = totals.pop("extra")
     return {
@@ -4309,7 +4304,6 @@ def final_metrics(session, steps):
 
 
 def iso_time(value):
-    """`value` if it is an ISO 8601 time."""
     try:
         datetime.fromisoformat(value.replace("Z", "+00:00"))
         return value
