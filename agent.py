@@ -2422,8 +2422,6 @@ def is_str(value, empty=False):
 
 def transcript_problem(session):
     """What makes `session` unfit to resume, or None: its fields and its tool_use pairing."""
-    if not isinstance(session, dict):
-        return "it is not a JSON object"
     if session.get("version") != TRANSCRIPT_VERSION:
         return f"its version is {session.get('version')!r}, not {TRANSCRIPT_VERSION}"
     for key, kind in (("model", str), ("workdir", str), ("messages", list), ("turns", list)):
@@ -4446,15 +4444,10 @@ class Telemetry:
         if trial:
             attributes["agent_py.trial"] = trial
         if self.content:
-            attributes.update(
-                {
-                    "input.value": redact(str(session.get("question"))),
-                    "gen_ai.system_instructions": as_json(
-                        [{"type": "text", "content": session["system"]}]
-                    ),
-                    "gen_ai.tool.definitions": as_json(tool_definitions()),
-                }
-            )
+            system = [{"type": "text", "content": session["system"]}]
+            attributes["input.value"] = redact(str(session.get("question")))
+            attributes["gen_ai.system_instructions"] = as_json(system)
+            attributes["gen_ai.tool.definitions"] = as_json(tool_definitions())
         with self.lock:
             self.runs[trial] = {
                 "span": self.span("invoke_agent agent.py", "INTERNAL", None, attributes),
@@ -4493,7 +4486,8 @@ class Telemetry:
         run = self.runs.get(trial)
         if not run or not run["chat"]:
             return
-        chat, run["chat"] = run["chat"], None
+        chat = run["chat"]
+        run["chat"] = None
         chat.set_attributes(
             {
                 **usage_attributes(record["usage"]),
