@@ -1944,16 +1944,10 @@ class OutputFile:
             raise
 
 
-OWN_FD = re.compile(r"/dev/(?:(stdout)|(stderr)|fd/(\d+))|/proc/self/fd/(\d+)")
-
-
 def own_descriptor(path):
-    """The descriptor of agent.py's own a path names (/dev/stdout: 1), or None."""
-    named = OWN_FD.fullmatch(str(path))
-    if not named:
-        return None
-    out, err, fd, proc = named.groups()
-    return 1 if out else 2 if err else int(fd or proc)
+    """The descriptor of agent.py's own that a path names (/dev/stdout: 1), or None."""
+    numbered = re.fullmatch(r"(?:/dev|/proc/self)/fd/(\d+)", str(path))
+    return int(numbered[1]) if numbered else {"/dev/stdout": 1, "/dev/stderr": 2}.get(str(path))
 
 
 def temp_name(name):
