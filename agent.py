@@ -78,7 +78,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from functools import cached_property
-from itertools import count
+from itertools import accumulate, count
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -3737,10 +3737,8 @@ def token_chart(turns, parts):
     peak = max(
         [sum(num(fields(t.get("usage")).get(k)) for k, _, _ in SEGMENTS) for t in rows] + [1]
     )
-    costs, total = [], 0.0
-    for t in rows:
-        total += num(fields(t.get("usage")).get("cost_usd"))
-        costs.append(total)
+    costs = list(accumulate(num(fields(t.get("usage")).get("cost_usd")) for t in rows))
+    total = costs[-1] if costs else 0.0
     step = (width - left - 20) / max(len(rows), 1)
     bar = max(step * 0.7, 1)
     parts += [
