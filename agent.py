@@ -78,7 +78,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from functools import cached_property
-from itertools import count
+from itertools import accumulate, count
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -1734,7 +1734,6 @@ LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # in a str, never part of a vali
 
 
 def utf8(text):
-    """`text` as UTF-8, each lone surrogate written as U+FFFD."""
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:
@@ -1856,7 +1855,8 @@ class OutputFile:
         except OSError:
             raise UsageError(f"{self.flag} {self.path}: agent.py's descriptor {fd} is not open")
         opened = os.fstat(self.device)
-        self.tty, self.identity = os.isatty(self.device), (opened.st_dev, opened.st_ino)
+        self.tty = os.isatty(self.device)
+        self.identity = (opened.st_dev, opened.st_ino)
 
     def open_device(self, there):
         """A descriptor of the FIFO or device at the path, never blocking for want of a reader."""
@@ -1948,16 +1948,10 @@ class OutputFile:
             raise
 
 
-OWN_FD = re.compile(r"/dev/(?:(stdout)|(stderr)|fd/(\d+))|/proc/self/fd/(\d+)")
-
-
 def own_descriptor(path):
-    """The descriptor of agent.py's own a path names (/dev/stdout: 1), or None."""
-    named = OWN_FD.fullmatch(str(path))
-    if not named:
-        return None
-    out, err, fd, proc = named.groups()
-    return 1 if out else 2 if err else int(fd or proc)
+    """The descriptor of agent.py's own that a path names (/dev/stdout: 1), or None."""
+    numbered = re.fullmatch(r"(?:/dev|/proc/self)/fd/(\d+)", str(path))
+    return int(numbered[1]) if numbered else {"/dev/stdout": 1, "/dev/stderr": 2}.get(str(path))
 
 
 def temp_name(name):
@@ -2428,8 +2422,6 @@ def is_str(value, empty=False):
 
 def transcript_problem(session):
     """What makes `session` unfit to resume, or None: its fields and its tool_use pairing."""
-    if not isinstance(session, dict):
-        return "it is not a JSON object"
     if session.get("version") != TRANSCRIPT_VERSION:
         return f"its version is {session.get('version')!r}, not {TRANSCRIPT_VERSION}"
     for key, kind in (("model", str), ("workdir", str), ("messages", list), ("turns", list)):
@@ -2635,7 +2627,6 @@ def bounded_int(text):
 
 
 def bounded_float(text):
-    """A float of a document: finite."""
     value = float(text)
     if not math.isfinite(value):
         raise Unbounded(shorten(text, 24))
@@ -2667,7 +2658,6 @@ def document_kind(document):
 
 
 def load_transcript(path, flag="--resume", doing=None):
-    """The transcript at `path`, or a UsageError saying what is wrong."""
     return checked_transcript(read_document(path, flag), path, doing or flag[2:])
 
 
@@ -3762,10 +3752,8 @@ def token_chart(turns, parts):
     peak = max(
         [sum(num(fields(t.get("usage")).get(k)) for k, _, _ in SEGMENTS) for t in rows] + [1]
     )
-    costs, total = [], 0.0
-    for t in rows:
-        total += num(fields(t.get("usage")).get("cost_usd"))
-        costs.append(total)
+    costs = list(accumulate(num(fields(t.get("usage")).get("cost_usd")) for t in rows))
+    total = costs[-1] if costs else 0.0
     step = (width - left - 20) / max(len(rows), 1)
     bar = max(step * 0.7, 1)
     parts += [
@@ -3893,7 +3881,7 @@ def run_report(t, cap):
             f"{len(items(replayed.get('differences')))} tool results differing"
         )
     body = Bounded(cap)
-    body += [
+    for part in [
         f'<h1>agent.py run</h1><div class="q">{esc(t.get("question", ""))}</div>',
         f"<p>model <b>{esc(t.get('model'))}</b> · workdir <code>{esc(t.get('workdir'))}"
         f"</code> · run <code>{esc(t.get('run_id', '?'))}</code> · started "
@@ -3902,7 +3890,8 @@ def run_report(t, cap):
         + "".join(f'<div class="card">{esc(k)}<b>{esc(v)}</b></div>' for k, v in cards)
         + "</div>",
         f"<p>{esc(stop.get('detail', ''))}</p>{priced_as(t)}",
-    ]
+    ]:
+        body.append(part)
     if t.get("answer"):
         body.append(f"<h2>Answer</h2><pre>{esc(t['answer'])}</pre>")
     body.append("<h2>Tokens per turn</h2>")
@@ -4050,11 +4039,6 @@ class Bounded(list):
             raise Oversize(self.cap)
         super().append(text)
 
-    def __iadd__(self, texts):
-        for text in texts:
-            self.append(text)
-        return self
-
 
 class Oversize(Exception):
     """An output past its cap (OUTPUT_FACTOR times its input, plus OUTPUT_SLACK)."""
@@ -4069,7 +4053,6 @@ def output_cap(input_bytes):
 
 
 def oversize(flag, path, input_bytes, what):
-    """The one line that says an input would make an output past its cap."""
     return UsageError(
         f"{flag} {path} would make {what} over {output_cap(input_bytes) >> 20} "
         f"MiB, {OUTPUT_FACTOR} times its {input_bytes:,} bytes: no document "
@@ -4195,7 +4178,6 @@ def exported(flag, path, read=None):
 
 
 def trajectory(session):
-    """One transcript as an ATIF trajectory."""
     steps, unanswered = atif_steps(session)
     version = session.get("agent_version")
     document = {
@@ -4324,7 +4306,6 @@ def step_metrics(usage):
 
 
 def final_metrics(session, steps):
-    """The totals over every turn, and the steps."""
     totals = step_metrics(total_usage(session))
     extra = totals.pop("extra")
     return {
@@ -4335,7 +4316,6 @@ def final_metrics(session, steps):
 
 
 def iso_time(value):
-    """`value` if it is an ISO 8601 time."""
     try:
         datetime.fromisoformat(value.replace("Z", "+00:00"))
         return value
@@ -4478,15 +4458,10 @@ class Telemetry:
         if trial:
             attributes["agent_py.trial"] = trial
         if self.content:
-            attributes.update(
-                {
-                    "input.value": redact(str(session.get("question"))),
-                    "gen_ai.system_instructions": as_json(
-                        [{"type": "text", "content": session["system"]}]
-                    ),
-                    "gen_ai.tool.definitions": as_json(tool_definitions()),
-                }
-            )
+            system = [{"type": "text", "content": session["system"]}]
+            attributes["input.value"] = redact(str(session.get("question")))
+            attributes["gen_ai.system_instructions"] = as_json(system)
+            attributes["gen_ai.tool.definitions"] = as_json(tool_definitions())
         with self.lock:
             self.runs[trial] = {
                 "span": self.span("invoke_agent agent.py", "INTERNAL", None, attributes),
@@ -4525,7 +4500,8 @@ class Telemetry:
         run = self.runs.get(trial)
         if not run or not run["chat"]:
             return
-        chat, run["chat"] = run["chat"], None
+        chat = run["chat"]
+        run["chat"] = None
         chat.set_attributes(
             {
                 **usage_attributes(record["usage"]),
