@@ -5826,28 +5826,42 @@ class Child:
                 timed_out = True
             elif message.startswith(b"="):
                 # the script's exit code, from the call's first process (init)
-                self.status = int(message[1:])
+                self.status = int(message[1:].split()[0])
                 told = True
             else:
                 error = message.decode(errors="replace")
         if call.pidns and not told and not error and not timed_out and self.status == 0:
             error = "the sandboxed interpreter ended before the script's end was told"
         self.messages.close()
-        if self.tell and self.report:
-            if error:
-                message = {"error": error}
-            elif timed_out:
-                message = {"timed_out": True}
-            else:
-                message = {"status": [self.status, oom_kills(call.cgroups)]}
-            # its home gone, whatever it holds on disk: removed after the report
-            with contextlib.suppress(OSError):
-                os.rename(call.scratch, call.scratch + ".gone")
-            with contextlib.suppress(OSError):
-                self.report.send(json.dumps(message).encode())
+        if error:
+            self.tell_agent({"error": error})
+        elif timed_out:
+            self.tell_agent({"timed_out": True})
+        else:
+            self.tell_agent({"status": [self.status, oom_kills(call.cgroups)]})
         if self.report:
             self.report.close()
         call.release()
+
+    def heard(self):
+        """The call's first process spoke. Its last word (init) may be that the script ended
+        and left nothing running: then the agent is told now, while that process waits to be
+        killed, not after its exit (0.8 ms: it holds a copy of the launcher's memory)."""
+        with contextlib.suppress(OSError):
+            message = self.messages.recv(4096, socket.MSG_PEEK)
+            if message.startswith(b"=") and message.endswith(ALONE):
+                status = int(message[1:].split()[0])
+                self.tell_agent({"status": [status, oom_kills(self.call.cgroups)]})
+
+    def tell_agent(self, message):
+        """Send the agent how the call ended, once (never to an agent that closed the call),
+        its home gone first, whatever it holds on disk (removed after the report)."""
+        if self.tell and self.report:
+            with contextlib.suppress(OSError):
+                os.rename(self.call.scratch, self.call.scratch + ".gone")
+            with contextlib.suppress(OSError):
+                self.report.send(json.dumps(message).encode())
+        self.tell = False
 
 
 def fork_call(box, call):
@@ -6109,11 +6123,30 @@ def init(script, timeout):
     while True:
         pid, status = os.waitpid(-1, 0)
         if pid == script:
-            os.write(3, b"=%d" % os.waitstatus_to_exitcode(status))
+            code = b"=%d" % os.waitstatus_to_exitcode(status)
+            # the first process of a PID namespace, with no child left: nothing else runs in
+            # the namespace, so the launcher may report now and kill this process after
+            if os.getpid() == 1 and not children_left():
+                os.write(3, code + ALONE)
+                os.read(3, 1)
+            else:
+                os.write(3, code)
             os._exit(0)
 
 
+def children_left():
+    """Reap every child that has ended; True if one still runs."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return True
+
+
 TIMED_OUT = b"timed out"
+ALONE = b" alone"  # after the script's exit code: nothing of it runs on
 
 
 def hide_command_line():
@@ -6826,14 +6859,18 @@ def serve(fd):
                         children[child.pid] = child
                         watch(child.pidfd, child)
                         watch(child.report.fileno(), child)
+                        watch(child.messages.fileno(), child)
                 elif fd == wake:
                     with contextlib.suppress(BlockingIOError):
                         while os.read(wake, 4096):
                             pass
                 elif fd in by_fd:
-                    # its child ended, or the agent ended the call: end the group
+                    # its child spoke (its last word) or ended, or the agent ended the call:
+                    # end the group
                     child = by_fd.pop(fd)
                     poller.unregister(fd)
+                    if fd == child.messages.fileno():
+                        child.heard()
                     child.kill()
             reap(children)
             for child in [c for c in children.values() if c.killed_at and c.over()]:

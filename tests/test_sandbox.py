@@ -2145,6 +2145,28 @@ def test_a_grandchild_left_running_dies_when_the_script_exits(box, workdir):
     assert not alive(int((workdir / "child.pid").read_text()))
 
 
+def test_the_first_process_says_alone_only_when_no_child_runs():
+    """The call's first process reports the script's end before its own exit only when it has
+    no child left (children_left): a child still running, or one ended but not yet reaped, is
+    seen. Run in a Python of its own, whose only children are the probe's."""
+    probe = f"""
+import os, subprocess, sys
+sys.path.insert(0, {str(Path(agent.__file__).parent)!r})
+import agent
+running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+print(agent.children_left())
+running.kill()
+os.waitid(os.P_PID, running.pid, os.WEXITED | os.WNOWAIT)
+print(agent.children_left())
+try:
+    os.waitpid(running.pid, os.WNOHANG)
+except ChildProcessError:
+    print("reaped")
+"""
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["True", "False", "reaped"], done.stdout + done.stderr
+
+
 def test_cancel_kills_a_running_script(box, workdir):
     cancel = threading.Event()
     threading.Timer(0.3, cancel.set).start()
