@@ -6369,11 +6369,10 @@ def oom_kills(cgroups):
 
 def cleanup(root, cgroups):
     """Remove a call's directory and cgroups; already gone is fine, and so is failing."""
-    for directory in cgroups:  # first: they cannot fail on what the directory holds
-        try:
+    # the cgroups first: they cannot fail on what the directory holds
+    for directory in cgroups:
+        with contextlib.suppress(OSError):
             os.rmdir(directory)
-        except OSError:
-            pass
     if root:
         remove_tree(root)
 
@@ -6391,51 +6390,33 @@ def remove_tree(root):
     """Remove a directory tree however a script shaped it (any depth, any name length, no
     permission): each subdirectory is moved up to the top before it is emptied, so the walk
     never goes deeper than one level and never follows a symlink."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        top = os.open(root, flags)
     except OSError:
         return
-    try:
-        queue, moved = [None], count()
-        while queue:
-            name = queue.pop()
-            try:
-                fd = (
-                    top
-                    if name is None
-                    else os.open(
-                        name,
-                        os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                        dir_fd=top,
-                    )
-                )
-            except OSError:
-                continue
-            try:
-                for entry in list(os.scandir(fd)):
-                    try:
-                        if opened_dir(fd, entry.name):
-                            flat = f".gone-{next(moved)}"
-                            os.rename(entry.name, flat, src_dir_fd=fd, dst_dir_fd=top)
-                            queue.append(flat)
-                        else:
-                            os.unlink(entry.name, dir_fd=fd)
-                    except OSError:
-                        pass
-            finally:
-                if fd != top:
-                    os.close(fd)
-            if name is not None:
-                try:
-                    os.rmdir(name, dir_fd=top)
-                except OSError:
-                    pass
-    finally:
-        os.close(top)
-    try:
+    queue, moved = [None], count()
+    while queue:
+        name = queue.pop()
+        try:
+            fd = os.dup(top) if name is None else os.open(name, flags, dir_fd=top)
+        except OSError:
+            continue
+        for entry in list(os.scandir(fd)):
+            with contextlib.suppress(OSError):
+                if opened_dir(fd, entry.name):
+                    flat = f".gone-{next(moved)}"
+                    os.rename(entry.name, flat, src_dir_fd=fd, dst_dir_fd=top)
+                    queue.append(flat)
+                else:
+                    os.unlink(entry.name, dir_fd=fd)
+        os.close(fd)
+        if name is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(name, dir_fd=top)
+    os.close(top)
+    with contextlib.suppress(OSError):
         os.rmdir(root)
-    except OSError:
-        pass
 
 
 def opened_dir(dir_fd, name):
@@ -6947,8 +6928,6 @@ def landlock_abi(libc):
 def python_paths(macos=False):
     """The running interpreter's own files: stdlib and site-packages dirs, binary, libraries;
     on macOS its whole prefixes (no /proc to list the libraries it loaded)."""
-    import sysconfig
-
     dirs = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
     dirs.update(site.getsitepackages())
     if macos:
