@@ -6598,12 +6598,10 @@ class Sandbox:
             except ToolError as e:
                 return f"self-test could not start: {e}"
         out = run.stdout.strip()
+        if out.startswith("LEAK: "):
+            return f"self-test could {out[6:]}"
         if out != "OK":
-            return (
-                f"self-test could {out[6:]}"
-                if out.startswith("LEAK")
-                else f"self-test failed: {(run.stderr.strip() or out)[-200:]}"
-            )
+            return f"self-test failed: {(run.stderr.strip() or out)[-200:]}"
         return ""
 
     def close(self):
