@@ -6390,11 +6390,10 @@ def oom_kills(cgroups):
 
 def cleanup(root, cgroups):
     """Remove a call's directory and cgroups; already gone is fine, and so is failing."""
-    for directory in cgroups:  # first: they cannot fail on what the directory holds
-        try:
+    # the cgroups first: they cannot fail on what the directory holds
+    for directory in cgroups:
+        with contextlib.suppress(OSError):
             os.rmdir(directory)
-        except OSError:
-            pass
     if root:
         remove_tree(root)
 
@@ -6412,51 +6411,33 @@ def remove_tree(root):
     """Remove a directory tree however a script shaped it (any depth, any name length, no
     permission): each subdirectory is moved up to the top before it is emptied, so the walk
     never goes deeper than one level and never follows a symlink."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        top = os.open(root, flags)
     except OSError:
         return
-    try:
-        queue, moved = [None], count()
-        while queue:
-            name = queue.pop()
-            try:
-                fd = (
-                    top
-                    if name is None
-                    else os.open(
-                        name,
-                        os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                        dir_fd=top,
-                    )
-                )
-            except OSError:
-                continue
-            try:
-                for entry in list(os.scandir(fd)):
-                    try:
-                        if opened_dir(fd, entry.name):
-                            flat = f".gone-{next(moved)}"
-                            os.rename(entry.name, flat, src_dir_fd=fd, dst_dir_fd=top)
-                            queue.append(flat)
-                        else:
-                            os.unlink(entry.name, dir_fd=fd)
-                    except OSError:
-                        pass
-            finally:
-                if fd != top:
-                    os.close(fd)
-            if name is not None:
-                try:
-                    os.rmdir(name, dir_fd=top)
-                except OSError:
-                    pass
-    finally:
-        os.close(top)
-    try:
+    queue, moved = [None], count()
+    while queue:
+        name = queue.pop()
+        try:
+            fd = os.dup(top) if name is None else os.open(name, flags, dir_fd=top)
+        except OSError:
+            continue
+        for entry in list(os.scandir(fd)):
+            with contextlib.suppress(OSError):
+                if opened_dir(fd, entry.name):
+                    flat = f".gone-{next(moved)}"
+                    os.rename(entry.name, flat, src_dir_fd=fd, dst_dir_fd=top)
+                    queue.append(flat)
+                else:
+                    os.unlink(entry.name, dir_fd=fd)
+        os.close(fd)
+        if name is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(name, dir_fd=top)
+    os.close(top)
+    with contextlib.suppress(OSError):
         os.rmdir(root)
-    except OSError:
-        pass
 
 
 def opened_dir(dir_fd, name):
@@ -6647,12 +6628,10 @@ class Sandbox:
             except ToolError as e:
                 return f"self-test could not start: {e}"
         out = run.stdout.strip()
+        if out.startswith("LEAK: "):
+            return f"self-test could {out[6:]}"
         if out != "OK":
-            return (
-                f"self-test could {out[6:]}"
-                if out.startswith("LEAK")
-                else f"self-test failed: {(run.stderr.strip() or out)[-200:]}"
-            )
+            return f"self-test failed: {(run.stderr.strip() or out)[-200:]}"
         return ""
 
     def close(self):
@@ -6978,8 +6957,6 @@ def landlock_abi(libc):
 def python_paths(macos=False):
     """The running interpreter's own files: stdlib and site-packages dirs, binary, libraries;
     on macOS its whole prefixes (no /proc to list the libraries it loaded)."""
-    import sysconfig
-
     dirs = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
     dirs.update(site.getsitepackages())
     if macos:
@@ -7152,17 +7129,10 @@ LAST_SYSCALL = 469  # the newest call in the table: newer ones get ENOSYS, as fr
 CLONE_ESCAPES = 0x8000 | 0x20000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x70000000
 S_IFMT, S_IFCHR, S_IFBLK, AF_UNIX, ALL = 0o170000, 0o020000, 0o060000, 1, 0xFFFFFFFF
 EPERM, EACCES, ENOSYS = 1, 13, 38
-# the names a seccomp table may use for a number
+# the names a seccomp table may use for a number: the constants above
 SECCOMP_NAMES = {
-    "CLONE_ESCAPES": CLONE_ESCAPES,
-    "S_IFMT": S_IFMT,
-    "S_IFCHR": S_IFCHR,
-    "S_IFBLK": S_IFBLK,
-    "AF_UNIX": AF_UNIX,
-    "ALL": ALL,
-    "EPERM": EPERM,
-    "EACCES": EACCES,
-    "ENOSYS": ENOSYS,
+    name: globals()[name]
+    for name in "CLONE_ESCAPES S_IFMT S_IFCHR S_IFBLK AF_UNIX ALL EPERM EACCES ENOSYS".split()
 }
 
 
@@ -7280,15 +7250,8 @@ PR_SET_PDEATHSIG, PR_CAPBSET_READ, PR_CAPBSET_DROP, PR_SET_SECCOMP = 1, 23, 24, 
 PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 36, 38, 47
 SECCOMP_MODE_FILTER, CAP_VERSION_3, MAX_FD = 2, 0x20080522, 1 << 16
 SECCOMP_ALLOW, SECCOMP_KILL, SECCOMP_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
-CLONE_NEWNS, CLONE_NEWUSER, MS_BIND, MS_REC, MS_PRIVATE = (
-    0x20000,
-    0x10000000,
-    0x1000,
-    0x4000,
-    1 << 18,
-)
-CLONE_NEWPID = 0x20000000
-MS_NOSUID, MS_NODEV = 0x2, 0x4
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID = 0x20000, 0x10000000, 0x20000000
+MS_BIND, MS_REC, MS_PRIVATE, MS_NOSUID, MS_NODEV = 0x1000, 0x4000, 1 << 18, 0x2, 0x4
 
 
 def rights(table, abi, names=None):
