@@ -6423,7 +6423,11 @@ def remove_tree(root):
             fd = os.dup(top) if name is None else os.open(name, flags, dir_fd=top)
         except OSError:
             continue
-        for entry in list(os.scandir(fd)):
+        try:
+            entries = list(os.scandir(fd))
+        except OSError:  # as any failure here: what cannot be removed stays
+            entries = []
+        for entry in entries:
             with contextlib.suppress(OSError):
                 if opened_dir(fd, entry.name):
                     flat = f".gone-{next(moved)}"
