@@ -5534,11 +5534,10 @@ class Execution:
 
 
 def ask_launcher(launcher, code, workdir, box, timeout):
-    """Hand a call to the run's launcher in one message: the code and what the call needs to
-    know, and as a descriptor a socket of the call's own (the launcher answers on it; the agent
-    closing it ends the call). The first answer is the script's pid, with the read ends of its
-    stdout and stderr, or why not."""
-    script_bytes(code)  # (code the script's file cannot hold fails here, as without a launcher)
+    """Send a call to the launcher with a socket of its own (the launcher answers on it; closing
+    it ends the call). The first answer: the script's pid and its stdout and stderr, or why not."""
+    # code the script's file cannot hold fails here, as without a launcher
+    script_bytes(code)
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         request = {
@@ -5549,9 +5548,10 @@ def ask_launcher(launcher, code, workdir, box, timeout):
             "required": box.tested,
             "landlock": box.landlock,
             "mounts": box.mounts,
-            "env": child_env(box.policy, ""),  # (home is the launcher's to fill in)
+            # (home is the launcher's to fill in)
+            "env": child_env(box.policy, ""),
             "timeout": timeout,
-        }  # (its first process ends it too, LAUNCHER_GRACE later)
+        }
         try:
             send_whole(launcher.control, request, [theirs.fileno()])
         finally:
@@ -5584,10 +5584,9 @@ def script_bytes(code):
 
 
 def call_parent():
-    """Where a call's directory is made: the temp directory, if no other user can rename what
-    is in it or in a directory above it. Where one could (open to others without the sticky
-    bit, or another user's), they could swap the call's directory for their own and plant its
-    main.py as a symlink, and the approved script would be written wherever that led."""
+    """The temp directory, where calls' directories are made, if no other user can rename what is
+    in it or above it: one who could would swap a call's directory for their own, with main.py a
+    symlink, and the approved script would be written wherever that led."""
     parent, me = Path(os.path.realpath(tempfile.gettempdir())), os.geteuid()
     for directory in (parent, *parent.parents):
         there = os.stat(directory)
@@ -5606,8 +5605,7 @@ def call_parent():
 
 
 def child_env(policy, home, environ=None):
-    """The environment run_python's child gets: the policy's allowlist, nothing like a secret;
-    a ToolError if it is more than a program may be given (check_exec_room)."""
+    """The child's environment: the policy's allowlist, nothing like a secret (check_exec_room)."""
     secret = re.compile(policy.env_secret, re.I)
     env = {
         k: v
@@ -5626,17 +5624,13 @@ def check_exec_room(env):
     stack limit (at most 6 MiB; fs/exec.c); elsewhere over ARG_MAX."""
     sizes = {k: len(os.fsencode(k)) + 1 + len(os.fsencode(v)) for k, v in env.items()}
     name = max(sizes, key=sizes.get, default=None)
-    stack = resource.getrlimit(resource.RLIMIT_STACK)[0]
     linux = sys.platform == "linux"
-    if not linux:
-        room = os.sysconf("SC_ARG_MAX")
-    elif stack == resource.RLIM_INFINITY:
-        room = 6 << 20
-    else:
-        room = max(min(stack // 4, 6 << 20), 128 << 10)
-    # (the interpreter and the script's path, and their pointers)
-    room -= EXEC_ARGV_ROOM
-    # each with its NUL and its pointer
+    stack = resource.getrlimit(resource.RLIMIT_STACK)[0]
+    if stack == resource.RLIM_INFINITY:
+        stack = 24 << 20
+    room = max(min(stack // 4, 6 << 20), 128 << 10) if linux else os.sysconf("SC_ARG_MAX")
+    # less 16 KiB for the script's command line; each variable takes its NUL and its pointer
+    room -= 16 << 10
     used = sum(n + 1 + 8 for n in sizes.values())
     if linux and name and sizes[name] >= 128 << 10:
         why = f"{name} is {sizes[name]:,} bytes, and Linux gives a program no variable over 131,071"
@@ -5655,14 +5649,9 @@ def check_exec_room(env):
     )
 
 
-EXEC_ARGV_ROOM = 16 << 10  # bytes kept for the script's command line, from the exec's room
-
-
 def send_whole(sock, value, fds):
-    """Send `value` (as JSON) with the descriptors `fds` on a SEQPACKET socket, whole however
-    large: it travels in a memfd beside them. A message itself is cut to
-    the reader's buffer, or refused (EMSGSIZE) over the socket's (208 KiB by default); an
-    environment may take megabytes (check_exec_room)."""
+    """Send `value` as JSON with the descriptors `fds`, whole however large, in a memfd: a message
+    over a socket's buffer (208 KiB) is refused, and an environment may take megabytes."""
     data = os.memfd_create("message")
     try:
         with open(data, "wb", closefd=False) as file:
@@ -5676,13 +5665,11 @@ def receive_whole(sock, count):
     """What send_whole sent: (the value, its `count` descriptors); (None, []) if the other end
     has closed its socket."""
     message, fds, _, _ = socket.recv_fds(sock, 16, count + 1)
-    if not message:
+    if not message or len(fds) != count + 1:
         for fd in fds:
             os.close(fd)
-        return None, []
-    if len(fds) != count + 1:
-        for fd in fds:
-            os.close(fd)
+        if not message:
+            return None, []
         raise OSError(f"a message came with {len(fds)} descriptors, not {count + 1}")
     *fds, data = fds
     with open(data, "rb") as file:  # (one file offset, shared with the sender's copy)
@@ -5720,9 +5707,8 @@ def start_here(code, workdir, box):
 
 
 def launch(box, request, fds):
-    """Start the call the agent asked for; the agent gets the script's pid and the read ends of
-    its stdout and stderr. Returns the Child, or None if none could be made (the agent was told
-    why)."""
+    """Start the call the agent asked for and send it the script's pid, stdout and stderr. The
+    Child, or None if none could be made (the agent was told why)."""
     report = socket.socket(fileno=fds[0])
     try:
         child = Child(box, request)
@@ -5752,8 +5738,7 @@ def launch(box, request, fds):
 
 
 class Child:
-    """In the launcher: a call's child, forked at the call (Call.run confines it and execs the
-    script), and watched until nothing of its group is left."""
+    """In the launcher: a call's child (Call.run), watched until nothing of its group is left."""
 
     def __init__(self, box, request):
         box.cgroup = request["cgroup"]
@@ -5771,7 +5756,7 @@ class Child:
         theirs = []
         try:
             env = child_env(box.policy, self.call.home, request["env"])
-            # what the child says: why it could not start, or how the script ended (init)
+            # the child says why it could not start, or how the script ended (init)
             self.messages, messages = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             out, out_w = os.pipe()
             err, err_w = os.pipe()
@@ -5779,7 +5764,6 @@ class Child:
             theirs = [messages.detach(), out_w, err_w]
             pid = fork_call(box, self.call)
             if pid == 0:
-                # never returns
                 self.call.run(*theirs, box.pinned, env, request.get("timeout"))
         except BaseException:
             for fd in (*self.pipes, *theirs):
@@ -5790,16 +5774,17 @@ class Child:
             os.close(fd)
         self.call.close_ruleset()
         self.pid = pid
-        # readable once the child has exited
         self.pidfd = os.pidfd_open(pid)
 
     def kill(self, report=True):
         """End the child's group: when the script ends, when the agent closed the call
         (`report` False: nobody to tell) or is gone."""
         self.tell = self.tell and report
-        with contextlib.suppress(OSError):  # before the script is reaped, while the group id
-            os.killpg(self.pid, signal.SIGKILL)  # cannot have been given to another group
-        with contextlib.suppress(OSError):  # the child itself, if it has no group yet
+        # before the child is reaped, while its group id cannot have been given to another group;
+        # then the child itself, if it has no group yet
+        with contextlib.suppress(OSError):
+            os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
             signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
         self.killed_at = self.killed_at or time.monotonic()
 
@@ -5817,34 +5802,27 @@ class Child:
         return time.monotonic() - self.killed_at > 1
 
     def finish(self):
-        """Tell the agent how the script ended, once the call's home is gone; then remove the
-        rest, after the report."""
+        """Tell the agent how the script ended, once the call's home is gone; then clean up."""
         call = self.call
         os.close(self.pidfd)
         # the call's processes are gone: read what they said, without waiting
         self.messages.setblocking(False)
         error = ""
-        timed_out = False
-        told = False
-        while True:
-            try:
-                message = self.messages.recv(4096)
-            except OSError:
-                break
-            if not message:
-                break
-            if message == TIMED_OUT:
-                timed_out = True
-            elif message.startswith(b"="):
-                # the script's exit code, from the call's first process (init)
-                self.status = int(message[1:])
-                told = True
-            else:
-                error = message.decode(errors="replace")
-        if call.pidns and not told and not error and not timed_out and self.status == 0:
-            error = "the sandboxed interpreter ended before the script's end was told"
+        timed_out = told = False
+        with contextlib.suppress(OSError):
+            while message := self.messages.recv(4096):
+                if message == TIMED_OUT:
+                    timed_out = True
+                elif message.startswith(b"="):
+                    # the script's exit code, from the call's first process (init)
+                    self.status = int(message[1:])
+                    told = True
+                else:
+                    error = message.decode(errors="replace")
         self.messages.close()
-        if self.tell and self.report:
+        if call.pidns and not (told or error or timed_out) and self.status == 0:
+            error = "the sandboxed interpreter ended before the script's end was told"
+        if self.tell:
             if error:
                 message = {"error": error}
             elif timed_out:
@@ -5856,18 +5834,15 @@ class Child:
                 os.rename(call.scratch, call.scratch + ".gone")
             with contextlib.suppress(OSError):
                 self.report.send(json.dumps(message).encode())
-        if self.report:
-            self.report.close()
+        self.report.close()
         call.release()
 
 
 def fork_call(box, call):
-    """fork, in the launcher, for a call: where the kernel lets this user make one (root, or a
-    user namespace for anyone else), the child is the first process, pid 1, of a PID namespace of
-    its own, and runs the script as the second (Call.run, init). When the first dies, killed or
-    with the launcher (PDEATHSIG), the kernel kills every process in the namespace: nothing the
-    script started outlives the call, even with the agent and the launcher killed at once
-    (red-team S2; `pkill -9 -f agent.py` did that). Elsewhere a plain fork."""
+    """fork for a call: where this user may (root, or in a user namespace), the child is pid 1 of
+    a PID namespace of its own. When it dies, killed or with the launcher (PDEATHSIG), the kernel
+    kills every process in the namespace: nothing outlives the call, even with the agent and the
+    launcher killed at once (`pkill -9 -f agent.py`, red-team S2). Elsewhere a plain fork."""
     if box.pidns:
         flags = CLONE_NEWPID | (CLONE_NEWUSER if os.geteuid() else 0) | signal.SIGCHLD
         nr = SYSCALLS["clone"][ARCHES[platform.machine()][1]]
@@ -5882,18 +5857,16 @@ def fork_call(box, call):
         if pid > 0:
             call.pidns = True
             return pid
-        # a passing want (EAGAIN: a task limit full; ENOMEM): this call fails, as a fork would
+        # EAGAIN, ENOMEM: this call fails, as a fork would; EPERM, EINVAL: plain forks from now (S6)
         if error not in (errno.EPERM, errno.EINVAL):
             raise OSError(error, os.strerror(error))
-        # refused for good here: a plain fork from now on (S6)
         box.pidns = False
     return os.fork()
 
 
 class Call:
-    """One run_python call's own things: its directory (the script, which the child can read but
-    not change, and a private home), its cgroup and its Landlock ruleset. Made at the call, by
-    the launcher (or by the agent, without one)."""
+    """One call's own things, made at the call: its directory (the script, readable but not
+    writable by the child, and a private home), its cgroup and its Landlock ruleset."""
 
     def __init__(self, box, source, parent=None):
         self.box = box
@@ -5903,16 +5876,14 @@ class Call:
         # its process is the first of a PID namespace of its own (fork_call)
         self.pidns = False
         self.ids = (os.getuid(), os.getgid())
-        # worked out here: enter() runs in the forked child
         self.rlimits = box.rlimits
-        # a new directory (0700), made for this call by mkdir, which never reuses a name
+        # a new directory (0700) made by mkdir, which never reuses a name
         self.root = tempfile.mkdtemp(
             prefix="-".join(["agent-call", *box.tag, ""]), dir=parent or call_parent()
         )
         # from here on, whatever happens (Ctrl-C included), nothing is left behind
         try:
             self.script = os.path.join(self.root, "main.py")
-            # a capped tmpfs, where mounts work
             self.scratch = os.path.join(self.root, "scratch")
             self.home = os.path.join(self.scratch, "home")
             self.shm = os.path.join(self.scratch, "shm")
@@ -5922,13 +5893,12 @@ class Call:
                 try:
                     self.cgroups = make_cgroups(box.cgroup, box.policy, box.tag)
                 except OSError as e:
-                    # promised on the status line: keep it
+                    # promised on the status line, or found out by the self-test: the line says so
                     if box.tested:
                         raise ToolError(
                             f"could not make this call's cgroup ({e.strerror}); the "
                             "script was not run without its caps"
                         )
-                    # found out by the self-test: the status line says so
                     self.uncapped = True
             if box.landlock:
                 self.ruleset = self.make_ruleset()
@@ -5937,10 +5907,9 @@ class Call:
             raise
 
     def deliver(self, source):
-        """Write the approved script and make the home, through the directory's descriptor and
-        never following a name: where the temp directory is visible inside the workdir, an
-        earlier script may have renamed this directory or planted a symlink in it, and this then
-        fails (ELOOP, EEXIST) rather than write the code wherever the link leads."""
+        """Write the script and make the home through the directory's descriptor, never
+        following a name: where the temp directory is visible in the workdir, a symlink an
+        earlier script planted makes this fail (ELOOP, EEXIST), never write where it leads."""
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
         root = os.open(self.root, flags)
         try:
@@ -5998,26 +5967,19 @@ class Call:
 
     def command(self):
         """The argv that runs the script: this interpreter, wrapped on macOS."""
-        box = self.box
         argv = [sys.executable, self.script]
-        if box.macos:  # the profile names the call's own paths; they are given here
-            params = [
-                f"OWN_{name.upper()}={os.path.realpath(path)}" for name, path in self.own.items()
-            ]
-            argv = (
-                ["/usr/bin/sandbox-exec", "-p", box.macos]
-                + [x for param in params for x in ("-D", param)]
-                + argv
-            )
-        return argv
+        if not self.box.macos:
+            return argv
+        # the profile names the call's own paths; they are given here
+        own = self.own.items()
+        params = [x for n, p in own for x in ("-D", f"OWN_{n.upper()}={os.path.realpath(p)}")]
+        return ["/usr/bin/sandbox-exec", "-p", self.box.macos, *params, *argv]
 
     def run(self, messages, out, err, workdir, env, timeout):
-        """In the launcher's fork: go into the workdir (by its descriptor `workdir`, never its
-        name), take the call's stdio (stdin /dev/null, stdout and stderr the pipes the agent
-        reads, fd 3 the socket `messages` to the launcher), hold nothing else of the launcher's,
-        take a session of its own, confine itself (enter), fork the script's process, which
-        execs the interpreter on main.py, and stay as its init. Never returns; an error before
-        the exec goes back on `messages`."""
+        """In the launcher's fork: take the call's stdio (fd 3 the socket `messages` to the
+        launcher) and nothing else, a session of its own, the workdir by its descriptor; confine
+        itself (enter), spawn the script and stay as its init. Never returns; an error before the
+        exec goes back on `messages`."""
         try:
             # in the user namespace fork_call made: be the same user in it as outside
             if self.pidns and self.ids[0] != 0:
@@ -6029,21 +5991,19 @@ class Call:
                 os.dup2(fd, target)
             # the directory pinned at the start, not what its name is now
             os.fchdir(workdir)
-            # nothing of the launcher's: its socket, other calls' ends
             low = 4
             for fd in sorted({self.ruleset} - {-1}):
                 os.closerange(low, fd)
                 low = fd + 1
             os.closerange(low, MAX_FD)
-            # a group (and session) of its own: the one the launcher kills
+            # the group the launcher kills
             os.setsid()
             # (before Landlock, which hides /proc/self)
             hide_command_line()
             self.enter()
             self.close_ruleset()
-            # the script's process: posix_spawn (vfork and exec) copies none of this
-            # process's memory, as a fork would (2 ms a call, in bench_sandbox); the signals
-            # the launcher ignores are the script's default again, as under Popen
+            # posix_spawn copies none of this process's memory, as a fork would (2 ms a call);
+            # the signals the launcher ignores are the script's default again, as under Popen
             argv = self.command()
             script = os.posix_spawn(
                 argv[0],
@@ -6063,15 +6023,13 @@ class Call:
         """In the child, before exec (the launcher's fork, or Popen's preexec_fn without one): the
         call's cgroup, its mount namespace, rlimits, no capabilities, Landlock and seccomp."""
         box, parent = self.box, os.getppid()
-        # On v1, "tasks" moves this one thread (all a forked child has) without the lock on every
-        # thread group that "cgroup.procs" takes, and its wait for a grace period (the join
-        # alone 7.8 ms against 0.3)
+        # on v1 "tasks" moves this one thread (all a forked child has) without the lock on every
+        # thread group "cgroup.procs" takes, and its wait for a grace period (7.8 ms against 0.3)
         joined = "tasks" if box.cgroup and box.cgroup[0] == "v1" else "cgroup.procs"
         for directory in self.cgroups:
             Path(directory, joined).write_text("0")
         # out of memory, the kernel kills the script's processes first, never the agent's (a
-        # container's limit may be below the call's cap); raising one's own score needs no
-        # privilege
+        # container's limit may be below the call's cap)
         with contextlib.suppress(OSError):
             Path("/proc/self/oom_score_adj").write_text("1000")
         if box.mounts:
@@ -6107,14 +6065,11 @@ class Call:
 
 
 def init(script, timeout):
-    """The call's first process, once it has started the script: hold none of the call's stdio,
-    reap whatever comes to it, and when the script ends, say its exit code to the launcher (fd 3)
-    and end. It keeps the deadline too, LAUNCHER_GRACE after the call's timeout, so that a
-    launcher stopped (kill -STOP) or stalled does not let the call run on: then it kills the
-    group, itself included. In a PID namespace of its own, its end ends every process left in
-    it, and the script cannot stop or kill it (the kernel ignores SIGSTOP and SIGKILL sent to a
-    namespace's init from inside); its command line is rewritten (hide_command_line) so that
-    `pkill -STOP -f agent.py`, meant for the agent, does not stop it too."""
+    """The call's first process, the script started: reap whatever comes, say the script's exit
+    code to the launcher (fd 3) and end, which in a PID namespace ends every process left. It
+    kills the group LAUNCHER_GRACE after the timeout, should the launcher be stopped or stalled;
+    the script cannot stop or kill it (the kernel ignores SIGSTOP and SIGKILL sent to a
+    namespace's init from inside), nor `pkill -STOP -f agent.py` (hide_command_line)."""
     os.dup2(0, 1)
     os.dup2(0, 2)
 
@@ -6190,21 +6145,21 @@ def private_scratch(libc, call):
     if user:
         own_ids(*call.ids)
     policy = call.box.policy
+
+    def mount(source, target, kind, flags, data=None):
+        if libc.mount(source, target.encode(), kind, flags, data) != 0:
+            raise OSError(ctypes.get_errno(), f"mount {target} failed")
+
+    # nothing propagates to the host
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
     options = f"size={policy.scratch_mb}m,nr_inodes=65536,mode=0700".encode()
-    shm = "shm" in policy.own_read_write and policy.shm
-    for src, dst, kind, flags, data in (
-        (None, b"/", None, MS_REC | MS_PRIVATE, None),  # nothing propagates to the host
-        (b"tmpfs", call.scratch.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options),
-        (None, None, None, 0, None),  # (make the own trees inside the new tmpfs)
-        (call.shm.encode(), shm and shm.encode(), None, MS_BIND, None),
-    ):
-        if src is None and dst is None:
-            for name in policy.own_read_write:
-                os.mkdir(call.own[name], 0o700)
-        elif dst and libc.mount(src, dst, kind, flags, data) != 0:
-            raise OSError(ctypes.get_errno(), f"mount {dst.decode()} failed")
-    for name in policy.own_read_write:  # new inodes: the parent's ruleset cannot know them
+    mount(b"tmpfs", call.scratch, b"tmpfs", MS_NOSUID | MS_NODEV, options)
+    # new inodes in the new tmpfs: the parent's ruleset cannot know them
+    for name in policy.own_read_write:
+        os.mkdir(call.own[name], 0o700)
         call.add_rule(call.ruleset, call.own[name], READ_WRITE)
+    if "shm" in policy.own_read_write and policy.shm:
+        mount(call.shm.encode(), policy.shm, None, MS_BIND)
 
 
 def own_ids(uid, gid):
@@ -6220,19 +6175,22 @@ def own_ids(uid, gid):
 
 def drop_capabilities(libc):
     """Empty every capability set, so that not even root's child holds a privilege."""
-    for cap in range(64):  # EINVAL past the last one; EPERM for a non-root agent, whose child
-        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # cannot gain any: no_new_privs stops exec
-    libc.prctl(PR_CAP_AMBIENT, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
+    # EINVAL past the last one; EPERM for a non-root agent, whose child cannot gain any
+    # (no_new_privs stops exec); then the ambient set (CLEAR_ALL), then the other three
+    for cap in range(64):
+        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+    libc.prctl(PR_CAP_AMBIENT, 4, 0, 0, 0)
     header = (ctypes.c_uint32 * 2)(CAP_VERSION_3, 0)
-    syscall(libc, "capset", header, (ctypes.c_uint32 * 6)())  # effective, permitted, inheritable
+    syscall(libc, "capset", header, (ctypes.c_uint32 * 6)())
 
 
 # While the script runs, and after: its output, the end of its group, what it left.
 
 
 class Running:
-    """The agent's side of one call: the read ends of the script's stdout and stderr, and the
-    launcher's socket for this call (closing it ends the call); without a launcher, the child."""
+    """The agent's side of one call: the script's stdout and stderr, and the launcher's socket for
+    the call (closing it ends the call); without a launcher, the child. `pid` is the script's
+    group where the launcher names it (no PID namespace); `made` its directory and cgroups."""
 
     def __init__(self, out, err, report=None, proc=None, call=None, launcher=None):
         self.out = out
@@ -6241,9 +6199,7 @@ class Running:
         self.proc = proc
         self.call = call
         self.launcher = launcher
-        # the script's group, where the launcher names it (no PID namespace)
         self.pid = None
-        # the call's directory and cgroups, as the launcher named them
         self.made = None
 
     def read_answer(self, box, data=None):
@@ -6267,7 +6223,6 @@ class Running:
         self.pid = message["pid"]
         self.made = (message["root"], message["cgroups"])
         self.launcher.note(*self.made)
-        # found out by the self-test: the status line says so
         if message["uncapped"]:
             box.cgroup = None
         return None
@@ -6283,7 +6238,6 @@ class Running:
             threading.Thread(target=self.remove_later, daemon=True).start()
             return
         # timed out, cancelled or failed: the launcher ends the group and says when it is gone
-        # (a second at most)
         if status in (None, "timed out"):
             with contextlib.suppress(OSError):
                 self.report.shutdown(socket.SHUT_WR)
@@ -6293,8 +6247,7 @@ class Running:
         self.report.close()
         os.close(self.out)
         os.close(self.err)
-        # nobody else will remove what it made: this call's things (however many calls ran),
-        # then what the agent noted
+        # the launcher was killed: this call's things are the agent's to remove, and what it noted
         if status == "gone":
             if self.made:
                 cleanup_later(*self.made)
@@ -6350,10 +6303,8 @@ class Clip:
 
 def kill_group(pid):
     """SIGKILL a process group; it may already be gone."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def oom_kills(cgroups):
@@ -6665,9 +6616,8 @@ print("LEAK: " + ", ".join(leaks) if leaks else "OK")
 
 
 class Launcher:
-    """The agent's end of the run's launcher: a fresh interpreter (not a fork of the agent, which
-    is big and may have threads) that loads this file and runs serve(). It starts each call's
-    script and watches it; it goes when the agent closes this end, or is gone."""
+    """The agent's end of the run's launcher: a fresh interpreter (not a fork of the agent, big
+    and threaded) running serve(); it goes when the agent closes this end, or is gone."""
 
     def __init__(self, box):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -6687,8 +6637,7 @@ class Launcher:
         self.control = ours
         self.pid = self.proc.pid
         self.made = []
-        # Every name the launcher makes (call directories, cgroups) carries this run's tag, so
-        # that should it be killed while it makes one, before its note comes, gone() finds it
+        # every name the launcher makes carries this tag: gone() finds what it had not noted
         self.tag = os.urandom(6).hex()
         self.where = [call_parent(), *(box.cgroup[1] if box.cgroup else [])]
         policy = asdict(box.policy)
@@ -6757,11 +6706,9 @@ def end_launcher(control, proc):
 
 
 AGENT_FILE = os.path.abspath(__file__)
-# The launcher runs the source this agent runs, read once at its start and handed over on the
-# launcher's stdin: not agent.py as it is on disk at the first call (a newer version, mid-run),
-# and never a bytecode cache beside it, which a script with that directory as its workdir
-# could have written (an unchecked-hash .pyc is never compared with its source: red-team S3).
-# In the launcher, LAUNCHER_BOOT has set it already: the launcher reads no file of its own.
+# The launcher runs the source this agent runs, on its stdin: not agent.py as it is on disk
+# later, nor a bytecode cache a script with that directory as its workdir could have written
+# (red-team S3). In the launcher, LAUNCHER_BOOT has set it: the launcher reads no file.
 AGENT_SOURCE = globals().get("AGENT_SOURCE") or Path(AGENT_FILE).read_bytes()
 LAUNCHER_BOOT = (
     "import sys, types\n"
@@ -6775,10 +6722,9 @@ LAUNCHER_IGNORES = (signal.SIGPIPE, signal.SIGTERM, signal.SIGINT, signal.SIGHUP
 
 
 def serve(fd):
-    """The launcher's loop, single-threaded: start each call the agent sends (launch), watch
-    its script (its pidfd), its call's socket (the agent closes it at the timeout, on Ctrl-C, or
-    when done) and the agent's socket (closed when the agent is gone, kill -9 included); end
-    each call's group, reap what it left, report, clean up."""
+    """The launcher's loop, single-threaded: start each call (launch); watch its child's pidfd,
+    its socket (the agent closes it to end the call) and the agent's (closed when the agent is
+    gone, kill -9 included); end each call's group, reap, report, clean up."""
     control = socket.socket(fileno=fd)
     # `pkill -f agent.py` or a Ctrl-C at the terminal hit the launcher too: it goes when the
     # agent does, and only after ending every call
@@ -6802,8 +6748,7 @@ def serve(fd):
         # orphans come here
         if box.libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "PR_SET_CHILD_SUBREAPER failed")
-        # what compiling this file left, 28 MB to 13 (glibc's): each call's two forks copy less
-        # (calls in a row 1.94x a plain start, not 2.28x, in bench_sandbox of 2026-12-04)
+        # what compiling this file left, 28 MB to 13: each call's fork copies less
         with contextlib.suppress(AttributeError):
             box.libc.malloc_trim(0)
     except Exception as e:
@@ -6816,10 +6761,6 @@ def serve(fd):
     poller.register(control, select.POLLIN)
     poller.register(wake, select.POLLIN)
 
-    def watch(fd, child):
-        by_fd[fd] = child
-        poller.register(fd, select.POLLIN)
-
     try:
         while True:
             killing = 50 if any(c.killed_at for c in children.values()) else None
@@ -6831,8 +6772,9 @@ def serve(fd):
                     child = launch(box, message, fds)
                     if child:
                         children[child.pid] = child
-                        watch(child.pidfd, child)
-                        watch(child.report.fileno(), child)
+                        by_fd[child.pidfd] = by_fd[child.report.fileno()] = child
+                        poller.register(child.pidfd, select.POLLIN)
+                        poller.register(child.report, select.POLLIN)
                 elif fd == wake:
                     with contextlib.suppress(BlockingIOError):
                         while os.read(wake, 4096):
