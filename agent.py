@@ -5469,11 +5469,10 @@ def sandbox_policy(workdir, limits, system=None):
 def execute(code, workdir, box, timeout, output_chars, cancel=None):
     """Run a script in the sandbox with bounded time and output; nothing of it outlives the call."""
     launcher = box.launched()
-    run = (
-        ask_launcher(launcher, code, workdir, box, timeout)
-        if launcher
-        else start_here(code, workdir, box)
-    )
+    if launcher:
+        run = ask_launcher(launcher, code, workdir, box, timeout)
+    else:
+        run = start_here(code, workdir, box)
     status = None
     try:  # from here the launcher is told when the call is over, however it ends
         clips = {run.out: Clip(output_chars // 4), run.err: Clip(output_chars // 4)}
@@ -5490,8 +5489,7 @@ def execute(code, workdir, box, timeout, output_chars, cancel=None):
                 moment = time.monotonic()
                 if moment >= deadline:
                     timed_out = status is None
-                    # what the script wrote before its timeout, still in the pipes, is kept
-                    # (a pipe holds 64 KiB; a script still writing is not waited for)
+                    # what the pipes hold is kept; a script still writing is not waited for
                     for fd in (run.out, run.err):
                         with contextlib.suppress(OSError):
                             clips[fd].add(os.read(fd, 65536))
@@ -5504,8 +5502,6 @@ def execute(code, workdir, box, timeout, output_chars, cancel=None):
                     if len(sel.get_map()) == 0 or moment - ended_at > 2:
                         break
                 for key, _ in sel.select(timeout=min(0.1, deadline - moment)):
-                    # the launcher's message: the script's pid, its end (code, OOM kills), or
-                    # the launcher's own end
                     if key.fileobj is run.report:
                         status = run.read_answer(box)
                         if status is not None:
@@ -5518,7 +5514,7 @@ def execute(code, workdir, box, timeout, output_chars, cancel=None):
                             sel.unregister(key.fd)
     finally:
         run.end(status)
-    # (the call's first process ended it, a grace after the agent's timeout)
+    # "timed out": the call's first process ended it, a grace after the agent's timeout
     timed_out = timed_out or status == "timed out"
     code, oom = (None, 0) if status in (None, "gone", "timed out") else status
     return Execution(code, clips[run.out].text(), clips[run.err].text(), timed_out, bool(oom))
@@ -5538,24 +5534,22 @@ def ask_launcher(launcher, code, workdir, box, timeout):
     it ends the call). The first answer: the script's pid and its stdout and stderr, or why not."""
     # code the script's file cannot hold fails here, as without a launcher
     script_bytes(code)
+    request = {
+        "code": code,
+        "workdir": str(workdir),
+        "parent": call_parent(),
+        "cgroup": box.cgroup,
+        "required": box.tested,
+        "landlock": box.landlock,
+        "mounts": box.mounts,
+        # (home is the launcher's to fill in)
+        "env": child_env(box.policy, ""),
+        "timeout": timeout,
+    }
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        request = {
-            "code": code,
-            "workdir": str(workdir),
-            "parent": call_parent(),
-            "cgroup": box.cgroup,
-            "required": box.tested,
-            "landlock": box.landlock,
-            "mounts": box.mounts,
-            # (home is the launcher's to fill in)
-            "env": child_env(box.policy, ""),
-            "timeout": timeout,
-        }
-        try:
+        with theirs:
             send_whole(launcher.control, request, [theirs.fileno()])
-        finally:
-            theirs.close()
         answer, pipes, _, _ = socket.recv_fds(mine, 65536, 2)
         if len(pipes) != 2:  # no script: why, or (nothing at all) the launcher has ended
             for fd in pipes:
@@ -5662,8 +5656,7 @@ def send_whole(sock, value, fds):
 
 
 def receive_whole(sock, count):
-    """What send_whole sent: (the value, its `count` descriptors); (None, []) if the other end
-    has closed its socket."""
+    """What send_whole sent: (the value, its `count` descriptors); (None, []) once closed."""
     message, fds, _, _ = socket.recv_fds(sock, 16, count + 1)
     if not message or len(fds) != count + 1:
         for fd in fds:
@@ -5678,8 +5671,7 @@ def receive_whole(sock, count):
 
 
 def start_here(code, workdir, box):
-    """Without a launcher (not Linux, or it could not start): the agent starts the call itself,
-    confined by the same Call.enter, and kills the script's group when it ends."""
+    """Without a launcher (not Linux, or it could not start): confined by the same Call.enter."""
     call = Call(box, script_bytes(code))
     try:
         if call.uncapped:
@@ -5711,13 +5703,12 @@ def launch(box, request, fds):
     Child, or None if none could be made (the agent was told why)."""
     report = socket.socket(fileno=fds[0])
     try:
-        child = Child(box, request)
+        child = Child(box, request, report)
     except Exception as e:
         with contextlib.suppress(OSError):
             report.send(json.dumps({"error": str(e)}).encode())
         report.close()
         return None
-    child.report = report
     message = {
         # no pid when the script has a PID namespace: it dies with the namespace
         "pid": None if child.call.pidns else child.pid,
@@ -5740,7 +5731,7 @@ def launch(box, request, fds):
 class Child:
     """In the launcher: a call's child (Call.run), watched until nothing of its group is left."""
 
-    def __init__(self, box, request):
+    def __init__(self, box, request, report):
         box.cgroup = request["cgroup"]
         box.tested = request["required"]
         box.landlock = request["landlock"]
@@ -5748,7 +5739,7 @@ class Child:
         if box.landlock and not hasattr(box, "handled"):
             box.plan()
         self.call = Call(box, script_bytes(request["code"]), request["parent"])
-        self.report = None
+        self.report = report
         self.status = None
         self.killed_at = None
         self.tell = True
@@ -5777,8 +5768,7 @@ class Child:
         self.pidfd = os.pidfd_open(pid)
 
     def kill(self, report=True):
-        """End the child's group: when the script ends, when the agent closed the call
-        (`report` False: nobody to tell) or is gone."""
+        """End the child's group; `report` False: the agent closed the call, or is gone."""
         self.tell = self.tell and report
         # before the child is reaped, while its group id cannot have been given to another group;
         # then the child itself, if it has no group yet
@@ -5789,8 +5779,7 @@ class Child:
         self.killed_at = self.killed_at or time.monotonic()
 
     def over(self):
-        """The child reaped and nothing of its group left (or a second gone by since the kill:
-        a process stuck in the kernel is not waited for)."""
+        """The child reaped and its group gone, or a second since the kill (stuck in the kernel)."""
         if self.status is None:
             return False
         try:
@@ -5848,13 +5837,12 @@ def fork_call(box, call):
         nr = SYSCALLS["clone"][ARCHES[platform.machine()][1]]
         ctypes.pythonapi.PyOS_BeforeFork()  # as os.fork does, around the kernel's fork
         pid = box.libc.syscall(ctypes.c_long(nr), ctypes.c_ulong(flags), None, None, None, None)
+        error = ctypes.get_errno()
         if pid == 0:
             ctypes.pythonapi.PyOS_AfterFork_Child()
-            call.pidns = True
-            return 0
-        error = ctypes.get_errno()
-        ctypes.pythonapi.PyOS_AfterFork_Parent()
-        if pid > 0:
+        else:
+            ctypes.pythonapi.PyOS_AfterFork_Parent()
+        if pid >= 0:
             call.pidns = True
             return pid
         # EAGAIN, ENOMEM: this call fails, as a fork would; EPERM, EINVAL: plain forks from now (S6)
@@ -5876,6 +5864,7 @@ class Call:
         # its process is the first of a PID namespace of its own (fork_call)
         self.pidns = False
         self.ids = (os.getuid(), os.getgid())
+        # worked out here, not in the forked child
         self.rlimits = box.rlimits
         # a new directory (0700) made by mkdir, which never reuses a name
         self.root = tempfile.mkdtemp(
@@ -5893,7 +5882,8 @@ class Call:
                 try:
                     self.cgroups = make_cgroups(box.cgroup, box.policy, box.tag)
                 except OSError as e:
-                    # promised on the status line, or found out by the self-test: the line says so
+                    # a cap the status line promised is kept; one the self-test found missing
+                    # is said on the line
                     if box.tested:
                         raise ToolError(
                             f"could not make this call's cgroup ({e.strerror}); the "
@@ -5910,8 +5900,7 @@ class Call:
         """Write the script and make the home through the directory's descriptor, never
         following a name: where the temp directory is visible in the workdir, a symlink an
         earlier script planted makes this fail (ELOOP, EEXIST), never write where it leads."""
-        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-        root = os.open(self.root, flags)
+        root = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             for name in ("scratch", "scratch/home", "scratch/shm"):
                 os.mkdir(name, 0o700, dir_fd=root)
@@ -5927,20 +5916,12 @@ class Call:
         box = self.box
         fs, net, scope = box.handled
         attr = struct.pack("QQQ", fs, net, scope)[: 8 if box.abi < 4 else 16 if box.abi < 6 else 24]
-        fd = syscall(
-            box.libc,
-            "landlock_create_ruleset",
-            ctypes.create_string_buffer(attr, len(attr)),
-            len(attr),
-            0,
-        )
+        buffer = ctypes.create_string_buffer(attr, len(attr))
+        fd = syscall(box.libc, "landlock_create_ruleset", buffer, len(attr), 0)
+        own = [(self.own[name], READ_WRITE) for name in box.policy.own_read_write]
+        own += [(self.own[name], {"read_file"}) for name in box.policy.own_read]
         try:
-            policy = box.policy
-            for path, names in (
-                box.grants
-                + [(self.own[name], READ_WRITE) for name in policy.own_read_write]
-                + [(self.own[name], {"read_file"}) for name in policy.own_read]
-            ):
+            for path, names in box.grants + own:
                 self.add_rule(fd, path, names)
         except BaseException:
             os.close(fd)
@@ -5991,11 +5972,10 @@ class Call:
                 os.dup2(fd, target)
             # the directory pinned at the start, not what its name is now
             os.fchdir(workdir)
-            low = 4
-            for fd in sorted({self.ruleset} - {-1}):
-                os.closerange(low, fd)
-                low = fd + 1
-            os.closerange(low, MAX_FD)
+            # nothing else of the launcher's but the ruleset (-1 without Landlock)
+            keep = self.ruleset if self.ruleset > 3 else MAX_FD
+            os.closerange(4, keep)
+            os.closerange(keep + 1, MAX_FD)
             # the group the launcher kills
             os.setsid()
             # (before Landlock, which hides /proc/self)
@@ -6047,9 +6027,8 @@ class Call:
             if box.libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
                 raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS failed")
             syscall(box.libc, "landlock_restrict_self", self.ruleset, 0)
-            if box.libc.prctl(
-                PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(box.fprog), 0, 0
-            ):
+            fprog = ctypes.addressof(box.fprog)
+            if box.libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, fprog, 0, 0):
                 raise OSError(ctypes.get_errno(), "seccomp filter failed")
 
     def close_ruleset(self):
@@ -6103,8 +6082,7 @@ def hide_command_line():
 
 
 def launcher_gone():
-    """Seen from a call's own PID namespace, where the launcher has no pid: has it ended (its
-    end of the socket on fd 3 closed)?"""
+    """In a PID namespace, where the launcher has no pid: has it closed its end of fd 3?"""
     poller = select.poll()
     poller.register(3, select.POLLHUP)
     return any(event & select.POLLHUP for _, event in poller.poll(0))
@@ -6136,9 +6114,8 @@ def make_cgroups(cgroup, policy, tag=()):
 
 
 def private_scratch(libc, call):
-    """Give the script a mount namespace of its own with a fresh, capped tmpfs holding the
-    policy's own trees: its home, and its shm, seen at /dev/shm. The kernel frees the tmpfs when
-    the call's last process exits."""
+    """A mount namespace with a fresh, capped tmpfs holding the home and the shm (seen at
+    /dev/shm), which the kernel frees when the call's last process exits."""
     user = os.geteuid() != 0 and not call.pidns  # (fork_call made one already)
     if libc.unshare(CLONE_NEWNS | (CLONE_NEWUSER if user else 0)) != 0:
         raise OSError(ctypes.get_errno(), "unshare failed")
@@ -6163,14 +6140,10 @@ def private_scratch(libc, call):
 
 
 def own_ids(uid, gid):
-    """In a new user namespace, be the user and group one is outside it (`uid`, `gid`): the only
-    mapping an unprivileged process may write."""
-    for name, text in (
-        ("setgroups", "deny"),
-        ("uid_map", f"{uid} {uid} 1"),
-        ("gid_map", f"{gid} {gid} 1"),
-    ):
-        Path(f"/proc/self/{name}").write_text(text)
+    """In a new user namespace, be who one is outside it: all an unprivileged process may map."""
+    Path("/proc/self/setgroups").write_text("deny")
+    Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1")
+    Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1")
 
 
 def drop_capabilities(libc):
@@ -6187,20 +6160,20 @@ def drop_capabilities(libc):
 # While the script runs, and after: its output, the end of its group, what it left.
 
 
+@dataclass
 class Running:
     """The agent's side of one call: the script's stdout and stderr, and the launcher's socket for
     the call (closing it ends the call); without a launcher, the child. `pid` is the script's
     group where the launcher names it (no PID namespace); `made` its directory and cgroups."""
 
-    def __init__(self, out, err, report=None, proc=None, call=None, launcher=None):
-        self.out = out
-        self.err = err
-        self.report = report
-        self.proc = proc
-        self.call = call
-        self.launcher = launcher
-        self.pid = None
-        self.made = None
+    out: int
+    err: int
+    report: socket.socket | None = None
+    proc: subprocess.Popen | None = None
+    call: object = None
+    launcher: object = None
+    pid: int | None = None
+    made: tuple | None = None
 
     def read_answer(self, box, data=None):
         """The launcher's message: the script's pid (None), its end (code, OOM kills), or an
@@ -6208,8 +6181,7 @@ class Running:
         "timed out" if the call's first process ended it a grace after its timeout."""
         data = self.report.recv(65536) if data is None else data
         if not data:
-            # the script died with the launcher (PDEATHSIG); what it started dies now (in a PID
-            # namespace there is no pid: the namespace went with the launcher, all of it)
+            # the script died with the launcher; its group dies now (a PID namespace went whole)
             if self.pid:
                 kill_group(self.pid)
             return "gone"
@@ -6228,8 +6200,8 @@ class Running:
         return None
 
     def end(self, status):
-        """The call is over: close the launcher's socket (it kills whatever is left of the group,
-        then removes the call's things) and the pipes; without a launcher, do that here."""
+        """Close the launcher's socket (it ends the group, removes the call's things) and the
+        pipes; without a launcher, do that here."""
         if not self.report:
             kill_group(self.proc.pid)
             self.proc.stdout.close()
@@ -6255,26 +6227,20 @@ class Running:
 
     def remove_later(self):
         self.proc.wait()
-        self.call.close_ruleset()
         cleanup_later(self.call.root, self.call.cgroups)
 
 
 def reap(children):
     """Reap every child that has ended: a call's child (its group killed first, while the child
     still holds the group's id) and the orphans that came here."""
-    while True:
-        try:
-            ended = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return
-        if ended is None:
-            return
-        child = children.get(ended.si_pid)
-        if child and child.killed_at is None:
-            child.kill()
-        code = os.waitpid(ended.si_pid, 0)[1]
-        if child:
-            child.status = os.waitstatus_to_exitcode(code)
+    with contextlib.suppress(ChildProcessError):
+        while ended := os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+            child = children.get(ended.si_pid)
+            if child and child.killed_at is None:
+                child.kill()
+            code = os.waitpid(ended.si_pid, 0)[1]
+            if child:
+                child.status = os.waitstatus_to_exitcode(code)
 
 
 class Clip:
@@ -6623,8 +6589,7 @@ class Launcher:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         fd = theirs.fileno()
         argv = [sys.executable, "-I", "-S", "-B", "-c", LAUNCHER_BOOT, AGENT_FILE, str(fd)]
-        # nothing of the agent's environment; a session of its own, which a kill of the agent's
-        # group does not reach
+        # nothing of the agent's environment; a session a kill of the agent's group misses
         options = {"env": {}, "cwd": "/", "start_new_session": True, "pass_fds": [fd]}
         try:
             pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.DEVNULL}
@@ -6674,8 +6639,7 @@ class Launcher:
             self.gone()
 
     def note(self, root, cgroups):
-        """What the launcher made for a call: the last few, for the agent to remove should the
-        launcher be killed (gone)."""
+        """What the launcher made for a call: the last few, to remove should it be killed."""
         self.made = self.made[-15:] + [(root, cgroups)]
 
     def gone(self):
@@ -6713,9 +6677,8 @@ AGENT_SOURCE = globals().get("AGENT_SOURCE") or Path(AGENT_FILE).read_bytes()
 LAUNCHER_BOOT = (
     "import sys, types\n"
     "agent = sys.modules['agent_launcher'] = types.ModuleType('agent_launcher')\n"
-    "agent.__file__, source = sys.argv[1], sys.stdin.buffer.read()\n"
-    "agent.AGENT_SOURCE = source\n"
-    "exec(compile(source, sys.argv[1], 'exec'), agent.__dict__)\n"
+    "agent.__file__, agent.AGENT_SOURCE = sys.argv[1], sys.stdin.buffer.read()\n"
+    "exec(compile(agent.AGENT_SOURCE, sys.argv[1], 'exec'), agent.__dict__)\n"
     "agent.serve(int(sys.argv[2]))\n"
 )
 LAUNCHER_IGNORES = (signal.SIGPIPE, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -6730,15 +6693,12 @@ def serve(fd):
     # agent does, and only after ending every call
     for sig in LAUNCHER_IGNORES:
         signal.signal(sig, signal.SIG_IGN)
-    wake, woken = os.pipe()
-    os.set_blocking(wake, False)
-    os.set_blocking(woken, False)
+    wake, woken = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(woken)  # a child's end wakes the loop: reap it
     signal.signal(signal.SIGCHLD, lambda *_: None)
     try:
         config, fds = receive_whole(control, 1)
-        for fd in fds:
-            os.set_inheritable(fd, False)
+        os.set_inheritable(fds[0], False)
         box = Sandbox(Path(config["workdir"]), True, Limits(), pinned=fds[0])
         box.tag = [config["tag"]]
         policy = {k: tupled(v) for k, v in config["policy"].items()}
@@ -6760,7 +6720,6 @@ def serve(fd):
     by_fd = {}
     poller.register(control, select.POLLIN)
     poller.register(wake, select.POLLIN)
-
     try:
         while True:
             killing = 50 if any(c.killed_at for c in children.values()) else None
@@ -6801,8 +6760,7 @@ def tupled(value):
     return tuple(map(tupled, value)) if isinstance(value, list) else value
 
 
-# seconds past a call's timeout before its first process (init) ends it, should the agent not
-# (stopped, stalled: red-team S4) or the launcher not (stopped: issue 33)
+# seconds past a call's timeout before its first process ends it, should the agent or launcher not
 LAUNCHER_GRACE = 2.0
 
 
