@@ -6070,8 +6070,7 @@ TIMED_OUT = b"timed out"
 
 
 def hide_command_line():
-    """Overwrite this process's command line (the launcher's: `python ... agent.py`) in place, as
-    setproctitle does: /proc/PID/cmdline then reads "run_python call"."""
+    """Overwrite the command line (`python ... agent.py`) in place, as setproctitle does."""
     with open("/proc/self/stat", "rb") as file:
         # after the command's name, in parentheses; arg_start and arg_end are fields 48 and 49
         stat_fields = file.read().rpartition(b")")[2].split()
@@ -6176,9 +6175,8 @@ class Running:
     made: tuple | None = None
 
     def read_answer(self, box, data=None):
-        """The launcher's message: the script's pid (None), its end (code, OOM kills), or an
-        error (ToolError); "gone" if the launcher is (killed: then the agent kills the group);
-        "timed out" if the call's first process ended it a grace after its timeout."""
+        """The launcher's message: the script's pid (None), its end (code, OOM kills), an error
+        (ToolError), "gone" (the launcher killed) or "timed out" (by the call's first process)."""
         data = self.report.recv(65536) if data is None else data
         if not data:
             # the script died with the launcher; its group dies now (a PID namespace went whole)
