@@ -5465,11 +5465,10 @@ def sandbox_policy(workdir, limits, system=None):
 def execute(code, workdir, box, timeout, output_chars, cancel=None):
     """Run a script in the sandbox with bounded time and output; nothing of it outlives the call."""
     launcher = box.launched()
-    run = (
-        ask_launcher(launcher, code, workdir, box, timeout)
-        if launcher
-        else start_here(code, workdir, box)
-    )
+    if launcher:
+        run = ask_launcher(launcher, code, workdir, box, timeout)
+    else:
+        run = start_here(code, workdir, box)
     status = None
     try:  # from here the launcher is told when the call is over, however it ends
         clips = {run.out: Clip(output_chars // 4), run.err: Clip(output_chars // 4)}
@@ -5486,8 +5485,7 @@ def execute(code, workdir, box, timeout, output_chars, cancel=None):
                 moment = time.monotonic()
                 if moment >= deadline:
                     timed_out = status is None
-                    # what the script wrote before its timeout, still in the pipes, is kept
-                    # (a pipe holds 64 KiB; a script still writing is not waited for)
+                    # what the pipes hold is kept; a script still writing is not waited for
                     for fd in (run.out, run.err):
                         with contextlib.suppress(OSError):
                             clips[fd].add(os.read(fd, 65536))
@@ -5500,8 +5498,6 @@ def execute(code, workdir, box, timeout, output_chars, cancel=None):
                     if len(sel.get_map()) == 0 or moment - ended_at > 2:
                         break
                 for key, _ in sel.select(timeout=min(0.1, deadline - moment)):
-                    # the launcher's message: the script's pid, its end (code, OOM kills), or
-                    # the launcher's own end
                     if key.fileobj is run.report:
                         status = run.read_answer(box)
                         if status is not None:
@@ -5514,7 +5510,7 @@ def execute(code, workdir, box, timeout, output_chars, cancel=None):
                             sel.unregister(key.fd)
     finally:
         run.end(status)
-    # (the call's first process ended it, a grace after the agent's timeout)
+    # "timed out": the call's first process ended it, a grace after the agent's timeout
     timed_out = timed_out or status == "timed out"
     code, oom = (None, 0) if status in (None, "gone", "timed out") else status
     return Execution(code, clips[run.out].text(), clips[run.err].text(), timed_out, bool(oom))
@@ -5530,26 +5526,26 @@ class Execution:
 
 
 def ask_launcher(launcher, code, workdir, box, timeout):
-    """Hand a call to the launcher with a socket of the call's own (closing it ends the call);
-    the answer is the read ends of the script's stdout and stderr, or why not."""
-    script_bytes(code)  # (code the script's file cannot hold fails here, as without a launcher)
+    """Send a call to the launcher with a socket of its own (the launcher answers on it; closing
+    it ends the call). The first answer: the script's pid and its stdout and stderr, or why not."""
+    # code the script's file cannot hold fails here, as without a launcher
+    script_bytes(code)
+    request = {
+        "code": code,
+        "workdir": str(workdir),
+        "parent": call_parent(),
+        "cgroup": box.cgroup,
+        "required": box.tested,
+        "landlock": box.landlock,
+        "mounts": box.mounts,
+        # (home is the launcher's to fill in)
+        "env": child_env(box.policy, ""),
+        "timeout": timeout,
+    }
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        request = {
-            "code": code,
-            "workdir": str(workdir),
-            "parent": call_parent(),
-            "cgroup": box.cgroup,
-            "required": box.tested,
-            "landlock": box.landlock,
-            "mounts": box.mounts,
-            "env": child_env(box.policy, ""),  # (home is the launcher's to fill in)
-            "timeout": timeout,
-        }  # (its first process ends it too, LAUNCHER_GRACE later)
-        try:
+        with theirs:
             send_whole(launcher.control, request, [theirs.fileno()])
-        finally:
-            theirs.close()
         answer, pipes, _, _ = socket.recv_fds(mine, 65536, 2)
         if len(pipes) != 2:  # no script: why, or (nothing at all) the launcher has ended
             for fd in pipes:
@@ -5598,8 +5594,7 @@ def call_parent():
 
 
 def child_env(policy, home, environ=None):
-    """The environment run_python's child gets: the policy's allowlist, nothing like a secret;
-    a ToolError if it is more than a program may be given (check_exec_room)."""
+    """The child's environment: the policy's allowlist, nothing like a secret (check_exec_room)."""
     secret = re.compile(policy.env_secret, re.I)
     env = {
         k: v
@@ -5618,17 +5613,13 @@ def check_exec_room(env):
     stack limit (at most 6 MiB; fs/exec.c); elsewhere over ARG_MAX."""
     sizes = {k: len(os.fsencode(k)) + 1 + len(os.fsencode(v)) for k, v in env.items()}
     name = max(sizes, key=sizes.get, default=None)
-    stack = resource.getrlimit(resource.RLIMIT_STACK)[0]
     linux = sys.platform == "linux"
-    if not linux:
-        room = os.sysconf("SC_ARG_MAX")
-    elif stack == resource.RLIM_INFINITY:
-        room = 6 << 20
-    else:
-        room = max(min(stack // 4, 6 << 20), 128 << 10)
-    # (the interpreter and the script's path, and their pointers)
-    room -= EXEC_ARGV_ROOM
-    # each with its NUL and its pointer
+    stack = resource.getrlimit(resource.RLIMIT_STACK)[0]
+    if stack == resource.RLIM_INFINITY:
+        stack = 24 << 20
+    room = max(min(stack // 4, 6 << 20), 128 << 10) if linux else os.sysconf("SC_ARG_MAX")
+    # less 16 KiB for the script's command line; each variable takes its NUL and its pointer
+    room -= 16 << 10
     used = sum(n + 1 + 8 for n in sizes.values())
     if linux and name and sizes[name] >= 128 << 10:
         why = f"{name} is {sizes[name]:,} bytes, and Linux gives a program no variable over 131,071"
@@ -5647,9 +5638,6 @@ def check_exec_room(env):
     )
 
 
-EXEC_ARGV_ROOM = 16 << 10  # bytes kept for the script's command line, from the exec's room
-
-
 def send_whole(sock, value, fds):
     """Send `value` as JSON with the descriptors `fds`, in a memfd beside them: a message
     itself is refused over the socket's buffer (208 KiB), and an environment may be larger."""
@@ -5663,16 +5651,13 @@ def send_whole(sock, value, fds):
 
 
 def receive_whole(sock, count):
-    """What send_whole sent: (the value, its `count` descriptors); (None, []) if the other end
-    has closed its socket."""
+    """What send_whole sent: (the value, its `count` descriptors); (None, []) once closed."""
     message, fds, _, _ = socket.recv_fds(sock, 16, count + 1)
-    if not message:
+    if not message or len(fds) != count + 1:
         for fd in fds:
             os.close(fd)
-        return None, []
-    if len(fds) != count + 1:
-        for fd in fds:
-            os.close(fd)
+        if not message:
+            return None, []
         raise OSError(f"a message came with {len(fds)} descriptors, not {count + 1}")
     *fds, data = fds
     with open(data, "rb") as file:  # (one file offset, shared with the sender's copy)
@@ -5681,8 +5666,7 @@ def receive_whole(sock, count):
 
 
 def start_here(code, workdir, box):
-    """Without a launcher (not Linux, or it could not start): the agent starts the call itself,
-    confined by the same Call.enter, and kills the script's group when it ends."""
+    """Without a launcher (not Linux, or it could not start): confined by the same Call.enter."""
     call = Call(box, script_bytes(code))
     try:
         if call.uncapped:
@@ -5714,13 +5698,12 @@ def launch(box, request, fds):
     stderr; the Child, or None (the agent was told why)."""
     report = socket.socket(fileno=fds[0])
     try:
-        child = Child(box, request)
+        child = Child(box, request, report)
     except Exception as e:
         with contextlib.suppress(OSError):
             report.send(json.dumps({"error": str(e)}).encode())
         report.close()
         return None
-    child.report = report
     message = {
         # no pid when the script has a PID namespace: it dies with the namespace
         "pid": None if child.call.pidns else child.pid,
@@ -5741,10 +5724,9 @@ def launch(box, request, fds):
 
 
 class Child:
-    """In the launcher: a call's child, forked at the call (Call.run confines it and execs the
-    script), and watched until nothing of its group is left."""
+    """In the launcher: a call's child (Call.run), watched until nothing of its group is left."""
 
-    def __init__(self, box, request):
+    def __init__(self, box, request, report):
         box.cgroup = request["cgroup"]
         box.tested = request["required"]
         box.landlock = request["landlock"]
@@ -5752,7 +5734,7 @@ class Child:
         if box.landlock and not hasattr(box, "handled"):
             box.plan()
         self.call = Call(box, script_bytes(request["code"]), request["parent"])
-        self.report = None
+        self.report = report
         self.status = None
         self.killed_at = None
         self.tell = True
@@ -5760,7 +5742,7 @@ class Child:
         theirs = []
         try:
             env = child_env(box.policy, self.call.home, request["env"])
-            # what the child says: why it could not start, or how the script ended (init)
+            # the child says why it could not start, or how the script ended (init)
             self.messages, messages = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             out, out_w = os.pipe()
             err, err_w = os.pipe()
@@ -5768,7 +5750,6 @@ class Child:
             theirs = [messages.detach(), out_w, err_w]
             pid = fork_call(box, self.call)
             if pid == 0:
-                # never returns
                 self.call.run(*theirs, box.pinned, env, request.get("timeout"))
         except BaseException:
             for fd in (*self.pipes, *theirs):
@@ -5779,22 +5760,21 @@ class Child:
             os.close(fd)
         self.call.close_ruleset()
         self.pid = pid
-        # readable once the child has exited
         self.pidfd = os.pidfd_open(pid)
 
     def kill(self, report=True):
-        """End the child's group: when the script ends, when the agent closed the call
-        (`report` False: nobody to tell) or is gone."""
+        """End the child's group; `report` False: the agent closed the call, or is gone."""
         self.tell = self.tell and report
-        with contextlib.suppress(OSError):  # before the script is reaped, while the group id
-            os.killpg(self.pid, signal.SIGKILL)  # cannot have been given to another group
-        with contextlib.suppress(OSError):  # the child itself, if it has no group yet
+        # before the child is reaped, while its group id cannot have been given to another group;
+        # then the child itself, if it has no group yet
+        with contextlib.suppress(OSError):
+            os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
             signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
         self.killed_at = self.killed_at or time.monotonic()
 
     def over(self):
-        """The child reaped and nothing of its group left (or a second gone by since the kill:
-        a process stuck in the kernel is not waited for)."""
+        """The child reaped and its group gone, or a second since the kill (stuck in the kernel)."""
         if self.status is None:
             return False
         try:
@@ -5806,41 +5786,33 @@ class Child:
         return time.monotonic() - self.killed_at > 1
 
     def finish(self):
-        """Tell the agent how the script ended, once the call's home is gone; then remove the
-        rest, after the report."""
+        """Tell the agent how the script ended, once the call's home is gone; then clean up."""
         call = self.call
         os.close(self.pidfd)
         # the call's processes are gone: read what they said, without waiting
         self.messages.setblocking(False)
         error = ""
-        timed_out = False
-        told = False
-        while True:
-            try:
-                message = self.messages.recv(4096)
-            except OSError:
-                break
-            if not message:
-                break
-            if message == TIMED_OUT:
-                timed_out = True
-            elif message.startswith(b"="):
-                # the script's exit code, from the call's first process (init)
-                self.status = int(message[1:].split()[0])
-                told = True
-            else:
-                error = message.decode(errors="replace")
-        if call.pidns and not told and not error and not timed_out and self.status == 0:
-            error = "the sandboxed interpreter ended before the script's end was told"
+        timed_out = told = False
+        with contextlib.suppress(OSError):
+            while message := self.messages.recv(4096):
+                if message == TIMED_OUT:
+                    timed_out = True
+                elif message.startswith(b"="):
+                    # the script's exit code, from the call's first process (init)
+                    self.status = int(message[1:].split()[0])
+                    told = True
+                else:
+                    error = message.decode(errors="replace")
         self.messages.close()
+        if call.pidns and not (told or error or timed_out) and self.status == 0:
+            error = "the sandboxed interpreter ended before the script's end was told"
         if error:
             self.tell_agent({"error": error})
         elif timed_out:
             self.tell_agent({"timed_out": True})
         else:
             self.tell_agent({"status": [self.status, oom_kills(call.cgroups)]})
-        if self.report:
-            self.report.close()
+        self.report.close()
         call.release()
 
     def heard(self):
@@ -5874,19 +5846,17 @@ def fork_call(box, call):
         nr = SYSCALLS["clone"][ARCHES[platform.machine()][1]]
         ctypes.pythonapi.PyOS_BeforeFork()  # as os.fork does, around the kernel's fork
         pid = box.libc.syscall(ctypes.c_long(nr), ctypes.c_ulong(flags), None, None, None, None)
+        error = ctypes.get_errno()
         if pid == 0:
             ctypes.pythonapi.PyOS_AfterFork_Child()
-            call.pidns = True
-            return 0
-        error = ctypes.get_errno()
-        ctypes.pythonapi.PyOS_AfterFork_Parent()
-        if pid > 0:
+        else:
+            ctypes.pythonapi.PyOS_AfterFork_Parent()
+        if pid >= 0:
             call.pidns = True
             return pid
-        # a passing want (EAGAIN: a task limit full; ENOMEM): this call fails, as a fork would
+        # EAGAIN, ENOMEM: this call fails, as a fork would; EPERM, EINVAL: plain forks from now (S6)
         if error not in (errno.EPERM, errno.EINVAL):
             raise OSError(error, os.strerror(error))
-        # refused for good here: a plain fork from now on (S6)
         box.pidns = False
     return os.fork()
 
@@ -5903,16 +5873,15 @@ class Call:
         # its process is the first of a PID namespace of its own (fork_call)
         self.pidns = False
         self.ids = (os.getuid(), os.getgid())
-        # worked out here: enter() runs in the forked child
+        # worked out here, not in the forked child
         self.rlimits = box.rlimits
-        # a new directory (0700), made for this call by mkdir, which never reuses a name
+        # a new directory (0700) made by mkdir, which never reuses a name
         self.root = tempfile.mkdtemp(
             prefix="-".join(["agent-call", *box.tag, ""]), dir=parent or call_parent()
         )
         # from here on, whatever happens (Ctrl-C included), nothing is left behind
         try:
             self.script = os.path.join(self.root, "main.py")
-            # a capped tmpfs, where mounts work
             self.scratch = os.path.join(self.root, "scratch")
             self.home = os.path.join(self.scratch, "home")
             self.shm = os.path.join(self.scratch, "shm")
@@ -5922,13 +5891,13 @@ class Call:
                 try:
                     self.cgroups = make_cgroups(box.cgroup, box.policy, box.tag)
                 except OSError as e:
-                    # promised on the status line: keep it
+                    # a cap the status line promised is kept; one the self-test found missing
+                    # is said on the line
                     if box.tested:
                         raise ToolError(
                             f"could not make this call's cgroup ({e.strerror}); the "
                             "script was not run without its caps"
                         )
-                    # found out by the self-test: the status line says so
                     self.uncapped = True
             if box.landlock:
                 self.ruleset = self.make_ruleset()
@@ -5937,12 +5906,10 @@ class Call:
             raise
 
     def deliver(self, source):
-        """Write the approved script and make the home, through the directory's descriptor and
-        never following a name: where the temp directory is visible inside the workdir, an
-        earlier script may have renamed this directory or planted a symlink in it, and this then
-        fails (ELOOP, EEXIST) rather than write the code wherever the link leads."""
-        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-        root = os.open(self.root, flags)
+        """Write the script and make the home through the directory's descriptor, never
+        following a name: where the temp directory is visible in the workdir, a symlink an
+        earlier script planted makes this fail (ELOOP, EEXIST), never write where it leads."""
+        root = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             for name in ("scratch", "scratch/home", "scratch/shm"):
                 os.mkdir(name, 0o700, dir_fd=root)
@@ -5958,20 +5925,12 @@ class Call:
         box = self.box
         fs, net, scope = box.handled
         attr = struct.pack("QQQ", fs, net, scope)[: 8 if box.abi < 4 else 16 if box.abi < 6 else 24]
-        fd = syscall(
-            box.libc,
-            "landlock_create_ruleset",
-            ctypes.create_string_buffer(attr, len(attr)),
-            len(attr),
-            0,
-        )
+        buffer = ctypes.create_string_buffer(attr, len(attr))
+        fd = syscall(box.libc, "landlock_create_ruleset", buffer, len(attr), 0)
+        own = [(self.own[name], READ_WRITE) for name in box.policy.own_read_write]
+        own += [(self.own[name], {"read_file"}) for name in box.policy.own_read]
         try:
-            policy = box.policy
-            for path, names in (
-                box.grants
-                + [(self.own[name], READ_WRITE) for name in policy.own_read_write]
-                + [(self.own[name], {"read_file"}) for name in policy.own_read]
-            ):
+            for path, names in box.grants + own:
                 self.add_rule(fd, path, names)
         except BaseException:
             os.close(fd)
@@ -5998,18 +5957,13 @@ class Call:
 
     def command(self):
         """The argv that runs the script: this interpreter, wrapped on macOS."""
-        box = self.box
         argv = [sys.executable, self.script]
-        if box.macos:  # the profile names the call's own paths; they are given here
-            params = [
-                f"OWN_{name.upper()}={os.path.realpath(path)}" for name, path in self.own.items()
-            ]
-            argv = (
-                ["/usr/bin/sandbox-exec", "-p", box.macos]
-                + [x for param in params for x in ("-D", param)]
-                + argv
-            )
-        return argv
+        if not self.box.macos:
+            return argv
+        # the profile names the call's own paths; they are given here
+        own = self.own.items()
+        params = [x for n, p in own for x in ("-D", f"OWN_{n.upper()}={os.path.realpath(p)}")]
+        return ["/usr/bin/sandbox-exec", "-p", self.box.macos, *params, *argv]
 
     def run(self, messages, out, err, workdir, env, timeout):
         """In the launcher's fork: go into the pinned workdir, take the call's stdio (fd 3: the
@@ -6026,13 +5980,11 @@ class Call:
                 os.dup2(fd, target)
             # the directory pinned at the start, not what its name is now
             os.fchdir(workdir)
-            # nothing of the launcher's: its socket, other calls' ends
-            low = 4
-            for fd in sorted({self.ruleset} - {-1}):
-                os.closerange(low, fd)
-                low = fd + 1
-            os.closerange(low, MAX_FD)
-            # a group (and session) of its own: the one the launcher kills
+            # nothing else of the launcher's but the ruleset (-1 without Landlock)
+            keep = self.ruleset if self.ruleset > 3 else MAX_FD
+            os.closerange(4, keep)
+            os.closerange(keep + 1, MAX_FD)
+            # the group the launcher kills
             os.setsid()
             # (before Landlock, which hides /proc/self)
             hide_command_line()
@@ -6060,15 +6012,13 @@ class Call:
         """In the child, before exec (the launcher's fork, or Popen's preexec_fn without one): the
         call's cgroup, its mount namespace, rlimits, no capabilities, Landlock and seccomp."""
         box, parent = self.box, os.getppid()
-        # On v1, "tasks" moves this one thread (all a forked child has) without the lock on every
-        # thread group that "cgroup.procs" takes, and its wait for a grace period (the join
-        # alone 7.8 ms against 0.3)
+        # on v1 "tasks" moves this one thread (all a forked child has) without the lock on every
+        # thread group "cgroup.procs" takes, and its wait for a grace period (7.8 ms against 0.3)
         joined = "tasks" if box.cgroup and box.cgroup[0] == "v1" else "cgroup.procs"
         for directory in self.cgroups:
             Path(directory, joined).write_text("0")
         # out of memory, the kernel kills the script's processes first, never the agent's (a
-        # container's limit may be below the call's cap); raising one's own score needs no
-        # privilege
+        # container's limit may be below the call's cap)
         with contextlib.suppress(OSError):
             Path("/proc/self/oom_score_adj").write_text("1000")
         if box.mounts:
@@ -6086,9 +6036,8 @@ class Call:
             if box.libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
                 raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS failed")
             syscall(box.libc, "landlock_restrict_self", self.ruleset, 0)
-            if box.libc.prctl(
-                PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(box.fprog), 0, 0
-            ):
+            fprog = ctypes.addressof(box.fprog)
+            if box.libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, fprog, 0, 0):
                 raise OSError(ctypes.get_errno(), "seccomp filter failed")
 
     def close_ruleset(self):
@@ -6150,8 +6099,7 @@ ALONE = b" alone"  # after the script's exit code: nothing of it runs on
 
 
 def hide_command_line():
-    """Overwrite this process's command line (the launcher's: `python ... agent.py`) in place, as
-    setproctitle does: /proc/PID/cmdline then reads "run_python call"."""
+    """Overwrite the command line (`python ... agent.py`) in place, as setproctitle does."""
     with open("/proc/self/stat", "rb") as file:
         # after the command's name, in parentheses; arg_start and arg_end are fields 48 and 49
         stat_fields = file.read().rpartition(b")")[2].split()
@@ -6162,8 +6110,7 @@ def hide_command_line():
 
 
 def launcher_gone():
-    """Seen from a call's own PID namespace, where the launcher has no pid: has it ended (its
-    end of the socket on fd 3 closed)?"""
+    """In a PID namespace, where the launcher has no pid: has it closed its end of fd 3?"""
     poller = select.poll()
     poller.register(3, select.POLLHUP)
     return any(event & select.POLLHUP for _, event in poller.poll(0))
@@ -6195,9 +6142,8 @@ def make_cgroups(cgroup, policy, tag=()):
 
 
 def private_scratch(libc, call):
-    """Give the script a mount namespace of its own with a fresh, capped tmpfs holding the
-    policy's own trees: its home, and its shm, seen at /dev/shm. The kernel frees the tmpfs when
-    the call's last process exits."""
+    """A mount namespace with a fresh, capped tmpfs holding the home and the shm (seen at
+    /dev/shm), which the kernel frees when the call's last process exits."""
     user = os.geteuid() != 0 and not call.pidns  # (fork_call made one already)
     if libc.unshare(CLONE_NEWNS | (CLONE_NEWUSER if user else 0)) != 0:
         raise OSError(ctypes.get_errno(), "unshare failed")
@@ -6209,64 +6155,60 @@ def private_scratch(libc, call):
         if libc.mount(source, target.encode(), kind, flags, data) != 0:
             raise OSError(ctypes.get_errno(), f"mount {target} failed")
 
-    # nothing mounted here propagates to the host
+    # nothing propagates to the host
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     options = f"size={policy.scratch_mb}m,nr_inodes=65536,mode=0700".encode()
     mount(b"tmpfs", call.scratch, b"tmpfs", MS_NOSUID | MS_NODEV, options)
+    # new inodes in the new tmpfs: the parent's ruleset cannot know them
     for name in policy.own_read_write:
         os.mkdir(call.own[name], 0o700)
+        call.add_rule(call.ruleset, call.own[name], READ_WRITE)
     if "shm" in policy.own_read_write and policy.shm:
         mount(call.shm.encode(), policy.shm, None, MS_BIND)
-    for name in policy.own_read_write:  # new inodes: the parent's ruleset cannot know them
-        call.add_rule(call.ruleset, call.own[name], READ_WRITE)
 
 
 def own_ids(uid, gid):
-    """In a new user namespace, be the user and group one is outside it (`uid`, `gid`): the only
-    mapping an unprivileged process may write."""
-    for name, text in (
-        ("setgroups", "deny"),
-        ("uid_map", f"{uid} {uid} 1"),
-        ("gid_map", f"{gid} {gid} 1"),
-    ):
-        Path(f"/proc/self/{name}").write_text(text)
+    """In a new user namespace, be who one is outside it: all an unprivileged process may map."""
+    Path("/proc/self/setgroups").write_text("deny")
+    Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1")
+    Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1")
 
 
 def drop_capabilities(libc):
     """Empty every capability set, so that not even root's child holds a privilege."""
-    for cap in range(64):  # EINVAL past the last one; EPERM for a non-root agent, whose child
-        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # cannot gain any: no_new_privs stops exec
-    libc.prctl(PR_CAP_AMBIENT, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
+    # EINVAL past the last one; EPERM for a non-root agent, whose child cannot gain any
+    # (no_new_privs stops exec); then the ambient set (CLEAR_ALL), then the other three
+    for cap in range(64):
+        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+    libc.prctl(PR_CAP_AMBIENT, 4, 0, 0, 0)
     header = (ctypes.c_uint32 * 2)(CAP_VERSION_3, 0)
-    syscall(libc, "capset", header, (ctypes.c_uint32 * 6)())  # effective, permitted, inheritable
+    syscall(libc, "capset", header, (ctypes.c_uint32 * 6)())
 
 
 # While the script runs, and after: its output, the end of its group, what it left.
 
 
+@dataclass
 class Running:
-    """The agent's side of one call: the script's stdout and stderr, and the launcher's socket
-    for it (closing it ends the call); without a launcher, the child."""
+    """The agent's side of one call: the script's stdout and stderr, and the launcher's socket for
+    the call (closing it ends the call); without a launcher, the child. `pid` is the script's
+    group where the launcher names it (no PID namespace); `made` its directory and cgroups."""
 
-    def __init__(self, out, err, report=None, proc=None, call=None, launcher=None):
-        self.out = out
-        self.err = err
-        self.report = report
-        self.proc = proc
-        self.call = call
-        self.launcher = launcher
-        # the script's group, where the launcher names it (no PID namespace)
-        self.pid = None
-        # the call's directory and cgroups, as the launcher named them
-        self.made = None
+    out: int
+    err: int
+    report: socket.socket | None = None
+    proc: subprocess.Popen | None = None
+    call: object = None
+    launcher: object = None
+    pid: int | None = None
+    made: tuple | None = None
 
     def read_answer(self, box, data=None):
         """The launcher's message: None (the call started), the script's (code, OOM kills), a
         ToolError, "gone" (the launcher was killed) or "timed out" (by the call's init)."""
         data = self.report.recv(65536) if data is None else data
         if not data:
-            # the script died with the launcher (PDEATHSIG); what it started dies now (in a PID
-            # namespace there is no pid: the namespace went with the launcher, all of it)
+            # the script died with the launcher; its group dies now (a PID namespace went whole)
             if self.pid:
                 kill_group(self.pid)
             return "gone"
@@ -6280,14 +6222,13 @@ class Running:
         self.pid = message["pid"]
         self.made = (message["root"], message["cgroups"])
         self.launcher.note(*self.made)
-        # found out by the self-test: the status line says so
         if message["uncapped"]:
             box.cgroup = None
         return None
 
     def end(self, status):
-        """The call is over: close the launcher's socket (it kills whatever is left of the group,
-        then removes the call's things) and the pipes; without a launcher, do that here."""
+        """Close the launcher's socket (it ends the group, removes the call's things) and the
+        pipes; without a launcher, do that here."""
         if not self.report:
             kill_group(self.proc.pid)
             self.proc.stdout.close()
@@ -6296,7 +6237,6 @@ class Running:
             threading.Thread(target=self.remove_later, daemon=True).start()
             return
         # timed out, cancelled or failed: the launcher ends the group and says when it is gone
-        # (a second at most)
         if status in (None, "timed out"):
             with contextlib.suppress(OSError):
                 self.report.shutdown(socket.SHUT_WR)
@@ -6306,8 +6246,7 @@ class Running:
         self.report.close()
         os.close(self.out)
         os.close(self.err)
-        # nobody else will remove what it made: this call's things (however many calls ran),
-        # then what the agent noted
+        # the launcher was killed: this call's things are the agent's to remove, and what it noted
         if status == "gone":
             if self.made:
                 cleanup_later(*self.made)
@@ -6315,26 +6254,20 @@ class Running:
 
     def remove_later(self):
         self.proc.wait()
-        self.call.close_ruleset()
         cleanup_later(self.call.root, self.call.cgroups)
 
 
 def reap(children):
     """Reap every child that has ended: a call's child (its group killed first, while the child
     still holds the group's id) and the orphans that came here."""
-    while True:
-        try:
-            ended = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return
-        if ended is None:
-            return
-        child = children.get(ended.si_pid)
-        if child and child.killed_at is None:
-            child.kill()
-        code = os.waitpid(ended.si_pid, 0)[1]
-        if child:
-            child.status = os.waitstatus_to_exitcode(code)
+    with contextlib.suppress(ChildProcessError):
+        while ended := os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+            child = children.get(ended.si_pid)
+            if child and child.killed_at is None:
+                child.kill()
+            code = os.waitpid(ended.si_pid, 0)[1]
+            if child:
+                child.status = os.waitstatus_to_exitcode(code)
 
 
 class Clip:
@@ -6368,10 +6301,8 @@ class Clip:
 
 def kill_group(pid):
     """SIGKILL a process group; it may already be gone."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def oom_kills(cgroups):
@@ -6682,8 +6613,7 @@ class Launcher:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         fd = theirs.fileno()
         argv = [sys.executable, "-I", "-S", "-B", "-c", LAUNCHER_BOOT, AGENT_FILE, str(fd)]
-        # nothing of the agent's environment; a session of its own, which a kill of the agent's
-        # group does not reach
+        # nothing of the agent's environment; a session a kill of the agent's group misses
         options = {"env": {}, "cwd": "/", "start_new_session": True, "pass_fds": [fd]}
         try:
             pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.DEVNULL}
@@ -6696,8 +6626,7 @@ class Launcher:
         self.control = ours
         self.pid = self.proc.pid
         self.made = []
-        # Every name the launcher makes (call directories, cgroups) carries this run's tag, so
-        # that should it be killed while it makes one, before its note comes, gone() finds it
+        # every name the launcher makes carries this tag: gone() finds what it had not noted
         self.tag = os.urandom(6).hex()
         self.where = [call_parent(), *(box.cgroup[1] if box.cgroup else [])]
         policy = asdict(box.policy)
@@ -6734,8 +6663,7 @@ class Launcher:
             self.gone()
 
     def note(self, root, cgroups):
-        """What the launcher made for a call: the last few, for the agent to remove should the
-        launcher be killed (gone)."""
+        """What the launcher made for a call: the last few, to remove should it be killed."""
         self.made = self.made[-15:] + [(root, cgroups)]
 
     def gone(self):
@@ -6766,42 +6694,35 @@ def end_launcher(control, proc):
 
 
 AGENT_FILE = os.path.abspath(__file__)
-# The launcher runs the source this agent runs, read once at its start and handed over on the
-# launcher's stdin: not agent.py as it is on disk at the first call (a newer version, mid-run),
-# and never a bytecode cache beside it, which a script with that directory as its workdir
-# could have written (an unchecked-hash .pyc is never compared with its source: red-team S3).
-# In the launcher, LAUNCHER_BOOT has set it already: the launcher reads no file of its own.
+# The launcher runs the source this agent runs, on its stdin: not agent.py as it is on disk
+# later, nor a bytecode cache a script with that directory as its workdir could have written
+# (red-team S3). In the launcher, LAUNCHER_BOOT has set it: the launcher reads no file.
 AGENT_SOURCE = globals().get("AGENT_SOURCE") or Path(AGENT_FILE).read_bytes()
 LAUNCHER_BOOT = (
     "import sys, types\n"
     "agent = sys.modules['agent_launcher'] = types.ModuleType('agent_launcher')\n"
-    "agent.__file__, source = sys.argv[1], sys.stdin.buffer.read()\n"
-    "agent.AGENT_SOURCE = source\n"
-    "exec(compile(source, sys.argv[1], 'exec'), agent.__dict__)\n"
+    "agent.__file__, agent.AGENT_SOURCE = sys.argv[1], sys.stdin.buffer.read()\n"
+    "exec(compile(agent.AGENT_SOURCE, sys.argv[1], 'exec'), agent.__dict__)\n"
     "agent.serve(int(sys.argv[2]))\n"
 )
 LAUNCHER_IGNORES = (signal.SIGPIPE, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def serve(fd):
-    """The launcher's loop, single-threaded: start each call the agent sends (launch), watch
-    its script (its pidfd), its call's socket (the agent closes it at the timeout, on Ctrl-C, or
-    when done) and the agent's socket (closed when the agent is gone, kill -9 included); end
-    each call's group, reap what it left, report, clean up."""
+    """The launcher's loop, single-threaded: start each call (launch); watch its child's pidfd,
+    its socket (the agent closes it to end the call) and the agent's (closed when the agent is
+    gone, kill -9 included); end each call's group, reap, report, clean up."""
     control = socket.socket(fileno=fd)
     # `pkill -f agent.py` or a Ctrl-C at the terminal hit the launcher too: it goes when the
     # agent does, and only after ending every call
     for sig in LAUNCHER_IGNORES:
         signal.signal(sig, signal.SIG_IGN)
-    wake, woken = os.pipe()
-    os.set_blocking(wake, False)
-    os.set_blocking(woken, False)
+    wake, woken = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(woken)  # a child's end wakes the loop: reap it
     signal.signal(signal.SIGCHLD, lambda *_: None)
     try:
         config, fds = receive_whole(control, 1)
-        for fd in fds:
-            os.set_inheritable(fd, False)
+        os.set_inheritable(fds[0], False)
         box = Sandbox(Path(config["workdir"]), True, Limits(), pinned=fds[0])
         box.tag = [config["tag"]]
         policy = {k: tupled(v) for k, v in config["policy"].items()}
@@ -6811,8 +6732,7 @@ def serve(fd):
         # orphans come here
         if box.libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "PR_SET_CHILD_SUBREAPER failed")
-        # what compiling this file left, 28 MB to 13 (glibc's): each call's two forks copy less
-        # (calls in a row 1.94x a plain start, not 2.28x, in bench_sandbox of 2026-12-04)
+        # what compiling this file left, 28 MB to 13: each call's fork copies less
         with contextlib.suppress(AttributeError):
             box.libc.malloc_trim(0)
     except Exception as e:
@@ -6824,11 +6744,6 @@ def serve(fd):
     by_fd = {}
     poller.register(control, select.POLLIN)
     poller.register(wake, select.POLLIN)
-
-    def watch(fd, child):
-        by_fd[fd] = child
-        poller.register(fd, select.POLLIN)
-
     try:
         while True:
             killing = 50 if any(c.killed_at for c in children.values()) else None
@@ -6840,9 +6755,10 @@ def serve(fd):
                     child = launch(box, message, fds)
                     if child:
                         children[child.pid] = child
-                        watch(child.pidfd, child)
-                        watch(child.report.fileno(), child)
-                        watch(child.messages.fileno(), child)
+                        # its end, the agent's end of the call, its first process's last word
+                        for fd in (child.pidfd, child.report.fileno(), child.messages.fileno()):
+                            by_fd[fd] = child
+                            poller.register(fd, select.POLLIN)
                 elif fd == wake:
                     with contextlib.suppress(BlockingIOError):
                         while os.read(wake, 4096):
@@ -6872,8 +6788,7 @@ def tupled(value):
     return tuple(map(tupled, value)) if isinstance(value, list) else value
 
 
-# seconds past a call's timeout before its first process (init) ends it, should the agent not
-# (stopped, stalled: red-team S4) or the launcher not (stopped: issue 33)
+# seconds past a call's timeout before its first process ends it, should the agent or launcher not
 LAUNCHER_GRACE = 2.0
 
 
