@@ -6013,7 +6013,8 @@ class Call:
         call's cgroup, its mount namespace, rlimits, no capabilities, Landlock and seccomp."""
         box, parent = self.box, os.getppid()
         # on v1 "tasks" moves this one thread (all a forked child has) without the lock on every
-        # thread group "cgroup.procs" takes, and its wait for a grace period (7.8 ms against 0.3)
+        # thread group "cgroup.procs" takes, and its wait for a grace period (7.8 ms against 0.3);
+        # so does "0", this process, where the launcher writing its pid would take it (20 ms)
         joined = "tasks" if box.cgroup and box.cgroup[0] == "v1" else "cgroup.procs"
         for directory in self.cgroups:
             Path(directory, joined).write_text("0")
