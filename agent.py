@@ -5793,8 +5793,10 @@ class Child:
         self.messages.setblocking(False)
         error = ""
         timed_out = told = False
+        # (no := in this file: Python 3.7 must parse it up to the version check)
+        # a non-blocking read: BlockingIOError once all is read
         with contextlib.suppress(OSError):
-            while message := self.messages.recv(4096):
+            for message in iter(lambda: self.messages.recv(4096), b""):
                 if message == TIMED_OUT:
                     timed_out = True
                 elif message.startswith(b"="):
@@ -6261,14 +6263,19 @@ class Running:
 def reap(children):
     """Reap every child that has ended: a call's child (its group killed first, while the child
     still holds the group's id) and the orphans that came here."""
-    with contextlib.suppress(ChildProcessError):
-        while ended := os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT):
-            child = children.get(ended.si_pid)
-            if child and child.killed_at is None:
-                child.kill()
-            code = os.waitpid(ended.si_pid, 0)[1]
-            if child:
-                child.status = os.waitstatus_to_exitcode(code)
+    while True:
+        try:
+            ended = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if ended is None:
+            return
+        child = children.get(ended.si_pid)
+        if child and child.killed_at is None:
+            child.kill()
+        code = os.waitpid(ended.si_pid, 0)[1]
+        if child:
+            child.status = os.waitstatus_to_exitcode(code)
 
 
 class Clip:
