@@ -5793,8 +5793,7 @@ class Child:
         self.messages.setblocking(False)
         error = ""
         timed_out = told = False
-        # (no := in this file: Python 3.7 must parse it up to the version check)
-        # a non-blocking read: BlockingIOError once all is read
+        # read until BlockingIOError (no := here: Python 3.7 must parse the file)
         with contextlib.suppress(OSError):
             for message in iter(lambda: self.messages.recv(4096), b""):
                 if message == TIMED_OUT:

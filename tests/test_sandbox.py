@@ -2145,6 +2145,21 @@ def test_a_grandchild_left_running_dies_when_the_script_exits(box, workdir):
     assert not alive(int((workdir / "child.pid").read_text()))
 
 
+def test_the_call_ends_only_once_a_process_it_left_is_gone(box, workdir):
+    """The script's end is reported early only when nothing of it runs (init alone): a child
+    that holds none of the call's pipes, so that nothing else makes the agent wait for it, is
+    gone the moment execute returns (no grace allowed). Reported too early, the child still
+    lives then in about half the calls: five calls make that a failure nearly always."""
+    for i in range(5):
+        code = sleeper(f"child{i}.pid").replace(
+            'time.sleep(60)"])', 'time.sleep(60)"], stdout=-3, stderr=-3, stdin=-3)'
+        )
+        assert "stdout=-3" in code
+        run = execute(box, workdir, code)
+        assert run.code == 0
+        assert not alive(int((workdir / f"child{i}.pid").read_text())), f"call {i + 1}"
+
+
 def test_the_first_process_says_alone_only_when_no_child_runs():
     """The call's first process reports the script's end before its own exit only when it has
     no child left (children_left): a child still running, or one ended but not yet reaped, is
