@@ -7398,6 +7398,49 @@ def tokens_or_off(value):
 LONGEST_WAIT = 10**9  # seconds a timeout may be: every clock agent.py waits on holds it
 
 
+# What --help says of each option and of the question, by the flag's long name.
+HELP = {
+    "--version": "print agent.py's version, and exit",
+    "question": "the question; - reads it from stdin (with --resume: an optional follow-up)",
+    "--workdir": "the directory the tools work in (default: the current one); one that holds agent.py or its Python is refused, unless --no-sandbox",
+    "--model": f"model id (default: $ANTHROPIC_MODEL, else {DEFAULT_MODEL})",
+    "--effort": "sent as output_config.effort (default: the model's)",
+    "--yes": "run run_python without asking, once the sandbox is proven (default: ask every time)",
+    "--no-sandbox": "run run_python unconfined (default: sandboxed)",
+    "--resume": "continue a saved transcript (last: the newest kept run; or a run id); rewrites PATH as the run goes on (give --transcript to write elsewhere)",
+    "--replay": "run a saved transcript's model turns again against the real tools: no key, no connection (last, or a run id: a kept run)",
+    "--strict": "with --replay: stop at the first turn whose tool results differ from the recording, and exit 7 (replay_differs): a regression check for CI",
+    "--system-prompt": "the system prompt, from this UTF-8 file (default: agent.py's, for questions about files); recorded in the transcript, and kept by --resume",
+    "--max-turns": f"requests per run (default: {Limits.max_turns})",
+    "--token-budget": f"input + cache + output tokens per run (default: {Limits.token_budget:,})",
+    "--budget-usd": "dollars per run, priced like the bill (default: no dollar limit)",
+    "--max-tokens": f"output tokens per response (default: {Limits.max_tokens:,})",
+    "--tool-timeout": f"seconds per run_python call (default: {Limits.tool_timeout:g})",
+    "--request-timeout": f"seconds a streamed reply may go without an event before the turn is retried (default: {Limits.request_timeout:g})",
+    "--transcript": "write the transcript JSON here, outside the workdir; - for stdout (default: none)",
+    "--events": "write the run's events as JSON Lines here, outside the workdir; - for stdout (default: none)",
+    "--otel": "send the run as OpenTelemetry traces over OTLP, as OTEL_EXPORTER_OTLP_* say (optional packages)",
+    "--quiet": "no progress on stderr (default: progress)",
+    "--no-keep": "keep no copy of this run in $XDG_STATE_HOME/agent.py/runs or ~/.local/state/agent.py/runs (default: every run is kept there; AGENT_PY_NO_KEEP=1 keeps none)",
+    "--trials": f"run the question K times (at most {MAX_TRIALS:,}); report pass@k and pass^k (with no --expect, --expect-tool or --expect-stop, a trial passes if it stopped with end_turn)",
+    "--jobs": f"trials run at once (default: 1; at most {MAX_JOBS})",
+    "--trials-budget-usd": "dollars over all the trials: once they have spent X, no more start (--budget-usd bounds each one; default: no total)",
+    "--expect": "a trial passes if this regex is in the answer",
+    "--expect-tool": "... and it used this tool",
+    "--expect-stop": "... and stopped so: one of " + ", ".join(EXIT_CODES),
+    "--decline-message": "what a declined run_python call tells the model (default: not to retry it, and to ask the user how to proceed)",
+    "--clear-tool-results": f"once a prompt reaches TOKENS, send old tool results as a one-line placeholder (default: {Limits.clear_at:,})",
+    "--keep-tool-results": f"the newest tool results, never cleared (default: {Limits.keep_results})",
+    "--clear-at-least": f"clear only when that frees this many tokens, since a clearing breaks the cache once (default: {Limits.clear_at_least:,})",
+    "--context-edit": "who clears: agent.py, or the API's context editing (beta) (default: client)",
+    "--count-tokens": "print what the system prompt, the tools and QUESTION cost in input tokens (the API's count_tokens), and exit",
+    "--schema": "print the JSON Schema of a transcript, an event or a trials summary, and exit",
+    "--report": "write an HTML report of a transcript or trials summary (last, or a run id: a kept run), and exit",
+    "--export": "convert a transcript or trials summary (last, or a run id: a kept run): atif (the Agent Trajectory Interchange Format, v1.8), and exit",
+    "--output": "where --report or --export writes; - for stdout (default: beside JSON)",
+}
+
+
 def parse_args(argv):
     p = Parser(
         prog="agent.py",
@@ -7406,247 +7449,68 @@ def parse_args(argv):
         allow_abbrev=False,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "-V",
-        "--version",
-        action="version",
-        version=f"agent.py {AGENT_VERSION}",
-        help="print agent.py's version, and exit",
-    )
+    version = f"agent.py {AGENT_VERSION}"
+    p.add_argument("-V", "--version", action="version", version=version, help=HELP["--version"])
     run = p.add_argument_group("run")
-    run.add_argument(
-        "question",
-        nargs="?",
-        help="the question; - reads it from stdin (with --resume: an optional follow-up)",
-    )
-    run.add_argument(
-        "-C",
-        "--workdir",
-        metavar="DIR",
-        help="the directory the tools work in (default: the current one); one that holds agent.py "
-        "or its Python is refused, unless --no-sandbox",
-    )
-    run.add_argument(
-        "-m",
-        "--model",
-        metavar="ID",
-        help=f"model id (default: $ANTHROPIC_MODEL, else {DEFAULT_MODEL})",
-    )
-    run.add_argument(
-        "--effort", choices=EFFORTS, help="sent as output_config.effort (default: the model's)"
-    )
-    run.add_argument(
-        "-y",
-        "--yes",
-        action="store_true",
-        help="run run_python without asking, once the sandbox is proven (default: ask every time)",
-    )
-    run.add_argument(
-        "--no-sandbox", action="store_true", help="run run_python unconfined (default: sandboxed)"
-    )
-    run.add_argument(
-        "-r",
-        "--resume",
-        metavar="PATH",
-        help="continue a saved transcript (last: the newest kept run; or a run id); rewrites PATH "
-        "as the run goes on (give --transcript to write elsewhere)",
-    )
-    run.add_argument(
-        "--replay",
-        metavar="PATH",
-        help="run a saved transcript's model turns again against the real tools: no key, no "
-        "connection (last, or a run id: a kept run)",
-    )
-    run.add_argument(
-        "--strict",
-        action="store_true",
-        help="with --replay: stop at the first turn whose tool results differ from the recording, "
-        "and exit 7 (replay_differs): a regression check for CI",
-    )
-    run.add_argument(
-        "-s",
-        "--system-prompt",
-        metavar="FILE",
-        help="the system prompt, from this UTF-8 file (default: agent.py's, for questions about "
-        "files); recorded in the transcript, and kept by --resume",
-    )
+    run.add_argument("question", nargs="?", help=HELP["question"])
+    run.add_argument("-C", "--workdir", metavar="DIR", help=HELP["--workdir"])
+    run.add_argument("-m", "--model", metavar="ID", help=HELP["--model"])
+    run.add_argument("--effort", choices=EFFORTS, help=HELP["--effort"])
+    run.add_argument("-y", "--yes", action="store_true", help=HELP["--yes"])
+    run.add_argument("--no-sandbox", action="store_true", help=HELP["--no-sandbox"])
+    run.add_argument("-r", "--resume", metavar="PATH", help=HELP["--resume"])
+    run.add_argument("--replay", metavar="PATH", help=HELP["--replay"])
+    run.add_argument("--strict", action="store_true", help=HELP["--strict"])
+    run.add_argument("-s", "--system-prompt", metavar="FILE", help=HELP["--system-prompt"])
     limits = p.add_argument_group("limits")
-    limits.add_argument(
-        "--max-turns",
-        type=whole_number,
-        metavar="N",
-        default=Limits.max_turns,
-        help=f"requests per run (default: {Limits.max_turns})",
-    )
-    limits.add_argument(
-        "--token-budget",
-        type=whole_number,
-        metavar="N",
-        default=Limits.token_budget,
-        help=f"input + cache + output tokens per run (default: {Limits.token_budget:,})",
-    )
-    limits.add_argument(
-        "--budget-usd",
-        type=float,
-        metavar="X",
-        help="dollars per run, priced like the bill (default: no dollar limit)",
-    )
-    limits.add_argument(
-        "--max-tokens",
-        type=whole_number,
-        metavar="N",
-        default=Limits.max_tokens,
-        help=f"output tokens per response (default: {Limits.max_tokens:,})",
-    )
-    limits.add_argument(
-        "--tool-timeout",
-        type=float,
-        metavar="SECONDS",
-        default=Limits.tool_timeout,
-        help=f"seconds per run_python call (default: {Limits.tool_timeout:g})",
-    )
-    limits.add_argument(
-        "--request-timeout",
-        type=float,
-        metavar="SECONDS",
-        default=Limits.request_timeout,
-        help=f"seconds a streamed reply may go without an event before the turn is retried "
-        f"(default: {Limits.request_timeout:g})",
-    )
+    for flag, kind, metavar, default in (
+        ("--max-turns", whole_number, "N", Limits.max_turns),
+        ("--token-budget", whole_number, "N", Limits.token_budget),
+        ("--budget-usd", float, "X", None),
+        ("--max-tokens", whole_number, "N", Limits.max_tokens),
+        ("--tool-timeout", float, "SECONDS", Limits.tool_timeout),
+        ("--request-timeout", float, "SECONDS", Limits.request_timeout),
+    ):
+        limits.add_argument(flag, type=kind, metavar=metavar, default=default, help=HELP[flag])
     outputs = p.add_argument_group("outputs")
-    outputs.add_argument(
-        "--transcript",
-        metavar="PATH",
-        help="write the transcript JSON here, outside the workdir; - for stdout (default: none)",
-    )
-    outputs.add_argument(
-        "--events",
-        metavar="PATH",
-        help="write the run's events as JSON Lines "
-        "here, outside the workdir; - for stdout (default: none)",
-    )
-    outputs.add_argument(
-        "--otel",
-        action="store_true",
-        help="send the run as OpenTelemetry "
-        "traces over OTLP, as OTEL_EXPORTER_OTLP_* say (optional packages)",
-    )
-    outputs.add_argument(
-        "-q", "--quiet", action="store_true", help="no progress on stderr (default: progress)"
-    )
-    outputs.add_argument(
-        "--no-keep",
-        action="store_true",
-        help="keep no copy of this run in "
-        "$XDG_STATE_HOME/agent.py/runs or ~/.local/state/agent.py/runs "
-        "(default: every run is kept there; AGENT_PY_NO_KEEP=1 keeps none)",
-    )
+    outputs.add_argument("--transcript", metavar="PATH", help=HELP["--transcript"])
+    outputs.add_argument("--events", metavar="PATH", help=HELP["--events"])
+    outputs.add_argument("--otel", action="store_true", help=HELP["--otel"])
+    outputs.add_argument("-q", "--quiet", action="store_true", help=HELP["--quiet"])
+    outputs.add_argument("--no-keep", action="store_true", help=HELP["--no-keep"])
     trials = p.add_argument_group("trials: how stable is a behaviour")
+    trials.add_argument("--trials", type=whole_number, metavar="K", help=HELP["--trials"])
+    trials.add_argument("--jobs", type=whole_number, metavar="N", default=1, help=HELP["--jobs"])
     trials.add_argument(
-        "--trials",
-        type=whole_number,
-        metavar="K",
-        help=f"run the question K times (at most {MAX_TRIALS:,}); report pass@k and pass^k (with "
-        f"no --expect, --expect-tool or --expect-stop, a trial passes if it stopped with end_turn)",
+        "--trials-budget-usd", type=float, metavar="X", help=HELP["--trials-budget-usd"]
+    )
+    trials.add_argument("--expect", metavar="REGEX", help=HELP["--expect"])
+    trials.add_argument(
+        "--expect-tool", metavar="NAME", choices=list(TOOL_FUNCTIONS), help=HELP["--expect-tool"]
     )
     trials.add_argument(
-        "--jobs",
-        type=whole_number,
-        metavar="N",
-        default=1,
-        help=f"trials run at once (default: 1; at most {MAX_JOBS})",
+        "--expect-stop", metavar="LABEL", choices=list(EXIT_CODES), help=HELP["--expect-stop"]
     )
-    trials.add_argument(
-        "--trials-budget-usd",
-        type=float,
-        metavar="X",
-        help="dollars over all the trials: once they have spent X, no more start (--budget-usd "
-        "bounds each one; default: no total)",
-    )
-    trials.add_argument(
-        "--expect", metavar="REGEX", help="a trial passes if this regex is in the answer"
-    )
-    trials.add_argument(
-        "--expect-tool",
-        metavar="NAME",
-        choices=list(TOOL_FUNCTIONS),
-        help="... and it used this tool",
-    )
-    trials.add_argument(
-        "--expect-stop",
-        metavar="LABEL",
-        choices=list(EXIT_CODES),
-        help="... and stopped so: one of " + ", ".join(EXIT_CODES),
-    )
-    trials.add_argument(
-        "--decline-message",
-        metavar="TEXT",
-        help="what a declined run_python call tells the model (default: not to retry it, and to "
-        "ask the user how to proceed)",
-    )
+    trials.add_argument("--decline-message", metavar="TEXT", help=HELP["--decline-message"])
     context = p.add_argument_group("context: clearing old tool results")
+    for flag, kind, metavar, default in (
+        ("--clear-tool-results", tokens_or_off, "TOKENS|off", Limits.clear_at),
+        ("--keep-tool-results", whole_number, "N", Limits.keep_results),
+        ("--clear-at-least", whole_number, "TOKENS", Limits.clear_at_least),
+    ):
+        context.add_argument(flag, type=kind, metavar=metavar, default=default, help=HELP[flag])
+    clearers = ("client", "server")
     context.add_argument(
-        "--clear-tool-results",
-        type=tokens_or_off,
-        metavar="TOKENS|off",
-        default=Limits.clear_at,
-        help=f"once a prompt reaches TOKENS, send old tool results as a one-line placeholder "
-        f"(default: {Limits.clear_at:,})",
-    )
-    context.add_argument(
-        "--keep-tool-results",
-        type=whole_number,
-        metavar="N",
-        default=Limits.keep_results,
-        help=f"the newest tool results, never cleared (default: {Limits.keep_results})",
-    )
-    context.add_argument(
-        "--clear-at-least",
-        type=whole_number,
-        metavar="TOKENS",
-        default=Limits.clear_at_least,
-        help=f"clear only when that frees this many tokens, since a clearing breaks the cache "
-        f"once (default: {Limits.clear_at_least:,})",
-    )
-    context.add_argument(
-        "--context-edit",
-        choices=("client", "server"),
-        default=Limits.context_edit,
-        help="who clears: agent.py, or the API's context editing (beta) (default: client)",
+        "--context-edit", choices=clearers, default=Limits.context_edit, help=HELP["--context-edit"]
     )
     inspect = p.add_argument_group(
         "inspection: print or convert, send nothing (but --count-tokens)"
     )
-    inspect.add_argument(
-        "--count-tokens",
-        action="store_true",
-        help="print what the system prompt, the tools and QUESTION cost in input tokens (the "
-        "API's count_tokens), and exit",
-    )
-    inspect.add_argument(
-        "--schema",
-        choices=list(SCHEMAS),
-        help="print the JSON Schema of a transcript, an event or a trials summary, and exit",
-    )
-    inspect.add_argument(
-        "--report",
-        metavar="JSON",
-        help="write an HTML report of a transcript "
-        "or trials summary (last, or a run id: a kept run), and exit",
-    )
-    inspect.add_argument(
-        "--export",
-        nargs=2,
-        metavar=("FORMAT", "JSON"),
-        help="convert a transcript or trials summary (last, or a run id: a kept run): atif (the "
-        "Agent Trajectory Interchange Format, v1.8), and exit",
-    )
-    inspect.add_argument(
-        "-o",
-        "--output",
-        metavar="PATH",
-        help="where --report or --export writes; - for stdout (default: beside JSON)",
-    )
+    inspect.add_argument("--count-tokens", action="store_true", help=HELP["--count-tokens"])
+    inspect.add_argument("--schema", choices=list(SCHEMAS), help=HELP["--schema"])
+    inspect.add_argument("--report", metavar="JSON", help=HELP["--report"])
+    inspect.add_argument("--export", nargs=2, metavar=("FORMAT", "JSON"), help=HELP["--export"])
+    inspect.add_argument("-o", "--output", metavar="PATH", help=HELP["--output"])
     args, extra = p.parse_known_args(argv)
     if extra:  # argparse's own message; for words alone, what they most likely are
         words = [a for a in extra if not a.startswith("-") or a == "-"]
