@@ -7549,24 +7549,10 @@ def parse_args(argv):
             f"{'--report' if args.report else '--export'} reads a file, not stdin: "
             "give the path of a transcript or summary (or last)"
         )
-    inspecting = [
-        flag
-        for flag, given in (
-            ("--schema", args.schema),
-            ("--report", args.report),
-            ("--export", args.export),
-        )
-        if given
-    ]
+    inspecting = [f"--{name}" for name in ("schema", "report", "export") if getattr(args, name)]
     # --count-tokens, --schema, --report and --export run nothing: a run's flag would be dropped
-    run_flags = (
-        ("--replay", args.replay),
-        ("--resume", args.resume),
-        ("--trials", args.trials),
-        ("--transcript", args.transcript),
-        ("--events", args.events),
-    )
-    dropped = [flag for flag, given in run_flags if given is not None]
+    run_flags = ("replay", "resume", "trials", "transcript", "events")
+    dropped = [f"--{name}" for name in run_flags if getattr(args, name) is not None]
     if args.count_tokens and (dropped or inspecting):
         raise UsageError(
             f"--count-tokens cannot be combined with {(dropped or inspecting)[0]}"
@@ -7606,15 +7592,8 @@ def parse_args(argv):
             f"a question of one word, {args.question!r}: did you mean "
             f"--{args.question}? (to ask it, give more words)"
         )
-    for name in (
-        "max_turns",
-        "token_budget",
-        "max_tokens",
-        "jobs",
-        "trials",
-        "clear_tool_results",
-        "clear_at_least",
-    ):
+    counts = ("max_turns", "token_budget", "max_tokens", "jobs", "trials")
+    for name in (*counts, "clear_tool_results", "clear_at_least"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
@@ -7632,27 +7611,18 @@ def parse_args(argv):
             raise UsageError(f"--{name.replace('_', '-')} must be a positive number")
         if name.endswith("timeout") and value > LONGEST_WAIT:  # a socket's, a CPU limit's
             raise UsageError(f"--{name.replace('_', '-')} must be at most {LONGEST_WAIT:,} seconds")
-    if args.replay and (
-        args.resume
-        or args.trials
-        or args.question is not None
-        or args.model
-        or args.effort
-        or args.system_prompt
-    ):
+    not_replayed = (args.resume, args.trials, args.model, args.effort, args.system_prompt)
+    if args.replay and (args.question is not None or any(not_replayed)):
         raise UsageError(
             "--replay runs the recorded question and turns again: give it no "
             "question, --model, --effort, --system-prompt, --resume or --trials"
         )
     if args.strict and not args.replay:
         raise UsageError("--strict goes with --replay")
-    for what, value in (
-        ("the question", args.question),
-        ("--model", args.model),
-        ("--expect", args.expect),
-        ("--decline-message", args.decline_message),
-    ):
-        check_text(value, what)
+    check_text(args.question, "the question")
+    check_text(args.model, "--model")
+    check_text(args.expect, "--expect")
+    check_text(args.decline_message, "--decline-message")
     if args.resume is None and args.replay is None and not (args.question or "").strip():
         raise UsageError("give a question (- reads it from stdin), --resume PATH or --replay PATH")
     if args.expect:
@@ -8007,35 +7977,12 @@ def beside_agent(name):
     return shlex.quote(str(path) if relative.startswith("..") else relative)
 
 
-def resolved_directory(path):
-    """(the real path `path` names, None) if it is a directory, else (a path, why it is none):
-    a path a transcript recorded may be anything (a name too long, 6,000 characters)."""
-    try:
-        real = Path(os.path.realpath(path))
-        return real, None if real.is_dir() else ""
-    except OSError as e:
-        return path, f" ({e.strerror})"
-
-
-def recorded_workdir(given, workdir):
-    """A workdir a file recorded, as it recorded it, and where that is from here if it differs
-    (a relative one): `workspace (here /tmp/x/workspace)`."""
-    given = shown_path(given)
-    return given if given == shown_path(workdir) else f"{given} (here {shown_path(workdir)})"
-
-
 def shown_path(path):
     """A path a file named, as it is when plain, else quoted, escaped and cut to two rows."""
     shown = str(path)
     if len(shown) > 200 or quoted(shown) != f'"{shown}"':
         shown = fitted("", shown, "", 80, 2)
     return shown
-
-
-def workdir_named(where, given, workdir):
-    """Where the workdir came from, with its real path when that says more: `--workdir /`, not
-    `--workdir /, /,`."""
-    return where if given == str(workdir) else f"{where} ({workdir})"
 
 
 def dotenv_path():
@@ -8223,13 +8170,11 @@ def make_client(config, limits, otel=False, workdir=None):
         )
     odd = [i for i, c in enumerate(key) if c.isspace() or not c.isprintable()]
     if odd:  # (never the key itself in the line: where the odd character is, only)
-        where = (
-            "at its end"
-            if odd[-1] == len(key) - 1
-            else "at its start"
-            if odd[0] == 0
-            else "inside it"
-        )
+        where = "inside it"
+        if odd[0] == 0:
+            where = "at its start"
+        if odd[-1] == len(key) - 1:
+            where = "at its end"
         raise UsageError(
             f"ANTHROPIC_API_KEY has white space or a control character {where}: "
             "copy the key again, without it"
@@ -8466,7 +8411,6 @@ class Run:
         # ANTHROPIC_BASE_URL as the transcript records it; None: Anthropic's
         self.server = server_url(config["ANTHROPIC_BASE_URL"] or "")
         if self.server and "@" in urllib.parse.urlsplit(config["ANTHROPIC_BASE_URL"]).netloc:
-            # N28
             report.error(
                 "note: ANTHROPIC_BASE_URL holds a user:password@, which is sent as the "
                 "Authorization header in place of the API key's"
@@ -8492,7 +8436,18 @@ class Run:
                 raise UsageError(
                     f"{flag} needs a known price, and {model} is not in the pricing table"
                 )
-        self.limits = flag_limits(args)
+        self.limits = Limits(
+            max_turns=args.max_turns,
+            token_budget=args.token_budget,
+            budget_usd=args.budget_usd,
+            max_tokens=args.max_tokens,
+            tool_timeout=args.tool_timeout,
+            request_timeout=args.request_timeout,
+            clear_at=args.clear_tool_results,
+            keep_results=args.keep_tool_results,
+            clear_at_least=args.clear_at_least,
+            context_edit=args.context_edit,
+        )
         # a replay runs the recording's replies, under the limits in which they ended as they did
         if self.replay:
             self.limits = replay_limits(self.replay, self.limits)
@@ -8520,30 +8475,23 @@ class Run:
             self.kept_line = self.kept.said()
 
 
-def flag_limits(args):
-    """The run's Limits, as its flags set them."""
-    return Limits(
-        max_turns=args.max_turns,
-        token_budget=args.token_budget,
-        budget_usd=args.budget_usd,
-        max_tokens=args.max_tokens,
-        tool_timeout=args.tool_timeout,
-        request_timeout=args.request_timeout,
-        clear_at=args.clear_tool_results,
-        keep_results=args.keep_tool_results,
-        clear_at_least=args.clear_at_least,
-        context_edit=args.context_edit,
-    )
-
-
 def run_workdir(args, recorded, replay):
     """The run's workdir: --workdir, else the one the resumed or replayed file recorded, else
     the current directory; a UsageError if it is no directory or is refused."""
     source = args.resume or args.replay
     given = args.workdir or recorded.get("workdir")
-    workdir, why = resolved_directory(given or ".")
+    # `why` it is no directory ("" if it is none, None if it is one): a path a transcript
+    # recorded may be anything (a name too long, 6,000 characters)
+    try:
+        workdir = Path(os.path.realpath(given or "."))
+        why = None if workdir.is_dir() else ""
+    except OSError as e:
+        workdir, why = given, f" ({e.strerror})"
     if args.workdir:
-        where = workdir_named(f"--workdir {args.workdir}", args.workdir, workdir)
+        # and its real path, when that says more
+        where = f"--workdir {args.workdir}"
+        if args.workdir != str(workdir):
+            where += f" ({workdir})"
     elif recorded:
         where = f"the workdir {source} recorded ({shown_path(workdir)})"
     else:
@@ -8553,8 +8501,12 @@ def run_workdir(args, recorded, replay):
         missing = "does not exist" if gone else "is not a directory"
         # not the user's word: name the file, and the way out
         if recorded and not args.workdir:
+            # as the file recorded it, and where that is from here if it differs (a relative one)
+            shown = shown_path(given)
+            if shown != shown_path(workdir):
+                shown += f" (here {shown_path(workdir)})"
             raise UsageError(
-                f"{source} recorded the workdir {recorded_workdir(given, workdir)}, which "
+                f"{source} recorded the workdir {shown}, which "
                 f"{missing}{why} here: give -C DIR (--workdir) to "
                 f"{'replay' if replay else 'resume'} it in another directory"
             )
@@ -8615,11 +8567,8 @@ def ask_to_go_on(run, client, config):
     going_to = run.server or ANTHROPIC_URL
     # its whole history goes to this server: the user says so, in one line, its URL fitted
     if made_with != going_to:
-        taken[ELSEWHERE] = (
-            "server",
-            made_with,
-            f" (its history would now go to {visible(going_to)})",
-        )
+        moved = f" (its history would now go to {visible(going_to)})"
+        taken[ELSEWHERE] = ("server", made_with, moved)
     prompt = own_prompt(session) if session is not None and run.system is None else None
     if prompt:
         taken["--system-prompt FILE"] = ("system prompt", prompt, f" ({len(prompt):,} characters)")
@@ -8628,7 +8577,7 @@ def ask_to_go_on(run, client, config):
         taken = {flag: value for flag, value in taken.items() if flag == ELSEWHERE}
     if not taken:
         return
-    # N37: what to install first, not a question, then that
+    # what to install comes first, before any question
     if not run.replay and client is None and importlib.util.find_spec("anthropic") is None:
         raise UsageError(install_hint())
     if agreed(consent_question(source, taken.values(), terminal_size()[1]), run.stdin):
@@ -8778,16 +8727,9 @@ def trials_mode(run, ctx):
         run.kept.write(dump({**summary, "trials": trials}), final=True)
         run.report.line(run.kept_line)
     label, code, detail = trials_stop(summary)
-    run.report.emit(
-        "run.stop",
-        stop=label,
-        detail=detail,
-        exit_code=code,
-        answer=None,
-        usage=None,
-        turns=None,
-        seconds=None,
-    )
+    # trials have no one answer, usage, turn count or time
+    none = dict.fromkeys(("answer", "usage", "turns", "seconds"))
+    run.report.emit("run.stop", stop=label, detail=detail, exit_code=code, **none)
     return code
 
 
@@ -8873,7 +8815,7 @@ def session_mode(run, ctx, started):
 
 
 def failed_said(session):
-    """The stop line's word on what failed attempts reported spending, if they did (N17)."""
+    """The stop line's word on what failed attempts reported spending, if they did."""
     spent = session.get("failed_usage")
     if not spent:
         return ""
@@ -8897,13 +8839,11 @@ def said_stop(stop):
 
 def failed(report, stop):
     """Say in one line why agent.py stopped outside a turn; return its exit code."""
-    said = (
-        "interrupted"
-        if stop.reason == "interrupted"
-        else stop.detail
-        if stop.detail.startswith(OutputLost.prefix)
-        else "internal error: " + stop.detail
-    )
+    said = "internal error: " + stop.detail
+    if stop.reason == "interrupted":
+        said = "interrupted"
+    elif stop.detail.startswith(OutputLost.prefix):
+        said = stop.detail
     report.error(f"agent.py: {said}")
     return stop.exit_code
 
