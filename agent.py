@@ -7343,8 +7343,7 @@ class Once(argparse.Action):
                 " ".join(v) if isinstance(v, list) else str(v) for v in (given[self.dest], values)
             ]
             raise UsageError(
-                f"{'/'.join(self.option_strings)} was given twice ({shown[0]}, "
-                f"then {shown[1]}): give it once"
+                f"{'/'.join(self.option_strings)} was given twice ({shown[0]}, then {shown[1]}): give it once"
             )
         given[self.dest] = values
         setattr(namespace, self.dest, values)
@@ -7516,8 +7515,7 @@ def parse_args(argv):
         words = [a for a in extra if not a.startswith("-") or a == "-"]
         if "--" in argv and argv.index("--") < len(argv) - len(extra):  # flags after --
             raise UsageError(
-                f"unrecognized arguments: {' '.join(extra)}; options go before --, "
-                "after which every word is the question's"
+                f"unrecognized arguments: {' '.join(extra)}; options go before --, after which every word is the question's"
             )
         if words != extra:  # a mistyped flag: the words after it may be its value, not extra
             raise UsageError(f"unrecognized arguments: {' '.join(meant_flags(p, extra))}")
@@ -7526,28 +7524,21 @@ def parse_args(argv):
         if len(folders) == 1:  # `agent.py "avg?" workspace`: the directory is the workdir
             asked = next(w for w in both if w != folders[0])
             raise UsageError(
-                f"unrecognized arguments: {' '.join(extra)}; {folders[0]} is a "
-                f"directory: did you mean agent.py {shlex.quote(asked)} --workdir "
-                f"{shlex.quote(folders[0])}?"
+                f"unrecognized arguments: {' '.join(extra)}; {folders[0]} is a directory: did you mean agent.py {shlex.quote(asked)} --workdir {shlex.quote(folders[0])}?"
             )
-        hint = (
-            f"; a question of several words goes in quotes: agent.py "
-            f"{shlex.quote(' '.join([args.question, *words]))} ..."
-            if args.question is not None
-            else " (see --help)"
-        )
+        hint = " (see --help)"
+        if args.question is not None:
+            whole = shlex.quote(" ".join([args.question, *words]))
+            hint = f"; a question of several words goes in quotes: agent.py {whole} ..."
         raise UsageError(f"unrecognized arguments: {' '.join(extra)}{hint}")
     for action in p._actions:  # a path given as "" is an unset variable, never a choice
         if action.metavar in ("PATH", "DIR", "JSON", "FILE") and getattr(args, action.dest) == "":
             raise UsageError(
-                f"{'/'.join(action.option_strings)} is empty (an unset shell "
-                f'variable, as in {action.option_strings[-1]} "$OUT"?): give '
-                "a path"
+                f'{"/".join(action.option_strings)} is empty (an unset shell variable, as in {action.option_strings[-1]} "$OUT"?): give a path'
             )
     if args.report == "-" or args.export and args.export[1] == "-":
         raise UsageError(
-            f"{'--report' if args.report else '--export'} reads a file, not stdin: "
-            "give the path of a transcript or summary (or last)"
+            f"{'--report' if args.report else '--export'} reads a file, not stdin: give the path of a transcript or summary (or last)"
         )
     inspecting = [f"--{name}" for name in ("schema", "report", "export") if getattr(args, name)]
     # --count-tokens, --schema, --report and --export run nothing: a run's flag would be dropped
@@ -7555,8 +7546,7 @@ def parse_args(argv):
     dropped = [f"--{name}" for name in run_flags if getattr(args, name) is not None]
     if args.count_tokens and (dropped or inspecting):
         raise UsageError(
-            f"--count-tokens cannot be combined with {(dropped or inspecting)[0]}"
-            ": it counts a question's tokens and runs nothing; give one of them"
+            f"--count-tokens cannot be combined with {(dropped or inspecting)[0]}: it counts a question's tokens and runs nothing; give one of them"
         )
     if len(inspecting) > 1:
         raise UsageError(f"{' and '.join(inspecting)} cannot be combined: give one")
@@ -7568,13 +7558,11 @@ def parse_args(argv):
             "--export": "converts a saved run",
         }[inspecting[0]]
         raise UsageError(
-            f"{inspecting[0]} cannot be combined with {dropped[0]}: it {what}, "
-            "and runs nothing; give one of them"
+            f"{inspecting[0]} cannot be combined with {dropped[0]}: it {what}, and runs nothing; give one of them"
         )
     if args.output and not (args.report or args.export):
         raise UsageError(
-            "-o/--output goes with --report or --export (the answer goes to "
-            f"stdout: > {shlex.quote(args.output)}; the transcript: --transcript FILE)"
+            f"-o/--output goes with --report or --export (the answer goes to stdout: > {shlex.quote(args.output)}; the transcript: --transcript FILE)"
         )
     if inspecting and args.question is not None:
         raise UsageError(f"{inspecting[0]} takes no question, and {args.question!r} was given")
@@ -7582,15 +7570,13 @@ def parse_args(argv):
         raise UsageError(f"--export knows one format, atif, not {args.export[0]!r}")
     if args.model is not None and not args.model.strip():
         raise UsageError(
-            '--model is empty (an unset shell variable, as in -m "$MODEL"?): give '
-            "a model id, or leave -m out for the default"
+            '--model is empty (an unset shell variable, as in -m "$MODEL"?): give a model id, or leave -m out for the default'
         )
     if inspecting or args.count_tokens:
         return args
     if args.question in ("help", "version"):  # a first try at what --help and --version do
         raise UsageError(
-            f"a question of one word, {args.question!r}: did you mean "
-            f"--{args.question}? (to ask it, give more words)"
+            f"a question of one word, {args.question!r}: did you mean --{args.question}? (to ask it, give more words)"
         )
     counts = ("max_turns", "token_budget", "max_tokens", "jobs", "trials")
     for name in (*counts, "clear_tool_results", "clear_at_least"):
@@ -7601,8 +7587,7 @@ def parse_args(argv):
         value = getattr(args, name)
         if value is not None and value > most:
             raise UsageError(
-                f"--{name} {value:,} is over {most:,}, the most agent.py runs in "
-                f"one go: give at most {most:,}"
+                f"--{name} {value:,} is over {most:,}, the most agent.py runs in one go: give at most {most:,}"
                 + (" (split a bigger measurement into several runs)" if name == "trials" else "")
             )
     for name in ("tool_timeout", "budget_usd", "request_timeout", "trials_budget_usd"):
@@ -7614,8 +7599,7 @@ def parse_args(argv):
     not_replayed = (args.resume, args.trials, args.model, args.effort, args.system_prompt)
     if args.replay and (args.question is not None or any(not_replayed)):
         raise UsageError(
-            "--replay runs the recorded question and turns again: give it no "
-            "question, --model, --effort, --system-prompt, --resume or --trials"
+            "--replay runs the recorded question and turns again: give it no question, --model, --effort, --system-prompt, --resume or --trials"
         )
     if args.strict and not args.replay:
         raise UsageError("--strict goes with --replay")
@@ -7665,8 +7649,7 @@ def check_text(value, what):
 def not_utf8(what, byte, before):
     said = f"byte 0x{byte:02x}" if byte is not None else "a lone surrogate"
     raise UsageError(
-        f"{what} is not valid UTF-8: {said} after {shorten(before, 40)!r}; give it "
-        "as UTF-8 text (iconv -t UTF-8 converts a file)"
+        f"{what} is not valid UTF-8: {said} after {shorten(before, 40)!r}; give it as UTF-8 text (iconv -t UTF-8 converts a file)"
     )
 
 
@@ -7713,8 +7696,7 @@ def read_question(stdin):
     data = raw.read(MAX_QUESTION + 1).removeprefix(b"\xef\xbb\xbf")  # a BOM (Notepad's): no text
     if len(data) > MAX_QUESTION:  # `yes | agent.py -` ends here, not when memory does
         raise UsageError(
-            f"the question on stdin is over {MAX_QUESTION >> 20} MiB, more than the "
-            "API takes in one request"
+            f"the question on stdin is over {MAX_QUESTION >> 20} MiB, more than the API takes in one request"
         )
     try:
         return data.decode("utf-8")
@@ -7732,9 +7714,7 @@ def read_system_prompt(path):
     flag = f"--system-prompt {path}"
     if not os.path.lexists(path) and " " in path:  # text where a file is meant, as llm's -s?
         raise UsageError(
-            f"--system-prompt takes a FILE, and there is no file {path!r} (llm's -s "
-            "and claude's --system-prompt take the text itself; here, put it in a "
-            "file)"
+            f"--system-prompt takes a FILE, and there is no file {path!r} (llm's -s and claude's --system-prompt take the text itself; here, put it in a file)"
         )
     data = read_regular(flag, path, MAX_SYSTEM_PROMPT + 1)
     if len(data) > MAX_SYSTEM_PROMPT:
@@ -7745,13 +7725,11 @@ def read_system_prompt(path):
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise UsageError(
-            f"{flag} is not UTF-8 text: byte 0x{data[e.start]:02x} at offset "
-            f"{e.start} (iconv -t UTF-8 converts it)"
+            f"{flag} is not UTF-8 text: byte 0x{data[e.start]:02x} at offset {e.start} (iconv -t UTF-8 converts it)"
         )
     if not text.strip():
         raise UsageError(
-            f"{flag} holds no text: give a file with the prompt (without "
-            "--system-prompt, agent.py's own is used)"
+            f"{flag} holds no text: give a file with the prompt (without --system-prompt, agent.py's own is used)"
         )
     return text
 
@@ -7762,12 +7740,7 @@ def install_hint():
     with `agent.py: `, so it does not name agent.py again."""
     venv = beside_agent(".venv")
     agent_py = beside_agent("agent.py")
-    return (
-        f"needs the anthropic and python-dotenv packages, which {sys.executable} "
-        f"cannot import: python3 -m venv {venv} && {venv}/bin/pip install -r "
-        f"{beside_agent('requirements.txt')}, then run {venv}/bin/python {agent_py} ...; or "
-        f"run it with uv run {agent_py} ..."
-    )
+    return f"needs the anthropic and python-dotenv packages, which {sys.executable} cannot import: python3 -m venv {venv} && {venv}/bin/pip install -r {beside_agent('requirements.txt')}, then run {venv}/bin/python {agent_py} ...; or run it with uv run {agent_py} ..."
 
 
 PLACEHOLDER_KEY = "sk-ant-..."  # what .env.example holds
@@ -7826,9 +7799,7 @@ def check_not_the_checkouts(path, flag, given, dir_fd):
         head = b"?"  # cannot be read: not shown to be agent.py's own
     if head and not OWN_OUTPUTS.match(head):
         raise UsageError(
-            f"{flag} {given} would replace {path}, a file of agent.py's checkout "
-            f"({home}) that agent.py did not write; there an output replaces "
-            "only agent.py's own outputs (or an empty file): give another name"
+            f"{flag} {given} would replace {path}, a file of agent.py's checkout ({home}) that agent.py did not write; there an output replaces only agent.py's own outputs (or an empty file): give another name"
         )
 
 
@@ -7932,9 +7903,7 @@ def check_workdir(workdir, where, confined=True):
 
 def refuse_workdir(where, said):
     raise UsageError(
-        f"{where} {said}: a workdir must be a directory of ordinary data, as the model's code may "
-        "write anywhere in it and the next run would run what it wrote; give -C such a directory "
-        "(in a throwaway container, --no-sandbox allows any)"
+        f"{where} {said}: a workdir must be a directory of ordinary data, as the model's code may write anywhere in it and the next run would run what it wrote; give -C such a directory (in a throwaway container, --no-sandbox allows any)"
     )
 
 
@@ -8021,8 +7990,7 @@ def load_config(workdir, report):
             else "has a character that is not ASCII"
         )
         raise UsageError(
-            f"ANTHROPIC_API_KEY{where} {said} at position {odd + 1} of {len(key)}: "
-            "copy the key again"
+            f"ANTHROPIC_API_KEY{where} {said} at position {odd + 1} of {len(key)}: copy the key again"
         )
     return {n: check_text(config[n], n) for n in CONFIG_NAMES}
 
@@ -8038,17 +8006,21 @@ def dotenv_settings(workdir, report):
     return dotenv_values(stream=io.StringIO(text), interpolate=False)
 
 
-def learn_secrets():
+def learn_secrets(report):
     """Fill SECRETS, which every writer redacts (redact): the API key, from the environment and
     from the .env beside agent.py (if it counts), in every mode, whether or not this run uses
     it: a --replay sends nothing, yet what it writes must hold the key no more than a live
-    run's output does. True if a key was too short to redact."""
+    run's output does. A key too short to redact is said to be."""
     keys = [os.environ.get("ANTHROPIC_API_KEY")]
     # without python-dotenv, load_config says what to install, if the run needs the file
     with contextlib.suppress(ImportError):
         keys.append(dotenv_settings(None, None).get("ANTHROPIC_API_KEY"))
     SECRETS.update(k for k in keys if k and len(k) >= 8)  # a shorter one would redact words
-    return any(k and len(k) < 8 for k in keys)  # so the user is told it is not redacted
+    if any(k and len(k) < 8 for k in keys):
+        report.line(
+            "note: the API key is shorter than 8 characters, too short to redact without hiding ordinary words: agent.py cannot keep it out of what it writes (a server's error that echoes it, say)",
+            always=True,
+        )
 
 
 def read_dotenv(path, workdir, report):
@@ -8066,16 +8038,11 @@ def read_dotenv(path, workdir, report):
         if report:
             try:
                 info = os.lstat(path)
-                whose = (
-                    f": it is {'root' if info.st_uid == 0 else user_name(info.st_uid)}'s, "
-                    f"mode {stat.filemode(info.st_mode)}"
-                )
+                whose = f": it is {'root' if info.st_uid == 0 else user_name(info.st_uid)}'s, mode {stat.filemode(info.st_mode)}"
             except OSError:
                 whose = ""
             report.error(
-                f"note: cannot read {path} ({e.strerror}{whose}), so its settings are "
-                "not used (set ANTHROPIC_* in the environment, or make it readable to "
-                "you)"
+                f"note: cannot read {path} ({e.strerror}{whose}), so its settings are not used (set ANTHROPIC_* in the environment, or make it readable to you)"
             )
         return None
     except OSError as e:
@@ -8089,16 +8056,10 @@ def read_dotenv(path, workdir, report):
                 why = f"it has {info.st_nlink} names (hard links)"
             elif info.st_uid not in (os.geteuid(), 0):  # whoever owns it can rewrite it
                 who = "another user"
-                why = (
-                    f"it is owned by {user_name(info.st_uid)}, not by you "
-                    f"({user_name(os.geteuid())}) or root"
-                )
+                why = f"it is owned by {user_name(info.st_uid)}, not by you ({user_name(os.geteuid())}) or root"
             elif info.st_mode & 0o022:  # (an ACL granting a user write shows in the group bits)
                 who = "another user"
-                why = (
-                    f"it is writable by {'anyone' if info.st_mode & 0o002 else 'its group'} "
-                    f"({stat.filemode(info.st_mode)})"
-                )
+                why = f"it is writable by {'anyone' if info.st_mode & 0o002 else 'its group'} ({stat.filemode(info.st_mode)})"
             elif workdir and Path(os.path.realpath(path)).is_relative_to(workdir):
                 why = "it is inside the workdir"
             else:
@@ -8112,8 +8073,7 @@ def read_dotenv(path, workdir, report):
     )
     if report:
         report.error(
-            f"note: not reading {path}: {why}, so {who} could have written it "
-            f"(set ANTHROPIC_* in the environment, or {fix})"
+            f"note: not reading {path}: {why}, so {who} could have written it (set ANTHROPIC_* in the environment, or {fix})"
         )
     return None
 
@@ -8141,10 +8101,7 @@ def no_key(workdir):
         if os.path.lexists(other) and other != path and other not in unread:
             unread.append(other)
     if unread:
-        line += (
-            f"; {' and '.join(map(str, unread))} {'is' if len(unread) == 1 else 'are'} never "
-            f"read: the model's code could have written {'it' if len(unread) == 1 else 'them'}"
-        )
+        line += f"; {' and '.join(map(str, unread))} {'is' if len(unread) == 1 else 'are'} never read: the model's code could have written {'it' if len(unread) == 1 else 'them'}"
     return line
 
 
@@ -8176,8 +8133,7 @@ def make_client(config, limits, otel=False, workdir=None):
         if odd[-1] == len(key) - 1:
             where = "at its end"
         raise UsageError(
-            f"ANTHROPIC_API_KEY has white space or a control character {where}: "
-            "copy the key again, without it"
+            f"ANTHROPIC_API_KEY has white space or a control character {where}: copy the key again, without it"
         )
     url = config["ANTHROPIC_BASE_URL"]
     if url and url != url.strip():
@@ -8194,8 +8150,7 @@ def make_client(config, limits, otel=False, workdir=None):
         raise UsageError(f"ANTHROPIC_BASE_URL {url!r} is not a URL ({e})")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UsageError(
-            f"ANTHROPIC_BASE_URL {url!r} is not an http(s) URL with a host, e.g. "
-            "http://127.0.0.1:8080"
+            f"ANTHROPIC_BASE_URL {url!r} is not an http(s) URL with a host, e.g. http://127.0.0.1:8080"
         )
     # The SDK's 200,000 objects live as long as the process: frozen, the collections of a long
     # run no longer walk them (bench_loop --compare, 100 turns: 1.32x the bare loop's CPU time
@@ -8273,7 +8228,7 @@ def main(argv=None, client=None, stdin=None):
         if args.schema:
             return schema_mode(args)
         # before any file is read: whatever it holds, the key is never written
-        note_short_key(report)
+        learn_secrets(report)
         if args.report:
             return report_mode(args, report)
         if args.export:
@@ -8302,17 +8257,6 @@ def schema_mode(args):
     """--schema: print one JSON Schema."""
     to_stdout(json.dumps(SCHEMAS[args.schema], indent=2))
     return 0
-
-
-def note_short_key(report):
-    """Learn the key to redact, and say so when it is too short to be."""
-    if learn_secrets():
-        report.line(
-            "note: the API key is shorter than 8 characters, too short to redact "
-            "without hiding ordinary words: agent.py cannot keep it out of what it "
-            "writes (a server's error that echoes it, say)",
-            always=True,
-        )
 
 
 def report_mode(args, report):
@@ -8412,8 +8356,7 @@ class Run:
         self.server = server_url(config["ANTHROPIC_BASE_URL"] or "")
         if self.server and "@" in urllib.parse.urlsplit(config["ANTHROPIC_BASE_URL"]).netloc:
             report.error(
-                "note: ANTHROPIC_BASE_URL holds a user:password@, which is sent as the "
-                "Authorization header in place of the API key's"
+                "note: ANTHROPIC_BASE_URL holds a user:password@, which is sent as the Authorization header in place of the API key's"
             )
         model = args.model or config["ANTHROPIC_MODEL"] or recorded.get("model") or DEFAULT_MODEL
         self.model = model
@@ -8506,9 +8449,7 @@ def run_workdir(args, recorded, replay):
             if shown != shown_path(workdir):
                 shown += f" (here {shown_path(workdir)})"
             raise UsageError(
-                f"{source} recorded the workdir {shown}, which "
-                f"{missing}{why} here: give -C DIR (--workdir) to "
-                f"{'replay' if replay else 'resume'} it in another directory"
+                f"{source} recorded the workdir {shown}, which {missing}{why} here: give -C DIR (--workdir) to {'replay' if replay else 'resume'} it in another directory"
             )
         home = ""
         if gone and args.workdir.startswith("~"):
@@ -8533,18 +8474,11 @@ def check_resumed_outside(args, asked, workdir, recorded):
         # a kept run, by its name
         if inside != workdir and asked != args.resume:
             raise UsageError(
-                f"--resume {asked} is the kept run {args.resume}, made by a run "
-                f"whose workdir, {inside}, holds the kept runs (only "
-                "--no-sandbox allows that): its code could have rewritten this "
-                "file, so it is not resumed; give another run's id (--resume "
-                f"ID; they are in {Path(args.resume).parent}), or remove this "
-                f"one (rm {args.resume})"
+                f"--resume {asked} is the kept run {args.resume}, made by a run whose workdir, {inside}, holds the kept runs (only --no-sandbox allows that): its code could have rewritten this file, so it is not resumed; give another run's id (--resume ID; they are in {Path(args.resume).parent}), or remove this one (rm {args.resume})"
                 + (" and last names the one before" if asked == "last" else "")
             )
         raise UsageError(
-            f"--resume {args.resume} is inside the workdir {inside}, where "
-            "the model's code could have rewritten it; it is not resumed "
-            "(move it out of the workdir if you trust it)"
+            f"--resume {args.resume} is inside the workdir {inside}, where the model's code could have rewritten it; it is not resumed (move it out of the workdir if you trust it)"
         )
 
 
@@ -8590,8 +8524,7 @@ def ask_to_go_on(run, client, config):
     # ANTHROPIC_BASE_URL was given: only a y consents
     if ELSEWHERE in taken:
         why.append(
-            f"{source} goes on with a server other than the one that made it "
-            "only when you answer y (echo y | agent.py ...)"
+            f"{source} goes on with a server other than the one that made it only when you answer y (echo y | agent.py ...)"
         )
     raise UsageError("not resumed: " + "; and ".join(why))
 
@@ -8602,9 +8535,7 @@ def open_outputs(args, target, reach):
     # agent.py names the files of kept runs
     if args.transcript not in (None, "-") and in_runs_dir(args.transcript):
         raise UsageError(
-            f"--transcript {args.transcript} is in the directory of kept runs, "
-            "whose files agent.py names by run id: give a path elsewhere (the "
-            "run is kept there anyway)"
+            f"--transcript {args.transcript} is in the directory of kept runs, whose files agent.py names by run id: give a path elsewhere (the run is kept there anyway)"
         )
     output = None
     if target not in (None, "-"):
@@ -8737,8 +8668,7 @@ def replayed_session(run):
     """--replay: a session that runs the recording's turns again."""
     session = replay_session(run.replay, run.workdir, run.run_id, run.args.replay)
     run.report.line(
-        f"replaying {run.args.replay}: {plural(len(run.replay['turns']), 'turn')} "
-        f"recorded from {made_by(run.replay)}; workdir {run.workdir}; nothing is sent"
+        f"replaying {run.args.replay}: {plural(len(run.replay['turns']), 'turn')} recorded from {made_by(run.replay)}; workdir {run.workdir}; nothing is sent"
     )
     return session
 
@@ -8770,8 +8700,7 @@ def resumed_session(run):
     if run.unanswered:
         pending = f"; {plural(run.unanswered, 'pending tool call')} answered 'not run'"
     run.report.line(
-        f"resuming {run.args.resume}: {plural(len(session['turns']), 'turn')} so "
-        f"far; workdir {run.workdir}; model {run.model}{pending}"
+        f"resuming {run.args.resume}: {plural(len(session['turns']), 'turn')} so far; workdir {run.workdir}; model {run.model}{pending}"
     )
 
 
@@ -8796,8 +8725,7 @@ def session_mode(run, ctx, started):
     if stop.reason in TEXT_STOPS and stop.exit_code == 0 and not (session["answer"] or "").strip():
         empty = ", with no text"
     say(
-        f"stop: {stop.reason} ({said_stop(stop)}{empty}); {turns}, {usage['tokens']} tokens, "
-        f"{cost}{failed_said(session)}"
+        f"stop: {stop.reason} ({said_stop(stop)}{empty}); {turns}, {usage['tokens']} tokens, {cost}{failed_said(session)}"
     )
     if run.kept_line:
         report.line(run.kept_line)
@@ -8825,10 +8753,7 @@ def failed_said(session):
         + ("failed_usage" in (session.get("stop") or {}))
     )  # the last attempt of a failed turn
     cost = "cost unknown" if spent["cost_usd"] is None else f"${spent['cost_usd']:.6f}"
-    return (
-        f", and {spent['tokens']} tokens, {cost} that the server reported for "
-        f"{plural(attempts, 'failed attempt')} (billed, not in the totals above)"
-    )
+    return f", and {spent['tokens']} tokens, {cost} that the server reported for {plural(attempts, 'failed attempt')} (billed, not in the totals above)"
 
 
 def said_stop(stop):
