@@ -7502,14 +7502,12 @@ def parse_args(argv):
     context.add_argument(
         "--context-edit", choices=clearers, default=Limits.context_edit, help=HELP["--context-edit"]
     )
-    inspect = p.add_argument_group(
-        "inspection: print or convert, send nothing (but --count-tokens)"
-    )
-    inspect.add_argument("--count-tokens", action="store_true", help=HELP["--count-tokens"])
-    inspect.add_argument("--schema", choices=list(SCHEMAS), help=HELP["--schema"])
-    inspect.add_argument("--report", metavar="JSON", help=HELP["--report"])
-    inspect.add_argument("--export", nargs=2, metavar=("FORMAT", "JSON"), help=HELP["--export"])
-    inspect.add_argument("-o", "--output", metavar="PATH", help=HELP["--output"])
+    show = p.add_argument_group("inspection: print or convert, send nothing (but --count-tokens)")
+    show.add_argument("--count-tokens", action="store_true", help=HELP["--count-tokens"])
+    show.add_argument("--schema", choices=list(SCHEMAS), help=HELP["--schema"])
+    show.add_argument("--report", metavar="JSON", help=HELP["--report"])
+    show.add_argument("--export", nargs=2, metavar=("FORMAT", "JSON"), help=HELP["--export"])
+    show.add_argument("-o", "--output", metavar="PATH", help=HELP["--output"])
     args, extra = p.parse_known_args(argv)
     if extra:  # argparse's own message; for words alone, what they most likely are
         words = [a for a in extra if not a.startswith("-") or a == "-"]
@@ -7677,10 +7675,8 @@ class PipedAnswers:
     def readline(self):
         answer = self.stdin.readline()
         if answer.strip():
-            to_stderr(
-                dimmed(f"{shorten(visible(answer.strip()), 40)} (from stdin)\n", sys.stderr),
-                sys.stderr,
-            )
+            shown = f"{shorten(visible(answer.strip()), 40)} (from stdin)\n"
+            to_stderr(dimmed(shown, sys.stderr), sys.stderr)
             return answer if answer.endswith("\n") else answer + "\n"
         return answer
 
@@ -7874,12 +7870,10 @@ def check_workdir(workdir, where, confined=True):
     for p in (sys.exec_prefix, sys.base_exec_prefix):
         found.append(("the Python agent.py runs on", p, False))
     for name in ("PATH", "LD_LIBRARY_PATH"):
-        for p in os.environ.get(name, "").split(os.pathsep):
-            # An empty entry on PATH is the current directory.
-            if p or name == "PATH":
-                found.append(
-                    (f"a directory on {name}, where the next run's programs are", p, False)
-                )
+        what = f"a directory on {name}, where the next run's programs are"
+        # An empty entry on PATH is the current directory.
+        entries = os.environ.get(name, "").split(os.pathsep)
+        found += [(what, p, False) for p in entries if p or name == "PATH"]
     for what, path, inside_too in found:
         path = path or "."
         real = Path(os.path.realpath(path))
@@ -7984,11 +7978,9 @@ def load_config(workdir, report):
     if odd is not None:  # where, and never a character of the key itself (it is a secret)
         byte = key[odd]
         where = "" if os.environ.get("ANTHROPIC_API_KEY") else f" (from {dotenv_path()})"
-        said = (
-            f"is not valid UTF-8: byte 0x{os.fsencode(byte)[0]:02x}"
-            if "\udc80" <= byte <= "\udcff"
-            else "has a character that is not ASCII"
-        )
+        said = "has a character that is not ASCII"
+        if "\udc80" <= byte <= "\udcff":
+            said = f"is not valid UTF-8: byte 0x{os.fsencode(byte)[0]:02x}"
         raise UsageError(
             f"ANTHROPIC_API_KEY{where} {said} at position {odd + 1} of {len(key)}: copy the key again"
         )
@@ -8066,11 +8058,9 @@ def read_dotenv(path, workdir, report):
                 return os.read(fd, 1 << 20).decode("utf-8", "replace")
         finally:
             os.close(fd)
-    fix = (
-        "chown it to yourself and chmod go-w it"
-        if who == "another user"
-        else "make it a plain file beside agent.py"
-    )
+    fix = "make it a plain file beside agent.py"
+    if who == "another user":
+        fix = "chown it to yourself and chmod go-w it"
     if report:
         report.error(
             f"note: not reading {path}: {why}, so {who} could have written it (set ANTHROPIC_* in the environment, or {fix})"
@@ -8348,10 +8338,7 @@ class Run:
         recorded = self.session or self.replay or {}
         self.workdir = run_workdir(args, recorded, self.replay)
         check_resumed_outside(args, asked, self.workdir, recorded)
-        if self.replay:
-            config = dict.fromkeys(CONFIG_NAMES)
-        else:
-            config = load_config(self.workdir, report)
+        config = dict.fromkeys(CONFIG_NAMES) if self.replay else load_config(self.workdir, report)
         # ANTHROPIC_BASE_URL as the transcript records it; None: Anthropic's
         self.server = server_url(config["ANTHROPIC_BASE_URL"] or "")
         if self.server and "@" in urllib.parse.urlsplit(config["ANTHROPIC_BASE_URL"]).netloc:
@@ -8371,10 +8358,8 @@ class Run:
         # where the model's code can write, if not everywhere
         reach = None if args.no_sandbox else self.workdir
         self.output, self.trial_outputs, events_out = open_outputs(args, target, reach)
-        for flag, given in (
-            ("--budget-usd", args.budget_usd),
-            ("--trials-budget-usd", args.trials_budget_usd),
-        ):
+        budgets = {"--budget-usd": args.budget_usd, "--trials-budget-usd": args.trials_budget_usd}
+        for flag, given in budgets.items():
             if given is not None and base_model(model) not in PRICING:
                 raise UsageError(
                     f"{flag} needs a known price, and {model} is not in the pricing table"
