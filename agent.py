@@ -8081,15 +8081,11 @@ def no_key(workdir):
         elif os.access(path, os.R_OK):
             state = "it holds none"
         line += f" or in {path} ({state}), the one .env agent.py reads"
-    try:
-        places = [Path.cwd()] + ([Path(workdir)] if workdir else [])
-    except OSError:  # no current directory any more
-        places = [Path(workdir)] if workdir else []
-    unread = []
-    for place in places:
-        other = place / ".env"
-        if os.path.lexists(other) and other != path and other not in unread:
-            unread.append(other)
+    places = [Path(workdir)] if workdir else []
+    with contextlib.suppress(OSError):  # no current directory any more
+        places.insert(0, Path.cwd())
+    others = dict.fromkeys(place / ".env" for place in places)
+    unread = [other for other in others if other != path and os.path.lexists(other)]
     if unread:
         line += f"; {' and '.join(map(str, unread))} {'is' if len(unread) == 1 else 'are'} never read: the model's code could have written {'it' if len(unread) == 1 else 'them'}"
     return line
