@@ -7272,8 +7272,7 @@ class Once(argparse.Action):
                 " ".join(v) if isinstance(v, list) else str(v) for v in (given[self.dest], values)
             ]
             raise UsageError(
-                f"{'/'.join(self.option_strings)} was given twice ({shown[0]}, "
-                f"then {shown[1]}): give it once"
+                f"{'/'.join(self.option_strings)} was given twice ({shown[0]}, then {shown[1]}): give it once"
             )
         given[self.dest] = values
         setattr(namespace, self.dest, values)
@@ -7327,7 +7326,7 @@ def tokens_or_off(value):
 LONGEST_WAIT = 10**9  # seconds a timeout may be: every clock agent.py waits on holds it
 
 
-# --help's text for each argument, by its long name, in the order --help shows them
+# What --help says of each option and of the question, by the flag's long name.
 HELP = {
     "--version": "print agent.py's version, and exit",
     "question": "the question; - reads it from stdin (with --resume: an optional follow-up)",
@@ -7378,13 +7377,8 @@ def parse_args(argv):
         allow_abbrev=False,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "-V",
-        "--version",
-        action="version",
-        version=f"agent.py {AGENT_VERSION}",
-        help=HELP["--version"],
-    )
+    version = f"agent.py {AGENT_VERSION}"
+    p.add_argument("-V", "--version", action="version", version=version, help=HELP["--version"])
     run = p.add_argument_group("run")
     run.add_argument("question", nargs="?", help=HELP["question"])
     run.add_argument("-C", "--workdir", metavar="DIR", help=HELP["--workdir"])
@@ -7396,17 +7390,15 @@ def parse_args(argv):
     run.add_argument("--replay", metavar="PATH", help=HELP["--replay"])
     run.add_argument("--strict", action="store_true", help=HELP["--strict"])
     run.add_argument("-s", "--system-prompt", metavar="FILE", help=HELP["--system-prompt"])
-    # the options that set a field of Limits, its default
     limits = p.add_argument_group("limits")
-    for flag, kind, metavar, name in (
-        ("--max-turns", whole_number, "N", "max_turns"),
-        ("--token-budget", whole_number, "N", "token_budget"),
-        ("--budget-usd", float, "X", "budget_usd"),
-        ("--max-tokens", whole_number, "N", "max_tokens"),
-        ("--tool-timeout", float, "SECONDS", "tool_timeout"),
-        ("--request-timeout", float, "SECONDS", "request_timeout"),
+    for flag, kind, metavar, default in (
+        ("--max-turns", whole_number, "N", Limits.max_turns),
+        ("--token-budget", whole_number, "N", Limits.token_budget),
+        ("--budget-usd", float, "X", None),
+        ("--max-tokens", whole_number, "N", Limits.max_tokens),
+        ("--tool-timeout", float, "SECONDS", Limits.tool_timeout),
+        ("--request-timeout", float, "SECONDS", Limits.request_timeout),
     ):
-        default = getattr(Limits, name)
         limits.add_argument(flag, type=kind, metavar=metavar, default=default, help=HELP[flag])
     outputs = p.add_argument_group("outputs")
     outputs.add_argument("--transcript", metavar="PATH", help=HELP["--transcript"])
@@ -7429,34 +7421,28 @@ def parse_args(argv):
     )
     trials.add_argument("--decline-message", metavar="TEXT", help=HELP["--decline-message"])
     context = p.add_argument_group("context: clearing old tool results")
-    for flag, kind, metavar, name in (
-        ("--clear-tool-results", tokens_or_off, "TOKENS|off", "clear_at"),
-        ("--keep-tool-results", whole_number, "N", "keep_results"),
-        ("--clear-at-least", whole_number, "TOKENS", "clear_at_least"),
+    for flag, kind, metavar, default in (
+        ("--clear-tool-results", tokens_or_off, "TOKENS|off", Limits.clear_at),
+        ("--keep-tool-results", whole_number, "N", Limits.keep_results),
+        ("--clear-at-least", whole_number, "TOKENS", Limits.clear_at_least),
     ):
-        default = getattr(Limits, name)
         context.add_argument(flag, type=kind, metavar=metavar, default=default, help=HELP[flag])
+    clearers = ("client", "server")
     context.add_argument(
-        "--context-edit",
-        choices=("client", "server"),
-        default=Limits.context_edit,
-        help=HELP["--context-edit"],
+        "--context-edit", choices=clearers, default=Limits.context_edit, help=HELP["--context-edit"]
     )
-    inspect = p.add_argument_group(
-        "inspection: print or convert, send nothing (but --count-tokens)"
-    )
-    inspect.add_argument("--count-tokens", action="store_true", help=HELP["--count-tokens"])
-    inspect.add_argument("--schema", choices=list(SCHEMAS), help=HELP["--schema"])
-    inspect.add_argument("--report", metavar="JSON", help=HELP["--report"])
-    inspect.add_argument("--export", nargs=2, metavar=("FORMAT", "JSON"), help=HELP["--export"])
-    inspect.add_argument("-o", "--output", metavar="PATH", help=HELP["--output"])
+    show = p.add_argument_group("inspection: print or convert, send nothing (but --count-tokens)")
+    show.add_argument("--count-tokens", action="store_true", help=HELP["--count-tokens"])
+    show.add_argument("--schema", choices=list(SCHEMAS), help=HELP["--schema"])
+    show.add_argument("--report", metavar="JSON", help=HELP["--report"])
+    show.add_argument("--export", nargs=2, metavar=("FORMAT", "JSON"), help=HELP["--export"])
+    show.add_argument("-o", "--output", metavar="PATH", help=HELP["--output"])
     args, extra = p.parse_known_args(argv)
     if extra:  # argparse's own message; for words alone, what they most likely are
         words = [a for a in extra if not a.startswith("-") or a == "-"]
         if "--" in argv and argv.index("--") < len(argv) - len(extra):  # flags after --
             raise UsageError(
-                f"unrecognized arguments: {' '.join(extra)}; options go before --, "
-                "after which every word is the question's"
+                f"unrecognized arguments: {' '.join(extra)}; options go before --, after which every word is the question's"
             )
         if words != extra:  # a mistyped flag: the words after it may be its value, not extra
             raise UsageError(f"unrecognized arguments: {' '.join(meant_flags(p, extra))}")
@@ -7465,51 +7451,29 @@ def parse_args(argv):
         if len(folders) == 1:  # `agent.py "avg?" workspace`: the directory is the workdir
             asked = next(w for w in both if w != folders[0])
             raise UsageError(
-                f"unrecognized arguments: {' '.join(extra)}; {folders[0]} is a "
-                f"directory: did you mean agent.py {shlex.quote(asked)} --workdir "
-                f"{shlex.quote(folders[0])}?"
+                f"unrecognized arguments: {' '.join(extra)}; {folders[0]} is a directory: did you mean agent.py {shlex.quote(asked)} --workdir {shlex.quote(folders[0])}?"
             )
-        hint = (
-            f"; a question of several words goes in quotes: agent.py "
-            f"{shlex.quote(' '.join([args.question, *words]))} ..."
-            if args.question is not None
-            else " (see --help)"
-        )
+        hint = " (see --help)"
+        if args.question is not None:
+            whole = shlex.quote(" ".join([args.question, *words]))
+            hint = f"; a question of several words goes in quotes: agent.py {whole} ..."
         raise UsageError(f"unrecognized arguments: {' '.join(extra)}{hint}")
     for action in p._actions:  # a path given as "" is an unset variable, never a choice
         if action.metavar in ("PATH", "DIR", "JSON", "FILE") and getattr(args, action.dest) == "":
             raise UsageError(
-                f"{'/'.join(action.option_strings)} is empty (an unset shell "
-                f'variable, as in {action.option_strings[-1]} "$OUT"?): give '
-                "a path"
+                f'{"/".join(action.option_strings)} is empty (an unset shell variable, as in {action.option_strings[-1]} "$OUT"?): give a path'
             )
     if args.report == "-" or args.export and args.export[1] == "-":
         raise UsageError(
-            f"{'--report' if args.report else '--export'} reads a file, not stdin: "
-            "give the path of a transcript or summary (or last)"
+            f"{'--report' if args.report else '--export'} reads a file, not stdin: give the path of a transcript or summary (or last)"
         )
-    inspecting = [
-        flag
-        for flag, given in (
-            ("--schema", args.schema),
-            ("--report", args.report),
-            ("--export", args.export),
-        )
-        if given
-    ]
+    inspecting = [f"--{name}" for name in ("schema", "report", "export") if getattr(args, name)]
     # --count-tokens, --schema, --report and --export run nothing: a run's flag would be dropped
-    run_flags = (
-        ("--replay", args.replay),
-        ("--resume", args.resume),
-        ("--trials", args.trials),
-        ("--transcript", args.transcript),
-        ("--events", args.events),
-    )
-    dropped = [flag for flag, given in run_flags if given is not None]
+    run_flags = ("replay", "resume", "trials", "transcript", "events")
+    dropped = [f"--{name}" for name in run_flags if getattr(args, name) is not None]
     if args.count_tokens and (dropped or inspecting):
         raise UsageError(
-            f"--count-tokens cannot be combined with {(dropped or inspecting)[0]}"
-            ": it counts a question's tokens and runs nothing; give one of them"
+            f"--count-tokens cannot be combined with {(dropped or inspecting)[0]}: it counts a question's tokens and runs nothing; give one of them"
         )
     if len(inspecting) > 1:
         raise UsageError(f"{' and '.join(inspecting)} cannot be combined: give one")
@@ -7521,13 +7485,11 @@ def parse_args(argv):
             "--export": "converts a saved run",
         }[inspecting[0]]
         raise UsageError(
-            f"{inspecting[0]} cannot be combined with {dropped[0]}: it {what}, "
-            "and runs nothing; give one of them"
+            f"{inspecting[0]} cannot be combined with {dropped[0]}: it {what}, and runs nothing; give one of them"
         )
     if args.output and not (args.report or args.export):
         raise UsageError(
-            "-o/--output goes with --report or --export (the answer goes to "
-            f"stdout: > {shlex.quote(args.output)}; the transcript: --transcript FILE)"
+            f"-o/--output goes with --report or --export (the answer goes to stdout: > {shlex.quote(args.output)}; the transcript: --transcript FILE)"
         )
     if inspecting and args.question is not None:
         raise UsageError(f"{inspecting[0]} takes no question, and {args.question!r} was given")
@@ -7535,25 +7497,16 @@ def parse_args(argv):
         raise UsageError(f"--export knows one format, atif, not {args.export[0]!r}")
     if args.model is not None and not args.model.strip():
         raise UsageError(
-            '--model is empty (an unset shell variable, as in -m "$MODEL"?): give '
-            "a model id, or leave -m out for the default"
+            '--model is empty (an unset shell variable, as in -m "$MODEL"?): give a model id, or leave -m out for the default'
         )
     if inspecting or args.count_tokens:
         return args
     if args.question in ("help", "version"):  # a first try at what --help and --version do
         raise UsageError(
-            f"a question of one word, {args.question!r}: did you mean "
-            f"--{args.question}? (to ask it, give more words)"
+            f"a question of one word, {args.question!r}: did you mean --{args.question}? (to ask it, give more words)"
         )
-    for name in (
-        "max_turns",
-        "token_budget",
-        "max_tokens",
-        "jobs",
-        "trials",
-        "clear_tool_results",
-        "clear_at_least",
-    ):
+    counts = ("max_turns", "token_budget", "max_tokens", "jobs", "trials")
+    for name in (*counts, "clear_tool_results", "clear_at_least"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
@@ -7561,8 +7514,7 @@ def parse_args(argv):
         value = getattr(args, name)
         if value is not None and value > most:
             raise UsageError(
-                f"--{name} {value:,} is over {most:,}, the most agent.py runs in "
-                f"one go: give at most {most:,}"
+                f"--{name} {value:,} is over {most:,}, the most agent.py runs in one go: give at most {most:,}"
                 + (" (split a bigger measurement into several runs)" if name == "trials" else "")
             )
     for name in ("tool_timeout", "budget_usd", "request_timeout", "trials_budget_usd"):
@@ -7571,27 +7523,17 @@ def parse_args(argv):
             raise UsageError(f"--{name.replace('_', '-')} must be a positive number")
         if name.endswith("timeout") and value > LONGEST_WAIT:  # a socket's, a CPU limit's
             raise UsageError(f"--{name.replace('_', '-')} must be at most {LONGEST_WAIT:,} seconds")
-    if args.replay and (
-        args.resume
-        or args.trials
-        or args.question is not None
-        or args.model
-        or args.effort
-        or args.system_prompt
-    ):
+    not_replayed = (args.resume, args.trials, args.model, args.effort, args.system_prompt)
+    if args.replay and (args.question is not None or any(not_replayed)):
         raise UsageError(
-            "--replay runs the recorded question and turns again: give it no "
-            "question, --model, --effort, --system-prompt, --resume or --trials"
+            "--replay runs the recorded question and turns again: give it no question, --model, --effort, --system-prompt, --resume or --trials"
         )
     if args.strict and not args.replay:
         raise UsageError("--strict goes with --replay")
-    for what, value in (
-        ("the question", args.question),
-        ("--model", args.model),
-        ("--expect", args.expect),
-        ("--decline-message", args.decline_message),
-    ):
-        check_text(value, what)
+    check_text(args.question, "the question")
+    check_text(args.model, "--model")
+    check_text(args.expect, "--expect")
+    check_text(args.decline_message, "--decline-message")
     if args.resume is None and args.replay is None and not (args.question or "").strip():
         raise UsageError("give a question (- reads it from stdin), --resume PATH or --replay PATH")
     if args.expect:
@@ -7634,8 +7576,7 @@ def check_text(value, what):
 def not_utf8(what, byte, before):
     said = f"byte 0x{byte:02x}" if byte is not None else "a lone surrogate"
     raise UsageError(
-        f"{what} is not valid UTF-8: {said} after {shorten(before, 40)!r}; give it "
-        "as UTF-8 text (iconv -t UTF-8 converts a file)"
+        f"{what} is not valid UTF-8: {said} after {shorten(before, 40)!r}; give it as UTF-8 text (iconv -t UTF-8 converts a file)"
     )
 
 
@@ -7663,10 +7604,8 @@ class PipedAnswers:
     def readline(self):
         answer = self.stdin.readline()
         if answer.strip():
-            to_stderr(
-                dimmed(f"{shorten(visible(answer.strip()), 40)} (from stdin)\n", sys.stderr),
-                sys.stderr,
-            )
+            shown = f"{shorten(visible(answer.strip()), 40)} (from stdin)\n"
+            to_stderr(dimmed(shown, sys.stderr), sys.stderr)
             return answer if answer.endswith("\n") else answer + "\n"
         return answer
 
@@ -7682,8 +7621,7 @@ def read_question(stdin):
     data = raw.read(MAX_QUESTION + 1).removeprefix(b"\xef\xbb\xbf")  # a BOM (Notepad's): no text
     if len(data) > MAX_QUESTION:  # `yes | agent.py -` ends here, not when memory does
         raise UsageError(
-            f"the question on stdin is over {MAX_QUESTION >> 20} MiB, more than the "
-            "API takes in one request"
+            f"the question on stdin is over {MAX_QUESTION >> 20} MiB, more than the API takes in one request"
         )
     try:
         return data.decode("utf-8")
@@ -7701,9 +7639,7 @@ def read_system_prompt(path):
     flag = f"--system-prompt {path}"
     if not os.path.lexists(path) and " " in path:  # text where a file is meant, as llm's -s?
         raise UsageError(
-            f"--system-prompt takes a FILE, and there is no file {path!r} (llm's -s "
-            "and claude's --system-prompt take the text itself; here, put it in a "
-            "file)"
+            f"--system-prompt takes a FILE, and there is no file {path!r} (llm's -s and claude's --system-prompt take the text itself; here, put it in a file)"
         )
     data = read_regular(flag, path, MAX_SYSTEM_PROMPT + 1)
     if len(data) > MAX_SYSTEM_PROMPT:
@@ -7714,13 +7650,11 @@ def read_system_prompt(path):
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise UsageError(
-            f"{flag} is not UTF-8 text: byte 0x{data[e.start]:02x} at offset "
-            f"{e.start} (iconv -t UTF-8 converts it)"
+            f"{flag} is not UTF-8 text: byte 0x{data[e.start]:02x} at offset {e.start} (iconv -t UTF-8 converts it)"
         )
     if not text.strip():
         raise UsageError(
-            f"{flag} holds no text: give a file with the prompt (without "
-            "--system-prompt, agent.py's own is used)"
+            f"{flag} holds no text: give a file with the prompt (without --system-prompt, agent.py's own is used)"
         )
     return text
 
@@ -7731,12 +7665,7 @@ def install_hint():
     with `agent.py: `, so it does not name agent.py again."""
     venv = beside_agent(".venv")
     agent_py = beside_agent("agent.py")
-    return (
-        f"needs the anthropic and python-dotenv packages, which {sys.executable} "
-        f"cannot import: python3 -m venv {venv} && {venv}/bin/pip install -r "
-        f"{beside_agent('requirements.txt')}, then run {venv}/bin/python {agent_py} ...; or "
-        f"run it with uv run {agent_py} ..."
-    )
+    return f"needs the anthropic and python-dotenv packages, which {sys.executable} cannot import: python3 -m venv {venv} && {venv}/bin/pip install -r {beside_agent('requirements.txt')}, then run {venv}/bin/python {agent_py} ...; or run it with uv run {agent_py} ..."
 
 
 PLACEHOLDER_KEY = "sk-ant-..."  # what .env.example holds
@@ -7795,9 +7724,7 @@ def check_not_the_checkouts(path, flag, given, dir_fd):
         head = b"?"  # cannot be read: not shown to be agent.py's own
     if head and not OWN_OUTPUTS.match(head):
         raise UsageError(
-            f"{flag} {given} would replace {path}, a file of agent.py's checkout "
-            f"({home}) that agent.py did not write; there an output replaces "
-            "only agent.py's own outputs (or an empty file): give another name"
+            f"{flag} {given} would replace {path}, a file of agent.py's checkout ({home}) that agent.py did not write; there an output replaces only agent.py's own outputs (or an empty file): give another name"
         )
 
 
@@ -7872,12 +7799,10 @@ def check_workdir(workdir, where, confined=True):
     for p in (sys.exec_prefix, sys.base_exec_prefix):
         found.append(("the Python agent.py runs on", p, False))
     for name in ("PATH", "LD_LIBRARY_PATH"):
-        for p in os.environ.get(name, "").split(os.pathsep):
-            # An empty entry on PATH is the current directory.
-            if p or name == "PATH":
-                found.append(
-                    (f"a directory on {name}, where the next run's programs are", p, False)
-                )
+        what = f"a directory on {name}, where the next run's programs are"
+        # An empty entry on PATH is the current directory.
+        entries = os.environ.get(name, "").split(os.pathsep)
+        found += [(what, p, False) for p in entries if p or name == "PATH"]
     for what, path, inside_too in found:
         path = path or "."
         real = Path(os.path.realpath(path))
@@ -7901,9 +7826,7 @@ def check_workdir(workdir, where, confined=True):
 
 def refuse_workdir(where, said):
     raise UsageError(
-        f"{where} {said}: a workdir must be a directory of ordinary data, as the model's code may "
-        "write anywhere in it and the next run would run what it wrote; give -C such a directory "
-        "(in a throwaway container, --no-sandbox allows any)"
+        f"{where} {said}: a workdir must be a directory of ordinary data, as the model's code may write anywhere in it and the next run would run what it wrote; give -C such a directory (in a throwaway container, --no-sandbox allows any)"
     )
 
 
@@ -7946,35 +7869,12 @@ def beside_agent(name):
     return shlex.quote(str(path) if relative.startswith("..") else relative)
 
 
-def resolved_directory(path):
-    """(the real path `path` names, None) if it is a directory, else (a path, why it is none):
-    a path a transcript recorded may be anything (a name too long, 6,000 characters)."""
-    try:
-        real = Path(os.path.realpath(path))
-        return real, None if real.is_dir() else ""
-    except OSError as e:
-        return path, f" ({e.strerror})"
-
-
-def recorded_workdir(given, workdir):
-    """A workdir a file recorded, as it recorded it, and where that is from here if it differs
-    (a relative one): `workspace (here /tmp/x/workspace)`."""
-    given = shown_path(given)
-    return given if given == shown_path(workdir) else f"{given} (here {shown_path(workdir)})"
-
-
 def shown_path(path):
     """A path a file named, as it is when plain, else quoted, escaped and cut to two rows."""
     shown = str(path)
     if len(shown) > 200 or quoted(shown) != f'"{shown}"':
         shown = fitted("", shown, "", 80, 2)
     return shown
-
-
-def workdir_named(where, given, workdir):
-    """Where the workdir came from, with its real path when that says more: `--workdir /`, not
-    `--workdir /, /,`."""
-    return where if given == str(workdir) else f"{where} ({workdir})"
 
 
 def dotenv_path():
@@ -8007,14 +7907,11 @@ def load_config(workdir, report):
     if odd is not None:  # where, and never a character of the key itself (it is a secret)
         byte = key[odd]
         where = "" if os.environ.get("ANTHROPIC_API_KEY") else f" (from {dotenv_path()})"
-        said = (
-            f"is not valid UTF-8: byte 0x{os.fsencode(byte)[0]:02x}"
-            if "\udc80" <= byte <= "\udcff"
-            else "has a character that is not ASCII"
-        )
+        said = "has a character that is not ASCII"
+        if "\udc80" <= byte <= "\udcff":
+            said = f"is not valid UTF-8: byte 0x{os.fsencode(byte)[0]:02x}"
         raise UsageError(
-            f"ANTHROPIC_API_KEY{where} {said} at position {odd + 1} of {len(key)}: "
-            "copy the key again"
+            f"ANTHROPIC_API_KEY{where} {said} at position {odd + 1} of {len(key)}: copy the key again"
         )
     return {n: check_text(config[n], n) for n in CONFIG_NAMES}
 
@@ -8030,17 +7927,21 @@ def dotenv_settings(workdir, report):
     return dotenv_values(stream=io.StringIO(text), interpolate=False)
 
 
-def learn_secrets():
+def learn_secrets(report):
     """Fill SECRETS, which every writer redacts (redact): the API key, from the environment and
     from the .env beside agent.py (if it counts), in every mode, whether or not this run uses
     it: a --replay sends nothing, yet what it writes must hold the key no more than a live
-    run's output does. True if a key was too short to redact."""
+    run's output does. A key too short to redact is said to be."""
     keys = [os.environ.get("ANTHROPIC_API_KEY")]
     # without python-dotenv, load_config says what to install, if the run needs the file
     with contextlib.suppress(ImportError):
         keys.append(dotenv_settings(None, None).get("ANTHROPIC_API_KEY"))
     SECRETS.update(k for k in keys if k and len(k) >= 8)  # a shorter one would redact words
-    return any(k and len(k) < 8 for k in keys)  # so the user is told it is not redacted
+    if any(k and len(k) < 8 for k in keys):
+        report.line(
+            "note: the API key is shorter than 8 characters, too short to redact without hiding ordinary words: agent.py cannot keep it out of what it writes (a server's error that echoes it, say)",
+            always=True,
+        )
 
 
 def read_dotenv(path, workdir, report):
@@ -8058,16 +7959,11 @@ def read_dotenv(path, workdir, report):
         if report:
             try:
                 info = os.lstat(path)
-                whose = (
-                    f": it is {'root' if info.st_uid == 0 else user_name(info.st_uid)}'s, "
-                    f"mode {stat.filemode(info.st_mode)}"
-                )
+                whose = f": it is {'root' if info.st_uid == 0 else user_name(info.st_uid)}'s, mode {stat.filemode(info.st_mode)}"
             except OSError:
                 whose = ""
             report.error(
-                f"note: cannot read {path} ({e.strerror}{whose}), so its settings are "
-                "not used (set ANTHROPIC_* in the environment, or make it readable to "
-                "you)"
+                f"note: cannot read {path} ({e.strerror}{whose}), so its settings are not used (set ANTHROPIC_* in the environment, or make it readable to you)"
             )
         return None
     except OSError as e:
@@ -8081,31 +7977,22 @@ def read_dotenv(path, workdir, report):
                 why = f"it has {info.st_nlink} names (hard links)"
             elif info.st_uid not in (os.geteuid(), 0):  # whoever owns it can rewrite it
                 who = "another user"
-                why = (
-                    f"it is owned by {user_name(info.st_uid)}, not by you "
-                    f"({user_name(os.geteuid())}) or root"
-                )
+                why = f"it is owned by {user_name(info.st_uid)}, not by you ({user_name(os.geteuid())}) or root"
             elif info.st_mode & 0o022:  # (an ACL granting a user write shows in the group bits)
                 who = "another user"
-                why = (
-                    f"it is writable by {'anyone' if info.st_mode & 0o002 else 'its group'} "
-                    f"({stat.filemode(info.st_mode)})"
-                )
+                why = f"it is writable by {'anyone' if info.st_mode & 0o002 else 'its group'} ({stat.filemode(info.st_mode)})"
             elif workdir and Path(os.path.realpath(path)).is_relative_to(workdir):
                 why = "it is inside the workdir"
             else:
                 return os.read(fd, 1 << 20).decode("utf-8", "replace")
         finally:
             os.close(fd)
-    fix = (
-        "chown it to yourself and chmod go-w it"
-        if who == "another user"
-        else "make it a plain file beside agent.py"
-    )
+    fix = "make it a plain file beside agent.py"
+    if who == "another user":
+        fix = "chown it to yourself and chmod go-w it"
     if report:
         report.error(
-            f"note: not reading {path}: {why}, so {who} could have written it "
-            f"(set ANTHROPIC_* in the environment, or {fix})"
+            f"note: not reading {path}: {why}, so {who} could have written it (set ANTHROPIC_* in the environment, or {fix})"
         )
     return None
 
@@ -8123,20 +8010,13 @@ def no_key(workdir):
         elif os.access(path, os.R_OK):
             state = "it holds none"
         line += f" or in {path} ({state}), the one .env agent.py reads"
-    try:
-        places = [Path.cwd()] + ([Path(workdir)] if workdir else [])
-    except OSError:  # no current directory any more
-        places = [Path(workdir)] if workdir else []
-    unread = []
-    for place in places:
-        other = place / ".env"
-        if os.path.lexists(other) and other != path and other not in unread:
-            unread.append(other)
+    places = [Path(workdir)] if workdir else []
+    with contextlib.suppress(OSError):  # no current directory any more
+        places.insert(0, Path.cwd())
+    others = dict.fromkeys(place / ".env" for place in places)
+    unread = [other for other in others if other != path and os.path.lexists(other)]
     if unread:
-        line += (
-            f"; {' and '.join(map(str, unread))} {'is' if len(unread) == 1 else 'are'} never "
-            f"read: the model's code could have written {'it' if len(unread) == 1 else 'them'}"
-        )
+        line += f"; {' and '.join(map(str, unread))} {'is' if len(unread) == 1 else 'are'} never read: the model's code could have written {'it' if len(unread) == 1 else 'them'}"
     return line
 
 
@@ -8162,16 +8042,13 @@ def make_client(config, limits, otel=False, workdir=None):
         )
     odd = [i for i, c in enumerate(key) if c.isspace() or not c.isprintable()]
     if odd:  # (never the key itself in the line: where the odd character is, only)
-        where = (
-            "at its end"
-            if odd[-1] == len(key) - 1
-            else "at its start"
-            if odd[0] == 0
-            else "inside it"
-        )
+        where = "inside it"
+        if odd[0] == 0:
+            where = "at its start"
+        if odd[-1] == len(key) - 1:
+            where = "at its end"
         raise UsageError(
-            f"ANTHROPIC_API_KEY has white space or a control character {where}: "
-            "copy the key again, without it"
+            f"ANTHROPIC_API_KEY has white space or a control character {where}: copy the key again, without it"
         )
     url = config["ANTHROPIC_BASE_URL"]
     if url and url != url.strip():
@@ -8188,8 +8065,7 @@ def make_client(config, limits, otel=False, workdir=None):
         raise UsageError(f"ANTHROPIC_BASE_URL {url!r} is not a URL ({e})")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UsageError(
-            f"ANTHROPIC_BASE_URL {url!r} is not an http(s) URL with a host, e.g. "
-            "http://127.0.0.1:8080"
+            f"ANTHROPIC_BASE_URL {url!r} is not an http(s) URL with a host, e.g. http://127.0.0.1:8080"
         )
     # The SDK's 200,000 objects live as long as the process: frozen, the collections of a long
     # run no longer walk them (bench_loop --compare, 100 turns: 1.32x the bare loop's CPU time
@@ -8267,7 +8143,7 @@ def main(argv=None, client=None, stdin=None):
         if args.schema:
             return schema_mode(args)
         # before any file is read: whatever it holds, the key is never written
-        note_short_key(report)
+        learn_secrets(report)
         if args.report:
             return report_mode(args, report)
         if args.export:
@@ -8296,17 +8172,6 @@ def schema_mode(args):
     """--schema: print one JSON Schema."""
     to_stdout(json.dumps(SCHEMAS[args.schema], indent=2))
     return 0
-
-
-def note_short_key(report):
-    """Learn the key to redact, and say so when it is too short to be."""
-    if learn_secrets():
-        report.line(
-            "note: the API key is shorter than 8 characters, too short to redact "
-            "without hiding ordinary words: agent.py cannot keep it out of what it "
-            "writes (a server's error that echoes it, say)",
-            always=True,
-        )
 
 
 def report_mode(args, report):
@@ -8398,17 +8263,12 @@ class Run:
         recorded = self.session or self.replay or {}
         self.workdir = run_workdir(args, recorded, self.replay)
         check_resumed_outside(args, asked, self.workdir, recorded)
-        if self.replay:
-            config = dict.fromkeys(CONFIG_NAMES)
-        else:
-            config = load_config(self.workdir, report)
+        config = dict.fromkeys(CONFIG_NAMES) if self.replay else load_config(self.workdir, report)
         # ANTHROPIC_BASE_URL as the transcript records it; None: Anthropic's
         self.server = server_url(config["ANTHROPIC_BASE_URL"] or "")
         if self.server and "@" in urllib.parse.urlsplit(config["ANTHROPIC_BASE_URL"]).netloc:
-            # N28
             report.error(
-                "note: ANTHROPIC_BASE_URL holds a user:password@, which is sent as the "
-                "Authorization header in place of the API key's"
+                "note: ANTHROPIC_BASE_URL holds a user:password@, which is sent as the Authorization header in place of the API key's"
             )
         model = args.model or config["ANTHROPIC_MODEL"] or recorded.get("model") or DEFAULT_MODEL
         self.model = model
@@ -8423,15 +8283,24 @@ class Run:
         # where the model's code can write, if not everywhere
         reach = None if args.no_sandbox else self.workdir
         self.output, self.trial_outputs, events_out = open_outputs(args, target, reach)
-        for flag, given in (
-            ("--budget-usd", args.budget_usd),
-            ("--trials-budget-usd", args.trials_budget_usd),
-        ):
+        budgets = {"--budget-usd": args.budget_usd, "--trials-budget-usd": args.trials_budget_usd}
+        for flag, given in budgets.items():
             if given is not None and base_model(model) not in PRICING:
                 raise UsageError(
                     f"{flag} needs a known price, and {model} is not in the pricing table"
                 )
-        self.limits = flag_limits(args)
+        self.limits = Limits(
+            max_turns=args.max_turns,
+            token_budget=args.token_budget,
+            budget_usd=args.budget_usd,
+            max_tokens=args.max_tokens,
+            tool_timeout=args.tool_timeout,
+            request_timeout=args.request_timeout,
+            clear_at=args.clear_tool_results,
+            keep_results=args.keep_tool_results,
+            clear_at_least=args.clear_at_least,
+            context_edit=args.context_edit,
+        )
         # a replay runs the recording's replies, under the limits in which they ended as they did
         if self.replay:
             self.limits = replay_limits(self.replay, self.limits)
@@ -8459,30 +8328,23 @@ class Run:
             self.kept_line = self.kept.said()
 
 
-def flag_limits(args):
-    """The run's Limits, as its flags set them."""
-    return Limits(
-        max_turns=args.max_turns,
-        token_budget=args.token_budget,
-        budget_usd=args.budget_usd,
-        max_tokens=args.max_tokens,
-        tool_timeout=args.tool_timeout,
-        request_timeout=args.request_timeout,
-        clear_at=args.clear_tool_results,
-        keep_results=args.keep_tool_results,
-        clear_at_least=args.clear_at_least,
-        context_edit=args.context_edit,
-    )
-
-
 def run_workdir(args, recorded, replay):
     """The run's workdir: --workdir, else the one the resumed or replayed file recorded, else
     the current directory; a UsageError if it is no directory or is refused."""
     source = args.resume or args.replay
     given = args.workdir or recorded.get("workdir")
-    workdir, why = resolved_directory(given or ".")
+    # `why` it is no directory ("" if it is none, None if it is one): a path a transcript
+    # recorded may be anything (a name too long, 6,000 characters)
+    try:
+        workdir = Path(os.path.realpath(given or "."))
+        why = None if workdir.is_dir() else ""
+    except OSError as e:
+        workdir, why = given, f" ({e.strerror})"
     if args.workdir:
-        where = workdir_named(f"--workdir {args.workdir}", args.workdir, workdir)
+        # and its real path, when that says more
+        where = f"--workdir {args.workdir}"
+        if args.workdir != str(workdir):
+            where += f" ({workdir})"
     elif recorded:
         where = f"the workdir {source} recorded ({shown_path(workdir)})"
     else:
@@ -8492,10 +8354,12 @@ def run_workdir(args, recorded, replay):
         missing = "does not exist" if gone else "is not a directory"
         # not the user's word: name the file, and the way out
         if recorded and not args.workdir:
+            # as the file recorded it, and where that is from here if it differs (a relative one)
+            shown = shown_path(given)
+            if shown != shown_path(workdir):
+                shown += f" (here {shown_path(workdir)})"
             raise UsageError(
-                f"{source} recorded the workdir {recorded_workdir(given, workdir)}, which "
-                f"{missing}{why} here: give -C DIR (--workdir) to "
-                f"{'replay' if replay else 'resume'} it in another directory"
+                f"{source} recorded the workdir {shown}, which {missing}{why} here: give -C DIR (--workdir) to {'replay' if replay else 'resume'} it in another directory"
             )
         home = ""
         if gone and args.workdir.startswith("~"):
@@ -8520,18 +8384,11 @@ def check_resumed_outside(args, asked, workdir, recorded):
         # a kept run, by its name
         if inside != workdir and asked != args.resume:
             raise UsageError(
-                f"--resume {asked} is the kept run {args.resume}, made by a run "
-                f"whose workdir, {inside}, holds the kept runs (only "
-                "--no-sandbox allows that): its code could have rewritten this "
-                "file, so it is not resumed; give another run's id (--resume "
-                f"ID; they are in {Path(args.resume).parent}), or remove this "
-                f"one (rm {args.resume})"
+                f"--resume {asked} is the kept run {args.resume}, made by a run whose workdir, {inside}, holds the kept runs (only --no-sandbox allows that): its code could have rewritten this file, so it is not resumed; give another run's id (--resume ID; they are in {Path(args.resume).parent}), or remove this one (rm {args.resume})"
                 + (" and last names the one before" if asked == "last" else "")
             )
         raise UsageError(
-            f"--resume {args.resume} is inside the workdir {inside}, where "
-            "the model's code could have rewritten it; it is not resumed "
-            "(move it out of the workdir if you trust it)"
+            f"--resume {args.resume} is inside the workdir {inside}, where the model's code could have rewritten it; it is not resumed (move it out of the workdir if you trust it)"
         )
 
 
@@ -8554,11 +8411,8 @@ def ask_to_go_on(run, client, config):
     going_to = run.server or ANTHROPIC_URL
     # its whole history goes to this server: the user says so, in one line, its URL fitted
     if made_with != going_to:
-        taken[ELSEWHERE] = (
-            "server",
-            made_with,
-            f" (its history would now go to {visible(going_to)})",
-        )
+        moved = f" (its history would now go to {visible(going_to)})"
+        taken[ELSEWHERE] = ("server", made_with, moved)
     prompt = own_prompt(session) if session is not None and run.system is None else None
     if prompt:
         taken["--system-prompt FILE"] = ("system prompt", prompt, f" ({len(prompt):,} characters)")
@@ -8567,7 +8421,7 @@ def ask_to_go_on(run, client, config):
         taken = {flag: value for flag, value in taken.items() if flag == ELSEWHERE}
     if not taken:
         return
-    # N37: what to install first, not a question, then that
+    # what to install comes first, before any question
     if not run.replay and client is None and importlib.util.find_spec("anthropic") is None:
         raise UsageError(install_hint())
     if agreed(consent_question(source, taken.values(), terminal_size()[1]), run.stdin):
@@ -8580,8 +8434,7 @@ def ask_to_go_on(run, client, config):
     # ANTHROPIC_BASE_URL was given: only a y consents
     if ELSEWHERE in taken:
         why.append(
-            f"{source} goes on with a server other than the one that made it "
-            "only when you answer y (echo y | agent.py ...)"
+            f"{source} goes on with a server other than the one that made it only when you answer y (echo y | agent.py ...)"
         )
     raise UsageError("not resumed: " + "; and ".join(why))
 
@@ -8592,9 +8445,7 @@ def open_outputs(args, target, reach):
     # agent.py names the files of kept runs
     if args.transcript not in (None, "-") and in_runs_dir(args.transcript):
         raise UsageError(
-            f"--transcript {args.transcript} is in the directory of kept runs, "
-            "whose files agent.py names by run id: give a path elsewhere (the "
-            "run is kept there anyway)"
+            f"--transcript {args.transcript} is in the directory of kept runs, whose files agent.py names by run id: give a path elsewhere (the run is kept there anyway)"
         )
     output = None
     if target not in (None, "-"):
@@ -8717,16 +8568,9 @@ def trials_mode(run, ctx):
         run.kept.write(dump({**summary, "trials": trials}), final=True)
         run.report.line(run.kept_line)
     label, code, detail = trials_stop(summary)
-    run.report.emit(
-        "run.stop",
-        stop=label,
-        detail=detail,
-        exit_code=code,
-        answer=None,
-        usage=None,
-        turns=None,
-        seconds=None,
-    )
+    # trials have no one answer, usage, turn count or time
+    none = dict.fromkeys(("answer", "usage", "turns", "seconds"))
+    run.report.emit("run.stop", stop=label, detail=detail, exit_code=code, **none)
     return code
 
 
@@ -8734,8 +8578,7 @@ def replayed_session(run):
     """--replay: a session that runs the recording's turns again."""
     session = replay_session(run.replay, run.workdir, run.run_id, run.args.replay)
     run.report.line(
-        f"replaying {run.args.replay}: {plural(len(run.replay['turns']), 'turn')} "
-        f"recorded from {made_by(run.replay)}; workdir {run.workdir}; nothing is sent"
+        f"replaying {run.args.replay}: {plural(len(run.replay['turns']), 'turn')} recorded from {made_by(run.replay)}; workdir {run.workdir}; nothing is sent"
     )
     return session
 
@@ -8767,8 +8610,7 @@ def resumed_session(run):
     if run.unanswered:
         pending = f"; {plural(run.unanswered, 'pending tool call')} answered 'not run'"
     run.report.line(
-        f"resuming {run.args.resume}: {plural(len(session['turns']), 'turn')} so "
-        f"far; workdir {run.workdir}; model {run.model}{pending}"
+        f"resuming {run.args.resume}: {plural(len(session['turns']), 'turn')} so far; workdir {run.workdir}; model {run.model}{pending}"
     )
 
 
@@ -8793,8 +8635,7 @@ def session_mode(run, ctx, started):
     if stop.reason in TEXT_STOPS and stop.exit_code == 0 and not (session["answer"] or "").strip():
         empty = ", with no text"
     say(
-        f"stop: {stop.reason} ({said_stop(stop)}{empty}); {turns}, {usage['tokens']} tokens, "
-        f"{cost}{failed_said(session)}"
+        f"stop: {stop.reason} ({said_stop(stop)}{empty}); {turns}, {usage['tokens']} tokens, {cost}{failed_said(session)}"
     )
     if run.kept_line:
         report.line(run.kept_line)
@@ -8812,7 +8653,7 @@ def session_mode(run, ctx, started):
 
 
 def failed_said(session):
-    """The stop line's word on what failed attempts reported spending, if they did (N17)."""
+    """The stop line's word on what failed attempts reported spending, if they did."""
     spent = session.get("failed_usage")
     if not spent:
         return ""
@@ -8822,10 +8663,7 @@ def failed_said(session):
         + ("failed_usage" in (session.get("stop") or {}))
     )  # the last attempt of a failed turn
     cost = "cost unknown" if spent["cost_usd"] is None else f"${spent['cost_usd']:.6f}"
-    return (
-        f", and {spent['tokens']} tokens, {cost} that the server reported for "
-        f"{plural(attempts, 'failed attempt')} (billed, not in the totals above)"
-    )
+    return f", and {spent['tokens']} tokens, {cost} that the server reported for {plural(attempts, 'failed attempt')} (billed, not in the totals above)"
 
 
 def said_stop(stop):
@@ -8836,13 +8674,11 @@ def said_stop(stop):
 
 def failed(report, stop):
     """Say in one line why agent.py stopped outside a turn; return its exit code."""
-    said = (
-        "interrupted"
-        if stop.reason == "interrupted"
-        else stop.detail
-        if stop.detail.startswith(OutputLost.prefix)
-        else "internal error: " + stop.detail
-    )
+    said = "internal error: " + stop.detail
+    if stop.reason == "interrupted":
+        said = "interrupted"
+    elif stop.detail.startswith(OutputLost.prefix):
+        said = stop.detail
     report.error(f"agent.py: {said}")
     return stop.exit_code
 
