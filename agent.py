@@ -5530,18 +5530,10 @@ def ask_launcher(launcher, code, workdir, box, timeout):
     it ends the call). The first answer: the script's pid and its stdout and stderr, or why not."""
     # code the script's file cannot hold fails here, as without a launcher
     script_bytes(code)
-    request = {
-        "code": code,
-        "workdir": str(workdir),
-        "parent": call_parent(),
-        "cgroup": box.cgroup,
-        "required": box.tested,
-        "landlock": box.landlock,
-        "mounts": box.mounts,
-        # (home is the launcher's to fill in)
-        "env": child_env(box.policy, ""),
-        "timeout": timeout,
-    }
+    request = {"code": code, "workdir": str(workdir), "parent": call_parent(), "timeout": timeout}
+    request.update((name, getattr(box, name)) for name in FOUND_AT_FIRST_CALL)
+    # (home is the launcher's to fill in)
+    request["env"] = child_env(box.policy, "")
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         with theirs:
@@ -5557,14 +5549,16 @@ def ask_launcher(launcher, code, workdir, box, timeout):
         mine.close()
         if isinstance(e, OSError):
             launcher.gone()
-            raise ToolError(
-                "run_python's launcher has ended (was it killed?); nothing was run: "
-                "start agent.py again"
-            ) from None
+            why = "run_python's launcher has ended (was it killed?); nothing was run"
+            raise ToolError(f"{why}: start agent.py again") from None
         raise
     run = Running(*pipes, report=mine, launcher=launcher)
     run.read_answer(box, answer)
     return run
+
+
+# What the agent's plan and self-test found, which the launcher's calls follow
+FOUND_AT_FIRST_CALL = ("cgroup", "tested", "landlock", "mounts")
 
 
 def script_bytes(code):
@@ -5727,10 +5721,8 @@ class Child:
     """In the launcher: a call's child (Call.run), watched until nothing of its group is left."""
 
     def __init__(self, box, request, report):
-        box.cgroup = request["cgroup"]
-        box.tested = request["required"]
-        box.landlock = request["landlock"]
-        box.mounts = request["mounts"]
+        for name in FOUND_AT_FIRST_CALL:
+            setattr(box, name, request[name])
         if box.landlock and not hasattr(box, "handled"):
             box.plan()
         self.call = Call(box, script_bytes(request["code"]), request["parent"])
@@ -5995,13 +5987,9 @@ class Call:
             # process's memory, as a fork would (2.1 ms a call: docs/benchmarks.md); the
             # signals the launcher ignores are the script's default again, as under Popen
             argv = self.command()
-            script = os.posix_spawn(
-                argv[0],
-                argv,
-                env,
-                file_actions=[(os.POSIX_SPAWN_CLOSE, 3)],
-                setsigdef=(*LAUNCHER_IGNORES, signal.SIGXFSZ),
-            )
+            closed = [(os.POSIX_SPAWN_CLOSE, 3)]
+            default = (*LAUNCHER_IGNORES, signal.SIGXFSZ)
+            script = os.posix_spawn(argv[0], argv, env, file_actions=closed, setsigdef=default)
             init(script, timeout)
         except BaseException as e:
             with contextlib.suppress(BaseException):
@@ -6055,12 +6043,10 @@ class Call:
 
 
 def init(script, timeout):
-    """The call's first process, once the script runs: reap whatever comes to it, say the
-    script's exit code to the launcher (fd 3) and end, which in a PID namespace ends every
-    process left in it. It keeps the deadline too (LAUNCHER_GRACE after the timeout: a stopped
-    launcher does not let the call run on); the script cannot stop or kill it (the kernel
-    ignores SIGSTOP and SIGKILL sent to a namespace's init from inside), and `pkill -STOP -f
-    agent.py` misses it (hide_command_line)."""
+    """The call's first process, once the script runs: reap what comes to it, tell the launcher
+    (fd 3) the script's exit code and end, which in a PID namespace ends every process left in
+    it. It keeps the deadline too (LAUNCHER_GRACE after the timeout). The script cannot stop or
+    kill it (the kernel ignores SIGSTOP and SIGKILL sent to a namespace's init from inside)."""
     os.dup2(0, 1)
     os.dup2(0, 2)
 
@@ -6101,7 +6087,8 @@ ALONE = b" alone"  # after the script's exit code: nothing of it runs on
 
 
 def hide_command_line():
-    """Overwrite the command line (`python ... agent.py`) in place, as setproctitle does."""
+    """Overwrite the command line in place, as setproctitle does: `pkill -STOP -f agent.py`
+    misses the call's first process."""
     with open("/proc/self/stat", "rb") as file:
         # after the command's name, in parentheses; arg_start and arg_end are fields 48 and 49
         stat_fields = file.read().rpartition(b")")[2].split()
@@ -6120,7 +6107,8 @@ def launcher_gone():
 
 def make_cgroups(cgroup, policy, tag=()):
     """Make a call's cgroup (one per controller on v1), named at random, with its caps."""
-    memory, name = policy.memory_mb << 20, "-".join(["agent", *tag, uuid.uuid4().hex[:16]])
+    name = "-".join(["agent", *tag, uuid.uuid4().hex[:16]])
+    memory = policy.memory_mb << 20
     caps = {
         "pids.max": policy.max_tasks,
         "memory.max": memory,
