@@ -1678,18 +1678,16 @@ def redact(value):
     every string of a document, keys too. Every door out redacts (docs/threat-model.md)."""
     if not SECRETS:
         return value
-    # the longest first, so that a secret that holds another is replaced whole
-    secrets = sorted(SECRETS, key=len, reverse=True)
+    if isinstance(value, bytes):
+        return redact(value.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
+    if isinstance(value, dict):
+        return {redact(k): redact(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact(v) for v in value]
     if isinstance(value, str):
-        for secret in secrets:
+        # the longest first, so that a secret that holds another is replaced whole
+        for secret in sorted(SECRETS, key=len, reverse=True):
             value = value.replace(secret, REDACTED)
-    elif isinstance(value, bytes):
-        for secret in secrets:
-            value = value.replace(secret.encode("utf-8", "surrogateescape"), REDACTED.encode())
-    elif isinstance(value, dict):
-        value = {redact(k): redact(v) for k, v in value.items()}
-    elif isinstance(value, (list, tuple)):
-        value = [redact(v) for v in value]
     return value
 
 
@@ -1779,9 +1777,7 @@ class OutputFile:
         if workdir is not None and (parent / self.name).is_relative_to(workdir):
             trusted = " (and --resume would trust it)" if flag == "--transcript" else ""
             raise UsageError(
-                f"{flag} {path} is inside the workdir {workdir}, where the model's "
-                f"code could rewrite it{trusted}: put it outside, e.g. next to the "
-                "workdir"
+                f"{flag} {path} is inside the workdir {workdir}, where the model's code could rewrite it{trusted}: put it outside, e.g. next to the workdir"
             )
         try:
             self.dir_fd = open_directory(parent)
@@ -1801,26 +1797,21 @@ class OutputFile:
             target = os.path.realpath(path)
             if workdir is not None and Path(target).is_relative_to(workdir):
                 raise UsageError(f"{flag} {path} leads into the workdir {workdir} ({target})")
-            try:
+            with contextlib.suppress(OSError):
                 followed = os.stat(path)
-            except OSError:
-                followed = None
-            if followed and stat.S_IFMT(followed.st_mode) in (stat.S_IFIFO, stat.S_IFCHR):
-                there = followed
+                if stat.S_IFMT(followed.st_mode) in (stat.S_IFIFO, stat.S_IFCHR):
+                    there = followed
         kind = there and stat.S_IFMT(there.st_mode)
         if kind == stat.S_IFDIR:
             raise UsageError(f"{flag} {path} is a directory; give a file name")
         if kind == stat.S_IFLNK:
             raise UsageError(
-                f"{flag} {path} is a symlink; agent.py writes no file through one: "
-                "give the file itself"
+                f"{flag} {path} is a symlink; agent.py writes no file through one: give the file itself"
             )
         if there and there.st_uid not in (os.geteuid(), 0):
             other = " with --transcript" if flag == "--resume" else ""
             raise UsageError(
-                f"{flag} {path} is {FILE_KINDS.get(kind, 'a file')} that belongs to "
-                f"another user (uid {there.st_uid}); agent.py writes into or over "
-                f"no one else's file: give another name{other}"
+                f"{flag} {path} is {FILE_KINDS.get(kind, 'a file')} that belongs to another user (uid {there.st_uid}); agent.py writes into or over no one else's file: give another name{other}"
             )
         if kind in (stat.S_IFIFO, stat.S_IFCHR) and stream and named:
             self.device = self.open_device(there)
@@ -1891,13 +1882,11 @@ class OutputFile:
         data = redact(data)
         if self.device is None:
             return self.write(data, durable=True)
+        if self.tty:
+            data = for_terminal(data, html=data.startswith(b"<"), terminal=True)
         try:
             with self.stream() as f:
-                f.write(
-                    for_terminal(data, html=data.startswith(b"<"), terminal=True)
-                    if self.tty
-                    else data
-                )
+                f.write(data)
         except OSError as e:  # /dev/full
             raise OutputLost(f"{OutputLost.prefix}{self.path}: {e.strerror}") from e
 
@@ -1917,10 +1906,8 @@ class OutputFile:
         raise OSError(errno.EEXIST, "no free name for a new file beside it")
 
     def discard(self):
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(self.temp, dir_fd=self.dir_fd)
-        except OSError:
-            pass
 
     def write(self, data, durable=False):
         """Write `data` to a new file beside the target, then swap it in: a turn's save swaps
@@ -1961,7 +1948,6 @@ def temp_name(name):
 
 def real_directory(path, flag):
     """The real path of `path`'s directory, refusing a symlink another user (not root) made."""
-    me = os.geteuid()
     hops = 0
     real = Path("/")
     todo = list(reversed(path.parent.parts[1:]))  # still to resolve, the next one last
@@ -1978,11 +1964,9 @@ def real_directory(path, flag):
         if not stat.S_ISLNK(there.st_mode):
             real = step
             continue
-        if there.st_uid not in (me, 0):
+        if there.st_uid not in (os.geteuid(), 0):
             raise UsageError(
-                f"{flag} {path}: {step} is a symlink that another user (uid "
-                f"{there.st_uid}) made; agent.py follows no one else's link to "
-                "write: give the real path"
+                f"{flag} {path}: {step} is a symlink that another user (uid {there.st_uid}) made; agent.py follows no one else's link to write: give the real path"
             )
         hops += 1
         if hops > 40:
@@ -2030,15 +2014,13 @@ def check_distinct(outputs, inputs=()):
     for flag, out in outputs:
         if out.identity in seen:
             raise UsageError(
-                f"{flag} {out.path} is also {seen[out.identity]}: two outputs on "
-                "one file would destroy each other; give another name"
+                f"{flag} {out.path} is also {seen[out.identity]}: two outputs on one file would destroy each other; give another name"
             )
         seen[out.identity] = f"{flag} {out.path}"
     for flag, path in inputs:
         if file_identity(path) in seen:
             raise UsageError(
-                f"{seen[file_identity(path)]} would overwrite {flag} {path}, which "
-                "it reads; give another name"
+                f"{seen[file_identity(path)]} would overwrite {flag} {path}, which it reads; give another name"
             )
 
 
@@ -2379,10 +2361,7 @@ class Events:
                 self.stream.flush()
             except (OSError, ValueError) as e:
                 self.stream = None
-                self.lost = (
-                    f"the event stream could not be written ({getattr(e, 'strerror', 0) or e}); "
-                    f"events from seq {self.seq} ({kind}) on were dropped"
-                )
+                self.lost = f"the event stream could not be written ({getattr(e, 'strerror', 0) or e}); events from seq {self.seq} ({kind}) on were dropped"
 
     def news(self):
         """Why events are lost, the first time it is asked after they were; else None."""
@@ -2395,10 +2374,8 @@ class Events:
     def close(self):
         with self.lock:
             if self.stream is not None and self.owned:
-                try:
+                with contextlib.suppress(OSError):
                     self.stream.close()
-                except OSError:
-                    pass
             self.stream = None
 
 
@@ -2432,28 +2409,70 @@ def transcript_problem(session):
     if session.get("effort") not in (None, *EFFORTS):
         return "effort is not one of " + ", ".join(EFFORTS)
     stop = session.get("stop")
-    if stop is not None and (
-        not isinstance(stop, dict)
-        or not isinstance(stop.get("reason"), str)
-        or stop["reason"] not in EXIT_CODES
-        or not isinstance(stop.get("detail"), str)
+    # the labels as a list: a label that is a list or an object is compared, not hashed
+    if stop is not None and not (
+        fields(stop).get("reason") in list(EXIT_CODES) and isinstance(stop.get("detail"), str)
     ):
         return "stop is not an object with a stop label and its detail"
     cleared = session.get("cleared", [])
     if not isinstance(cleared, list) or not all(isinstance(c, str) for c in cleared):
         return "cleared is not a list of tool call ids"
-    if not session["messages"]:
+    return messages_problem(session["messages"]) or turns_problem(session)
+
+
+def messages_problem(messages):
+    """What makes the history unfit to send, or None: each message and its blocks, and each
+    tool_use answered in the next message."""
+    if not messages:
         return "it has no messages"
     asked = set()
-    for i, m in enumerate(session["messages"]):
-        problem = message_problem(i, m, asked)
-        if problem:
-            return problem
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+            return f"messages[{i}] is not a message with a role and content"
+        if not isinstance(m.get("content"), list) or not m["content"]:
+            return f"messages[{i}] is not a message with a role and content"
+        for j, b in enumerate(m["content"]):
+            problem = block_problem(b, m["role"])
+            if problem:
+                return f"messages[{i}].content[{j}] is not a well-formed block: {problem}"
+            if b["type"] == "tool_result" and (
+                m["role"] != "user" or b["tool_use_id"] not in asked
+            ):
+                return f"messages[{i}].content[{j}] answers a tool_use that is not just before it"
+            # what the API would refuse: an empty text, a result not text or text and image blocks
+            content = b.get("content", "")
+            sendable = (
+                isinstance(content, str)
+                or isinstance(content, list)
+                and all(isinstance(x, dict) and x.get("type") in ("text", "image") for x in content)
+            )
+            if b["type"] == "text" and not b["text"] or b["type"] == "tool_result" and not sendable:
+                return f"messages[{i}].content[{j}] is an empty text, or a tool_result whose content is neither text nor a list of blocks"
+        answered = {b.get("tool_use_id") for b in m["content"] if b["type"] == "tool_result"}
+        if asked - answered:
+            return f"messages[{i}] leaves tool_use {sorted(asked - answered)[0]} unanswered"
         asked = {b["id"] for b in m["content"] if b["type"] == "tool_use"}
+    return None
+
+
+def turns_problem(session):
+    """What makes the turn records unfit to resume from, or None."""
     for i, t in enumerate(session["turns"]):
-        problem = turn_problem(i, t)
-        if problem:
-            return problem
+        usage = fields(fields(t).get("usage"))
+        if (
+            not is_count(fields(t).get("turn"), MAX_TURN)
+            or not all(is_count(usage.get(k)) for k in COUNTS + ("tokens",))
+            or not isinstance(usage.get("cost_usd", ""), (int, float, type(None)))
+            or not isinstance(t.get("stop_reason"), (str, type(None)))
+        ):
+            return f"turns[{i}] is not a turn record with its usage and stop_reason"
+        calls = t.get("tool_calls", [])
+        if not isinstance(calls, list) or not all(
+            isinstance(fields(c).get("id"), str) for c in calls
+        ):
+            return f"turns[{i}].tool_calls is not a list of tool calls with their ids"
+        if not is_count(t.get("prompt_tokens", 0)):
+            return f"turns[{i}].prompt_tokens is not a count"
     # each turn's reply is in the history, or its record says it is not
     replies = sum(m["role"] == "assistant" for m in session["messages"])
     kept = sum(t.get("in_history") is not False for t in session["turns"])
@@ -2462,77 +2481,20 @@ def transcript_problem(session):
     return sum_problem(session["turns"])
 
 
-def message_problem(i, m, asked):
-    """What makes message `i` unfit to send, or None; `asked`: the ids it must answer."""
-    if (
-        not isinstance(m, dict)
-        or m.get("role") not in ("user", "assistant")
-        or not isinstance(m.get("content"), list)
-        or not m["content"]
-    ):
-        return f"messages[{i}] is not a message with a role and content"
-    for j, b in enumerate(m["content"]):
-        problem = block_problem(b, m["role"])
-        if problem:
-            return f"messages[{i}].content[{j}] is not a well-formed block: {problem}"
-        if b["type"] == "tool_result" and (m["role"] != "user" or b["tool_use_id"] not in asked):
-            return f"messages[{i}].content[{j}] answers a tool_use that is not just before it"
-        # what the API would refuse: an empty text, a result not text or text and image blocks
-        content = b.get("content", "")
-        empty_text = b["type"] == "text" and not b["text"]
-        bad_result = b["type"] == "tool_result" and not (
-            isinstance(content, str)
-            or isinstance(content, list)
-            and all(isinstance(x, dict) and x.get("type") in ("text", "image") for x in content)
-        )
-        if empty_text or bad_result:
-            return (
-                f"messages[{i}].content[{j}] is an empty text, or a tool_result whose "
-                "content is neither text nor a list of blocks"
-            )
-    answered = {b.get("tool_use_id") for b in m["content"] if b["type"] == "tool_result"}
-    if asked - answered:
-        return f"messages[{i}] leaves tool_use {sorted(asked - answered)[0]} unanswered"
-    return None
-
-
-def turn_problem(i, t):
-    """What makes turn record `i` unfit to resume from, or None."""
-    usage = t.get("usage") if isinstance(t, dict) else None
-    if (
-        not isinstance(t, dict)
-        or not is_count(t.get("turn"))
-        or t["turn"] > MAX_TURN
-        or not isinstance(usage, dict)
-        or any(not is_count(usage.get(k)) for k in COUNTS + ("tokens",))
-        or not isinstance(usage.get("cost_usd", ""), (int, float, type(None)))
-        or not isinstance(t.get("stop_reason"), (str, type(None)))
-    ):
-        return f"turns[{i}] is not a turn record with its usage and stop_reason"
-    calls = t.get("tool_calls", [])
-    if not isinstance(calls, list) or not all(
-        isinstance(c, dict) and isinstance(c.get("id"), str) for c in calls
-    ):
-        return f"turns[{i}].tool_calls is not a list of tool calls with their ids"
-    if not is_count(t.get("prompt_tokens", 0)):
-        return f"turns[{i}].prompt_tokens is not a count"
-    return None
-
-
 MAX_TURN = 1 << 31  # a turn number a transcript may hold: a run goes on from it, one at a time
 
 
-def is_count(value):
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
+def is_count(value, most=MAX_COUNT):
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= most
 
 
 def sum_problem(turns):
     """Why the turns' costs or seconds cannot be added up (1e308 + 1e308), or None."""
     for key in ("cost_usd", "seconds", "api_seconds"):
-        total = 0.0
-        for t in items(turns):
-            total += num((fields(t.get("usage")) if key == "cost_usd" else t).get(key))
-        if not math.isfinite(total):
+        values = (
+            num((fields(t.get("usage")) if key == "cost_usd" else t).get(key)) for t in items(turns)
+        )
+        if not math.isfinite(sum(values, 0.0)):
             return f"its turns' {key} add up past what a number can hold"
     return None
 
@@ -2576,26 +2538,22 @@ def read_regular(named, path, most):
 def read_document(path, flag, sized=False):
     """The JSON document at `path`, bounded in size, depth and numbers; else a UsageError saying
     what is there. With `sized`, the document and its size in bytes."""
-    data = read_regular(f"{flag} {path}", path, MAX_DOCUMENT + 1)
+    named = f"{flag} {path}"
+    data = read_regular(named, path, MAX_DOCUMENT + 1)
     if len(data) > MAX_DOCUMENT:
-        raise UsageError(
-            f"{flag} {path} is over {MAX_DOCUMENT >> 20} MiB: not a document agent.py wrote"
-        )
+        raise UsageError(f"{named} is over {MAX_DOCUMENT >> 20} MiB: not a document agent.py wrote")
     if data.count(b"{") + data.count(b"[") > MAX_CONTAINERS:
         raise UsageError(
-            f"{flag} {path} holds over {MAX_CONTAINERS:,} objects and lists: not "
-            "a document agent.py wrote"
+            f"{named} holds over {MAX_CONTAINERS:,} objects and lists: not a document agent.py wrote"
         )
     try:
         bounds = dict(parse_int=bounded_int, parse_float=bounded_float, parse_constant=no_constant)
         document = clean(json.loads(data.decode("utf-8"), **bounds))
         return (document, len(data)) if sized else document
     except RecursionError:
-        raise UsageError(f"{flag} {path} is nested too deeply: not a document agent.py wrote")
+        raise UsageError(f"{named} is nested too deeply: not a document agent.py wrote")
     except Unbounded as e:
-        raise UsageError(
-            f"{flag} {path} holds a number too large ({e}): not a document agent.py wrote"
-        )
+        raise UsageError(f"{named} holds a number too large ({e}): not a document agent.py wrote")
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         first = data.split(b"\n", 1)[0]
         try:
@@ -2604,15 +2562,13 @@ def read_document(path, flag, sized=False):
             lines = None
         if isinstance(lines, dict) and "seq" in lines and "type" in lines:
             raise UsageError(
-                f"{flag} {path} is an event stream (--events, JSON Lines), not "
-                f"the one JSON document {flag} reads"
+                f"{named} is an event stream (--events, JSON Lines), not the one JSON document {flag} reads"
             )
         if data.startswith(b"\xef\xbb\xbf"):
             raise UsageError(
-                f"{flag} {path} starts with a byte-order mark (saved by an "
-                "editor?), which no JSON document starts with: save it without one"
+                f"{named} starts with a byte-order mark (saved by an editor?), which no JSON document starts with: save it without one"
             )
-        raise UsageError(f"{flag} {path} is not a JSON document ({e})")
+        raise UsageError(f"{named} is not a JSON document ({e})")
 
 
 class Unbounded(Exception):
@@ -2669,8 +2625,7 @@ def checked_transcript(session, path, doing):
     problem = transcript_problem(session)
     if problem:
         raise UsageError(
-            f"cannot {doing}: {path} is not a version {TRANSCRIPT_VERSION} "
-            f"agent.py transcript: {problem}"
+            f"cannot {doing}: {path} is not a version {TRANSCRIPT_VERSION} agent.py transcript: {problem}"
         )
     return session
 
@@ -2678,34 +2633,33 @@ def checked_transcript(session, path, doing):
 def prepare_resume(session, question):
     """The history made valid to send again, with the question; and how many calls were not run."""
     messages = session["messages"]
+    stop = session.get("stop") or {}
     if isinstance(session.get("produced_by"), dict):  # the turns so far; the rest are the model's
         session["produced_by"].setdefault("turns", len(session["turns"]))
     session.pop("replay", None)  # it told of a replay run; this one is not
     last = messages[-1]
+    # the calls a stop (the token budget, say) left unanswered
     pending = [b for b in last["content"] if b.get("type") == "tool_use"]
-    # the token budget leaves these unanswered
-    if last["role"] == "assistant" and pending:
-        why = (session.get("stop") or {}).get("reason", "unknown")
-        note = (
-            f"not run: the previous session stopped ({why}) before this call ran. "
-            "Call it again if you still need it."
-        )
+    if last["role"] != "assistant":
+        pending = []
+    if pending:
+        why = stop.get("reason", "unknown")
+        note = f"not run: the previous session stopped ({why}) before this call ran. Call it again if you still need it."
         results = [
             {"type": "tool_result", "tool_use_id": b["id"], "is_error": True, "content": note}
             for b in pending
         ]
         messages.append({"role": "user", "content": results})
-    if (session.get("stop") or {}).get("reason") == "refusal" and last["role"] == "assistant":
+    if stop.get("reason") == "refusal" and last["role"] == "assistant":
         messages.pop()  # continuing after a refusal needs the refused turn removed
         session["turns"][-1]["in_history"] = False
     paused = (session["turns"] or [{}])[-1].get("stop_reason") == "pause_turn"
     if question:
-        if messages[-1]["role"] == "user":
-            messages[-1]["content"].append({"type": "text", "text": question})
-        else:
-            messages.append({"role": "user", "content": [{"type": "text", "text": question}]})
+        if messages[-1]["role"] != "user":
+            messages.append({"role": "user", "content": []})
+        messages[-1]["content"].append({"type": "text", "text": question})
     elif messages[-1]["role"] == "assistant" and not paused:
-        reason = (session.get("stop") or {}).get("reason", "finished")
+        reason = stop.get("reason", "finished")
         raise UsageError(
             f"the transcript is finished (stop: {reason}); give a follow-up question to continue it"
         )
@@ -2720,15 +2674,13 @@ def prepare_resume(session, question):
         agent_version=AGENT_VERSION,
     )
     session.setdefault("run_id", uuid.uuid4().hex)
-    return session, len(pending) if last["role"] == "assistant" else 0
+    return session, len(pending)
 
 
 def own_prompt(session):
     """The transcript's own system prompt (--system-prompt), if not agent.py's; else None."""
     system = session.get("system")
-    return (
-        system if isinstance(system, str) and system.strip() and system != SYSTEM_PROMPT else None
-    )
+    return system if is_str(system) and system.strip() and system != SYSTEM_PROMPT else None
 
 
 # --- Kept runs: every run in the user's state directory ---
