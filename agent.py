@@ -2030,10 +2030,18 @@ def check_distinct(outputs, inputs=()):
 STRING = {"type": "string"}
 COUNT = {"type": "integer", "minimum": 0}
 NUMBER = {"type": "number"}
-BOOL = {"type": "boolean"}
-TIME = {"type": "string", "format": "date-time"}
-INT = {"type": "integer"}
 OBJECT = {"type": "object"}
+# the types of the fields below, by name
+TYPES = {
+    "string": STRING,
+    "count": COUNT,
+    "number": NUMBER,
+    "bool": {"type": "boolean"},
+    "time": {"type": "string", "format": "date-time"},
+    "int": {"type": "integer"},
+    "object": OBJECT,
+    "label": {"enum": list(EXIT_CODES)},
+}
 
 
 def published(title, body):
@@ -2052,6 +2060,16 @@ def array(schema):
     return {"type": "array", "items": schema}
 
 
+def typed(spec, **types):
+    """Properties from "name:type ...", each type one of TYPES or `types`; "?type": it, or null."""
+    properties = {}
+    for entry in spec.split():
+        name, kind = entry.split(":")
+        schema = {**TYPES, **types}[kind.lstrip("?")]
+        properties[name] = nullable(schema) if kind.startswith("?") else schema
+    return properties
+
+
 def obj(required, optional=None):
     return {
         "type": "object",
@@ -2060,172 +2078,92 @@ def obj(required, optional=None):
     }
 
 
-USAGE_SCHEMA = obj({**{k: COUNT for k in COUNTS + ("tokens",)}, "cost_usd": nullable(NUMBER)})
-RETRY_SCHEMA = obj({"attempt": COUNT, "status": nullable(INT), "error": STRING, "delay": NUMBER})
-LABEL = {"enum": list(EXIT_CODES)}
+RETRY = "attempt:count status:?int error:string delay:number"
+TYPES["usage"] = obj({**dict.fromkeys(COUNTS + ("tokens",), COUNT), "cost_usd": nullable(NUMBER)})
+TYPES["retries"] = array(obj(typed(RETRY)))
+TYPES["strings"] = array(STRING)
+TYPES["objects"] = array(OBJECT)
 # what a turn's record and its turn.end event both begin with
-TURN = {
-    "turn": COUNT,
-    "stop_reason": nullable(STRING),
-    "usage": USAGE_SCHEMA,
-    "request_id": nullable(STRING),
-}
-# a trial's record, in the trial.end event's order
-TRIAL = {
-    "index": COUNT,
-    "stop": LABEL,
-    "passed": BOOL,
-    "turns": COUNT,
-    "tokens": COUNT,
-    "cost_usd": nullable(NUMBER),
-    "seconds": NUMBER,
-    "transcript": nullable(STRING),
-}
-PRODUCED_BY = obj(
-    {"kind": STRING}, {"model": STRING, "script": STRING, "note": STRING, "turns": COUNT}
+TURN = "turn:count stop_reason:?string usage:usage request_id:?string"
+TOOL_CALL = obj(
+    typed("id:string name:string is_error:bool seconds:number"),
+    typed("declined:bool exit_code:?int bytes:count"),
 )
+TURN_RECORD = obj(
+    typed(f"{TURN} seconds:number tool_calls:calls", calls=array(TOOL_CALL)),
+    typed(
+        "started_at:time attempts:count retries:retries failed_usage:usage api_seconds:number"
+        " notes:strings message_id:?string prompt_tokens:count cache_miss:?object"
+        " context_edits:objects cleared:cleared in_history:false",
+        cleared=obj(typed("tool_results:count estimated_tokens:count")),
+        false={"const": False},
+    ),
+)
+BLOCK = {**obj({"type": STRING}), "additionalProperties": True}
+MESSAGE = obj({"role": {"enum": ["user", "assistant"]}, "content": {**array(BLOCK), "minItems": 1}})
+DIFFERENCE = obj(typed("turn:count id:string name:string diff:strings"))
 TRANSCRIPT_SCHEMA = published(
     f"transcript, version {TRANSCRIPT_VERSION}",
     obj(
-        {
-            "version": {"const": TRANSCRIPT_VERSION},
-            "model": STRING,
-            "effort": nullable({"enum": list(EFFORTS)}),
-            "system": STRING,
-            "tools": array(OBJECT),
-            "workdir": STRING,
-            "question": STRING,
-            "messages": array(
-                obj(
-                    {
-                        "role": {"enum": ["user", "assistant"]},
-                        "content": {
-                            **array({**obj({"type": STRING}), "additionalProperties": True}),
-                            "minItems": 1,
-                        },
-                    }
-                )
+        typed(
+            "version:version model:string effort:?effort system:string tools:objects"
+            " workdir:string question:string messages:messages turns:turns stop:?stop"
+            " answer:?string usage:usage",
+            version={"const": TRANSCRIPT_VERSION},
+            effort={"enum": list(EFFORTS)},
+            messages=array(MESSAGE),
+            turns=array(TURN_RECORD),
+            stop=obj(
+                typed("reason:label detail:string"),
+                typed("exit_code:int retries:retries failed_usage:usage"),
             ),
-            "turns": array(
-                obj(
-                    {
-                        **TURN,
-                        "seconds": NUMBER,
-                        "tool_calls": array(
-                            obj(
-                                {"id": STRING, "name": STRING, "is_error": BOOL, "seconds": NUMBER},
-                                {
-                                    "declined": BOOL,
-                                    "exit_code": nullable(INT),
-                                    "bytes": COUNT,
-                                },
-                            )
-                        ),
-                    },
-                    {
-                        "started_at": TIME,
-                        "attempts": COUNT,
-                        "retries": array(RETRY_SCHEMA),
-                        "failed_usage": USAGE_SCHEMA,
-                        "api_seconds": NUMBER,
-                        "notes": array(STRING),
-                        "message_id": nullable(STRING),
-                        "prompt_tokens": COUNT,
-                        "cache_miss": nullable(OBJECT),
-                        "context_edits": array(OBJECT),
-                        "cleared": obj({"tool_results": COUNT, "estimated_tokens": COUNT}),
-                        "in_history": {"const": False},
-                    },
-                )
+        ),
+        typed(
+            "agent_version:string run_id:string started_at:time failed_usage:usage"
+            " ended_at:?time trial:count cleared:strings events_lost:string"
+            " produced_by:produced_by base_url:string replay:replay",
+            produced_by=obj(
+                typed("kind:string"), typed("model:string script:string note:string turns:count")
             ),
-            "stop": nullable(
-                obj(
-                    {"reason": LABEL, "detail": STRING},
-                    {
-                        "exit_code": INT,
-                        "retries": array(RETRY_SCHEMA),
-                        "failed_usage": USAGE_SCHEMA,
-                    },
-                )
-            ),
-            "answer": nullable(STRING),
-            "usage": USAGE_SCHEMA,
-        },
-        {
-            "agent_version": STRING,
-            "run_id": STRING,
-            "started_at": TIME,
-            "failed_usage": USAGE_SCHEMA,
-            "ended_at": nullable(TIME),
-            "trial": COUNT,
-            "cleared": array(STRING),
-            "events_lost": STRING,
-            "produced_by": PRODUCED_BY,
-            "base_url": STRING,
-            "replay": obj(
-                {
-                    "source": STRING,
-                    "differences": array(
-                        obj({"turn": COUNT, "id": STRING, "name": STRING, "diff": array(STRING)})
-                    ),
-                }
-            ),
-        },
+            replay=obj({"source": STRING, "differences": array(DIFFERENCE)}),
+        ),
     ),
 )
 # each event's type -> the fields it always has; EVENT_OPTIONAL: those it may have
 EVENT_TYPES = {
-    "run.start": {
-        "schema_version": {"const": EVENTS_VERSION},
-        "agent_version": STRING,
-        "model": STRING,
-        "workdir": STRING,
-        "question": nullable(STRING),
-        "limits": OBJECT,
-        "sandbox": OBJECT,
-    },
-    "sandbox": {"status": STRING, "confined": BOOL},
-    "turn.start": {"turn": COUNT},
-    "text": {"turn": COUNT, "text": STRING},
-    "api.retry": {"turn": COUNT, **RETRY_SCHEMA["properties"]},
-    "tool.start": {"turn": COUNT, "id": STRING, "name": STRING, "input": {}},
-    "tool.end": {
-        "turn": COUNT,
-        "id": STRING,
-        "name": STRING,
-        "is_error": BOOL,
-        "declined": BOOL,
-        "exit_code": nullable(INT),
-        "bytes": COUNT,
-        "seconds": NUMBER,
-        "withheld": BOOL,
-    },
-    "turn.end": {
-        **TURN,
-        "attempts": COUNT,
-        "seconds": NUMBER,
-        "api_seconds": NUMBER,
-        "tool_calls": COUNT,
-        "notes": array(STRING),
-    },
-    "trial.start": {"transcript": nullable(STRING)},
-    "trial.end": TRIAL,
-    "trials.summary": {"summary": OBJECT},
-    "run.stop": {
-        "stop": nullable(LABEL),
-        "detail": STRING,
-        "exit_code": INT,
-        "answer": nullable(STRING),
-        "usage": nullable(USAGE_SCHEMA),
-        "turns": nullable(COUNT),
-        "seconds": nullable(NUMBER),
-    },
+    "run.start": typed(
+        "schema_version:version agent_version:string model:string workdir:string"
+        " question:?string limits:object sandbox:object",
+        version={"const": EVENTS_VERSION},
+    ),
+    "sandbox": typed("status:string confined:bool"),
+    "turn.start": typed("turn:count"),
+    "text": typed("turn:count text:string"),
+    "api.retry": typed(f"turn:count {RETRY}"),
+    "tool.start": typed("turn:count id:string name:string input:any", any={}),
+    "tool.end": typed(
+        "turn:count id:string name:string is_error:bool declined:bool exit_code:?int"
+        " bytes:count seconds:number withheld:bool"
+    ),
+    "turn.end": typed(
+        f"{TURN} attempts:count seconds:number api_seconds:number tool_calls:count notes:strings"
+    ),
+    "trial.start": typed("transcript:?string"),
+    "trial.end": typed(
+        "index:count stop:label passed:bool turns:count tokens:count cost_usd:?number"
+        " seconds:number transcript:?string"
+    ),
+    "trials.summary": typed("summary:object"),
+    "run.stop": typed(
+        "stop:?label detail:string exit_code:int answer:?string usage:?usage turns:?count"
+        " seconds:?number"
+    ),
 }
 EVENT_OPTIONAL = {
-    "run.start": {"resumed_from": STRING, "replayed_from": STRING, "trials": COUNT},
-    "text": {"thinking": BOOL},
+    "run.start": typed("resumed_from:string replayed_from:string trials:count"),
+    "text": typed("thinking:bool"),
 }
-EVENT_COMMON = {"type": {"enum": list(EVENT_TYPES)}, "seq": COUNT, "at": TIME, "run_id": STRING}
+EVENT_COMMON = {"type": {"enum": list(EVENT_TYPES)}, **typed("seq:count at:time run_id:string")}
 EVENTS_SCHEMA = published(
     f"event (one JSON Lines record), version {EVENTS_VERSION}",
     {
@@ -2238,41 +2176,35 @@ EVENTS_SCHEMA = published(
         ]
     },
 )
-TRIAL_SCHEMA = obj(
-    {k: TRIAL[k] for k in "index stop turns tokens cost_usd seconds passed transcript".split()}
-)
-SPREAD = obj({"mean": nullable(NUMBER), "median": nullable(NUMBER)})
+SPREAD = obj(typed("mean:?number median:?number"))
 SUMMARY_SCHEMA = published(
     f"trials summary, version {SUMMARY_VERSION}",
     obj(
-        {
-            "version": {"const": SUMMARY_VERSION},
-            "kind": {"const": "trials"},
-            "agent_version": STRING,
-            "requested": COUNT,
-            "n": COUNT,
-            "scored": COUNT,
-            "passes": COUNT,
-            "failed": COUNT,
-            "errored": COUNT,
-            "pass@1": nullable(NUMBER),
-            "pass@1_wilson95": nullable({**array(NUMBER), "minItems": 2, "maxItems": 2}),
-            "pass_at_k": {"type": "object", "additionalProperties": NUMBER},
-            "pass_hat_k": {"type": "object", "additionalProperties": NUMBER},
-            "stops": {"type": "object", "additionalProperties": COUNT},
-            "per_trial": obj({k: SPREAD for k in ("turns", "tokens", "cost_usd", "seconds")}),
-            "tokens": COUNT,
-            "cost_usd": nullable(NUMBER),
-            "trials": array(TRIAL_SCHEMA),
-            "interrupted": BOOL,
-            "question": STRING,
-            "model": STRING,
-            "expect": obj(
-                {"regex": nullable(STRING), "tool": nullable(STRING), "stop": nullable(STRING)}
+        typed(
+            "version:version kind:kind agent_version:string requested:count n:count"
+            " scored:count passes:count failed:count errored:count pass@1:?number"
+            " pass@1_wilson95:?pair pass_at_k:numbers pass_hat_k:numbers stops:counts"
+            " per_trial:per_trial tokens:count cost_usd:?number trials:trials"
+            " interrupted:bool question:string model:string expect:expect"
+            " decline_message:string",
+            version={"const": SUMMARY_VERSION},
+            kind={"const": "trials"},
+            pair={**array(NUMBER), "minItems": 2, "maxItems": 2},
+            numbers={"type": "object", "additionalProperties": NUMBER},
+            counts={"type": "object", "additionalProperties": COUNT},
+            per_trial=obj(dict.fromkeys(("turns", "tokens", "cost_usd", "seconds"), SPREAD)),
+            # each trial's record: trial.end's fields, in the summary's order
+            trials=array(
+                obj(
+                    typed(
+                        "index:count stop:label turns:count tokens:count cost_usd:?number"
+                        " seconds:number passed:bool transcript:?string"
+                    )
+                )
             ),
-            "decline_message": STRING,
-        },
-        {"events_lost": STRING, "base_url": STRING, "budget_usd": NUMBER},
+            expect=obj(typed("regex:?string tool:?string stop:?string")),
+        ),
+        typed("events_lost:string base_url:string budget_usd:number"),
     ),
 )
 SCHEMAS = {"transcript": TRANSCRIPT_SCHEMA, "events": EVENTS_SCHEMA, "summary": SUMMARY_SCHEMA}
