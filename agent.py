@@ -1749,10 +1749,7 @@ def clean(value):
     return value
 
 
-TRANSCRIPT_NEEDS_A_FILE = (
-    "a transcript is rewritten after every turn, so it only replaces a file; give a file name, "
-    "or --transcript - for stdout at the end (with --no-keep for no copy at all)"
-)
+TRANSCRIPT_NEEDS_A_FILE = "a transcript is rewritten after every turn, so it only replaces a file; give a file name, or --transcript - for stdout at the end (with --no-keep for no copy at all)"
 
 
 class OutputFile:
@@ -2219,8 +2216,6 @@ class Saver:
         self.kept = kept
         # the finished messages and turns, each encoded once
         self.done = {"messages": [], "turns": []}
-        # key: (value, b'"key":value') for values that cannot change in place
-        self.fixed = {}
 
     def __call__(self, session, final=False):
         # with --transcript, the kept run is written once, at the stop
@@ -2239,21 +2234,16 @@ class Saver:
             self(session, final=True)
 
     def encode(self, document):
-        """dump(document), byte for byte, each finished message, turn and field encoded once."""
+        """dump(document), byte for byte, each finished message and turn encoded once."""
         parts = []
         for key, value in document.items():
-            if key in self.done:
-                done = self.done[key]
-                done.extend(dump(item)[:-1] for item in value[len(done) : -1])
-                last = [dump(item)[:-1] for item in value[-1:]]
-                parts.append(dump(key)[:-1] + b":[" + b",".join(done + last) + b"]")
+            if key not in self.done:
+                parts.append(dump(key)[:-1] + b":" + dump(value)[:-1])
                 continue
-            known, encoded = self.fixed.get(key, (None, None))
-            if encoded is None or known is not value:
-                encoded = dump(key)[:-1] + b":" + dump(value)[:-1]
-                if value is TOOLS or isinstance(value, (str, int, float, type(None))):
-                    self.fixed[key] = value, encoded
-            parts.append(encoded)
+            done = self.done[key]
+            done.extend(dump(item)[:-1] for item in value[len(done) : -1])
+            last = [dump(item)[:-1] for item in value[-1:]]
+            parts.append(dump(key)[:-1] + b":[" + b",".join(done + last) + b"]")
         return b"{" + b",".join(parts) + b"}\n"
 
 
@@ -2487,12 +2477,11 @@ def read_document(path, flag, sized=False):
     except Unbounded as e:
         raise UsageError(f"{named} holds a number too large ({e}): not a document agent.py wrote")
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        first = data.split(b"\n", 1)[0]
-        try:
-            lines = json.loads(first.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-            lines = None
-        if isinstance(lines, dict) and "seq" in lines and "type" in lines:
+        # the first line of an event stream is an event
+        first = None
+        with contextlib.suppress(ValueError, RecursionError):
+            first = json.loads(data.split(b"\n", 1)[0].decode("utf-8"))
+        if isinstance(first, dict) and "seq" in first and "type" in first:
             raise UsageError(
                 f"{named} is an event stream (--events, JSON Lines), not the one JSON document {flag} reads"
             )
@@ -2570,10 +2559,8 @@ def prepare_resume(session, question):
         session["produced_by"].setdefault("turns", len(session["turns"]))
     session.pop("replay", None)  # it told of a replay run; this one is not
     last = messages[-1]
-    # the calls a stop (the token budget, say) left unanswered
-    pending = [b for b in last["content"] if b.get("type") == "tool_use"]
-    if last["role"] != "assistant":
-        pending = []
+    # the calls a stop (the token budget, say) left unanswered; only a reply holds tool_use blocks
+    pending = [b for b in last["content"] if b["type"] == "tool_use"]
     if pending:
         why = stop.get("reason", "unknown")
         note = f"not run: the previous session stopped ({why}) before this call ran. Call it again if you still need it."
@@ -2591,20 +2578,13 @@ def prepare_resume(session, question):
             messages.append({"role": "user", "content": []})
         messages[-1]["content"].append({"type": "text", "text": question})
     elif messages[-1]["role"] == "assistant" and not paused:
-        reason = stop.get("reason", "finished")
         raise UsageError(
-            f"the transcript is finished (stop: {reason}); give a follow-up question to continue it"
+            f"the transcript is finished (stop: {stop.get('reason', 'finished')}); give a follow-up question to continue it"
         )
     # What the model may do comes from this agent.py, never from a file: only history is data.
     # Its system prompt too, unless the user agrees to the recorded one (main, own_prompt).
-    session.update(
-        system=own_prompt(session) or SYSTEM_PROMPT,
-        tools=TOOLS,
-        stop=None,
-        answer=None,
-        ended_at=None,
-        agent_version=AGENT_VERSION,
-    )
+    session.update(system=own_prompt(session) or SYSTEM_PROMPT, tools=TOOLS)
+    session.update(stop=None, answer=None, ended_at=None, agent_version=AGENT_VERSION)
     session.setdefault("run_id", uuid.uuid4().hex)
     return session, len(pending)
 
