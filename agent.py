@@ -1889,17 +1889,11 @@ class OutputFile:
 
     def create(self):
         """A new, empty file beside the target under a random name (O_EXCL: nothing planted)."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         for _ in range(100):
             self.temp = temp_name(self.name)
-            try:
-                return os.open(
-                    self.temp,
-                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                    0o600,
-                    dir_fd=self.dir_fd,
-                )
-            except FileExistsError:
-                continue
+            with contextlib.suppress(FileExistsError):
+                return os.open(self.temp, flags, 0o600, dir_fd=self.dir_fd)
         raise OSError(errno.EEXIST, "no free name for a new file beside it")
 
     def discard(self):
