@@ -2435,20 +2435,17 @@ def read_regular(named, path, most):
     """At most `most` bytes of the regular file at `path`; else a UsageError naming `named`."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        kind = stat.S_IFMT(os.fstat(fd).st_mode)
+        if kind == stat.S_IFREG:
+            with os.fdopen(fd, "rb") as f:
+                return f.read(most)
+        os.close(fd)
     except FileNotFoundError:
         raise UsageError(f"{named} does not exist")
     except OSError as e:
         raise UsageError(f"{named} cannot be read: {e.strerror}")
-    kind = stat.S_IFMT(os.fstat(fd).st_mode)
-    if kind != stat.S_IFREG:
-        os.close(fd)
-        what = "a directory" if kind == stat.S_IFDIR else FILE_KINDS.get(kind, "not a file")
-        raise UsageError(f"{named} is {what}, not a regular file")
-    with os.fdopen(fd, "rb") as f:
-        try:
-            return f.read(most)
-        except OSError as e:
-            raise UsageError(f"{named} cannot be read: {e.strerror}")
+    what = "a directory" if kind == stat.S_IFDIR else FILE_KINDS.get(kind, "not a file")
+    raise UsageError(f"{named} is {what}, not a regular file")
 
 
 def read_document(path, flag, sized=False):
