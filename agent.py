@@ -2070,6 +2070,7 @@ def obj(required, optional=None):
 
 
 RETRY = "attempt:count status:?int error:string delay:number"
+# the records several schemas hold, by name
 TYPES["usage"] = obj({**dict.fromkeys(COUNTS + ("tokens",), COUNT), "cost_usd": nullable(NUMBER)})
 TYPES["retries"] = array(obj(typed(RETRY)))
 TYPES["strings"] = array(STRING)
@@ -2168,6 +2169,11 @@ EVENTS_SCHEMA = published(
     },
 )
 SPREAD = obj(typed("mean:?number median:?number"))
+# a trial's record in a summary: trial.end's fields, in another order
+SUMMARY_TRIAL = (
+    "index:count stop:label turns:count tokens:count cost_usd:?number seconds:number passed:bool"
+    " transcript:?string"
+)
 SUMMARY_SCHEMA = published(
     f"trials summary, version {SUMMARY_VERSION}",
     obj(
@@ -2184,15 +2190,7 @@ SUMMARY_SCHEMA = published(
             numbers={"type": "object", "additionalProperties": NUMBER},
             counts={"type": "object", "additionalProperties": COUNT},
             per_trial=obj(dict.fromkeys(("turns", "tokens", "cost_usd", "seconds"), SPREAD)),
-            # each trial's record: trial.end's fields, in the summary's order
-            trials=array(
-                obj(
-                    typed(
-                        "index:count stop:label turns:count tokens:count cost_usd:?number"
-                        " seconds:number passed:bool transcript:?string"
-                    )
-                )
-            ),
+            trials=array(obj(typed(SUMMARY_TRIAL))),
             expect=obj(typed("regex:?string tool:?string stop:?string")),
         ),
         typed("events_lost:string base_url:string budget_usd:number"),
@@ -2337,8 +2335,7 @@ def transcript_problem(session):
 
 
 def messages_problem(messages):
-    """What makes the history unfit to send, or None: each message and its blocks, and each
-    tool_use answered in the next message."""
+    """What makes the history unfit to send, or None: its blocks, each tool_use's answer."""
     if not messages:
         return "it has no messages"
     asked = set()
