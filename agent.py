@@ -1678,18 +1678,16 @@ def redact(value):
     every string of a document, keys too. Every door out redacts (docs/threat-model.md)."""
     if not SECRETS:
         return value
-    # the longest first, so that a secret that holds another is replaced whole
-    secrets = sorted(SECRETS, key=len, reverse=True)
+    if isinstance(value, bytes):
+        return redact(value.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
+    if isinstance(value, dict):
+        return {redact(k): redact(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact(v) for v in value]
     if isinstance(value, str):
-        for secret in secrets:
+        # the longest first, so that a secret that holds another is replaced whole
+        for secret in sorted(SECRETS, key=len, reverse=True):
             value = value.replace(secret, REDACTED)
-    elif isinstance(value, bytes):
-        for secret in secrets:
-            value = value.replace(secret.encode("utf-8", "surrogateescape"), REDACTED.encode())
-    elif isinstance(value, dict):
-        value = {redact(k): redact(v) for k, v in value.items()}
-    elif isinstance(value, (list, tuple)):
-        value = [redact(v) for v in value]
     return value
 
 
@@ -1751,10 +1749,7 @@ def clean(value):
     return value
 
 
-TRANSCRIPT_NEEDS_A_FILE = (
-    "a transcript is rewritten after every turn, so it only replaces a file; give a file name, "
-    "or --transcript - for stdout at the end (with --no-keep for no copy at all)"
-)
+TRANSCRIPT_NEEDS_A_FILE = "a transcript is rewritten after every turn, so it only replaces a file; give a file name, or --transcript - for stdout at the end (with --no-keep for no copy at all)"
 
 
 class OutputFile:
@@ -1779,9 +1774,7 @@ class OutputFile:
         if workdir is not None and (parent / self.name).is_relative_to(workdir):
             trusted = " (and --resume would trust it)" if flag == "--transcript" else ""
             raise UsageError(
-                f"{flag} {path} is inside the workdir {workdir}, where the model's "
-                f"code could rewrite it{trusted}: put it outside, e.g. next to the "
-                "workdir"
+                f"{flag} {path} is inside the workdir {workdir}, where the model's code could rewrite it{trusted}: put it outside, e.g. next to the workdir"
             )
         try:
             self.dir_fd = open_directory(parent)
@@ -1801,26 +1794,21 @@ class OutputFile:
             target = os.path.realpath(path)
             if workdir is not None and Path(target).is_relative_to(workdir):
                 raise UsageError(f"{flag} {path} leads into the workdir {workdir} ({target})")
-            try:
+            with contextlib.suppress(OSError):
                 followed = os.stat(path)
-            except OSError:
-                followed = None
-            if followed and stat.S_IFMT(followed.st_mode) in (stat.S_IFIFO, stat.S_IFCHR):
-                there = followed
+                if stat.S_IFMT(followed.st_mode) in (stat.S_IFIFO, stat.S_IFCHR):
+                    there = followed
         kind = there and stat.S_IFMT(there.st_mode)
         if kind == stat.S_IFDIR:
             raise UsageError(f"{flag} {path} is a directory; give a file name")
         if kind == stat.S_IFLNK:
             raise UsageError(
-                f"{flag} {path} is a symlink; agent.py writes no file through one: "
-                "give the file itself"
+                f"{flag} {path} is a symlink; agent.py writes no file through one: give the file itself"
             )
         if there and there.st_uid not in (os.geteuid(), 0):
             other = " with --transcript" if flag == "--resume" else ""
             raise UsageError(
-                f"{flag} {path} is {FILE_KINDS.get(kind, 'a file')} that belongs to "
-                f"another user (uid {there.st_uid}); agent.py writes into or over "
-                f"no one else's file: give another name{other}"
+                f"{flag} {path} is {FILE_KINDS.get(kind, 'a file')} that belongs to another user (uid {there.st_uid}); agent.py writes into or over no one else's file: give another name{other}"
             )
         if kind in (stat.S_IFIFO, stat.S_IFCHR) and stream and named:
             self.device = self.open_device(there)
@@ -1891,36 +1879,26 @@ class OutputFile:
         data = redact(data)
         if self.device is None:
             return self.write(data, durable=True)
+        if self.tty:
+            data = for_terminal(data, html=data.startswith(b"<"), terminal=True)
         try:
             with self.stream() as f:
-                f.write(
-                    for_terminal(data, html=data.startswith(b"<"), terminal=True)
-                    if self.tty
-                    else data
-                )
+                f.write(data)
         except OSError as e:  # /dev/full
             raise OutputLost(f"{OutputLost.prefix}{self.path}: {e.strerror}") from e
 
     def create(self):
         """A new, empty file beside the target under a random name (O_EXCL: nothing planted)."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         for _ in range(100):
             self.temp = temp_name(self.name)
-            try:
-                return os.open(
-                    self.temp,
-                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                    0o600,
-                    dir_fd=self.dir_fd,
-                )
-            except FileExistsError:
-                continue
+            with contextlib.suppress(FileExistsError):
+                return os.open(self.temp, flags, 0o600, dir_fd=self.dir_fd)
         raise OSError(errno.EEXIST, "no free name for a new file beside it")
 
     def discard(self):
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(self.temp, dir_fd=self.dir_fd)
-        except OSError:
-            pass
 
     def write(self, data, durable=False):
         """Write `data` to a new file beside the target, then swap it in: a turn's save swaps
@@ -1961,7 +1939,6 @@ def temp_name(name):
 
 def real_directory(path, flag):
     """The real path of `path`'s directory, refusing a symlink another user (not root) made."""
-    me = os.geteuid()
     hops = 0
     real = Path("/")
     todo = list(reversed(path.parent.parts[1:]))  # still to resolve, the next one last
@@ -1978,11 +1955,9 @@ def real_directory(path, flag):
         if not stat.S_ISLNK(there.st_mode):
             real = step
             continue
-        if there.st_uid not in (me, 0):
+        if there.st_uid not in (os.geteuid(), 0):
             raise UsageError(
-                f"{flag} {path}: {step} is a symlink that another user (uid "
-                f"{there.st_uid}) made; agent.py follows no one else's link to "
-                "write: give the real path"
+                f"{flag} {path}: {step} is a symlink that another user (uid {there.st_uid}) made; agent.py follows no one else's link to write: give the real path"
             )
         hops += 1
         if hops > 40:
@@ -2030,15 +2005,13 @@ def check_distinct(outputs, inputs=()):
     for flag, out in outputs:
         if out.identity in seen:
             raise UsageError(
-                f"{flag} {out.path} is also {seen[out.identity]}: two outputs on "
-                "one file would destroy each other; give another name"
+                f"{flag} {out.path} is also {seen[out.identity]}: two outputs on one file would destroy each other; give another name"
             )
         seen[out.identity] = f"{flag} {out.path}"
     for flag, path in inputs:
         if file_identity(path) in seen:
             raise UsageError(
-                f"{seen[file_identity(path)]} would overwrite {flag} {path}, which "
-                "it reads; give another name"
+                f"{seen[file_identity(path)]} would overwrite {flag} {path}, which it reads; give another name"
             )
 
 
@@ -2048,10 +2021,18 @@ def check_distinct(outputs, inputs=()):
 STRING = {"type": "string"}
 COUNT = {"type": "integer", "minimum": 0}
 NUMBER = {"type": "number"}
-BOOL = {"type": "boolean"}
-TIME = {"type": "string", "format": "date-time"}
-INT = {"type": "integer"}
 OBJECT = {"type": "object"}
+# the types of the fields below, by name
+TYPES = {
+    "string": STRING,
+    "count": COUNT,
+    "number": NUMBER,
+    "bool": {"type": "boolean"},
+    "time": {"type": "string", "format": "date-time"},
+    "int": {"type": "integer"},
+    "object": OBJECT,
+    "label": {"enum": list(EXIT_CODES)},
+}
 
 
 def published(title, body):
@@ -2070,6 +2051,16 @@ def array(schema):
     return {"type": "array", "items": schema}
 
 
+def typed(spec, **types):
+    """Properties from "name:type ...", each type one of TYPES or `types`; "?type": it, or null."""
+    properties = {}
+    for entry in spec.split():
+        name, kind = entry.split(":")
+        schema = {**TYPES, **types}[kind.lstrip("?")]
+        properties[name] = nullable(schema) if kind.startswith("?") else schema
+    return properties
+
+
 def obj(required, optional=None):
     return {
         "type": "object",
@@ -2078,172 +2069,93 @@ def obj(required, optional=None):
     }
 
 
-USAGE_SCHEMA = obj({**{k: COUNT for k in COUNTS + ("tokens",)}, "cost_usd": nullable(NUMBER)})
-RETRY_SCHEMA = obj({"attempt": COUNT, "status": nullable(INT), "error": STRING, "delay": NUMBER})
-LABEL = {"enum": list(EXIT_CODES)}
+RETRY = "attempt:count status:?int error:string delay:number"
+# the records several schemas hold, by name
+TYPES["usage"] = obj({**dict.fromkeys(COUNTS + ("tokens",), COUNT), "cost_usd": nullable(NUMBER)})
+TYPES["retries"] = array(obj(typed(RETRY)))
+TYPES["strings"] = array(STRING)
+TYPES["objects"] = array(OBJECT)
 # what a turn's record and its turn.end event both begin with
-TURN = {
-    "turn": COUNT,
-    "stop_reason": nullable(STRING),
-    "usage": USAGE_SCHEMA,
-    "request_id": nullable(STRING),
-}
-# a trial's record, in the trial.end event's order
-TRIAL = {
-    "index": COUNT,
-    "stop": LABEL,
-    "passed": BOOL,
-    "turns": COUNT,
-    "tokens": COUNT,
-    "cost_usd": nullable(NUMBER),
-    "seconds": NUMBER,
-    "transcript": nullable(STRING),
-}
-PRODUCED_BY = obj(
-    {"kind": STRING}, {"model": STRING, "script": STRING, "note": STRING, "turns": COUNT}
+TURN = "turn:count stop_reason:?string usage:usage request_id:?string"
+TOOL_CALL = obj(
+    typed("id:string name:string is_error:bool seconds:number"),
+    typed("declined:bool exit_code:?int bytes:count"),
 )
+TURN_RECORD = obj(
+    typed(f"{TURN} seconds:number tool_calls:calls", calls=array(TOOL_CALL)),
+    typed(
+        "started_at:time attempts:count retries:retries failed_usage:usage api_seconds:number"
+        " notes:strings message_id:?string prompt_tokens:count cache_miss:?object"
+        " context_edits:objects cleared:cleared in_history:false",
+        cleared=obj(typed("tool_results:count estimated_tokens:count")),
+        false={"const": False},
+    ),
+)
+BLOCK = {**obj({"type": STRING}), "additionalProperties": True}
+MESSAGE = obj({"role": {"enum": ["user", "assistant"]}, "content": {**array(BLOCK), "minItems": 1}})
+DIFFERENCE = obj(typed("turn:count id:string name:string diff:strings"))
 TRANSCRIPT_SCHEMA = published(
     f"transcript, version {TRANSCRIPT_VERSION}",
     obj(
-        {
-            "version": {"const": TRANSCRIPT_VERSION},
-            "model": STRING,
-            "effort": nullable({"enum": list(EFFORTS)}),
-            "system": STRING,
-            "tools": array(OBJECT),
-            "workdir": STRING,
-            "question": STRING,
-            "messages": array(
-                obj(
-                    {
-                        "role": {"enum": ["user", "assistant"]},
-                        "content": {
-                            **array({**obj({"type": STRING}), "additionalProperties": True}),
-                            "minItems": 1,
-                        },
-                    }
-                )
+        typed(
+            "version:version model:string effort:?effort system:string tools:objects"
+            " workdir:string question:string messages:messages turns:turns stop:?stop"
+            " answer:?string usage:usage",
+            version={"const": TRANSCRIPT_VERSION},
+            effort={"enum": list(EFFORTS)},
+            messages=array(MESSAGE),
+            turns=array(TURN_RECORD),
+            stop=obj(
+                typed("reason:label detail:string"),
+                typed("exit_code:int retries:retries failed_usage:usage"),
             ),
-            "turns": array(
-                obj(
-                    {
-                        **TURN,
-                        "seconds": NUMBER,
-                        "tool_calls": array(
-                            obj(
-                                {"id": STRING, "name": STRING, "is_error": BOOL, "seconds": NUMBER},
-                                {
-                                    "declined": BOOL,
-                                    "exit_code": nullable(INT),
-                                    "bytes": COUNT,
-                                },
-                            )
-                        ),
-                    },
-                    {
-                        "started_at": TIME,
-                        "attempts": COUNT,
-                        "retries": array(RETRY_SCHEMA),
-                        "failed_usage": USAGE_SCHEMA,
-                        "api_seconds": NUMBER,
-                        "notes": array(STRING),
-                        "message_id": nullable(STRING),
-                        "prompt_tokens": COUNT,
-                        "cache_miss": nullable(OBJECT),
-                        "context_edits": array(OBJECT),
-                        "cleared": obj({"tool_results": COUNT, "estimated_tokens": COUNT}),
-                        "in_history": {"const": False},
-                    },
-                )
+        ),
+        typed(
+            "agent_version:string run_id:string started_at:time failed_usage:usage"
+            " ended_at:?time trial:count cleared:strings events_lost:string"
+            " produced_by:produced_by base_url:string replay:replay",
+            produced_by=obj(
+                typed("kind:string"), typed("model:string script:string note:string turns:count")
             ),
-            "stop": nullable(
-                obj(
-                    {"reason": LABEL, "detail": STRING},
-                    {
-                        "exit_code": INT,
-                        "retries": array(RETRY_SCHEMA),
-                        "failed_usage": USAGE_SCHEMA,
-                    },
-                )
-            ),
-            "answer": nullable(STRING),
-            "usage": USAGE_SCHEMA,
-        },
-        {
-            "agent_version": STRING,
-            "run_id": STRING,
-            "started_at": TIME,
-            "failed_usage": USAGE_SCHEMA,
-            "ended_at": nullable(TIME),
-            "trial": COUNT,
-            "cleared": array(STRING),
-            "events_lost": STRING,
-            "produced_by": PRODUCED_BY,
-            "base_url": STRING,
-            "replay": obj(
-                {
-                    "source": STRING,
-                    "differences": array(
-                        obj({"turn": COUNT, "id": STRING, "name": STRING, "diff": array(STRING)})
-                    ),
-                }
-            ),
-        },
+            replay=obj({"source": STRING, "differences": array(DIFFERENCE)}),
+        ),
     ),
 )
 # each event's type -> the fields it always has; EVENT_OPTIONAL: those it may have
 EVENT_TYPES = {
-    "run.start": {
-        "schema_version": {"const": EVENTS_VERSION},
-        "agent_version": STRING,
-        "model": STRING,
-        "workdir": STRING,
-        "question": nullable(STRING),
-        "limits": OBJECT,
-        "sandbox": OBJECT,
-    },
-    "sandbox": {"status": STRING, "confined": BOOL},
-    "turn.start": {"turn": COUNT},
-    "text": {"turn": COUNT, "text": STRING},
-    "api.retry": {"turn": COUNT, **RETRY_SCHEMA["properties"]},
-    "tool.start": {"turn": COUNT, "id": STRING, "name": STRING, "input": {}},
-    "tool.end": {
-        "turn": COUNT,
-        "id": STRING,
-        "name": STRING,
-        "is_error": BOOL,
-        "declined": BOOL,
-        "exit_code": nullable(INT),
-        "bytes": COUNT,
-        "seconds": NUMBER,
-        "withheld": BOOL,
-    },
-    "turn.end": {
-        **TURN,
-        "attempts": COUNT,
-        "seconds": NUMBER,
-        "api_seconds": NUMBER,
-        "tool_calls": COUNT,
-        "notes": array(STRING),
-    },
-    "trial.start": {"transcript": nullable(STRING)},
-    "trial.end": TRIAL,
-    "trials.summary": {"summary": OBJECT},
-    "run.stop": {
-        "stop": nullable(LABEL),
-        "detail": STRING,
-        "exit_code": INT,
-        "answer": nullable(STRING),
-        "usage": nullable(USAGE_SCHEMA),
-        "turns": nullable(COUNT),
-        "seconds": nullable(NUMBER),
-    },
+    "run.start": typed(
+        "schema_version:version agent_version:string model:string workdir:string"
+        " question:?string limits:object sandbox:object",
+        version={"const": EVENTS_VERSION},
+    ),
+    "sandbox": typed("status:string confined:bool"),
+    "turn.start": typed("turn:count"),
+    "text": typed("turn:count text:string"),
+    "api.retry": typed(f"turn:count {RETRY}"),
+    "tool.start": typed("turn:count id:string name:string input:any", any={}),
+    "tool.end": typed(
+        "turn:count id:string name:string is_error:bool declined:bool exit_code:?int"
+        " bytes:count seconds:number withheld:bool"
+    ),
+    "turn.end": typed(
+        f"{TURN} attempts:count seconds:number api_seconds:number tool_calls:count notes:strings"
+    ),
+    "trial.start": typed("transcript:?string"),
+    "trial.end": typed(
+        "index:count stop:label passed:bool turns:count tokens:count cost_usd:?number"
+        " seconds:number transcript:?string"
+    ),
+    "trials.summary": typed("summary:object"),
+    "run.stop": typed(
+        "stop:?label detail:string exit_code:int answer:?string usage:?usage turns:?count"
+        " seconds:?number"
+    ),
 }
 EVENT_OPTIONAL = {
-    "run.start": {"resumed_from": STRING, "replayed_from": STRING, "trials": COUNT},
-    "text": {"thinking": BOOL},
+    "run.start": typed("resumed_from:string replayed_from:string trials:count"),
+    "text": typed("thinking:bool"),
 }
-EVENT_COMMON = {"type": {"enum": list(EVENT_TYPES)}, "seq": COUNT, "at": TIME, "run_id": STRING}
+EVENT_COMMON = {"type": {"enum": list(EVENT_TYPES)}, **typed("seq:count at:time run_id:string")}
 EVENTS_SCHEMA = published(
     f"event (one JSON Lines record), version {EVENTS_VERSION}",
     {
@@ -2256,41 +2168,32 @@ EVENTS_SCHEMA = published(
         ]
     },
 )
-TRIAL_SCHEMA = obj(
-    {k: TRIAL[k] for k in "index stop turns tokens cost_usd seconds passed transcript".split()}
+SPREAD = obj(typed("mean:?number median:?number"))
+# a trial's record in a summary: trial.end's fields, in another order
+SUMMARY_TRIAL = (
+    "index:count stop:label turns:count tokens:count cost_usd:?number seconds:number passed:bool"
+    " transcript:?string"
 )
-SPREAD = obj({"mean": nullable(NUMBER), "median": nullable(NUMBER)})
 SUMMARY_SCHEMA = published(
     f"trials summary, version {SUMMARY_VERSION}",
     obj(
-        {
-            "version": {"const": SUMMARY_VERSION},
-            "kind": {"const": "trials"},
-            "agent_version": STRING,
-            "requested": COUNT,
-            "n": COUNT,
-            "scored": COUNT,
-            "passes": COUNT,
-            "failed": COUNT,
-            "errored": COUNT,
-            "pass@1": nullable(NUMBER),
-            "pass@1_wilson95": nullable({**array(NUMBER), "minItems": 2, "maxItems": 2}),
-            "pass_at_k": {"type": "object", "additionalProperties": NUMBER},
-            "pass_hat_k": {"type": "object", "additionalProperties": NUMBER},
-            "stops": {"type": "object", "additionalProperties": COUNT},
-            "per_trial": obj({k: SPREAD for k in ("turns", "tokens", "cost_usd", "seconds")}),
-            "tokens": COUNT,
-            "cost_usd": nullable(NUMBER),
-            "trials": array(TRIAL_SCHEMA),
-            "interrupted": BOOL,
-            "question": STRING,
-            "model": STRING,
-            "expect": obj(
-                {"regex": nullable(STRING), "tool": nullable(STRING), "stop": nullable(STRING)}
-            ),
-            "decline_message": STRING,
-        },
-        {"events_lost": STRING, "base_url": STRING, "budget_usd": NUMBER},
+        typed(
+            "version:version kind:kind agent_version:string requested:count n:count"
+            " scored:count passes:count failed:count errored:count pass@1:?number"
+            " pass@1_wilson95:?pair pass_at_k:numbers pass_hat_k:numbers stops:counts"
+            " per_trial:per_trial tokens:count cost_usd:?number trials:trials"
+            " interrupted:bool question:string model:string expect:expect"
+            " decline_message:string",
+            version={"const": SUMMARY_VERSION},
+            kind={"const": "trials"},
+            pair={**array(NUMBER), "minItems": 2, "maxItems": 2},
+            numbers={"type": "object", "additionalProperties": NUMBER},
+            counts={"type": "object", "additionalProperties": COUNT},
+            per_trial=obj(dict.fromkeys(("turns", "tokens", "cost_usd", "seconds"), SPREAD)),
+            trials=array(obj(typed(SUMMARY_TRIAL))),
+            expect=obj(typed("regex:?string tool:?string stop:?string")),
+        ),
+        typed("events_lost:string base_url:string budget_usd:number"),
     ),
 )
 SCHEMAS = {"transcript": TRANSCRIPT_SCHEMA, "events": EVENTS_SCHEMA, "summary": SUMMARY_SCHEMA}
@@ -2305,8 +2208,6 @@ class Saver:
         self.kept = kept
         # the finished messages and turns, each encoded once
         self.done = {"messages": [], "turns": []}
-        # key: (value, b'"key":value') for values that cannot change in place
-        self.fixed = {}
 
     def __call__(self, session, final=False):
         # with --transcript, the kept run is written once, at the stop
@@ -2325,21 +2226,16 @@ class Saver:
             self(session, final=True)
 
     def encode(self, document):
-        """dump(document), byte for byte, each finished message, turn and field encoded once."""
+        """dump(document), byte for byte, each finished message and turn encoded once."""
         parts = []
         for key, value in document.items():
-            if key in self.done:
-                done = self.done[key]
-                done.extend(dump(item)[:-1] for item in value[len(done) : -1])
-                last = [dump(item)[:-1] for item in value[-1:]]
-                parts.append(dump(key)[:-1] + b":[" + b",".join(done + last) + b"]")
+            if key not in self.done:
+                parts.append(dump(key)[:-1] + b":" + dump(value)[:-1])
                 continue
-            known, encoded = self.fixed.get(key, (None, None))
-            if encoded is None or known is not value:
-                encoded = dump(key)[:-1] + b":" + dump(value)[:-1]
-                if value is TOOLS or isinstance(value, (str, int, float, type(None))):
-                    self.fixed[key] = value, encoded
-            parts.append(encoded)
+            done = self.done[key]
+            done.extend(dump(item)[:-1] for item in value[len(done) : -1])
+            last = [dump(item)[:-1] for item in value[-1:]]
+            parts.append(dump(key)[:-1] + b":[" + b",".join(done + last) + b"]")
         return b"{" + b",".join(parts) + b"}\n"
 
 
@@ -2379,10 +2275,7 @@ class Events:
                 self.stream.flush()
             except (OSError, ValueError) as e:
                 self.stream = None
-                self.lost = (
-                    f"the event stream could not be written ({getattr(e, 'strerror', 0) or e}); "
-                    f"events from seq {self.seq} ({kind}) on were dropped"
-                )
+                self.lost = f"the event stream could not be written ({getattr(e, 'strerror', 0) or e}); events from seq {self.seq} ({kind}) on were dropped"
 
     def news(self):
         """Why events are lost, the first time it is asked after they were; else None."""
@@ -2395,10 +2288,8 @@ class Events:
     def close(self):
         with self.lock:
             if self.stream is not None and self.owned:
-                try:
+                with contextlib.suppress(OSError):
                     self.stream.close()
-                except OSError:
-                    pass
             self.stream = None
 
 
@@ -2432,28 +2323,69 @@ def transcript_problem(session):
     if session.get("effort") not in (None, *EFFORTS):
         return "effort is not one of " + ", ".join(EFFORTS)
     stop = session.get("stop")
-    if stop is not None and (
-        not isinstance(stop, dict)
-        or not isinstance(stop.get("reason"), str)
-        or stop["reason"] not in EXIT_CODES
-        or not isinstance(stop.get("detail"), str)
+    # the labels as a list: a label that is a list or an object is compared, not hashed
+    if stop is not None and not (
+        fields(stop).get("reason") in list(EXIT_CODES) and isinstance(stop.get("detail"), str)
     ):
         return "stop is not an object with a stop label and its detail"
     cleared = session.get("cleared", [])
     if not isinstance(cleared, list) or not all(isinstance(c, str) for c in cleared):
         return "cleared is not a list of tool call ids"
-    if not session["messages"]:
+    return messages_problem(session["messages"]) or turns_problem(session)
+
+
+def messages_problem(messages):
+    """What makes the history unfit to send, or None: its blocks, each tool_use's answer."""
+    if not messages:
         return "it has no messages"
     asked = set()
-    for i, m in enumerate(session["messages"]):
-        problem = message_problem(i, m, asked)
-        if problem:
-            return problem
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+            return f"messages[{i}] is not a message with a role and content"
+        if not isinstance(m.get("content"), list) or not m["content"]:
+            return f"messages[{i}] is not a message with a role and content"
+        for j, b in enumerate(m["content"]):
+            problem = block_problem(b, m["role"])
+            if problem:
+                return f"messages[{i}].content[{j}] is not a well-formed block: {problem}"
+            if b["type"] == "tool_result" and (
+                m["role"] != "user" or b["tool_use_id"] not in asked
+            ):
+                return f"messages[{i}].content[{j}] answers a tool_use that is not just before it"
+            # what the API would refuse: an empty text, a result not text or text and image blocks
+            content = b.get("content", "")
+            sendable = (
+                isinstance(content, str)
+                or isinstance(content, list)
+                and all(isinstance(x, dict) and x.get("type") in ("text", "image") for x in content)
+            )
+            if b["type"] == "text" and not b["text"] or b["type"] == "tool_result" and not sendable:
+                return f"messages[{i}].content[{j}] is an empty text, or a tool_result whose content is neither text nor a list of blocks"
+        answered = {b.get("tool_use_id") for b in m["content"] if b["type"] == "tool_result"}
+        if asked - answered:
+            return f"messages[{i}] leaves tool_use {sorted(asked - answered)[0]} unanswered"
         asked = {b["id"] for b in m["content"] if b["type"] == "tool_use"}
+    return None
+
+
+def turns_problem(session):
+    """What makes the turn records unfit to resume from, or None."""
     for i, t in enumerate(session["turns"]):
-        problem = turn_problem(i, t)
-        if problem:
-            return problem
+        usage = fields(fields(t).get("usage"))
+        if (
+            not is_count(fields(t).get("turn"), MAX_TURN)
+            or not all(is_count(usage.get(k)) for k in COUNTS + ("tokens",))
+            or not isinstance(usage.get("cost_usd", ""), (int, float, type(None)))
+            or not isinstance(t.get("stop_reason"), (str, type(None)))
+        ):
+            return f"turns[{i}] is not a turn record with its usage and stop_reason"
+        calls = t.get("tool_calls", [])
+        if not isinstance(calls, list) or not all(
+            isinstance(fields(c).get("id"), str) for c in calls
+        ):
+            return f"turns[{i}].tool_calls is not a list of tool calls with their ids"
+        if not is_count(t.get("prompt_tokens", 0)):
+            return f"turns[{i}].prompt_tokens is not a count"
     # each turn's reply is in the history, or its record says it is not
     replies = sum(m["role"] == "assistant" for m in session["messages"])
     kept = sum(t.get("in_history") is not False for t in session["turns"])
@@ -2462,77 +2394,20 @@ def transcript_problem(session):
     return sum_problem(session["turns"])
 
 
-def message_problem(i, m, asked):
-    """What makes message `i` unfit to send, or None; `asked`: the ids it must answer."""
-    if (
-        not isinstance(m, dict)
-        or m.get("role") not in ("user", "assistant")
-        or not isinstance(m.get("content"), list)
-        or not m["content"]
-    ):
-        return f"messages[{i}] is not a message with a role and content"
-    for j, b in enumerate(m["content"]):
-        problem = block_problem(b, m["role"])
-        if problem:
-            return f"messages[{i}].content[{j}] is not a well-formed block: {problem}"
-        if b["type"] == "tool_result" and (m["role"] != "user" or b["tool_use_id"] not in asked):
-            return f"messages[{i}].content[{j}] answers a tool_use that is not just before it"
-        # what the API would refuse: an empty text, a result not text or text and image blocks
-        content = b.get("content", "")
-        empty_text = b["type"] == "text" and not b["text"]
-        bad_result = b["type"] == "tool_result" and not (
-            isinstance(content, str)
-            or isinstance(content, list)
-            and all(isinstance(x, dict) and x.get("type") in ("text", "image") for x in content)
-        )
-        if empty_text or bad_result:
-            return (
-                f"messages[{i}].content[{j}] is an empty text, or a tool_result whose "
-                "content is neither text nor a list of blocks"
-            )
-    answered = {b.get("tool_use_id") for b in m["content"] if b["type"] == "tool_result"}
-    if asked - answered:
-        return f"messages[{i}] leaves tool_use {sorted(asked - answered)[0]} unanswered"
-    return None
-
-
-def turn_problem(i, t):
-    """What makes turn record `i` unfit to resume from, or None."""
-    usage = t.get("usage") if isinstance(t, dict) else None
-    if (
-        not isinstance(t, dict)
-        or not is_count(t.get("turn"))
-        or t["turn"] > MAX_TURN
-        or not isinstance(usage, dict)
-        or any(not is_count(usage.get(k)) for k in COUNTS + ("tokens",))
-        or not isinstance(usage.get("cost_usd", ""), (int, float, type(None)))
-        or not isinstance(t.get("stop_reason"), (str, type(None)))
-    ):
-        return f"turns[{i}] is not a turn record with its usage and stop_reason"
-    calls = t.get("tool_calls", [])
-    if not isinstance(calls, list) or not all(
-        isinstance(c, dict) and isinstance(c.get("id"), str) for c in calls
-    ):
-        return f"turns[{i}].tool_calls is not a list of tool calls with their ids"
-    if not is_count(t.get("prompt_tokens", 0)):
-        return f"turns[{i}].prompt_tokens is not a count"
-    return None
-
-
 MAX_TURN = 1 << 31  # a turn number a transcript may hold: a run goes on from it, one at a time
 
 
-def is_count(value):
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
+def is_count(value, most=MAX_COUNT):
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= most
 
 
 def sum_problem(turns):
     """Why the turns' costs or seconds cannot be added up (1e308 + 1e308), or None."""
     for key in ("cost_usd", "seconds", "api_seconds"):
-        total = 0.0
-        for t in items(turns):
-            total += num((fields(t.get("usage")) if key == "cost_usd" else t).get(key))
-        if not math.isfinite(total):
+        values = (
+            num((fields(t.get("usage")) if key == "cost_usd" else t).get(key)) for t in items(turns)
+        )
+        if not math.isfinite(sum(values, 0.0)):
             return f"its turns' {key} add up past what a number can hold"
     return None
 
@@ -2557,62 +2432,52 @@ def read_regular(named, path, most):
     """At most `most` bytes of the regular file at `path`; else a UsageError naming `named`."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        kind = stat.S_IFMT(os.fstat(fd).st_mode)
+        if kind == stat.S_IFREG:
+            with os.fdopen(fd, "rb") as f:
+                return f.read(most)
+        os.close(fd)
     except FileNotFoundError:
         raise UsageError(f"{named} does not exist")
     except OSError as e:
         raise UsageError(f"{named} cannot be read: {e.strerror}")
-    kind = stat.S_IFMT(os.fstat(fd).st_mode)
-    if kind != stat.S_IFREG:
-        os.close(fd)
-        what = "a directory" if kind == stat.S_IFDIR else FILE_KINDS.get(kind, "not a file")
-        raise UsageError(f"{named} is {what}, not a regular file")
-    with os.fdopen(fd, "rb") as f:
-        try:
-            return f.read(most)
-        except OSError as e:
-            raise UsageError(f"{named} cannot be read: {e.strerror}")
+    what = "a directory" if kind == stat.S_IFDIR else FILE_KINDS.get(kind, "not a file")
+    raise UsageError(f"{named} is {what}, not a regular file")
 
 
 def read_document(path, flag, sized=False):
     """The JSON document at `path`, bounded in size, depth and numbers; else a UsageError saying
     what is there. With `sized`, the document and its size in bytes."""
-    data = read_regular(f"{flag} {path}", path, MAX_DOCUMENT + 1)
+    named = f"{flag} {path}"
+    data = read_regular(named, path, MAX_DOCUMENT + 1)
     if len(data) > MAX_DOCUMENT:
-        raise UsageError(
-            f"{flag} {path} is over {MAX_DOCUMENT >> 20} MiB: not a document agent.py wrote"
-        )
+        raise UsageError(f"{named} is over {MAX_DOCUMENT >> 20} MiB: not a document agent.py wrote")
     if data.count(b"{") + data.count(b"[") > MAX_CONTAINERS:
         raise UsageError(
-            f"{flag} {path} holds over {MAX_CONTAINERS:,} objects and lists: not "
-            "a document agent.py wrote"
+            f"{named} holds over {MAX_CONTAINERS:,} objects and lists: not a document agent.py wrote"
         )
     try:
         bounds = dict(parse_int=bounded_int, parse_float=bounded_float, parse_constant=no_constant)
         document = clean(json.loads(data.decode("utf-8"), **bounds))
         return (document, len(data)) if sized else document
     except RecursionError:
-        raise UsageError(f"{flag} {path} is nested too deeply: not a document agent.py wrote")
+        raise UsageError(f"{named} is nested too deeply: not a document agent.py wrote")
     except Unbounded as e:
-        raise UsageError(
-            f"{flag} {path} holds a number too large ({e}): not a document agent.py wrote"
-        )
+        raise UsageError(f"{named} holds a number too large ({e}): not a document agent.py wrote")
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        first = data.split(b"\n", 1)[0]
-        try:
-            lines = json.loads(first.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-            lines = None
-        if isinstance(lines, dict) and "seq" in lines and "type" in lines:
+        # the first line of an event stream is an event
+        first = None
+        with contextlib.suppress(ValueError, RecursionError):
+            first = json.loads(data.split(b"\n", 1)[0].decode("utf-8"))
+        if isinstance(first, dict) and "seq" in first and "type" in first:
             raise UsageError(
-                f"{flag} {path} is an event stream (--events, JSON Lines), not "
-                f"the one JSON document {flag} reads"
+                f"{named} is an event stream (--events, JSON Lines), not the one JSON document {flag} reads"
             )
         if data.startswith(b"\xef\xbb\xbf"):
             raise UsageError(
-                f"{flag} {path} starts with a byte-order mark (saved by an "
-                "editor?), which no JSON document starts with: save it without one"
+                f"{named} starts with a byte-order mark (saved by an editor?), which no JSON document starts with: save it without one"
             )
-        raise UsageError(f"{flag} {path} is not a JSON document ({e})")
+        raise UsageError(f"{named} is not a JSON document ({e})")
 
 
 class Unbounded(Exception):
@@ -2669,8 +2534,7 @@ def checked_transcript(session, path, doing):
     problem = transcript_problem(session)
     if problem:
         raise UsageError(
-            f"cannot {doing}: {path} is not a version {TRANSCRIPT_VERSION} "
-            f"agent.py transcript: {problem}"
+            f"cannot {doing}: {path} is not a version {TRANSCRIPT_VERSION} agent.py transcript: {problem}"
         )
     return session
 
@@ -2678,57 +2542,45 @@ def checked_transcript(session, path, doing):
 def prepare_resume(session, question):
     """The history made valid to send again, with the question; and how many calls were not run."""
     messages = session["messages"]
+    stop = session.get("stop") or {}
     if isinstance(session.get("produced_by"), dict):  # the turns so far; the rest are the model's
         session["produced_by"].setdefault("turns", len(session["turns"]))
     session.pop("replay", None)  # it told of a replay run; this one is not
     last = messages[-1]
-    pending = [b for b in last["content"] if b.get("type") == "tool_use"]
-    # the token budget leaves these unanswered
-    if last["role"] == "assistant" and pending:
-        why = (session.get("stop") or {}).get("reason", "unknown")
-        note = (
-            f"not run: the previous session stopped ({why}) before this call ran. "
-            "Call it again if you still need it."
-        )
+    # the calls a stop (the token budget, say) left unanswered; only a reply holds tool_use blocks
+    pending = [b for b in last["content"] if b["type"] == "tool_use"]
+    if pending:
+        why = stop.get("reason", "unknown")
+        note = f"not run: the previous session stopped ({why}) before this call ran. Call it again if you still need it."
         results = [
             {"type": "tool_result", "tool_use_id": b["id"], "is_error": True, "content": note}
             for b in pending
         ]
         messages.append({"role": "user", "content": results})
-    if (session.get("stop") or {}).get("reason") == "refusal" and last["role"] == "assistant":
+    if stop.get("reason") == "refusal" and last["role"] == "assistant":
         messages.pop()  # continuing after a refusal needs the refused turn removed
         session["turns"][-1]["in_history"] = False
     paused = (session["turns"] or [{}])[-1].get("stop_reason") == "pause_turn"
     if question:
-        if messages[-1]["role"] == "user":
-            messages[-1]["content"].append({"type": "text", "text": question})
-        else:
-            messages.append({"role": "user", "content": [{"type": "text", "text": question}]})
+        if messages[-1]["role"] != "user":
+            messages.append({"role": "user", "content": []})
+        messages[-1]["content"].append({"type": "text", "text": question})
     elif messages[-1]["role"] == "assistant" and not paused:
-        reason = (session.get("stop") or {}).get("reason", "finished")
         raise UsageError(
-            f"the transcript is finished (stop: {reason}); give a follow-up question to continue it"
+            f"the transcript is finished (stop: {stop.get('reason', 'finished')}); give a follow-up question to continue it"
         )
     # What the model may do comes from this agent.py, never from a file: only history is data.
     # Its system prompt too, unless the user agrees to the recorded one (main, own_prompt).
-    session.update(
-        system=own_prompt(session) or SYSTEM_PROMPT,
-        tools=TOOLS,
-        stop=None,
-        answer=None,
-        ended_at=None,
-        agent_version=AGENT_VERSION,
-    )
+    session.update(system=own_prompt(session) or SYSTEM_PROMPT, tools=TOOLS)
+    session.update(stop=None, answer=None, ended_at=None, agent_version=AGENT_VERSION)
     session.setdefault("run_id", uuid.uuid4().hex)
-    return session, len(pending) if last["role"] == "assistant" else 0
+    return session, len(pending)
 
 
 def own_prompt(session):
     """The transcript's own system prompt (--system-prompt), if not agent.py's; else None."""
     system = session.get("system")
-    return (
-        system if isinstance(system, str) and system.strip() and system != SYSTEM_PROMPT else None
-    )
+    return system if is_str(system) and system.strip() and system != SYSTEM_PROMPT else None
 
 
 # --- Kept runs: every run in the user's state directory ---
