@@ -74,10 +74,11 @@ import urllib.parse
 import uuid
 import warnings
 import weakref
+from collections import namedtuple
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
-from functools import cached_property
+from functools import cached_property, reduce
 from itertools import accumulate, count
 from pathlib import Path
 from types import SimpleNamespace
@@ -735,11 +736,9 @@ def size(result):
 
 def final_text(session):
     """The text of the last assistant message, or None if it has none."""
-    last = session["messages"][-1] if session["messages"] else None
-    if not last or last["role"] != "assistant":
-        return None
-    text = "".join(b.get("text", "") for b in last["content"] if b.get("type") == "text")
-    return text or None
+    last = (session["messages"] or [{}])[-1]
+    blocks = last["content"] if last.get("role") == "assistant" else []
+    return "".join(b.get("text", "") for b in blocks if b.get("type") == "text") or None
 
 
 # --- Stopping: Ctrl-C, SIGTERM, SIGHUP and a trial's cancel ---
@@ -864,11 +863,8 @@ def items(value):
 
 
 class StreamIncomplete(Exception):
-    """The stream closed without message_stop: the reply cannot be trusted, retry the turn."""
-
-
-class StreamStalled(Exception):
-    """No event for --request-timeout seconds, or a reply past its time: retry the turn."""
+    """The stream closed without message_stop, went quiet for --request-timeout seconds, or ran
+    past its time: the reply cannot be trusted, retry the turn."""
 
 
 # Tokens a second a reply averages at least, after its first event (16,000 tokens: 27 min).
@@ -934,12 +930,10 @@ def stream_reply(client, request, report, cancel, limits, seen):
             for event in stream:
                 watch.last = time.monotonic()
                 check_cancelled(cancel)
-                if event.type == "text":
-                    report.text(event.text)
-                    streamed += len(event.text)
-                elif event.type == "thinking":
-                    report.text(event.thinking, thinking=True)
-                    streamed += len(event.thinking)
+                if event.type in ("text", "thinking"):
+                    delta = getattr(event, event.type)
+                    report.text(delta, thinking=event.type == "thinking")
+                    streamed += len(delta)
                 elif event.type == "content_block_start":
                     block = event.content_block
                     call = None
@@ -968,10 +962,10 @@ def stream_reply(client, request, report, cancel, limits, seen):
                     complete = True
                 elif event.type in ("message_start", "message_delta"):
                     # the usage the SDK's snapshot holds so far (none in a test's fake stream)
-                    usage = getattr(stream, "current_message_snapshot", None)
-                    usage = getattr(usage, "usage", None)
-                    usage = usage.to_dict() if hasattr(usage, "to_dict") else usage
-                    seen["usage"] = usage if isinstance(usage, dict) else {}
+                    usage = getattr(
+                        getattr(stream, "current_message_snapshot", None), "usage", None
+                    )
+                    seen["usage"] = usage.to_dict() if hasattr(usage, "to_dict") else {}
                 if streamed > most:
                     raise StreamIncomplete(
                         f"the reply streamed over {most:,} characters, more than "
@@ -979,11 +973,11 @@ def stream_reply(client, request, report, cancel, limits, seen):
                         "server does not stop"
                     )
             if not complete and watch.fired:
-                raise StreamStalled(watch.fired)
+                raise StreamIncomplete(watch.fired)
             if not complete:
                 raise StreamIncomplete("the response stream ended before message_stop")
             message = stream.get_final_message()
-        except (Interrupted, KeyboardInterrupt, StreamIncomplete, StreamStalled):
+        except (Interrupted, StreamIncomplete):
             raise
         # the SDK's own parsing, of a stream a server garbled
         except (AssertionError, AttributeError, KeyError, TypeError, ValueError) as e:
@@ -994,7 +988,7 @@ def stream_reply(client, request, report, cancel, limits, seen):
         except Exception as e:
             check_cancelled(cancel)
             if watch.fired:
-                raise StreamStalled(watch.fired) from e
+                raise StreamIncomplete(watch.fired) from e
             raise
         finally:
             watch.done.set()
@@ -1029,7 +1023,7 @@ def transport_error(exc):
     """A network failure below HTTP (reset, refused, closed, timed out): worth another try."""
     names = {k.__name__ for e in (exc, exc.__cause__) if e is not None for k in type(e).__mro__}
     transport = {"APIConnectionError", "APITimeoutError", "TransportError", "ConnectionError"}
-    return bool(names & (transport | {"StreamIncomplete", "StreamStalled"}))
+    return bool(names & (transport | {"StreamIncomplete"}))
 
 
 PLAIN_HTTP = "the server answers in plain HTTP, not TLS"
@@ -1054,12 +1048,9 @@ def retry_delay(exc, attempt, limits):
     """Seconds to wait before retrying after `exc`, or None if it is not worth retrying."""
     if unreachable(exc):
         return None
-    response = getattr(exc, "response", None)
-    headers = getattr(response, "headers", None) or {}
+    headers = getattr(getattr(exc, "response", None), "headers", None) or {}
     status = getattr(exc, "status_code", None)
-    body = getattr(exc, "body", None)
-    error = body.get("error") if isinstance(body, dict) else None
-    kind = error.get("type") if isinstance(error, dict) else None
+    kind = fields(fields(getattr(exc, "body", None)).get("error")).get("type")
     # a kept-alive connection the server closed between replies: a new one at once
     cause = exc.__cause__ or exc
     stale = type(cause).__name__ == "RemoteProtocolError" and "without sending" in str(cause)
@@ -1078,12 +1069,11 @@ def retry_delay(exc, attempt, limits):
         transient = status in (408, 409, 429) or status >= 500 and status not in (501, 505)
     if not transient:
         return None
-    try:
+    # a retry-after that is not a finite number of seconds from now is ignored
+    with contextlib.suppress(TypeError, ValueError):
         after = float(headers.get("retry-after"))
-    except (TypeError, ValueError):
-        after = math.nan
-    if math.isfinite(after) and after >= 0:  # anything else a server says is ignored
-        return min(after, 60.0)
+        if math.isfinite(after) and after >= 0:
+            return min(after, 60.0)
     return min(limits.retry_base * 2 ** (attempt - 1), 30.0)
 
 
@@ -1317,7 +1307,7 @@ def api_message(exc):
         why = unreachable(exc)
         asked = asked_url(exc) or host
         if why == PLAIN_HTTP and asked.startswith("https://"):
-            base = asked.rpartition("/v1/messages")[0] if "/v1/messages" in asked else host
+            base = asked.rpartition("/v1/messages")[0] or host
             why += f": give ANTHROPIC_BASE_URL as http://{base.removeprefix('https://')}"
         return f"cannot reach {host} ({why})"
     text += f" (talking to {host})" if host and host not in text else ""
@@ -1340,16 +1330,13 @@ def asked_url(exc, path=True):
 
 def wrong_root(asked):
     """A base URL ending in /v1 or /v1/messages, which this SDK adds again: what to give."""
-    if not asked or "/v1/messages" not in asked:
-        return ""
-    given = asked.rpartition("/v1/messages")[0]  # the base URL: what the SDK added is after it
+    # the base URL: what the SDK added is after it
+    given = (asked or "").rpartition("/v1/messages")[0]
     root = re.sub(r"/v1(/messages)?/?$", "", given)
     if root == given:
         return ""
-    return (
-        f"ANTHROPIC_BASE_URL is the server's root, without "
-        f"{given.removeprefix(root).rstrip('/')} ({root})"
-    )
+    without = given.removeprefix(root).rstrip("/")
+    return f"ANTHROPIC_BASE_URL is the server's root, without {without} ({root})"
 
 
 def foreign_error(exc, status, body, asked):
@@ -1396,14 +1383,8 @@ CONTEXT_ERROR = re.compile(
 # --- Usage and cost ---
 
 
-@dataclass(frozen=True)
-class Price:
-    input: float  # USD per million tokens
-    output: float
-    write_5m: float
-    write_1h: float
-    read: float
-
+# USD per million tokens of input, output, cache writes (5-minute, 1-hour) and cache reads
+Price = namedtuple("Price", "input output write_5m write_1h read")
 
 # USD per million tokens, as billed on the Claude API (platform.claude.com/docs/en/about-claude/
 # pricing, 2026-12-02). Haiku 5.5 bills a request whose prompt (input + cache reads + cache
@@ -1439,13 +1420,10 @@ DEFAULT_MAX_OUTPUT = 128_000
 SHOW_THINKING = {"claude-opus-5-5", "claude-sonnet-5-5", "claude-fable-5", "claude-fable-5-1"}
 # ^ models whose notes between tool calls are thinking, shown only on request ("display"
 # defaults to "omitted"): without it, stderr goes silent between tool calls.
-CONTEXT_WINDOW = {  # tokens of prompt + output, where the model overview pages give them
-    "claude-haiku-5-5": 1_000_000,
-    "claude-sonnet-5-5": 1_000_000,
-    "claude-opus-5-5": 1_000_000,
-    "claude-haiku-4-5": 200_000,
-    "claude-sonnet-4-5": 200_000,
-    "claude-opus-4-5": 200_000,
+# tokens of prompt + output, where the model overview pages give them
+CONTEXT_WINDOW = {
+    **dict.fromkeys(("claude-haiku-5-5", "claude-sonnet-5-5", "claude-opus-5-5"), 1_000_000),
+    **dict.fromkeys(("claude-haiku-4-5", "claude-sonnet-4-5", "claude-opus-4-5"), 200_000),
 }
 
 
@@ -1473,14 +1451,9 @@ def cost_usd(model, usage):
         fresh, out, written, read = (number(part.get(k)) for k in COUNTS)
         price = next(p for limit, p in bands if limit is None or fresh + written + read <= limit)
         write_1h = number((part.get("cache_creation") or {}).get("ephemeral_1h_input_tokens"))
-        write_5m = written - write_1h  # without the split, every write is a 5-minute write
-        total += (
-            fresh * price.input
-            + out * price.output
-            + write_5m * price.write_5m
-            + write_1h * price.write_1h
-            + read * price.read
-        )
+        # without the split, every write is a 5-minute write
+        counts = (fresh, out, written - write_1h, write_1h, read)
+        total += sum(n * p for n, p in zip(counts, price, strict=True))
     return total / 1_000_000
 
 
@@ -1501,11 +1474,8 @@ def add_usage(total, part):
     """Add a usage record into a total; one unknown cost makes the total unknown."""
     for key in COUNTS + ("tokens",):
         total[key] = min(total[key] + part[key], MAX_COUNT)
-    total["cost_usd"] = (
-        None
-        if None in (total["cost_usd"], part["cost_usd"])
-        else round(total["cost_usd"] + part["cost_usd"], 10)
-    )
+    costs = (total["cost_usd"], part["cost_usd"])
+    total["cost_usd"] = None if None in costs else round(sum(costs), 10)
     return total
 
 
@@ -1514,19 +1484,14 @@ def empty_usage():
 
 
 def total_usage(session):
-    total = empty_usage()
-    for record in session["turns"]:
-        add_usage(total, record["usage"])
-    return total
+    return reduce(add_usage, [t["usage"] for t in session["turns"]], empty_usage())
 
 
 def failed_usage(session):
     """Set the transcript's `failed_usage` (left out when zero): what the server reported for
     failed attempts over every turn and the stop, kept apart from `usage`."""
-    total = empty_usage()
-    for record in session["turns"] + [session.get("stop") or {}]:
-        if isinstance(record.get("failed_usage"), dict):
-            add_usage(total, record["failed_usage"])
+    parts = [r.get("failed_usage") for r in session["turns"] + [session.get("stop") or {}]]
+    total = reduce(add_usage, [p for p in parts if isinstance(p, dict)], empty_usage())
     if total["tokens"]:
         session["failed_usage"] = total
     return total
@@ -1539,13 +1504,12 @@ TOOL_USE_PROMPT = dict.fromkeys(("claude-haiku-5-5", "claude-sonnet-5-5", "claud
 
 def count_tokens(client, model, question, system=SYSTEM_PROMPT):
     """What one request's fixed part costs in input tokens, by the API's count_tokens."""
-
     asked = [{"role": "user", "content": [{"type": "text", "text": question}]}]
 
     def counted(**parts):
         answer = client.messages.count_tokens(model=model, messages=asked, **parts)
         value = getattr(answer, "input_tokens", None)
-        if number(value) != value or value is True:
+        if number(value) != value:
             raise ValueError(
                 f"the server's count_tokens reply held no token count "
                 f"(input_tokens: {shorten(repr(value), 40)})"
