@@ -1556,26 +1556,14 @@ def clear_old_results(session, limits):
     keep_results, if that frees clear_at_least tokens. The ids only ever grow; the history
     is never edited. Returns (how many, tokens freed) or None."""
     turns = session["turns"]
-    if (
-        not limits.clear_at
-        or limits.context_edit != "client"
-        or not turns
-        or turns[-1].get("prompt_tokens", 0) < limits.clear_at
-    ):
+    prompt = turns[-1].get("prompt_tokens", 0) if turns else 0
+    if not limits.clear_at or limits.context_edit != "client" or prompt < limits.clear_at:
         return None
     cleared = set(session.setdefault("cleared", []))
-    results = [
-        b
-        for m in session["messages"]
-        if m["role"] == "user"
-        for b in m["content"]
-        if b.get("type") == "tool_result"
-    ]
-    old = [
-        b
-        for b in results[: max(0, len(results) - limits.keep_results)]
-        if b["tool_use_id"] not in cleared
-    ]
+    # (only the user's side holds tool results: a resumed run and a reply are checked for it)
+    results = [b for m in session["messages"] for b in m["content"] if b["type"] == "tool_result"]
+    older = results[: max(0, len(results) - limits.keep_results)]
+    old = [b for b in older if b["tool_use_id"] not in cleared]
     # roughly 4 bytes a token: enough to decide a clearing
     sizes = [b.get("content") for b in old]
     freed = sum(len(c if isinstance(c, str) else json.dumps(c)) // 4 for c in sizes)
@@ -1596,26 +1584,19 @@ def sent_view(session):
     calls = {}
     for i, m in enumerate(messages if cleared else ()):
         if m["role"] == "assistant":
-            calls.update((b["id"], b) for b in m["content"] if b.get("type") == "tool_use")
-        elif any(b.get("tool_use_id") in cleared for b in m["content"]):
-            view[i] = {
-                "role": "user",
-                "content": [
-                    placeholder(b, calls)
-                    if b.get("type") == "tool_result" and b["tool_use_id"] in cleared
-                    else b
-                    for b in m["content"]
-                ],
-            }
-    previous_end = next(
-        (i - 1 for i in range(len(messages) - 1, -1, -1) if messages[i]["role"] == "assistant"), -1
-    )
+            calls.update((b["id"], b) for b in m["content"] if b["type"] == "tool_use")
+            continue
+        content = [
+            placeholder(b, calls) if b.get("tool_use_id") in cleared else b for b in m["content"]
+        ]
+        if content != m["content"]:
+            view[i] = {"role": "user", "content": content}
+    answers = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    previous_end = answers[-1] - 1 if answers else -1
     if previous_end >= 0 and view[previous_end]["role"] == "user":
         content = view[previous_end]["content"]
-        view[previous_end] = {
-            "role": "user",
-            "content": content[:-1] + [dict(content[-1], cache_control={"type": "ephemeral"})],
-        }
+        last = dict(content[-1], cache_control={"type": "ephemeral"})
+        view[previous_end] = {"role": "user", "content": content[:-1] + [last]}
     return view
 
 
