@@ -45,7 +45,7 @@ import difflib
 import errno
 import gc
 import html
-import http
+import http.client
 import importlib.util
 import io
 import json
@@ -819,10 +819,10 @@ class Connections:
 
     @staticmethod
     def shut(stream):
-        try:  # shutdown, not close: it wakes a read blocked in another thread
+        # shutdown, not close: it wakes a read blocked in another thread (a socket closed
+        # already, or the raw socket of a TLS one, is let be)
+        with contextlib.suppress(Exception):
             stream.get_extra_info("socket").shutdown(socket.SHUT_RDWR)
-        except Exception:  # closed already, or the raw socket of a TLS one
-            pass
 
 
 # --- API plumbing and retries ---
@@ -938,10 +938,7 @@ def stream_reply(client, request, report, cancel, limits, seen):
                     block = event.content_block
                     call = None
                     if block.type == "tool_use":
-                        call = {
-                            "name": getattr(block, "name", "?"),
-                            "id": getattr(block, "id", None),
-                        }
+                        call = dict(name=getattr(block, "name", "?"), id=getattr(block, "id", None))
                         call.update(chars=0, pieces=[])
                         report.writing(call["name"], 0)
                 elif event.type == "input_json" and call:
@@ -962,15 +959,13 @@ def stream_reply(client, request, report, cancel, limits, seen):
                     complete = True
                 elif event.type in ("message_start", "message_delta"):
                     # the usage the SDK's snapshot holds so far (none in a test's fake stream)
-                    usage = getattr(
-                        getattr(stream, "current_message_snapshot", None), "usage", None
-                    )
+                    snapshot = getattr(stream, "current_message_snapshot", None)
+                    usage = getattr(snapshot, "usage", None)
                     seen["usage"] = usage.to_dict() if hasattr(usage, "to_dict") else {}
                 if streamed > most:
                     raise StreamIncomplete(
-                        f"the reply streamed over {most:,} characters, more than "
-                        f"max_tokens {request['max_tokens']} can hold; the "
-                        "server does not stop"
+                        f"the reply streamed over {most:,} characters, more than max_tokens "
+                        f"{request['max_tokens']} can hold; the server does not stop"
                     )
             if not complete and watch.fired:
                 raise StreamIncomplete(watch.fired)
@@ -1005,10 +1000,9 @@ class NotAStream(Exception):
 def not_a_stream(stream):
     """Raise NotAStream when the response is not an event stream (its content-type says)."""
     response = getattr(stream, "response", None)
-    headers = getattr(response, "headers", None)
-    if headers is None:  # (a test's fake stream)
+    if response is None:  # (a test's fake stream)
         return
-    kind = headers.get("content-type") or ""
+    kind = response.headers.get("content-type") or ""
     if kind.split(";")[0].strip().lower() != "text/event-stream":
         root = (server_url(str(response.url)) or "").split("/v1/messages")[0]  # no password
         raise NotAStream(
@@ -1103,12 +1097,8 @@ def request_with_retries(client, request, limits, report, cancel):
                 exc.retries = reply.retries
                 exc.failed_usage = reply.failed
                 raise
-            retry = {
-                "attempt": attempt,
-                "status": getattr(exc, "status_code", None),
-                "error": api_message(exc),
-                "delay": round(delay, 3),
-            }
+            retry = {"attempt": attempt, "status": getattr(exc, "status_code", None)}
+            retry.update(error=api_message(exc), delay=round(delay, 3))
             reply.retries.append(retry)
             report.retry(retry, limits.max_attempts)
             # a trial cancelled while it waits: by a stop signal, check_cancelled says so
@@ -1176,14 +1166,12 @@ def request_turn(client, request, limits, report, cancel):
         again = request_with_retries(
             client, dict(request, max_tokens=bigger), limits, report, cancel
         )
-        message = again.message
-        reply.request_id = again.request_id
-        reply.cut_off = again.cut_off
-        add_usage(reply.failed, again.failed)
-        reply.usages += again.usages
-        reply.attempts += again.attempts
-        reply.api_seconds += again.api_seconds
-        reply.retries += again.retries
+        # the second reply, with what both requests took and were billed
+        add_usage(again.failed, reply.failed)
+        for name in ("usages", "attempts", "api_seconds", "retries"):
+            setattr(again, name, getattr(reply, name) + getattr(again, name))
+        reply = again
+        message = reply.message
         sizes.append(bigger)
     if is_cut_tool_call(message):  # never keep or run a tool call whose input is incomplete
         message = dict(message, content=message["content"][:-1])
@@ -1273,13 +1261,12 @@ def reply_facts(reply):
     """What the transcript keeps of a reply besides its content: its id, its prompt size, why
     the cache missed and what the API cleared, where it said so."""
     message = reply.message
+    miss = fields(message.get("diagnostics")).get("cache_miss_reason")
     facts = {
         "message_id": message.get("id") if isinstance(message.get("id"), str) else None,
         "prompt_tokens": prompt_tokens(billed(reply.usages[-1])[-1]),
-        "cache_miss": fields(message.get("diagnostics")).get("cache_miss_reason"),
+        "cache_miss": miss if json_safe(miss) else None,
     }
-    if not json_safe(facts["cache_miss"]):
-        facts["cache_miss"] = None
     edits = fields(message.get("context_management")).get("applied_edits")
     if isinstance(edits, list) and json_safe(edits):
         facts["context_edits"] = edits
@@ -1343,10 +1330,7 @@ def foreign_error(exc, status, body, asked):
     """One line for a status whose body is not the API's JSON error (a web server, a proxy's
     page, nothing): the status, the URL asked, a clean excerpt of the body."""
     # the standard phrase, not the server's own: that could say anything
-    try:
-        reason = " " + http.HTTPStatus(status).phrase
-    except ValueError:
-        reason = ""
+    reason = f" {http.client.responses[status]}" if status in http.client.responses else ""
     headers = getattr(getattr(exc, "response", None), "headers", None) or {}
     raw = body if isinstance(body, str) else "" if body is None else json.dumps(body)
     is_page = "html" in str(headers.get("content-type", "")).lower() or raw.lstrip()[:1] == "<"
@@ -1354,9 +1338,8 @@ def foreign_error(exc, status, body, asked):
         raw = re.sub(r"(?is)<(head|script|style)\b.*?</\1\s*>|<!--.*?-->|<[^>]*>", " ", raw)
         raw = html.unescape(raw)
     excerpt = one_line(raw, 100)
-    what = "an HTML page" if is_page else "a body"
-    what = ("an empty body" if not excerpt else what) + ", not the API's JSON error"
-    line = f"{status}{reason} from {asked}: {what}"
+    what = ("an HTML page" if is_page else "a body") if excerpt else "an empty body"
+    line = f"{status}{reason} from {asked}: {what}, not the API's JSON error"
     line += f" ({excerpt})" if excerpt else ""
     root = wrong_root(asked)
     if root:
@@ -1390,8 +1373,7 @@ Price = namedtuple("Price", "input output write_5m write_1h read")
 # pricing, 2026-12-02). Haiku 5.5 bills a request whose prompt (input + cache reads + cache
 # writes) exceeds 100,000 tokens at its second band, output included. Each entry: ((prompt
 # tokens up to, price), ...); None means no upper bound.
-_OPUS_4 = ((None, Price(5.00, 25.00, 6.25, 10.00, 0.50)),)
-_SONNET_4 = ((None, Price(3.00, 15.00, 3.75, 6.00, 0.30)),)
+OPUS_4 = ((None, Price(5.00, 25.00, 6.25, 10.00, 0.50)),)
 PRICING = {
     "claude-haiku-5-5": (
         (100_000, Price(0.10, 0.50, 0.125, 0.20, 0.01)),
@@ -1402,14 +1384,12 @@ PRICING = {
     "claude-fable-5-2": ((None, Price(8.00, 40.00, 10.00, 16.00, 0.20)),),
     "claude-fable-5-1": ((None, Price(10.00, 50.00, 12.50, 20.00, 0.25)),),
     "claude-fable-5": ((None, Price(10.00, 50.00, 12.50, 20.00, 1.00)),),
-    "claude-opus-5": _OPUS_4,
+    "claude-opus-5": OPUS_4,
     "claude-sonnet-5": ((None, Price(2.00, 10.00, 2.50, 4.00, 0.20)),),
-    "claude-opus-4-8": _OPUS_4,
-    "claude-opus-4-7": _OPUS_4,
-    "claude-opus-4-6": _OPUS_4,
-    "claude-opus-4-5": _OPUS_4,
-    "claude-sonnet-4-6": _SONNET_4,
-    "claude-sonnet-4-5": _SONNET_4,
+    **dict.fromkeys(("claude-opus-4-8", "claude-opus-4-7", "claude-opus-4-6"), OPUS_4),
+    "claude-opus-4-5": OPUS_4,
+    "claude-sonnet-4-6": ((None, Price(3.00, 15.00, 3.75, 6.00, 0.30)),),
+    "claude-sonnet-4-5": ((None, Price(3.00, 15.00, 3.75, 6.00, 0.30)),),
     "claude-haiku-4-5": ((None, Price(1.00, 5.00, 1.25, 2.00, 0.10)),),
 }
 # the billed token counts of a response's usage
@@ -1417,9 +1397,9 @@ COUNTS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache
 # output-token ceiling; 128K for the others
 MAX_OUTPUT = dict.fromkeys(("claude-haiku-4-5", "claude-sonnet-4-5", "claude-sonnet-4-6"), 64_000)
 DEFAULT_MAX_OUTPUT = 128_000
-SHOW_THINKING = {"claude-opus-5-5", "claude-sonnet-5-5", "claude-fable-5", "claude-fable-5-1"}
-# ^ models whose notes between tool calls are thinking, shown only on request ("display"
+# models whose notes between tool calls are thinking, shown only on request ("display"
 # defaults to "omitted"): without it, stderr goes silent between tool calls.
+SHOW_THINKING = {"claude-opus-5-5", "claude-sonnet-5-5", "claude-fable-5", "claude-fable-5-1"}
 # tokens of prompt + output, where the model overview pages give them
 CONTEXT_WINDOW = {
     **dict.fromkeys(("claude-haiku-5-5", "claude-sonnet-5-5", "claude-opus-5-5"), 1_000_000),
@@ -1521,20 +1501,16 @@ def count_tokens(client, model, question, system=SYSTEM_PROMPT):
     everything = counted(system=system, tools=TOOLS)
     added = TOOL_USE_PROMPT.get(base_model(model))  # from the pricing page, where it says
     rows = [("the question", bare), ("the system prompt", with_system - bare)]
+    tools = f"the {len(TOOLS)} tool definitions"
     if added is not None and everything - with_system >= added:
-        rows += [
-            (f"the {len(TOOLS)} tool definitions", everything - with_system - added),
-            ("the tool-use system prompt the API adds", added),
-        ]
+        rows.append((tools, everything - with_system - added))
+        rows.append(("the tool-use system prompt the API adds", added))
     else:
-        label = f"the {len(TOOLS)} tool definitions, with the API's tool-use system prompt"
-        rows.append((label, everything - with_system))
+        rows.append((f"{tools}, with the API's tool-use system prompt", everything - with_system))
     rows.append(("every request starts with", everything))
     width = max(len(label) for label, _ in rows)
-    return "\n".join(
-        [f"{model}, input tokens by the API's count_tokens, for {question!r}:"]
-        + [f"  {label:<{width}}  {n:>7,}" for label, n in rows]
-    )
+    head = f"{model}, input tokens by the API's count_tokens, for {question!r}:"
+    return "\n".join([head] + [f"  {label:<{width}}  {n:>7,}" for label, n in rows])
 
 
 # --- Clearing old tool results ---
