@@ -718,11 +718,9 @@ def not_run(block, limit):
 
 def over_budget(block, result, limit):
     """The answer to a call whose result no longer fits this turn's budget of bytes."""
-    ran = (
-        f"The script ran, but its {size(result)} bytes of output were not sent"
-        if block["name"] == "run_python"
-        else f"Its {size(result)} bytes were not sent"
-    )
+    ran = f"Its {size(result)} bytes were not sent"
+    if block["name"] == "run_python":
+        ran = f"The script ran, but its {size(result)} bytes of output were not sent"
     return error_result(
         block,
         f"{ran}: this turn's tool results already reached the limit of {limit} bytes. Read "
@@ -832,9 +830,7 @@ MAX_COUNT = 1 << 53  # the largest count agent.py reads or writes: what JSON car
 
 def number(value):
     """A token count as a server sent it, or 0 when it is not a count up to 2**53."""
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT:
-        return value
-    return 0
+    return value if is_count(value) else 0
 
 
 def json_safe(value):
@@ -842,10 +838,8 @@ def json_safe(value):
     todo = [value]
     while todo:
         v = todo.pop()
-        if isinstance(v, dict):
-            todo.extend(v.values())
-        elif isinstance(v, list):
-            todo.extend(v)
+        if isinstance(v, (dict, list)):
+            todo.extend(v.values() if isinstance(v, dict) else v)
         elif isinstance(v, float) and not math.isfinite(v):
             return False
         elif isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_COUNT:
@@ -876,14 +870,14 @@ TOKEN_CHARS = 64
 class Watchdog(threading.Thread):
     """Shuts a stream's socket once no event has come for `seconds`, or at `deadline`: a server
     that sends only pings, nothing, or never stops cannot hold a turn forever. `last` is set at
-    every event, `done` at the end. A thread of its own looks five times a second."""
+    every event, `done` at the end; `fired` says why it shut the stream, once it has. A thread
+    of its own looks five times a second."""
 
     def __init__(self, stream, seconds, deadline):
         super().__init__(daemon=True)
         self.stream = stream
         self.seconds = seconds
         self.deadline = deadline
-        # why it shut the stream, once it has
         self.fired = None
         self.started = self.last = time.monotonic()
         self.done = threading.Event()
@@ -901,15 +895,14 @@ class Watchdog(threading.Thread):
             if moment > self.deadline
             else f"no event for {self.seconds:g} s; the server may be stuck"
         )
-        try:  # shutdown, not close: it wakes a read blocked in another thread
+        # shutdown, not close: it wakes a read blocked in another thread
+        with contextlib.suppress(Exception):
             network = self.stream.response.extensions.get("network_stream")
             sock = network.get_extra_info("socket") if network else None
             if sock is not None:
                 sock.shutdown(socket.SHUT_RDWR)
             else:
                 self.stream.close()
-        except Exception:
-            pass
 
 
 def stream_reply(client, request, report, cancel, limits, seen):
@@ -1306,12 +1299,10 @@ def asked_url(exc, path=True):
     """The URL a failed request asked (scheme://host:port, then its path if `path`), without
     credentials or query, or None if the exception does not know."""
     for e in (exc, exc.__cause__):
-        try:
+        with contextlib.suppress(Exception):
             url = e.request.url
             host = f"[{url.host}]" if ":" in url.host else url.host  # an IPv6 address
             return f"{url.scheme}://{host}{f':{url.port}' if url.port else ''}" + url.path * path
-        except Exception:
-            continue
     return None
 
 
@@ -1582,10 +1573,8 @@ def placeholder(block, calls):
     what = f"the result of {call.get('name', 'a tool call')}"
     if call.get("name") == "read_file":
         what += " " + shorten(json.dumps(call.get("input"), ensure_ascii=False), 100)
-    return {
-        **{k: v for k, v in block.items() if k in ("type", "tool_use_id", "is_error")},
-        "content": f"[cleared to save context: {what}; call it again if you need it]",
-    }
+    kept = {k: v for k, v in block.items() if k in ("type", "tool_use_id", "is_error")}
+    return dict(kept, content=f"[cleared to save context: {what}; call it again if you need it]")
 
 
 # --- Transcript, events, schemas and resume ---
