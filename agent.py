@@ -1095,9 +1095,7 @@ def request_with_retries(client, request, limits, report, cancel):
             reply.retries.append(retry)
             report.retry(retry, limits.max_attempts)
             # a trial cancelled while it waits: by a stop signal, check_cancelled says so
-            if cancel is None:
-                time.sleep(delay)
-            elif cancel.wait(delay):
+            if (cancel or threading.Event()).wait(delay):
                 check_cancelled(cancel)
         else:
             reply.message = message
@@ -1135,7 +1133,7 @@ def request_turn(client, request, limits, report, cancel):
     message = reply.message
     sizes = [request["max_tokens"]]
     model = base_model(request["model"])
-    bigger = min(2 * request["max_tokens"], MAX_OUTPUT.get(model, DEFAULT_MAX_OUTPUT))
+    bigger = min(2 * request["max_tokens"], MAX_OUTPUT.get(model, 128_000))
     window = CONTEXT_WINDOW.get(model)
     prompt = prompt_tokens(reply.usages[0])
     written = number(fields(message.get("usage")).get("output_tokens"))
@@ -1387,7 +1385,6 @@ PRICING = {
 COUNTS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
 # output-token ceiling; 128K for the others
 MAX_OUTPUT = dict.fromkeys(("claude-haiku-4-5", "claude-sonnet-4-5", "claude-sonnet-4-6"), 64_000)
-DEFAULT_MAX_OUTPUT = 128_000
 # models whose notes between tool calls are thinking, shown only on request ("display"
 # defaults to "omitted"): without it, stderr goes silent between tool calls.
 SHOW_THINKING = {"claude-opus-5-5", "claude-sonnet-5-5", "claude-fable-5", "claude-fable-5-1"}
@@ -1548,16 +1545,13 @@ def sent_view(session):
     messages = session["messages"]
     # messages are shared, never changed: a new one replaces one in the view
     view = list(messages)
-    calls = {}
+    calls = {b["id"]: b for m in messages for b in m["content"] if b["type"] == "tool_use"}
     for i, m in enumerate(messages if cleared else ()):
-        if m["role"] == "assistant":
-            calls.update((b["id"], b) for b in m["content"] if b["type"] == "tool_use")
-            continue
-        content = [
+        blocks = [
             placeholder(b, calls) if b.get("tool_use_id") in cleared else b for b in m["content"]
         ]
-        if content != m["content"]:
-            view[i] = {"role": "user", "content": content}
+        if m["role"] == "user" and blocks != m["content"]:
+            view[i] = {"role": "user", "content": blocks}
     answers = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     previous_end = answers[-1] - 1 if answers else -1
     if previous_end >= 0 and view[previous_end]["role"] == "user":
