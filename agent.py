@@ -870,8 +870,7 @@ TOKEN_CHARS = 64
 class Watchdog(threading.Thread):
     """Shuts a stream's socket once no event has come for `seconds`, or at `deadline`: a server
     that sends only pings, nothing, or never stops cannot hold a turn forever. `last` is set at
-    every event, `done` at the end; `fired` says why it shut the stream, once it has. A thread
-    of its own looks five times a second."""
+    every event, `done` at the end; `fired` says why it shut the stream, once it has."""
 
     def __init__(self, stream, seconds, deadline):
         super().__init__(daemon=True)
@@ -1098,13 +1097,11 @@ def request_with_retries(client, request, limits, report, cancel):
             if (cancel or threading.Event()).wait(delay):
                 check_cancelled(cancel)
         else:
-            reply.message = message
-            reply.request_id = request_id
-            reply.cut_off = cut_off
-            reply.attempts = attempt
             reply.usages.append(message.get("usage") or {})
             reply.api_seconds += time.monotonic() - started
-            return reply
+            return replace(
+                reply, message=message, request_id=request_id, cut_off=cut_off, attempts=attempt
+            )
 
 
 def is_cut_tool_call(message):
@@ -1402,11 +1399,9 @@ def base_model(model):
 
 def billed(usage):
     """The parts of a response's usage that are billed: each entry of usage.iterations (from
-    server-side compaction) when it has them, else the usage itself."""
-    parts = usage.get("iterations") if isinstance(usage, dict) else None
-    if isinstance(parts, list) and parts and all(isinstance(p, dict) for p in parts):
-        return parts
-    return [usage if isinstance(usage, dict) else {}]
+    server-side compaction) when it has them, all objects, else the usage itself."""
+    parts = fields(usage).get("iterations")
+    return parts if parts and items(parts) == parts else [fields(usage)]
 
 
 def cost_usd(model, usage):
