@@ -1128,7 +1128,7 @@ def request_turn(client, request, limits, report, cancel):
     """One turn: a reply cut inside a tool call is retried once with twice the max_tokens."""
     reply = request_with_retries(client, request, limits, report, cancel)
     message = reply.message
-    sizes = [request["max_tokens"]]
+    cut_at = str(request["max_tokens"])
     model = base_model(request["model"])
     bigger = min(2 * request["max_tokens"], MAX_OUTPUT.get(model, 128_000))
     window = CONTEXT_WINDOW.get(model)
@@ -1160,13 +1160,12 @@ def request_turn(client, request, limits, report, cancel):
             setattr(again, name, getattr(reply, name) + getattr(again, name))
         reply = again
         message = reply.message
-        sizes.append(bigger)
+        cut_at += f" and again at {bigger}"
     if is_cut_tool_call(message):  # never keep or run a tool call whose input is incomplete
         message = dict(message, content=message["content"][:-1])
         reply.cut = (
-            f"the reply was cut inside a tool call at max_tokens "
-            f"{' and again at '.join(map(str, sizes))}{why_not}; the incomplete call "
-            "was not run"
+            f"the reply was cut inside a tool call at max_tokens {cut_at}{why_not}; the "
+            "incomplete call was not run"
         )
     if not isinstance(message.get("stop_reason"), (str, type(None))):  # kept, as a string
         message = dict(message, stop_reason=shorten(json.dumps(message["stop_reason"]), 80))
@@ -1426,8 +1425,7 @@ def prompt_tokens(usage):
 
 def usage_record(model, usage):
     """A response's usage as the transcript keeps it: the four counts, their sum, the cost."""
-    parts = billed(usage)
-    record = {k: min(sum(number(p.get(k)) for p in parts), MAX_COUNT) for k in COUNTS}
+    record = {k: min(sum(number(p.get(k)) for p in billed(usage)), MAX_COUNT) for k in COUNTS}
     record["tokens"] = min(sum(record.values()), MAX_COUNT)  # past it, a server's story
     record["cost_usd"] = cost_usd(model, usage)
     return record
