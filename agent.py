@@ -1277,11 +1277,10 @@ def api_message(exc):
     else:
         text = error if isinstance(error, str) else (str(exc) or type(exc).__name__)
     host = asked_url(exc, path=False) if transport_error(exc) else None
-    if host and unreachable(exc):
-        why = unreachable(exc)
-        asked = asked_url(exc) or host
-        if why == PLAIN_HTTP and asked.startswith("https://"):
-            base = asked.rpartition("/v1/messages")[0] or host
+    why = unreachable(exc) if host else None
+    if why:
+        if why == PLAIN_HTTP and host.startswith("https://"):
+            base = asked_url(exc).rpartition("/v1/messages")[0] or host
             why += f": give ANTHROPIC_BASE_URL as http://{base.removeprefix('https://')}"
         return f"cannot reach {host} ({why})"
     text += f" (talking to {host})" if host and host not in text else ""
