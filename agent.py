@@ -746,9 +746,8 @@ STOPPING = threading.Event()  # set by on_stop_signal (with the signal: .signum)
 
 def stopped_by(exc):
     """The interrupted stop's detail: SIGHUP is named; Ctrl-C and SIGTERM are said as one."""
-    if isinstance(exc, StopSignal) and exc.signum == signal.SIGHUP:
-        return "stopped by SIGHUP"
-    return "stopped by Ctrl-C or SIGTERM"
+    sighup = isinstance(exc, StopSignal) and exc.signum == signal.SIGHUP
+    return "stopped by SIGHUP" if sighup else "stopped by Ctrl-C or SIGTERM"
 
 
 def unfinished(block, stopped, when):
