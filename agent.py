@@ -45,7 +45,7 @@ import difflib
 import errno
 import gc
 import html
-import http
+import http.client
 import importlib.util
 import io
 import json
@@ -74,10 +74,11 @@ import urllib.parse
 import uuid
 import warnings
 import weakref
+from collections import namedtuple
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
-from functools import cached_property
+from functools import cached_property, reduce
 from itertools import accumulate, count
 from pathlib import Path
 from types import SimpleNamespace
@@ -717,11 +718,9 @@ def not_run(block, limit):
 
 def over_budget(block, result, limit):
     """The answer to a call whose result no longer fits this turn's budget of bytes."""
-    ran = (
-        f"The script ran, but its {size(result)} bytes of output were not sent"
-        if block["name"] == "run_python"
-        else f"Its {size(result)} bytes were not sent"
-    )
+    ran = f"Its {size(result)} bytes were not sent"
+    if block["name"] == "run_python":
+        ran = f"The script ran, but its {size(result)} bytes of output were not sent"
     return error_result(
         block,
         f"{ran}: this turn's tool results already reached the limit of {limit} bytes. Read "
@@ -735,11 +734,9 @@ def size(result):
 
 def final_text(session):
     """The text of the last assistant message, or None if it has none."""
-    last = session["messages"][-1] if session["messages"] else None
-    if not last or last["role"] != "assistant":
-        return None
-    text = "".join(b.get("text", "") for b in last["content"] if b.get("type") == "text")
-    return text or None
+    last = (session["messages"] or [{}])[-1]
+    blocks = last["content"] if last.get("role") == "assistant" else []
+    return "".join(b.get("text", "") for b in blocks if b.get("type") == "text") or None
 
 
 # --- Stopping: Ctrl-C, SIGTERM, SIGHUP and a trial's cancel ---
@@ -749,9 +746,8 @@ STOPPING = threading.Event()  # set by on_stop_signal (with the signal: .signum)
 
 def stopped_by(exc):
     """The interrupted stop's detail: SIGHUP is named; Ctrl-C and SIGTERM are said as one."""
-    if isinstance(exc, StopSignal) and exc.signum == signal.SIGHUP:
-        return "stopped by SIGHUP"
-    return "stopped by Ctrl-C or SIGTERM"
+    sighup = isinstance(exc, StopSignal) and exc.signum == signal.SIGHUP
+    return "stopped by SIGHUP" if sighup else "stopped by Ctrl-C or SIGTERM"
 
 
 def unfinished(block, stopped, when):
@@ -820,10 +816,10 @@ class Connections:
 
     @staticmethod
     def shut(stream):
-        try:  # shutdown, not close: it wakes a read blocked in another thread
+        # shutdown, not close: it wakes a read blocked in another thread (a socket closed
+        # already, or the raw socket of a TLS one, is let be)
+        with contextlib.suppress(Exception):
             stream.get_extra_info("socket").shutdown(socket.SHUT_RDWR)
-        except Exception:  # closed already, or the raw socket of a TLS one
-            pass
 
 
 # --- API plumbing and retries ---
@@ -833,9 +829,7 @@ MAX_COUNT = 1 << 53  # the largest count agent.py reads or writes: what JSON car
 
 def number(value):
     """A token count as a server sent it, or 0 when it is not a count up to 2**53."""
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT:
-        return value
-    return 0
+    return value if is_count(value) else 0
 
 
 def json_safe(value):
@@ -843,10 +837,8 @@ def json_safe(value):
     todo = [value]
     while todo:
         v = todo.pop()
-        if isinstance(v, dict):
-            todo.extend(v.values())
-        elif isinstance(v, list):
-            todo.extend(v)
+        if isinstance(v, (dict, list)):
+            todo.extend(v.values() if isinstance(v, dict) else v)
         elif isinstance(v, float) and not math.isfinite(v):
             return False
         elif isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_COUNT:
@@ -864,11 +856,8 @@ def items(value):
 
 
 class StreamIncomplete(Exception):
-    """The stream closed without message_stop: the reply cannot be trusted, retry the turn."""
-
-
-class StreamStalled(Exception):
-    """No event for --request-timeout seconds, or a reply past its time: retry the turn."""
+    """The stream closed without message_stop, went quiet for --request-timeout seconds, or ran
+    past its time: the reply cannot be trusted, retry the turn."""
 
 
 # Tokens a second a reply averages at least, after its first event (16,000 tokens: 27 min).
@@ -880,14 +869,13 @@ TOKEN_CHARS = 64
 class Watchdog(threading.Thread):
     """Shuts a stream's socket once no event has come for `seconds`, or at `deadline`: a server
     that sends only pings, nothing, or never stops cannot hold a turn forever. `last` is set at
-    every event, `done` at the end. A thread of its own looks five times a second."""
+    every event, `done` at the end; `fired` says why it shut the stream, once it has."""
 
     def __init__(self, stream, seconds, deadline):
         super().__init__(daemon=True)
         self.stream = stream
         self.seconds = seconds
         self.deadline = deadline
-        # why it shut the stream, once it has
         self.fired = None
         self.started = self.last = time.monotonic()
         self.done = threading.Event()
@@ -905,15 +893,14 @@ class Watchdog(threading.Thread):
             if moment > self.deadline
             else f"no event for {self.seconds:g} s; the server may be stuck"
         )
-        try:  # shutdown, not close: it wakes a read blocked in another thread
+        # shutdown, not close: it wakes a read blocked in another thread
+        with contextlib.suppress(Exception):
             network = self.stream.response.extensions.get("network_stream")
             sock = network.get_extra_info("socket") if network else None
             if sock is not None:
                 sock.shutdown(socket.SHUT_RDWR)
             else:
                 self.stream.close()
-        except Exception:
-            pass
 
 
 def stream_reply(client, request, report, cancel, limits, seen):
@@ -934,20 +921,15 @@ def stream_reply(client, request, report, cancel, limits, seen):
             for event in stream:
                 watch.last = time.monotonic()
                 check_cancelled(cancel)
-                if event.type == "text":
-                    report.text(event.text)
-                    streamed += len(event.text)
-                elif event.type == "thinking":
-                    report.text(event.thinking, thinking=True)
-                    streamed += len(event.thinking)
+                if event.type in ("text", "thinking"):
+                    delta = getattr(event, event.type)
+                    report.text(delta, thinking=event.type == "thinking")
+                    streamed += len(delta)
                 elif event.type == "content_block_start":
                     block = event.content_block
                     call = None
                     if block.type == "tool_use":
-                        call = {
-                            "name": getattr(block, "name", "?"),
-                            "id": getattr(block, "id", None),
-                        }
+                        call = dict(name=getattr(block, "name", "?"), id=getattr(block, "id", None))
                         call.update(chars=0, pieces=[])
                         report.writing(call["name"], 0)
                 elif event.type == "input_json" and call:
@@ -968,22 +950,20 @@ def stream_reply(client, request, report, cancel, limits, seen):
                     complete = True
                 elif event.type in ("message_start", "message_delta"):
                     # the usage the SDK's snapshot holds so far (none in a test's fake stream)
-                    usage = getattr(stream, "current_message_snapshot", None)
-                    usage = getattr(usage, "usage", None)
-                    usage = usage.to_dict() if hasattr(usage, "to_dict") else usage
-                    seen["usage"] = usage if isinstance(usage, dict) else {}
+                    snapshot = getattr(stream, "current_message_snapshot", None)
+                    usage = getattr(snapshot, "usage", None)
+                    seen["usage"] = usage.to_dict() if hasattr(usage, "to_dict") else {}
                 if streamed > most:
                     raise StreamIncomplete(
-                        f"the reply streamed over {most:,} characters, more than "
-                        f"max_tokens {request['max_tokens']} can hold; the "
-                        "server does not stop"
+                        f"the reply streamed over {most:,} characters, more than max_tokens "
+                        f"{request['max_tokens']} can hold; the server does not stop"
                     )
             if not complete and watch.fired:
-                raise StreamStalled(watch.fired)
+                raise StreamIncomplete(watch.fired)
             if not complete:
                 raise StreamIncomplete("the response stream ended before message_stop")
             message = stream.get_final_message()
-        except (Interrupted, KeyboardInterrupt, StreamIncomplete, StreamStalled):
+        except (Interrupted, StreamIncomplete):
             raise
         # the SDK's own parsing, of a stream a server garbled
         except (AssertionError, AttributeError, KeyError, TypeError, ValueError) as e:
@@ -994,7 +974,7 @@ def stream_reply(client, request, report, cancel, limits, seen):
         except Exception as e:
             check_cancelled(cancel)
             if watch.fired:
-                raise StreamStalled(watch.fired) from e
+                raise StreamIncomplete(watch.fired) from e
             raise
         finally:
             watch.done.set()
@@ -1011,10 +991,9 @@ class NotAStream(Exception):
 def not_a_stream(stream):
     """Raise NotAStream when the response is not an event stream (its content-type says)."""
     response = getattr(stream, "response", None)
-    headers = getattr(response, "headers", None)
-    if headers is None:  # (a test's fake stream)
+    if response is None:  # (a test's fake stream)
         return
-    kind = headers.get("content-type") or ""
+    kind = response.headers.get("content-type") or ""
     if kind.split(";")[0].strip().lower() != "text/event-stream":
         root = (server_url(str(response.url)) or "").split("/v1/messages")[0]  # no password
         raise NotAStream(
@@ -1029,7 +1008,7 @@ def transport_error(exc):
     """A network failure below HTTP (reset, refused, closed, timed out): worth another try."""
     names = {k.__name__ for e in (exc, exc.__cause__) if e is not None for k in type(e).__mro__}
     transport = {"APIConnectionError", "APITimeoutError", "TransportError", "ConnectionError"}
-    return bool(names & (transport | {"StreamIncomplete", "StreamStalled"}))
+    return bool(names & (transport | {"StreamIncomplete"}))
 
 
 PLAIN_HTTP = "the server answers in plain HTTP, not TLS"
@@ -1054,12 +1033,9 @@ def retry_delay(exc, attempt, limits):
     """Seconds to wait before retrying after `exc`, or None if it is not worth retrying."""
     if unreachable(exc):
         return None
-    response = getattr(exc, "response", None)
-    headers = getattr(response, "headers", None) or {}
+    headers = getattr(getattr(exc, "response", None), "headers", None) or {}
     status = getattr(exc, "status_code", None)
-    body = getattr(exc, "body", None)
-    error = body.get("error") if isinstance(body, dict) else None
-    kind = error.get("type") if isinstance(error, dict) else None
+    kind = fields(fields(getattr(exc, "body", None)).get("error")).get("type")
     # a kept-alive connection the server closed between replies: a new one at once
     cause = exc.__cause__ or exc
     stale = type(cause).__name__ == "RemoteProtocolError" and "without sending" in str(cause)
@@ -1078,12 +1054,11 @@ def retry_delay(exc, attempt, limits):
         transient = status in (408, 409, 429) or status >= 500 and status not in (501, 505)
     if not transient:
         return None
-    try:
+    # a retry-after that is not a finite number of seconds from now is ignored
+    with contextlib.suppress(TypeError, ValueError):
         after = float(headers.get("retry-after"))
-    except (TypeError, ValueError):
-        after = math.nan
-    if math.isfinite(after) and after >= 0:  # anything else a server says is ignored
-        return min(after, 60.0)
+        if math.isfinite(after) and after >= 0:
+            return min(after, 60.0)
     return min(limits.retry_base * 2 ** (attempt - 1), 30.0)
 
 
@@ -1113,27 +1088,19 @@ def request_with_retries(client, request, limits, report, cancel):
                 exc.retries = reply.retries
                 exc.failed_usage = reply.failed
                 raise
-            retry = {
-                "attempt": attempt,
-                "status": getattr(exc, "status_code", None),
-                "error": api_message(exc),
-                "delay": round(delay, 3),
-            }
+            retry = {"attempt": attempt, "status": getattr(exc, "status_code", None)}
+            retry.update(error=api_message(exc), delay=round(delay, 3))
             reply.retries.append(retry)
             report.retry(retry, limits.max_attempts)
             # a trial cancelled while it waits: by a stop signal, check_cancelled says so
-            if cancel is None:
-                time.sleep(delay)
-            elif cancel.wait(delay):
+            if (cancel or threading.Event()).wait(delay):
                 check_cancelled(cancel)
         else:
-            reply.message = message
-            reply.request_id = request_id
-            reply.cut_off = cut_off
-            reply.attempts = attempt
             reply.usages.append(message.get("usage") or {})
             reply.api_seconds += time.monotonic() - started
-            return reply
+            return replace(
+                reply, message=message, request_id=request_id, cut_off=cut_off, attempts=attempt
+            )
 
 
 def is_cut_tool_call(message):
@@ -1160,9 +1127,9 @@ def request_turn(client, request, limits, report, cancel):
     """One turn: a reply cut inside a tool call is retried once with twice the max_tokens."""
     reply = request_with_retries(client, request, limits, report, cancel)
     message = reply.message
-    sizes = [request["max_tokens"]]
+    cut_at = str(request["max_tokens"])
     model = base_model(request["model"])
-    bigger = min(2 * request["max_tokens"], MAX_OUTPUT.get(model, DEFAULT_MAX_OUTPUT))
+    bigger = min(2 * request["max_tokens"], MAX_OUTPUT.get(model, 128_000))
     window = CONTEXT_WINDOW.get(model)
     prompt = prompt_tokens(reply.usages[0])
     written = number(fields(message.get("usage")).get("output_tokens"))
@@ -1186,21 +1153,18 @@ def request_turn(client, request, limits, report, cancel):
         again = request_with_retries(
             client, dict(request, max_tokens=bigger), limits, report, cancel
         )
-        message = again.message
-        reply.request_id = again.request_id
-        reply.cut_off = again.cut_off
-        add_usage(reply.failed, again.failed)
-        reply.usages += again.usages
-        reply.attempts += again.attempts
-        reply.api_seconds += again.api_seconds
-        reply.retries += again.retries
-        sizes.append(bigger)
+        # the second reply, with what both requests took and were billed
+        add_usage(again.failed, reply.failed)
+        for name in ("usages", "attempts", "api_seconds", "retries"):
+            setattr(again, name, getattr(reply, name) + getattr(again, name))
+        reply = again
+        message = reply.message
+        cut_at += f" and again at {bigger}"
     if is_cut_tool_call(message):  # never keep or run a tool call whose input is incomplete
         message = dict(message, content=message["content"][:-1])
         reply.cut = (
-            f"the reply was cut inside a tool call at max_tokens "
-            f"{' and again at '.join(map(str, sizes))}{why_not}; the incomplete call "
-            "was not run"
+            f"the reply was cut inside a tool call at max_tokens {cut_at}{why_not}; the "
+            "incomplete call was not run"
         )
     if not isinstance(message.get("stop_reason"), (str, type(None))):  # kept, as a string
         message = dict(message, stop_reason=shorten(json.dumps(message["stop_reason"]), 80))
@@ -1283,13 +1247,12 @@ def reply_facts(reply):
     """What the transcript keeps of a reply besides its content: its id, its prompt size, why
     the cache missed and what the API cleared, where it said so."""
     message = reply.message
+    miss = fields(message.get("diagnostics")).get("cache_miss_reason")
     facts = {
         "message_id": message.get("id") if isinstance(message.get("id"), str) else None,
         "prompt_tokens": prompt_tokens(billed(reply.usages[-1])[-1]),
-        "cache_miss": fields(message.get("diagnostics")).get("cache_miss_reason"),
+        "cache_miss": miss if json_safe(miss) else None,
     }
-    if not json_safe(facts["cache_miss"]):
-        facts["cache_miss"] = None
     edits = fields(message.get("context_management")).get("applied_edits")
     if isinstance(edits, list) and json_safe(edits):
         facts["context_edits"] = edits
@@ -1313,11 +1276,10 @@ def api_message(exc):
     else:
         text = error if isinstance(error, str) else (str(exc) or type(exc).__name__)
     host = asked_url(exc, path=False) if transport_error(exc) else None
-    if host and unreachable(exc):
-        why = unreachable(exc)
-        asked = asked_url(exc) or host
-        if why == PLAIN_HTTP and asked.startswith("https://"):
-            base = asked.rpartition("/v1/messages")[0] if "/v1/messages" in asked else host
+    why = unreachable(exc) if host else None
+    if why:
+        if why == PLAIN_HTTP and host.startswith("https://"):
+            base = asked_url(exc).rpartition("/v1/messages")[0] or host
             why += f": give ANTHROPIC_BASE_URL as http://{base.removeprefix('https://')}"
         return f"cannot reach {host} ({why})"
     text += f" (talking to {host})" if host and host not in text else ""
@@ -1329,37 +1291,29 @@ def asked_url(exc, path=True):
     """The URL a failed request asked (scheme://host:port, then its path if `path`), without
     credentials or query, or None if the exception does not know."""
     for e in (exc, exc.__cause__):
-        try:
+        with contextlib.suppress(Exception):
             url = e.request.url
             host = f"[{url.host}]" if ":" in url.host else url.host  # an IPv6 address
             return f"{url.scheme}://{host}{f':{url.port}' if url.port else ''}" + url.path * path
-        except Exception:
-            continue
     return None
 
 
 def wrong_root(asked):
     """A base URL ending in /v1 or /v1/messages, which this SDK adds again: what to give."""
-    if not asked or "/v1/messages" not in asked:
-        return ""
-    given = asked.rpartition("/v1/messages")[0]  # the base URL: what the SDK added is after it
+    # the base URL: what the SDK added is after it
+    given = (asked or "").rpartition("/v1/messages")[0]
     root = re.sub(r"/v1(/messages)?/?$", "", given)
     if root == given:
         return ""
-    return (
-        f"ANTHROPIC_BASE_URL is the server's root, without "
-        f"{given.removeprefix(root).rstrip('/')} ({root})"
-    )
+    without = given.removeprefix(root).rstrip("/")
+    return f"ANTHROPIC_BASE_URL is the server's root, without {without} ({root})"
 
 
 def foreign_error(exc, status, body, asked):
     """One line for a status whose body is not the API's JSON error (a web server, a proxy's
     page, nothing): the status, the URL asked, a clean excerpt of the body."""
     # the standard phrase, not the server's own: that could say anything
-    try:
-        reason = " " + http.HTTPStatus(status).phrase
-    except ValueError:
-        reason = ""
+    reason = f" {http.client.responses[status]}" if status in http.client.responses else ""
     headers = getattr(getattr(exc, "response", None), "headers", None) or {}
     raw = body if isinstance(body, str) else "" if body is None else json.dumps(body)
     is_page = "html" in str(headers.get("content-type", "")).lower() or raw.lstrip()[:1] == "<"
@@ -1367,9 +1321,8 @@ def foreign_error(exc, status, body, asked):
         raw = re.sub(r"(?is)<(head|script|style)\b.*?</\1\s*>|<!--.*?-->|<[^>]*>", " ", raw)
         raw = html.unescape(raw)
     excerpt = one_line(raw, 100)
-    what = "an HTML page" if is_page else "a body"
-    what = ("an empty body" if not excerpt else what) + ", not the API's JSON error"
-    line = f"{status}{reason} from {asked}: {what}"
+    what = ("an HTML page" if is_page else "a body") if excerpt else "an empty body"
+    line = f"{status}{reason} from {asked}: {what}, not the API's JSON error"
     line += f" ({excerpt})" if excerpt else ""
     root = wrong_root(asked)
     if root:
@@ -1396,21 +1349,14 @@ CONTEXT_ERROR = re.compile(
 # --- Usage and cost ---
 
 
-@dataclass(frozen=True)
-class Price:
-    input: float  # USD per million tokens
-    output: float
-    write_5m: float
-    write_1h: float
-    read: float
-
+# USD per million tokens of input, output, cache writes (5-minute, 1-hour) and cache reads
+Price = namedtuple("Price", "input output write_5m write_1h read")
 
 # USD per million tokens, as billed on the Claude API (platform.claude.com/docs/en/about-claude/
 # pricing, 2026-12-02). Haiku 5.5 bills a request whose prompt (input + cache reads + cache
 # writes) exceeds 100,000 tokens at its second band, output included. Each entry: ((prompt
 # tokens up to, price), ...); None means no upper bound.
-_OPUS_4 = ((None, Price(5.00, 25.00, 6.25, 10.00, 0.50)),)
-_SONNET_4 = ((None, Price(3.00, 15.00, 3.75, 6.00, 0.30)),)
+OPUS_4 = ((None, Price(5.00, 25.00, 6.25, 10.00, 0.50)),)
 PRICING = {
     "claude-haiku-5-5": (
         (100_000, Price(0.10, 0.50, 0.125, 0.20, 0.01)),
@@ -1421,31 +1367,25 @@ PRICING = {
     "claude-fable-5-2": ((None, Price(8.00, 40.00, 10.00, 16.00, 0.20)),),
     "claude-fable-5-1": ((None, Price(10.00, 50.00, 12.50, 20.00, 0.25)),),
     "claude-fable-5": ((None, Price(10.00, 50.00, 12.50, 20.00, 1.00)),),
-    "claude-opus-5": _OPUS_4,
+    "claude-opus-5": OPUS_4,
     "claude-sonnet-5": ((None, Price(2.00, 10.00, 2.50, 4.00, 0.20)),),
-    "claude-opus-4-8": _OPUS_4,
-    "claude-opus-4-7": _OPUS_4,
-    "claude-opus-4-6": _OPUS_4,
-    "claude-opus-4-5": _OPUS_4,
-    "claude-sonnet-4-6": _SONNET_4,
-    "claude-sonnet-4-5": _SONNET_4,
+    **dict.fromkeys(("claude-opus-4-8", "claude-opus-4-7", "claude-opus-4-6"), OPUS_4),
+    "claude-opus-4-5": OPUS_4,
+    "claude-sonnet-4-6": ((None, Price(3.00, 15.00, 3.75, 6.00, 0.30)),),
+    "claude-sonnet-4-5": ((None, Price(3.00, 15.00, 3.75, 6.00, 0.30)),),
     "claude-haiku-4-5": ((None, Price(1.00, 5.00, 1.25, 2.00, 0.10)),),
 }
 # the billed token counts of a response's usage
 COUNTS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
 # output-token ceiling; 128K for the others
 MAX_OUTPUT = dict.fromkeys(("claude-haiku-4-5", "claude-sonnet-4-5", "claude-sonnet-4-6"), 64_000)
-DEFAULT_MAX_OUTPUT = 128_000
-SHOW_THINKING = {"claude-opus-5-5", "claude-sonnet-5-5", "claude-fable-5", "claude-fable-5-1"}
-# ^ models whose notes between tool calls are thinking, shown only on request ("display"
+# models whose notes between tool calls are thinking, shown only on request ("display"
 # defaults to "omitted"): without it, stderr goes silent between tool calls.
-CONTEXT_WINDOW = {  # tokens of prompt + output, where the model overview pages give them
-    "claude-haiku-5-5": 1_000_000,
-    "claude-sonnet-5-5": 1_000_000,
-    "claude-opus-5-5": 1_000_000,
-    "claude-haiku-4-5": 200_000,
-    "claude-sonnet-4-5": 200_000,
-    "claude-opus-4-5": 200_000,
+SHOW_THINKING = {"claude-opus-5-5", "claude-sonnet-5-5", "claude-fable-5", "claude-fable-5-1"}
+# tokens of prompt + output, where the model overview pages give them
+CONTEXT_WINDOW = {
+    **dict.fromkeys(("claude-haiku-5-5", "claude-sonnet-5-5", "claude-opus-5-5"), 1_000_000),
+    **dict.fromkeys(("claude-haiku-4-5", "claude-sonnet-4-5", "claude-opus-4-5"), 200_000),
 }
 
 
@@ -1456,11 +1396,9 @@ def base_model(model):
 
 def billed(usage):
     """The parts of a response's usage that are billed: each entry of usage.iterations (from
-    server-side compaction) when it has them, else the usage itself."""
-    parts = usage.get("iterations") if isinstance(usage, dict) else None
-    if isinstance(parts, list) and parts and all(isinstance(p, dict) for p in parts):
-        return parts
-    return [usage if isinstance(usage, dict) else {}]
+    server-side compaction) when it has them, all objects, else the usage itself."""
+    parts = fields(usage).get("iterations")
+    return parts if parts and items(parts) == parts else [fields(usage)]
 
 
 def cost_usd(model, usage):
@@ -1473,14 +1411,9 @@ def cost_usd(model, usage):
         fresh, out, written, read = (number(part.get(k)) for k in COUNTS)
         price = next(p for limit, p in bands if limit is None or fresh + written + read <= limit)
         write_1h = number((part.get("cache_creation") or {}).get("ephemeral_1h_input_tokens"))
-        write_5m = written - write_1h  # without the split, every write is a 5-minute write
-        total += (
-            fresh * price.input
-            + out * price.output
-            + write_5m * price.write_5m
-            + write_1h * price.write_1h
-            + read * price.read
-        )
+        # without the split, every write is a 5-minute write
+        counts = (fresh, out, written - write_1h, write_1h, read)
+        total += sum(n * p for n, p in zip(counts, price, strict=True))
     return total / 1_000_000
 
 
@@ -1490,8 +1423,7 @@ def prompt_tokens(usage):
 
 def usage_record(model, usage):
     """A response's usage as the transcript keeps it: the four counts, their sum, the cost."""
-    parts = billed(usage)
-    record = {k: min(sum(number(p.get(k)) for p in parts), MAX_COUNT) for k in COUNTS}
+    record = {k: min(sum(number(p.get(k)) for p in billed(usage)), MAX_COUNT) for k in COUNTS}
     record["tokens"] = min(sum(record.values()), MAX_COUNT)  # past it, a server's story
     record["cost_usd"] = cost_usd(model, usage)
     return record
@@ -1501,11 +1433,8 @@ def add_usage(total, part):
     """Add a usage record into a total; one unknown cost makes the total unknown."""
     for key in COUNTS + ("tokens",):
         total[key] = min(total[key] + part[key], MAX_COUNT)
-    total["cost_usd"] = (
-        None
-        if None in (total["cost_usd"], part["cost_usd"])
-        else round(total["cost_usd"] + part["cost_usd"], 10)
-    )
+    costs = (total["cost_usd"], part["cost_usd"])
+    total["cost_usd"] = None if None in costs else round(sum(costs), 10)
     return total
 
 
@@ -1514,19 +1443,14 @@ def empty_usage():
 
 
 def total_usage(session):
-    total = empty_usage()
-    for record in session["turns"]:
-        add_usage(total, record["usage"])
-    return total
+    return reduce(add_usage, [t["usage"] for t in session["turns"]], empty_usage())
 
 
 def failed_usage(session):
     """Set the transcript's `failed_usage` (left out when zero): what the server reported for
     failed attempts over every turn and the stop, kept apart from `usage`."""
-    total = empty_usage()
-    for record in session["turns"] + [session.get("stop") or {}]:
-        if isinstance(record.get("failed_usage"), dict):
-            add_usage(total, record["failed_usage"])
+    parts = [r.get("failed_usage") for r in session["turns"] + [session.get("stop") or {}]]
+    total = reduce(add_usage, [p for p in parts if isinstance(p, dict)], empty_usage())
     if total["tokens"]:
         session["failed_usage"] = total
     return total
@@ -1539,13 +1463,12 @@ TOOL_USE_PROMPT = dict.fromkeys(("claude-haiku-5-5", "claude-sonnet-5-5", "claud
 
 def count_tokens(client, model, question, system=SYSTEM_PROMPT):
     """What one request's fixed part costs in input tokens, by the API's count_tokens."""
-
     asked = [{"role": "user", "content": [{"type": "text", "text": question}]}]
 
     def counted(**parts):
         answer = client.messages.count_tokens(model=model, messages=asked, **parts)
         value = getattr(answer, "input_tokens", None)
-        if number(value) != value or value is True:
+        if number(value) != value:
             raise ValueError(
                 f"the server's count_tokens reply held no token count "
                 f"(input_tokens: {shorten(repr(value), 40)})"
@@ -1557,20 +1480,16 @@ def count_tokens(client, model, question, system=SYSTEM_PROMPT):
     everything = counted(system=system, tools=TOOLS)
     added = TOOL_USE_PROMPT.get(base_model(model))  # from the pricing page, where it says
     rows = [("the question", bare), ("the system prompt", with_system - bare)]
+    tools = f"the {len(TOOLS)} tool definitions"
     if added is not None and everything - with_system >= added:
-        rows += [
-            (f"the {len(TOOLS)} tool definitions", everything - with_system - added),
-            ("the tool-use system prompt the API adds", added),
-        ]
+        rows.append((tools, everything - with_system - added))
+        rows.append(("the tool-use system prompt the API adds", added))
     else:
-        label = f"the {len(TOOLS)} tool definitions, with the API's tool-use system prompt"
-        rows.append((label, everything - with_system))
+        rows.append((f"{tools}, with the API's tool-use system prompt", everything - with_system))
     rows.append(("every request starts with", everything))
     width = max(len(label) for label, _ in rows)
-    return "\n".join(
-        [f"{model}, input tokens by the API's count_tokens, for {question!r}:"]
-        + [f"  {label:<{width}}  {n:>7,}" for label, n in rows]
-    )
+    head = f"{model}, input tokens by the API's count_tokens, for {question!r}:"
+    return "\n".join([head] + [f"  {label:<{width}}  {n:>7,}" for label, n in rows])
 
 
 # --- Clearing old tool results ---
@@ -1592,26 +1511,14 @@ def clear_old_results(session, limits):
     keep_results, if that frees clear_at_least tokens. The ids only ever grow; the history
     is never edited. Returns (how many, tokens freed) or None."""
     turns = session["turns"]
-    if (
-        not limits.clear_at
-        or limits.context_edit != "client"
-        or not turns
-        or turns[-1].get("prompt_tokens", 0) < limits.clear_at
-    ):
+    prompt = turns[-1].get("prompt_tokens", 0) if turns else 0
+    if not limits.clear_at or limits.context_edit != "client" or prompt < limits.clear_at:
         return None
     cleared = set(session.setdefault("cleared", []))
-    results = [
-        b
-        for m in session["messages"]
-        if m["role"] == "user"
-        for b in m["content"]
-        if b.get("type") == "tool_result"
-    ]
-    old = [
-        b
-        for b in results[: max(0, len(results) - limits.keep_results)]
-        if b["tool_use_id"] not in cleared
-    ]
+    # (only the user's side holds tool results: a resumed run and a reply are checked for it)
+    results = [b for m in session["messages"] for b in m["content"] if b["type"] == "tool_result"]
+    older = results[: max(0, len(results) - limits.keep_results)]
+    old = [b for b in older if b["tool_use_id"] not in cleared]
     # roughly 4 bytes a token: enough to decide a clearing
     sizes = [b.get("content") for b in old]
     freed = sum(len(c if isinstance(c, str) else json.dumps(c)) // 4 for c in sizes)
@@ -1629,29 +1536,19 @@ def sent_view(session):
     messages = session["messages"]
     # messages are shared, never changed: a new one replaces one in the view
     view = list(messages)
-    calls = {}
+    calls = {b["id"]: b for m in messages for b in m["content"] if b["type"] == "tool_use"}
     for i, m in enumerate(messages if cleared else ()):
-        if m["role"] == "assistant":
-            calls.update((b["id"], b) for b in m["content"] if b.get("type") == "tool_use")
-        elif any(b.get("tool_use_id") in cleared for b in m["content"]):
-            view[i] = {
-                "role": "user",
-                "content": [
-                    placeholder(b, calls)
-                    if b.get("type") == "tool_result" and b["tool_use_id"] in cleared
-                    else b
-                    for b in m["content"]
-                ],
-            }
-    previous_end = next(
-        (i - 1 for i in range(len(messages) - 1, -1, -1) if messages[i]["role"] == "assistant"), -1
-    )
+        blocks = [
+            placeholder(b, calls) if b.get("tool_use_id") in cleared else b for b in m["content"]
+        ]
+        if m["role"] == "user" and blocks != m["content"]:
+            view[i] = {"role": "user", "content": blocks}
+    answers = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    previous_end = answers[-1] - 1 if answers else -1
     if previous_end >= 0 and view[previous_end]["role"] == "user":
         content = view[previous_end]["content"]
-        view[previous_end] = {
-            "role": "user",
-            "content": content[:-1] + [dict(content[-1], cache_control={"type": "ephemeral"})],
-        }
+        last = dict(content[-1], cache_control={"type": "ephemeral"})
+        view[previous_end] = {"role": "user", "content": content[:-1] + [last]}
     return view
 
 
@@ -1661,10 +1558,8 @@ def placeholder(block, calls):
     what = f"the result of {call.get('name', 'a tool call')}"
     if call.get("name") == "read_file":
         what += " " + shorten(json.dumps(call.get("input"), ensure_ascii=False), 100)
-    return {
-        **{k: v for k, v in block.items() if k in ("type", "tool_use_id", "is_error")},
-        "content": f"[cleared to save context: {what}; call it again if you need it]",
-    }
+    kept = {k: v for k, v in block.items() if k in ("type", "tool_use_id", "is_error")}
+    return dict(kept, content=f"[cleared to save context: {what}; call it again if you need it]")
 
 
 # --- Transcript, events, schemas and resume ---
