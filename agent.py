@@ -3495,13 +3495,9 @@ def run_trials(spec, client, ctx, outputs, events, telemetry, kept):
     running = {}
     starting = threading.Lock()
 
-    def spent():  # dollars of the trials ended and running
-        ended = sum(r["cost_usd"] or 0 for r in results)
-        return ended + sum(
-            total_usage(begun[0])["cost_usd"] or 0
-            for i, begun in list(running.items())
-            if begun and i not in {r["index"] for r in results}
-        )
+    def spent():
+        """Dollars of the trials that began, ended or running (an ended one's is its result's)."""
+        return sum(total_usage(t[0])["cost_usd"] or 0 for t in list(running.values()) if t)
 
     def trial_result(index, stop, usage, ok):
         """What the summary keeps of a trial that began (`ok`: it passed)."""
