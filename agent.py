@@ -2745,10 +2745,8 @@ def no_keep_variable():
     """AGENT_PY_NO_KEEP as a boolean; a word that is not one is a usage error."""
     value = os.environ.get("AGENT_PY_NO_KEEP", "")
     word = value.strip().lower()
-    if word in ("1", "true", "yes", "on"):
-        return True
-    if word in ("", "0", "false", "no", "off"):
-        return False
+    if word in ("1", "true", "yes", "on", "", "0", "false", "no", "off"):
+        return word in ("1", "true", "yes", "on")
     raise UsageError(
         f"AGENT_PY_NO_KEEP is {value!r}: give 1, true, yes or on to keep no run, or 0, false, no, off or nothing to keep them"
     )
@@ -2971,8 +2969,7 @@ def kept_run(name, flag, report):
         )
     written, newest = max(found)
     newer = [entry for when, entry in empty if when > written] if name == "last" else []
-    # never pass over the run the user just had without a word
-    if newer:
+    if newer:  # never pass over the run the user just had without a word
         said = time.strftime("%H:%M:%S", time.localtime(written / 1e9))
         report.error(
             f"note: the newest kept run, {max(newer).removesuffix('.json')}, is empty (still running before its first turn ended, or killed then: kill -9, out of memory; with --transcript, that file has its turns); {flag} last takes the one before it, {newest.removesuffix('.json')}, last written at {said}; give {flag} ID to choose"
@@ -3109,8 +3106,7 @@ def made_by(recording):
     made = fields(recording.get("produced_by"))
     if made.get("kind") == "scripted":
         return f"a scripted model ({one_line(str(made.get('script', 'a script')), 100)})"
-    # recorded only for a server that is not Anthropic's
-    server = recording.get("base_url")
+    server = recording.get("base_url")  # recorded only for a server that is not Anthropic's
     at = f" at {one_line(str(server), 100)}" if server else ""
     return f"the model {one_line(str(made.get('model') or recording['model']), 100)}{at}"
 
@@ -3149,8 +3145,7 @@ class ReplayClient:
         self.given += 1
         reply = self.replies[self.given - 1]
         most = request["max_tokens"] * TOKEN_CHARS
-        # what a live reply is cut at (stream_reply)
-        if reply_chars(reply) > most:
+        if reply_chars(reply) > most:  # what a live reply is cut at (stream_reply)
             detail = f"{self.source}'s reply {self.given} is {reply_chars(reply):,} characters, more than max_tokens {request['max_tokens']} lets a reply stream ({most:,}); a live run would have cut it (give --max-tokens)"
             raise ReplayEnded(Stop("max_tokens", detail))
         return contextlib.nullcontext(ReplayStream(reply))
@@ -3241,8 +3236,7 @@ class ReplayCheck:
         results = tool_results(session["messages"])
         for record in session["turns"][self.checked :]:
             differed = [c for c in record["tool_calls"] if self.changed(replay, record, c, results)]
-            # the next request stops
-            if differed and self.strict and not self.client.differs:
+            if differed and self.strict and not self.client.differs:  # the next request stops
                 self.client.differs = ReplayDiffers(record, differed, replay["source"])
         self.checked = len(session["turns"])
         if final:
@@ -3283,8 +3277,7 @@ class ReplayCheck:
         else:
             self.report.line(f"replay: {calls}, each as recorded")
         left = len(self.client.replies) - self.client.given
-        # else the stop says why
-        if left and not self.client.differs:
+        if left and not self.client.differs:  # else the stop says why
             replies = "reply" if left == 1 else "replies"
             self.report.error(
                 f"replay: the run stopped with {left} recorded {replies} not replayed: it stopped before the recording did"
@@ -3559,8 +3552,7 @@ def run_trials(spec, client, ctx, outputs, events, telemetry, kept):
         Connections.cut_all()  # the requests in flight end now, not when their server answers
         wait(futures, timeout=10)
     pool.shutdown(wait=False, cancel_futures=True)
-    # only a Ctrl-C sets the trials' cancel
-    interrupted = ctx.cancel.is_set()
+    interrupted = ctx.cancel.is_set()  # only a Ctrl-C sets the trials' cancel
     # the trials that began and did not end
     for index, begun in list(running.items()):
         if begun and index not in {r["index"] for r in results}:
