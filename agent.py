@@ -78,7 +78,7 @@ from collections import namedtuple
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
-from functools import cached_property, reduce
+from functools import cached_property, partial, reduce
 from itertools import accumulate, count
 from pathlib import Path
 from types import SimpleNamespace
@@ -2492,13 +2492,10 @@ def no_keep_variable():
     """AGENT_PY_NO_KEEP as a boolean; a word that is not one is a usage error."""
     value = os.environ.get("AGENT_PY_NO_KEEP", "")
     word = value.strip().lower()
-    if word in ("1", "true", "yes", "on"):
-        return True
-    if word in ("", "0", "false", "no", "off"):
-        return False
+    if word in ("1", "true", "yes", "on", "", "0", "false", "no", "off"):
+        return word in ("1", "true", "yes", "on")
     raise UsageError(
-        f"AGENT_PY_NO_KEEP is {value!r}: give 1, true, yes or on to keep no run, "
-        "or 0, false, no, off or nothing to keep them"
+        f"AGENT_PY_NO_KEEP is {value!r}: give 1, true, yes or on to keep no run, or 0, false, no, off or nothing to keep them"
     )
 
 
@@ -2518,30 +2515,27 @@ def open_runs(create=False):
     agent.py/ above it must be no symlink, this user's, writable by no one else: else a
     UsageError. OSError when it cannot be opened or made at all."""
     path = runs_dir()
+    home = None if os.path.isabs(os.environ.get("XDG_STATE_HOME", "")) else Path.home()
+    # HOME=/nonexistent, as service accounts have on purpose
+    if create and home and not home.is_dir():
+        raise UsageError(
+            f"the home directory {home} does not exist, and agent.py makes none: set XDG_STATE_HOME to keep runs elsewhere, or --no-keep"
+        )
+    # no other user's symlink on the way; made where that check led: never through such a link
+    where = real_directory(path.parent, "the kept runs")
     if create:
-        home = None if os.path.isabs(os.environ.get("XDG_STATE_HOME", "")) else Path.home()
-        if home and not home.is_dir():  # HOME=/nonexistent, as service accounts have on purpose
-            raise UsageError(
-                f"the home directory {home} does not exist, and agent.py makes "
-                "none: set XDG_STATE_HOME to keep runs elsewhere, or --no-keep"
-            )
-    where = real_directory(path.parent, "the kept runs")  # no other user's symlink on the way
-    if create:  # made where that check led, before anything is made: never through such a link
         os.makedirs(where, mode=0o700, exist_ok=True)
         where = real_directory(path.parent, "the kept runs")
     fd = open_directory(where)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         for name in (path.parent.name, path.name):
             where = where / name
             if create:
-                try:
+                with contextlib.suppress(FileExistsError):
                     os.mkdir(name, 0o700, dir_fd=fd)
-                except FileExistsError:
-                    pass
             try:
-                inner = os.open(
-                    name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
-                )
+                inner = os.open(name, flags, dir_fd=fd)
             except OSError as e:
                 if e.errno not in (errno.ELOOP, errno.ENOTDIR):
                     raise
@@ -2555,14 +2549,11 @@ def open_runs(create=False):
             info = os.fstat(inner)
             if info.st_uid != os.geteuid():
                 raise UsageError(
-                    f"{where} belongs to another user (uid {info.st_uid}): "
-                    "agent.py keeps runs only in a directory of its user's"
+                    f"{where} belongs to another user (uid {info.st_uid}): agent.py keeps runs only in a directory of its user's"
                 )
             if info.st_mode & 0o022:
                 raise UsageError(
-                    f"{where} can be written by other users "
-                    f"(mode {stat.S_IMODE(info.st_mode):o}): agent.py keeps runs "
-                    "only in a directory no one else can change"
+                    f"{where} can be written by other users (mode {stat.S_IMODE(info.st_mode):o}): agent.py keeps runs only in a directory no one else can change"
                 )
             if stat.S_IMODE(info.st_mode) != 0o700:
                 os.fchmod(fd, 0o700)
@@ -2598,10 +2589,7 @@ class KeptRun:
     def said(self):
         """The line that ends a run: where it was kept, and how to name it."""
         if self.output.name.endswith(".trials.json"):
-            return (
-                f"kept: trials run {self.run} in {self.output.path}, trial i beside it as "
-                f"{self.run}.trials.i.json (--report last; --resume {self.run}.1)"
-            )
+            return f"kept: trials run {self.run} in {self.output.path}, trial i beside it as {self.run}.trials.i.json (--report last; --resume {self.run}.1)"
         return f"kept: run {self.run} in {self.output.path} (--resume last, or --resume {self.run})"
 
 
@@ -2665,10 +2653,8 @@ def runs_unusable(e):
         if os.path.lexists(above) and not os.path.isdir(above):
             return f"{above} is not a directory, so {path} cannot be made"
     made = "used" if os.path.lexists(path) else "made"
-    there = (
-        f" ({e.filename})" if os.path.isabs(e.filename or "") and Path(e.filename) != path else ""
-    )
-    return f"{path} cannot be {made}: {e.strerror}{there}"
+    at = f" ({e.filename})" if os.path.isabs(e.filename or "") and Path(e.filename) != path else ""
+    return f"{path} cannot be {made}: {e.strerror}{at}"
 
 
 def kept_run(name, flag, report):
@@ -2677,15 +2663,13 @@ def kept_run(name, flag, report):
     asked = RUN_NAME.fullmatch(name or "")
     if name != "last" and not asked:
         return name
-    transcript = flag in ("--resume", "--replay")
     try:
         place = runs_dir()
         fd, real = open_runs()
     except FileNotFoundError as e:
         where = f"in {place}" if e.filename else f"({e.strerror})"
         raise UsageError(
-            f"{flag} {name}: no run is kept {where} (runs are kept there unless "
-            "--no-keep): give a transcript's path"
+            f"{flag} {name}: no run is kept {where} (runs are kept there unless --no-keep): give a transcript's path"
         )
     except UsageError as e:
         raise UsageError(f"{flag} {name}: {e}")
@@ -2706,15 +2690,14 @@ def kept_run(name, flag, report):
                 wanted = kept[2] == asked[2] and kept[3] == asked[3] and same_time
             if not wanted:
                 continue
-            if transcript and entry.endswith(".trials.json"):  # not a transcript
+            # a trials run's file is not a transcript
+            if flag in ("--resume", "--replay") and entry.endswith(".trials.json"):
                 trials.append(kept[1])
                 continue
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 info = os.stat(entry, dir_fd=fd, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid():
-                (found if info.st_size else empty).append((info.st_mtime_ns, entry))
+                if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid():
+                    (found if info.st_size else empty).append((info.st_mtime_ns, entry))
     finally:
         os.close(fd)
     if not found and trials and name != "last":
@@ -2725,25 +2708,20 @@ def kept_run(name, flag, report):
         what = "no run is kept" if name == "last" else f"no kept run is named {name}"
         but = f" but trials (name one trial, e.g. {flag} {max(trials)}.1)" if trials else ""
         raise UsageError(
-            f"{flag} {name}: {what} in {real}{but} (runs are kept there unless "
-            "--no-keep): give a transcript's path"
+            f"{flag} {name}: {what} in {real}{but} (runs are kept there unless --no-keep): give a transcript's path"
         )
     if os.path.lexists(name):
         report.error(
             f"note: {flag} {name} names a kept run; for the file {name} here, give ./{name}"
         )
-    newer = [entry for when, entry in empty if when > max(found)[0]] if name == "last" else []
+    written, newest = max(found)
+    newer = [entry for when, entry in empty if when > written] if name == "last" else []
     if newer:  # never pass over the run the user just had without a word
-        taken = max(found)[1].removesuffix(".json")
-        said = time.strftime("%H:%M:%S", time.localtime(max(found)[0] / 1e9))
+        said = time.strftime("%H:%M:%S", time.localtime(written / 1e9))
         report.error(
-            f"note: the newest kept run, {max(newer).removesuffix('.json')}, is empty "
-            "(still running before its first turn ended, or killed then: kill -9, out "
-            "of memory; with --transcript, that file has its turns); "
-            f"{flag} last takes the one before it, {taken}, last written at {said}; "
-            f"give {flag} ID to choose"
+            f"note: the newest kept run, {max(newer).removesuffix('.json')}, is empty (still running before its first turn ended, or killed then: kill -9, out of memory; with --transcript, that file has its turns); {flag} last takes the one before it, {newest.removesuffix('.json')}, last written at {said}; give {flag} ID to choose"
         )
-    return str(real / max(found)[1])
+    return str(real / newest)
 
 
 def check_runs_apart(workdir, where):
@@ -2755,10 +2733,7 @@ def check_runs_apart(workdir, where):
         return
     if runs.is_relative_to(workdir) or workdir.is_relative_to(runs):
         raise UsageError(
-            f"{where} and the directory of kept runs, {runs}, overlap: "
-            "the model's code could read kept runs or plant one that --resume last "
-            "would take up; give --workdir a directory of data only (or set "
-            "XDG_STATE_HOME elsewhere)"
+            f"{where} and the directory of kept runs, {runs}, overlap: the model's code could read kept runs or plant one that --resume last would take up; give --workdir a directory of data only (or set XDG_STATE_HOME elsewhere)"
         )
 
 
@@ -2790,12 +2765,7 @@ def own_kept_run(path):
         return False
     finally:
         os.close(fd)
-    return (
-        stat.S_ISREG(info.st_mode)
-        and info.st_uid == os.geteuid()
-        and stat.S_IMODE(info.st_mode) == 0o600
-        and info.st_nlink == 1
-    )
+    return (info.st_mode, info.st_uid, info.st_nlink) == (stat.S_IFREG | 0o600, os.geteuid(), 1)
 
 
 def is_kept(path, trial=False):
@@ -2822,14 +2792,14 @@ class ReplayEnded(Exception):
 class ReplayDiffers(Exception):
     """--replay --strict: a turn's tool results differ from the recording (the next request)."""
 
-    def __init__(self, turn, differed, calls, source, declined=0):
-        declined_note = f"; {declined} of them not run: declined (no working sandbox, and no y)"
-        super().__init__(
-            f"turn {turn}: {differed} of {plural(calls, 'tool result')} "
-            f"{'differs' if differed == 1 else 'differ'} from {source}, and the "
-            "recorded replies after it answered the recorded results (--strict)"
-            + (declined_note if declined else "")
-        )
+    def __init__(self, record, differed, source):
+        calls = plural(len(record["tool_calls"]), "tool result")
+        verb = "differs" if len(differed) == 1 else "differ"
+        message = f"turn {record['turn']}: {len(differed)} of {calls} {verb} from {source}, and the recorded replies after it answered the recorded results (--strict)"
+        declined = sum(c["declined"] for c in differed)
+        if declined:
+            message += f"; {declined} of them not run: declined (no working sandbox, and no y)"
+        super().__init__(message)
 
 
 def load_recording(path):
@@ -2837,18 +2807,10 @@ def load_recording(path):
     recording = load_transcript(path, "--replay")
     if not is_str(recording.get("question")) or not is_str(recording.get("system"), empty=True):
         raise UsageError(f"cannot replay: {path} has no question or no system prompt")
-    asked = [
-        b
-        for m in recording["messages"][1:]
-        if m["role"] == "user"
-        for b in m["content"]
-        if b["type"] == "text" and b["text"] != FINAL_TURN_NOTE
-    ]
-    if asked:
+    asked = [m["content"] for m in recording["messages"][1:] if m["role"] == "user"]
+    if any(b["type"] == "text" and b["text"] != FINAL_TURN_NOTE for c in asked for b in c):
         raise UsageError(
-            f"cannot replay: {path} was continued with --resume and a follow-up question; only "
-            "a run from its first question can be replayed (--resume with --transcript "
-            "NEW.json goes on in a new file, and leaves the one it continues as it was)"
+            f"cannot replay: {path} was continued with --resume and a follow-up question; only a run from its first question can be replayed (--resume with --transcript NEW.json goes on in a new file, and leaves the one it continues as it was)"
         )
     return recording
 
@@ -2862,16 +2824,13 @@ def replay_limits(recording, limits):
     for turn in recording["turns"]:  # priced as the loop will price them
         add_usage(used, usage_record(recording["model"], turn["usage"]))
     turns = len(recording["turns"])
-    dollars = [
-        d
-        for d in (limits.budget_usd, used["cost_usd"] if reason == "cost_budget" else None)
-        if d is not None
-    ]
+    spent = used["cost_usd"] if reason == "cost_budget" else None
+    dollars = [d for d in (limits.budget_usd, spent) if d is not None]
     return replace(
         limits,
         max_turns=min(limits.max_turns, turns if reason == "max_turns" else turns + 2),
         token_budget=min(limits.token_budget, used["tokens"] + (reason != "token_budget")),
-        budget_usd=min(dollars) if dollars else None,
+        budget_usd=min(dollars, default=None),
     )
 
 
@@ -2895,9 +2854,8 @@ def made_by(recording):
     if made.get("kind") == "scripted":
         return f"a scripted model ({one_line(str(made.get('script', 'a script')), 100)})"
     server = recording.get("base_url")  # recorded only for a server that is not Anthropic's
-    return f"the model {one_line(str(made.get('model') or recording['model']), 100)}" + (
-        f" at {one_line(str(server), 100)}" if server else ""
-    )
+    at = f" at {one_line(str(server), 100)}" if server else ""
+    return f"the model {one_line(str(made.get('model') or recording['model']), 100)}{at}"
 
 
 class ReplayClient:
@@ -2935,16 +2893,9 @@ class ReplayClient:
         reply = self.replies[self.given - 1]
         most = request["max_tokens"] * TOKEN_CHARS
         if reply_chars(reply) > most:  # what a live reply is cut at (stream_reply)
-            raise ReplayEnded(
-                Stop(
-                    "max_tokens",
-                    f"{self.source}'s reply {self.given} is "
-                    f"{reply_chars(reply):,} characters, more than max_tokens "
-                    f"{request['max_tokens']} lets a reply stream ({most:,}); "
-                    "a live run would have cut it (give --max-tokens)",
-                )
-            )
-        return ReplayStream(reply)
+            detail = f"{self.source}'s reply {self.given} is {reply_chars(reply):,} characters, more than max_tokens {request['max_tokens']} lets a reply stream ({most:,}); a live run would have cut it (give --max-tokens)"
+            raise ReplayEnded(Stop("max_tokens", detail))
+        return contextlib.nullcontext(ReplayStream(reply))
 
     def ended(self):
         """The Stop of a request past the last recorded reply."""
@@ -2952,14 +2903,11 @@ class ReplayClient:
         where = f"{self.source} has no reply after turn {self.given}"
         if stop and stop["reason"] in INFRA_STOPS:  # the recorded run ended here, not a reply
             return Stop(stop["reason"], f"{stop['detail']} (the recorded stop: {where})")
-        why = (
-            f"it stopped with {stop['reason']}"
-            if stop
-            else "it has no stop: the run that made it was cut off"
-        )
-        return Stop(
-            "error", f"the replay asks for more replies than were recorded: {where} ({why})"
-        )
+        why = "it has no stop: the run that made it was cut off"
+        if stop:
+            why = f"it stopped with {stop['reason']}"
+        detail = f"the replay asks for more replies than were recorded: {where} ({why})"
+        return Stop("error", detail)
 
 
 def reply_chars(message):
@@ -2973,25 +2921,18 @@ def reply_chars(message):
 
 
 class ReplayStream:
-    """One recorded reply, read as stream_reply reads the SDK's stream."""
+    """One recorded reply, read as stream_reply reads the SDK's stream (in a nullcontext)."""
 
     request_id = None  # no request was made
 
     def __init__(self, message):
         self.message = json.loads(json.dumps(message))  # the loop's own copy, as if it came
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
     def __iter__(self):
         for block in self.message["content"]:
-            if block.get("type") == "thinking":
-                yield SimpleNamespace(type="thinking", thinking=block["thinking"])
-            elif block.get("type") == "text":
-                yield SimpleNamespace(type="text", text=block["text"])
+            kind = block.get("type")
+            if kind in ("thinking", "text"):
+                yield SimpleNamespace(**{"type": kind, kind: block[kind]})
         yield SimpleNamespace(type="message_stop")
 
     def get_final_message(self):
@@ -3034,78 +2975,59 @@ class ReplayCheck:
         self.report = report
         self.save = save
         self.strict = strict
-        # how many turns, messages and calls were compared
+        # how many turns were compared
         self.checked = 0
-        self.seen = 0
-        self.calls = 0
 
     def __call__(self, session, final=False):
-        results = tool_results(session["messages"][self.seen :])
+        replay = session["replay"]
+        results = tool_results(session["messages"])
         for record in session["turns"][self.checked :]:
-            differed = [
-                call
-                for call in record["tool_calls"]
-                if not self.compare(
-                    session["replay"], record["turn"], call, results.get(call["id"])
-                )
-            ]
+            differed = [c for c in record["tool_calls"] if self.changed(replay, record, c, results)]
             if differed and self.strict and not self.client.differs:  # the next request stops
-                self.client.differs = ReplayDiffers(
-                    record["turn"],
-                    len(differed),
-                    len(record["tool_calls"]),
-                    session["replay"]["source"],
-                    sum(c["declined"] for c in differed),
-                )
-        self.checked, self.seen = len(session["turns"]), len(session["messages"])
+                self.client.differs = ReplayDiffers(record, differed, replay["source"])
+        self.checked = len(session["turns"])
         if final:
             self.summary(session)
         self.save(session, final)
 
-    def compare(self, replay, turn, call, result):
-        """Say so, and keep it, if this call's result is not the recorded one. True if it is."""
-        self.calls += 1
+    def changed(self, replay, record, call, results):
+        """Say so, and keep it, if this call's result is not the recorded one; True if so."""
         then = self.recorded.get(call["id"])
+        result = results.get(call["id"])
         same_error = then and result and bool(then.get("is_error")) == bool(result.get("is_error"))
         if same_error and then.get("content") == result["content"]:
-            return True
+            return False
         diff = result_diff(then, result)
-        replay["differences"].append(
-            {"turn": turn, "id": call["id"], "name": call["name"], "diff": diff}
-        )
+        turn = record["turn"]
+        replay["differences"].append(dict(turn=turn, id=call["id"], name=call["name"], diff=diff))
         # (a call declined then too would have the same result)
         how = "the result differs from the recording"
         if call.get("declined"):
-            how = (
-                "not run (declined: without a working sandbox run_python asks even with --yes, and "
-                "no one said y), so its result differs from the recording"
-            )
+            how = "not run (declined: without a working sandbox run_python asks even with --yes, and no one said y), so its result differs from the recording"
         self.report.error(f"  replay: turn {turn}, {call['name']} {call['id']}: {how}")
         for line in diff:
             self.report.error(f"    {line}")
         replies_left = self.client.given < len(self.client.replies)
         if len(replay["differences"]) == 1 and replies_left and not self.strict:
             self.report.error(
-                "    (the recorded replies that follow answered the recorded "
-                "result; they are replayed as they were)"
+                "    (the recorded replies that follow answered the recorded result; they are replayed as they were)"
             )
-        return False
+        return True
 
     def summary(self, session):
+        calls = plural(sum(len(t["tool_calls"]) for t in session["turns"]), "tool result")
         differed = len(session["replay"]["differences"])
         if differed:
             self.report.error(
-                f"replay: {differed} of {plural(self.calls, 'tool result')} "
-                f"differ from {session['replay']['source']}"
+                f"replay: {differed} of {calls} differ from {session['replay']['source']}"
             )
         else:
-            self.report.line(f"replay: {plural(self.calls, 'tool result')}, each as recorded")
+            self.report.line(f"replay: {calls}, each as recorded")
         left = len(self.client.replies) - self.client.given
         if left and not self.client.differs:  # else the stop says why
+            replies = "reply" if left == 1 else "replies"
             self.report.error(
-                f"replay: the run stopped with {left} recorded "
-                f"{'reply' if left == 1 else 'replies'} not replayed: it stopped "
-                "before the recording did"
+                f"replay: the run stopped with {left} recorded {replies} not replayed: it stopped before the recording did"
             )
 
 
@@ -3130,7 +3052,7 @@ def expect_found(regex, answer):
     try:
         done = subprocess.run(
             [sys.executable, "-I", "-S", "-c", SEARCH, regex],
-            input=(answer or "").encode("utf-8", "surrogatepass"),
+            input=answer.encode("utf-8", "surrogatepass"),
             capture_output=True,
             timeout=EXPECT_SECONDS,
         )
@@ -3139,8 +3061,9 @@ def expect_found(regex, answer):
     return done.returncode == 0
 
 
-def unmet(session, expect, found):
-    """The first --expect condition the session did not meet, in words, or None."""
+def unmet(session, expect):
+    """The first --expect condition the session did not meet, in words, or None (an interrupted
+    session's answer is not searched)."""
     stop = (session.get("stop") or {}).get("reason")
     if not any(expect.values()):
         if stop == "end_turn":
@@ -3148,11 +3071,10 @@ def unmet(session, expect, found):
         return f"it stopped with {stop}, not end_turn (no --expect was given)"
     # the regex as a shell takes it, always in single quotes (as the user most likely typed it)
     regex = "'" + (expect["regex"] or "").replace("'", "'\"'\"'") + "'"
+    answer = session.get("answer") or ""
+    found = expect["regex"] and stop != "interrupted" and expect_found(expect["regex"], answer)
     if expect["regex"] and found is None:
-        return (
-            f"--expect {regex} timed out after {EXPECT_SECONDS:g} s on an answer "
-            f"of {len(session.get('answer') or ''):,} characters: the regex backtracks"
-        )
+        return f"--expect {regex} timed out after {EXPECT_SECONDS:g} s on an answer of {len(answer):,} characters: the regex backtracks"
     if expect["regex"] and not found:
         return f"--expect {regex} is not in the answer"
     called = {c["name"] for t in session["turns"] for c in t["tool_calls"]}
@@ -3210,6 +3132,7 @@ def summarize(trials, requested):
     scored = [t for t in trials if t["stop"] not in INFRA_STOPS]
     n, c = len(scored), sum(t["passed"] for t in scored)
     costs = [t["cost_usd"] for t in trials]
+    stops = [t["stop"] for t in trials]
     return {
         "version": SUMMARY_VERSION,
         "kind": "trials",
@@ -3224,10 +3147,7 @@ def summarize(trials, requested):
         "pass@1_wilson95": wilson(c, n),
         "pass_at_k": {str(k): pass_at_k(n, c, k) for k in range(1, n + 1)},
         "pass_hat_k": {str(k): pass_hat_k(n, c, k) for k in range(1, n + 1)},
-        "stops": {
-            label: sum(t["stop"] == label for t in trials)
-            for label in sorted({t["stop"] for t in trials})
-        },
+        "stops": {label: stops.count(label) for label in sorted(set(stops))},
         "per_trial": {
             key: spread([t[key] for t in trials])
             for key in ("turns", "tokens", "cost_usd", "seconds")
@@ -3240,20 +3160,14 @@ def summarize(trials, requested):
 
 def print_summary(summary, report):
     """The trials' summary on stderr, -q or not."""
-
-    def say(text):
-        report.line(text, always=True)
-
+    say = partial(report.line, always=True)
     low_high = summary["pass@1_wilson95"]
     say(
-        f"trials: {summary['n']} of {summary['requested']} ran: {summary['passes']} passed, "
-        f"{summary['failed']} failed, {summary['errored']} errored (api_error, error, "
-        "interrupted: not counted below)"
+        f"trials: {summary['n']} of {summary['requested']} ran: {summary['passes']} passed, {summary['failed']} failed, {summary['errored']} errored (api_error, error, interrupted: not counted below)"
     )
     if summary["scored"]:
         say(
-            f"pass@1 = {summary['pass@1']:.3f} (95% Wilson interval {low_high[0]:.3f}-"
-            f"{low_high[1]:.3f}) over {plural(summary['scored'], 'scored trial')}"
+            f"pass@1 = {summary['pass@1']:.3f} (95% Wilson interval {low_high[0]:.3f}-{low_high[1]:.3f}) over {plural(summary['scored'], 'scored trial')}"
         )
         say("   k   pass@k   pass^k")
         for k in summary["pass_at_k"]:
@@ -3266,13 +3180,10 @@ def print_summary(summary, report):
     for key, show in (("turns", "{:.1f}"), ("tokens", "{:.0f}"), ("seconds", "{:.1f}")):
         if per[key]["mean"] is not None:
             say(
-                f"per trial: {key} mean {show.format(per[key]['mean'])}, median "
-                f"{show.format(per[key]['median'])}"
+                f"per trial: {key} mean {show.format(per[key]['mean'])}, median {show.format(per[key]['median'])}"
             )
     say(
-        f"per trial: cost mean {money(per['cost_usd']['mean'])}, median "
-        f"{money(per['cost_usd']['median'])}; total {summary['tokens']} tokens, "
-        f"{money(summary['cost_usd'])}"
+        f"per trial: cost mean {money(per['cost_usd']['mean'])}, median {money(per['cost_usd']['median'])}; total {summary['tokens']} tokens, {money(summary['cost_usd'])}"
     )
 
 
@@ -3292,8 +3203,7 @@ def room_for_trials(k):
             soft = top
         if soft < need:
             raise UsageError(
-                f"--trials {k} needs about {need} open files, and this process may "
-                f"open {soft} (ulimit -n): give fewer trials, or raise the limit"
+                f"--trials {k} needs about {need} open files, and this process may open {soft} (ulimit -n): give fewer trials, or raise the limit"
             )
 
 
@@ -3314,27 +3224,20 @@ class TrialSpec:
     server: str | None = None  # ANTHROPIC_BASE_URL as recorded (server_url); None: Anthropic's
     budget_usd: float | None = None  # --trials-budget-usd: no trial starts once all spent this
 
-    @property
-    def expect(self):
-        return {"regex": self.regex, "tool": self.tool, "stop": self.stop}
 
-
-def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
+def run_trials(spec, client, ctx, outputs, events, telemetry, kept):
     """Run the trials and print their summary; return it. `outputs` and `kept`: each trial's
     transcript file and KeptRun. A Ctrl-C cancels the trials still running."""
     ctx = replace(ctx, cancel=threading.Event())
+    expect = {"regex": spec.regex, "tool": spec.tool, "stop": spec.stop}
     results = []
     pool = ThreadPoolExecutor(max_workers=spec.jobs)
     running = {}
     starting = threading.Lock()
 
-    def spent():  # dollars of the trials ended and running
-        ended = sum(r["cost_usd"] or 0 for r in results)
-        return ended + sum(
-            total_usage(begun[0])["cost_usd"] or 0
-            for i, begun in list(running.items())
-            if begun and i not in {r["index"] for r in results}
-        )
+    def spent():
+        """Dollars of the trials that began, ended or running (an ended one's is its result's)."""
+        return sum(total_usage(t[0])["cost_usd"] or 0 for t in list(running.values()) if t)
 
     def trial_result(index, stop, usage, ok):
         """What the summary keeps of a trial that began (`ok`: it passed)."""
@@ -3360,7 +3263,7 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
             spec.quiet, prefix=f"[trial {index}] ", events=events, trial=index, telemetry=telemetry
         )
         out = outputs.get(index)
-        keep = (kept or {}).get(index)
+        keep = kept.get(index)
         run_id = events.run_id if events else None
         asked = (spec.question, spec.model, ctx.workdir, spec.effort, run_id, spec.system)
         session = new_session(*asked)
@@ -3376,12 +3279,7 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
         report.trace("end", stop, session)
         save.events_lost(session, events)
         report.line(f"stop: {stop.reason} ({said_stop(stop)})", always=True)
-        found = (
-            expect_found(spec.regex, session.get("answer"))
-            if spec.regex and stop.reason != "interrupted"
-            else not spec.regex
-        )
-        missed = unmet(session, spec.expect, found)
+        missed = unmet(session, expect)
         # said only of a stop of the model's own; a failed session never passes
         if missed and stop.reason not in INFRA_STOPS:
             report.line(f"fail: {missed}", always=True)
@@ -3390,42 +3288,38 @@ def run_trials(spec, client, ctx, outputs, events, telemetry=None, kept=None):
         report.emit("trial.end", **results[-1])
 
     futures = [pool.submit(trial, i) for i in range(1, spec.k + 1)]
-    interrupted = False
     try:
         while not all(f.done() for f in futures):
             wait(futures, timeout=0.2)
             check_cancelled(None)  # a Ctrl-C or SIGTERM whose KeyboardInterrupt was lost
     except KeyboardInterrupt:
-        interrupted = True
         ctx.cancel.set()
         for f in futures:
             f.cancel()
         Connections.cut_all()  # the requests in flight end now, not when their server answers
         wait(futures, timeout=10)
     pool.shutdown(wait=False, cancel_futures=True)
+    interrupted = ctx.cancel.is_set()  # only a Ctrl-C sets the trials' cancel
     # the trials that began and did not end
     for index, begun in list(running.items()):
         if begun and index not in {r["index"] for r in results}:
             results.append(trial_result(index, "interrupted", total_usage(begun[0]), False))
     summary = summarize(results, spec.k)
+    # what was measured
     summary.update(
         interrupted=interrupted,
         question=spec.question,
         model=spec.model,
-        expect=spec.expect,
+        expect=expect,
         decline_message=ctx.decline_message,
-    )  # what was measured
-    if spec.server:
-        summary["base_url"] = spec.server
+    )
+    given = {"base_url": spec.server, "budget_usd": spec.budget_usd}
+    summary.update({key: value for key, value in given.items() if value is not None})
     report = Reporter(spec.quiet, events=events)
-    if spec.budget_usd is not None:
-        summary["budget_usd"] = spec.budget_usd
     print_summary(summary, report)
     if spec.budget_usd is not None and summary["n"] < spec.k and not interrupted:
         report.line(
-            f"budget: the trials spent {money(summary['cost_usd'])} of the "
-            f"--trials-budget-usd {money(spec.budget_usd)}; the other "
-            f"{plural(spec.k - summary['n'], 'trial')} did not start",
+            f"budget: the trials spent {money(summary['cost_usd'])} of the --trials-budget-usd {money(spec.budget_usd)}; the other {plural(spec.k - summary['n'], 'trial')} did not start",
             always=True,
         )
     if interrupted:

@@ -325,7 +325,6 @@ NOT_TEXT_FOR_AN_OUTPUT = {  # (function, slice): what it cuts
     ("result_diff", "diff[DIFF_LINES - 1:]"): "a list of lines, each shortened",
     ("result_diff", "changed[2:]"): "a list of lines, each shortened",
     ("ReplayCheck", "session['turns'][self.checked:]"): "a list",
-    ("ReplayCheck", "session['messages'][self.seen:]"): "a list",
     (
         "Call",
         "struct.pack('QQQ', fs, net, scope)[:8 if box.abi < 4 else 16 if box.abi < 6 else 24]",
