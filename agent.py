@@ -3284,8 +3284,10 @@ def run_trials(spec, client, ctx, outputs, events, telemetry, kept):
         if missed and stop.reason not in INFRA_STOPS:
             report.line(f"fail: {missed}", always=True)
         ok = missed is None and stop.reason not in ("api_error", "error")
-        results.append(trial_result(index, stop.reason, session["usage"], ok))
-        report.emit("trial.end", **results[-1])
+        result = trial_result(index, stop.reason, session["usage"], ok)
+        # (results[-1] may be another thread's trial by now)
+        results.append(result)
+        report.emit("trial.end", **result)
 
     futures = [pool.submit(trial, i) for i in range(1, spec.k + 1)]
     try:
