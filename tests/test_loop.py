@@ -341,6 +341,7 @@ NOT_TEXT_FOR_AN_OUTPUT = {  # (function, slice): what it cuts
     ("load_transcript", "flag[2:]"): "a flag's name",
     ("load_recording", "recording['messages'][1:]"): "a list",
     ("for_terminal", "json.dumps(m[0])[1:-1]"): "the quotes around one escaped character",
+    ("visible", "ascii(m[0])[1:-1]"): "the quotes around one escaped character",
     ("approval_question", "legend[:11]"): "a list of lines",
     ("request_turn", "message['content'][:-1]"): "a list of blocks",
     ("sent_view", "content[:-1]"): "a list of blocks",
