@@ -4910,22 +4910,11 @@ NOT_AS_IS = re.compile(
 )
 
 
-def shown_code(code):
-    """Code as the approval question shows it, numbered: no two programs that differ look the
-    same. What NOT_AS_IS matches is shown as ⟦U+0430⟧, a tab as ␉, a space that ends a line as
-    ␠. Returns the lines and how often each character was shown by its code point."""
-    shown = NOT_AS_IS.sub(lambda m: f"\u27e6U+{ord(m[0]):04X}\u27e7", code).replace("\t", "\u2409")
-    shown = re.sub("(?m) +$", lambda m: "\u2420" * len(m[0]), shown)
-    lines = [f"{n:>4}\u2502 {line}" for n, line in enumerate(shown.split("\n"), 1)]
-    return lines, collections.Counter(NOT_AS_IS.findall(code))
-
-
 def terminal_size():
     """(rows, columns) of the terminal stderr shows on; 24 x 80 when it is not one."""
     with contextlib.suppress(OSError, ValueError, AttributeError):
         columns, rows = os.get_terminal_size(sys.stderr.fileno())
-        # a terminal of no size (a bare pty) is not one
-        if rows and columns:
+        if rows and columns:  # a terminal of no size (a bare pty) is not one
             return rows, columns
     return 24, 80
 
@@ -4936,13 +4925,17 @@ def display_width(text):
 
 
 def approval_question(code, rows, columns, unconfined=None):
-    """What stderr shows before run_python's [y/N] question; code taller than the screen gets
-    its header again above it. `unconfined`: why the sandbox is unavailable, said in it."""
-    lines, named = shown_code(code)
+    """What stderr shows before run_python's [y/N] question: the code numbered, so that no two
+    programs that differ look the same (what NOT_AS_IS matches shown as ⟦U+0430⟧, a tab as ␉, a
+    space that ends a line as ␠); code taller than the screen gets its header again above it.
+    `unconfined`: why the sandbox is unavailable, said in it."""
+    shown = NOT_AS_IS.sub(lambda m: f"\u27e6U+{ord(m[0]):04X}\u27e7", code).replace("\t", "\u2409")
+    shown = re.sub("(?m) +$", lambda m: "\u2420" * len(m[0]), shown)
+    lines = [f"{n:>4}\u2502 {line}" for n, line in enumerate(shown.split("\n"), 1)]
     legend = [
         f"  \u27e6U+{ord(ch):04X}\u27e7 is {unicodedata.name(ch, 'an unnamed character')}"
         f"{f' ({n} times)' if n > 1 else ''}"
-        for ch, n in sorted(named.items())
+        for ch, n in sorted(collections.Counter(NOT_AS_IS.findall(code)).items())
     ]
     if len(legend) > 12:
         legend = legend[:11] + [f"  and {len(legend) - 11} more characters shown by code point"]
@@ -5010,8 +5003,9 @@ def fitted(before, text, after, columns, rows=1):
     shown = quoted(redact(text))
     room = max(rows * columns - 1 - display_width(before + after), 40)
     if display_width(shown) > room:
-        cut = len(shown)
-        while True:
+        # the marker says how many characters it stands for: cut until that number holds
+        cut, marker = len(shown), ""
+        while marker != f"…[{cut:,} characters not shown]…":
             marker = f"…[{cut:,} characters not shown]…"
             half = (room - display_width(marker)) // 2
             head, tail = shown[:half], shown[len(shown) - half :]
@@ -5019,8 +5013,6 @@ def fitted(before, text, after, columns, rows=1):
                 head = head[:-1]
             while display_width(tail) > half:
                 tail = tail[1:]
-            if len(shown) - len(head) - len(tail) == cut:
-                break
             cut = len(shown) - len(head) - len(tail)
         shown = head + marker + tail
     return before + shown + after
@@ -5059,10 +5051,9 @@ class Reporter:
         self.dim = styled(self.stream)  # agent.py's own lines faint on a terminal, not the model's
 
     def write(self, text, always=False):
-        if self.quiet and not always:
-            return
-        with self.lock:
-            to_stderr(text, self.stream)
+        if always or not self.quiet:
+            with self.lock:
+                to_stderr(text, self.stream)
 
     def emit(self, kind, **data):
         """An event, after any text streamed before it."""
@@ -5103,8 +5094,10 @@ class Reporter:
     def text(self, delta, thinking=False):
         """Model text (or its thinking) as it streams; with a prefix (trials) whole lines."""
         shown = visible(delta)
-        if thinking != self.thinking:  # a switch: say which is which, on a line of its own
-            self.emit("text.switch")  # (what was said before goes out as its own event)
+        # a switch: what was said before goes out as its own event, and stderr says which is
+        # which, on a line of its own
+        if thinking != self.thinking:
+            self.emit("text.switch")
             self.thinking = thinking
             self.flush_text()
             shown = "[thinking] " + shown if thinking else shown
@@ -5182,8 +5175,7 @@ class Reporter:
         args = shorten(json.dumps(block.get("input"), ensure_ascii=False), 100)
         is_error = bool(result.get("is_error"))
         lines = result["content"].strip().splitlines() if is_error else []
-        # nothing on stderr: how the script ended
-        if lines and lines[-1] == "--- stderr ---":
+        if lines and lines[-1] == "--- stderr ---":  # nothing on stderr: how the script ended
             ended = facts.get("exit_code")
             lines = [lines[0].split(";")[0] if ended is None else f"exit code {ended}"]
         outcome = f"error: {shorten(lines[-1], 100)}" if lines else "error" if is_error else "ok"
@@ -5292,8 +5284,7 @@ def read_window(fd, path, offset, limit, max_bytes):
         for piece in iter(lambda: file.read(1 << 16), b""):
             tail = piece[-1:]
             line += piece.count(b"\n")
-    # a last line without a newline still counts
-    total = line - (tail == b"\n")
+    total = line - (tail == b"\n")  # a last line without a newline still counts
     if total == 0:
         return "(empty file)"
     if offset > total:
