@@ -5196,9 +5196,9 @@ LIBC = ctypes.CDLL(None, use_errno=True)
 def openat2(dir_fd, path, flags, resolve):
     """openat2(2) through ctypes (Linux 5.6+): the kernel resolves `path` under `resolve` rules."""
     how = struct.pack("QQQ", flags, 0, resolve)
-    # 437: openat2's number on every architecture
-    call, at, how_size = map(ctypes.c_long, (437, dir_fd, len(how)))
-    fd = LIBC.syscall(call, at, os.fsencode(path), how, how_size)
+    # 437: openat2's number on every architecture; the kernel reads each number as a long
+    long = ctypes.c_long
+    fd = LIBC.syscall(long(437), long(dir_fd), os.fsencode(path), how, long(len(how)))
     if fd < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), path)
@@ -5259,8 +5259,8 @@ def open_inside(ctx, path):
 
 
 def read_window(fd, path, offset, limit, max_bytes):
-    """Lines [offset, offset+limit) (at most max_bytes), read in pieces of at most 64 KiB, never
-    a whole line: the rest of the file is only counted, so memory stays bounded."""
+    """Lines [offset, offset+limit) (at most max_bytes), read a line or 64 KiB of one at a time,
+    never a whole line: the rest of the file is only counted, so memory stays bounded."""
     kept = bytearray()
     line = 1
     last = offset - 1
