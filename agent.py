@@ -5055,12 +5055,12 @@ class Reporter:
             with self.lock:
                 to_stderr(text, self.stream)
 
-    def emit(self, kind, **data):
-        """An event, after any text streamed before it."""
+    def emit(self, kind=None, **data):
+        """An event, after any text streamed before it (with no `kind`, only that text)."""
         if self.events:
             if self.said:
                 self.emit_said()
-            if kind != "text.switch":
+            if kind:
                 self.events.emit(kind, self.trial, **data)
             news = self.events.news()
             if news:
@@ -5097,7 +5097,7 @@ class Reporter:
         # a switch: what was said before goes out as its own event, and stderr says which is
         # which, on a line of its own
         if thinking != self.thinking:
-            self.emit("text.switch")
+            self.emit()
             self.thinking = thinking
             self.flush_text()
             shown = "[thinking] " + shown if thinking else shown

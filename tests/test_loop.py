@@ -469,6 +469,16 @@ def test_between_tool_notes_are_asked_for_and_shown(capsys, workdir, tmp_path, m
     assert said[-1]["text"] == "85" and "thinking" not in said[-1]
 
 
+def test_thinking_and_text_of_one_reply_are_events_of_their_own(capsys, workdir, tmp_path):
+    thinking = {"type": "thinking", "thinking": "Nothing to read.", "signature": "sig"}
+    path = tmp_path / "e.jsonl"
+    argv = ["q", "--workdir", str(workdir), "--events", str(path)]
+    code, _, err = run_cli(capsys, argv, FakeClient(reply(thinking, text("85"))))
+    said = [(e["text"], e.get("thinking")) for e in events_of(path) if e["type"] == "text"]
+    assert code == 0 and said == [("Nothing to read.", True), ("85", None)]
+    assert "[thinking] Nothing to read.\n85" in err
+
+
 def normalise(transcript):
     """Drop what changes between runs: ids, times, paths."""
     text_ = json.dumps(transcript, ensure_ascii=False)
