@@ -39,6 +39,7 @@ if sys.version_info < (3, 11):  # checked before the first import an older Pytho
     sys.exit(2)
 
 import argparse
+import collections
 import contextlib
 import ctypes
 import difflib
@@ -4503,10 +4504,7 @@ def genai_messages(messages):
 def agreed(question, stdin):
     """Ask on stderr (or the answering terminal); True only for y or yes; no answer is a no."""
     with Reporter.lock, answer_screen(stdin) as screen:
-        if not to_stderr(
-            dimmed(visible(question if question.endswith("] ") else question + " [y/N] "), screen),
-            screen,
-        ):
+        if not to_stderr(dimmed(visible(question), screen), screen):
             return False  # a question no one can see is not agreed to
         answer = stdin.readline()
         if not answer.endswith("\n"):  # no one answered: end the line
@@ -4529,17 +4527,9 @@ INVISIBLE = re.compile(
 
 
 def visible(text):
-    """Text for a terminal: what would drive the terminal, or hide in it, is shown escaped."""
-    return INVISIBLE.sub(lambda m: code_point_escape(ord(m[0])), text)
-
-
-def code_point_escape(code):
-    """A code point as Python writes it in a string: \\x7f, \\u200b, \\U000e0001."""
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    if code < 0x10000:
-        return f"\\u{code:04x}"
-    return f"\\U{code:08x}"
+    """Text for a terminal: what would drive the terminal, or hide in it, is shown escaped as
+    Python writes it in a string (\\x7f, \\u200b, \\U000e0001), a carriage return as \\x0d."""
+    return INVISIBLE.sub(lambda m: "\\x0d" if m[0] == "\r" else ascii(m[0])[1:-1], text)
 
 
 def for_terminal(data, html=False, terminal=None):
@@ -4548,52 +4538,27 @@ def for_terminal(data, html=False, terminal=None):
     if not (sys.stdout.isatty() if terminal is None else terminal):
         return data
     text = data.decode("utf-8", "surrogateescape")
-    escape = (
-        (lambda m: f"&#x{ord(m[0]):x};") if html else (lambda m: json.dumps(m[0])[1:-1])
-    )  # only inside JSON strings can such a character be
+    # only inside JSON strings can such a character be
+    escape = (lambda m: f"&#x{ord(m[0]):x};") if html else (lambda m: json.dumps(m[0])[1:-1])
     return INVISIBLE.sub(escape, text).encode("utf-8", "surrogateescape")
 
 
-# What the approval question shows as it is, besides printable ASCII: CJK text and punctuation;
-# not the kana drawn like a Han character or each other (エ 工, カ 力, ロ 口, ー 一), compatibility
-# ideographs, or brackets drawn like the question's own ⟦ ⟧ (〘 〙 〚 〛).
-READABLE = re.compile(
-    "[\u3001-\u3003\u3008-\u3011\u3014-\u3017\u3041-\u3096\u30a1-\u30fa"
+# What the approval question shows by its code point: all but printable ASCII and CJK text and
+# punctuation, and of those the kana drawn like a Han character or each other (エ 工, カ 力, ロ 口,
+# ー 一), compatibility ideographs and brackets drawn like the question's own ⟦ ⟧ (〘 〙 〚 〛).
+NOT_AS_IS = re.compile(
+    "[^\t\n -~\u3001-\u3003\u3008-\u3011\u3014-\u3017\u3041-\u3096\u30a1-\u30fa"
     "\u30fd\u30fe\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7a3\uff01\uff08\uff09"
-    "\uff0c\uff1a\uff1b\uff1f\U00020000-\U0003134f]"
+    "\uff0c\uff1a\uff1b\uff1f\U00020000-\U0003134f]|[エカタトニハロヘベペ]"
 )
-LOOKALIKE_KANA = set("エカタトニハロヘベペ")
-SHOWN_AS = {"\t": "\u2409", " ": "\u2420"}  # a tab, and a space that ends a line: ␉ and ␠
-
-
-def shown_code(code):
-    """Code as the approval question shows it, numbered: no two programs that differ look the
-    same. Other than printable ASCII and READABLE is shown as ⟦U+0430⟧, trailing blanks drawn
-    (␉ ␠). Returns the lines and the characters that were replaced."""
-    lines, named = [], {}
-    for line in code.split("\n"):
-        end = len(line.rstrip(" "))
-        shown = []
-        for i, ch in enumerate(line):
-            if ch == "\t" or ch == " " and i >= end:
-                shown.append(SHOWN_AS[ch])
-            elif " " <= ch <= "~" or READABLE.match(ch) and ch not in LOOKALIKE_KANA:
-                shown.append(ch)
-            else:
-                shown.append(f"\u27e6U+{ord(ch):04X}\u27e7")
-                named[ch] = named.get(ch, 0) + 1
-        lines.append("".join(shown))
-    return [f"{n:>4}\u2502 {line}" for n, line in enumerate(lines, 1)], named
 
 
 def terminal_size():
     """(rows, columns) of the terminal stderr shows on; 24 x 80 when it is not one."""
-    try:
-        shape = os.get_terminal_size(sys.stderr.fileno())
-        if shape.lines and shape.columns:  # a terminal of no size (a bare pty) is not one
-            return shape.lines, shape.columns
-    except (OSError, ValueError, AttributeError):
-        pass
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        columns, rows = os.get_terminal_size(sys.stderr.fileno())
+        if rows and columns:  # a terminal of no size (a bare pty) is not one
+            return rows, columns
     return 24, 80
 
 
@@ -4603,13 +4568,17 @@ def display_width(text):
 
 
 def approval_question(code, rows, columns, unconfined=None):
-    """What stderr shows before run_python's [y/N] question; code taller than the screen gets
-    its header again above it. `unconfined`: why the sandbox is unavailable, said in it."""
-    lines, named = shown_code(code)
+    """What stderr shows before run_python's [y/N] question: the code numbered, so that no two
+    programs that differ look the same (what NOT_AS_IS matches shown as ⟦U+0430⟧, a tab as ␉, a
+    space that ends a line as ␠); code taller than the screen gets its header again above it.
+    `unconfined`: why the sandbox is unavailable, said in it."""
+    shown = NOT_AS_IS.sub(lambda m: f"\u27e6U+{ord(m[0]):04X}\u27e7", code).replace("\t", "\u2409")
+    shown = re.sub("(?m) +$", lambda m: "\u2420" * len(m[0]), shown)
+    lines = [f"{n:>4}\u2502 {line}" for n, line in enumerate(shown.split("\n"), 1)]
     legend = [
         f"  \u27e6U+{ord(ch):04X}\u27e7 is {unicodedata.name(ch, 'an unnamed character')}"
         f"{f' ({n} times)' if n > 1 else ''}"
-        for ch, n in sorted(named.items())
+        for ch, n in sorted(collections.Counter(NOT_AS_IS.findall(code)).items())
     ]
     if len(legend) > 12:
         legend = legend[:11] + [f"  and {len(legend) - 11} more characters shown by code point"]
@@ -4633,29 +4602,22 @@ def approval_question(code, rows, columns, unconfined=None):
 
 
 DIM, UNDIM = "\x1b[2m", "\x1b[22m"  # SGR faint, and back to normal intensity
-CODE_LINE = re.compile("^ *\\d+\u2502 ")  # a numbered line of code in the approval question
+# a line of agent.py's own: not empty, and not a numbered line of code in the approval question
+OWN_LINE = re.compile("^(?! *\\d+\u2502 ).+$", re.MULTILINE)
 
 
 def styled(stream=None):
     """True when `stream` (stderr) is a terminal, without NO_COLOR or TERM=dumb."""
     try:
-        return (
-            (stream or sys.stderr).isatty()
-            and not os.environ.get("NO_COLOR")
-            and os.environ.get("TERM") != "dumb"
-        )
+        terminal = (stream or sys.stderr).isatty()
     except (AttributeError, ValueError):
         return False
+    return terminal and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
 
 
 def dimmed(text, stream=None):
     """agent.py's own lines faint on a terminal; the code in an approval question stays as is."""
-    if not styled(stream):
-        return text
-    return "\n".join(
-        f"{DIM}{line}{UNDIM}" if line and not CODE_LINE.match(line) else line
-        for line in text.split("\n")
-    )
+    return OWN_LINE.sub(lambda m: f"{DIM}{m[0]}{UNDIM}", text) if styled(stream) else text
 
 
 def consent_question(source, taken, columns):
@@ -4684,8 +4646,9 @@ def fitted(before, text, after, columns, rows=1):
     shown = quoted(redact(text))
     room = max(rows * columns - 1 - display_width(before + after), 40)
     if display_width(shown) > room:
-        cut = len(shown)
-        while True:
+        # the marker says how many characters it stands for: cut until that number holds
+        cut, marker = len(shown), ""
+        while marker != f"…[{cut:,} characters not shown]…":
             marker = f"…[{cut:,} characters not shown]…"
             half = (room - display_width(marker)) // 2
             head, tail = shown[:half], shown[len(shown) - half :]
@@ -4693,8 +4656,6 @@ def fitted(before, text, after, columns, rows=1):
                 head = head[:-1]
             while display_width(tail) > half:
                 tail = tail[1:]
-            if len(shown) - len(head) - len(tail) == cut:
-                break
             cut = len(shown) - len(head) - len(tail)
         shown = head + marker + tail
     return before + shown + after
@@ -4733,17 +4694,16 @@ class Reporter:
         self.dim = styled(self.stream)  # agent.py's own lines faint on a terminal, not the model's
 
     def write(self, text, always=False):
-        if self.quiet and not always:
-            return
-        with self.lock:
-            to_stderr(text, self.stream)
+        if always or not self.quiet:
+            with self.lock:
+                to_stderr(text, self.stream)
 
-    def emit(self, kind, **data):
-        """An event, after any text streamed before it."""
+    def emit(self, kind=None, **data):
+        """An event, after any text streamed before it (with no `kind`, only that text)."""
         if self.events:
             if self.said:
                 self.emit_said()
-            if kind != "text.switch":
+            if kind:
                 self.events.emit(kind, self.trial, **data)
             news = self.events.news()
             if news:
@@ -4762,8 +4722,8 @@ class Reporter:
         """The text streamed so far as an event; mid-stream (not `whole`), an end that could
         begin a secret waits for the next event, where redact finds the secret whole."""
         extra = {"thinking": True} if self.thinking else {}
-        held = 0 if whole else secret_start(self.said)
-        said, self.said = (self.said[:-held], self.said[-held:]) if held else (self.said, "")
+        cut = len(self.said) - (0 if whole else secret_start(self.said))
+        said, self.said = self.said[:cut], self.said[cut:]
         self.events.emit("text", self.trial, turn=self.turn_no, text=said, **extra)
 
     def line(self, text, always=False, plain=False):
@@ -4777,8 +4737,10 @@ class Reporter:
     def text(self, delta, thinking=False):
         """Model text (or its thinking) as it streams; with a prefix (trials) whole lines."""
         shown = visible(delta)
-        if thinking != self.thinking:  # a switch: say which is which, on a line of its own
-            self.emit("text.switch")  # (what was said before goes out as its own event)
+        # a switch: what was said before goes out as its own event, and stderr says which is
+        # which, on a line of its own
+        if thinking != self.thinking:
+            self.emit()
             self.thinking = thinking
             self.flush_text()
             shown = "[thinking] " + shown if thinking else shown
@@ -4787,17 +4749,17 @@ class Reporter:
             if len(self.said) >= 2000 or ("\n" in delta and len(self.said) >= 200):
                 self.emit_said(whole=False)
         self.pending += shown
-        if not self.prefix:  # an end that could begin a secret waits for the next delta
-            shown, self.held = self.held + shown, ""
-            held = secret_start(shown)
-            if held:
-                shown, self.held = shown[:-held], shown[-held:]
-            self.write(shown)
-            self.pending = self.pending.rpartition("\n")[2]
+        if self.prefix:
+            *lines, self.pending = self.pending.split("\n")
+            for line in lines:
+                self.write(f"{self.prefix}{line}\n")
             return
-        *lines, self.pending = self.pending.split("\n")
-        for line in lines:
-            self.write(f"{self.prefix}{line}\n")
+        # an end that could begin a secret waits for the next delta
+        shown = self.held + shown
+        cut = len(shown) - secret_start(shown)
+        self.write(shown[:cut])
+        self.held = shown[cut:]
+        self.pending = self.pending.rpartition("\n")[2]
 
     def writing(self, name, chars):
         """A tool call's input as it streams: a line every 2 s, so stderr never goes silent."""
@@ -4843,9 +4805,9 @@ class Reporter:
         self.trace("reply", r)
 
     def turn_end(self, r):
-        kept = ("turn", "stop_reason", "usage", "request_id", "attempts", "seconds", "api_seconds")
-        facts = {key: r[key] for key in kept}
-        self.emit("turn.end", **facts, tool_calls=len(r["tool_calls"]), notes=r["notes"])
+        # the fields the events schema names for turn.end, in its order
+        facts = {**r, "tool_calls": len(r["tool_calls"])}
+        self.emit("turn.end", **{key: facts[key] for key in EVENT_TYPES["turn.end"]})
 
     def tool_start(self, block):
         call = {"id": block["id"], "name": block["name"], "input": block.get("input")}
@@ -4854,29 +4816,17 @@ class Reporter:
 
     def tool(self, block, result, seconds, facts):
         args = shorten(json.dumps(block.get("input"), ensure_ascii=False), 100)
-        lines = result["content"].strip().splitlines() if result.get("is_error") else []
+        is_error = bool(result.get("is_error"))
+        lines = result["content"].strip().splitlines() if is_error else []
         if lines and lines[-1] == "--- stderr ---":  # nothing on stderr: how the script ended
-            lines = [
-                f"exit code {facts['exit_code']}"
-                if facts.get("exit_code") is not None
-                else lines[0].split(";")[0]
-            ]
-        outcome = "error" if result.get("is_error") else "ok"
-        if lines:
-            outcome = "error: " + shorten(lines[-1], 100)
+            ended = facts.get("exit_code")
+            lines = [lines[0].split(";")[0] if ended is None else f"exit code {ended}"]
+        outcome = f"error: {shorten(lines[-1], 100)}" if lines else "error" if is_error else "ok"
         self.line(f"  {block['name']} {args} -> {outcome} ({seconds:.2f}s)")
-        self.emit(
-            "tool.end",
-            turn=self.turn_no,
-            id=block["id"],
-            name=block["name"],
-            is_error=bool(result.get("is_error")),
-            declined=facts["declined"],
-            exit_code=facts["exit_code"],
-            bytes=size(result),
-            seconds=round(seconds, 3),
-            withheld=facts.get("withheld", False),
-        )
+        # the fields the events schema names for tool.end, in its order
+        done = {**block, "turn": self.turn_no, "is_error": is_error, "withheld": False, **facts}
+        done.update(bytes=size(result), seconds=round(seconds, 3))
+        self.emit("tool.end", **{key: done[key] for key in EVENT_TYPES["tool.end"]})
         self.trace("tool_end", block, result, facts)
 
 
@@ -4889,13 +4839,9 @@ LIBC = ctypes.CDLL(None, use_errno=True)
 def openat2(dir_fd, path, flags, resolve):
     """openat2(2) through ctypes (Linux 5.6+): the kernel resolves `path` under `resolve` rules."""
     how = struct.pack("QQQ", flags, 0, resolve)
-    fd = LIBC.syscall(
-        ctypes.c_long(437),
-        ctypes.c_long(dir_fd),
-        os.fsencode(path),
-        ctypes.c_char_p(how),
-        ctypes.c_long(len(how)),
-    )
+    # 437: openat2's number on every architecture; the kernel reads each number as a long
+    long = ctypes.c_long
+    fd = LIBC.syscall(long(437), long(dir_fd), os.fsencode(path), how, long(len(how)))
     if fd < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), path)
@@ -4956,39 +4902,33 @@ def open_inside(ctx, path):
 
 
 def read_window(fd, path, offset, limit, max_bytes):
-    """Lines [offset, offset+limit) (at most max_bytes), reading fixed-size chunks, never a
-    whole line: the rest of the file is only counted, so memory stays bounded."""
+    """Lines [offset, offset+limit) (at most max_bytes), read a line or 64 KiB of one at a time,
+    never a whole line: the rest of the file is only counted, so memory stays bounded."""
     kept = bytearray()
     line = 1
     last = offset - 1
     cut_line = False
-    seen = 0
     tail = b"\n"
-    # No := here, so that Python 3.7 can parse the file and reach the version check at its top.
-    for chunk in iter(lambda: os.read(fd, 1 << 16), b""):
-        seen += len(chunk)
-        tail = chunk[-1:]
-        start = 0
-        while start < len(chunk) and line < offset + limit and not cut_line:
-            nl = chunk.find(b"\n", start)
-            end = len(chunk) if nl < 0 else nl + 1
-            if line >= offset:
-                room = max_bytes - len(kept)
-                # This line does not fit: keep what does, and stop there.
-                if end - start > room:
-                    kept += chunk[start : start + room]
-                    cut_line = room > 0
-                    last = line if room > 0 else last
-                    break
-                kept += chunk[start:end]
-                last = line
-            if nl < 0:
-                start = end
+    with open(fd, "rb", closefd=False) as file:
+        while line < offset + limit and len(kept) < max_bytes:
+            # a piece one byte longer than the room left says whether the line fits
+            room = max_bytes - len(kept)
+            piece = file.readline(room + 1 if room <= 1 << 16 else 1 << 16)
+            if not piece:
                 break
-            line, start = line + 1, end
-        line += chunk.count(b"\n", start)  # past the window: count lines, keep nothing
+            if line >= offset:
+                kept += piece[:room]
+                last = line
+                # a line that does not fit: what does is kept, and the window ends there
+                cut_line = len(piece) > room
+            tail = piece[-1:]
+            line += tail == b"\n"
+        # past the window: count the lines, keep nothing
+        for piece in iter(lambda: file.read(1 << 16), b""):
+            tail = piece[-1:]
+            line += piece.count(b"\n")
     total = line - (tail == b"\n")  # a last line without a newline still counts
-    if seen == 0:
+    if total == 0:
         return "(empty file)"
     if offset > total:
         raise ToolError(f"offset {offset} is past the end of {path!r}, which has {total} lines.")

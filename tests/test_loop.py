@@ -340,6 +340,7 @@ NOT_TEXT_FOR_AN_OUTPUT = {  # (function, slice): what it cuts
     ("load_transcript", "flag[2:]"): "a flag's name",
     ("load_recording", "recording['messages'][1:]"): "a list",
     ("for_terminal", "json.dumps(m[0])[1:-1]"): "the quotes around one escaped character",
+    ("visible", "ascii(m[0])[1:-1]"): "the quotes around one escaped character",
     ("approval_question", "legend[:11]"): "a list of lines",
     ("request_turn", "message['content'][:-1]"): "a list of blocks",
     ("sent_view", "content[:-1]"): "a list of blocks",
@@ -465,6 +466,16 @@ def test_between_tool_notes_are_asked_for_and_shown(capsys, workdir, tmp_path, m
     said = [e for e in events_of(path) if e["type"] == "text"]
     assert said[0] == dict(said[0], thinking=True, text=thinking["thinking"])
     assert said[-1]["text"] == "85" and "thinking" not in said[-1]
+
+
+def test_thinking_and_text_of_one_reply_are_events_of_their_own(capsys, workdir, tmp_path):
+    thinking = {"type": "thinking", "thinking": "Nothing to read.", "signature": "sig"}
+    path = tmp_path / "e.jsonl"
+    argv = ["q", "--workdir", str(workdir), "--events", str(path)]
+    code, _, err = run_cli(capsys, argv, FakeClient(reply(thinking, text("85"))))
+    said = [(e["text"], e.get("thinking")) for e in events_of(path) if e["type"] == "text"]
+    assert code == 0 and said == [("Nothing to read.", True), ("85", None)]
+    assert "[thinking] Nothing to read.\n85" in err
 
 
 def normalise(transcript):

@@ -144,6 +144,16 @@ def test_read_file_counts_lines_across_chunks(workdir, tmp_path):
     assert len(body.encode()) <= 100_000
 
 
+def test_a_line_cut_where_a_64_kib_read_ends_is_said_to_be_cut(ctx):
+    """The window fills exactly at the end of a 64 KiB read, in the middle of a line: the line
+    is still cut, and the note says so (not "lines 1-1", as if it had been shown whole)."""
+    (ctx.workdir / "wide.txt").write_text("x" * 70_000 + "\nend\n")
+    ctx = agent.ToolContext(ctx.workdir, agent.Limits(read_bytes=1 << 16), ctx.sandbox, None)
+    body, note = call(ctx, "read_file", path="wide.txt")["content"].rsplit("\n[read_file: ", 1)
+    assert note.startswith("lines 1-1 of 2 (line 1 cut at 65536 bytes)")
+    assert body == "x" * 65536
+
+
 def test_reading_a_huge_file_without_newlines_keeps_memory_bounded(tmp_path):
     wd = tmp_path / "work"
     wd.mkdir()
