@@ -39,7 +39,6 @@ if sys.version_info < (3, 11):  # checked before the first import an older Pytho
     sys.exit(2)
 
 import argparse
-import collections
 import contextlib
 import ctypes
 import difflib
@@ -75,7 +74,7 @@ import urllib.parse
 import uuid
 import warnings
 import weakref
-from collections import namedtuple
+from collections import Counter, namedtuple
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
@@ -4578,7 +4577,7 @@ def approval_question(code, rows, columns, unconfined=None):
     legend = [
         f"  \u27e6U+{ord(ch):04X}\u27e7 is {unicodedata.name(ch, 'an unnamed character')}"
         f"{f' ({n} times)' if n > 1 else ''}"
-        for ch, n in sorted(collections.Counter(NOT_AS_IS.findall(code)).items())
+        for ch, n in sorted(Counter(NOT_AS_IS.findall(code)).items())
     ]
     if len(legend) > 12:
         legend = legend[:11] + [f"  and {len(legend) - 11} more characters shown by code point"]
