@@ -7377,66 +7377,53 @@ def parse_args(argv):
         allow_abbrev=False,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    version = f"agent.py {AGENT_VERSION}"
-    p.add_argument("-V", "--version", action="version", version=version, help=HELP["--version"])
-    run = p.add_argument_group("run")
-    run.add_argument("question", nargs="?", help=HELP["question"])
-    run.add_argument("-C", "--workdir", metavar="DIR", help=HELP["--workdir"])
-    run.add_argument("-m", "--model", metavar="ID", help=HELP["--model"])
-    run.add_argument("--effort", choices=EFFORTS, help=HELP["--effort"])
-    run.add_argument("-y", "--yes", action="store_true", help=HELP["--yes"])
-    run.add_argument("--no-sandbox", action="store_true", help=HELP["--no-sandbox"])
-    run.add_argument("-r", "--resume", metavar="PATH", help=HELP["--resume"])
-    run.add_argument("--replay", metavar="PATH", help=HELP["--replay"])
-    run.add_argument("--strict", action="store_true", help=HELP["--strict"])
-    run.add_argument("-s", "--system-prompt", metavar="FILE", help=HELP["--system-prompt"])
-    limits = p.add_argument_group("limits")
-    for flag, kind, metavar, default in (
-        ("--max-turns", whole_number, "N", Limits.max_turns),
-        ("--token-budget", whole_number, "N", Limits.token_budget),
-        ("--budget-usd", float, "X", None),
-        ("--max-tokens", whole_number, "N", Limits.max_tokens),
-        ("--tool-timeout", float, "SECONDS", Limits.tool_timeout),
-        ("--request-timeout", float, "SECONDS", Limits.request_timeout),
-    ):
-        limits.add_argument(flag, type=kind, metavar=metavar, default=default, help=HELP[flag])
-    outputs = p.add_argument_group("outputs")
-    outputs.add_argument("--transcript", metavar="PATH", help=HELP["--transcript"])
-    outputs.add_argument("--events", metavar="PATH", help=HELP["--events"])
-    outputs.add_argument("--otel", action="store_true", help=HELP["--otel"])
-    outputs.add_argument("-q", "--quiet", action="store_true", help=HELP["--quiet"])
-    outputs.add_argument("--no-keep", action="store_true", help=HELP["--no-keep"])
-    trials = p.add_argument_group("trials: how stable is a behaviour")
-    trials.add_argument("--trials", type=whole_number, metavar="K", help=HELP["--trials"])
-    trials.add_argument("--jobs", type=whole_number, metavar="N", default=1, help=HELP["--jobs"])
-    trials.add_argument(
-        "--trials-budget-usd", type=float, metavar="X", help=HELP["--trials-budget-usd"]
-    )
-    trials.add_argument("--expect", metavar="REGEX", help=HELP["--expect"])
-    trials.add_argument(
-        "--expect-tool", metavar="NAME", choices=list(TOOL_FUNCTIONS), help=HELP["--expect-tool"]
-    )
-    trials.add_argument(
-        "--expect-stop", metavar="LABEL", choices=list(EXIT_CODES), help=HELP["--expect-stop"]
-    )
-    trials.add_argument("--decline-message", metavar="TEXT", help=HELP["--decline-message"])
-    context = p.add_argument_group("context: clearing old tool results")
-    for flag, kind, metavar, default in (
-        ("--clear-tool-results", tokens_or_off, "TOKENS|off", Limits.clear_at),
-        ("--keep-tool-results", whole_number, "N", Limits.keep_results),
-        ("--clear-at-least", whole_number, "TOKENS", Limits.clear_at_least),
-    ):
-        context.add_argument(flag, type=kind, metavar=metavar, default=default, help=HELP[flag])
-    clearers = ("client", "server")
-    context.add_argument(
-        "--context-edit", choices=clearers, default=Limits.context_edit, help=HELP["--context-edit"]
-    )
+    p.add_argument("-V", "--version", action="version", version=f"agent.py {AGENT_VERSION}")
+    add = p.add_argument_group("run").add_argument
+    add("question", nargs="?")
+    add("-C", "--workdir", metavar="DIR")
+    add("-m", "--model", metavar="ID")
+    add("--effort", choices=EFFORTS)
+    add("-y", "--yes", action="store_true")
+    add("--no-sandbox", action="store_true")
+    add("-r", "--resume", metavar="PATH")
+    add("--replay", metavar="PATH")
+    add("--strict", action="store_true")
+    add("-s", "--system-prompt", metavar="FILE")
+    add = p.add_argument_group("limits").add_argument
+    add("--max-turns", type=whole_number, metavar="N", default=Limits.max_turns)
+    add("--token-budget", type=whole_number, metavar="N", default=Limits.token_budget)
+    add("--budget-usd", type=float, metavar="X")
+    add("--max-tokens", type=whole_number, metavar="N", default=Limits.max_tokens)
+    add("--tool-timeout", type=float, metavar="SECONDS", default=Limits.tool_timeout)
+    add("--request-timeout", type=float, metavar="SECONDS", default=Limits.request_timeout)
+    add = p.add_argument_group("outputs").add_argument
+    add("--transcript", metavar="PATH")
+    add("--events", metavar="PATH")
+    add("--otel", action="store_true")
+    add("-q", "--quiet", action="store_true")
+    add("--no-keep", action="store_true")
+    add = p.add_argument_group("trials: how stable is a behaviour").add_argument
+    add("--trials", type=whole_number, metavar="K")
+    add("--jobs", type=whole_number, metavar="N", default=1)
+    add("--trials-budget-usd", type=float, metavar="X")
+    add("--expect", metavar="REGEX")
+    add("--expect-tool", metavar="NAME", choices=list(TOOL_FUNCTIONS))
+    add("--expect-stop", metavar="LABEL", choices=list(EXIT_CODES))
+    add("--decline-message", metavar="TEXT")
+    add = p.add_argument_group("context: clearing old tool results").add_argument
+    add("--clear-tool-results", type=tokens_or_off, metavar="TOKENS|off", default=Limits.clear_at)
+    add("--keep-tool-results", type=whole_number, metavar="N", default=Limits.keep_results)
+    add("--clear-at-least", type=whole_number, metavar="TOKENS", default=Limits.clear_at_least)
+    add("--context-edit", choices=("client", "server"), default=Limits.context_edit)
     show = p.add_argument_group("inspection: print or convert, send nothing (but --count-tokens)")
-    show.add_argument("--count-tokens", action="store_true", help=HELP["--count-tokens"])
-    show.add_argument("--schema", choices=list(SCHEMAS), help=HELP["--schema"])
-    show.add_argument("--report", metavar="JSON", help=HELP["--report"])
-    show.add_argument("--export", nargs=2, metavar=("FORMAT", "JSON"), help=HELP["--export"])
-    show.add_argument("-o", "--output", metavar="PATH", help=HELP["--output"])
+    add = show.add_argument
+    add("--count-tokens", action="store_true")
+    add("--schema", choices=list(SCHEMAS))
+    add("--report", metavar="JSON")
+    add("--export", nargs=2, metavar=("FORMAT", "JSON"))
+    add("-o", "--output", metavar="PATH")
+    for action in p._actions:  # what --help says of each, by its long name (HELP)
+        action.help = HELP.get((action.option_strings or [action.dest])[-1], action.help)
     args, extra = p.parse_known_args(argv)
     if extra:  # argparse's own message; for words alone, what they most likely are
         words = [a for a in extra if not a.startswith("-") or a == "-"]
@@ -7777,12 +7764,10 @@ SYSTEM_TREES = (
 SHARED_DIRECTORIES = ("/", "/home", "/media", "/mnt", "/srv", "/tmp")
 
 
-def check_workdir(workdir, where, confined=True):
+def check_workdir(workdir, where):
     """Refuse a workdir that is not a directory of ordinary data (the rule above)."""
     import pwd
 
-    if not confined:
-        return
     mounts = mounts_at_or_below(workdir)
     for point, kind in mounts:
         if kind in KERNEL_FILESYSTEMS:
@@ -8242,7 +8227,6 @@ class Run:
         self.args = args
         self.report = report
         self.stdin = stdin
-        # --system-prompt's text, if given
         self.system = system
         self.run_id = uuid.uuid4().hex
         report.quiet = args.quiet
@@ -8252,8 +8236,7 @@ class Run:
         args.resume = kept_run(args.resume, "--resume", report)
         args.replay = kept_run(args.replay, "--replay", report)
         # the resumed session, and how many of its tool calls were left unanswered
-        self.session = None
-        self.unanswered = 0
+        self.session, self.unanswered = None, 0
         if args.resume:
             loaded = load_transcript(args.resume)
             self.session, self.unanswered = prepare_resume(loaded, args.question)
@@ -8289,18 +8272,10 @@ class Run:
                 raise UsageError(
                     f"{flag} needs a known price, and {model} is not in the pricing table"
                 )
-        self.limits = Limits(
-            max_turns=args.max_turns,
-            token_budget=args.token_budget,
-            budget_usd=args.budget_usd,
-            max_tokens=args.max_tokens,
-            tool_timeout=args.tool_timeout,
-            request_timeout=args.request_timeout,
-            clear_at=args.clear_tool_results,
-            keep_results=args.keep_tool_results,
-            clear_at_least=args.clear_at_least,
-            context_edit=args.context_edit,
-        )
+        # each limit a flag of the same name sets, and the two flags named otherwise
+        limits = {name: value for name, value in vars(args).items() if hasattr(Limits, name)}
+        limits.update(clear_at=args.clear_tool_results, keep_results=args.keep_tool_results)
+        self.limits = Limits(**limits)
         # a replay runs the recording's replies, under the limits in which they ended as they did
         if self.replay:
             self.limits = replay_limits(self.replay, self.limits)
@@ -8312,20 +8287,15 @@ class Run:
         self.events = Events.open(events_out, self.run_id) if args.events else None
         # Every run is kept but a replay, and a run that goes on in a kept file (--resume last)
         going_on = bool(args.resume) and target == args.resume and is_kept(args.resume)
-        self.kept = None
-        self.kept_trials = {}
+        self.kept, self.kept_trials = None, {}
         if not (args.no_keep or self.replay or going_on):
-            if args.trials:
-                self.kept, self.kept_trials = keep_run(self.run_id, reach, report, args.trials)
-            else:
-                self.kept = keep_run(self.run_id, reach, report)
-        # the line that names the kept run, said once
-        self.kept_line = None
+            kept = keep_run(self.run_id, reach, report, args.trials or 0)
+            self.kept, self.kept_trials = kept if args.trials else (kept, {})
+        named = self.kept
         if going_on:
-            name = KEPT_FILE.fullmatch(self.output.name)[1]
-            self.kept_line = KeptRun(name, self.output, report).said()
-        elif self.kept:
-            self.kept_line = self.kept.said()
+            named = KeptRun(KEPT_FILE.fullmatch(self.output.name)[1], self.output, report)
+        # the line that names the kept run, said once
+        self.kept_line = named.said() if named else None
 
 
 def run_workdir(args, recorded, replay):
@@ -8365,9 +8335,9 @@ def run_workdir(args, recorded, replay):
         if gone and args.workdir.startswith("~"):
             home = "; a ~ in quotes is not your home directory: leave it unquoted, or write $HOME"
         raise UsageError(f"{where} {missing}{why}{home}")
-    check_workdir(workdir, where, confined=not args.no_sandbox)
     # unconfined, the model's code can write anywhere anyway
     if not args.no_sandbox:
+        check_workdir(workdir, where)
         check_runs_apart(workdir, where)
     return workdir
 
@@ -8452,15 +8422,12 @@ def open_outputs(args, target, reach):
         output = OutputFile(target, reach, "--transcript" if args.transcript else "--resume")
     if args.trials:
         room_for_trials(args.trials)
-    trial_outputs = {}
-    if args.trials and output:
-        for i in range(1, args.trials + 1):
-            trial_outputs[i] = OutputFile(trial_path(output.path, i), reach, named=False)
+    indices = range(1, args.trials + 1) if args.trials and output else ()
+    trial_outputs = {i: OutputFile(trial_path(output.path, i), reach, named=False) for i in indices}
     events_out = None
     if args.events not in (None, "-"):
         events_out = OutputFile(args.events, reach, "--events", stream=True)
-    written = [("--transcript", output)] * bool(output)
-    written += [("--events", events_out)] * bool(events_out)
+    written = [(flag, o) for flag, o in (("--transcript", output), ("--events", events_out)) if o]
     trials = [(f"trial {i}'s transcript", o) for i, o in trial_outputs.items()]
     check_distinct(written + trials)
     if events_out and args.resume:
@@ -8493,6 +8460,7 @@ def run_mode(run):
     decline = args.decline_message or DECLINE_MESSAGE
     ctx = ToolContext(run.workdir, run.limits, sandbox, approve, decline)
     started = time.monotonic()
+    sources = {"resumed_from": args.resume, "replayed_from": args.replay, "trials": args.trials}
     report.emit(
         "run.start",
         schema_version=EVENTS_VERSION,
@@ -8502,19 +8470,12 @@ def run_mode(run):
         question=run.replay["question"] if run.replay else args.question,
         limits=asdict(run.limits),
         sandbox={"enabled": not args.no_sandbox, "status": "proven at the first run_python call"},
-        **({"resumed_from": args.resume} if args.resume else {}),
-        **({"replayed_from": args.replay} if args.replay else {}),
-        **({"trials": args.trials} if args.trials else {}),
+        **{name: value for name, value in sources.items() if value},
     )
     try:
         if args.trials:
             return trials_mode(run, ctx)
-        if run.replay:
-            run.session = replayed_session(run)
-        elif run.session is None:
-            run.session = new_session_of(run)
-        else:
-            resumed_session(run)
+        run.session = session_of(run)
         return session_mode(run, ctx, started)
     # the disk filled up, Ctrl-C outside a turn, a bug: one line
     except BaseException as e:
@@ -8536,20 +8497,10 @@ def run_mode(run):
 def trials_mode(run, ctx):
     """--trials: run the question K times, write the summary, and exit as the trials went."""
     args = run.args
-    spec = TrialSpec(
-        args.question,
-        run.model,
-        args.effort,
-        args.trials,
-        args.jobs,
-        args.expect,
-        args.expect_tool,
-        args.expect_stop,
-        args.quiet,
-        run.system or SYSTEM_PROMPT,
-        run.server,
-        args.trials_budget_usd,
-    )
+    asked = (args.question, run.model, args.effort, args.trials, args.jobs)
+    expected = (args.expect, args.expect_tool, args.expect_stop)
+    system = run.system or SYSTEM_PROMPT
+    spec = TrialSpec(*asked, *expected, args.quiet, system, run.server, args.trials_budget_usd)
     summary = run_trials(
         spec, run.client, ctx, run.trial_outputs, run.events, run.telemetry, run.kept_trials
     )
@@ -8574,44 +8525,36 @@ def trials_mode(run, ctx):
     return code
 
 
-def replayed_session(run):
-    """--replay: a session that runs the recording's turns again."""
-    session = replay_session(run.replay, run.workdir, run.run_id, run.args.replay)
-    run.report.line(
-        f"replaying {run.args.replay}: {plural(len(run.replay['turns']), 'turn')} recorded from {made_by(run.replay)}; workdir {run.workdir}; nothing is sent"
-    )
-    return session
-
-
-def new_session_of(run):
-    """A new run: a session with the question alone."""
+def session_of(run):
+    """The session a run drives: the recording's turns run again (--replay), the saved one set to
+    go on with this run's model, workdir and server (--resume), or a new one."""
     args = run.args
-    prompt = run.system or SYSTEM_PROMPT
-    session = new_session(args.question, run.model, run.workdir, args.effort, run.run_id, prompt)
-    if run.server:
-        session["base_url"] = run.server
-    return session
-
-
-def resumed_session(run):
-    """--resume: the saved session, set to go on with this run's model, workdir and server."""
+    if run.replay:
+        session = replay_session(run.replay, run.workdir, run.run_id, args.replay)
+        run.report.line(
+            f"replaying {args.replay}: {plural(len(run.replay['turns']), 'turn')} recorded from {made_by(run.replay)}; workdir {run.workdir}; nothing is sent"
+        )
+        return session
     session = run.session
-    session.update(
-        model=run.model,
-        workdir=str(run.workdir),
-        run_id=run.run_id,
-        effort=run.args.effort or session.get("effort"),
-    )
+    if session is None:
+        prompt = run.system or SYSTEM_PROMPT
+        session = new_session(
+            args.question, run.model, run.workdir, args.effort, run.run_id, prompt
+        )
+    else:
+        session.update(model=run.model, workdir=str(run.workdir), run_id=run.run_id)
+        session["effort"] = args.effort or session.get("effort")
+        pending = ""
+        if run.unanswered:
+            pending = f"; {plural(run.unanswered, 'pending tool call')} answered 'not run'"
+        run.report.line(
+            f"resuming {args.resume}: {plural(len(session['turns']), 'turn')} so far; workdir {run.workdir}; model {run.model}{pending}"
+        )
     # the server of this run, not the last one's
     session.pop("base_url", None)
     if run.server:
         session["base_url"] = run.server
-    pending = ""
-    if run.unanswered:
-        pending = f"; {plural(run.unanswered, 'pending tool call')} answered 'not run'"
-    run.report.line(
-        f"resuming {run.args.resume}: {plural(len(session['turns']), 'turn')} so far; workdir {run.workdir}; model {run.model}{pending}"
-    )
+    return session
 
 
 def session_mode(run, ctx, started):
