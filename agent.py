@@ -7224,16 +7224,15 @@ def meant_flags(parser, extra):
     """Each unknown flag among `extra`, with the flag it most likely meant (`--work`:
     --workdir; `-c`: -C), or --help when none is near."""
     known = list(parser._option_string_actions)
+    longs = [k for k in known if k.startswith("--")]
     shown = []
     for flag in (a for a in extra if a.startswith("-") and a != "-"):
         name = flag.split("=")[0]
-        if name in OTHER_TOOLS_FLAGS:  # what another agent CLI means by it
-            shown.append(f"{flag} ({OTHER_TOOLS_FLAGS[name]})")
-            continue
-        near = [k for k in known if k.lower() == name.lower()] or difflib.get_close_matches(
-            name, [k for k in known if k.startswith("--")], 1, 0.7
-        )
-        shown.append(f"{flag} (did you mean {near[0]}?)" if near else f"{flag} (see --help)")
+        same = [k for k in known if k.lower() == name.lower()]
+        near = same or difflib.get_close_matches(name, longs, 1, 0.7)
+        # what another agent CLI means by it, else the flag most like it
+        hint = OTHER_TOOLS_FLAGS.get(name) or (f"did you mean {near[0]}?" if near else "see --help")
+        shown.append(f"{flag} ({hint})")
     return shown
 
 
@@ -7254,11 +7253,6 @@ class Parser(argparse.ArgumentParser):
         if message.startswith("argument -r/--resume: expected one argument"):  # claude -r
             message += " (last: the newest kept run; or a run id, or a transcript's path)"
         raise UsageError(f"{message} (see --help)")
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        for name in (None, "store"):  # every option with a value, in every group
-            self.register("action", name, Once)
 
 
 class Once(argparse.Action):
@@ -7377,6 +7371,8 @@ def parse_args(argv):
         allow_abbrev=False,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    for name in (None, "store"):  # every option with a value, in every group
+        p.register("action", name, Once)
     p.add_argument("-V", "--version", action="version", version=f"agent.py {AGENT_VERSION}")
     add = p.add_argument_group("run").add_argument
     add("question", nargs="?")
@@ -7655,9 +7651,6 @@ def install_hint():
     return f"needs the anthropic and python-dotenv packages, which {sys.executable} cannot import: python3 -m venv {venv} && {venv}/bin/pip install -r {beside_agent('requirements.txt')}, then run {venv}/bin/python {agent_py} ...; or run it with uv run {agent_py} ..."
 
 
-PLACEHOLDER_KEY = "sk-ant-..."  # what .env.example holds
-
-
 def harness():
     """What runs agent.py, as (what, its path, what an output must not do to it): "file", be it;
     "tree", be anywhere below it; "modules", be a module Python imports from it; None, only be
@@ -7797,11 +7790,8 @@ def check_workdir(workdir, where):
             refuse_workdir(where, f"holds {what} ({os.path.abspath(path)})")
         if inside_too and file_id(real) in above - {None}:
             refuse_workdir(where, f"is inside {what} ({real})")
-    linked = {}
-    for what, path, _ in harness():
-        info = os.stat(path) if os.path.isfile(path) else None
-        if info and info.st_nlink > 1:
-            linked[info.st_dev, info.st_ino] = (what, path)
+    files = [(what, path) for what, path, _ in harness() if os.path.isfile(path)]
+    linked = {file_id(path): (what, path) for what, path in files if os.stat(path).st_nlink > 1}
     for top, _, names in os.walk(workdir) if linked else ():
         for name in names:
             what, path = linked.get(file_id(os.path.join(top, name), follow=False), (None, None))
@@ -8021,17 +8011,14 @@ def make_client(config, limits, otel=False, workdir=None):
     key = config["ANTHROPIC_API_KEY"]  # checked before the 2 s import, so it says so at once
     if not key:
         raise UsageError(no_key(workdir))
-    if key == PLACEHOLDER_KEY or key.endswith("..."):
+    if key.endswith("..."):
         raise UsageError(
             "ANTHROPIC_API_KEY is still the placeholder from .env.example: put your own key there"
         )
     odd = [i for i, c in enumerate(key) if c.isspace() or not c.isprintable()]
     if odd:  # (never the key itself in the line: where the odd character is, only)
-        where = "inside it"
-        if odd[0] == 0:
-            where = "at its start"
-        if odd[-1] == len(key) - 1:
-            where = "at its end"
+        where = "at its start" if odd[0] == 0 else "inside it"
+        where = "at its end" if odd[-1] == len(key) - 1 else where
         raise UsageError(
             f"ANTHROPIC_API_KEY has white space or a control character {where}: copy the key again, without it"
         )
@@ -8068,19 +8055,17 @@ def make_client(config, limits, otel=False, workdir=None):
     warnings.filterwarnings("ignore", "Pydantic serializer warnings", UserWarning)
     # The URL is always given: left None, the SDK reads ANTHROPIC_BASE_URL itself, and takes an
     # empty one for a URL ('talking to ://'); empty means unset here, as in .env.
-    options = dict(
+    Connections.cut = False  # (tests make many clients in one process)
+    # The hook lets Ctrl-C cut trials' requests. With --otel: agent.py's own chat spans, and no
+    # trace context sent to the API.
+    return anthropic.Anthropic(
         api_key=key,
         max_retries=0,
-        base_url=url or f"https://{ANTHROPIC_HOST}",
+        base_url=url or ANTHROPIC_URL,
         timeout=anthropic.Timeout(limits.request_timeout, connect=10.0),
+        http_client=anthropic.DefaultHttpxClient(event_hooks={"request": [Connections.hook]}),
+        **({"open_telemetry": False} if otel else {}),
     )
-    if otel:  # agent.py's own chat spans, and no trace context sent to the API
-        options["open_telemetry"] = False
-    Connections.cut = False  # (tests make many clients in one process)
-    options["http_client"] = anthropic.DefaultHttpxClient(
-        event_hooks={"request": [Connections.hook]}
-    )  # so that Ctrl-C can cut trials' requests
-    return anthropic.Anthropic(**options)
 
 
 ANTHROPIC_HOST = "api.anthropic.com"  # the SDK's default server, which prices are for
@@ -8143,12 +8128,10 @@ def main(argv=None, client=None, stdin=None):
         return EXIT_USAGE
     except SystemExit as e:  # --help, --version
         return e.code or 0
-    except FileNotFoundError as e:
-        if not cwd_gone():
-            return failed(report, stop_for(e, api=False))
-        report.error(f"agent.py: {CWD_GONE}")
-        return EXIT_USAGE
     except (KeyboardInterrupt, Exception) as e:  # Ctrl-C before anything was sent, or a bug
+        if isinstance(e, FileNotFoundError) and cwd_gone():
+            report.error(f"agent.py: {CWD_GONE}")
+            return EXIT_USAGE
         return failed(report, stop_for(e, api=False))
     return run_mode(run)
 
@@ -8376,8 +8359,7 @@ def ask_to_go_on(run, client, config):
     if session is not None and run.model != default:
         taken["--model ID"] = ("model", run.model, "")
     made_with = session.get("base_url") if session is not None else run.server
-    made_with = (server_url(made_with) or made_with) if is_str(made_with) else None
-    made_with = made_with or ANTHROPIC_URL
+    made_with = (server_url(made_with) or made_with if is_str(made_with) else None) or ANTHROPIC_URL
     going_to = run.server or ANTHROPIC_URL
     # its whole history goes to this server: the user says so, in one line, its URL fitted
     if made_with != going_to:
@@ -8432,11 +8414,9 @@ def open_outputs(args, target, reach):
     check_distinct(written + trials)
     if events_out and args.resume:
         check_distinct([("--events", events_out)], [("--resume", args.resume)])
-    if args.replay:
-        check_distinct(written, [("--replay", args.replay)])
-    # read once at the start: an output on it would replace it
-    if args.system_prompt:
-        check_distinct(written + trials, [("--system-prompt", args.system_prompt)])
+    # each read once at the start: an output on one would replace it
+    read = {"--replay": args.replay, "--system-prompt": args.system_prompt}
+    check_distinct(written + trials, [(flag, path) for flag, path in read.items() if path])
     return output, trial_outputs, events_out
 
 
@@ -8656,11 +8636,10 @@ def answer_screen(stdin):
     comes from one (`2>log` on a terminal), that terminal (/dev/tty): a question written into
     the log would leave the run waiting for an answer no one knows is asked."""
     screen = None
-    try:
+    # no controlling terminal: stderr it is
+    with contextlib.suppress(OSError, ValueError, AttributeError):
         if stdin.isatty() and not sys.stderr.isatty():
             screen = open("/dev/tty", "w", encoding="utf-8", errors="replace")
-    except (OSError, ValueError, AttributeError):  # no controlling terminal: stderr it is
-        screen = None
     try:
         yield screen
     finally:
