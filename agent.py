@@ -53,6 +53,7 @@ import logging
 import math
 import os
 import platform
+import pwd
 import re
 import resource
 import select
@@ -7320,47 +7321,62 @@ def tokens_or_off(value):
 LONGEST_WAIT = 10**9  # seconds a timeout may be: every clock agent.py waits on holds it
 
 
-# What --help says of each option and of the question, by the flag's long name.
-HELP = {
-    "--version": "print agent.py's version, and exit",
-    "question": "the question; - reads it from stdin (with --resume: an optional follow-up)",
-    "--workdir": "the directory the tools work in (default: the current one); one that holds agent.py or its Python is refused, unless --no-sandbox",
-    "--model": f"model id (default: $ANTHROPIC_MODEL, else {DEFAULT_MODEL})",
-    "--effort": "sent as output_config.effort (default: the model's)",
-    "--yes": "run run_python without asking, once the sandbox is proven (default: ask every time)",
-    "--no-sandbox": "run run_python unconfined (default: sandboxed)",
-    "--resume": "continue a saved transcript (last: the newest kept run; or a run id); rewrites PATH as the run goes on (give --transcript to write elsewhere)",
-    "--replay": "run a saved transcript's model turns again against the real tools: no key, no connection (last, or a run id: a kept run)",
-    "--strict": "with --replay: stop at the first turn whose tool results differ from the recording, and exit 7 (replay_differs): a regression check for CI",
-    "--system-prompt": "the system prompt, from this UTF-8 file (default: agent.py's, for questions about files); recorded in the transcript, and kept by --resume",
-    "--max-turns": f"requests per run (default: {Limits.max_turns})",
-    "--token-budget": f"input + cache + output tokens per run (default: {Limits.token_budget:,})",
-    "--budget-usd": "dollars per run, priced like the bill (default: no dollar limit)",
-    "--max-tokens": f"output tokens per response (default: {Limits.max_tokens:,})",
-    "--tool-timeout": f"seconds per run_python call (default: {Limits.tool_timeout:g})",
-    "--request-timeout": f"seconds a streamed reply may go without an event before the turn is retried (default: {Limits.request_timeout:g})",
-    "--transcript": "write the transcript JSON here, outside the workdir; - for stdout (default: none)",
-    "--events": "write the run's events as JSON Lines here, outside the workdir; - for stdout (default: none)",
-    "--otel": "send the run as OpenTelemetry traces over OTLP, as OTEL_EXPORTER_OTLP_* say (optional packages)",
-    "--quiet": "no progress on stderr (default: progress)",
-    "--no-keep": "keep no copy of this run in $XDG_STATE_HOME/agent.py/runs or ~/.local/state/agent.py/runs (default: every run is kept there; AGENT_PY_NO_KEEP=1 keeps none)",
-    "--trials": f"run the question K times (at most {MAX_TRIALS:,}); report pass@k and pass^k (with no --expect, --expect-tool or --expect-stop, a trial passes if it stopped with end_turn)",
-    "--jobs": f"trials run at once (default: 1; at most {MAX_JOBS})",
-    "--trials-budget-usd": "dollars over all the trials: once they have spent X, no more start (--budget-usd bounds each one; default: no total)",
-    "--expect": "a trial passes if this regex is in the answer",
-    "--expect-tool": "... and it used this tool",
-    "--expect-stop": "... and stopped so: one of " + ", ".join(EXIT_CODES),
-    "--decline-message": "what a declined run_python call tells the model (default: not to retry it, and to ask the user how to proceed)",
-    "--clear-tool-results": f"once a prompt reaches TOKENS, send old tool results as a one-line placeholder (default: {Limits.clear_at:,})",
-    "--keep-tool-results": f"the newest tool results, never cleared (default: {Limits.keep_results})",
-    "--clear-at-least": f"clear only when that frees this many tokens, since a clearing breaks the cache once (default: {Limits.clear_at_least:,})",
-    "--context-edit": "who clears: agent.py, or the API's context editing (beta) (default: client)",
-    "--count-tokens": "print what the system prompt, the tools and QUESTION cost in input tokens (the API's count_tokens), and exit",
-    "--schema": "print the JSON Schema of a transcript, an event or a trials summary, and exit",
-    "--report": "write an HTML report of a transcript or trials summary (last, or a run id: a kept run), and exit",
-    "--export": "convert a transcript or trials summary (last, or a run id: a kept run): atif (the Agent Trajectory Interchange Format, v1.8), and exit",
-    "--output": "where --report or --export writes; - for stdout (default: beside JSON)",
-}
+# The options, group by group as --help lists them (None: the parser's own, beside -h): their
+# flags, what argparse is told of them, and what --help says of them.
+OPTIONS = {
+    None: [
+        ("-V --version", dict(action="version", version=f"agent.py {AGENT_VERSION}"), "print agent.py's version, and exit"),
+    ],
+    "run": [
+        ("question", dict(nargs="?"), "the question; - reads it from stdin (with --resume: an optional follow-up)"),
+        ("-C --workdir", dict(metavar="DIR"), "the directory the tools work in (default: the current one); one that holds agent.py or its Python is refused, unless --no-sandbox"),
+        ("-m --model", dict(metavar="ID"), f"model id (default: $ANTHROPIC_MODEL, else {DEFAULT_MODEL})"),
+        ("--effort", dict(choices=EFFORTS), "sent as output_config.effort (default: the model's)"),
+        ("-y --yes", dict(action="store_true"), "run run_python without asking, once the sandbox is proven (default: ask every time)"),
+        ("--no-sandbox", dict(action="store_true"), "run run_python unconfined (default: sandboxed)"),
+        ("-r --resume", dict(metavar="PATH"), "continue a saved transcript (last: the newest kept run; or a run id); rewrites PATH as the run goes on (give --transcript to write elsewhere)"),
+        ("--replay", dict(metavar="PATH"), "run a saved transcript's model turns again against the real tools: no key, no connection (last, or a run id: a kept run)"),
+        ("--strict", dict(action="store_true"), "with --replay: stop at the first turn whose tool results differ from the recording, and exit 7 (replay_differs): a regression check for CI"),
+        ("-s --system-prompt", dict(metavar="FILE"), "the system prompt, from this UTF-8 file (default: agent.py's, for questions about files); recorded in the transcript, and kept by --resume"),
+    ],
+    "limits": [
+        ("--max-turns", dict(type=whole_number, metavar="N", default=Limits.max_turns), f"requests per run (default: {Limits.max_turns})"),
+        ("--token-budget", dict(type=whole_number, metavar="N", default=Limits.token_budget), f"input + cache + output tokens per run (default: {Limits.token_budget:,})"),
+        ("--budget-usd", dict(type=float, metavar="X"), "dollars per run, priced like the bill (default: no dollar limit)"),
+        ("--max-tokens", dict(type=whole_number, metavar="N", default=Limits.max_tokens), f"output tokens per response (default: {Limits.max_tokens:,})"),
+        ("--tool-timeout", dict(type=float, metavar="SECONDS", default=Limits.tool_timeout), f"seconds per run_python call (default: {Limits.tool_timeout:g})"),
+        ("--request-timeout", dict(type=float, metavar="SECONDS", default=Limits.request_timeout), f"seconds a streamed reply may go without an event before the turn is retried (default: {Limits.request_timeout:g})"),
+    ],
+    "outputs": [
+        ("--transcript", dict(metavar="PATH"), "write the transcript JSON here, outside the workdir; - for stdout (default: none)"),
+        ("--events", dict(metavar="PATH"), "write the run's events as JSON Lines here, outside the workdir; - for stdout (default: none)"),
+        ("--otel", dict(action="store_true"), "send the run as OpenTelemetry traces over OTLP, as OTEL_EXPORTER_OTLP_* say (optional packages)"),
+        ("-q --quiet", dict(action="store_true"), "no progress on stderr (default: progress)"),
+        ("--no-keep", dict(action="store_true"), "keep no copy of this run in $XDG_STATE_HOME/agent.py/runs or ~/.local/state/agent.py/runs (default: every run is kept there; AGENT_PY_NO_KEEP=1 keeps none)"),
+    ],
+    "trials: how stable is a behaviour": [
+        ("--trials", dict(type=whole_number, metavar="K"), f"run the question K times (at most {MAX_TRIALS:,}); report pass@k and pass^k (with no --expect, --expect-tool or --expect-stop, a trial passes if it stopped with end_turn)"),
+        ("--jobs", dict(type=whole_number, metavar="N", default=1), f"trials run at once (default: 1; at most {MAX_JOBS})"),
+        ("--trials-budget-usd", dict(type=float, metavar="X"), "dollars over all the trials: once they have spent X, no more start (--budget-usd bounds each one; default: no total)"),
+        ("--expect", dict(metavar="REGEX"), "a trial passes if this regex is in the answer"),
+        ("--expect-tool", dict(metavar="NAME", choices=list(TOOL_FUNCTIONS)), "... and it used this tool"),
+        ("--expect-stop", dict(metavar="LABEL", choices=list(EXIT_CODES)), "... and stopped so: one of " + ", ".join(EXIT_CODES)),
+        ("--decline-message", dict(metavar="TEXT"), "what a declined run_python call tells the model (default: not to retry it, and to ask the user how to proceed)"),
+    ],
+    "context: clearing old tool results": [
+        ("--clear-tool-results", dict(type=tokens_or_off, metavar="TOKENS|off", default=Limits.clear_at), f"once a prompt reaches TOKENS, send old tool results as a one-line placeholder (default: {Limits.clear_at:,})"),
+        ("--keep-tool-results", dict(type=whole_number, metavar="N", default=Limits.keep_results), f"the newest tool results, never cleared (default: {Limits.keep_results})"),
+        ("--clear-at-least", dict(type=whole_number, metavar="TOKENS", default=Limits.clear_at_least), f"clear only when that frees this many tokens, since a clearing breaks the cache once (default: {Limits.clear_at_least:,})"),
+        ("--context-edit", dict(choices=("client", "server"), default=Limits.context_edit), "who clears: agent.py, or the API's context editing (beta) (default: client)"),
+    ],
+    "inspection: print or convert, send nothing (but --count-tokens)": [
+        ("--count-tokens", dict(action="store_true"), "print what the system prompt, the tools and QUESTION cost in input tokens (the API's count_tokens), and exit"),
+        ("--schema", dict(choices=list(SCHEMAS)), "print the JSON Schema of a transcript, an event or a trials summary, and exit"),
+        ("--report", dict(metavar="JSON"), "write an HTML report of a transcript or trials summary (last, or a run id: a kept run), and exit"),
+        ("--export", dict(nargs=2, metavar=("FORMAT", "JSON")), "convert a transcript or trials summary (last, or a run id: a kept run): atif (the Agent Trajectory Interchange Format, v1.8), and exit"),
+        ("-o --output", dict(metavar="PATH"), "where --report or --export writes; - for stdout (default: beside JSON)"),
+    ],
+}  # fmt: skip
 
 
 def parse_args(argv):
@@ -7373,53 +7389,10 @@ def parse_args(argv):
     )
     for name in (None, "store"):  # every option with a value, in every group
         p.register("action", name, Once)
-    p.add_argument("-V", "--version", action="version", version=f"agent.py {AGENT_VERSION}")
-    add = p.add_argument_group("run").add_argument
-    add("question", nargs="?")
-    add("-C", "--workdir", metavar="DIR")
-    add("-m", "--model", metavar="ID")
-    add("--effort", choices=EFFORTS)
-    add("-y", "--yes", action="store_true")
-    add("--no-sandbox", action="store_true")
-    add("-r", "--resume", metavar="PATH")
-    add("--replay", metavar="PATH")
-    add("--strict", action="store_true")
-    add("-s", "--system-prompt", metavar="FILE")
-    add = p.add_argument_group("limits").add_argument
-    add("--max-turns", type=whole_number, metavar="N", default=Limits.max_turns)
-    add("--token-budget", type=whole_number, metavar="N", default=Limits.token_budget)
-    add("--budget-usd", type=float, metavar="X")
-    add("--max-tokens", type=whole_number, metavar="N", default=Limits.max_tokens)
-    add("--tool-timeout", type=float, metavar="SECONDS", default=Limits.tool_timeout)
-    add("--request-timeout", type=float, metavar="SECONDS", default=Limits.request_timeout)
-    add = p.add_argument_group("outputs").add_argument
-    add("--transcript", metavar="PATH")
-    add("--events", metavar="PATH")
-    add("--otel", action="store_true")
-    add("-q", "--quiet", action="store_true")
-    add("--no-keep", action="store_true")
-    add = p.add_argument_group("trials: how stable is a behaviour").add_argument
-    add("--trials", type=whole_number, metavar="K")
-    add("--jobs", type=whole_number, metavar="N", default=1)
-    add("--trials-budget-usd", type=float, metavar="X")
-    add("--expect", metavar="REGEX")
-    add("--expect-tool", metavar="NAME", choices=list(TOOL_FUNCTIONS))
-    add("--expect-stop", metavar="LABEL", choices=list(EXIT_CODES))
-    add("--decline-message", metavar="TEXT")
-    add = p.add_argument_group("context: clearing old tool results").add_argument
-    add("--clear-tool-results", type=tokens_or_off, metavar="TOKENS|off", default=Limits.clear_at)
-    add("--keep-tool-results", type=whole_number, metavar="N", default=Limits.keep_results)
-    add("--clear-at-least", type=whole_number, metavar="TOKENS", default=Limits.clear_at_least)
-    add("--context-edit", choices=("client", "server"), default=Limits.context_edit)
-    show = p.add_argument_group("inspection: print or convert, send nothing (but --count-tokens)")
-    add = show.add_argument
-    add("--count-tokens", action="store_true")
-    add("--schema", choices=list(SCHEMAS))
-    add("--report", metavar="JSON")
-    add("--export", nargs=2, metavar=("FORMAT", "JSON"))
-    add("-o", "--output", metavar="PATH")
-    for action in p._actions:  # what --help says of each, by its long name (HELP)
-        action.help = HELP.get((action.option_strings or [action.dest])[-1], action.help)
+    for title, options in OPTIONS.items():
+        group = p.add_argument_group(title) if title else p
+        for flags, given, text in options:
+            group.add_argument(*flags.split(), help=text, **given)
     args, extra = p.parse_known_args(argv)
     if extra:  # argparse's own message; for words alone, what they most likely are
         words = [a for a in extra if not a.startswith("-") or a == "-"]
@@ -7544,9 +7517,8 @@ def parse_args(argv):
 
 
 def check_text(value, what):
-    """`value` if it is text; a UsageError if it is not valid UTF-8 (Python hands such bytes of
-    the command line or the environment over as lone surrogates), which agent.py can neither
-    send nor record."""
+    """`value`, or a UsageError if it is not valid UTF-8 (Python hands such bytes of the command
+    line or the environment over as lone surrogates): agent.py can neither send nor record it."""
     try:
         if value is not None:
             value.encode("utf-8")
@@ -7564,8 +7536,7 @@ def not_utf8(what, byte, before):
 
 
 class QuestionWasRead(io.StringIO):
-    """stdin once the question (-) was read from it: nothing is left to answer a question with,
-    and agreed says so."""
+    """stdin once the question (-) was read from it: no answer is left in it, as agreed says."""
 
     no_answer = "(no answer: stdin held the question; give --yes to run it unasked)"
 
@@ -7574,9 +7545,8 @@ ELSEWHERE = "y"  # what --resume's consent to another server is: a y, which no f
 
 
 class PipedAnswers:
-    """stdin that is not a terminal (`echo y | agent.py ...`): no terminal echoes the answer
-    read from it, so it is shown after the question, said to come from stdin, and the line
-    ends; an answer without a line break is still that answer."""
+    """stdin that is not a terminal (`echo y | agent.py ...`): the answer read from it, which no
+    terminal echoes, is shown after the question as from stdin, its line ended."""
 
     def __init__(self, stdin):
         self.stdin = stdin
@@ -7644,8 +7614,7 @@ def read_system_prompt(path):
 
 def install_hint():
     """What to run to install agent.py's packages, with paths that work from where the user
-    stands (in the checkout: .venv, requirements.txt, agent.py). The line it ends up on begins
-    with `agent.py: `, so it does not name agent.py again."""
+    stands; its line begins with `agent.py: `, so it does not name agent.py again."""
     venv = beside_agent(".venv")
     agent_py = beside_agent("agent.py")
     return f"needs the anthropic and python-dotenv packages, which {sys.executable} cannot import: python3 -m venv {venv} && {venv}/bin/pip install -r {beside_agent('requirements.txt')}, then run {venv}/bin/python {agent_py} ...; or run it with uv run {agent_py} ..."
@@ -7688,8 +7657,7 @@ OWN_OUTPUTS = re.compile(
 
 def check_not_the_checkouts(path, flag, given, dir_fd):
     """Refuse to replace a file in agent.py's checkout unless it is empty or one agent.py wrote:
-    `--events requirements.txt` is one tab away from `--events run.jsonl`. Elsewhere an output
-    replaces any regular file of the user's, as README says."""
+    `--events requirements.txt` is one tab away from `--events run.jsonl`."""
     home = Path(os.path.realpath(__file__)).parent
     if not path.is_relative_to(home):
         return
@@ -7759,8 +7727,6 @@ SHARED_DIRECTORIES = ("/", "/home", "/media", "/mnt", "/srv", "/tmp")
 
 def check_workdir(workdir, where):
     """Refuse a workdir that is not a directory of ordinary data (the rule above)."""
-    import pwd
-
     mounts = mounts_at_or_below(workdir)
     for point, kind in mounts:
         if kind in KERNEL_FILESYSTEMS:
@@ -7863,12 +7829,8 @@ CONFIG_NAMES = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL")
 
 
 def load_config(workdir, report):
-    """API settings: the environment, else the .env beside agent.py, read as plain values (no
-    ${VAR} expansion) and never loaded into os.environ. That file counts only if it is a
-    regular file with no other name (not a symlink or a hard link, which could lead to a file
-    the model's code wrote) outside the workdir, owned by the user running agent.py (or root)
-    and writable by no one else: no file a script or another user could have written decides
-    where the key and the data go."""
+    """API settings: the environment, else the .env beside agent.py if it counts (read_dotenv),
+    read as plain values (no ${VAR} expansion) and never loaded into os.environ."""
     try:
         found = dotenv_settings(workdir, report)
     except ImportError:
@@ -7892,8 +7854,7 @@ def load_config(workdir, report):
 
 
 def dotenv_settings(workdir, report):
-    """The settings in the .env beside agent.py, if it counts (read_dotenv), as plain values:
-    no ${VAR} expansion, and never loaded into os.environ."""
+    """The settings in the .env beside agent.py, if it counts (read_dotenv), as plain values."""
     text = read_dotenv(dotenv_path(), workdir, report)
     if not text:
         return {}
@@ -7903,10 +7864,9 @@ def dotenv_settings(workdir, report):
 
 
 def learn_secrets(report):
-    """Fill SECRETS, which every writer redacts (redact): the API key, from the environment and
-    from the .env beside agent.py (if it counts), in every mode, whether or not this run uses
-    it: a --replay sends nothing, yet what it writes must hold the key no more than a live
-    run's output does. A key too short to redact is said to be."""
+    """Fill SECRETS, which every writer redacts: the API key from the environment and from the
+    .env beside agent.py (if it counts), in every mode: a --replay sends nothing, yet what it
+    writes must hold the key no more than a live run's output does."""
     keys = [os.environ.get("ANTHROPIC_API_KEY")]
     # without python-dotenv, load_config says what to install, if the run needs the file
     with contextlib.suppress(ImportError):
@@ -7921,7 +7881,10 @@ def learn_secrets(report):
 
 def read_dotenv(path, workdir, report):
     """The text of the .env at `path`, or None when there is none or it does not count (stderr
-    says why, unless `report` is None)."""
+    says why, unless `report` is None). It counts only as a regular file with no other name (a
+    symlink or a hard link could lead to a file the model's code wrote) outside the workdir,
+    owned by the user or root and writable by no one else: no file a script or another user
+    could have written decides where the key and the data go."""
     # the tests' stand-in for the one .env: none
     if path is None:
         return None
@@ -7997,8 +7960,6 @@ def no_key(workdir):
 
 def user_name(uid):
     """`nobody (uid 65534)`, or the uid alone when it has no name."""
-    import pwd
-
     try:
         return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
     except KeyError:
@@ -8100,9 +8061,8 @@ def already_streamed(report):
 
 
 def main(argv=None, client=None, stdin=None):
-    """Parse the flags, run the mode they name (schema, report, export, count-tokens, or a run:
-    new, resumed, replayed or trials), and return its exit code. A failure before a run starts
-    becomes one line and its exit code here; a run says how it stopped itself (run_mode)."""
+    """Parse the flags, run the mode they name and return its exit code. A failure before a run
+    starts becomes one line and its exit code here; a run says how it stopped itself."""
     report = Reporter()
     STOPPING.clear()
     if hasattr(sys.stdout, "reconfigure"):
@@ -8201,10 +8161,9 @@ def count_tokens_mode(args, client, system, report):
 
 
 class Run:
-    """A run checked and set up, nothing sent yet: what each mode (a new run, --resume,
-    --replay, --trials) reads. Setting it up checks everything a run checks before its first
-    request: the file it goes on from, its workdir, the settings, the user's consent to what
-    the file says, the outputs and the kept copy."""
+    """A run checked and set up, nothing sent yet, which each mode reads. Setting it up checks
+    all a run checks before its first request: the file it goes on from, its workdir, the
+    settings, the user's consent to what the file says, the outputs and the kept copy."""
 
     def __init__(self, args, client, stdin, system, report):
         self.args = args
@@ -8223,7 +8182,6 @@ class Run:
         if args.resume:
             loaded = load_transcript(args.resume)
             self.session, self.unanswered = prepare_resume(loaded, args.question)
-        # the recording --replay runs again
         self.replay = load_recording(args.replay) if args.replay else None
         # a file: what it says is used only if the user agrees
         recorded = self.session or self.replay or {}
@@ -8492,10 +8450,8 @@ def trials_mode(run, ctx):
         run.output.write(dump(summary), durable=True)
     # the kept copy: the same summary, naming the kept trials' files
     if run.kept:
-        trials = [
-            {**t, "transcript": str(run.kept_trials[t["index"]].output.path)}
-            for t in summary["trials"]
-        ]
+        paths = {i: str(kept.output.path) for i, kept in run.kept_trials.items()}
+        trials = [{**t, "transcript": paths[t["index"]]} for t in summary["trials"]]
         run.kept.write(dump({**summary, "trials": trials}), final=True)
         run.report.line(run.kept_line)
     label, code, detail = trials_stop(summary)
@@ -8580,11 +8536,10 @@ def failed_said(session):
     spent = session.get("failed_usage")
     if not spent:
         return ""
-    attempts = (
-        sum(len(t.get("retries") or []) for t in session["turns"])
-        + len((session.get("stop") or {}).get("retries") or [])
-        + ("failed_usage" in (session.get("stop") or {}))
-    )  # the last attempt of a failed turn
+    ended = session.get("stop") or {}
+    # each retry, and the last attempt of a failed turn
+    retries = sum(len(t.get("retries") or []) for t in session["turns"])
+    attempts = retries + len(ended.get("retries") or []) + ("failed_usage" in ended)
     cost = "cost unknown" if spent["cost_usd"] is None else f"${spent['cost_usd']:.6f}"
     return f", and {spent['tokens']} tokens, {cost} that the server reported for {plural(attempts, 'failed attempt')} (billed, not in the totals above)"
 
