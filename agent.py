@@ -7262,10 +7262,9 @@ class Once(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         given = namespace.__dict__.setdefault("_given", {})
-        if self.dest in given and given[self.dest] != values:
-            shown = [
-                " ".join(v) if isinstance(v, list) else str(v) for v in (given[self.dest], values)
-            ]
+        before = given.get(self.dest, values)
+        if before != values:
+            shown = [" ".join(v) if isinstance(v, list) else str(v) for v in (before, values)]
             raise UsageError(
                 f"{'/'.join(self.option_strings)} was given twice ({shown[0]}, then {shown[1]}): give it once"
             )
@@ -7310,10 +7309,8 @@ def whole_number(value):
 
 def tokens_or_off(value):
     """--clear-tool-results: a number of tokens, or off."""
-    if value == "off":
-        return None
     try:
-        return whole_number(value)
+        return None if value == "off" else whole_number(value)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError("give a number of tokens, or off")
 
@@ -7324,9 +7321,7 @@ LONGEST_WAIT = 10**9  # seconds a timeout may be: every clock agent.py waits on 
 # The options, group by group as --help lists them (None: the parser's own, beside -h): their
 # flags, what argparse is told of them, and what --help says of them.
 OPTIONS = {
-    None: [
-        ("-V --version", dict(action="version", version=f"agent.py {AGENT_VERSION}"), "print agent.py's version, and exit"),
-    ],
+    None: [("-V --version", dict(action="version", version=f"agent.py {AGENT_VERSION}"), "print agent.py's version, and exit")],
     "run": [
         ("question", dict(nargs="?"), "the question; - reads it from stdin (with --resume: an optional follow-up)"),
         ("-C --workdir", dict(metavar="DIR"), "the directory the tools work in (default: the current one); one that holds agent.py or its Python is refused, unless --no-sandbox"),
@@ -7579,8 +7574,7 @@ def read_question(stdin):
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        before = data[: e.start].decode("utf-8", "replace")
-        not_utf8("the question on stdin", data[e.start], before)
+        not_utf8("the question on stdin", data[e.start], data[: e.start].decode("utf-8", "replace"))
 
 
 MAX_SYSTEM_PROMPT = 1 << 20  # bytes of a --system-prompt file: more than any context window holds
@@ -7663,11 +7657,8 @@ def check_not_the_checkouts(path, flag, given, dir_fd):
         return
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        fd = os.open(path.name, flags, dir_fd=dir_fd)
-        try:
-            head = os.read(fd, 4096)
-        finally:
-            os.close(fd)
+        with os.fdopen(os.open(path.name, flags, dir_fd=dir_fd), "rb") as file:
+            head = file.read(4096)
     except OSError:
         head = b"?"  # cannot be read: not shown to be agent.py's own
     if head and not OWN_OUTPUTS.match(head):
@@ -8044,10 +8035,8 @@ def server_url(url):
         return None
     if not host:
         return None
-    host = f"[{host}]" if ":" in host else host
-    return urllib.parse.urlunsplit(
-        (parts.scheme, host + (f":{port}" if port else ""), parts.path, "", "")
-    )
+    netloc = (f"[{host}]" if ":" in host else host) + (f":{port}" if port else "")
+    return parts._replace(netloc=netloc, query="", fragment="").geturl()
 
 
 def already_streamed(report):
@@ -8208,11 +8197,9 @@ class Run:
         reach = None if args.no_sandbox else self.workdir
         self.output, self.trial_outputs, events_out = open_outputs(args, target, reach)
         budgets = {"--budget-usd": args.budget_usd, "--trials-budget-usd": args.trials_budget_usd}
-        for flag, given in budgets.items():
-            if given is not None and base_model(model) not in PRICING:
-                raise UsageError(
-                    f"{flag} needs a known price, and {model} is not in the pricing table"
-                )
+        flag = next((name for name, given in budgets.items() if given is not None), None)
+        if flag and base_model(model) not in PRICING:
+            raise UsageError(f"{flag} needs a known price, and {model} is not in the pricing table")
         # each limit a flag of the same name sets, and the two flags named otherwise
         limits = {name: value for name, value in vars(args).items() if hasattr(Limits, name)}
         limits.update(clear_at=args.clear_tool_results, keep_results=args.keep_tool_results)
@@ -8637,6 +8624,7 @@ def to_stdout(data):
 
 
 if __name__ == "__main__":
-    for stop_signal in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: the terminal
-        signal.signal(stop_signal, on_stop_signal)  # closed or ssh dropped; the run is kept
+    # SIGHUP: the terminal closed or ssh dropped; the run is kept
+    for stop_signal in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(stop_signal, on_stop_signal)
     sys.exit(main())
