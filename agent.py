@@ -7430,11 +7430,9 @@ def parse_args(argv):
         raise UsageError(f"{' and '.join(inspecting)} cannot be combined: give one")
     dropped += ["--otel"] * args.otel
     if inspecting and dropped:
-        what = {
-            "--schema": "prints a schema",
-            "--report": "writes a report of a saved run",
-            "--export": "converts a saved run",
-        }[inspecting[0]]
+        # (one of the three: two were refused above)
+        what = "prints a schema" if args.schema else "writes a report of a saved run"
+        what = "converts a saved run" if args.export else what
         raise UsageError(
             f"{inspecting[0]} cannot be combined with {dropped[0]}: it {what}, and runs nothing; give one of them"
         )
@@ -7559,6 +7557,7 @@ class PipedAnswers:
 
 
 MAX_QUESTION = 32 << 20  # bytes of a question on stdin: the API takes no larger request
+MAX_SYSTEM_PROMPT = 1 << 20  # bytes of a --system-prompt file: more than any context window holds
 
 
 def read_question(stdin):
@@ -7575,9 +7574,6 @@ def read_question(stdin):
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         not_utf8("the question on stdin", data[e.start], data[: e.start].decode("utf-8", "replace"))
-
-
-MAX_SYSTEM_PROMPT = 1 << 20  # bytes of a --system-prompt file: more than any context window holds
 
 
 def read_system_prompt(path):
@@ -7817,6 +7813,8 @@ def dotenv_path():
 
 # the settings agent.py reads from the environment, else from the .env beside it
 CONFIG_NAMES = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL")
+ANTHROPIC_HOST = "api.anthropic.com"  # the SDK's default server, which prices are for
+ANTHROPIC_URL = f"https://{ANTHROPIC_HOST}"  # that server as a transcript records it
 
 
 def load_config(workdir, report):
@@ -7833,11 +7831,10 @@ def load_config(workdir, report):
     key = config["ANTHROPIC_API_KEY"]
     odd = next((i for i, c in enumerate(key or "") if not c.isascii()), None)
     if odd is not None:  # where, and never a character of the key itself (it is a secret)
-        byte = key[odd]
         where = "" if os.environ.get("ANTHROPIC_API_KEY") else f" (from {dotenv_path()})"
         said = "has a character that is not ASCII"
-        if "\udc80" <= byte <= "\udcff":
-            said = f"is not valid UTF-8: byte 0x{os.fsencode(byte)[0]:02x}"
+        if "\udc80" <= key[odd] <= "\udcff":
+            said = f"is not valid UTF-8: byte 0x{os.fsencode(key[odd])[0]:02x}"
         raise UsageError(
             f"ANTHROPIC_API_KEY{where} {said} at position {odd + 1} of {len(key)}: copy the key again"
         )
@@ -8020,14 +8017,9 @@ def make_client(config, limits, otel=False, workdir=None):
     )
 
 
-ANTHROPIC_HOST = "api.anthropic.com"  # the SDK's default server, which prices are for
-ANTHROPIC_URL = f"https://{ANTHROPIC_HOST}"  # that server as a transcript records it
-
-
 def server_url(url):
-    """ANTHROPIC_BASE_URL as a transcript records it: scheme, host, port and path, never the
-    user:password@ of the URL or its query and fragment, which can carry keys. None if it is
-    not a URL."""
+    """ANTHROPIC_BASE_URL as a transcript records it (None if it is no URL): scheme, host, port
+    and path, never a user:password@, query or fragment, which can carry keys."""
     try:
         parts = urllib.parse.urlsplit(url)
         host, port = parts.hostname, parts.port
@@ -8432,7 +8424,7 @@ def trials_mode(run, ctx):
     if run.events and run.events.lost:
         summary["events_lost"] = run.events.lost
     if args.transcript == "-":
-        print_document(summary)
+        to_stdout(for_terminal(dump(summary)))
     elif run.output:
         run.output.write(dump(summary), durable=True)
     # the kept copy: the same summary, naming the kept trials' files
@@ -8453,11 +8445,10 @@ def session_of(run):
     go on with this run's model, workdir and server (--resume), or a new one."""
     args = run.args
     if run.replay:
-        session = replay_session(run.replay, run.workdir, run.run_id, args.replay)
         run.report.line(
             f"replaying {args.replay}: {plural(len(run.replay['turns']), 'turn')} recorded from {made_by(run.replay)}; workdir {run.workdir}; nothing is sent"
         )
-        return session
+        return replay_session(run.replay, run.workdir, run.run_id, args.replay)
     session = run.session
     if session is None:
         prompt = run.system or SYSTEM_PROMPT
@@ -8508,10 +8499,9 @@ def session_mode(run, ctx, started):
         # said: not again if the answer cannot be written
         run.kept_line = None
     if args.transcript == "-":
-        print_document(session)
+        to_stdout(for_terminal(dump(session)))
     elif session["answer"] and args.events != "-" and not already_streamed(report):
-        answer = session["answer"]
-        to_stdout(visible(answer) if sys.stdout.isatty() else answer)
+        to_stdout(visible(session["answer"]) if sys.stdout.isatty() else session["answer"])
     run_stop_event(report, stop, session, started)
     # the transcript says so, if they were
     save.events_lost(session, run.events)
@@ -8567,16 +8557,10 @@ def cwd_gone():
     return False
 
 
-def print_document(document):
-    """A transcript or summary on stdout (--transcript -), after whatever was printed there."""
-    to_stdout(for_terminal(dump(document)))
-
-
 @contextlib.contextmanager
 def answer_screen(stdin):
-    """Where a question is asked: stderr, or, when stderr is not a terminal but the answer
-    comes from one (`2>log` on a terminal), that terminal (/dev/tty): a question written into
-    the log would leave the run waiting for an answer no one knows is asked."""
+    """Where a question is asked: stderr, or the terminal (/dev/tty) the answer comes from when
+    stderr is not one (`2>log`): a question in the log would leave the run waiting unseen."""
     screen = None
     # no controlling terminal: stderr it is
     with contextlib.suppress(OSError, ValueError, AttributeError):
