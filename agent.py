@@ -7257,8 +7257,7 @@ class Parser(argparse.ArgumentParser):
 
 
 class Once(argparse.Action):
-    """An option's value, given once: a second one (`-C a -C b`, where the last used to win
-    without a word) is a usage error, unless it says the same."""
+    """An option's value, given once: a second, different one (`-C a -C b`) is a usage error."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         given = namespace.__dict__.setdefault("_given", {})
@@ -8085,16 +8084,14 @@ def schema_mode(args):
 
 def report_mode(args, report):
     """--report: an HTML report of a saved run."""
-    args.report = kept_run(args.report, "--report", report)
-    for written in write_report(args.report, args.output):
+    for written in write_report(kept_run(args.report, "--report", report), args.output):
         report.line(f"report: {written}", always=True)
     return 0
 
 
 def export_mode(args, report):
     """--export atif: a saved run as an ATIF trajectory."""
-    args.export[1] = kept_run(args.export[1], "--export", report)
-    for written in export_atif(args.export[1], args.output):
+    for written in export_atif(kept_run(args.export[1], "--export", report), args.output):
         report.line(f"atif: {written}", always=True)
     return 0
 
@@ -8166,7 +8163,7 @@ class Run:
         self.replay = load_recording(args.replay) if args.replay else None
         # a file: what it says is used only if the user agrees
         recorded = self.session or self.replay or {}
-        self.workdir = run_workdir(args, recorded, self.replay)
+        self.workdir = run_workdir(args, recorded)
         check_resumed_outside(args, asked, self.workdir, recorded)
         config = dict.fromkeys(CONFIG_NAMES) if self.replay else load_config(self.workdir, report)
         # ANTHROPIC_BASE_URL as the transcript records it; None: Anthropic's
@@ -8218,7 +8215,7 @@ class Run:
         self.kept_line = named.said() if named else None
 
 
-def run_workdir(args, recorded, replay):
+def run_workdir(args, recorded):
     """The run's workdir: --workdir, else the one the resumed or replayed file recorded, else
     the current directory; a UsageError if it is no directory or is refused."""
     source = args.resume or args.replay
@@ -8249,7 +8246,7 @@ def run_workdir(args, recorded, replay):
             if shown != shown_path(workdir):
                 shown += f" (here {shown_path(workdir)})"
             raise UsageError(
-                f"{source} recorded the workdir {shown}, which {missing}{why} here: give -C DIR (--workdir) to {'replay' if replay else 'resume'} it in another directory"
+                f"{source} recorded the workdir {shown}, which {missing}{why} here: give -C DIR (--workdir) to {'replay' if args.replay else 'resume'} it in another directory"
             )
         home = ""
         if gone and args.workdir.startswith("~"):
@@ -8358,8 +8355,7 @@ def open_outputs(args, target, reach):
 
 
 def run_mode(run):
-    """Run what start_run set up (trials, or one session: new, resumed or replayed), print its
-    answer and say how it stopped; return the exit code."""
+    """Run the trials or the one session Run set up, and say how they stopped; the exit code."""
     report = run.report
     args = run.args
     report.events = run.events
