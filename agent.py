@@ -8001,11 +8001,11 @@ def make_client(config, limits, otel=False, workdir=None):
     # A server's malformed reply makes the SDK's models warn as they serialize it; agent.py
     # mends such replies itself (check_reply) and says so in the turn's notes, not on stderr.
     warnings.filterwarnings("ignore", "Pydantic serializer warnings", UserWarning)
-    # The URL is always given: left None, the SDK reads ANTHROPIC_BASE_URL itself, and takes an
-    # empty one for a URL ('talking to ://'); empty means unset here, as in .env.
     Connections.cut = False  # (tests make many clients in one process)
-    # The hook lets Ctrl-C cut trials' requests. With --otel: agent.py's own chat spans, and no
-    # trace context sent to the API.
+    # The URL is always given: left None, the SDK reads ANTHROPIC_BASE_URL itself, and takes an
+    # empty one for a URL ('talking to ://'); empty means unset here, as in .env. The hook lets
+    # Ctrl-C cut trials' requests. With --otel: agent.py's own chat spans, and no trace context
+    # sent to the API.
     return anthropic.Anthropic(
         api_key=key,
         max_retries=0,
