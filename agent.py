@@ -53,6 +53,7 @@ import logging
 import math
 import os
 import platform
+import pwd
 import re
 import resource
 import select
@@ -6794,16 +6795,15 @@ def meant_flags(parser, extra):
     """Each unknown flag among `extra`, with the flag it most likely meant (`--work`:
     --workdir; `-c`: -C), or --help when none is near."""
     known = list(parser._option_string_actions)
+    longs = [k for k in known if k.startswith("--")]
     shown = []
     for flag in (a for a in extra if a.startswith("-") and a != "-"):
         name = flag.split("=")[0]
-        if name in OTHER_TOOLS_FLAGS:  # what another agent CLI means by it
-            shown.append(f"{flag} ({OTHER_TOOLS_FLAGS[name]})")
-            continue
-        near = [k for k in known if k.lower() == name.lower()] or difflib.get_close_matches(
-            name, [k for k in known if k.startswith("--")], 1, 0.7
-        )
-        shown.append(f"{flag} (did you mean {near[0]}?)" if near else f"{flag} (see --help)")
+        same = [k for k in known if k.lower() == name.lower()]
+        near = same or difflib.get_close_matches(name, longs, 1, 0.7)
+        # what another agent CLI means by it, else the flag most like it
+        hint = OTHER_TOOLS_FLAGS.get(name) or (f"did you mean {near[0]}?" if near else "see --help")
+        shown.append(f"{flag} ({hint})")
     return shown
 
 
@@ -6825,22 +6825,15 @@ class Parser(argparse.ArgumentParser):
             message += " (last: the newest kept run; or a run id, or a transcript's path)"
         raise UsageError(f"{message} (see --help)")
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        for name in (None, "store"):  # every option with a value, in every group
-            self.register("action", name, Once)
-
 
 class Once(argparse.Action):
-    """An option's value, given once: a second one (`-C a -C b`, where the last used to win
-    without a word) is a usage error, unless it says the same."""
+    """An option's value, given once: a second, different one (`-C a -C b`) is a usage error."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         given = namespace.__dict__.setdefault("_given", {})
-        if self.dest in given and given[self.dest] != values:
-            shown = [
-                " ".join(v) if isinstance(v, list) else str(v) for v in (given[self.dest], values)
-            ]
+        before = given.get(self.dest, values)
+        if before != values:
+            shown = [" ".join(v) if isinstance(v, list) else str(v) for v in (before, values)]
             raise UsageError(
                 f"{'/'.join(self.option_strings)} was given twice ({shown[0]}, then {shown[1]}): give it once"
             )
@@ -6885,10 +6878,8 @@ def whole_number(value):
 
 def tokens_or_off(value):
     """--clear-tool-results: a number of tokens, or off."""
-    if value == "off":
-        return None
     try:
-        return whole_number(value)
+        return None if value == "off" else whole_number(value)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError("give a number of tokens, or off")
 
@@ -6896,47 +6887,60 @@ def tokens_or_off(value):
 LONGEST_WAIT = 10**9  # seconds a timeout may be: every clock agent.py waits on holds it
 
 
-# What --help says of each option and of the question, by the flag's long name.
-HELP = {
-    "--version": "print agent.py's version, and exit",
-    "question": "the question; - reads it from stdin (with --resume: an optional follow-up)",
-    "--workdir": "the directory the tools work in (default: the current one); one that holds agent.py or its Python is refused, unless --no-sandbox",
-    "--model": f"model id (default: $ANTHROPIC_MODEL, else {DEFAULT_MODEL})",
-    "--effort": "sent as output_config.effort (default: the model's)",
-    "--yes": "run run_python without asking, once the sandbox is proven (default: ask every time)",
-    "--no-sandbox": "run run_python unconfined (default: sandboxed)",
-    "--resume": "continue a saved transcript (last: the newest kept run; or a run id); rewrites PATH as the run goes on (give --transcript to write elsewhere)",
-    "--replay": "run a saved transcript's model turns again against the real tools: no key, no connection (last, or a run id: a kept run)",
-    "--strict": "with --replay: stop at the first turn whose tool results differ from the recording, and exit 7 (replay_differs): a regression check for CI",
-    "--system-prompt": "the system prompt, from this UTF-8 file (default: agent.py's, for questions about files); recorded in the transcript, and kept by --resume",
-    "--max-turns": f"requests per run (default: {Limits.max_turns})",
-    "--token-budget": f"input + cache + output tokens per run (default: {Limits.token_budget:,})",
-    "--budget-usd": "dollars per run, priced like the bill (default: no dollar limit)",
-    "--max-tokens": f"output tokens per response (default: {Limits.max_tokens:,})",
-    "--tool-timeout": f"seconds per run_python call (default: {Limits.tool_timeout:g})",
-    "--request-timeout": f"seconds a streamed reply may go without an event before the turn is retried (default: {Limits.request_timeout:g})",
-    "--transcript": "write the transcript JSON here, outside the workdir; - for stdout (default: none)",
-    "--events": "write the run's events as JSON Lines here, outside the workdir; - for stdout (default: none)",
-    "--otel": "send the run as OpenTelemetry traces over OTLP, as OTEL_EXPORTER_OTLP_* say (optional packages)",
-    "--quiet": "no progress on stderr (default: progress)",
-    "--no-keep": "keep no copy of this run in $XDG_STATE_HOME/agent.py/runs or ~/.local/state/agent.py/runs (default: every run is kept there; AGENT_PY_NO_KEEP=1 keeps none)",
-    "--trials": f"run the question K times (at most {MAX_TRIALS:,}); report pass@k and pass^k (with no --expect, --expect-tool or --expect-stop, a trial passes if it stopped with end_turn)",
-    "--jobs": f"trials run at once (default: 1; at most {MAX_JOBS})",
-    "--trials-budget-usd": "dollars over all the trials: once they have spent X, no more start (--budget-usd bounds each one; default: no total)",
-    "--expect": "a trial passes if this regex is in the answer",
-    "--expect-tool": "... and it used this tool",
-    "--expect-stop": "... and stopped so: one of " + ", ".join(EXIT_CODES),
-    "--decline-message": "what a declined run_python call tells the model (default: not to retry it, and to ask the user how to proceed)",
-    "--clear-tool-results": f"once a prompt reaches TOKENS, send old tool results as a one-line placeholder (default: {Limits.clear_at:,})",
-    "--keep-tool-results": f"the newest tool results, never cleared (default: {Limits.keep_results})",
-    "--clear-at-least": f"clear only when that frees this many tokens, since a clearing breaks the cache once (default: {Limits.clear_at_least:,})",
-    "--context-edit": "who clears: agent.py, or the API's context editing (beta) (default: client)",
-    "--count-tokens": "print what the system prompt, the tools and QUESTION cost in input tokens (the API's count_tokens), and exit",
-    "--schema": "print the JSON Schema of a transcript, an event or a trials summary, and exit",
-    "--report": "write an HTML report of a transcript or trials summary (last, or a run id: a kept run), and exit",
-    "--export": "convert a transcript or trials summary (last, or a run id: a kept run): atif (the Agent Trajectory Interchange Format, v1.8), and exit",
-    "--output": "where --report or --export writes; - for stdout (default: beside JSON)",
-}
+# The options, group by group as --help lists them (None: the parser's own, beside -h): their
+# flags, what argparse is told of them, and what --help says of them.
+OPTIONS = {
+    None: [("-V --version", dict(action="version", version=f"agent.py {AGENT_VERSION}"), "print agent.py's version, and exit")],
+    "run": [
+        ("question", dict(nargs="?"), "the question; - reads it from stdin (with --resume: an optional follow-up)"),
+        ("-C --workdir", dict(metavar="DIR"), "the directory the tools work in (default: the current one); one that holds agent.py or its Python is refused, unless --no-sandbox"),
+        ("-m --model", dict(metavar="ID"), f"model id (default: $ANTHROPIC_MODEL, else {DEFAULT_MODEL})"),
+        ("--effort", dict(choices=EFFORTS), "sent as output_config.effort (default: the model's)"),
+        ("-y --yes", dict(action="store_true"), "run run_python without asking, once the sandbox is proven (default: ask every time)"),
+        ("--no-sandbox", dict(action="store_true"), "run run_python unconfined (default: sandboxed)"),
+        ("-r --resume", dict(metavar="PATH"), "continue a saved transcript (last: the newest kept run; or a run id); rewrites PATH as the run goes on (give --transcript to write elsewhere)"),
+        ("--replay", dict(metavar="PATH"), "run a saved transcript's model turns again against the real tools: no key, no connection (last, or a run id: a kept run)"),
+        ("--strict", dict(action="store_true"), "with --replay: stop at the first turn whose tool results differ from the recording, and exit 7 (replay_differs): a regression check for CI"),
+        ("-s --system-prompt", dict(metavar="FILE"), "the system prompt, from this UTF-8 file (default: agent.py's, for questions about files); recorded in the transcript, and kept by --resume"),
+    ],
+    "limits": [
+        ("--max-turns", dict(type=whole_number, metavar="N", default=Limits.max_turns), f"requests per run (default: {Limits.max_turns})"),
+        ("--token-budget", dict(type=whole_number, metavar="N", default=Limits.token_budget), f"input + cache + output tokens per run (default: {Limits.token_budget:,})"),
+        ("--budget-usd", dict(type=float, metavar="X"), "dollars per run, priced like the bill (default: no dollar limit)"),
+        ("--max-tokens", dict(type=whole_number, metavar="N", default=Limits.max_tokens), f"output tokens per response (default: {Limits.max_tokens:,})"),
+        ("--tool-timeout", dict(type=float, metavar="SECONDS", default=Limits.tool_timeout), f"seconds per run_python call (default: {Limits.tool_timeout:g})"),
+        ("--request-timeout", dict(type=float, metavar="SECONDS", default=Limits.request_timeout), f"seconds a streamed reply may go without an event before the turn is retried (default: {Limits.request_timeout:g})"),
+    ],
+    "outputs": [
+        ("--transcript", dict(metavar="PATH"), "write the transcript JSON here, outside the workdir; - for stdout (default: none)"),
+        ("--events", dict(metavar="PATH"), "write the run's events as JSON Lines here, outside the workdir; - for stdout (default: none)"),
+        ("--otel", dict(action="store_true"), "send the run as OpenTelemetry traces over OTLP, as OTEL_EXPORTER_OTLP_* say (optional packages)"),
+        ("-q --quiet", dict(action="store_true"), "no progress on stderr (default: progress)"),
+        ("--no-keep", dict(action="store_true"), "keep no copy of this run in $XDG_STATE_HOME/agent.py/runs or ~/.local/state/agent.py/runs (default: every run is kept there; AGENT_PY_NO_KEEP=1 keeps none)"),
+    ],
+    "trials: how stable is a behaviour": [
+        ("--trials", dict(type=whole_number, metavar="K"), f"run the question K times (at most {MAX_TRIALS:,}); report pass@k and pass^k (with no --expect, --expect-tool or --expect-stop, a trial passes if it stopped with end_turn)"),
+        ("--jobs", dict(type=whole_number, metavar="N", default=1), f"trials run at once (default: 1; at most {MAX_JOBS})"),
+        ("--trials-budget-usd", dict(type=float, metavar="X"), "dollars over all the trials: once they have spent X, no more start (--budget-usd bounds each one; default: no total)"),
+        ("--expect", dict(metavar="REGEX"), "a trial passes if this regex is in the answer"),
+        ("--expect-tool", dict(metavar="NAME", choices=list(TOOL_FUNCTIONS)), "... and it used this tool"),
+        ("--expect-stop", dict(metavar="LABEL", choices=list(EXIT_CODES)), "... and stopped so: one of " + ", ".join(EXIT_CODES)),
+        ("--decline-message", dict(metavar="TEXT"), "what a declined run_python call tells the model (default: not to retry it, and to ask the user how to proceed)"),
+    ],
+    "context: clearing old tool results": [
+        ("--clear-tool-results", dict(type=tokens_or_off, metavar="TOKENS|off", default=Limits.clear_at), f"once a prompt reaches TOKENS, send old tool results as a one-line placeholder (default: {Limits.clear_at:,})"),
+        ("--keep-tool-results", dict(type=whole_number, metavar="N", default=Limits.keep_results), f"the newest tool results, never cleared (default: {Limits.keep_results})"),
+        ("--clear-at-least", dict(type=whole_number, metavar="TOKENS", default=Limits.clear_at_least), f"clear only when that frees this many tokens, since a clearing breaks the cache once (default: {Limits.clear_at_least:,})"),
+        ("--context-edit", dict(choices=("client", "server"), default=Limits.context_edit), "who clears: agent.py, or the API's context editing (beta) (default: client)"),
+    ],
+    "inspection: print or convert, send nothing (but --count-tokens)": [
+        ("--count-tokens", dict(action="store_true"), "print what the system prompt, the tools and QUESTION cost in input tokens (the API's count_tokens), and exit"),
+        ("--schema", dict(choices=list(SCHEMAS)), "print the JSON Schema of a transcript, an event or a trials summary, and exit"),
+        ("--report", dict(metavar="JSON"), "write an HTML report of a transcript or trials summary (last, or a run id: a kept run), and exit"),
+        ("--export", dict(nargs=2, metavar=("FORMAT", "JSON")), "convert a transcript or trials summary (last, or a run id: a kept run): atif (the Agent Trajectory Interchange Format, v1.8), and exit"),
+        ("-o --output", dict(metavar="PATH"), "where --report or --export writes; - for stdout (default: beside JSON)"),
+    ],
+}  # fmt: skip
 
 
 def parse_args(argv):
@@ -6947,66 +6951,12 @@ def parse_args(argv):
         allow_abbrev=False,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    version = f"agent.py {AGENT_VERSION}"
-    p.add_argument("-V", "--version", action="version", version=version, help=HELP["--version"])
-    run = p.add_argument_group("run")
-    run.add_argument("question", nargs="?", help=HELP["question"])
-    run.add_argument("-C", "--workdir", metavar="DIR", help=HELP["--workdir"])
-    run.add_argument("-m", "--model", metavar="ID", help=HELP["--model"])
-    run.add_argument("--effort", choices=EFFORTS, help=HELP["--effort"])
-    run.add_argument("-y", "--yes", action="store_true", help=HELP["--yes"])
-    run.add_argument("--no-sandbox", action="store_true", help=HELP["--no-sandbox"])
-    run.add_argument("-r", "--resume", metavar="PATH", help=HELP["--resume"])
-    run.add_argument("--replay", metavar="PATH", help=HELP["--replay"])
-    run.add_argument("--strict", action="store_true", help=HELP["--strict"])
-    run.add_argument("-s", "--system-prompt", metavar="FILE", help=HELP["--system-prompt"])
-    limits = p.add_argument_group("limits")
-    for flag, kind, metavar, default in (
-        ("--max-turns", whole_number, "N", Limits.max_turns),
-        ("--token-budget", whole_number, "N", Limits.token_budget),
-        ("--budget-usd", float, "X", None),
-        ("--max-tokens", whole_number, "N", Limits.max_tokens),
-        ("--tool-timeout", float, "SECONDS", Limits.tool_timeout),
-        ("--request-timeout", float, "SECONDS", Limits.request_timeout),
-    ):
-        limits.add_argument(flag, type=kind, metavar=metavar, default=default, help=HELP[flag])
-    outputs = p.add_argument_group("outputs")
-    outputs.add_argument("--transcript", metavar="PATH", help=HELP["--transcript"])
-    outputs.add_argument("--events", metavar="PATH", help=HELP["--events"])
-    outputs.add_argument("--otel", action="store_true", help=HELP["--otel"])
-    outputs.add_argument("-q", "--quiet", action="store_true", help=HELP["--quiet"])
-    outputs.add_argument("--no-keep", action="store_true", help=HELP["--no-keep"])
-    trials = p.add_argument_group("trials: how stable is a behaviour")
-    trials.add_argument("--trials", type=whole_number, metavar="K", help=HELP["--trials"])
-    trials.add_argument("--jobs", type=whole_number, metavar="N", default=1, help=HELP["--jobs"])
-    trials.add_argument(
-        "--trials-budget-usd", type=float, metavar="X", help=HELP["--trials-budget-usd"]
-    )
-    trials.add_argument("--expect", metavar="REGEX", help=HELP["--expect"])
-    trials.add_argument(
-        "--expect-tool", metavar="NAME", choices=list(TOOL_FUNCTIONS), help=HELP["--expect-tool"]
-    )
-    trials.add_argument(
-        "--expect-stop", metavar="LABEL", choices=list(EXIT_CODES), help=HELP["--expect-stop"]
-    )
-    trials.add_argument("--decline-message", metavar="TEXT", help=HELP["--decline-message"])
-    context = p.add_argument_group("context: clearing old tool results")
-    for flag, kind, metavar, default in (
-        ("--clear-tool-results", tokens_or_off, "TOKENS|off", Limits.clear_at),
-        ("--keep-tool-results", whole_number, "N", Limits.keep_results),
-        ("--clear-at-least", whole_number, "TOKENS", Limits.clear_at_least),
-    ):
-        context.add_argument(flag, type=kind, metavar=metavar, default=default, help=HELP[flag])
-    clearers = ("client", "server")
-    context.add_argument(
-        "--context-edit", choices=clearers, default=Limits.context_edit, help=HELP["--context-edit"]
-    )
-    show = p.add_argument_group("inspection: print or convert, send nothing (but --count-tokens)")
-    show.add_argument("--count-tokens", action="store_true", help=HELP["--count-tokens"])
-    show.add_argument("--schema", choices=list(SCHEMAS), help=HELP["--schema"])
-    show.add_argument("--report", metavar="JSON", help=HELP["--report"])
-    show.add_argument("--export", nargs=2, metavar=("FORMAT", "JSON"), help=HELP["--export"])
-    show.add_argument("-o", "--output", metavar="PATH", help=HELP["--output"])
+    for name in (None, "store"):  # every option with a value, in every group
+        p.register("action", name, Once)
+    for title, options in OPTIONS.items():
+        group = p.add_argument_group(title) if title else p
+        for flags, given, text in options:
+            group.add_argument(*flags.split(), help=text, **given)
     args, extra = p.parse_known_args(argv)
     if extra:  # argparse's own message; for words alone, what they most likely are
         words = [a for a in extra if not a.startswith("-") or a == "-"]
@@ -7049,11 +6999,9 @@ def parse_args(argv):
         raise UsageError(f"{' and '.join(inspecting)} cannot be combined: give one")
     dropped += ["--otel"] * args.otel
     if inspecting and dropped:
-        what = {
-            "--schema": "prints a schema",
-            "--report": "writes a report of a saved run",
-            "--export": "converts a saved run",
-        }[inspecting[0]]
+        # (one of the three: two were refused above)
+        what = "prints a schema" if args.schema else "writes a report of a saved run"
+        what = "converts a saved run" if args.export else what
         raise UsageError(
             f"{inspecting[0]} cannot be combined with {dropped[0]}: it {what}, and runs nothing; give one of them"
         )
@@ -7131,9 +7079,8 @@ def parse_args(argv):
 
 
 def check_text(value, what):
-    """`value` if it is text; a UsageError if it is not valid UTF-8 (Python hands such bytes of
-    the command line or the environment over as lone surrogates), which agent.py can neither
-    send nor record."""
+    """`value`, or a UsageError if it is not valid UTF-8 (Python hands such bytes of the command
+    line or the environment over as lone surrogates): agent.py can neither send nor record it."""
     try:
         if value is not None:
             value.encode("utf-8")
@@ -7151,8 +7098,7 @@ def not_utf8(what, byte, before):
 
 
 class QuestionWasRead(io.StringIO):
-    """stdin once the question (-) was read from it: nothing is left to answer a question with,
-    and agreed says so."""
+    """stdin once the question (-) was read from it: no answer is left in it, as agreed says."""
 
     no_answer = "(no answer: stdin held the question; give --yes to run it unasked)"
 
@@ -7161,9 +7107,8 @@ ELSEWHERE = "y"  # what --resume's consent to another server is: a y, which no f
 
 
 class PipedAnswers:
-    """stdin that is not a terminal (`echo y | agent.py ...`): no terminal echoes the answer
-    read from it, so it is shown after the question, said to come from stdin, and the line
-    ends; an answer without a line break is still that answer."""
+    """stdin that is not a terminal (`echo y | agent.py ...`): the answer read from it, which no
+    terminal echoes, is shown after the question as from stdin, its line ended."""
 
     def __init__(self, stdin):
         self.stdin = stdin
@@ -7181,6 +7126,7 @@ class PipedAnswers:
 
 
 MAX_QUESTION = 32 << 20  # bytes of a question on stdin: the API takes no larger request
+MAX_SYSTEM_PROMPT = 1 << 20  # bytes of a --system-prompt file: more than any context window holds
 
 
 def read_question(stdin):
@@ -7196,11 +7142,7 @@ def read_question(stdin):
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        before = data[: e.start].decode("utf-8", "replace")
-        not_utf8("the question on stdin", data[e.start], before)
-
-
-MAX_SYSTEM_PROMPT = 1 << 20  # bytes of a --system-prompt file: more than any context window holds
+        not_utf8("the question on stdin", data[e.start], data[: e.start].decode("utf-8", "replace"))
 
 
 def read_system_prompt(path):
@@ -7231,14 +7173,10 @@ def read_system_prompt(path):
 
 def install_hint():
     """What to run to install agent.py's packages, with paths that work from where the user
-    stands (in the checkout: .venv, requirements.txt, agent.py). The line it ends up on begins
-    with `agent.py: `, so it does not name agent.py again."""
+    stands; its line begins with `agent.py: `, so it does not name agent.py again."""
     venv = beside_agent(".venv")
     agent_py = beside_agent("agent.py")
     return f"needs the anthropic and python-dotenv packages, which {sys.executable} cannot import: python3 -m venv {venv} && {venv}/bin/pip install -r {beside_agent('requirements.txt')}, then run {venv}/bin/python {agent_py} ...; or run it with uv run {agent_py} ..."
-
-
-PLACEHOLDER_KEY = "sk-ant-..."  # what .env.example holds
 
 
 def harness():
@@ -7278,18 +7216,14 @@ OWN_OUTPUTS = re.compile(
 
 def check_not_the_checkouts(path, flag, given, dir_fd):
     """Refuse to replace a file in agent.py's checkout unless it is empty or one agent.py wrote:
-    `--events requirements.txt` is one tab away from `--events run.jsonl`. Elsewhere an output
-    replaces any regular file of the user's, as README says."""
+    `--events requirements.txt` is one tab away from `--events run.jsonl`."""
     home = Path(os.path.realpath(__file__)).parent
     if not path.is_relative_to(home):
         return
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        fd = os.open(path.name, flags, dir_fd=dir_fd)
-        try:
-            head = os.read(fd, 4096)
-        finally:
-            os.close(fd)
+        with os.fdopen(os.open(path.name, flags, dir_fd=dir_fd), "rb") as file:
+            head = file.read(4096)
     except OSError:
         head = b"?"  # cannot be read: not shown to be agent.py's own
     if head and not OWN_OUTPUTS.match(head):
@@ -7347,12 +7281,8 @@ SYSTEM_TREES = (
 SHARED_DIRECTORIES = ("/", "/home", "/media", "/mnt", "/srv", "/tmp")
 
 
-def check_workdir(workdir, where, confined=True):
+def check_workdir(workdir, where):
     """Refuse a workdir that is not a directory of ordinary data (the rule above)."""
-    import pwd
-
-    if not confined:
-        return
     mounts = mounts_at_or_below(workdir)
     for point, kind in mounts:
         if kind in KERNEL_FILESYSTEMS:
@@ -7382,11 +7312,8 @@ def check_workdir(workdir, where, confined=True):
             refuse_workdir(where, f"holds {what} ({os.path.abspath(path)})")
         if inside_too and file_id(real) in above - {None}:
             refuse_workdir(where, f"is inside {what} ({real})")
-    linked = {}
-    for what, path, _ in harness():
-        info = os.stat(path) if os.path.isfile(path) else None
-        if info and info.st_nlink > 1:
-            linked[info.st_dev, info.st_ino] = (what, path)
+    files = [(what, path) for what, path, _ in harness() if os.path.isfile(path)]
+    linked = {file_id(path): (what, path) for what, path in files if os.stat(path).st_nlink > 1}
     for top, _, names in os.walk(workdir) if linked else ():
         for name in names:
             what, path = linked.get(file_id(os.path.join(top, name), follow=False), (None, None))
@@ -7455,15 +7382,13 @@ def dotenv_path():
 
 # the settings agent.py reads from the environment, else from the .env beside it
 CONFIG_NAMES = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL")
+ANTHROPIC_HOST = "api.anthropic.com"  # the SDK's default server, which prices are for
+ANTHROPIC_URL = f"https://{ANTHROPIC_HOST}"  # that server as a transcript records it
 
 
 def load_config(workdir, report):
-    """API settings: the environment, else the .env beside agent.py, read as plain values (no
-    ${VAR} expansion) and never loaded into os.environ. That file counts only if it is a
-    regular file with no other name (not a symlink or a hard link, which could lead to a file
-    the model's code wrote) outside the workdir, owned by the user running agent.py (or root)
-    and writable by no one else: no file a script or another user could have written decides
-    where the key and the data go."""
+    """API settings: the environment, else the .env beside agent.py if it counts (read_dotenv),
+    read as plain values (no ${VAR} expansion) and never loaded into os.environ."""
     try:
         found = dotenv_settings(workdir, report)
     except ImportError:
@@ -7475,11 +7400,10 @@ def load_config(workdir, report):
     key = config["ANTHROPIC_API_KEY"]
     odd = next((i for i, c in enumerate(key or "") if not c.isascii()), None)
     if odd is not None:  # where, and never a character of the key itself (it is a secret)
-        byte = key[odd]
         where = "" if os.environ.get("ANTHROPIC_API_KEY") else f" (from {dotenv_path()})"
         said = "has a character that is not ASCII"
-        if "\udc80" <= byte <= "\udcff":
-            said = f"is not valid UTF-8: byte 0x{os.fsencode(byte)[0]:02x}"
+        if "\udc80" <= key[odd] <= "\udcff":
+            said = f"is not valid UTF-8: byte 0x{os.fsencode(key[odd])[0]:02x}"
         raise UsageError(
             f"ANTHROPIC_API_KEY{where} {said} at position {odd + 1} of {len(key)}: copy the key again"
         )
@@ -7487,8 +7411,7 @@ def load_config(workdir, report):
 
 
 def dotenv_settings(workdir, report):
-    """The settings in the .env beside agent.py, if it counts (read_dotenv), as plain values:
-    no ${VAR} expansion, and never loaded into os.environ."""
+    """The settings in the .env beside agent.py, if it counts (read_dotenv), as plain values."""
     text = read_dotenv(dotenv_path(), workdir, report)
     if not text:
         return {}
@@ -7498,10 +7421,9 @@ def dotenv_settings(workdir, report):
 
 
 def learn_secrets(report):
-    """Fill SECRETS, which every writer redacts (redact): the API key, from the environment and
-    from the .env beside agent.py (if it counts), in every mode, whether or not this run uses
-    it: a --replay sends nothing, yet what it writes must hold the key no more than a live
-    run's output does. A key too short to redact is said to be."""
+    """Fill SECRETS, which every writer redacts: the API key from the environment and from the
+    .env beside agent.py (if it counts), in every mode: a --replay sends nothing, yet what it
+    writes must hold the key no more than a live run's output does."""
     keys = [os.environ.get("ANTHROPIC_API_KEY")]
     # without python-dotenv, load_config says what to install, if the run needs the file
     with contextlib.suppress(ImportError):
@@ -7516,7 +7438,10 @@ def learn_secrets(report):
 
 def read_dotenv(path, workdir, report):
     """The text of the .env at `path`, or None when there is none or it does not count (stderr
-    says why, unless `report` is None)."""
+    says why, unless `report` is None). It counts only as a regular file with no other name (a
+    symlink or a hard link could lead to a file the model's code wrote) outside the workdir,
+    owned by the user or root and writable by no one else: no file a script or another user
+    could have written decides where the key and the data go."""
     # the tests' stand-in for the one .env: none
     if path is None:
         return None
@@ -7592,8 +7517,6 @@ def no_key(workdir):
 
 def user_name(uid):
     """`nobody (uid 65534)`, or the uid alone when it has no name."""
-    import pwd
-
     try:
         return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
     except KeyError:
@@ -7606,17 +7529,14 @@ def make_client(config, limits, otel=False, workdir=None):
     key = config["ANTHROPIC_API_KEY"]  # checked before the 2 s import, so it says so at once
     if not key:
         raise UsageError(no_key(workdir))
-    if key == PLACEHOLDER_KEY or key.endswith("..."):
+    if key.endswith("..."):
         raise UsageError(
             "ANTHROPIC_API_KEY is still the placeholder from .env.example: put your own key there"
         )
     odd = [i for i, c in enumerate(key) if c.isspace() or not c.isprintable()]
     if odd:  # (never the key itself in the line: where the odd character is, only)
-        where = "inside it"
-        if odd[0] == 0:
-            where = "at its start"
-        if odd[-1] == len(key) - 1:
-            where = "at its end"
+        where = "at its start" if odd[0] == 0 else "inside it"
+        where = "at its end" if odd[-1] == len(key) - 1 else where
         raise UsageError(
             f"ANTHROPIC_API_KEY has white space or a control character {where}: copy the key again, without it"
         )
@@ -7651,31 +7571,24 @@ def make_client(config, limits, otel=False, workdir=None):
     # A server's malformed reply makes the SDK's models warn as they serialize it; agent.py
     # mends such replies itself (check_reply) and says so in the turn's notes, not on stderr.
     warnings.filterwarnings("ignore", "Pydantic serializer warnings", UserWarning)
+    Connections.cut = False  # (tests make many clients in one process)
     # The URL is always given: left None, the SDK reads ANTHROPIC_BASE_URL itself, and takes an
-    # empty one for a URL ('talking to ://'); empty means unset here, as in .env.
-    options = dict(
+    # empty one for a URL ('talking to ://'); empty means unset here, as in .env. The hook lets
+    # Ctrl-C cut trials' requests. With --otel: agent.py's own chat spans, and no trace context
+    # sent to the API.
+    return anthropic.Anthropic(
         api_key=key,
         max_retries=0,
-        base_url=url or f"https://{ANTHROPIC_HOST}",
+        base_url=url or ANTHROPIC_URL,
         timeout=anthropic.Timeout(limits.request_timeout, connect=10.0),
+        http_client=anthropic.DefaultHttpxClient(event_hooks={"request": [Connections.hook]}),
+        **({"open_telemetry": False} if otel else {}),
     )
-    if otel:  # agent.py's own chat spans, and no trace context sent to the API
-        options["open_telemetry"] = False
-    Connections.cut = False  # (tests make many clients in one process)
-    options["http_client"] = anthropic.DefaultHttpxClient(
-        event_hooks={"request": [Connections.hook]}
-    )  # so that Ctrl-C can cut trials' requests
-    return anthropic.Anthropic(**options)
-
-
-ANTHROPIC_HOST = "api.anthropic.com"  # the SDK's default server, which prices are for
-ANTHROPIC_URL = f"https://{ANTHROPIC_HOST}"  # that server as a transcript records it
 
 
 def server_url(url):
-    """ANTHROPIC_BASE_URL as a transcript records it: scheme, host, port and path, never the
-    user:password@ of the URL or its query and fragment, which can carry keys. None if it is
-    not a URL."""
+    """ANTHROPIC_BASE_URL as a transcript records it (None if it is no URL): scheme, host, port
+    and path, never a user:password@, query or fragment, which can carry keys."""
     try:
         parts = urllib.parse.urlsplit(url)
         host, port = parts.hostname, parts.port
@@ -7683,10 +7596,8 @@ def server_url(url):
         return None
     if not host:
         return None
-    host = f"[{host}]" if ":" in host else host
-    return urllib.parse.urlunsplit(
-        (parts.scheme, host + (f":{port}" if port else ""), parts.path, "", "")
-    )
+    netloc = (f"[{host}]" if ":" in host else host) + (f":{port}" if port else "")
+    return parts._replace(netloc=netloc, query="", fragment="").geturl()
 
 
 def already_streamed(report):
@@ -7700,9 +7611,8 @@ def already_streamed(report):
 
 
 def main(argv=None, client=None, stdin=None):
-    """Parse the flags, run the mode they name (schema, report, export, count-tokens, or a run:
-    new, resumed, replayed or trials), and return its exit code. A failure before a run starts
-    becomes one line and its exit code here; a run says how it stopped itself (run_mode)."""
+    """Parse the flags, run the mode they name and return its exit code. A failure before a run
+    starts becomes one line and its exit code here; a run says how it stopped itself."""
     report = Reporter()
     STOPPING.clear()
     if hasattr(sys.stdout, "reconfigure"):
@@ -7728,12 +7638,10 @@ def main(argv=None, client=None, stdin=None):
         return EXIT_USAGE
     except SystemExit as e:  # --help, --version
         return e.code or 0
-    except FileNotFoundError as e:
-        if not cwd_gone():
-            return failed(report, stop_for(e, api=False))
-        report.error(f"agent.py: {CWD_GONE}")
-        return EXIT_USAGE
     except (KeyboardInterrupt, Exception) as e:  # Ctrl-C before anything was sent, or a bug
+        if isinstance(e, FileNotFoundError) and cwd_gone():
+            report.error(f"agent.py: {CWD_GONE}")
+            return EXIT_USAGE
         return failed(report, stop_for(e, api=False))
     return run_mode(run)
 
@@ -7746,16 +7654,14 @@ def schema_mode(args):
 
 def report_mode(args, report):
     """--report: an HTML report of a saved run."""
-    args.report = kept_run(args.report, "--report", report)
-    for written in write_report(args.report, args.output):
+    for written in write_report(kept_run(args.report, "--report", report), args.output):
         report.line(f"report: {written}", always=True)
     return 0
 
 
 def export_mode(args, report):
     """--export atif: a saved run as an ATIF trajectory."""
-    args.export[1] = kept_run(args.export[1], "--export", report)
-    for written in export_atif(args.export[1], args.output):
+    for written in export_atif(kept_run(args.export[1], "--export", report), args.output):
         report.line(f"atif: {written}", always=True)
     return 0
 
@@ -7803,16 +7709,14 @@ def count_tokens_mode(args, client, system, report):
 
 
 class Run:
-    """A run checked and set up, nothing sent yet: what each mode (a new run, --resume,
-    --replay, --trials) reads. Setting it up checks everything a run checks before its first
-    request: the file it goes on from, its workdir, the settings, the user's consent to what
-    the file says, the outputs and the kept copy."""
+    """A run checked and set up, nothing sent yet, which each mode reads. Setting it up checks
+    all a run checks before its first request: the file it goes on from, its workdir, the
+    settings, the user's consent to what the file says, the outputs and the kept copy."""
 
     def __init__(self, args, client, stdin, system, report):
         self.args = args
         self.report = report
         self.stdin = stdin
-        # --system-prompt's text, if given
         self.system = system
         self.run_id = uuid.uuid4().hex
         report.quiet = args.quiet
@@ -7822,16 +7726,14 @@ class Run:
         args.resume = kept_run(args.resume, "--resume", report)
         args.replay = kept_run(args.replay, "--replay", report)
         # the resumed session, and how many of its tool calls were left unanswered
-        self.session = None
-        self.unanswered = 0
+        self.session, self.unanswered = None, 0
         if args.resume:
             loaded = load_transcript(args.resume)
             self.session, self.unanswered = prepare_resume(loaded, args.question)
-        # the recording --replay runs again
         self.replay = load_recording(args.replay) if args.replay else None
         # a file: what it says is used only if the user agrees
         recorded = self.session or self.replay or {}
-        self.workdir = run_workdir(args, recorded, self.replay)
+        self.workdir = run_workdir(args, recorded)
         check_resumed_outside(args, asked, self.workdir, recorded)
         config = dict.fromkeys(CONFIG_NAMES) if self.replay else load_config(self.workdir, report)
         # ANTHROPIC_BASE_URL as the transcript records it; None: Anthropic's
@@ -7854,23 +7756,13 @@ class Run:
         reach = None if args.no_sandbox else self.workdir
         self.output, self.trial_outputs, events_out = open_outputs(args, target, reach)
         budgets = {"--budget-usd": args.budget_usd, "--trials-budget-usd": args.trials_budget_usd}
-        for flag, given in budgets.items():
-            if given is not None and base_model(model) not in PRICING:
-                raise UsageError(
-                    f"{flag} needs a known price, and {model} is not in the pricing table"
-                )
-        self.limits = Limits(
-            max_turns=args.max_turns,
-            token_budget=args.token_budget,
-            budget_usd=args.budget_usd,
-            max_tokens=args.max_tokens,
-            tool_timeout=args.tool_timeout,
-            request_timeout=args.request_timeout,
-            clear_at=args.clear_tool_results,
-            keep_results=args.keep_tool_results,
-            clear_at_least=args.clear_at_least,
-            context_edit=args.context_edit,
-        )
+        flag = next((name for name, given in budgets.items() if given is not None), None)
+        if flag and base_model(model) not in PRICING:
+            raise UsageError(f"{flag} needs a known price, and {model} is not in the pricing table")
+        # each limit a flag of the same name sets, and the two flags named otherwise
+        limits = {name: value for name, value in vars(args).items() if hasattr(Limits, name)}
+        limits.update(clear_at=args.clear_tool_results, keep_results=args.keep_tool_results)
+        self.limits = Limits(**limits)
         # a replay runs the recording's replies, under the limits in which they ended as they did
         if self.replay:
             self.limits = replay_limits(self.replay, self.limits)
@@ -7882,23 +7774,18 @@ class Run:
         self.events = Events.open(events_out, self.run_id) if args.events else None
         # Every run is kept but a replay, and a run that goes on in a kept file (--resume last)
         going_on = bool(args.resume) and target == args.resume and is_kept(args.resume)
-        self.kept = None
-        self.kept_trials = {}
+        self.kept, self.kept_trials = None, {}
         if not (args.no_keep or self.replay or going_on):
-            if args.trials:
-                self.kept, self.kept_trials = keep_run(self.run_id, reach, report, args.trials)
-            else:
-                self.kept = keep_run(self.run_id, reach, report)
-        # the line that names the kept run, said once
-        self.kept_line = None
+            kept = keep_run(self.run_id, reach, report, args.trials or 0)
+            self.kept, self.kept_trials = kept if args.trials else (kept, {})
+        named = self.kept
         if going_on:
-            name = KEPT_FILE.fullmatch(self.output.name)[1]
-            self.kept_line = KeptRun(name, self.output, report).said()
-        elif self.kept:
-            self.kept_line = self.kept.said()
+            named = KeptRun(KEPT_FILE.fullmatch(self.output.name)[1], self.output, report)
+        # the line that names the kept run, said once
+        self.kept_line = named.said() if named else None
 
 
-def run_workdir(args, recorded, replay):
+def run_workdir(args, recorded):
     """The run's workdir: --workdir, else the one the resumed or replayed file recorded, else
     the current directory; a UsageError if it is no directory or is refused."""
     source = args.resume or args.replay
@@ -7929,15 +7816,15 @@ def run_workdir(args, recorded, replay):
             if shown != shown_path(workdir):
                 shown += f" (here {shown_path(workdir)})"
             raise UsageError(
-                f"{source} recorded the workdir {shown}, which {missing}{why} here: give -C DIR (--workdir) to {'replay' if replay else 'resume'} it in another directory"
+                f"{source} recorded the workdir {shown}, which {missing}{why} here: give -C DIR (--workdir) to {'replay' if args.replay else 'resume'} it in another directory"
             )
         home = ""
         if gone and args.workdir.startswith("~"):
             home = "; a ~ in quotes is not your home directory: leave it unquoted, or write $HOME"
         raise UsageError(f"{where} {missing}{why}{home}")
-    check_workdir(workdir, where, confined=not args.no_sandbox)
     # unconfined, the model's code can write anywhere anyway
     if not args.no_sandbox:
+        check_workdir(workdir, where)
         check_runs_apart(workdir, where)
     return workdir
 
@@ -7976,8 +7863,7 @@ def ask_to_go_on(run, client, config):
     if session is not None and run.model != default:
         taken["--model ID"] = ("model", run.model, "")
     made_with = session.get("base_url") if session is not None else run.server
-    made_with = (server_url(made_with) or made_with) if is_str(made_with) else None
-    made_with = made_with or ANTHROPIC_URL
+    made_with = (server_url(made_with) or made_with if is_str(made_with) else None) or ANTHROPIC_URL
     going_to = run.server or ANTHROPIC_URL
     # its whole history goes to this server: the user says so, in one line, its URL fitted
     if made_with != going_to:
@@ -8022,30 +7908,24 @@ def open_outputs(args, target, reach):
         output = OutputFile(target, reach, "--transcript" if args.transcript else "--resume")
     if args.trials:
         room_for_trials(args.trials)
-    trial_outputs = {}
-    if args.trials and output:
-        for i in range(1, args.trials + 1):
-            trial_outputs[i] = OutputFile(trial_path(output.path, i), reach, named=False)
+    indices = range(1, args.trials + 1) if args.trials and output else ()
+    trial_outputs = {i: OutputFile(trial_path(output.path, i), reach, named=False) for i in indices}
     events_out = None
     if args.events not in (None, "-"):
         events_out = OutputFile(args.events, reach, "--events", stream=True)
-    written = [("--transcript", output)] * bool(output)
-    written += [("--events", events_out)] * bool(events_out)
+    written = [(flag, o) for flag, o in (("--transcript", output), ("--events", events_out)) if o]
     trials = [(f"trial {i}'s transcript", o) for i, o in trial_outputs.items()]
     check_distinct(written + trials)
     if events_out and args.resume:
         check_distinct([("--events", events_out)], [("--resume", args.resume)])
-    if args.replay:
-        check_distinct(written, [("--replay", args.replay)])
-    # read once at the start: an output on it would replace it
-    if args.system_prompt:
-        check_distinct(written + trials, [("--system-prompt", args.system_prompt)])
+    # each read once at the start: an output on one would replace it
+    read = {"--replay": args.replay, "--system-prompt": args.system_prompt}
+    check_distinct(written + trials, [(flag, path) for flag, path in read.items() if path])
     return output, trial_outputs, events_out
 
 
 def run_mode(run):
-    """Run what start_run set up (trials, or one session: new, resumed or replayed), print its
-    answer and say how it stopped; return the exit code."""
+    """Run the trials or the one session Run set up, and say how they stopped; the exit code."""
     report = run.report
     args = run.args
     report.events = run.events
@@ -8063,6 +7943,7 @@ def run_mode(run):
     decline = args.decline_message or DECLINE_MESSAGE
     ctx = ToolContext(run.workdir, run.limits, sandbox, approve, decline)
     started = time.monotonic()
+    sources = {"resumed_from": args.resume, "replayed_from": args.replay, "trials": args.trials}
     report.emit(
         "run.start",
         schema_version=EVENTS_VERSION,
@@ -8072,19 +7953,12 @@ def run_mode(run):
         question=run.replay["question"] if run.replay else args.question,
         limits=asdict(run.limits),
         sandbox={"enabled": not args.no_sandbox, "status": "proven at the first run_python call"},
-        **({"resumed_from": args.resume} if args.resume else {}),
-        **({"replayed_from": args.replay} if args.replay else {}),
-        **({"trials": args.trials} if args.trials else {}),
+        **{name: value for name, value in sources.items() if value},
     )
     try:
         if args.trials:
             return trials_mode(run, ctx)
-        if run.replay:
-            run.session = replayed_session(run)
-        elif run.session is None:
-            run.session = new_session_of(run)
-        else:
-            resumed_session(run)
+        run.session = session_of(run)
         return session_mode(run, ctx, started)
     # the disk filled up, Ctrl-C outside a turn, a bug: one line
     except BaseException as e:
@@ -8106,35 +7980,23 @@ def run_mode(run):
 def trials_mode(run, ctx):
     """--trials: run the question K times, write the summary, and exit as the trials went."""
     args = run.args
-    spec = TrialSpec(
-        args.question,
-        run.model,
-        args.effort,
-        args.trials,
-        args.jobs,
-        args.expect,
-        args.expect_tool,
-        args.expect_stop,
-        args.quiet,
-        run.system or SYSTEM_PROMPT,
-        run.server,
-        args.trials_budget_usd,
-    )
+    asked = (args.question, run.model, args.effort, args.trials, args.jobs)
+    expected = (args.expect, args.expect_tool, args.expect_stop)
+    system = run.system or SYSTEM_PROMPT
+    spec = TrialSpec(*asked, *expected, args.quiet, system, run.server, args.trials_budget_usd)
     summary = run_trials(
         spec, run.client, ctx, run.trial_outputs, run.events, run.telemetry, run.kept_trials
     )
     if run.events and run.events.lost:
         summary["events_lost"] = run.events.lost
     if args.transcript == "-":
-        print_document(summary)
+        to_stdout(for_terminal(dump(summary)))
     elif run.output:
         run.output.write(dump(summary), durable=True)
     # the kept copy: the same summary, naming the kept trials' files
     if run.kept:
-        trials = [
-            {**t, "transcript": str(run.kept_trials[t["index"]].output.path)}
-            for t in summary["trials"]
-        ]
+        paths = {i: str(kept.output.path) for i, kept in run.kept_trials.items()}
+        trials = [{**t, "transcript": paths[t["index"]]} for t in summary["trials"]]
         run.kept.write(dump({**summary, "trials": trials}), final=True)
         run.report.line(run.kept_line)
     label, code, detail = trials_stop(summary)
@@ -8144,44 +8006,35 @@ def trials_mode(run, ctx):
     return code
 
 
-def replayed_session(run):
-    """--replay: a session that runs the recording's turns again."""
-    session = replay_session(run.replay, run.workdir, run.run_id, run.args.replay)
-    run.report.line(
-        f"replaying {run.args.replay}: {plural(len(run.replay['turns']), 'turn')} recorded from {made_by(run.replay)}; workdir {run.workdir}; nothing is sent"
-    )
-    return session
-
-
-def new_session_of(run):
-    """A new run: a session with the question alone."""
+def session_of(run):
+    """The session a run drives: the recording's turns run again (--replay), the saved one set to
+    go on with this run's model, workdir and server (--resume), or a new one."""
     args = run.args
-    prompt = run.system or SYSTEM_PROMPT
-    session = new_session(args.question, run.model, run.workdir, args.effort, run.run_id, prompt)
-    if run.server:
-        session["base_url"] = run.server
-    return session
-
-
-def resumed_session(run):
-    """--resume: the saved session, set to go on with this run's model, workdir and server."""
+    if run.replay:
+        run.report.line(
+            f"replaying {args.replay}: {plural(len(run.replay['turns']), 'turn')} recorded from {made_by(run.replay)}; workdir {run.workdir}; nothing is sent"
+        )
+        return replay_session(run.replay, run.workdir, run.run_id, args.replay)
     session = run.session
-    session.update(
-        model=run.model,
-        workdir=str(run.workdir),
-        run_id=run.run_id,
-        effort=run.args.effort or session.get("effort"),
-    )
+    if session is None:
+        prompt = run.system or SYSTEM_PROMPT
+        session = new_session(
+            args.question, run.model, run.workdir, args.effort, run.run_id, prompt
+        )
+    else:
+        session.update(model=run.model, workdir=str(run.workdir), run_id=run.run_id)
+        session["effort"] = args.effort or session.get("effort")
+        pending = ""
+        if run.unanswered:
+            pending = f"; {plural(run.unanswered, 'pending tool call')} answered 'not run'"
+        run.report.line(
+            f"resuming {args.resume}: {plural(len(session['turns']), 'turn')} so far; workdir {run.workdir}; model {run.model}{pending}"
+        )
     # the server of this run, not the last one's
     session.pop("base_url", None)
     if run.server:
         session["base_url"] = run.server
-    pending = ""
-    if run.unanswered:
-        pending = f"; {plural(run.unanswered, 'pending tool call')} answered 'not run'"
-    run.report.line(
-        f"resuming {run.args.resume}: {plural(len(session['turns']), 'turn')} so far; workdir {run.workdir}; model {run.model}{pending}"
-    )
+    return session
 
 
 def session_mode(run, ctx, started):
@@ -8212,10 +8065,9 @@ def session_mode(run, ctx, started):
         # said: not again if the answer cannot be written
         run.kept_line = None
     if args.transcript == "-":
-        print_document(session)
+        to_stdout(for_terminal(dump(session)))
     elif session["answer"] and args.events != "-" and not already_streamed(report):
-        answer = session["answer"]
-        to_stdout(visible(answer) if sys.stdout.isatty() else answer)
+        to_stdout(visible(session["answer"]) if sys.stdout.isatty() else session["answer"])
     run_stop_event(report, stop, session, started)
     # the transcript says so, if they were
     save.events_lost(session, run.events)
@@ -8227,11 +8079,10 @@ def failed_said(session):
     spent = session.get("failed_usage")
     if not spent:
         return ""
-    attempts = (
-        sum(len(t.get("retries") or []) for t in session["turns"])
-        + len((session.get("stop") or {}).get("retries") or [])
-        + ("failed_usage" in (session.get("stop") or {}))
-    )  # the last attempt of a failed turn
+    ended = session.get("stop") or {}
+    # each retry, and the last attempt of a failed turn
+    retries = sum(len(t.get("retries") or []) for t in session["turns"])
+    attempts = retries + len(ended.get("retries") or []) + ("failed_usage" in ended)
     cost = "cost unknown" if spent["cost_usd"] is None else f"${spent['cost_usd']:.6f}"
     return f", and {spent['tokens']} tokens, {cost} that the server reported for {plural(attempts, 'failed attempt')} (billed, not in the totals above)"
 
@@ -8272,22 +8123,15 @@ def cwd_gone():
     return False
 
 
-def print_document(document):
-    """A transcript or summary on stdout (--transcript -), after whatever was printed there."""
-    to_stdout(for_terminal(dump(document)))
-
-
 @contextlib.contextmanager
 def answer_screen(stdin):
-    """Where a question is asked: stderr, or, when stderr is not a terminal but the answer
-    comes from one (`2>log` on a terminal), that terminal (/dev/tty): a question written into
-    the log would leave the run waiting for an answer no one knows is asked."""
+    """Where a question is asked: stderr, or the terminal (/dev/tty) the answer comes from when
+    stderr is not one (`2>log`): a question in the log would leave the run waiting unseen."""
     screen = None
-    try:
+    # no controlling terminal: stderr it is
+    with contextlib.suppress(OSError, ValueError, AttributeError):
         if stdin.isatty() and not sys.stderr.isatty():
             screen = open("/dev/tty", "w", encoding="utf-8", errors="replace")
-    except (OSError, ValueError, AttributeError):  # no controlling terminal: stderr it is
-        screen = None
     try:
         yield screen
     finally:
@@ -8330,6 +8174,7 @@ def to_stdout(data):
 
 
 if __name__ == "__main__":
-    for stop_signal in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: the terminal
-        signal.signal(stop_signal, on_stop_signal)  # closed or ssh dropped; the run is kept
+    # SIGHUP: the terminal closed or ssh dropped; the run is kept
+    for stop_signal in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(stop_signal, on_stop_signal)
     sys.exit(main())
