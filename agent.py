@@ -6889,58 +6889,56 @@ LONGEST_WAIT = 10**9  # seconds a timeout may be: every clock agent.py waits on 
 
 # The options, group by group as --help lists them (None: the parser's own, beside -h): their
 # flags, what argparse is told of them, and what --help says of them.
-OPTIONS = {
-    None: [("-V --version", dict(action="version", version=f"agent.py {AGENT_VERSION}"), "print agent.py's version, and exit")],
-    "run": [
-        ("question", dict(nargs="?"), "the question; - reads it from stdin (with --resume: an optional follow-up)"),
-        ("-C --workdir", dict(metavar="DIR"), "the directory the tools work in (default: the current one); one that holds agent.py or its Python is refused, unless --no-sandbox"),
-        ("-m --model", dict(metavar="ID"), f"model id (default: $ANTHROPIC_MODEL, else {DEFAULT_MODEL})"),
-        ("--effort", dict(choices=EFFORTS), "sent as output_config.effort (default: the model's)"),
-        ("-y --yes", dict(action="store_true"), "run run_python without asking, once the sandbox is proven (default: ask every time)"),
-        ("--no-sandbox", dict(action="store_true"), "run run_python unconfined (default: sandboxed)"),
-        ("-r --resume", dict(metavar="PATH"), "continue a saved transcript (last: the newest kept run; or a run id); rewrites PATH as the run goes on (give --transcript to write elsewhere)"),
-        ("--replay", dict(metavar="PATH"), "run a saved transcript's model turns again against the real tools: no key, no connection (last, or a run id: a kept run)"),
-        ("--strict", dict(action="store_true"), "with --replay: stop at the first turn whose tool results differ from the recording, and exit 7 (replay_differs): a regression check for CI"),
-        ("-s --system-prompt", dict(metavar="FILE"), "the system prompt, from this UTF-8 file (default: agent.py's, for questions about files); recorded in the transcript, and kept by --resume"),
-    ],
-    "limits": [
-        ("--max-turns", dict(type=whole_number, metavar="N", default=Limits.max_turns), f"requests per run (default: {Limits.max_turns})"),
-        ("--token-budget", dict(type=whole_number, metavar="N", default=Limits.token_budget), f"input + cache + output tokens per run (default: {Limits.token_budget:,})"),
-        ("--budget-usd", dict(type=float, metavar="X"), "dollars per run, priced like the bill (default: no dollar limit)"),
-        ("--max-tokens", dict(type=whole_number, metavar="N", default=Limits.max_tokens), f"output tokens per response (default: {Limits.max_tokens:,})"),
-        ("--tool-timeout", dict(type=float, metavar="SECONDS", default=Limits.tool_timeout), f"seconds per run_python call (default: {Limits.tool_timeout:g})"),
-        ("--request-timeout", dict(type=float, metavar="SECONDS", default=Limits.request_timeout), f"seconds a streamed reply may go without an event before the turn is retried (default: {Limits.request_timeout:g})"),
-    ],
-    "outputs": [
-        ("--transcript", dict(metavar="PATH"), "write the transcript JSON here, outside the workdir; - for stdout (default: none)"),
-        ("--events", dict(metavar="PATH"), "write the run's events as JSON Lines here, outside the workdir; - for stdout (default: none)"),
-        ("--otel", dict(action="store_true"), "send the run as OpenTelemetry traces over OTLP, as OTEL_EXPORTER_OTLP_* say (optional packages)"),
-        ("-q --quiet", dict(action="store_true"), "no progress on stderr (default: progress)"),
-        ("--no-keep", dict(action="store_true"), "keep no copy of this run in $XDG_STATE_HOME/agent.py/runs or ~/.local/state/agent.py/runs (default: every run is kept there; AGENT_PY_NO_KEEP=1 keeps none)"),
-    ],
-    "trials: how stable is a behaviour": [
-        ("--trials", dict(type=whole_number, metavar="K"), f"run the question K times (at most {MAX_TRIALS:,}); report pass@k and pass^k (with no --expect, --expect-tool or --expect-stop, a trial passes if it stopped with end_turn)"),
-        ("--jobs", dict(type=whole_number, metavar="N", default=1), f"trials run at once (default: 1; at most {MAX_JOBS})"),
-        ("--trials-budget-usd", dict(type=float, metavar="X"), "dollars over all the trials: once they have spent X, no more start (--budget-usd bounds each one; default: no total)"),
-        ("--expect", dict(metavar="REGEX"), "a trial passes if this regex is in the answer"),
-        ("--expect-tool", dict(metavar="NAME", choices=list(TOOL_FUNCTIONS)), "... and it used this tool"),
-        ("--expect-stop", dict(metavar="LABEL", choices=list(EXIT_CODES)), "... and stopped so: one of " + ", ".join(EXIT_CODES)),
-        ("--decline-message", dict(metavar="TEXT"), "what a declined run_python call tells the model (default: not to retry it, and to ask the user how to proceed)"),
-    ],
-    "context: clearing old tool results": [
-        ("--clear-tool-results", dict(type=tokens_or_off, metavar="TOKENS|off", default=Limits.clear_at), f"once a prompt reaches TOKENS, send old tool results as a one-line placeholder (default: {Limits.clear_at:,})"),
-        ("--keep-tool-results", dict(type=whole_number, metavar="N", default=Limits.keep_results), f"the newest tool results, never cleared (default: {Limits.keep_results})"),
-        ("--clear-at-least", dict(type=whole_number, metavar="TOKENS", default=Limits.clear_at_least), f"clear only when that frees this many tokens, since a clearing breaks the cache once (default: {Limits.clear_at_least:,})"),
-        ("--context-edit", dict(choices=("client", "server"), default=Limits.context_edit), "who clears: agent.py, or the API's context editing (beta) (default: client)"),
-    ],
-    "inspection: print or convert, send nothing (but --count-tokens)": [
-        ("--count-tokens", dict(action="store_true"), "print what the system prompt, the tools and QUESTION cost in input tokens (the API's count_tokens), and exit"),
-        ("--schema", dict(choices=list(SCHEMAS)), "print the JSON Schema of a transcript, an event or a trials summary, and exit"),
-        ("--report", dict(metavar="JSON"), "write an HTML report of a transcript or trials summary (last, or a run id: a kept run), and exit"),
-        ("--export", dict(nargs=2, metavar=("FORMAT", "JSON")), "convert a transcript or trials summary (last, or a run id: a kept run): atif (the Agent Trajectory Interchange Format, v1.8), and exit"),
-        ("-o --output", dict(metavar="PATH"), "where --report or --export writes; - for stdout (default: beside JSON)"),
-    ],
-}  # fmt: skip
+# What --help says of each option, by its last flag
+HELP = {
+    "--version": "print agent.py's version, and exit",
+    "question": "the question; - reads it from stdin (with --resume: an optional follow-up)",
+    "--workdir": "the directory the tools work in (default: the current one); one that holds agent.py or its Python is refused, unless --no-sandbox",
+    "--model": f"model id (default: $ANTHROPIC_MODEL, else {DEFAULT_MODEL})",
+    "--effort": "sent as output_config.effort (default: the model's)",
+    "--yes": "run run_python without asking, once the sandbox is proven (default: ask every time)",
+    "--no-sandbox": "run run_python unconfined (default: sandboxed)",
+    "--resume": "continue a saved transcript (last: the newest kept run; or a run id); rewrites PATH as the run goes on (give --transcript to write elsewhere)",
+    "--replay": "run a saved transcript's model turns again against the real tools: no key, no connection (last, or a run id: a kept run)",
+    "--strict": "with --replay: stop at the first turn whose tool results differ from the recording, and exit 7 (replay_differs): a regression check for CI",
+    "--system-prompt": "the system prompt, from this UTF-8 file (default: agent.py's, for questions about files); recorded in the transcript, and kept by --resume",
+    "--max-turns": f"requests per run (default: {Limits.max_turns})",
+    "--token-budget": f"input + cache + output tokens per run (default: {Limits.token_budget:,})",
+    "--budget-usd": "dollars per run, priced like the bill (default: no dollar limit)",
+    "--max-tokens": f"output tokens per response (default: {Limits.max_tokens:,})",
+    "--tool-timeout": f"seconds per run_python call (default: {Limits.tool_timeout:g})",
+    "--request-timeout": f"seconds a streamed reply may go without an event before the turn is retried (default: {Limits.request_timeout:g})",
+    "--transcript": "write the transcript JSON here, outside the workdir; - for stdout (default: none)",
+    "--events": "write the run's events as JSON Lines here, outside the workdir; - for stdout (default: none)",
+    "--otel": "send the run as OpenTelemetry traces over OTLP, as OTEL_EXPORTER_OTLP_* say (optional packages)",
+    "--quiet": "no progress on stderr (default: progress)",
+    "--no-keep": "keep no copy of this run in $XDG_STATE_HOME/agent.py/runs or ~/.local/state/agent.py/runs (default: every run is kept there; AGENT_PY_NO_KEEP=1 keeps none)",
+    "--trials": f"run the question K times (at most {MAX_TRIALS:,}); report pass@k and pass^k (with no --expect, --expect-tool or --expect-stop, a trial passes if it stopped with end_turn)",
+    "--jobs": f"trials run at once (default: 1; at most {MAX_JOBS})",
+    "--trials-budget-usd": "dollars over all the trials: once they have spent X, no more start (--budget-usd bounds each one; default: no total)",
+    "--expect": "a trial passes if this regex is in the answer",
+    "--expect-tool": "... and it used this tool",
+    "--expect-stop": "... and stopped so: one of " + ", ".join(EXIT_CODES),
+    "--decline-message": "what a declined run_python call tells the model (default: not to retry it, and to ask the user how to proceed)",
+    "--clear-tool-results": f"once a prompt reaches TOKENS, send old tool results as a one-line placeholder (default: {Limits.clear_at:,})",
+    "--keep-tool-results": f"the newest tool results, never cleared (default: {Limits.keep_results})",
+    "--clear-at-least": f"clear only when that frees this many tokens, since a clearing breaks the cache once (default: {Limits.clear_at_least:,})",
+    "--context-edit": "who clears: agent.py, or the API's context editing (beta) (default: client)",
+    "--count-tokens": "print what the system prompt, the tools and QUESTION cost in input tokens (the API's count_tokens), and exit",
+    "--schema": "print the JSON Schema of a transcript, an event or a trials summary, and exit",
+    "--report": "write an HTML report of a transcript or trials summary (last, or a run id: a kept run), and exit",
+    "--export": "convert a transcript or trials summary (last, or a run id: a kept run): atif (the Agent Trajectory Interchange Format, v1.8), and exit",
+    "--output": "where --report or --export writes; - for stdout (default: beside JSON)",
+}
+
+
+def helped(group):
+    """`group.add_argument`, given --help's words for the option from HELP."""
+
+    def add(*flags, **given):
+        group.add_argument(*flags, help=HELP[flags[-1]], **given)
+
+    return add
 
 
 def parse_args(argv):
@@ -6953,10 +6951,53 @@ def parse_args(argv):
     )
     for name in (None, "store"):  # every option with a value, in every group
         p.register("action", name, Once)
-    for title, options in OPTIONS.items():
-        group = p.add_argument_group(title) if title else p
-        for flags, given, text in options:
-            group.add_argument(*flags.split(), help=text, **given)
+    add = helped(p)
+    add("-V", "--version", action="version", version=f"agent.py {AGENT_VERSION}")
+    add = helped(p.add_argument_group("run"))
+    add("question", nargs="?")
+    add("-C", "--workdir", metavar="DIR")
+    add("-m", "--model", metavar="ID")
+    add("--effort", choices=EFFORTS)
+    add("-y", "--yes", action="store_true")
+    add("--no-sandbox", action="store_true")
+    add("-r", "--resume", metavar="PATH")
+    add("--replay", metavar="PATH")
+    add("--strict", action="store_true")
+    add("-s", "--system-prompt", metavar="FILE")
+    add = helped(p.add_argument_group("limits"))
+    add("--max-turns", type=whole_number, metavar="N", default=Limits.max_turns)
+    add("--token-budget", type=whole_number, metavar="N", default=Limits.token_budget)
+    add("--budget-usd", type=float, metavar="X")
+    add("--max-tokens", type=whole_number, metavar="N", default=Limits.max_tokens)
+    add("--tool-timeout", type=float, metavar="SECONDS", default=Limits.tool_timeout)
+    add("--request-timeout", type=float, metavar="SECONDS", default=Limits.request_timeout)
+    add = helped(p.add_argument_group("outputs"))
+    add("--transcript", metavar="PATH")
+    add("--events", metavar="PATH")
+    add("--otel", action="store_true")
+    add("-q", "--quiet", action="store_true")
+    add("--no-keep", action="store_true")
+    add = helped(p.add_argument_group("trials: how stable is a behaviour"))
+    add("--trials", type=whole_number, metavar="K")
+    add("--jobs", type=whole_number, metavar="N", default=1)
+    add("--trials-budget-usd", type=float, metavar="X")
+    add("--expect", metavar="REGEX")
+    add("--expect-tool", metavar="NAME", choices=list(TOOL_FUNCTIONS))
+    add("--expect-stop", metavar="LABEL", choices=list(EXIT_CODES))
+    add("--decline-message", metavar="TEXT")
+    add = helped(p.add_argument_group("context: clearing old tool results"))
+    add("--clear-tool-results", type=tokens_or_off, metavar="TOKENS|off", default=Limits.clear_at)
+    add("--keep-tool-results", type=whole_number, metavar="N", default=Limits.keep_results)
+    add("--clear-at-least", type=whole_number, metavar="TOKENS", default=Limits.clear_at_least)
+    add("--context-edit", choices=("client", "server"), default=Limits.context_edit)
+    add = helped(
+        p.add_argument_group("inspection: print or convert, send nothing (but --count-tokens)")
+    )
+    add("--count-tokens", action="store_true")
+    add("--schema", choices=list(SCHEMAS))
+    add("--report", metavar="JSON")
+    add("--export", nargs=2, metavar=("FORMAT", "JSON"))
+    add("-o", "--output", metavar="PATH")
     args, extra = p.parse_known_args(argv)
     if extra:  # argparse's own message; for words alone, what they most likely are
         words = [a for a in extra if not a.startswith("-") or a == "-"]
