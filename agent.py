@@ -7308,16 +7308,15 @@ def check_harness(path, flag, given):
 
 # The kernel's interfaces, not data: writing their files changes the machine (core_pattern in
 # proc, cgroup.procs in cgroup2, a block device in devtmpfs).
-KERNEL_FILESYSTEMS = {
-    "proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs",
-    "securityfs", "bpf", "configfs", "pstore", "efivarfs", "fusectl", "mqueue", "hugetlbfs",
-    "binfmt_misc", "nsfs", "selinuxfs", "smackfs", "rpc_pipefs", "nfsd", "binder", "autofs",
-}  # fmt: skip
+KERNEL_FILESYSTEMS = set(
+    "proc sysfs devtmpfs devpts cgroup cgroup2 debugfs tracefs securityfs bpf configfs pstore "
+    "efivarfs fusectl mqueue hugetlbfs binfmt_misc nsfs selinuxfs smackfs rpc_pipefs nfsd binder "
+    "autofs".split()
+)
 
-SYSTEM_TREES = (
-    "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/proc",
-    "/run", "/sbin", "/sys", "/usr", "/var",
-)  # fmt: skip
+SYSTEM_TREES = tuple(
+    "/bin /boot /dev /etc /lib /lib32 /lib64 /libx32 /opt /proc /run /sbin /sys /usr /var".split()
+)
 
 SHARED_DIRECTORIES = ("/", "/home", "/media", "/mnt", "/srv", "/tmp")
 
