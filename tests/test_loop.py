@@ -6,6 +6,7 @@ import builtins
 import io
 import json
 import os
+import re
 import signal
 import threading
 from pathlib import Path
@@ -52,6 +53,12 @@ def test_the_learners_path_comes_first_and_ends_before_line_700():
     )
     assert first_code.lineno < min(defined_at(name)[0] for name in LEARNERS_PATH)
     assert "gc." not in SOURCE[: SOURCE.index("# The machinery.")]  # no optimisation in the story
+
+
+def test_the_formatter_sees_every_line():
+    """agent.py's size is counted as `ruff format` writes it: no line is kept from it."""
+    kept = [n for n, line in enumerate(SOURCE.splitlines(), 1) if re.search(r"#\s*fmt:", line)]
+    assert kept == [], kept
 
 
 def test_no_local_name_hides_a_module_level_one():
