@@ -6819,46 +6819,38 @@ def macos_profile(policy):
     default, then each field's paths (realpaths: /tmp is /private/tmp there). The call's own
     paths are parameters, OWN_HOME, OWN_SHM and OWN_SCRIPT, given for each call (Call.command)."""
 
-    def quoted(path):
-        return '"' + os.path.realpath(path).replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-    def allow(operations, rules):
-        return [f"(allow {operations}\n  " + "\n  ".join(rules) + ")"] if rules else []
-
-    def paths(names):  # a tree is a subpath, a file a literal; what is not here is left out
-        return [
-            f"({'subpath' if os.path.isdir(p) else 'literal'} {quoted(p)})"
-            for p in names
+    def allow(operations, paths, own=(), kind="literal"):
+        # a tree is a subpath, a file a literal; what is not here is left out
+        rules = [
+            f"({'subpath' if os.path.isdir(p) else 'literal'} {quoted(os.path.realpath(p))})"
+            for p in paths
             if os.path.exists(p)
         ]
+        rules += [f'({kind} (param "OWN_{name.upper()}"))' for name in own]
+        return [f"(allow {operations}\n  " + "\n  ".join(rules) + ")"] if rules else []
 
-    def own(kind, names):
-        return [f'({kind} (param "OWN_{n.upper()}"))' for n in names]
+    def quoted(path):
+        return '"' + path.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
-    return (
-        "\n".join(
-            [
-                "(version 1)",
-                "(deny default)",
-                "(allow process-fork process-exec)",
-                "(allow signal (target same-sandbox))"
-                if "signal" in policy.scopes
-                else "(allow signal)",
-                "(allow file-read-metadata sysctl-read"
-                + (" ipc-posix-sem ipc-posix-shm)" if "shm" in policy.own_read_write else ")"),
-            ]
-            + ([] if policy.network else ["(allow network*)"])
-            + allow("file-read* file-map-executable", paths(policy.read_exec))
-            + allow("file-read*", paths(policy.read_files) + own("literal", policy.own_read))
-            + allow(
-                "file-read* file-write*",
-                paths(policy.write_files)
-                + paths(policy.read_write)
-                + own("subpath", policy.own_read_write),
-            )
-        )
-        + "\n"
-    )
+    scoped = " (target same-sandbox)" if "signal" in policy.scopes else ""
+    ipc = " ipc-posix-sem ipc-posix-shm" if "shm" in policy.own_read_write else ""
+    lines = [
+        "(version 1)",
+        "(deny default)",
+        "(allow process-fork process-exec)",
+        f"(allow signal{scoped})",
+        f"(allow file-read-metadata sysctl-read{ipc})",
+        *([] if policy.network else ["(allow network*)"]),
+        *allow("file-read* file-map-executable", policy.read_exec),
+        *allow("file-read*", policy.read_files, policy.own_read),
+        *allow(
+            "file-read* file-write*",
+            policy.write_files + policy.read_write,
+            policy.own_read_write,
+            "subpath",
+        ),
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def lowered(which, soft, hard):
@@ -6928,43 +6920,31 @@ def cgroup_parents():
 def seccomp_filter(machine, rules):
     """Seccomp rules as a BPF program: foreign arches are killed, unknown numbers get ENOSYS."""
     arch, column = ARCHES[machine]
-
-    # BPF_LD|W|ABS, BPF_RET, and BPF_JEQ, whose jumps are relative, 8-bit
-    def ld(k):
-        return (0x20, 0, 0, k)
-
-    def ret(k):
-        return (0x06, 0, 0, k)
-
-    def jeq(k, yes, no):
-        return (0x15, yes, no, k)
-
     prog = [
-        ld(4),
-        jeq(arch, 1, 0),
-        ret(SECCOMP_KILL),
-        ld(0),
-        (0x25, 0, 1, LAST_SYSCALL),
-        ret(SECCOMP_ERRNO | ENOSYS),
-    ]  # BPF_JGT: x32 numbers too
+        (LD, 0, 0, 4),
+        (JEQ, 1, 0, arch),
+        (RET, 0, 0, SECCOMP_KILL),
+        (LD, 0, 0, 0),
+        # x32 numbers too
+        (JGT, 0, 1, LAST_SYSCALL),
+        (RET, 0, 0, SECCOMP_ERRNO | ENOSYS),
+    ]
     for names, test, err, _why in rules:
-        for nr in (SYSCALLS[name][column] for name in names.split()):
-            if nr is None:
-                continue
-            if test is None:  # each rule returns right after its test: no long jumps
-                prog += [jeq(nr, 0, 1), ret(SECCOMP_ERRNO | err)]
-                continue
+        body = [(RET, 0, 0, SECCOMP_ERRNO | err)]
+        if test is not None:
             arg, mask, op, value = test
-            body = [ld(16 + 8 * arg)]  # seccomp_data.args[arg], low word (little-endian)
             if op == "&":
-                body.append((0x45, 0, 1, mask))  # BPF_JSET
+                check = [(JSET, 0, 1, mask)]
             else:
-                if mask != ALL:
-                    body.append((0x54, 0, 0, mask))  # BPF_ALU|AND
-                body.append(jeq(value, 0, 1) if op == "==" else jeq(value, 1, 0))
-            body += [ret(SECCOMP_ERRNO | err), ld(0)]  # reload the number for the next rule
-            prog += [jeq(nr, 0, len(body))] + body
-    prog.append(ret(SECCOMP_ALLOW))
+                check = [] if mask == ALL else [(AND, 0, 0, mask)]
+                check.append((JEQ, 0, 1, value) if op == "==" else (JEQ, 1, 0, value))
+            # seccomp_data.args[arg], low word (little-endian); then the number, for the next rule
+            body = [(LD, 0, 0, 16 + 8 * arg), *check, *body, (LD, 0, 0, 0)]
+        # each rule returns right after its test: no long jumps
+        for name in names.split():
+            if SYSCALLS[name][column] is not None:
+                prog += [(JEQ, 0, len(body), SYSCALLS[name][column]), *body]
+    prog.append((RET, 0, 0, SECCOMP_ALLOW))
     return b"".join(struct.pack("HBBI", *ins) for ins in prog)
 
 
@@ -7151,31 +7131,26 @@ def seccomp_rules(table):
     rules = []
     for line in table.strip().replace("\n    ", " ").splitlines():
         names, test, code, why = (part.strip() for part in line.split("|"))
-        if test != "-":
-            arg, *words = test.split()
-            if words[0] == "&" and len(words) == 2:
-                words += ["&", "0"]
-            elif words[0] != "&":
-                words = ["&", "ALL", *words]
-            mask, op, value = words[1:]
-            test = (int(arg[3:]), seccomp_number(mask), op, seccomp_number(value))
-        rules.append((names, None if test == "-" else test, SECCOMP_NAMES[code], why))
+        match = re.fullmatch(r"arg(\d)(?: & (\S+))?(?: (==|!=) (\S+))?", test)
+        if match:
+            # "argN & mask" tests (mask, "&", 0); "argN op value" tests (ALL, op, value)
+            arg, mask, op, value = match.groups()
+            mask, value = (SECCOMP_NAMES.get(w) or int(w, 0) for w in (mask or "ALL", value or "0"))
+            test = (int(arg), mask, op or "&", value)
+        rules.append((names, test if match else None, SECCOMP_NAMES[code], why))
     return tuple(rules)
-
-
-def seccomp_number(word):
-    return SECCOMP_NAMES[word] if word in SECCOMP_NAMES else int(word, 0)
 
 
 SECCOMP_RULES = seccomp_rules(SECCOMP_TABLE)
 UNIX_SOCKET_RULES = seccomp_rules(UNIX_SOCKET_TABLE)
 
 
-LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446
-PR_SET_PDEATHSIG, PR_CAPBSET_READ, PR_CAPBSET_DROP, PR_SET_SECCOMP = 1, 23, 24, 22
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_SECCOMP = 1, 24, 22
 PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 36, 38, 47
 SECCOMP_MODE_FILTER, CAP_VERSION_3, MAX_FD = 2, 0x20080522, 1 << 16
 SECCOMP_ALLOW, SECCOMP_KILL, SECCOMP_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
+# BPF opcodes: BPF_LD|W|ABS, BPF_RET, BPF_ALU|AND, and jumps (relative, 8-bit): JEQ, JGT, JSET
+LD, RET, AND, JEQ, JGT, JSET = 0x20, 0x06, 0x54, 0x15, 0x25, 0x45
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID = 0x20000, 0x10000000, 0x20000000
 MS_BIND, MS_REC, MS_PRIVATE, MS_NOSUID, MS_NODEV = 0x1000, 0x4000, 1 << 18, 0x2, 0x4
 
