@@ -6316,13 +6316,10 @@ def oom_kills(cgroups):
     """How many of the call's processes the kernel killed for going over its memory cap."""
     for directory in cgroups:
         for name in ("memory.events", "memory.oom_control"):  # v2, v1
-            try:
-                lines = Path(directory, name).read_text().splitlines()
-            except OSError:
-                continue
-            for line in lines:
-                if line.startswith("oom_kill "):
-                    return int(line.split()[1])
+            with contextlib.suppress(OSError):
+                for line in Path(directory, name).read_text().splitlines():
+                    if line.startswith("oom_kill "):
+                        return int(line.split()[1])
     return 0
 
 
@@ -6361,18 +6358,22 @@ def remove_tree(root):
             fd = os.dup(top) if name is None else os.open(name, flags, dir_fd=top)
         except OSError:
             continue
-        try:
-            entries = list(os.scandir(fd))
-        except OSError:  # as any failure here: what cannot be removed stays
-            entries = []
-        for entry in entries:
-            with contextlib.suppress(OSError):
-                if opened_dir(fd, entry.name):
+        # as any failure here: what cannot be removed stays
+        with contextlib.suppress(OSError):
+            for entry in list(os.scandir(fd)):
+                with contextlib.suppress(OSError):
+                    if not entry.is_dir(follow_symlinks=False):
+                        os.unlink(entry.name, dir_fd=fd)
+                        continue
+                    # 0700, as a script may have taken r, w or x away, set through a descriptor
+                    # of the name itself (O_PATH): a symlink swapped in cannot redirect the chmod
+                    own = os.open(entry.name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                    with contextlib.suppress(OSError):
+                        os.chmod(f"/proc/self/fd/{own}", 0o700)
+                    os.close(own)
                     flat = f".gone-{next(moved)}"
                     os.rename(entry.name, flat, src_dir_fd=fd, dst_dir_fd=top)
                     queue.append(flat)
-                else:
-                    os.unlink(entry.name, dir_fd=fd)
         os.close(fd)
         if name is not None:
             with contextlib.suppress(OSError):
@@ -6380,24 +6381,6 @@ def remove_tree(root):
     os.close(top)
     with contextlib.suppress(OSError):
         os.rmdir(root)
-
-
-def opened_dir(dir_fd, name):
-    """Make `name` (under dir_fd) ours to walk, if it is a directory and not a symlink: 0700,
-    set through a descriptor, so a name swapped for a symlink cannot redirect the chmod."""
-    try:
-        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:
-        return False
-    try:
-        if not stat.S_ISDIR(os.fstat(fd).st_mode):
-            return False
-        os.chmod(f"/proc/self/fd/{fd}", 0o700)  # a script may have taken r, w or x away
-        return True
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
 
 
 # Once per run, at the first call: the plan (which mechanisms this machine has), the launcher,
@@ -6414,7 +6397,8 @@ class Sandbox:
         # The workdir as opened now, at the run's start: every call's cwd and writable tree is
         # this directory, whatever its name names later (another user who can rename it may
         # swap it for a symlink to / mid-run). `workdir` is its name, for messages and policy.
-        self.pinned = pin_directory(workdir) if pinned is None else pinned
+        flags = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
+        self.pinned = os.open(workdir, flags) if pinned is None else pinned
         self.tag = []  # in a launcher, its run's tag, in every name it makes (Launcher.gone)
         self.unpin = weakref.finalize(self, os.close, self.pinned)
         self.linux = sys.platform == "linux"  # elsewhere the agent kills the group itself
@@ -6482,15 +6466,12 @@ class Sandbox:
 
     def unavailable(self, why):
         """No working boundary: say so; run_python then asks before every call, even with --yes."""
-        self.landlock = False
-        self.mounts = False
+        self.landlock = self.mounts = self.confined = False
         self.macos = None
-        self.confined = False
         self.tested, self.why = True, why
         self.status = (
-            f"sandbox: unavailable ({why}); run_python will ask before every call, "
-            "even with --yes, and a y runs it unconfined (--no-sandbox runs it "
-            "unasked)"
+            f"sandbox: unavailable ({why}); run_python will ask before every call, even with "
+            "--yes, and a y runs it unconfined (--no-sandbox runs it unasked)"
         )
 
     def launched(self):
@@ -6686,12 +6667,6 @@ class Launcher:
                         cleanup_later(path, [])
                     elif name.startswith(f"agent-{self.tag}-"):
                         cleanup_later(None, [path])
-
-
-def pin_directory(path):
-    """A descriptor of the directory `path` names now, for fchdir and Landlock (O_PATH where
-    there is one), closed on exec."""
-    return os.open(path, getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC)
 
 
 def end_launcher(control, proc):
@@ -6920,15 +6895,9 @@ def cgroup_parents():
 def seccomp_filter(machine, rules):
     """Seccomp rules as a BPF program: foreign arches are killed, unknown numbers get ENOSYS."""
     arch, column = ARCHES[machine]
-    prog = [
-        (LD, 0, 0, 4),
-        (JEQ, 1, 0, arch),
-        (RET, 0, 0, SECCOMP_KILL),
-        (LD, 0, 0, 0),
-        # x32 numbers too
-        (JGT, 0, 1, LAST_SYSCALL),
-        (RET, 0, 0, SECCOMP_ERRNO | ENOSYS),
-    ]
+    # the arch (at offset 4) or death; then the number (at 0): ENOSYS above the table's, x32's too
+    prog = [(LD, 0, 0, 4), (JEQ, 1, 0, arch), (RET, 0, 0, SECCOMP_KILL)]
+    prog += [(LD, 0, 0, 0), (JGT, 0, 1, LAST_SYSCALL), (RET, 0, 0, SECCOMP_ERRNO | ENOSYS)]
     for names, test, err, _why in rules:
         body = [(RET, 0, 0, SECCOMP_ERRNO | err)]
         if test is not None:
