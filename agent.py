@@ -5380,22 +5380,40 @@ def read_window(fd, path, offset, limit, max_bytes):
 # call, down to the script's exec; the set-up once per run; last the policy's tables, as data.
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SandboxPolicy:
     """Everything run_python's code may do; what this does not grant is denied. The mechanism
-    below (Sandbox, Call, execute) is built from it and from nothing else."""
+    below (Sandbox, Call, execute) is built from it and from nothing else. What is the same for
+    every run is here; sandbox_policy fills in the rest."""
 
     read_exec: tuple  # trees it may read and execute: system programs and libraries, this Python
     read_files: tuple  # files it may read: of /etc only what programs need; the random devices
-    write_files: tuple  # files it may also write: /dev/null
+    write_files: tuple = ("/dev/null",)  # files it may also write
     read_write: tuple  # trees it may change (but make devices in): the workdir
-    own_read_write: tuple  # its call's own trees, made for the call and gone after it: "home"
-    #                        and "shm", in a private tmpfs where mounts are allowed
-    own_read: tuple  # its call's own files it may read, not change: "script", the approved code
-    shm: str  # where it sees its own "shm": /dev/shm (without a mount namespace, nowhere)
-    env_keep: frozenset  # variables passed on from agent.py's environment, and every LC_*
-    env_secret: str  # names never passed, even if kept: no key, token or password
-    env_set: tuple  # (name, value) set for every script; {home} is the call's private home
+    # its call's own trees, made for it and gone after it: a private tmpfs where mounts are allowed
+    own_read_write: tuple = ("home", "shm")
+    own_read: tuple = ("script",)  # its call's own files it may read, not change: the approved code
+    shm: str = "/dev/shm"  # where it sees its own "shm" (without a mount namespace, nowhere)
+    # variables passed on from agent.py's environment, and every LC_*
+    env_keep: frozenset = frozenset({"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME"})
+    # names never passed, even if kept: no key, token or password
+    env_secret: str = r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|ANTHROPIC|AUTH"
+    # (name, value) set for every script; {home} is the call's private home
+    env_set: tuple = (
+        ("HOME", "{home}"),
+        ("TMPDIR", "{home}"),
+        ("TEMP", "{home}"),
+        ("TMP", "{home}"),
+        ("PYTHONNOUSERSITE", "1"),
+        ("PYTHONDONTWRITEBYTECODE", "1"),
+        ("PYTHONSAFEPATH", "1"),  # no script dir or cwd on sys.path: no stdlib shadowed
+        # a name that is not UTF-8 (os.listdir gives it a lone surrogate) prints as
+        # the escape Python source can use again, caf\udce9.csv, not a crash
+        ("PYTHONIOENCODING", "utf-8:backslashreplace"),
+        ("MPLBACKEND", "Agg"),
+        # what a script printed before a timeout or Ctrl-C killed it reaches the model
+        ("PYTHONUNBUFFERED", "1"),
+    )
     rlimits: tuple  # (RLIMIT_*, soft, hard) for each of its processes, never above agent.py's
     max_tasks: int  # processes and threads of one call, all told (its cgroup, where allowed)
     memory_mb: int  # memory of one call, all its processes, no swap (likewise)
@@ -5415,28 +5433,7 @@ def sandbox_policy(workdir, limits, system=None):
     return SandboxPolicy(
         read_exec=(*dirs, *(MACOS_DIRS if macos else SYSTEM_DIRS), *files),
         read_files=MACOS_FILES if macos else SYSTEM_FILES,
-        write_files=("/dev/null",),
         read_write=(str(workdir),),
-        own_read_write=("home", "shm"),
-        own_read=("script",),
-        shm="/dev/shm",
-        env_keep=frozenset({"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME"}),
-        env_secret=r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|ANTHROPIC|AUTH",
-        env_set=(
-            ("HOME", "{home}"),
-            ("TMPDIR", "{home}"),
-            ("TEMP", "{home}"),
-            ("TMP", "{home}"),
-            ("PYTHONNOUSERSITE", "1"),
-            ("PYTHONDONTWRITEBYTECODE", "1"),
-            ("PYTHONSAFEPATH", "1"),  # no script dir or cwd on sys.path: no stdlib shadowed
-            # a name that is not UTF-8 (os.listdir gives it a lone surrogate) prints as
-            # the escape Python source can use again, caf\udce9.csv, not a crash
-            ("PYTHONIOENCODING", "utf-8:backslashreplace"),
-            ("MPLBACKEND", "Agg"),
-            # what a script printed before a timeout or Ctrl-C killed it reaches the model
-            ("PYTHONUNBUFFERED", "1"),
-        ),
         rlimits=(
             ("RLIMIT_CORE", 1, 1),  # 1, not 0: no core-dump pipe helper either
             ("RLIMIT_SIGPENDING", 256, 256),  # a count the kernel keeps per user
@@ -6424,10 +6421,7 @@ class Sandbox:
 
     @cached_property
     def rlimits(self):
-        return [
-            (getattr(resource, name), *lowered(getattr(resource, name), soft, hard))
-            for name, soft, hard in self.policy.rlimits
-        ]
+        return [lowered(*limit) for limit in self.policy.rlimits]
 
     def plan(self):
         """Find which mechanisms this machine has and build the policy; the self-test proves it."""
@@ -6451,15 +6445,14 @@ class Sandbox:
         bpf = seccomp_filter(machine, policy.syscalls + (() if named_unix else policy.unix_sockets))
         self.program = ctypes.create_string_buffer(bpf, len(bpf))
         self.fprog = SockFprog(len(bpf) // 8, ctypes.addressof(self.program))
+        # the workdir by its descriptor
+        writable = [self.pinned if d == str(self.workdir) else d for d in policy.read_write]
         self.grants = (
             [(p, READ_EXEC) for p in policy.read_exec]
             + [(f, {"read_file"}) for f in policy.read_files]
             + [(f, {"read_file", "write_file", "truncate"}) for f in policy.write_files]
-            + [
-                (self.pinned if d == str(self.workdir) else d, READ_WRITE)
-                for d in policy.read_write
-            ]
-        )  # the workdir by its descriptor
+            + [(d, READ_WRITE) for d in writable]
+        )
         parts = ["fs"] + ["tcp"] * bool(self.handled[1]) + ["scope"] * bool(self.handled[2])
         self.kind = f"landlock ABI {self.abi} ({', '.join(parts)}) + seccomp, no capabilities"
         self.landlock = True
@@ -6516,18 +6509,15 @@ class Sandbox:
 
     def extras(self):
         """What the cgroup and the mount namespace add, or what stays open without them."""
-        policy = self.policy
-        caps = (
-            f"cgroup {self.cgroup[0]} caps a call at {policy.max_tasks} tasks and "
-            f"{policy.memory_mb} MiB"
-            if self.cgroup
-            else "no cgroup: tasks uncapped, memory capped per process"
-        )
-        scratch = (
-            f"home and /dev/shm a private {policy.scratch_mb} MiB tmpfs"
-            if self.mounts
-            else "home on disk, /dev/shm not writable"
-        )
+        p = self.policy
+        caps = "no cgroup: tasks uncapped, memory capped per process"
+        if self.cgroup:
+            caps = (
+                f"cgroup {self.cgroup[0]} caps a call at {p.max_tasks} tasks and {p.memory_mb} MiB"
+            )
+        scratch = "home on disk, /dev/shm not writable"
+        if self.mounts:
+            scratch = f"home and /dev/shm a private {p.scratch_mb} MiB tmpfs"
         return f"{caps}; {scratch}"
 
     def self_test(self):
@@ -6796,19 +6786,16 @@ def macos_profile(policy):
 
     def allow(operations, paths, own=(), kind="literal"):
         # a tree is a subpath, a file a literal; what is not here is left out
-        rules = [
-            f"({'subpath' if os.path.isdir(p) else 'literal'} {quoted(os.path.realpath(p))})"
-            for p in paths
-            if os.path.exists(p)
-        ]
+        rules = []
+        for path in filter(os.path.exists, paths):
+            escaped = os.path.realpath(path).replace("\\", "\\\\").replace('"', '\\"')
+            rules.append(f'({"subpath" if os.path.isdir(path) else "literal"} "{escaped}")')
         rules += [f'({kind} (param "OWN_{name.upper()}"))' for name in own]
         return [f"(allow {operations}\n  " + "\n  ".join(rules) + ")"] if rules else []
 
-    def quoted(path):
-        return '"' + path.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
     scoped = " (target same-sandbox)" if "signal" in policy.scopes else ""
     ipc = " ipc-posix-sem ipc-posix-shm" if "shm" in policy.own_read_write else ""
+    writable = policy.write_files + policy.read_write
     lines = [
         "(version 1)",
         "(deny default)",
@@ -6818,21 +6805,17 @@ def macos_profile(policy):
         *([] if policy.network else ["(allow network*)"]),
         *allow("file-read* file-map-executable", policy.read_exec),
         *allow("file-read*", policy.read_files, policy.own_read),
-        *allow(
-            "file-read* file-write*",
-            policy.write_files + policy.read_write,
-            policy.own_read_write,
-            "subpath",
-        ),
+        *allow("file-read* file-write*", writable, policy.own_read_write, "subpath"),
     ]
     return "\n".join(lines) + "\n"
 
 
-def lowered(which, soft, hard):
-    """An rlimit no higher than the agent's own: raising one needs a privilege."""
+def lowered(name, soft, hard):
+    """(which, soft, hard) of RLIMIT_`name`, never above the agent's: raising one is privileged."""
+    which = getattr(resource, name)
     current = resource.getrlimit(which)[1]
     hard = hard if current == resource.RLIM_INFINITY else min(hard, current)
-    return min(soft, hard), hard
+    return which, min(soft, hard), hard
 
 
 def landlock_abi(libc):
@@ -6850,42 +6833,34 @@ def landlock_abi(libc):
 def python_paths(macos=False):
     """The running interpreter's own files: stdlib and site-packages dirs, binary, libraries;
     on macOS its whole prefixes (no /proc to list the libraries it loaded)."""
-    dirs = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    dirs.update(site.getsitepackages())
-    if macos:
-        dirs.update((sys.prefix, sys.base_prefix))
+    dirs = [sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")]
+    dirs += site.getsitepackages() + ([sys.prefix, sys.base_prefix] if macos else [])
     dirs = {os.path.realpath(d) for d in dirs if d and os.path.isdir(d)}
     files = {os.path.realpath(sys.executable)}
     venv_cfg = Path(sys.executable).parent.parent / "pyvenv.cfg"  # unresolved: the venv's
     if venv_cfg.is_file():
         files.add(str(venv_cfg))
     if not macos:
-        with open("/proc/self/maps") as maps:  # shared libraries this interpreter has loaded
-            for line in maps:
-                path = line.split(maxsplit=5)[-1].strip()
-                if ".so" in os.path.basename(path) and os.path.isfile(path):
-                    files.add(path)
-    system = MACOS_DIRS if macos else SYSTEM_DIRS
-    inside = tuple(d + "/" for d in (*dirs, *system))
+        # the shared libraries this interpreter has loaded
+        with open("/proc/self/maps") as maps:
+            paths = (line.split(maxsplit=5)[-1].strip() for line in maps)
+            files.update(p for p in paths if ".so" in os.path.basename(p) and os.path.isfile(p))
+    inside = tuple(d + "/" for d in (*dirs, *(MACOS_DIRS if macos else SYSTEM_DIRS)))
     return sorted(dirs), sorted(f for f in files if not f.startswith(inside))
 
 
 def cgroup_parents():
     """Where the agent may make a cgroup that caps tasks and memory: ("v1"|"v2", dirs) or None."""
     try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    where = {}
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        for name in controllers.split(","):
-            where[name] = path.rstrip("/")
-    v1 = [f"/sys/fs/cgroup/{c}{where[c]}" for c in ("pids", "memory") if c in where]
-    if len(v1) == 2 and all(os.access(d, os.W_OK) for d in v1):
-        return "v1", v1
-    v2 = f"/sys/fs/cgroup{where.get('', '/-')}"  # "0::/path" on a unified hierarchy
-    try:
+        where = {}
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            for name in controllers.split(","):
+                where[name] = path.rstrip("/")
+        v1 = [f"/sys/fs/cgroup/{c}{where[c]}" for c in ("pids", "memory") if c in where]
+        if len(v1) == 2 and all(os.access(d, os.W_OK) for d in v1):
+            return "v1", v1
+        v2 = f"/sys/fs/cgroup{where.get('', '/-')}"  # "0::/path" on a unified hierarchy
         delegated = set(Path(v2, "cgroup.subtree_control").read_text().split())
     except OSError:
         return None
