@@ -5383,8 +5383,7 @@ def read_window(fd, path, offset, limit, max_bytes):
 @dataclass(frozen=True, kw_only=True)
 class SandboxPolicy:
     """Everything run_python's code may do; what this does not grant is denied. The mechanism
-    below (Sandbox, Call, execute) is built from it and from nothing else. What is the same for
-    every run is here; sandbox_policy fills in the rest."""
+    below (Sandbox, Call, execute) is built from it alone; the defaults hold for every run."""
 
     read_exec: tuple  # trees it may read and execute: system programs and libraries, this Python
     read_files: tuple  # files it may read: of /etc only what programs need; the random devices
@@ -5398,8 +5397,7 @@ class SandboxPolicy:
     env_keep: frozenset = frozenset({"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME"})
     # names never passed, even if kept: no key, token or password
     env_secret: str = r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|ANTHROPIC|AUTH"
-    # (name, value) set for every script; {home} is the call's private home
-    env_set: tuple = (
+    env_set: tuple = (  # (name, value) set for every script; {home} is the call's private home
         ("HOME", "{home}"),
         ("TMPDIR", "{home}"),
         ("TEMP", "{home}"),
@@ -6556,19 +6554,16 @@ class Sandbox:
             self.unpin()
 
 
-SELF_TEST = """import ctypes, os
+SELF_TEST = """import contextlib, ctypes, os
 libc, leaks = ctypes.CDLL(None, use_errno=True), []
-try:
+with contextlib.suppress(PermissionError):
     open({canary!r}).read()
     leaks.append("read a file outside the workdir")
-except PermissionError:
-    pass
 for name, pid in (("the agent", {agent}), ("its launcher", {launcher})):
-    try:
+    # refused, or not in this PID namespace
+    with contextlib.suppress(PermissionError, ProcessLookupError):
         os.kill(pid, 0)
         leaks.append("signal " + name)
-    except (PermissionError, ProcessLookupError):  # refused, or not in this PID namespace
-        pass
 if {linux}:
     long = ctypes.c_long
     for name, pid in (("the agent", {agent}), ("its launcher", {launcher})):
@@ -6797,9 +6792,7 @@ def macos_profile(policy):
     ipc = " ipc-posix-sem ipc-posix-shm" if "shm" in policy.own_read_write else ""
     writable = policy.write_files + policy.read_write
     lines = [
-        "(version 1)",
-        "(deny default)",
-        "(allow process-fork process-exec)",
+        "(version 1)\n(deny default)\n(allow process-fork process-exec)",
         f"(allow signal{scoped})",
         f"(allow file-read-metadata sysctl-read{ipc})",
         *([] if policy.network else ["(allow network*)"]),
@@ -6836,10 +6829,9 @@ def python_paths(macos=False):
     dirs = [sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")]
     dirs += site.getsitepackages() + ([sys.prefix, sys.base_prefix] if macos else [])
     dirs = {os.path.realpath(d) for d in dirs if d and os.path.isdir(d)}
-    files = {os.path.realpath(sys.executable)}
-    venv_cfg = Path(sys.executable).parent.parent / "pyvenv.cfg"  # unresolved: the venv's
-    if venv_cfg.is_file():
-        files.add(str(venv_cfg))
+    # and the venv's pyvenv.cfg, by its unresolved path
+    venv_cfg = str(Path(sys.executable).parent.parent / "pyvenv.cfg")
+    files = {os.path.realpath(sys.executable), *filter(os.path.isfile, [venv_cfg])}
     if not macos:
         # the shared libraries this interpreter has loaded
         with open("/proc/self/maps") as maps:
@@ -6877,13 +6869,10 @@ def seccomp_filter(machine, rules):
         body = [(RET, 0, 0, SECCOMP_ERRNO | err)]
         if test is not None:
             arg, mask, op, value = test
-            if op == "&":
-                check = [(JSET, 0, 1, mask)]
-            else:
-                check = [] if mask == ALL else [(AND, 0, 0, mask)]
-                check.append((JEQ, 0, 1, value) if op == "==" else (JEQ, 1, 0, value))
+            jump = {"&": (JSET, 0, 1, mask), "==": (JEQ, 0, 1, value), "!=": (JEQ, 1, 0, value)}
+            masked = [] if op == "&" or mask == ALL else [(AND, 0, 0, mask)]
             # seccomp_data.args[arg], low word (little-endian); then the number, for the next rule
-            body = [(LD, 0, 0, 16 + 8 * arg), *check, *body, (LD, 0, 0, 0)]
+            body = [(LD, 0, 0, 16 + 8 * arg), *masked, jump[op], *body, (LD, 0, 0, 0)]
         # each rule returns right after its test: no long jumps
         for name in names.split():
             if SYSCALLS[name][column] is not None:
@@ -7101,11 +7090,8 @@ MS_BIND, MS_REC, MS_PRIVATE, MS_NOSUID, MS_NODEV = 0x1000, 0x4000, 1 << 18, 0x2,
 
 def rights(table, abi, names=None):
     """The bit mask of the rights in `names` (all by default) that Landlock ABI `abi` knows."""
-    return sum(
-        1 << bit
-        for name, (bit, since) in table.items()
-        if since <= abi and (names is None or name in names)
-    )
+    names = table if names is None else names
+    return sum(1 << bit for name, (bit, since) in table.items() if since <= abi and name in names)
 
 
 class PathBeneath(ctypes.Structure):
@@ -7128,8 +7114,7 @@ def libc_call():
 def syscall(libc, name, *args):
     """Make a raw syscall by name; raise OSError on failure."""
     nr = SYSCALLS[name][ARCHES[platform.machine()][1]]
-    args = [ctypes.c_long(a) if isinstance(a, int) else a for a in args]
-    result = libc.syscall(ctypes.c_long(nr), *args)
+    result = libc.syscall(*(ctypes.c_long(a) if isinstance(a, int) else a for a in (nr, *args)))
     if result < 0:
         err = ctypes.get_errno()
         raise OSError(err, f"{name}: {os.strerror(err)}")
