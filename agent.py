@@ -6378,12 +6378,10 @@ def remove_tree(root):
         os.rmdir(root)
 
 
-# Once per run, at the first call: the plan (which mechanisms this machine has), the launcher,
-# and the self-test that proves the boundary before anyone relies on it.
-
-
 class Sandbox:
-    """run_python's boundary for one run: planned and proven at the first call, then reused."""
+    """run_python's boundary for one run, set up once, at the first call: the plan (which
+    mechanisms this machine has), the launcher, and the self-test that proves the boundary before
+    anyone relies on it; then reused."""
 
     def __init__(self, workdir, enabled, limits, report=None, pinned=None):
         self.workdir = workdir
@@ -6407,8 +6405,7 @@ class Sandbox:
         self.status = "sandbox: off (--no-sandbox); run_python runs unconfined"
         self.said = False
         self.lock = threading.Lock()
-        self.macos = None
-        self.launcher = None
+        self.macos = self.launcher = None
         self.no_launcher = ""
         self.starting = threading.Lock()
         self.why = None  # why there is no sandbox, once unavailable() said so
@@ -6833,8 +6830,7 @@ def python_paths(macos=False):
     venv_cfg = str(Path(sys.executable).parent.parent / "pyvenv.cfg")
     files = {os.path.realpath(sys.executable), *filter(os.path.isfile, [venv_cfg])}
     if not macos:
-        # the shared libraries this interpreter has loaded
-        with open("/proc/self/maps") as maps:
+        with open("/proc/self/maps") as maps:  # shared libraries this interpreter has loaded
             paths = (line.split(maxsplit=5)[-1].strip() for line in maps)
             files.update(p for p in paths if ".so" in os.path.basename(p) and os.path.isfile(p))
     inside = tuple(d + "/" for d in (*dirs, *(MACOS_DIRS if macos else SYSTEM_DIRS)))
@@ -6882,8 +6878,6 @@ def seccomp_filter(machine, rules):
 
 
 # The tables the policy and the mechanism are made of: data, one line per right or rule.
-
-
 def landlock_table(text):
     """Words "name:abi", each right's bit its place: {name: (bit, the ABI that introduced it)}."""
     pairs = (word.split(":") for word in text.split())
