@@ -7054,8 +7054,7 @@ bind | - | EACCES | take an abstract socket name the host's programs use
 
 
 def seccomp_rules(table):
-    """A seccomp table as rules: (syscalls, (arg, mask, op, value) or None, errno, why)."""
-    rules = []
+    """Yield a seccomp table's rules: (syscalls, (arg, mask, op, value) or None, errno, why)."""
     for line in table.strip().replace("\n    ", " ").splitlines():
         names, test, code, why = (part.strip() for part in line.split("|"))
         match = re.fullmatch(r"arg(\d)(?: & (\S+))?(?: (==|!=) (\S+))?", test)
@@ -7064,12 +7063,11 @@ def seccomp_rules(table):
             arg, mask, op, value = match.groups()
             mask, value = (SECCOMP_NAMES.get(w) or int(w, 0) for w in (mask or "ALL", value or "0"))
             test = (int(arg), mask, op or "&", value)
-        rules.append((names, test if match else None, SECCOMP_NAMES[code], why))
-    return tuple(rules)
+        yield names, test if match else None, SECCOMP_NAMES[code], why
 
 
-SECCOMP_RULES = seccomp_rules(SECCOMP_TABLE)
-UNIX_SOCKET_RULES = seccomp_rules(UNIX_SOCKET_TABLE)
+SECCOMP_RULES = tuple(seccomp_rules(SECCOMP_TABLE))
+UNIX_SOCKET_RULES = tuple(seccomp_rules(UNIX_SOCKET_TABLE))
 
 
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_SECCOMP = 1, 24, 22
