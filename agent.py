@@ -6362,10 +6362,10 @@ def remove_tree(root):
                         continue
                     # 0700, as a script may have taken r, w or x away, set through a descriptor
                     # of the name itself (O_PATH): a symlink swapped in cannot redirect the chmod
-                    own = os.open(entry.name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                    node = os.open(entry.name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
                     with contextlib.suppress(OSError):
-                        os.chmod(f"/proc/self/fd/{own}", 0o700)
-                    os.close(own)
+                        os.chmod(f"/proc/self/fd/{node}", 0o700)
+                    os.close(node)
                     flat = f".gone-{next(moved)}"
                     os.rename(entry.name, flat, src_dir_fd=fd, dst_dir_fd=top)
                     queue.append(flat)
