@@ -4963,22 +4963,38 @@ def read_window(fd, path, offset, limit, max_bytes):
 # call, down to the script's exec; the set-up once per run; last the policy's tables, as data.
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SandboxPolicy:
     """Everything run_python's code may do; what this does not grant is denied. The mechanism
-    below (Sandbox, Call, execute) is built from it and from nothing else."""
+    below (Sandbox, Call, execute) is built from it alone; the defaults hold for every run."""
 
     read_exec: tuple  # trees it may read and execute: system programs and libraries, this Python
     read_files: tuple  # files it may read: of /etc only what programs need; the random devices
-    write_files: tuple  # files it may also write: /dev/null
+    write_files: tuple = ("/dev/null",)  # files it may also write
     read_write: tuple  # trees it may change (but make devices in): the workdir
-    own_read_write: tuple  # its call's own trees, made for the call and gone after it: "home"
-    #                        and "shm", in a private tmpfs where mounts are allowed
-    own_read: tuple  # its call's own files it may read, not change: "script", the approved code
-    shm: str  # where it sees its own "shm": /dev/shm (without a mount namespace, nowhere)
-    env_keep: frozenset  # variables passed on from agent.py's environment, and every LC_*
-    env_secret: str  # names never passed, even if kept: no key, token or password
-    env_set: tuple  # (name, value) set for every script; {home} is the call's private home
+    # its call's own trees, made for it and gone after it: a private tmpfs where mounts are allowed
+    own_read_write: tuple = ("home", "shm")
+    own_read: tuple = ("script",)  # its call's own files it may read, not change: the approved code
+    shm: str = "/dev/shm"  # where it sees its own "shm" (without a mount namespace, nowhere)
+    # variables passed on from agent.py's environment, and every LC_*
+    env_keep: frozenset = frozenset({"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME"})
+    # names never passed, even if kept: no key, token or password
+    env_secret: str = r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|ANTHROPIC|AUTH"
+    env_set: tuple = (  # (name, value) set for every script; {home} is the call's private home
+        ("HOME", "{home}"),
+        ("TMPDIR", "{home}"),
+        ("TEMP", "{home}"),
+        ("TMP", "{home}"),
+        ("PYTHONNOUSERSITE", "1"),
+        ("PYTHONDONTWRITEBYTECODE", "1"),
+        ("PYTHONSAFEPATH", "1"),  # no script dir or cwd on sys.path: no stdlib shadowed
+        # a name that is not UTF-8 (os.listdir gives it a lone surrogate) prints as
+        # the escape Python source can use again, caf\udce9.csv, not a crash
+        ("PYTHONIOENCODING", "utf-8:backslashreplace"),
+        ("MPLBACKEND", "Agg"),
+        # what a script printed before a timeout or Ctrl-C killed it reaches the model
+        ("PYTHONUNBUFFERED", "1"),
+    )
     rlimits: tuple  # (RLIMIT_*, soft, hard) for each of its processes, never above agent.py's
     max_tasks: int  # processes and threads of one call, all told (its cgroup, where allowed)
     memory_mb: int  # memory of one call, all its processes, no swap (likewise)
@@ -4998,28 +5014,7 @@ def sandbox_policy(workdir, limits, system=None):
     return SandboxPolicy(
         read_exec=(*dirs, *(MACOS_DIRS if macos else SYSTEM_DIRS), *files),
         read_files=MACOS_FILES if macos else SYSTEM_FILES,
-        write_files=("/dev/null",),
         read_write=(str(workdir),),
-        own_read_write=("home", "shm"),
-        own_read=("script",),
-        shm="/dev/shm",
-        env_keep=frozenset({"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME"}),
-        env_secret=r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|ANTHROPIC|AUTH",
-        env_set=(
-            ("HOME", "{home}"),
-            ("TMPDIR", "{home}"),
-            ("TEMP", "{home}"),
-            ("TMP", "{home}"),
-            ("PYTHONNOUSERSITE", "1"),
-            ("PYTHONDONTWRITEBYTECODE", "1"),
-            ("PYTHONSAFEPATH", "1"),  # no script dir or cwd on sys.path: no stdlib shadowed
-            # a name that is not UTF-8 (os.listdir gives it a lone surrogate) prints as
-            # the escape Python source can use again, caf\udce9.csv, not a crash
-            ("PYTHONIOENCODING", "utf-8:backslashreplace"),
-            ("MPLBACKEND", "Agg"),
-            # what a script printed before a timeout or Ctrl-C killed it reaches the model
-            ("PYTHONUNBUFFERED", "1"),
-        ),
         rlimits=(
             ("RLIMIT_CORE", 1, 1),  # 1, not 0: no core-dump pipe helper either
             ("RLIMIT_SIGPENDING", 256, 256),  # a count the kernel keeps per user
@@ -5887,13 +5882,10 @@ def oom_kills(cgroups):
     """How many of the call's processes the kernel killed for going over its memory cap."""
     for directory in cgroups:
         for name in ("memory.events", "memory.oom_control"):  # v2, v1
-            try:
-                lines = Path(directory, name).read_text().splitlines()
-            except OSError:
-                continue
-            for line in lines:
-                if line.startswith("oom_kill "):
-                    return int(line.split()[1])
+            with contextlib.suppress(OSError):
+                for line in Path(directory, name).read_text().splitlines():
+                    if line.startswith("oom_kill "):
+                        return int(line.split()[1])
     return 0
 
 
@@ -5932,18 +5924,22 @@ def remove_tree(root):
             fd = os.dup(top) if name is None else os.open(name, flags, dir_fd=top)
         except OSError:
             continue
-        try:
-            entries = list(os.scandir(fd))
-        except OSError:  # as any failure here: what cannot be removed stays
-            entries = []
-        for entry in entries:
-            with contextlib.suppress(OSError):
-                if opened_dir(fd, entry.name):
+        # as any failure here: what cannot be removed stays
+        with contextlib.suppress(OSError):
+            for entry in list(os.scandir(fd)):
+                with contextlib.suppress(OSError):
+                    if not entry.is_dir(follow_symlinks=False):
+                        os.unlink(entry.name, dir_fd=fd)
+                        continue
+                    # 0700, as a script may have taken r, w or x away, set through a descriptor
+                    # of the name itself (O_PATH): a symlink swapped in cannot redirect the chmod
+                    node = os.open(entry.name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                    with contextlib.suppress(OSError):
+                        os.chmod(f"/proc/self/fd/{node}", 0o700)
+                    os.close(node)
                     flat = f".gone-{next(moved)}"
                     os.rename(entry.name, flat, src_dir_fd=fd, dst_dir_fd=top)
                     queue.append(flat)
-                else:
-                    os.unlink(entry.name, dir_fd=fd)
         os.close(fd)
         if name is not None:
             with contextlib.suppress(OSError):
@@ -5953,30 +5949,10 @@ def remove_tree(root):
         os.rmdir(root)
 
 
-def opened_dir(dir_fd, name):
-    """Make `name` (under dir_fd) ours to walk, if it is a directory and not a symlink: 0700,
-    set through a descriptor, so a name swapped for a symlink cannot redirect the chmod."""
-    try:
-        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:
-        return False
-    try:
-        if not stat.S_ISDIR(os.fstat(fd).st_mode):
-            return False
-        os.chmod(f"/proc/self/fd/{fd}", 0o700)  # a script may have taken r, w or x away
-        return True
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-
-
-# Once per run, at the first call: the plan (which mechanisms this machine has), the launcher,
-# and the self-test that proves the boundary before anyone relies on it.
-
-
 class Sandbox:
-    """run_python's boundary for one run: planned and proven at the first call, then reused."""
+    """run_python's boundary for one run, set up once, at the first call: the plan (which
+    mechanisms this machine has), the launcher, and the self-test that proves the boundary before
+    anyone relies on it; then reused."""
 
     def __init__(self, workdir, enabled, limits, report=None, pinned=None):
         self.workdir = workdir
@@ -5985,7 +5961,8 @@ class Sandbox:
         # The workdir as opened now, at the run's start: every call's cwd and writable tree is
         # this directory, whatever its name names later (another user who can rename it may
         # swap it for a symlink to / mid-run). `workdir` is its name, for messages and policy.
-        self.pinned = pin_directory(workdir) if pinned is None else pinned
+        flags = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
+        self.pinned = os.open(workdir, flags) if pinned is None else pinned
         self.tag = []  # in a launcher, its run's tag, in every name it makes (Launcher.gone)
         self.unpin = weakref.finalize(self, os.close, self.pinned)
         self.linux = sys.platform == "linux"  # elsewhere the agent kills the group itself
@@ -5999,8 +5976,7 @@ class Sandbox:
         self.status = "sandbox: off (--no-sandbox); run_python runs unconfined"
         self.said = False
         self.lock = threading.Lock()
-        self.macos = None
-        self.launcher = None
+        self.macos = self.launcher = None
         self.no_launcher = ""
         self.starting = threading.Lock()
         self.why = None  # why there is no sandbox, once unavailable() said so
@@ -6011,10 +5987,7 @@ class Sandbox:
 
     @cached_property
     def rlimits(self):
-        return [
-            (getattr(resource, name), *lowered(getattr(resource, name), soft, hard))
-            for name, soft, hard in self.policy.rlimits
-        ]
+        return [lowered(*limit) for limit in self.policy.rlimits]
 
     def plan(self):
         """Find which mechanisms this machine has and build the policy; the self-test proves it."""
@@ -6038,30 +6011,26 @@ class Sandbox:
         bpf = seccomp_filter(machine, policy.syscalls + (() if named_unix else policy.unix_sockets))
         self.program = ctypes.create_string_buffer(bpf, len(bpf))
         self.fprog = SockFprog(len(bpf) // 8, ctypes.addressof(self.program))
+        # the workdir by its descriptor
+        writable = [self.pinned if d == str(self.workdir) else d for d in policy.read_write]
         self.grants = (
             [(p, READ_EXEC) for p in policy.read_exec]
             + [(f, {"read_file"}) for f in policy.read_files]
             + [(f, {"read_file", "write_file", "truncate"}) for f in policy.write_files]
-            + [
-                (self.pinned if d == str(self.workdir) else d, READ_WRITE)
-                for d in policy.read_write
-            ]
-        )  # the workdir by its descriptor
+            + [(d, READ_WRITE) for d in writable]
+        )
         parts = ["fs"] + ["tcp"] * bool(self.handled[1]) + ["scope"] * bool(self.handled[2])
         self.kind = f"landlock ABI {self.abi} ({', '.join(parts)}) + seccomp, no capabilities"
         self.landlock = True
 
     def unavailable(self, why):
         """No working boundary: say so; run_python then asks before every call, even with --yes."""
-        self.landlock = False
-        self.mounts = False
+        self.landlock = self.mounts = self.confined = False
         self.macos = None
-        self.confined = False
         self.tested, self.why = True, why
         self.status = (
-            f"sandbox: unavailable ({why}); run_python will ask before every call, "
-            "even with --yes, and a y runs it unconfined (--no-sandbox runs it "
-            "unasked)"
+            f"sandbox: unavailable ({why}); run_python will ask before every call, even with "
+            "--yes, and a y runs it unconfined (--no-sandbox runs it unasked)"
         )
 
     def launched(self):
@@ -6106,18 +6075,15 @@ class Sandbox:
 
     def extras(self):
         """What the cgroup and the mount namespace add, or what stays open without them."""
-        policy = self.policy
-        caps = (
-            f"cgroup {self.cgroup[0]} caps a call at {policy.max_tasks} tasks and "
-            f"{policy.memory_mb} MiB"
-            if self.cgroup
-            else "no cgroup: tasks uncapped, memory capped per process"
-        )
-        scratch = (
-            f"home and /dev/shm a private {policy.scratch_mb} MiB tmpfs"
-            if self.mounts
-            else "home on disk, /dev/shm not writable"
-        )
+        p = self.policy
+        caps = "no cgroup: tasks uncapped, memory capped per process"
+        if self.cgroup:
+            caps = (
+                f"cgroup {self.cgroup[0]} caps a call at {p.max_tasks} tasks and {p.memory_mb} MiB"
+            )
+        scratch = "home on disk, /dev/shm not writable"
+        if self.mounts:
+            scratch = f"home and /dev/shm a private {p.scratch_mb} MiB tmpfs"
         return f"{caps}; {scratch}"
 
     def self_test(self):
@@ -6156,19 +6122,16 @@ class Sandbox:
             self.unpin()
 
 
-SELF_TEST = """import ctypes, os
+SELF_TEST = """import contextlib, ctypes, os
 libc, leaks = ctypes.CDLL(None, use_errno=True), []
-try:
+with contextlib.suppress(PermissionError):
     open({canary!r}).read()
     leaks.append("read a file outside the workdir")
-except PermissionError:
-    pass
 for name, pid in (("the agent", {agent}), ("its launcher", {launcher})):
-    try:
+    # refused, or not in this PID namespace
+    with contextlib.suppress(PermissionError, ProcessLookupError):
         os.kill(pid, 0)
         leaks.append("signal " + name)
-    except (PermissionError, ProcessLookupError):  # refused, or not in this PID namespace
-        pass
 if {linux}:
     long = ctypes.c_long
     for name, pid in (("the agent", {agent}), ("its launcher", {launcher})):
@@ -6257,12 +6220,6 @@ class Launcher:
                         cleanup_later(path, [])
                     elif name.startswith(f"agent-{self.tag}-"):
                         cleanup_later(None, [path])
-
-
-def pin_directory(path):
-    """A descriptor of the directory `path` names now, for fchdir and Landlock (O_PATH where
-    there is one), closed on exec."""
-    return os.open(path, getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC)
 
 
 def end_launcher(control, proc):
@@ -6390,53 +6347,36 @@ def macos_profile(policy):
     default, then each field's paths (realpaths: /tmp is /private/tmp there). The call's own
     paths are parameters, OWN_HOME, OWN_SHM and OWN_SCRIPT, given for each call (Call.command)."""
 
-    def quoted(path):
-        return '"' + os.path.realpath(path).replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-    def allow(operations, rules):
+    def allow(operations, paths, own=(), kind="literal"):
+        # a tree is a subpath, a file a literal; what is not here is left out
+        rules = []
+        for path in filter(os.path.exists, paths):
+            escaped = os.path.realpath(path).replace("\\", "\\\\").replace('"', '\\"')
+            rules.append(f'({"subpath" if os.path.isdir(path) else "literal"} "{escaped}")')
+        rules += [f'({kind} (param "OWN_{name.upper()}"))' for name in own]
         return [f"(allow {operations}\n  " + "\n  ".join(rules) + ")"] if rules else []
 
-    def paths(names):  # a tree is a subpath, a file a literal; what is not here is left out
-        return [
-            f"({'subpath' if os.path.isdir(p) else 'literal'} {quoted(p)})"
-            for p in names
-            if os.path.exists(p)
-        ]
-
-    def own(kind, names):
-        return [f'({kind} (param "OWN_{n.upper()}"))' for n in names]
-
-    return (
-        "\n".join(
-            [
-                "(version 1)",
-                "(deny default)",
-                "(allow process-fork process-exec)",
-                "(allow signal (target same-sandbox))"
-                if "signal" in policy.scopes
-                else "(allow signal)",
-                "(allow file-read-metadata sysctl-read"
-                + (" ipc-posix-sem ipc-posix-shm)" if "shm" in policy.own_read_write else ")"),
-            ]
-            + ([] if policy.network else ["(allow network*)"])
-            + allow("file-read* file-map-executable", paths(policy.read_exec))
-            + allow("file-read*", paths(policy.read_files) + own("literal", policy.own_read))
-            + allow(
-                "file-read* file-write*",
-                paths(policy.write_files)
-                + paths(policy.read_write)
-                + own("subpath", policy.own_read_write),
-            )
-        )
-        + "\n"
-    )
+    scoped = " (target same-sandbox)" if "signal" in policy.scopes else ""
+    ipc = " ipc-posix-sem ipc-posix-shm" if "shm" in policy.own_read_write else ""
+    writable = policy.write_files + policy.read_write
+    lines = [
+        "(version 1)\n(deny default)\n(allow process-fork process-exec)",
+        f"(allow signal{scoped})",
+        f"(allow file-read-metadata sysctl-read{ipc})",
+        *([] if policy.network else ["(allow network*)"]),
+        *allow("file-read* file-map-executable", policy.read_exec),
+        *allow("file-read*", policy.read_files, policy.own_read),
+        *allow("file-read* file-write*", writable, policy.own_read_write, "subpath"),
+    ]
+    return "\n".join(lines) + "\n"
 
 
-def lowered(which, soft, hard):
-    """An rlimit no higher than the agent's own: raising one needs a privilege."""
+def lowered(name, soft, hard):
+    """(which, soft, hard) of RLIMIT_`name`, never above the agent's: raising one is privileged."""
+    which = getattr(resource, name)
     current = resource.getrlimit(which)[1]
     hard = hard if current == resource.RLIM_INFINITY else min(hard, current)
-    return min(soft, hard), hard
+    return which, min(soft, hard), hard
 
 
 def landlock_abi(libc):
@@ -6454,42 +6394,32 @@ def landlock_abi(libc):
 def python_paths(macos=False):
     """The running interpreter's own files: stdlib and site-packages dirs, binary, libraries;
     on macOS its whole prefixes (no /proc to list the libraries it loaded)."""
-    dirs = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    dirs.update(site.getsitepackages())
-    if macos:
-        dirs.update((sys.prefix, sys.base_prefix))
+    dirs = [sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")]
+    dirs += site.getsitepackages() + ([sys.prefix, sys.base_prefix] if macos else [])
     dirs = {os.path.realpath(d) for d in dirs if d and os.path.isdir(d)}
-    files = {os.path.realpath(sys.executable)}
-    venv_cfg = Path(sys.executable).parent.parent / "pyvenv.cfg"  # unresolved: the venv's
-    if venv_cfg.is_file():
-        files.add(str(venv_cfg))
+    # and the venv's pyvenv.cfg, by its unresolved path
+    venv_cfg = str(Path(sys.executable).parent.parent / "pyvenv.cfg")
+    files = {os.path.realpath(sys.executable), *filter(os.path.isfile, [venv_cfg])}
     if not macos:
         with open("/proc/self/maps") as maps:  # shared libraries this interpreter has loaded
-            for line in maps:
-                path = line.split(maxsplit=5)[-1].strip()
-                if ".so" in os.path.basename(path) and os.path.isfile(path):
-                    files.add(path)
-    system = MACOS_DIRS if macos else SYSTEM_DIRS
-    inside = tuple(d + "/" for d in (*dirs, *system))
+            paths = (line.split(maxsplit=5)[-1].strip() for line in maps)
+            files.update(p for p in paths if ".so" in os.path.basename(p) and os.path.isfile(p))
+    inside = tuple(d + "/" for d in (*dirs, *(MACOS_DIRS if macos else SYSTEM_DIRS)))
     return sorted(dirs), sorted(f for f in files if not f.startswith(inside))
 
 
 def cgroup_parents():
     """Where the agent may make a cgroup that caps tasks and memory: ("v1"|"v2", dirs) or None."""
     try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    where = {}
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        for name in controllers.split(","):
-            where[name] = path.rstrip("/")
-    v1 = [f"/sys/fs/cgroup/{c}{where[c]}" for c in ("pids", "memory") if c in where]
-    if len(v1) == 2 and all(os.access(d, os.W_OK) for d in v1):
-        return "v1", v1
-    v2 = f"/sys/fs/cgroup{where.get('', '/-')}"  # "0::/path" on a unified hierarchy
-    try:
+        where = {}
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            for name in controllers.split(","):
+                where[name] = path.rstrip("/")
+        v1 = [f"/sys/fs/cgroup/{c}{where[c]}" for c in ("pids", "memory") if c in where]
+        if len(v1) == 2 and all(os.access(d, os.W_OK) for d in v1):
+            return "v1", v1
+        v2 = f"/sys/fs/cgroup{where.get('', '/-')}"  # "0::/path" on a unified hierarchy
         delegated = set(Path(v2, "cgroup.subtree_control").read_text().split())
     except OSError:
         return None
@@ -6499,49 +6429,26 @@ def cgroup_parents():
 def seccomp_filter(machine, rules):
     """Seccomp rules as a BPF program: foreign arches are killed, unknown numbers get ENOSYS."""
     arch, column = ARCHES[machine]
-
-    # BPF_LD|W|ABS, BPF_RET, and BPF_JEQ, whose jumps are relative, 8-bit
-    def ld(k):
-        return (0x20, 0, 0, k)
-
-    def ret(k):
-        return (0x06, 0, 0, k)
-
-    def jeq(k, yes, no):
-        return (0x15, yes, no, k)
-
-    prog = [
-        ld(4),
-        jeq(arch, 1, 0),
-        ret(SECCOMP_KILL),
-        ld(0),
-        (0x25, 0, 1, LAST_SYSCALL),
-        ret(SECCOMP_ERRNO | ENOSYS),
-    ]  # BPF_JGT: x32 numbers too
+    # the arch (at offset 4) or death; then the number (at 0): ENOSYS above the table's, x32's too
+    prog = [(LD, 0, 0, 4), (JEQ, 1, 0, arch), (RET, 0, 0, SECCOMP_KILL)]
+    prog += [(LD, 0, 0, 0), (JGT, 0, 1, LAST_SYSCALL), (RET, 0, 0, SECCOMP_ERRNO | ENOSYS)]
     for names, test, err, _why in rules:
-        for nr in (SYSCALLS[name][column] for name in names.split()):
-            if nr is None:
-                continue
-            if test is None:  # each rule returns right after its test: no long jumps
-                prog += [jeq(nr, 0, 1), ret(SECCOMP_ERRNO | err)]
-                continue
+        body = [(RET, 0, 0, SECCOMP_ERRNO | err)]
+        if test is not None:
             arg, mask, op, value = test
-            body = [ld(16 + 8 * arg)]  # seccomp_data.args[arg], low word (little-endian)
-            if op == "&":
-                body.append((0x45, 0, 1, mask))  # BPF_JSET
-            else:
-                if mask != ALL:
-                    body.append((0x54, 0, 0, mask))  # BPF_ALU|AND
-                body.append(jeq(value, 0, 1) if op == "==" else jeq(value, 1, 0))
-            body += [ret(SECCOMP_ERRNO | err), ld(0)]  # reload the number for the next rule
-            prog += [jeq(nr, 0, len(body))] + body
-    prog.append(ret(SECCOMP_ALLOW))
+            jump = {"&": (JSET, 0, 1, mask), "==": (JEQ, 0, 1, value), "!=": (JEQ, 1, 0, value)}
+            masked = [] if op == "&" or mask == ALL else [(AND, 0, 0, mask)]
+            # seccomp_data.args[arg], low word (little-endian); then the number, for the next rule
+            body = [(LD, 0, 0, 16 + 8 * arg), *masked, jump[op], *body, (LD, 0, 0, 0)]
+        # each rule returns right after its test: no long jumps
+        for name in names.split():
+            if SYSCALLS[name][column] is not None:
+                prog += [(JEQ, 0, len(body), SYSCALLS[name][column]), *body]
+    prog.append((RET, 0, 0, SECCOMP_ALLOW))
     return b"".join(struct.pack("HBBI", *ins) for ins in prog)
 
 
 # The tables the policy and the mechanism are made of: data, one line per right or rule.
-
-
 def landlock_table(text):
     """Words "name:abi", each right's bit its place: {name: (bit, the ABI that introduced it)}."""
     pairs = (word.split(":") for word in text.split())
@@ -6718,46 +6625,36 @@ bind | - | EACCES | take an abstract socket name the host's programs use
 
 
 def seccomp_rules(table):
-    """A seccomp table as rules: (syscalls, (arg, mask, op, value) or None, errno, why)."""
-    rules = []
+    """Yield a seccomp table's rules: (syscalls, (arg, mask, op, value) or None, errno, why)."""
     for line in table.strip().replace("\n    ", " ").splitlines():
         names, test, code, why = (part.strip() for part in line.split("|"))
-        if test != "-":
-            arg, *words = test.split()
-            if words[0] == "&" and len(words) == 2:
-                words += ["&", "0"]
-            elif words[0] != "&":
-                words = ["&", "ALL", *words]
-            mask, op, value = words[1:]
-            test = (int(arg[3:]), seccomp_number(mask), op, seccomp_number(value))
-        rules.append((names, None if test == "-" else test, SECCOMP_NAMES[code], why))
-    return tuple(rules)
+        match = re.fullmatch(r"arg(\d)(?: & (\S+))?(?: (==|!=) (\S+))?", test)
+        if match:
+            # "argN & mask" tests (mask, "&", 0); "argN op value" tests (ALL, op, value)
+            arg, mask, op, value = match.groups()
+            mask, value = (SECCOMP_NAMES.get(w) or int(w, 0) for w in (mask or "ALL", value or "0"))
+            test = (int(arg), mask, op or "&", value)
+        yield names, test if match else None, SECCOMP_NAMES[code], why
 
 
-def seccomp_number(word):
-    return SECCOMP_NAMES[word] if word in SECCOMP_NAMES else int(word, 0)
+SECCOMP_RULES = tuple(seccomp_rules(SECCOMP_TABLE))
+UNIX_SOCKET_RULES = tuple(seccomp_rules(UNIX_SOCKET_TABLE))
 
 
-SECCOMP_RULES = seccomp_rules(SECCOMP_TABLE)
-UNIX_SOCKET_RULES = seccomp_rules(UNIX_SOCKET_TABLE)
-
-
-LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446
-PR_SET_PDEATHSIG, PR_CAPBSET_READ, PR_CAPBSET_DROP, PR_SET_SECCOMP = 1, 23, 24, 22
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_SECCOMP = 1, 24, 22
 PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 36, 38, 47
 SECCOMP_MODE_FILTER, CAP_VERSION_3, MAX_FD = 2, 0x20080522, 1 << 16
 SECCOMP_ALLOW, SECCOMP_KILL, SECCOMP_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
+# BPF opcodes: BPF_LD|W|ABS, BPF_RET, BPF_ALU|AND, and jumps (relative, 8-bit): JEQ, JGT, JSET
+LD, RET, AND, JEQ, JGT, JSET = 0x20, 0x06, 0x54, 0x15, 0x25, 0x45
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID = 0x20000, 0x10000000, 0x20000000
 MS_BIND, MS_REC, MS_PRIVATE, MS_NOSUID, MS_NODEV = 0x1000, 0x4000, 1 << 18, 0x2, 0x4
 
 
 def rights(table, abi, names=None):
     """The bit mask of the rights in `names` (all by default) that Landlock ABI `abi` knows."""
-    return sum(
-        1 << bit
-        for name, (bit, since) in table.items()
-        if since <= abi and (names is None or name in names)
-    )
+    names = table if names is None else names
+    return sum(1 << bit for name, (bit, since) in table.items() if since <= abi and name in names)
 
 
 class PathBeneath(ctypes.Structure):
@@ -6780,8 +6677,7 @@ def libc_call():
 def syscall(libc, name, *args):
     """Make a raw syscall by name; raise OSError on failure."""
     nr = SYSCALLS[name][ARCHES[platform.machine()][1]]
-    args = [ctypes.c_long(a) if isinstance(a, int) else a for a in args]
-    result = libc.syscall(ctypes.c_long(nr), *args)
+    result = libc.syscall(*(ctypes.c_long(a) if isinstance(a, int) else a for a in (nr, *args)))
     if result < 0:
         err = ctypes.get_errno()
         raise OSError(err, f"{name}: {os.strerror(err)}")

@@ -370,8 +370,6 @@ NOT_TEXT_FOR_AN_OUTPUT = {  # (function, slice): what it cuts
         "hide_command_line",
         "b'run_python call'[:end - start - 1]",
     ): "a constant title, for the kernel",
-    ("seccomp_rules", "arg[3:]"): "a number in agent.py's own seccomp table",
-    ("seccomp_rules", "words[1:]"): "a list of agent.py's own seccomp table",
 }
 
 
