@@ -3745,8 +3745,8 @@ def page(title, body):
     )
 
 
-def token_chart(turns, parts):
-    """Per-turn stacked bars of each request's tokens and the running cost, added to `parts`."""
+def token_chart(turns):
+    """Per-turn stacked bars of each request's tokens and the running cost, in parts."""
     width, height, left, bottom = 760, 260, 60, 30
     peak = max(
         [sum(num(fields(t.get("usage")).get(k)) for k, _, _ in SEGMENTS) for t in turns] + [1]
@@ -3755,7 +3755,7 @@ def token_chart(turns, parts):
     total = costs[-1] if costs else 0.0
     step = (width - left - 20) / max(len(turns), 1)
     bar = max(step * 0.7, 1)
-    parts.append(
+    yield (
         f'<svg class="tokens" width="{width}" height="{height}" viewBox="0 0 {width} '
         f'{height}" role="img" aria-label="tokens per turn"><text class="axis" x="4" y="14">'
         f'{peak:,} tokens</text><line x1="{left}" y1="{height - bottom}" x2="{width - 10}" '
@@ -3764,16 +3764,16 @@ def token_chart(turns, parts):
     for i, t in enumerate(turns):
         usage, y = fields(t.get("usage")), height - bottom
         x = left + i * step + (step - bar) / 2
-        parts.append('<g class="turn">')
+        yield '<g class="turn">'
         for key, cls, label in SEGMENTS:
             h = num(usage.get(key)) / peak * (height - bottom - 20)
             y -= h
-            parts.append(
+            yield (
                 f'<rect class="bar seg-{cls}" x="{x:.1f}" y="{y:.1f}" width="{bar:.1f}" '
                 f'height="{h:.1f}"><title>turn {esc(t.get("turn"))}: '
                 f"{num(usage.get(key)):,} {label}</title></rect>"
             )
-        parts.append(
+        yield (
             f'<text class="axis" x="{x + bar / 2:.1f}" y="{height - 12}" '
             f'text-anchor="middle">{esc(t.get("turn", i + 1))}</text></g>'
         )
@@ -3783,13 +3783,13 @@ def token_chart(turns, parts):
             f"{height - bottom - c / total * (height - bottom - 20):.1f}"
             for i, c in enumerate(costs)
         )
-        parts.append(
+        yield (
             f'<polyline class="cost" points="{points}"><title>running cost, up to '
             f'{money(total)}</title></polyline><text class="axis" x="{width - 10}" y="14" '
             f'text-anchor="end">{money(total)}</text>'
         )
     legend = "".join(f'<span class="l-{cls}"></span>{label}' for _, cls, label in SEGMENTS)
-    parts.append(f'</svg><p class="legend">{legend}<span class="l-cost"></span>running cost</p>')
+    yield f'</svg><p class="legend">{legend}<span class="l-cost"></span>running cost</p>'
 
 
 def block_html(block):
@@ -3849,8 +3849,8 @@ def priced_as(t):
     )
 
 
-def run_report(t, body):
-    """The report of one run: what was asked, how it ended, what each turn cost and did."""
+def run_report(t):
+    """One run's report, in parts: what was asked, how it ended, what each turn cost and did."""
     turns = items(t.get("turns"))
     usage = fields(t.get("usage"))
     stop = fields(t.get("stop"))
@@ -3877,7 +3877,7 @@ def run_report(t, body):
             f" · a replay of <code>{esc(replayed.get('source'))}</code>, "
             f"{len(items(replayed.get('differences')))} tool results differing"
         )
-    body.append(
+    yield (
         f'<h1>agent.py run</h1><div class="q">{esc(t.get("question", ""))}</div>'
         f"<p>model <b>{esc(t.get('model'))}</b> · workdir <code>{esc(t.get('workdir'))}"
         f"</code> · run <code>{esc(t.get('run_id', '?'))}</code> · started "
@@ -3887,9 +3887,9 @@ def run_report(t, body):
         + f"</div><p>{esc(stop.get('detail', ''))}</p>{priced_as(t)}"
     )
     if t.get("answer"):
-        body.append(f"<h2>Answer</h2><pre>{esc(t['answer'])}</pre>")
-    body.append("<h2>Tokens per turn</h2>")
-    token_chart(turns, body)
+        yield f"<h2>Answer</h2><pre>{esc(t['answer'])}</pre>"
+    yield "<h2>Tokens per turn</h2>"
+    yield from token_chart(turns)
     # each call's input, for its preview
     calls_input = {
         str(b.get("id")): json.dumps(b.get("input"), ensure_ascii=False)
@@ -3897,7 +3897,7 @@ def run_report(t, body):
         for b in items(m.get("content"))
         if b.get("type") == "tool_use"
     }
-    body.append(
+    yield (
         "<h2>Turns</h2><table><tr><th>turn</th><th>stop</th><th>tokens</th><th>cost"
         "</th><th>time</th><th>tool calls</th></tr>"
     )
@@ -3910,24 +3910,23 @@ def run_report(t, body):
                 f"{esc(shorten(calls_input.get(str(c.get('id')), ''), 60))} · {state} · "
                 f"{num(c.get('seconds')):.2f}s</span>"
             )
-        body.append(
+        yield (
             f"<tr><td>{esc(x.get('turn'))}</td><td>{esc(x.get('stop_reason'))}</td>"
             f"<td>{num(u.get('tokens')):,}</td><td>{money(u.get('cost_usd'))}</td>"
             f"<td>{num(x.get('seconds')):.1f}s ({num(x.get('api_seconds')):.1f}s API)"
             f"</td><td>{''.join(chips)}</td></tr>"
         )
-    body.append("</table><h2>Conversation</h2>")
-    body.extend(
+    yield "</table><h2>Conversation</h2>"
+    yield from (
         f'<div class="msg"><span class="role">{esc(m.get("role"))}</span>'
         + "".join(block_html(b) for b in items(m.get("content")))
         + "</div>"
         for m in items(t.get("messages"))
     )
-    return page(f"agent.py run: {shorten(str(t.get('question', '')), 80)}", "".join(body))
 
 
-def trials_report(summary, body):
-    """The report of --trials: pass@k and pass^k, and a row per trial (it opens no file)."""
+def trials_report(summary):
+    """The report of --trials, in parts: pass@k and pass^k, a row per trial (it opens no file)."""
     at, hat = fields(summary.get("pass_at_k")), fields(summary.get("pass_hat_k"))
     ks = sorted(int(k) for k in at)  # plain numbers: summary_problem checked them
     trials = items(summary.get("trials"))
@@ -3940,7 +3939,7 @@ def trials_report(summary, body):
         scored = f"pass@1 = {p1:.3f}, 95% Wilson interval {low}–{high}."
     else:
         scored = "No trial was scored, so pass@k is unknown."
-    body.append(
+    yield (
         f'<h1>agent.py trials</h1><div class="q">{esc(summary.get("question", ""))}</div>'
         f"<p>model <b>{esc(summary.get('model', '?'))}</b>{server_said(summary)} · a trial "
         f"passes when {esc(passes_when)} · a declined call tells the model: "
@@ -3951,50 +3950,42 @@ def trials_report(summary, body):
     )
     if summary.get("interrupted") is True:
         finished = sum(t.get("stop") != "interrupted" for t in trials)
-        body.append(
+        yield (
             f"<p>Interrupted (Ctrl-C): {finished} of {esc(summary.get('requested'))} "
             "trials finished.</p>"
         )
-    body.append(priced_as(summary))
+    yield priced_as(summary)
     # pass@k and pass^k for k = 1..scored: a table and a chart
     if ks:
         width, height = 360, 180
         span = max(len(ks) - 1, 1)
-
-        def point(i, k, values):
-            return (
-                f"{' ' * bool(i)}{30 + (k - 1) / span * (width - 50):.1f},"
-                f"{height - 20 - num(values.get(str(k))) * (height - 40):.1f}"
-            )
-
-        body.append(
-            "<h2>pass@k and pass^k</h2><table><tr><th>k</th><th>pass@k</th><th>pass^k</th></tr>"
-        )
-        body.extend(
+        xs = {k: f"{30 + (k - 1) / span * (width - 50):.1f}" for k in ks}
+        yield "<h2>pass@k and pass^k</h2><table><tr><th>k</th><th>pass@k</th><th>pass^k</th></tr>"
+        yield from (
             f"<tr><td>{k}</td><td>{num(at.get(str(k))):.3f}</td><td>"
             f"{num(hat.get(str(k))):.3f}</td></tr>"
             for k in ks
         )
-        body.append(
+        yield (
             f'</table><svg class="passk" width="{width}" height="{height}" viewBox="0 0 '
             f'{width} {height}" role="img" aria-label="pass@k and pass^k">'
         )
         for key, values in (("at", at), ("hat", hat)):
-            body.append(f'<polyline class="line-{key}" points="')
-            body.extend(point(i, k, values) for i, k in enumerate(ks))
-            body.append('"/>')
-        body.extend(
-            f'<text class="axis" x="{30 + (k - 1) / span * (width - 50):.1f}" y="{height - 4}" '
-            f'text-anchor="middle">k={k}</text>'
+            points = " ".join(
+                f"{xs[k]},{height - 20 - num(values.get(str(k))) * (height - 40):.1f}" for k in ks
+            )
+            yield f'<polyline class="line-{key}" points="{points}"/>'
+        yield from (
+            f'<text class="axis" x="{xs[k]}" y="{height - 4}" text-anchor="middle">k={k}</text>'
             for k in ks
         )
-        body.append(
+        yield (
             '<text class="axis" x="4" y="14">1.0</text><text class="axis" x="4" '
             f'y="{height - 20}">0</text></svg><p class="legend"><span class="l-input">'
             '</span>pass@k<span class="l-output"></span>pass^k (dashed; the lines meet '
             "where every trial passed or none did)</p>"
         )
-    body.append(
+    yield (
         "<h2>Trials</h2><table><tr><th>trial</th><th>stop</th><th>result</th><th>"
         "turns</th><th>tokens</th><th>cost</th><th>transcript</th></tr>"
     )
@@ -4002,33 +3993,25 @@ def trials_report(summary, body):
         transcript = tr.get("transcript")
         passed = tr.get("passed")
         result = "pass" if passed else "errored" if tr.get("stop") in INFRA_STOPS else "fail"
-        body.append(
+        yield (
             f"<tr><td>trial {esc(tr.get('index'))}</td><td>{esc(tr.get('stop'))}</td>"
             f'<td class="{"ok" if passed else "error"}">{result}</td><td>'
             f"{esc(tr.get('turns'))}</td><td>{num(tr.get('tokens')):,}</td><td>"
             f"{money(tr.get('cost_usd'))}</td><td><code>"
             f"{esc(transcript) if is_str(transcript) else ''}</code></td></tr>"
         )
-    body.append("</table>")
-    return page("agent.py trials", "".join(body))
+    yield "</table>"
 
 
-class Bounded(list):
-    """The parts of a report, raising `error` rather than grow past `cap` characters."""
-
-    def __init__(self, cap, error):
-        super().__init__()
-        self.room, self.error = cap, error
-
-    def append(self, text):
-        self.room -= len(text)
-        if self.room < 0:
-            raise self.error
-        super().append(text)
-
-    def extend(self, texts):
-        for text in texts:
-            self.append(text)
+def bounded(parts, cap, error):
+    """The parts joined, or `error` raised as soon as they pass `cap` characters."""
+    kept = []
+    for part in parts:
+        cap -= len(part)
+        if cap < 0:
+            raise error
+        kept.append(part)
+    return "".join(kept)
 
 
 OUTPUT_FACTOR = 8  # a report or export writes at most 8 characters per byte of its input...
@@ -4057,10 +4040,15 @@ def write_report(path, output=None):
     problem = summary_problem(document) if trials else sum_problem(document.get("turns"))
     if problem:
         raise UsageError(f"--report {path} is {kind} agent.py did not write: {problem}")
-    body = Bounded(output_cap(length), oversize("--report", path, length, "a report"))
     # redacted before any string is escaped or shown as JSON, where a secret would not be found
-    text = (trials_report if trials else run_report)(redact(document), body)
-    return write_out(path, output, ".html", [utf8(text)], [("--report", path)])
+    document = redact(document)
+    if trials:
+        title, parts = "agent.py trials", trials_report(document)
+    else:
+        title = f"agent.py run: {shorten(str(document.get('question', '')), 80)}"
+        parts = run_report(document)
+    body = bounded(parts, output_cap(length), oversize("--report", path, length, "a report"))
+    return write_out(path, output, ".html", [utf8(page(title, body))], [("--report", path)])
 
 
 def write_out(path, output, suffix, texts, inputs, indexes=()):
@@ -4118,7 +4106,8 @@ def export_atif(path, output):
             "transcript (run --trials with --transcript PATH to keep them)"
         )
     sources = [(f"trial {i}'s transcript", trial_path(path, i)) for i in indexes]
-    # N names of one file would pass its cap N times
+    # all checked before anything is written, then made again one at a time as written; N names
+    # of one file would pass its cap N times
     seen = {}
     for flag, source in sources:
         identity = file_identity(source)
@@ -4128,8 +4117,6 @@ def export_atif(path, output):
                 f"{seen[identity]}: each trial has its own"
             )
         seen[identity] = flag
-    # all checked before anything is written, then made again one at a time as written
-    for flag, source in sources:
         exported(flag, source)
     trajectories = (exported(flag, source) for flag, source in sources)
     inputs = sources + [("--export", path)]
@@ -4235,10 +4222,8 @@ def atif_steps(session):
 
 def agent_step(turn, content):
     """One turn as an agent step; the rest of its record and other blocks' kinds in extra."""
-    step = {
-        "source": "agent",
-        "message": "".join(b["text"] for b in content if b["type"] == "text"),
-    }
+    text = "".join(b["text"] for b in content if b["type"] == "text")
+    step = {"source": "agent", "message": text}
     if iso_time(turn.get("started_at")):
         step["timestamp"] = turn["started_at"]
     thinking = [b["thinking"] for b in content if b["type"] == "thinking"]
@@ -4253,9 +4238,7 @@ def agent_step(turn, content):
         step["observation"] = {"results": []}
     if isinstance(turn.get("usage"), dict):
         step["metrics"] = step_metrics(turn["usage"])
-    step["extra"] = {
-        k: v for k, v in turn.items() if k not in ("usage", "started_at", "tool_calls")
-    }
+    step["extra"] = {k: turn[k] for k in turn if k not in ("usage", "started_at", "tool_calls")}
     others = [b["type"] for b in content if b["type"] not in ("text", "thinking", "tool_use")]
     if others:
         step["extra"]["other_blocks"] = others
@@ -4274,11 +4257,10 @@ def step_metrics(usage):
 
 
 def iso_time(value):
-    try:
-        datetime.fromisoformat(value.replace("Z", "+00:00"))
-        return value
-    except (AttributeError, TypeError, ValueError):
-        return None
+    """Whether `value` is a time as ISO 8601 writes it (ATIF's timestamps are)."""
+    with contextlib.suppress(AttributeError, TypeError, ValueError):
+        return bool(datetime.fromisoformat(value.replace("Z", "+00:00")))
+    return False
 
 
 # --- Telemetry: the run as OpenTelemetry GenAI traces (--otel) ---
