@@ -3722,12 +3722,16 @@ def esc(value):
     return html.escape(str(value), quote=True)
 
 
-def num(value, default=0):
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+def num(value):
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
 
 
 def money(value):
     return "unknown" if not isinstance(value, (int, float)) else f"${value:.6f}"
+
+
+def table_head(*names):
+    return "<table><tr>" + "".join(f"<th>{name}</th>" for name in names) + "</tr>"
 
 
 def page(title, body):
@@ -3748,10 +3752,9 @@ def page(title, body):
 def token_chart(turns):
     """Per-turn stacked bars of each request's tokens and the running cost, in parts."""
     width, height, left, bottom = 760, 260, 60, 30
-    peak = max(
-        [sum(num(fields(t.get("usage")).get(k)) for k, _, _ in SEGMENTS) for t in turns] + [1]
-    )
-    costs = list(accumulate(num(fields(t.get("usage")).get("cost_usd")) for t in turns))
+    usages = [fields(t.get("usage")) for t in turns]
+    peak = max([sum(num(u.get(k)) for k, _, _ in SEGMENTS) for u in usages] + [1])
+    costs = list(accumulate(num(u.get("cost_usd")) for u in usages))
     total = costs[-1] if costs else 0.0
     step = (width - left - 20) / max(len(turns), 1)
     bar = max(step * 0.7, 1)
@@ -3761,8 +3764,8 @@ def token_chart(turns):
         f'{peak:,} tokens</text><line x1="{left}" y1="{height - bottom}" x2="{width - 10}" '
         f'y2="{height - bottom}" stroke="#999"/>'
     )
-    for i, t in enumerate(turns):
-        usage, y = fields(t.get("usage")), height - bottom
+    for i, (t, usage) in enumerate(zip(turns, usages, strict=True)):
+        y = height - bottom
         x = left + i * step + (step - bar) / 2
         yield '<g class="turn">'
         for key, cls, label in SEGMENTS:
@@ -3897,10 +3900,7 @@ def run_report(t):
         for b in items(m.get("content"))
         if b.get("type") == "tool_use"
     }
-    yield (
-        "<h2>Turns</h2><table><tr><th>turn</th><th>stop</th><th>tokens</th><th>cost"
-        "</th><th>time</th><th>tool calls</th></tr>"
-    )
+    yield "<h2>Turns</h2>" + table_head("turn", "stop", "tokens", "cost", "time", "tool calls")
     for x in turns:
         u, chips = fields(x.get("usage")), []
         for c in items(x.get("tool_calls")):
@@ -3960,7 +3960,7 @@ def trials_report(summary):
         width, height = 360, 180
         span = max(len(ks) - 1, 1)
         xs = {k: f"{30 + (k - 1) / span * (width - 50):.1f}" for k in ks}
-        yield "<h2>pass@k and pass^k</h2><table><tr><th>k</th><th>pass@k</th><th>pass^k</th></tr>"
+        yield "<h2>pass@k and pass^k</h2>" + table_head("k", "pass@k", "pass^k")
         yield from (
             f"<tr><td>{k}</td><td>{num(at.get(str(k))):.3f}</td><td>"
             f"{num(hat.get(str(k))):.3f}</td></tr>"
@@ -3985,12 +3985,9 @@ def trials_report(summary):
             '</span>pass@k<span class="l-output"></span>pass^k (dashed; the lines meet '
             "where every trial passed or none did)</p>"
         )
-    yield (
-        "<h2>Trials</h2><table><tr><th>trial</th><th>stop</th><th>result</th><th>"
-        "turns</th><th>tokens</th><th>cost</th><th>transcript</th></tr>"
-    )
+    heads = ("trial", "stop", "result", "turns", "tokens", "cost", "transcript")
+    yield "<h2>Trials</h2>" + table_head(*heads)
     for tr in trials:
-        transcript = tr.get("transcript")
         passed = tr.get("passed")
         result = "pass" if passed else "errored" if tr.get("stop") in INFRA_STOPS else "fail"
         yield (
@@ -3998,7 +3995,7 @@ def trials_report(summary):
             f'<td class="{"ok" if passed else "error"}">{result}</td><td>'
             f"{esc(tr.get('turns'))}</td><td>{num(tr.get('tokens')):,}</td><td>"
             f"{money(tr.get('cost_usd'))}</td><td><code>"
-            f"{esc(transcript) if is_str(transcript) else ''}</code></td></tr>"
+            f"{esc(tr['transcript']) if is_str(tr.get('transcript')) else ''}</code></td></tr>"
         )
     yield "</table>"
 
@@ -4018,15 +4015,13 @@ OUTPUT_FACTOR = 8  # a report or export writes at most 8 characters per byte of 
 OUTPUT_SLACK = 1 << 20  # ... plus 1 MiB (a shipped 1,000-turn transcript's report: 1.6 times)
 
 
-def output_cap(input_bytes):
-    return OUTPUT_FACTOR * input_bytes + OUTPUT_SLACK
-
-
-def oversize(flag, path, input_bytes, what):
-    return UsageError(
-        f"{flag} {path} would make {what} over {output_cap(input_bytes) >> 20} "
-        f"MiB, {OUTPUT_FACTOR} times its {input_bytes:,} bytes: no document "
-        "agent.py writes comes near that (docs/transcript.md); nothing was written"
+def output_cap(flag, path, input_bytes, what):
+    """The most characters `what` made from `input_bytes` of input may have; the error past it."""
+    cap = OUTPUT_FACTOR * input_bytes + OUTPUT_SLACK
+    return cap, UsageError(
+        f"{flag} {path} would make {what} over {cap >> 20} MiB, {OUTPUT_FACTOR} times its "
+        f"{input_bytes:,} bytes: no document agent.py writes comes near that "
+        "(docs/transcript.md); nothing was written"
     )
 
 
@@ -4047,7 +4042,7 @@ def write_report(path, output=None):
     else:
         title = f"agent.py run: {shorten(str(document.get('question', '')), 80)}"
         parts = run_report(document)
-    body = bounded(parts, output_cap(length), oversize("--report", path, length, "a report"))
+    body = bounded(parts, *output_cap("--report", path, length, "a report"))
     return write_out(path, output, ".html", [utf8(page(title, body))], [("--report", path)])
 
 
@@ -4127,8 +4122,9 @@ def exported(flag, path, read=None):
     """The trajectory of the transcript at `path` (or `read`: it and its size), within its cap."""
     transcript, length = read or read_document(path, flag, sized=True)
     data = dump(trajectory(checked_transcript(transcript, path, "export")))
-    if len(data) > output_cap(length):
-        raise oversize(flag, path, length, "a trajectory")
+    cap, error = output_cap(flag, path, length, "a trajectory")
+    if len(data) > cap:
+        raise error
     return data
 
 
@@ -4172,7 +4168,6 @@ def atif_steps(session):
     """The history as ATIF steps, and how many tool calls had no result (answered 'not run')."""
     steps = []
     turns = list(session["turns"])
-    agent = None
     calls = {
         b["id"]: b for m in session["messages"] for b in m["content"] if b["type"] == "tool_use"
     }
@@ -4182,7 +4177,8 @@ def atif_steps(session):
         if message["role"] == "assistant":
             while turns and turns[0].get("in_history") is False:  # a reply not in the history
                 steps.append(agent_step(turns.pop(0), []))
-            agent = agent_step(turns.pop(0) if turns else {}, message["content"])
+            # transcript_problem counted a turn record for each reply in the history
+            agent = agent_step(turns.pop(0), message["content"])
             steps.append(agent)
             continue
         for block in message["content"]:
@@ -4203,18 +4199,18 @@ def atif_steps(session):
     # each call without a result is answered 'not run'
     stop = session.get("stop")
     why = f"the run stopped ({stop['reason']})" if stop else "the transcript ends"
+    not_run_result = {
+        "content": f"not run: {why} before it ran",
+        "extra": {"is_error": True, "not_in_transcript": True},
+    }
     unanswered = 0
     for step in steps:
         results = step.get("observation", {}).get("results", [])
         answered = {r["source_call_id"] for r in results}
-        for c in step.get("tool_calls", []):
-            if c["tool_call_id"] not in answered:
+        for call in step.get("tool_calls", []):
+            if call["tool_call_id"] not in answered:
                 unanswered += 1
-                extra = {"is_error": True, "not_in_transcript": True}
-                content = f"not run: {why} before it ran"
-                results.append(
-                    {"source_call_id": c["tool_call_id"], "content": content, "extra": extra}
-                )
+                results.append({"source_call_id": call["tool_call_id"], **not_run_result})
     if steps[0]["source"] == "user" and iso_time(session.get("started_at")):
         steps[0]["timestamp"] = session["started_at"]
     return [{"step_id": i, **step} for i, step in enumerate(steps, 1)], unanswered
@@ -4236,8 +4232,7 @@ def agent_step(turn, content):
             for b in uses
         ]
         step["observation"] = {"results": []}
-    if isinstance(turn.get("usage"), dict):
-        step["metrics"] = step_metrics(turn["usage"])
+    step["metrics"] = step_metrics(turn["usage"])
     step["extra"] = {k: turn[k] for k in turn if k not in ("usage", "started_at", "tool_calls")}
     others = [b["type"] for b in content if b["type"] not in ("text", "thinking", "tool_use")]
     if others:
