@@ -3884,8 +3884,7 @@ def run_report(t):
         f'<h1>agent.py run</h1><div class="q">{esc(t.get("question", ""))}</div>'
         f"<p>model <b>{esc(t.get('model'))}</b> · workdir <code>{esc(t.get('workdir'))}"
         f"</code> · run <code>{esc(t.get('run_id', '?'))}</code> · started "
-        f"{esc(t.get('started_at', '?'))}{provenance}{server_said(t)}</p>"
-        + '<div class="cards">'
+        f'{esc(t.get("started_at", "?"))}{provenance}{server_said(t)}</p><div class="cards">'
         + "".join(f'<div class="card">{k}<b>{esc(v)}</b></div>' for k, v in cards)
         + f"</div><p>{esc(stop.get('detail', ''))}</p>{priced_as(t)}"
     )
@@ -3930,6 +3929,7 @@ def trials_report(summary):
     at, hat = fields(summary.get("pass_at_k")), fields(summary.get("pass_hat_k"))
     ks = sorted(int(k) for k in at)  # plain numbers: summary_problem checked them
     trials = items(summary.get("trials"))
+    requested = esc(summary.get("requested"))
     expect = {k: v for k, v in fields(summary.get("expect")).items() if v}
     passes_when = json.dumps(expect, ensure_ascii=False) if expect else "it ends with end_turn"
     p1, interval = summary.get("pass@1"), summary.get("pass@1_wilson95")
@@ -3944,16 +3944,12 @@ def trials_report(summary):
         f"<p>model <b>{esc(summary.get('model', '?'))}</b>{server_said(summary)} · a trial "
         f"passes when {esc(passes_when)} · a declined call tells the model: "
         f"{esc(summary.get('decline_message', '?'))}</p><p>{esc(summary.get('n'))} of "
-        f"{esc(summary.get('requested'))} ran: {esc(summary.get('passes'))} passed, "
-        f"{esc(summary.get('failed'))} failed, {esc(summary.get('errored'))} errored "
-        f"(not counted in pass@k). {scored}</p>"
+        f"{requested} ran: {esc(summary.get('passes'))} passed, {esc(summary.get('failed'))} "
+        f"failed, {esc(summary.get('errored'))} errored (not counted in pass@k). {scored}</p>"
     )
     if summary.get("interrupted") is True:
         finished = sum(t.get("stop") != "interrupted" for t in trials)
-        yield (
-            f"<p>Interrupted (Ctrl-C): {finished} of {esc(summary.get('requested'))} "
-            "trials finished.</p>"
-        )
+        yield f"<p>Interrupted (Ctrl-C): {finished} of {requested} trials finished.</p>"
     yield priced_as(summary)
     # pass@k and pass^k for k = 1..scored: a table and a chart
     if ks:
@@ -4157,9 +4153,8 @@ def trajectory(session):
         document["session_id"] = session["run_id"]
     if unanswered:
         document["notes"] = (
-            f"{plural(unanswered, 'tool call')} had no result in the "
-            "transcript (the run stopped first): each is answered 'not run' "
-            "here, with not_in_transcript in its extra"
+            f"{plural(unanswered, 'tool call')} had no result in the transcript (the run stopped "
+            "first): each is answered 'not run' here, with not_in_transcript in its extra"
         )
     return document
 
@@ -4168,12 +4163,11 @@ def atif_steps(session):
     """The history as ATIF steps, and how many tool calls had no result (answered 'not run')."""
     steps = []
     turns = list(session["turns"])
-    calls = {
-        b["id"]: b for m in session["messages"] for b in m["content"] if b["type"] == "tool_use"
-    }
+    messages = session["messages"]
+    calls = {b["id"]: b for m in messages for b in m["content"] if b["type"] == "tool_use"}
     facts = {c.get("id"): c for t in turns for c in items(t.get("tool_calls"))}
     cleared = set(session.get("cleared") or ())
-    for message in session["messages"]:
+    for message in messages:
         if message["role"] == "assistant":
             while turns and turns[0].get("in_history") is False:  # a reply not in the history
                 steps.append(agent_step(turns.pop(0), []))
