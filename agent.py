@@ -3765,8 +3765,7 @@ def token_chart(turns):
         f'y2="{height - bottom}" stroke="#999"/>'
     )
     for i, (t, usage) in enumerate(zip(turns, usages, strict=True)):
-        y = height - bottom
-        x = left + i * step + (step - bar) / 2
+        x, y = left + i * step + (step - bar) / 2, height - bottom
         yield '<g class="turn">'
         for key, cls, label in SEGMENTS:
             h = num(usage.get(key)) / peak * (height - bottom - 20)
@@ -4033,11 +4032,9 @@ def write_report(path, output=None):
         raise UsageError(f"--report {path} is {kind} agent.py did not write: {problem}")
     # redacted before any string is escaped or shown as JSON, where a secret would not be found
     document = redact(document)
-    if trials:
-        title, parts = "agent.py trials", trials_report(document)
-    else:
-        title = f"agent.py run: {shorten(str(document.get('question', '')), 80)}"
-        parts = run_report(document)
+    parts = trials_report(document) if trials else run_report(document)
+    question = shorten(str(document.get("question", "")), 80)
+    title = "agent.py trials" if trials else f"agent.py run: {question}"
     body = bounded(parts, *output_cap("--report", path, length, "a report"))
     return write_out(path, output, ".html", [utf8(page(title, body))], [("--report", path)])
 
