@@ -3932,12 +3932,11 @@ def trials_report(summary):
     expect = {k: v for k, v in fields(summary.get("expect")).items() if v}
     passes_when = json.dumps(expect, ensure_ascii=False) if expect else "it ends with end_turn"
     p1, interval = summary.get("pass@1"), summary.get("pass@1_wilson95")
+    scored = "No trial was scored, so pass@k is unknown."
     if isinstance(p1, (int, float)) and ks:
         pair = isinstance(interval, list) and len(interval) == 2
         low, high = [f"{num(v):.3f}" for v in interval] if pair else ["?", "?"]
         scored = f"pass@1 = {p1:.3f}, 95% Wilson interval {low}–{high}."
-    else:
-        scored = "No trial was scored, so pass@k is unknown."
     yield (
         f'<h1>agent.py trials</h1><div class="q">{esc(summary.get("question", ""))}</div>'
         f"<p>model <b>{esc(summary.get('model', '?'))}</b>{server_said(summary)} · a trial "
