@@ -3366,12 +3366,16 @@ def esc(value):
     return html.escape(str(value), quote=True)
 
 
-def num(value, default=0):
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+def num(value):
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
 
 
 def money(value):
     return "unknown" if not isinstance(value, (int, float)) else f"${value:.6f}"
+
+
+def table_head(*names):
+    return "<table><tr>" + "".join(f"<th>{name}</th>" for name in names) + "</tr>"
 
 
 def page(title, body):
@@ -3389,37 +3393,33 @@ def page(title, body):
     )
 
 
-def token_chart(turns, parts):
-    """Per-turn stacked bars of each request's tokens and the running cost, added to `parts`."""
+def token_chart(turns):
+    """Per-turn stacked bars of each request's tokens and the running cost, in parts."""
     width, height, left, bottom = 760, 260, 60, 30
-    rows = items(turns)
-    peak = max(
-        [sum(num(fields(t.get("usage")).get(k)) for k, _, _ in SEGMENTS) for t in rows] + [1]
-    )
-    costs = list(accumulate(num(fields(t.get("usage")).get("cost_usd")) for t in rows))
+    usages = [fields(t.get("usage")) for t in turns]
+    peak = max([sum(num(u.get(k)) for k, _, _ in SEGMENTS) for u in usages] + [1])
+    costs = list(accumulate(num(u.get("cost_usd")) for u in usages))
     total = costs[-1] if costs else 0.0
-    step = (width - left - 20) / max(len(rows), 1)
+    step = (width - left - 20) / max(len(turns), 1)
     bar = max(step * 0.7, 1)
-    parts += [
+    yield (
         f'<svg class="tokens" width="{width}" height="{height}" viewBox="0 0 {width} '
-        f'{height}" role="img" aria-label="tokens per turn">',
-        f'<text class="axis" x="4" y="14">{peak:,} tokens</text>',
-        f'<line x1="{left}" y1="{height - bottom}" x2="{width - 10}" y2="{height - bottom}" '
-        'stroke="#999"/>',
-    ]
-    for i, t in enumerate(rows):
-        usage, y = fields(t.get("usage")), height - bottom
-        x = left + i * step + (step - bar) / 2
-        parts.append('<g class="turn">')
+        f'{height}" role="img" aria-label="tokens per turn"><text class="axis" x="4" y="14">'
+        f'{peak:,} tokens</text><line x1="{left}" y1="{height - bottom}" x2="{width - 10}" '
+        f'y2="{height - bottom}" stroke="#999"/>'
+    )
+    for i, (t, usage) in enumerate(zip(turns, usages, strict=True)):
+        x, y = left + i * step + (step - bar) / 2, height - bottom
+        yield '<g class="turn">'
         for key, cls, label in SEGMENTS:
             h = num(usage.get(key)) / peak * (height - bottom - 20)
             y -= h
-            parts.append(
+            yield (
                 f'<rect class="bar seg-{cls}" x="{x:.1f}" y="{y:.1f}" width="{bar:.1f}" '
                 f'height="{h:.1f}"><title>turn {esc(t.get("turn"))}: '
                 f"{num(usage.get(key)):,} {label}</title></rect>"
             )
-        parts.append(
+        yield (
             f'<text class="axis" x="{x + bar / 2:.1f}" y="{height - 12}" '
             f'text-anchor="middle">{esc(t.get("turn", i + 1))}</text></g>'
         )
@@ -3429,15 +3429,13 @@ def token_chart(turns, parts):
             f"{height - bottom - c / total * (height - bottom - 20):.1f}"
             for i, c in enumerate(costs)
         )
-        parts.append(
+        yield (
             f'<polyline class="cost" points="{points}"><title>running cost, up to '
-            f"{money(total)}</title></polyline>"
-        )
-        parts.append(
-            f'<text class="axis" x="{width - 10}" y="14" text-anchor="end">{money(total)}</text>'
+            f'{money(total)}</title></polyline><text class="axis" x="{width - 10}" y="14" '
+            f'text-anchor="end">{money(total)}</text>'
         )
     legend = "".join(f'<span class="l-{cls}"></span>{label}' for _, cls, label in SEGMENTS)
-    parts.append(f'</svg><p class="legend">{legend}<span class="l-cost"></span>running cost</p>')
+    yield f'</svg><p class="legend">{legend}<span class="l-cost"></span>running cost</p>'
 
 
 def block_html(block):
@@ -3446,30 +3444,32 @@ def block_html(block):
     if kind == "text":
         return f"<pre>{esc(block.get('text', ''))}</pre>"
     if kind == "tool_use":
+        # code as code, the rest as JSON
         given = block.get("input")
-        shown = (
-            given["code"]
-            if isinstance(given, dict) and isinstance(given.get("code"), str)
-            else json.dumps(given, ensure_ascii=False, indent=1)
-        )  # code as code, the rest as JSON
+        code = isinstance(given, dict) and isinstance(given.get("code"), str)
+        shown = given["code"] if code else json.dumps(given, ensure_ascii=False, indent=1)
         return (
             f'<div><span class="chip">{esc(block.get("name"))}</span> <code>'
             f"{esc(block.get('id'))}</code><pre>{esc(shown)}</pre></div>"
         )
     if kind == "tool_result":
-        body = block.get("content")
-        body = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
+        body = as_text(block)
         state = "error" if block.get("is_error") else "ok"
         return (
             f'<details><summary class="{state}">result for {esc(block.get("tool_use_id"))}'
             f": {state}, {len(body):,} characters</summary><pre>{esc(body)}</pre></details>"
         )
     if kind == "thinking":
-        return (
-            f"<details><summary>thinking</summary><pre>{esc(block.get('thinking', ''))}"
-            "</pre></details>"
-        )
-    return f"<details><summary>{esc(kind)}</summary><pre>{esc(shorten(json.dumps(block, ensure_ascii=False), 5000))}</pre></details>"
+        shown = block.get("thinking", "")
+    else:
+        shown = shorten(json.dumps(block, ensure_ascii=False), 5000)
+    return f"<details><summary>{esc(kind)}</summary><pre>{esc(shown)}</pre></details>"
+
+
+def as_text(block):
+    """A tool result's content as text (JSON if it is a list of blocks)."""
+    content = block.get("content")
+    return content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
 
 
 def server_said(t):
@@ -3490,25 +3490,24 @@ def priced_as(t):
             "otherwise, or nothing.</p>"
         )
     return (
-        f"<p>The cost is priced as {esc(t.get('model', 'the model'))} would be on "
-        f"Anthropic's API, not by {esc(url)}, which may bill otherwise, or nothing.</p>"
+        f"<p>The cost is priced as {esc(model)} would be on Anthropic's API, not by "
+        f"{esc(url)}, which may bill otherwise, or nothing.</p>"
     )
 
 
-def run_report(t, cap):
-    """The report of one run: what was asked, how it ended, what each turn cost and did."""
+def run_report(t):
+    """One run's report, in parts: what was asked, how it ended, what each turn cost and did."""
     turns = items(t.get("turns"))
     usage = fields(t.get("usage"))
     stop = fields(t.get("stop"))
     prompt = sum(num(usage.get(k)) for k, _, _ in SEGMENTS[:3])
     share = f"{num(usage.get('cache_read_input_tokens')) / prompt:.0%}" if prompt else "n/a"
-    seconds = sum(num(x.get("seconds")) for x in turns)
     cards = [
         ("stop", f"{stop.get('reason', 'running')} (exit {stop.get('exit_code', '?')})"),
         ("turns", len(turns)),
         ("tokens", f"{num(usage.get('tokens')):,}"),
         ("cost", money(usage.get("cost_usd"))),
-        ("time", f"{seconds:.1f} s"),
+        ("time", f"{sum(num(x.get('seconds')) for x in turns):.1f} s"),
         ("cache-read share of the prompt", share),
     ]
     # where the replies came from, when not from the run's model
@@ -3524,32 +3523,26 @@ def run_report(t, cap):
             f" · a replay of <code>{esc(replayed.get('source'))}</code>, "
             f"{len(items(replayed.get('differences')))} tool results differing"
         )
-    body = Bounded(cap)
-    for part in [
-        f'<h1>agent.py run</h1><div class="q">{esc(t.get("question", ""))}</div>',
+    yield (
+        f'<h1>agent.py run</h1><div class="q">{esc(t.get("question", ""))}</div>'
         f"<p>model <b>{esc(t.get('model'))}</b> · workdir <code>{esc(t.get('workdir'))}"
         f"</code> · run <code>{esc(t.get('run_id', '?'))}</code> · started "
-        f"{esc(t.get('started_at', '?'))}{provenance}{server_said(t)}</p>",
-        '<div class="cards">'
-        + "".join(f'<div class="card">{esc(k)}<b>{esc(v)}</b></div>' for k, v in cards)
-        + "</div>",
-        f"<p>{esc(stop.get('detail', ''))}</p>{priced_as(t)}",
-    ]:
-        body.append(part)
+        f'{esc(t.get("started_at", "?"))}{provenance}{server_said(t)}</p><div class="cards">'
+        + "".join(f'<div class="card">{k}<b>{esc(v)}</b></div>' for k, v in cards)
+        + f"</div><p>{esc(stop.get('detail', ''))}</p>{priced_as(t)}"
+    )
     if t.get("answer"):
-        body.append(f"<h2>Answer</h2><pre>{esc(t['answer'])}</pre>")
-    body.append("<h2>Tokens per turn</h2>")
-    token_chart(turns, body)
+        yield f"<h2>Answer</h2><pre>{esc(t['answer'])}</pre>"
+    yield "<h2>Tokens per turn</h2>"
+    yield from token_chart(turns)
+    # each call's input, for its preview
     calls_input = {
         str(b.get("id")): json.dumps(b.get("input"), ensure_ascii=False)
         for m in items(t.get("messages"))
         for b in items(m.get("content"))
         if b.get("type") == "tool_use"
-    }  # each call's input, for its preview
-    body.append(
-        "<h2>Turns</h2><table><tr><th>turn</th><th>stop</th><th>tokens</th><th>cost"
-        "</th><th>time</th><th>tool calls</th></tr>"
-    )
+    }
+    yield "<h2>Turns</h2>" + table_head("turn", "stop", "tokens", "cost", "time", "tool calls")
     for x in turns:
         u, chips = fields(x.get("usage")), []
         for c in items(x.get("tool_calls")):
@@ -3559,148 +3552,114 @@ def run_report(t, cap):
                 f"{esc(shorten(calls_input.get(str(c.get('id')), ''), 60))} · {state} · "
                 f"{num(c.get('seconds')):.2f}s</span>"
             )
-        body.append(
+        yield (
             f"<tr><td>{esc(x.get('turn'))}</td><td>{esc(x.get('stop_reason'))}</td>"
             f"<td>{num(u.get('tokens')):,}</td><td>{money(u.get('cost_usd'))}</td>"
             f"<td>{num(x.get('seconds')):.1f}s ({num(x.get('api_seconds')):.1f}s API)"
             f"</td><td>{''.join(chips)}</td></tr>"
         )
-    body.append("</table><h2>Conversation</h2>")
-    for m in items(t.get("messages")):
-        body.append(
-            f'<div class="msg"><span class="role">{esc(m.get("role"))}</span>'
-            + "".join(block_html(b) for b in items(m.get("content")))
-            + "</div>"
-        )
-    return page(f"agent.py run: {shorten(str(t.get('question', '')), 80)}", "".join(body))
+    yield "</table><h2>Conversation</h2>"
+    yield from (
+        f'<div class="msg"><span class="role">{esc(m.get("role"))}</span>'
+        + "".join(block_html(b) for b in items(m.get("content")))
+        + "</div>"
+        for m in items(t.get("messages"))
+    )
 
 
-def trials_report(summary, cap):
-    """The report of --trials: pass@k and pass^k, and a row per trial (it opens no file)."""
+def trials_report(summary):
+    """The report of --trials, in parts: pass@k and pass^k, a row per trial (it opens no file)."""
     at, hat = fields(summary.get("pass_at_k")), fields(summary.get("pass_hat_k"))
     ks = sorted(int(k) for k in at)  # plain numbers: summary_problem checked them
-    interval = summary.get("pass@1_wilson95")
-    interval = (
-        [f"{num(v):.3f}" for v in interval]
-        if isinstance(interval, list) and len(interval) == 2
-        else ["?", "?"]
-    )
-    p1 = summary.get("pass@1")
-    finished = sum(t.get("stop") != "interrupted" for t in items(summary.get("trials")))
+    trials = items(summary.get("trials"))
+    requested = esc(summary.get("requested"))
     expect = {k: v for k, v in fields(summary.get("expect")).items() if v}
-    body = Bounded(cap)
-    body.append(
+    passes_when = json.dumps(expect, ensure_ascii=False) if expect else "it ends with end_turn"
+    p1, interval = summary.get("pass@1"), summary.get("pass@1_wilson95")
+    scored = "No trial was scored, so pass@k is unknown."
+    if isinstance(p1, (int, float)) and ks:
+        pair = isinstance(interval, list) and len(interval) == 2
+        low, high = [f"{num(v):.3f}" for v in interval] if pair else ["?", "?"]
+        scored = f"pass@1 = {p1:.3f}, 95% Wilson interval {low}–{high}."
+    yield (
         f'<h1>agent.py trials</h1><div class="q">{esc(summary.get("question", ""))}</div>'
-        f"<p>model <b>{esc(summary.get('model', '?'))}</b>{server_said(summary)} · a trial passes when "
-        f"{esc(json.dumps(expect, ensure_ascii=False) if expect else 'it ends with end_turn')}"
-        f" · a declined call tells the model: {esc(summary.get('decline_message', '?'))}</p>"
-        f"<p>{esc(summary.get('n'))} of "
-        f"{esc(summary.get('requested'))} ran: {esc(summary.get('passes'))} passed, "
-        f"{esc(summary.get('failed'))} failed, {esc(summary.get('errored'))} errored "
-        "(not counted in pass@k). "
-        + (
-            f"pass@1 = {p1:.3f}, 95% Wilson interval {esc(interval[0])}–{esc(interval[1])}."
-            if isinstance(p1, (int, float)) and ks
-            else "No trial was scored, so pass@k is unknown."
-        )
-        + "</p>"
-        + (
-            f"<p>Interrupted (Ctrl-C): {finished} of {esc(summary.get('requested'))} "
-            "trials finished.</p>"
-            if summary.get("interrupted") is True
-            else ""
-        )
-        + priced_as(summary)
+        f"<p>model <b>{esc(summary.get('model', '?'))}</b>{server_said(summary)} · a trial "
+        f"passes when {esc(passes_when)} · a declined call tells the model: "
+        f"{esc(summary.get('decline_message', '?'))}</p><p>{esc(summary.get('n'))} of "
+        f"{requested} ran: {esc(summary.get('passes'))} passed, {esc(summary.get('failed'))} "
+        f"failed, {esc(summary.get('errored'))} errored (not counted in pass@k). {scored}</p>"
     )
+    if summary.get("interrupted") is True:
+        finished = sum(t.get("stop") != "interrupted" for t in trials)
+        yield f"<p>Interrupted (Ctrl-C): {finished} of {requested} trials finished.</p>"
+    yield priced_as(summary)
     # pass@k and pass^k for k = 1..scored: a table and a chart
     if ks:
-        body.append(
-            "<h2>pass@k and pass^k</h2><table><tr><th>k</th><th>pass@k</th><th>pass^k</th></tr>"
-        )
-        for k in ks:
-            body.append(
-                f"<tr><td>{k}</td><td>{num(at.get(str(k))):.3f}</td><td>"
-                f"{num(hat.get(str(k))):.3f}</td></tr>"
-            )
         width, height = 360, 180
-        body.append(
+        span = max(len(ks) - 1, 1)
+        xs = {k: f"{30 + (k - 1) / span * (width - 50):.1f}" for k in ks}
+        yield "<h2>pass@k and pass^k</h2>" + table_head("k", "pass@k", "pass^k")
+        yield from (
+            f"<tr><td>{k}</td><td>{num(at.get(str(k))):.3f}</td><td>"
+            f"{num(hat.get(str(k))):.3f}</td></tr>"
+            for k in ks
+        )
+        yield (
             f'</table><svg class="passk" width="{width}" height="{height}" viewBox="0 0 '
             f'{width} {height}" role="img" aria-label="pass@k and pass^k">'
         )
-
-        def x(k):
-            return 30 + (k - 1) / max(len(ks) - 1, 1) * (width - 50)
-
         for key, values in (("at", at), ("hat", hat)):
-            body.append(f'<polyline class="line-{key}" points="')
-            for i, k in enumerate(ks):
-                body.append(
-                    f"{' ' * bool(i)}{x(k):.1f},"
-                    f"{height - 20 - num(values.get(str(k))) * (height - 40):.1f}"
-                )
-            body.append('"/>')
-        for k in ks:
-            body.append(
-                f'<text class="axis" x="{x(k):.1f}" y="{height - 4}" '
-                f'text-anchor="middle">k={k}</text>'
+            points = " ".join(
+                f"{xs[k]},{height - 20 - num(values.get(str(k))) * (height - 40):.1f}" for k in ks
             )
-        body.append(
+            yield f'<polyline class="line-{key}" points="{points}"/>'
+        yield from (
+            f'<text class="axis" x="{xs[k]}" y="{height - 4}" text-anchor="middle">k={k}</text>'
+            for k in ks
+        )
+        yield (
             '<text class="axis" x="4" y="14">1.0</text><text class="axis" x="4" '
             f'y="{height - 20}">0</text></svg><p class="legend"><span class="l-input">'
             '</span>pass@k<span class="l-output"></span>pass^k (dashed; the lines meet '
             "where every trial passed or none did)</p>"
         )
-    body.append(
-        "<h2>Trials</h2><table><tr><th>trial</th><th>stop</th><th>result</th><th>"
-        "turns</th><th>tokens</th><th>cost</th><th>transcript</th></tr>"
-    )
-    for tr in items(summary.get("trials")):
-        transcript = tr.get("transcript")
-        result = (
-            "pass" if tr.get("passed") else "errored" if tr.get("stop") in INFRA_STOPS else "fail"
-        )
-        body.append(
+    heads = ("trial", "stop", "result", "turns", "tokens", "cost", "transcript")
+    yield "<h2>Trials</h2>" + table_head(*heads)
+    for tr in trials:
+        passed = tr.get("passed")
+        result = "pass" if passed else "errored" if tr.get("stop") in INFRA_STOPS else "fail"
+        yield (
             f"<tr><td>trial {esc(tr.get('index'))}</td><td>{esc(tr.get('stop'))}</td>"
-            f'<td class="{"ok" if tr.get("passed") else "error"}">{result}</td><td>'
+            f'<td class="{"ok" if passed else "error"}">{result}</td><td>'
             f"{esc(tr.get('turns'))}</td><td>{num(tr.get('tokens')):,}</td><td>"
             f"{money(tr.get('cost_usd'))}</td><td><code>"
-            f"{esc(transcript) if is_str(transcript) else ''}</code></td></tr>"
+            f"{esc(tr['transcript']) if is_str(tr.get('transcript')) else ''}</code></td></tr>"
         )
-    body.append("</table>")
-    return page("agent.py trials", "".join(body))
+    yield "</table>"
 
 
-class Bounded(list):
-    """The parts of a report, refusing to grow past `cap` characters."""
-
-    def __init__(self, cap):
-        super().__init__()
-        self.cap, self.size = cap, 0
-
-    def append(self, text):
-        self.size += len(text)
-        if self.size > self.cap:
-            raise Oversize(self.cap)
-        super().append(text)
-
-
-class Oversize(Exception):
-    """An output past its cap (OUTPUT_FACTOR times its input, plus OUTPUT_SLACK)."""
+def bounded(parts, cap, error):
+    """The parts joined, or `error` raised as soon as they pass `cap` characters."""
+    kept = []
+    for part in parts:
+        cap -= len(part)
+        if cap < 0:
+            raise error
+        kept.append(part)
+    return "".join(kept)
 
 
 OUTPUT_FACTOR = 8  # a report or export writes at most 8 characters per byte of its input...
 OUTPUT_SLACK = 1 << 20  # ... plus 1 MiB (a shipped 1,000-turn transcript's report: 1.6 times)
 
 
-def output_cap(input_bytes):
-    return OUTPUT_FACTOR * input_bytes + OUTPUT_SLACK
-
-
-def oversize(flag, path, input_bytes, what):
-    return UsageError(
-        f"{flag} {path} would make {what} over {output_cap(input_bytes) >> 20} "
-        f"MiB, {OUTPUT_FACTOR} times its {input_bytes:,} bytes: no document "
-        "agent.py writes comes near that (docs/transcript.md); nothing was written"
+def output_cap(flag, path, input_bytes, what):
+    """The most characters `what` made from `input_bytes` of input may have; the error past it."""
+    cap = OUTPUT_FACTOR * input_bytes + OUTPUT_SLACK
+    return cap, UsageError(
+        f"{flag} {path} would make {what} over {cap >> 20} MiB, {OUTPUT_FACTOR} times its "
+        f"{input_bytes:,} bytes: no document agent.py writes comes near that "
+        "(docs/transcript.md); nothing was written"
     )
 
 
@@ -3710,33 +3669,34 @@ def write_report(path, output=None):
     kind = document_kind(document)
     if kind not in ("a transcript", "a trials summary"):
         raise UsageError(f"--report {path} is {kind}; it renders a transcript or a trials summary")
-    problem = (
-        summary_problem(document)
-        if kind == "a trials summary"
-        else sum_problem(document.get("turns"))
-    )
+    trials = kind == "a trials summary"
+    problem = summary_problem(document) if trials else sum_problem(document.get("turns"))
     if problem:
         raise UsageError(f"--report {path} is {kind} agent.py did not write: {problem}")
     # redacted before any string is escaped or shown as JSON, where a secret would not be found
     document = redact(document)
-    try:
-        text = (
-            trials_report(document, output_cap(length))
-            if kind == "a trials summary"
-            else run_report(document, output_cap(length))
-        )
-    except Oversize:
-        raise oversize("--report", path, length, "a report")
-    data = utf8(text)
+    parts = trials_report(document) if trials else run_report(document)
+    question = shorten(str(document.get("question", "")), 80)
+    title = "agent.py trials" if trials else f"agent.py run: {question}"
+    body = bounded(parts, *output_cap("--report", path, length, "a report"))
+    return write_out(path, output, ".html", [utf8(page(title, body))], [("--report", path)])
+
+
+def write_out(path, output, suffix, texts, inputs, indexes=()):
+    """Each of `texts` to stdout ("-"), to `output`, or beside `path` with `suffix` (.i for
+    trial i with `indexes`); refused if it would overwrite `inputs`. Returns the paths."""
     if output == "-":
-        to_stdout(for_terminal(data, html=True))
+        for data in texts:
+            to_stdout(for_terminal(data, html=suffix == ".html"))
         return []
-    target = OutputFile(
-        output or Path(path).with_suffix(".html"), None, "-o", stream=True, named=output is not None
-    )
-    check_distinct([("-o", target)], [("--report", path)])
-    target.put(data)
-    return [str(target.path)]
+    base = output or Path(path).with_suffix(suffix)
+    names = [trial_path(base, i) for i in indexes] or [base]
+    named = output is not None and not indexes
+    targets = [OutputFile(name, None, "-o", stream=True, named=named) for name in names]
+    check_distinct([("-o", target) for target in targets], inputs)
+    for target, data in zip(targets, texts, strict=True):
+        target.put(data)
+    return [str(target.path) for target in targets]
 
 
 # --- Export: ATIF, the Agent Trajectory Interchange Format ---
@@ -3759,71 +3719,55 @@ def export_atif(path, output):
     document, length = read_document(path, "--export", sized=True)
     kind = document_kind(document)
     if kind == "a transcript":
-        indexes = None
-        inputs = [("--export", path)]
-        trajectories = [exported("--export", path, (document, length))]
-    elif kind == "a trials summary":
-        # the trials that kept a transcript
-        indexes = []
-        for trial in items(document.get("trials")):
-            index = trial.get("index")
-            if not isinstance(index, int) or isinstance(index, bool) or index < 1:
-                raise UsageError(
-                    f"--export {path}: a trial's index is {index!r}, not a number from 1"
-                )
-            if trial.get("transcript") is not None:
-                indexes.append(index)
-        if not indexes:
-            raise UsageError(
-                f"--export {path} is a trials summary whose trials kept no "
-                "transcript (run --trials with --transcript PATH to keep them)"
-            )
-        sources = [(f"trial {i}'s transcript", trial_path(path, i)) for i in indexes]
-        # N names of one file would pass its cap N times
-        seen = {}
-        for flag, source in sources:
-            identity = file_identity(source)
-            if identity in seen:
-                raise UsageError(
-                    f"--export {path}: {flag} {source} is the same file as "
-                    f"{seen[identity]}: each trial has its own"
-                )
-            seen[identity] = flag
-        # all checked before anything is written, then made again one at a time as written
-        for flag, source in sources:
-            exported(flag, source)
-        trajectories = (exported(flag, source) for flag, source in sources)
-        inputs = sources + [("--export", path)]
-    else:
+        data = exported("--export", path, (document, length))
+        return write_out(path, output, ".atif.json", [data], [("--export", path)])
+    if kind != "a trials summary":
         raise UsageError(f"--export {path} is {kind}; it exports a transcript or a trials summary")
-    if output == "-":
-        for t in trajectories:
-            to_stdout(for_terminal(t))
-        return []
-    base = output or Path(path).with_suffix(".atif.json")
-    names = [trial_path(base, i) for i in indexes] if indexes else [base]
-    targets = [
-        OutputFile(name, None, "-o", stream=True, named=output is not None and not indexes)
-        for name in names
-    ]
-    check_distinct([("-o", target) for target in targets], inputs)
-    for target, t in zip(targets, trajectories, strict=True):
-        target.put(t)
-    return [str(target.path) for target in targets]
+    # the trials that kept a transcript
+    indexes = []
+    for trial in items(document.get("trials")):
+        index = trial.get("index")
+        if not isinstance(index, int) or isinstance(index, bool) or index < 1:
+            raise UsageError(f"--export {path}: a trial's index is {index!r}, not a number from 1")
+        if trial.get("transcript") is not None:
+            indexes.append(index)
+    if not indexes:
+        raise UsageError(
+            f"--export {path} is a trials summary whose trials kept no "
+            "transcript (run --trials with --transcript PATH to keep them)"
+        )
+    sources = [(f"trial {i}'s transcript", trial_path(path, i)) for i in indexes]
+    # all checked before anything is written, then made again one at a time as written; N names
+    # of one file would pass its cap N times
+    seen = {}
+    for flag, source in sources:
+        identity = file_identity(source)
+        if identity in seen:
+            raise UsageError(
+                f"--export {path}: {flag} {source} is the same file as "
+                f"{seen[identity]}: each trial has its own"
+            )
+        seen[identity] = flag
+        exported(flag, source)
+    trajectories = (exported(flag, source) for flag, source in sources)
+    inputs = sources + [("--export", path)]
+    return write_out(path, output, ".atif.json", trajectories, inputs, indexes)
 
 
 def exported(flag, path, read=None):
     """The trajectory of the transcript at `path` (or `read`: it and its size), within its cap."""
     transcript, length = read or read_document(path, flag, sized=True)
     data = dump(trajectory(checked_transcript(transcript, path, "export")))
-    if len(data) > output_cap(length):
-        raise oversize(flag, path, length, "a trajectory")
+    cap, error = output_cap(flag, path, length, "a trajectory")
+    if len(data) > cap:
+        raise error
     return data
 
 
 def trajectory(session):
     steps, unanswered = atif_steps(session)
     version = session.get("agent_version")
+    totals = step_metrics(total_usage(session))
     document = {
         "schema_version": ATIF_VERSION,
         "agent": {
@@ -3838,16 +3782,19 @@ def trajectory(session):
             },
         },
         "steps": steps,
-        "final_metrics": final_metrics(session, steps),
+        "final_metrics": {
+            **{f"total_{k}": v for k, v in totals.items() if k != "extra"},
+            "total_steps": len(steps),
+            "extra": totals["extra"],
+        },
         "extra": {k: session[k] for k in RUN_FACTS if k in session},
     }
     if is_str(session.get("run_id")):
         document["session_id"] = session["run_id"]
     if unanswered:
         document["notes"] = (
-            f"{plural(unanswered, 'tool call')} had no result in the "
-            "transcript (the run stopped first): each is answered 'not run' "
-            "here, with not_in_transcript in its extra"
+            f"{plural(unanswered, 'tool call')} had no result in the transcript (the run stopped "
+            "first): each is answered 'not run' here, with not_in_transcript in its extra"
         )
     return document
 
@@ -3856,38 +3803,48 @@ def atif_steps(session):
     """The history as ATIF steps, and how many tool calls had no result (answered 'not run')."""
     steps = []
     turns = list(session["turns"])
-    agent = None
-    calls = {
-        b["id"]: b for m in session["messages"] for b in m["content"] if b["type"] == "tool_use"
-    }
+    messages = session["messages"]
+    calls = {b["id"]: b for m in messages for b in m["content"] if b["type"] == "tool_use"}
     facts = {c.get("id"): c for t in turns for c in items(t.get("tool_calls"))}
     cleared = set(session.get("cleared") or ())
-    for message in session["messages"]:
+    for message in messages:
         if message["role"] == "assistant":
             while turns and turns[0].get("in_history") is False:  # a reply not in the history
                 steps.append(agent_step(turns.pop(0), []))
-            agent = agent_step(turns.pop(0) if turns else {}, message["content"])
+            # transcript_problem counted a turn record for each reply in the history
+            agent = agent_step(turns.pop(0), message["content"])
             steps.append(agent)
             continue
         for block in message["content"]:
-            if block["type"] == "tool_result":
-                # its extra: is_error, the call's facts, and clearing's placeholder if any
-                call = block["tool_use_id"]
-                content = block.get("content")
-                extra = {k: v for k, v in facts.get(call, {}).items() if k not in ("id", "name")}
-                extra["is_error"] = bool(block.get("is_error"))
-                if call in cleared:
-                    extra.update(cleared=True, placeholder=placeholder(block, calls)["content"])
-                if not isinstance(content, str):
-                    content = json.dumps(content, ensure_ascii=False)
-                result = {"source_call_id": call, "extra": extra, "content": content}
-                agent["observation"]["results"].append(result)
-            elif block["text"] == FINAL_TURN_NOTE:
-                steps.append({"source": "system", "message": block["text"]})
-            else:
-                steps.append({"source": "user", "message": block["text"]})
-    steps += [agent_step(turn, []) for turn in turns]  # replies not in the history, at the end
-    unanswered = sum(answer_the_rest(step, session.get("stop")) for step in steps)
+            if block["type"] != "tool_result":
+                source = "system" if block["text"] == FINAL_TURN_NOTE else "user"
+                steps.append({"source": source, "message": block["text"]})
+                continue
+            # its extra: is_error, the call's facts, and clearing's placeholder if any
+            call = block["tool_use_id"]
+            extra = {k: v for k, v in facts.get(call, {}).items() if k not in ("id", "name")}
+            extra["is_error"] = bool(block.get("is_error"))
+            if call in cleared:
+                extra.update(cleared=True, placeholder=placeholder(block, calls)["content"])
+            result = {"source_call_id": call, "extra": extra, "content": as_text(block)}
+            agent["observation"]["results"].append(result)
+    # replies not in the history, at the end
+    steps += [agent_step(turn, []) for turn in turns]
+    # each call without a result is answered 'not run'
+    stop = session.get("stop")
+    why = f"the run stopped ({stop['reason']})" if stop else "the transcript ends"
+    not_run_result = {
+        "content": f"not run: {why} before it ran",
+        "extra": {"is_error": True, "not_in_transcript": True},
+    }
+    unanswered = 0
+    for step in steps:
+        results = step.get("observation", {}).get("results", [])
+        answered = {r["source_call_id"] for r in results}
+        for call in step.get("tool_calls", []):
+            if call["tool_call_id"] not in answered:
+                unanswered += 1
+                results.append({"source_call_id": call["tool_call_id"], **not_run_result})
     if steps[0]["source"] == "user" and iso_time(session.get("started_at")):
         steps[0]["timestamp"] = session["started_at"]
     return [{"step_id": i, **step} for i, step in enumerate(steps, 1)], unanswered
@@ -3895,10 +3852,8 @@ def atif_steps(session):
 
 def agent_step(turn, content):
     """One turn as an agent step; the rest of its record and other blocks' kinds in extra."""
-    step = {
-        "source": "agent",
-        "message": "".join(b["text"] for b in content if b["type"] == "text"),
-    }
+    text = "".join(b["text"] for b in content if b["type"] == "text")
+    step = {"source": "agent", "message": text}
     if iso_time(turn.get("started_at")):
         step["timestamp"] = turn["started_at"]
     thinking = [b["thinking"] for b in content if b["type"] == "thinking"]
@@ -3911,31 +3866,12 @@ def agent_step(turn, content):
             for b in uses
         ]
         step["observation"] = {"results": []}
-    if isinstance(turn.get("usage"), dict):
-        step["metrics"] = step_metrics(turn["usage"])
-    step["extra"] = {
-        k: v for k, v in turn.items() if k not in ("usage", "started_at", "tool_calls")
-    }
+    step["metrics"] = step_metrics(turn["usage"])
+    step["extra"] = {k: turn[k] for k in turn if k not in ("usage", "started_at", "tool_calls")}
     others = [b["type"] for b in content if b["type"] not in ("text", "thinking", "tool_use")]
     if others:
         step["extra"]["other_blocks"] = others
     return step
-
-
-def answer_the_rest(step, stop):
-    """Answer each tool call of `step` that has no result with 'not run'; return how many."""
-    answered = {r["source_call_id"] for r in step.get("observation", {}).get("results", [])}
-    missing = [c for c in step.get("tool_calls", []) if c["tool_call_id"] not in answered]
-    why = f"the run stopped ({stop['reason']})" if stop else "the transcript ends"
-    for c in missing:
-        step["observation"]["results"].append(
-            {
-                "source_call_id": c["tool_call_id"],
-                "content": f"not run: {why} before it ran",
-                "extra": {"is_error": True, "not_in_transcript": True},
-            }
-        )
-    return len(missing)
 
 
 def step_metrics(usage):
@@ -3949,22 +3885,11 @@ def step_metrics(usage):
     }
 
 
-def final_metrics(session, steps):
-    totals = step_metrics(total_usage(session))
-    extra = totals.pop("extra")
-    return {
-        **{f"total_{k}": v for k, v in totals.items()},
-        "total_steps": len(steps),
-        "extra": extra,
-    }
-
-
 def iso_time(value):
-    try:
-        datetime.fromisoformat(value.replace("Z", "+00:00"))
-        return value
-    except (AttributeError, TypeError, ValueError):
-        return None
+    """Whether `value` is a time as ISO 8601 writes it (ATIF's timestamps are)."""
+    with contextlib.suppress(AttributeError, TypeError, ValueError):
+        return bool(datetime.fromisoformat(value.replace("Z", "+00:00")))
+    return False
 
 
 # --- Telemetry: the run as OpenTelemetry GenAI traces (--otel) ---
