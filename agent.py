@@ -4573,8 +4573,7 @@ def approval_question(code, rows, columns, unconfined=None):
     shown = re.sub("(?m) +$", lambda m: "\u2420" * len(m[0]), shown)
     lines = [f"{n:>4}\u2502 {line}" for n, line in enumerate(shown.split("\n"), 1)]
     legend = [
-        f"  \u27e6U+{ord(ch):04X}\u27e7 is {unicodedata.name(ch, 'an unnamed character')}"
-        f"{f' ({n} times)' if n > 1 else ''}"
+        f"  \u27e6U+{ord(ch):04X}\u27e7 is {unicodedata.name(ch, 'an unnamed character')}{f' ({n} times)' if n > 1 else ''}"
         for ch, n in sorted(Counter(NOT_AS_IS.findall(code)).items())
     ]
     if len(legend) > 12:
@@ -4722,8 +4721,7 @@ class Reporter:
     def text(self, delta, thinking=False):
         """Model text (or its thinking) as it streams; with a prefix (trials) whole lines."""
         shown = visible(delta)
-        # a switch: what was said before goes out as its own event, and stderr says which is
-        # which, on a line of its own
+        # a switch: what was said so far is an event of its own; stderr says which on a new line
         if thinking != self.thinking:
             self.emit()
             self.thinking = thinking
@@ -4736,8 +4734,7 @@ class Reporter:
         self.pending += shown
         if self.prefix:
             *lines, self.pending = self.pending.split("\n")
-            for line in lines:
-                self.write(f"{self.prefix}{line}\n")
+            self.write("".join(f"{self.prefix}{line}\n" for line in lines))
             return
         # an end that could begin a secret waits for the next delta
         shown = self.held + shown
