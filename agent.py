@@ -3260,9 +3260,7 @@ def run_trials(spec, client, ctx, outputs, events, telemetry, kept):
             if spec.budget_usd is not None and spent() >= spec.budget_usd:
                 return
             running[index] = None
-        report = Reporter(
-            spec.quiet, prefix=f"[trial {index}] ", events=events, trial=index, telemetry=telemetry
-        )
+        report = Reporter(spec.quiet, events=events, trial=index, telemetry=telemetry)
         out = outputs.get(index)
         keep = kept.get(index)
         run_id = events.run_id if events else None
@@ -4501,8 +4499,7 @@ def approval_question(code, rows, columns, unconfined=None):
     shown = re.sub("(?m) +$", lambda m: "\u2420" * len(m[0]), shown)
     lines = [f"{n:>4}\u2502 {line}" for n, line in enumerate(shown.split("\n"), 1)]
     legend = [
-        f"  \u27e6U+{ord(ch):04X}\u27e7 is {unicodedata.name(ch, 'an unnamed character')}"
-        f"{f' ({n} times)' if n > 1 else ''}"
+        f"  \u27e6U+{ord(ch):04X}\u27e7 is {unicodedata.name(ch, 'an unnamed character')}{f' ({n} times)' if n > 1 else ''}"
         for ch, n in sorted(Counter(NOT_AS_IS.findall(code)).items())
     ]
     if len(legend) > 12:
@@ -4513,17 +4510,10 @@ def approval_question(code, rows, columns, unconfined=None):
     tall = sum(max(1, -(-display_width(line) // max(columns, 20))) for line in body)
     text = "\n" + head + "\n" + "\n".join(body) + "\n"
     if tall + 3 > rows:  # the header has scrolled away: say it again, with what is off screen
-        text += (
-            f"--- run_python wants to run the {plural(len(lines), 'line')} above; "
-            f"{plural(tall + 3 - rows, 'row')} of them scrolled off the top of the screen "
-            "(scroll up to read them) ---\n"
-        )
+        text += f"--- run_python wants to run the {plural(len(lines), 'line')} above; {plural(tall + 3 - rows, 'row')} of them scrolled off the top of the screen (scroll up to read them) ---\n"
     if unconfined:
-        return text + (
-            f"--- {who}run it UNCONFINED, as you, with your files and network (no "
-            f"sandbox: {shorten(unconfined, 60)})? [y/N] "
-        )
-    return text + f"--- {who}run it? [y/N] "
+        unconfined = f" UNCONFINED, as you, with your files and network (no sandbox: {shorten(unconfined, 60)})"
+    return text + f"--- {who}run it{unconfined or ''}? [y/N] "
 
 
 DIM, UNDIM = "\x1b[2m", "\x1b[22m"  # SGR faint, and back to normal intensity
@@ -4533,11 +4523,10 @@ OWN_LINE = re.compile("^(?! *\\d+\u2502 ).+$", re.MULTILINE)
 
 def styled(stream=None):
     """True when `stream` (stderr) is a terminal, without NO_COLOR or TERM=dumb."""
-    try:
-        terminal = (stream or sys.stderr).isatty()
-    except (AttributeError, ValueError):
-        return False
-    return terminal and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+    with contextlib.suppress(AttributeError, ValueError):
+        if (stream or sys.stderr).isatty():
+            return not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+    return False
 
 
 def dimmed(text, stream=None):
@@ -4554,10 +4543,8 @@ def consent_question(source, taken, columns):
         fitted(f"  {label} ", value, note, columns, 6 if label == "workdir" else 1)
         for label, value, note in taken
     ]
-    return "\n".join(rows) + (
-        "\nA transcript is only a file, which anything could have "
-        f"written.\nGo on with {'it' if len(rows) == 2 else 'them'}? [y/N] "
-    )
+    ask = f"\nA transcript is only a file, which anything could have written.\nGo on with {'it' if len(rows) == 2 else 'them'}? [y/N] "
+    return "\n".join(rows) + ask
 
 
 def quoted(text):
@@ -4601,11 +4588,9 @@ class Reporter:
 
     lock = threading.Lock()
 
-    def __init__(
-        self, quiet=False, prefix="", stream=None, events=None, trial=None, telemetry=None
-    ):
+    def __init__(self, quiet=False, stream=None, events=None, trial=None, telemetry=None):
         self.quiet = quiet
-        self.prefix = prefix
+        self.prefix = f"[trial {trial}] " if trial else ""  # each line says whose it is
         self.stream = stream or sys.stderr
         self.events = events
         self.trial = trial
@@ -4662,8 +4647,7 @@ class Reporter:
     def text(self, delta, thinking=False):
         """Model text (or its thinking) as it streams; with a prefix (trials) whole lines."""
         shown = visible(delta)
-        # a switch: what was said before goes out as its own event, and stderr says which is
-        # which, on a line of its own
+        # a switch: what was said so far is an event of its own; stderr says which on a new line
         if thinking != self.thinking:
             self.emit()
             self.thinking = thinking
@@ -4676,8 +4660,7 @@ class Reporter:
         self.pending += shown
         if self.prefix:
             *lines, self.pending = self.pending.split("\n")
-            for line in lines:
-                self.write(f"{self.prefix}{line}\n")
+            self.write("".join(f"{self.prefix}{line}\n" for line in lines))
             return
         # an end that could begin a secret waits for the next delta
         shown = self.held + shown
@@ -4689,11 +4672,10 @@ class Reporter:
     def writing(self, name, chars):
         """A tool call's input as it streams: a line every 2 s, so stderr never goes silent."""
         moment = time.monotonic()
-        if chars == 0:
+        if chars == 0 or moment - self.said_writing >= 2:
             self.said_writing = moment
-        elif moment - self.said_writing >= 2:
-            self.said_writing = moment
-            self.line(f"  writing a {name} call: {chars:,} characters so far")
+            if chars:
+                self.line(f"  writing a {name} call: {chars:,} characters so far")
 
     def flush_text(self):
         """End a half-written line of streamed text before anything else is printed."""
@@ -4711,8 +4693,7 @@ class Reporter:
 
     def retry(self, record, attempts):
         self.line(
-            f"retrying in {record['delay']:.1f}s (attempt {record['attempt'] + 1} of "
-            f"{attempts}): {record['error']}"
+            f"retrying in {record['delay']:.1f}s (attempt {record['attempt'] + 1} of {attempts}): {record['error']}"
         )
         self.emit("api.retry", turn=self.turn_no, **record)
         self.trace("retry", record)
@@ -4722,10 +4703,7 @@ class Reporter:
         u = r["usage"]
         cost = " · cost unknown" if u["cost_usd"] is None else f" · ${u['cost_usd']:.6f}"
         self.line(
-            f"turn {r['turn']}: {r['stop_reason']} · in {u['input_tokens']} "
-            f"(cache write {u['cache_creation_input_tokens']}, read "
-            f"{u['cache_read_input_tokens']}) · out {u['output_tokens']}{cost} · "
-            f"{r['seconds']:.1f}s"
+            f"turn {r['turn']}: {r['stop_reason']} · in {u['input_tokens']} (cache write {u['cache_creation_input_tokens']}, read {u['cache_read_input_tokens']}) · out {u['output_tokens']}{cost} · {r['seconds']:.1f}s"
         )
         self.trace("reply", r)
 
@@ -4775,9 +4753,7 @@ def openat2(dir_fd, path, flags, resolve):
 
 def outside(path, target, workdir):
     return ToolError(
-        f"refused: {path!r} resolves to {target}, outside the working directory "
-        f"{workdir}. Only files inside it can be read; do not try to reach it "
-        "another way, ask the user."
+        f"refused: {path!r} resolves to {target}, outside the working directory {workdir}. Only files inside it can be read; do not try to reach it another way, ask the user."
     )
 
 
@@ -4785,8 +4761,7 @@ def open_inside(ctx, path):
     """An O_PATH descriptor of `path`, resolved by the kernel without ever leaving the workdir."""
     if "\0" in path or not path:
         raise ToolError(
-            f"{path!r} is not a usable path (empty, or with a NUL byte); give the "
-            "file's path relative to the working directory."
+            f"{path!r} is not a usable path (empty, or with a NUL byte); give the file's path relative to the working directory."
         )
     workdir = ctx.workdir
     relative = os.path.relpath(path, workdir) if os.path.isabs(path) else path
@@ -4811,8 +4786,7 @@ def open_inside(ctx, path):
                 fd = openat2(ctx.workdir_fd, os.path.relpath(target, workdir), flags, beneath)
     except FileNotFoundError:
         raise ToolError(
-            f"{path!r} does not exist. List the files with run_python, e.g. "
-            "print(sorted(os.listdir('.'))) or os.walk('.') for subdirectories."
+            f"{path!r} does not exist. List the files with run_python, e.g. print(sorted(os.listdir('.'))) or os.walk('.') for subdirectories."
         )
     except OSError as e:
         raise ToolError(f"cannot open {path!r}: {e.strerror}.")
@@ -4862,18 +4836,14 @@ def read_window(fd, path, offset, limit, max_bytes):
     except UnicodeDecodeError as e:
         if not (cut_line and e.reason == "unexpected end of data"):
             raise ToolError(
-                f"{path!r} is not UTF-8 text (bad byte at offset {e.start} of the "
-                "lines read); if it is binary, inspect it with run_python."
+                f"{path!r} is not UTF-8 text (bad byte at offset {e.start} of the lines read); if it is binary, inspect it with run_python."
             )
         text = kept[: e.start].decode("utf-8")
     if cut_line:  # a secret cut in two here would be found whole in neither part: cut it out
         text = text[: len(text) - secret_start(text, least=8)]
     if last < total or cut_line:
         more = f" (line {last} cut at {max_bytes} bytes)" if cut_line else ""
-        text += (
-            f"\n[read_file: lines {offset}-{last} of {total}{more}; "
-            f"call read_file with offset={last + 1} to continue]"
-        )
+        text += f"\n[read_file: lines {offset}-{last} of {total}{more}; call read_file with offset={last + 1} to continue]"
     return text
 
 
