@@ -2040,7 +2040,8 @@ def test_a_stopped_launcher_does_not_keep_a_script_past_its_timeout(box, workdir
     code = (
         "import os, time\n"
         "if os.fork() == 0:\n"
-        f"    open('child', 'w').write(f'{{{HOST_PID}}}')\n"
+        f"    open('child.tmp', 'w').write(f'{{{HOST_PID}}}')\n"
+        "    os.rename('child.tmp', 'child')\n"
         "    time.sleep(60)\n"
         "while not os.path.exists('child'):\n"
         "    time.sleep(0.01)\n"
