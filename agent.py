@@ -1589,14 +1589,10 @@ def redact(value):
 def secret_start(text, least=1, ends=False):
     """How many characters (at least `least`) at the end of `text` could begin a secret (with
     `ends`, of a reversed text: end one): a stream holds them back, a cut drops them."""
-    longest = least - 1
-    for secret in SECRETS:
-        secret = secret[::-1] if ends else secret
-        for n in range(min(len(secret) - 1, len(text)), longest, -1):
-            if text.endswith(secret[:n]):
-                longest = n
-                break
-    return longest if longest >= least else 0
+    secrets = [s[::-1] if ends else s for s in SECRETS]
+    return max(
+        (n for s in secrets for n in range(least, len(s)) if text.endswith(s[:n])), default=0
+    )
 
 
 def now():
@@ -1658,12 +1654,21 @@ class OutputFile:
         path = Path(os.path.abspath(path))
         self.path = path
         self.name = path.name
-        self.flag = flag
         self.device = None
         self.tty = False
-        # /dev/stdout, /dev/fd/N: agent.py's own descriptor, which the shell opened
-        if own_descriptor(path) is not None and named:
-            return self.open_descriptor(own_descriptor(path), stream)
+        # /dev/stdout, /dev/fd/N: agent.py's own descriptor, which the shell opened, written
+        # through as `-` writes stdout; a transcript, rewritten after every turn, needs a file
+        own = own_descriptor(path) if named else None
+        if own is not None and not stream:
+            raise UsageError(f"{flag} {path} is not a regular file: {TRANSCRIPT_NEEDS_A_FILE}")
+        if own is not None:
+            try:
+                self.device = os.dup(own)
+            except OSError:
+                raise UsageError(f"{flag} {path}: agent.py's descriptor {own} is not open")
+            self.tty = os.isatty(self.device)
+            self.identity = file_identity(self.device)
+            return
         parent = real_directory(path, flag)
         check_harness(parent / self.name, flag, path)
         if workdir is not None and (parent / self.name).is_relative_to(workdir):
@@ -1705,8 +1710,21 @@ class OutputFile:
             raise UsageError(
                 f"{flag} {path} is {FILE_KINDS.get(kind, 'a file')} that belongs to another user (uid {there.st_uid}); agent.py writes into or over no one else's file: give another name{other}"
             )
+        self.identity = (there.st_dev, there.st_ino) if there else str(parent / self.name)
         if kind in (stat.S_IFIFO, stat.S_IFCHR) and stream and named:
-            self.device = self.open_device(there)
+            # the FIFO or device at the path, never blocking for want of a reader
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+            except OSError as e:
+                why = "no one reads from it" if e.errno == errno.ENXIO else e.strerror
+                raise UsageError(f"{flag} {path} cannot be written: {why}")
+            if file_identity(fd) != self.identity:
+                os.close(fd)
+                raise UsageError(f"{flag} {path} changed while it was opened")
+            os.set_blocking(fd, True)
+            self.device = fd
+            # the user's own terminal: written to as stdout would be
+            self.tty = os.isatty(fd)
         elif kind and kind != stat.S_IFREG:
             what = FILE_KINDS.get(kind, "a special file")
             if not named:
@@ -1724,37 +1742,6 @@ class OutputFile:
                 self.write(b"")
             except OSError as e:
                 raise UsageError(f"{flag} {path} cannot be written: {e.strerror}")
-        self.identity = (there.st_dev, there.st_ino) if there else str(parent / self.name)
-
-    def open_descriptor(self, fd, stream):
-        """/dev/stdout, /dev/fd/N: agent.py's own descriptor, written through as `-` writes
-        stdout. A transcript, rewritten after every turn, needs a file."""
-        if not stream:
-            raise UsageError(
-                f"{self.flag} {self.path} is not a regular file: {TRANSCRIPT_NEEDS_A_FILE}"
-            )
-        try:
-            self.device = os.dup(fd)
-        except OSError:
-            raise UsageError(f"{self.flag} {self.path}: agent.py's descriptor {fd} is not open")
-        opened = os.fstat(self.device)
-        self.tty = os.isatty(self.device)
-        self.identity = (opened.st_dev, opened.st_ino)
-
-    def open_device(self, there):
-        """A descriptor of the FIFO or device at the path, never blocking for want of a reader."""
-        try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-        except OSError as e:
-            why = "no one reads from it" if e.errno == errno.ENXIO else e.strerror
-            raise UsageError(f"{self.flag} {self.path} cannot be written: {why}")
-        opened = os.fstat(fd)
-        if (opened.st_dev, opened.st_ino) != (there.st_dev, there.st_ino):
-            os.close(fd)
-            raise UsageError(f"{self.flag} {self.path} changed while it was opened")
-        os.set_blocking(fd, True)
-        self.tty = os.isatty(fd)  # the user's own terminal: written to as stdout would be
-        return fd
 
     def stream(self):
         """A binary file to append to: the device, or a new file already in the old one's place."""
@@ -1839,15 +1826,12 @@ def real_directory(path, flag):
     todo = list(reversed(path.parent.parts[1:]))  # still to resolve, the next one last
     while todo:
         part = todo.pop()
-        if part == "..":
-            real = real.parent
-            continue
-        step = real / part
+        step = real.parent if part == ".." else real / part
         try:
             there = os.lstat(step)
         except OSError:
             return step.joinpath(*reversed(todo))
-        if not stat.S_ISLNK(there.st_mode):
+        if part == ".." or not stat.S_ISLNK(there.st_mode):
             real = step
             continue
         if there.st_uid not in (os.geteuid(), 0):
@@ -1886,7 +1870,7 @@ FILE_KINDS = {
 
 
 def file_identity(path):
-    """What names a file for the outputs' checks: its inode if it exists, else its path."""
+    """What names a file or descriptor for the outputs' checks: its inode, else its path."""
     try:
         there = os.stat(path)
         return there.st_dev, there.st_ino
@@ -2275,9 +2259,7 @@ def turns_problem(session):
         ):
             return f"turns[{i}] is not a turn record with its usage and stop_reason"
         calls = t.get("tool_calls", [])
-        if not isinstance(calls, list) or not all(
-            isinstance(fields(c).get("id"), str) for c in calls
-        ):
+        if not isinstance(calls, list) or not all(is_str(fields(c).get("id"), True) for c in calls):
             return f"turns[{i}].tool_calls is not a list of tool calls with their ids"
         if not is_count(t.get("prompt_tokens", 0)):
             return f"turns[{i}].prompt_tokens is not a count"
