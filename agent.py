@@ -2203,9 +2203,8 @@ def transcript_problem(session):
         return "effort is not one of " + ", ".join(EFFORTS)
     stop = session.get("stop")
     # the labels as a list: a label that is a list or an object is compared, not hashed
-    if stop is not None and not (
-        fields(stop).get("reason") in list(EXIT_CODES) and isinstance(stop.get("detail"), str)
-    ):
+    labelled = fields(stop).get("reason") in list(EXIT_CODES) and is_str(stop.get("detail"), True)
+    if stop is not None and not labelled:
         return "stop is not an object with a stop label and its detail"
     cleared = session.get("cleared", [])
     if not isinstance(cleared, list) or not all(isinstance(c, str) for c in cleared):
@@ -2227,18 +2226,14 @@ def messages_problem(messages):
             problem = block_problem(b, m["role"])
             if problem:
                 return f"messages[{i}].content[{j}] is not a well-formed block: {problem}"
-            if b["type"] == "tool_result" and (
-                m["role"] != "user" or b["tool_use_id"] not in asked
-            ):
+            # block_problem refuses a tool_result in a reply
+            if b["type"] == "tool_result" and b["tool_use_id"] not in asked:
                 return f"messages[{i}].content[{j}] answers a tool_use that is not just before it"
             # what the API would refuse: an empty text, a result not text or text and image blocks
             content = b.get("content", "")
-            sendable = (
-                isinstance(content, str)
-                or isinstance(content, list)
-                and all(isinstance(x, dict) and x.get("type") in ("text", "image") for x in content)
-            )
-            if b["type"] == "text" and not b["text"] or b["type"] == "tool_result" and not sendable:
+            kinds = [fields(x).get("type") for x in content] if isinstance(content, list) else []
+            valid = isinstance(content, (str, list)) and all(k in ("text", "image") for k in kinds)
+            if b["type"] == "text" and not b["text"] or b["type"] == "tool_result" and not valid:
                 return f"messages[{i}].content[{j}] is an empty text, or a tool_result whose content is neither text nor a list of blocks"
         answered = {b.get("tool_use_id") for b in m["content"] if b["type"] == "tool_result"}
         if asked - answered:
@@ -2281,10 +2276,8 @@ def is_count(value, most=MAX_COUNT):
 def sum_problem(turns):
     """Why the turns' costs or seconds cannot be added up (1e308 + 1e308), or None."""
     for key in ("cost_usd", "seconds", "api_seconds"):
-        values = (
-            num((fields(t.get("usage")) if key == "cost_usd" else t).get(key)) for t in items(turns)
-        )
-        if not math.isfinite(sum(values, 0.0)):
+        records = [fields(t.get("usage")) if key == "cost_usd" else t for t in items(turns)]
+        if not math.isfinite(sum((num(r.get(key)) for r in records), 0.0)):
             return f"its turns' {key} add up past what a number can hold"
     return None
 
