@@ -1623,10 +1623,7 @@ LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # in a str, never part of a vali
 
 
 def utf8(text):
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError:
-        return LONE_SURROGATE.sub("\ufffd", text).encode("utf-8")
+    return clean(text).encode("utf-8")
 
 
 def clean(value):
@@ -1902,24 +1899,14 @@ COUNT = {"type": "integer", "minimum": 0}
 NUMBER = {"type": "number"}
 OBJECT = {"type": "object"}
 # the types of the fields below, by name
-TYPES = {
-    "string": STRING,
-    "count": COUNT,
-    "number": NUMBER,
-    "bool": {"type": "boolean"},
-    "time": {"type": "string", "format": "date-time"},
-    "int": {"type": "integer"},
-    "object": OBJECT,
-    "label": {"enum": list(EXIT_CODES)},
-}
+TYPES = dict(string=STRING, count=COUNT, number=NUMBER, object=OBJECT, int={"type": "integer"})
+TYPES.update(bool={"type": "boolean"}, label={"enum": list(EXIT_CODES)})
+TYPES["time"] = {**STRING, "format": "date-time"}
 
 
 def published(title, body):
-    return {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "title": f"agent.py {title}",
-        **body,
-    }
+    draft = "https://json-schema.org/draft/2020-12/schema"
+    return {"$schema": draft, "title": f"agent.py {title}", **body}
 
 
 def nullable(schema):
@@ -1941,11 +1928,8 @@ def typed(spec, **types):
 
 
 def obj(required, optional=None):
-    return {
-        "type": "object",
-        "required": sorted(required),
-        "properties": {**required, **(optional or {})},
-    }
+    properties = {**required, **(optional or {})}
+    return {"type": "object", "required": sorted(required), "properties": properties}
 
 
 RETRY = "attempt:count status:?int error:string delay:number"
@@ -2159,10 +2143,9 @@ class Events:
     def news(self):
         """Why events are lost, the first time it is asked after they were; else None."""
         with self.lock:
-            if self.lost and not self.told:
-                self.told = True
-                return self.lost
-        return None
+            news = None if self.told else self.lost
+            self.told = bool(self.lost)
+        return news
 
     def close(self):
         with self.lock:
