@@ -1590,9 +1590,8 @@ def secret_start(text, least=1, ends=False):
     """How many characters (at least `least`) at the end of `text` could begin a secret (with
     `ends`, of a reversed text: end one): a stream holds them back, a cut drops them."""
     secrets = [s[::-1] if ends else s for s in SECRETS]
-    return max(
-        (n for s in secrets for n in range(least, len(s)) if text.endswith(s[:n])), default=0
-    )
+    starts = [n for s in secrets for n in range(least, len(s)) if text.endswith(s[:n])]
+    return max(starts, default=0)
 
 
 def now():
@@ -2322,15 +2321,12 @@ def read_document(path, flag, sized=False):
         first = None
         with contextlib.suppress(ValueError, RecursionError):
             first = json.loads(data.split(b"\n", 1)[0].decode("utf-8"))
+        error = f"{named} is not a JSON document ({e})"
         if isinstance(first, dict) and "seq" in first and "type" in first:
-            raise UsageError(
-                f"{named} is an event stream (--events, JSON Lines), not the one JSON document {flag} reads"
-            )
-        if data.startswith(b"\xef\xbb\xbf"):
-            raise UsageError(
-                f"{named} starts with a byte-order mark (saved by an editor?), which no JSON document starts with: save it without one"
-            )
-        raise UsageError(f"{named} is not a JSON document ({e})")
+            error = f"{named} is an event stream (--events, JSON Lines), not the one JSON document {flag} reads"
+        elif data.startswith(b"\xef\xbb\xbf"):
+            error = f"{named} starts with a byte-order mark (saved by an editor?), which no JSON document starts with: save it without one"
+        raise UsageError(error)
 
 
 class Unbounded(Exception):
