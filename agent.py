@@ -2399,13 +2399,8 @@ def prepare_resume(session, question):
     # the calls a stop (the token budget, say) left unanswered; only a reply holds tool_use blocks
     pending = [b for b in last["content"] if b["type"] == "tool_use"]
     if pending:
-        why = stop.get("reason", "unknown")
-        note = f"not run: the previous session stopped ({why}) before this call ran. Call it again if you still need it."
-        results = [
-            {"type": "tool_result", "tool_use_id": b["id"], "is_error": True, "content": note}
-            for b in pending
-        ]
-        messages.append({"role": "user", "content": results})
+        note = f"not run: the previous session stopped ({stop.get('reason', 'unknown')}) before this call ran. Call it again if you still need it."
+        messages.append({"role": "user", "content": [error_result(b, note) for b in pending]})
     if stop.get("reason") == "refusal" and last["role"] == "assistant":
         messages.pop()  # continuing after a refusal needs the refused turn removed
         session["turns"][-1]["in_history"] = False
