@@ -1590,14 +1590,9 @@ def redact(value):
 def secret_start(text, least=1, ends=False):
     """How many characters (at least `least`) at the end of `text` could begin a secret (with
     `ends`, of a reversed text: end one): a stream holds them back, a cut drops them."""
-    longest = least - 1
-    for secret in SECRETS:
-        secret = secret[::-1] if ends else secret
-        for n in range(min(len(secret) - 1, len(text)), longest, -1):
-            if text.endswith(secret[:n]):
-                longest = n
-                break
-    return longest if longest >= least else 0
+    secrets = [s[::-1] if ends else s for s in SECRETS]
+    starts = [n for s in secrets for n in range(least, len(s)) if text.endswith(s[:n])]
+    return max(starts, default=0)
 
 
 def now():
@@ -1628,10 +1623,7 @@ LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # in a str, never part of a vali
 
 
 def utf8(text):
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError:
-        return LONE_SURROGATE.sub("\ufffd", text).encode("utf-8")
+    return clean(text).encode("utf-8")
 
 
 def clean(value):
@@ -1659,12 +1651,21 @@ class OutputFile:
         path = Path(os.path.abspath(path))
         self.path = path
         self.name = path.name
-        self.flag = flag
         self.device = None
         self.tty = False
-        # /dev/stdout, /dev/fd/N: agent.py's own descriptor, which the shell opened
-        if own_descriptor(path) is not None and named:
-            return self.open_descriptor(own_descriptor(path), stream)
+        # /dev/stdout, /dev/fd/N: agent.py's own descriptor, which the shell opened, written
+        # through as `-` writes stdout; a transcript, rewritten after every turn, needs a file
+        own = own_descriptor(path) if named else None
+        if own is not None and not stream:
+            raise UsageError(f"{flag} {path} is not a regular file: {TRANSCRIPT_NEEDS_A_FILE}")
+        if own is not None:
+            try:
+                self.device = os.dup(own)
+            except OSError:
+                raise UsageError(f"{flag} {path}: agent.py's descriptor {own} is not open")
+            self.tty = os.isatty(self.device)
+            self.identity = file_identity(self.device)
+            return
         parent = real_directory(path, flag)
         check_harness(parent / self.name, flag, path)
         if workdir is not None and (parent / self.name).is_relative_to(workdir):
@@ -1706,8 +1707,21 @@ class OutputFile:
             raise UsageError(
                 f"{flag} {path} is {FILE_KINDS.get(kind, 'a file')} that belongs to another user (uid {there.st_uid}); agent.py writes into or over no one else's file: give another name{other}"
             )
+        self.identity = (there.st_dev, there.st_ino) if there else str(parent / self.name)
         if kind in (stat.S_IFIFO, stat.S_IFCHR) and stream and named:
-            self.device = self.open_device(there)
+            # the FIFO or device at the path, never blocking for want of a reader
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+            except OSError as e:
+                why = "no one reads from it" if e.errno == errno.ENXIO else e.strerror
+                raise UsageError(f"{flag} {path} cannot be written: {why}")
+            if file_identity(fd) != self.identity:
+                os.close(fd)
+                raise UsageError(f"{flag} {path} changed while it was opened")
+            os.set_blocking(fd, True)
+            self.device = fd
+            # the user's own terminal: written to as stdout would be
+            self.tty = os.isatty(fd)
         elif kind and kind != stat.S_IFREG:
             what = FILE_KINDS.get(kind, "a special file")
             if not named:
@@ -1725,37 +1739,6 @@ class OutputFile:
                 self.write(b"")
             except OSError as e:
                 raise UsageError(f"{flag} {path} cannot be written: {e.strerror}")
-        self.identity = (there.st_dev, there.st_ino) if there else str(parent / self.name)
-
-    def open_descriptor(self, fd, stream):
-        """/dev/stdout, /dev/fd/N: agent.py's own descriptor, written through as `-` writes
-        stdout. A transcript, rewritten after every turn, needs a file."""
-        if not stream:
-            raise UsageError(
-                f"{self.flag} {self.path} is not a regular file: {TRANSCRIPT_NEEDS_A_FILE}"
-            )
-        try:
-            self.device = os.dup(fd)
-        except OSError:
-            raise UsageError(f"{self.flag} {self.path}: agent.py's descriptor {fd} is not open")
-        opened = os.fstat(self.device)
-        self.tty = os.isatty(self.device)
-        self.identity = (opened.st_dev, opened.st_ino)
-
-    def open_device(self, there):
-        """A descriptor of the FIFO or device at the path, never blocking for want of a reader."""
-        try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-        except OSError as e:
-            why = "no one reads from it" if e.errno == errno.ENXIO else e.strerror
-            raise UsageError(f"{self.flag} {self.path} cannot be written: {why}")
-        opened = os.fstat(fd)
-        if (opened.st_dev, opened.st_ino) != (there.st_dev, there.st_ino):
-            os.close(fd)
-            raise UsageError(f"{self.flag} {self.path} changed while it was opened")
-        os.set_blocking(fd, True)
-        self.tty = os.isatty(fd)  # the user's own terminal: written to as stdout would be
-        return fd
 
     def stream(self):
         """A binary file to append to: the device, or a new file already in the old one's place."""
@@ -1840,15 +1823,12 @@ def real_directory(path, flag):
     todo = list(reversed(path.parent.parts[1:]))  # still to resolve, the next one last
     while todo:
         part = todo.pop()
-        if part == "..":
-            real = real.parent
-            continue
-        step = real / part
+        step = real.parent if part == ".." else real / part
         try:
             there = os.lstat(step)
         except OSError:
             return step.joinpath(*reversed(todo))
-        if not stat.S_ISLNK(there.st_mode):
+        if part == ".." or not stat.S_ISLNK(there.st_mode):
             real = step
             continue
         if there.st_uid not in (os.geteuid(), 0):
@@ -1887,7 +1867,7 @@ FILE_KINDS = {
 
 
 def file_identity(path):
-    """What names a file for the outputs' checks: its inode if it exists, else its path."""
+    """What names a file or descriptor for the outputs' checks: its inode, else its path."""
     try:
         there = os.stat(path)
         return there.st_dev, there.st_ino
@@ -1919,24 +1899,14 @@ COUNT = {"type": "integer", "minimum": 0}
 NUMBER = {"type": "number"}
 OBJECT = {"type": "object"}
 # the types of the fields below, by name
-TYPES = {
-    "string": STRING,
-    "count": COUNT,
-    "number": NUMBER,
-    "bool": {"type": "boolean"},
-    "time": {"type": "string", "format": "date-time"},
-    "int": {"type": "integer"},
-    "object": OBJECT,
-    "label": {"enum": list(EXIT_CODES)},
-}
+TYPES = dict(string=STRING, count=COUNT, number=NUMBER, object=OBJECT, int={"type": "integer"})
+TYPES.update(bool={"type": "boolean"}, label={"enum": list(EXIT_CODES)})
+TYPES["time"] = {**STRING, "format": "date-time"}
 
 
 def published(title, body):
-    return {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "title": f"agent.py {title}",
-        **body,
-    }
+    draft = "https://json-schema.org/draft/2020-12/schema"
+    return {"$schema": draft, "title": f"agent.py {title}", **body}
 
 
 def nullable(schema):
@@ -1958,11 +1928,8 @@ def typed(spec, **types):
 
 
 def obj(required, optional=None):
-    return {
-        "type": "object",
-        "required": sorted(required),
-        "properties": {**required, **(optional or {})},
-    }
+    properties = {**required, **(optional or {})}
+    return {"type": "object", "required": sorted(required), "properties": properties}
 
 
 RETRY = "attempt:count status:?int error:string delay:number"
@@ -2176,10 +2143,9 @@ class Events:
     def news(self):
         """Why events are lost, the first time it is asked after they were; else None."""
         with self.lock:
-            if self.lost and not self.told:
-                self.told = True
-                return self.lost
-        return None
+            news = None if self.told else self.lost
+            self.told = bool(self.lost)
+        return news
 
     def close(self):
         with self.lock:
@@ -2220,9 +2186,8 @@ def transcript_problem(session):
         return "effort is not one of " + ", ".join(EFFORTS)
     stop = session.get("stop")
     # the labels as a list: a label that is a list or an object is compared, not hashed
-    if stop is not None and not (
-        fields(stop).get("reason") in list(EXIT_CODES) and isinstance(stop.get("detail"), str)
-    ):
+    labelled = fields(stop).get("reason") in list(EXIT_CODES) and is_str(stop.get("detail"), True)
+    if stop is not None and not labelled:
         return "stop is not an object with a stop label and its detail"
     cleared = session.get("cleared", [])
     if not isinstance(cleared, list) or not all(isinstance(c, str) for c in cleared):
@@ -2244,18 +2209,14 @@ def messages_problem(messages):
             problem = block_problem(b, m["role"])
             if problem:
                 return f"messages[{i}].content[{j}] is not a well-formed block: {problem}"
-            if b["type"] == "tool_result" and (
-                m["role"] != "user" or b["tool_use_id"] not in asked
-            ):
+            # block_problem refuses a tool_result in a reply
+            if b["type"] == "tool_result" and b["tool_use_id"] not in asked:
                 return f"messages[{i}].content[{j}] answers a tool_use that is not just before it"
             # what the API would refuse: an empty text, a result not text or text and image blocks
             content = b.get("content", "")
-            sendable = (
-                isinstance(content, str)
-                or isinstance(content, list)
-                and all(isinstance(x, dict) and x.get("type") in ("text", "image") for x in content)
-            )
-            if b["type"] == "text" and not b["text"] or b["type"] == "tool_result" and not sendable:
+            kinds = [fields(x).get("type") for x in content] if isinstance(content, list) else []
+            valid = isinstance(content, (str, list)) and all(k in ("text", "image") for k in kinds)
+            if b["type"] == "text" and not b["text"] or b["type"] == "tool_result" and not valid:
                 return f"messages[{i}].content[{j}] is an empty text, or a tool_result whose content is neither text nor a list of blocks"
         answered = {b.get("tool_use_id") for b in m["content"] if b["type"] == "tool_result"}
         if asked - answered:
@@ -2276,9 +2237,7 @@ def turns_problem(session):
         ):
             return f"turns[{i}] is not a turn record with its usage and stop_reason"
         calls = t.get("tool_calls", [])
-        if not isinstance(calls, list) or not all(
-            isinstance(fields(c).get("id"), str) for c in calls
-        ):
+        if not isinstance(calls, list) or not all(is_str(fields(c).get("id"), True) for c in calls):
             return f"turns[{i}].tool_calls is not a list of tool calls with their ids"
         if not is_count(t.get("prompt_tokens", 0)):
             return f"turns[{i}].prompt_tokens is not a count"
@@ -2300,10 +2259,8 @@ def is_count(value, most=MAX_COUNT):
 def sum_problem(turns):
     """Why the turns' costs or seconds cannot be added up (1e308 + 1e308), or None."""
     for key in ("cost_usd", "seconds", "api_seconds"):
-        values = (
-            num((fields(t.get("usage")) if key == "cost_usd" else t).get(key)) for t in items(turns)
-        )
-        if not math.isfinite(sum(values, 0.0)):
+        records = [fields(t.get("usage")) if key == "cost_usd" else t for t in items(turns)]
+        if not math.isfinite(sum((num(r.get(key)) for r in records), 0.0)):
             return f"its turns' {key} add up past what a number can hold"
     return None
 
@@ -2365,15 +2322,12 @@ def read_document(path, flag, sized=False):
         first = None
         with contextlib.suppress(ValueError, RecursionError):
             first = json.loads(data.split(b"\n", 1)[0].decode("utf-8"))
+        error = f"{named} is not a JSON document ({e})"
         if isinstance(first, dict) and "seq" in first and "type" in first:
-            raise UsageError(
-                f"{named} is an event stream (--events, JSON Lines), not the one JSON document {flag} reads"
-            )
-        if data.startswith(b"\xef\xbb\xbf"):
-            raise UsageError(
-                f"{named} starts with a byte-order mark (saved by an editor?), which no JSON document starts with: save it without one"
-            )
-        raise UsageError(f"{named} is not a JSON document ({e})")
+            error = f"{named} is an event stream (--events, JSON Lines), not the one JSON document {flag} reads"
+        elif data.startswith(b"\xef\xbb\xbf"):
+            error = f"{named} starts with a byte-order mark (saved by an editor?), which no JSON document starts with: save it without one"
+        raise UsageError(error)
 
 
 class Unbounded(Exception):
@@ -2446,13 +2400,8 @@ def prepare_resume(session, question):
     # the calls a stop (the token budget, say) left unanswered; only a reply holds tool_use blocks
     pending = [b for b in last["content"] if b["type"] == "tool_use"]
     if pending:
-        why = stop.get("reason", "unknown")
-        note = f"not run: the previous session stopped ({why}) before this call ran. Call it again if you still need it."
-        results = [
-            {"type": "tool_result", "tool_use_id": b["id"], "is_error": True, "content": note}
-            for b in pending
-        ]
-        messages.append({"role": "user", "content": results})
+        note = f"not run: the previous session stopped ({stop.get('reason', 'unknown')}) before this call ran. Call it again if you still need it."
+        messages.append({"role": "user", "content": [error_result(b, note) for b in pending]})
     if stop.get("reason") == "refusal" and last["role"] == "assistant":
         messages.pop()  # continuing after a refusal needs the refused turn removed
         session["turns"][-1]["in_history"] = False
