@@ -2396,15 +2396,15 @@ def prepare_resume(session, question):
     if isinstance(session.get("produced_by"), dict):  # the turns so far; the rest are the model's
         session["produced_by"].setdefault("turns", len(session["turns"]))
     session.pop("replay", None)  # it told of a replay run; this one is not
-    last = messages[-1]
+    # continuing after a refusal needs the refused turn removed, with any calls it held
+    if stop.get("reason") == "refusal" and messages[-1]["role"] == "assistant":
+        messages.pop()
+        session["turns"][-1]["in_history"] = False
     # the calls a stop (the token budget, say) left unanswered; only a reply holds tool_use blocks
-    pending = [b for b in last["content"] if b["type"] == "tool_use"]
+    pending = [b for b in messages[-1]["content"] if b["type"] == "tool_use"]
     if pending:
         note = f"not run: the previous session stopped ({stop.get('reason', 'unknown')}) before this call ran. Call it again if you still need it."
         messages.append({"role": "user", "content": [error_result(b, note) for b in pending]})
-    if stop.get("reason") == "refusal" and last["role"] == "assistant":
-        messages.pop()  # continuing after a refusal needs the refused turn removed
-        session["turns"][-1]["in_history"] = False
     paused = (session["turns"] or [{}])[-1].get("stop_reason") == "pause_turn"
     if question:
         if messages[-1]["role"] != "user":

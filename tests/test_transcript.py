@@ -775,6 +775,26 @@ def test_resume_after_a_refusal_drops_the_refused_turn(capsys, workdir, tmp_path
     assert sent[0]["content"][-1] == text("something else")
 
 
+def test_resume_after_a_refusal_that_held_tool_calls_drops_them_with_it(capsys, workdir, tmp_path):
+    """A refused reply goes from the history whole: the calls it asked for are not answered
+    (their answers would be the message removed, leaving the calls without results)."""
+    path = tmp_path / "run.json"
+    refused = reply(
+        text("no"), tool_use("read_file", {"path": "scores.csv"}), stop_reason="refusal"
+    )
+    run_cli(
+        capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)], FakeClient(refused)
+    )
+    client = FakeClient(reply(text("ok")))
+    code, _, _ = run_cli(
+        capsys, ["--resume", str(path), "something else", "--workdir", str(workdir)], client
+    )
+    sent = client.requests[0]["messages"]
+    check_request(client.requests[0])
+    assert code == 0 and [m["role"] for m in sent] == ["user"]
+    assert sent[0]["content"][-1] == text("something else")
+
+
 @pytest.mark.parametrize(
     "content, fragment",
     [
