@@ -4510,12 +4510,11 @@ class Telemetry:
     def tool_start(self, trial, block):
         run = self.runs.get(trial)
         if run:
-            arguments = as_json(block.get("input")) if self.content else None
             attributes = {
                 "gen_ai.tool.name": block["name"],
                 "gen_ai.tool.call.id": block["id"],
                 "gen_ai.tool.type": "function",
-                "gen_ai.tool.call.arguments": arguments,
+                "gen_ai.tool.call.arguments": as_json(block.get("input")) if self.content else None,
             }
             span = self.span(f"execute_tool {block['name']}", "INTERNAL", run["span"], attributes)
             with self.lock:
@@ -4543,9 +4542,8 @@ class Telemetry:
             run = self.runs.pop(trial, None)
         if not run:
             return
-        for open_span in [run["chat"], *run["tools"].values()]:
-            if open_span:
-                self.close(open_span, {}, stop.reason)
+        for open_span in filter(None, [run["chat"], *run["tools"].values()]):
+            self.close(open_span, {}, stop.reason)
         attributes = {
             **usage_attributes(session["usage"]),
             "agent_py.stop": stop.reason,
@@ -4597,8 +4595,7 @@ class Counted(logging.Handler):
         self.inner = exporter
         self.sent = 0
         # the last failure the exporter reported, and the collector's URL as shown
-        self.why = None
-        self.where = None
+        self.why = self.where = None
         # the user's OTEL_*_VALUE_LENGTH_LIMIT: the span's, and its events' and links'
         self.lengths = (None, None)
         self.stopped = False
@@ -4626,14 +4623,10 @@ class Counted(logging.Handler):
         self.stopped = True
         self.inner.shutdown()
 
-    def force_flush(self, timeout_millis=30000):
-        return True
-
 
 def redacted_span(span, length=None, others=None):
-    """A copy of a finished span with every string redacted, then cut to the user's length
-    limits (`length`: the span's, `others`: its events' and links'): cut first, a prefix of a
-    secret would pass."""
+    """A finished span's copy, its strings redacted and then (a cut secret would pass) cut to the
+    user's length limits: `length` the span's, `others` its events' and links'."""
     from opentelemetry.sdk.trace import Event, ReadableSpan
     from opentelemetry.trace import Link, Status
 
@@ -4647,7 +4640,6 @@ def redacted_span(span, length=None, others=None):
 
         return {redact(k): cut(v) for k, v in (attributes or {}).items()}
 
-    status = span.status
     return ReadableSpan(
         name=redact(span.name),
         context=span.context,
@@ -4657,7 +4649,7 @@ def redacted_span(span, length=None, others=None):
         kind=span.kind,
         events=[Event(redact(e.name), scrub(e.attributes), e.timestamp) for e in span.events],
         links=[Link(link.context, scrub(link.attributes)) for link in span.links],
-        status=Status(status.status_code, status.description and redact(status.description)),
+        status=Status(span.status.status_code, redact(span.status.description)),
         start_time=span.start_time,
         end_time=span.end_time,
         instrumentation_scope=span.instrumentation_scope,
