@@ -4656,10 +4656,6 @@ def redacted_span(span, length=None, others=None):
     )
 
 
-# one name=value of OTEL_EXPORTER_OTLP_HEADERS as the SDK parses it; it prints any other whole
-OTLP_HEADER = re.compile(r"[ \t]*[!#-'*+.0-9A-Z^-z|~-]+[ \t]*=[ \t]*[ !#-+\--:<-\[\]-~]*[ \t]*")
-
-
 def otlp_setting(name):
     """An OTEL_EXPORTER_OTLP_ setting for traces: its TRACES_ variable, else the general one."""
     traces = os.environ.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}")
@@ -4673,8 +4669,10 @@ def check_otlp_settings(url):
         raise UsageError(f"--otel: the collector {url!r} is not an http(s) URL with a host")
     traces = "TRACES_" if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS") else ""
     pairs = (otlp_setting("HEADERS") or "").split(",")
+    # one name=value as the SDK parses it; it prints any other whole
+    name_value = re.compile(r"[ \t]*[!#-'*+.0-9A-Z^-z|~-]+[ \t]*=[ \t]*[ !#-+\--:<-\[\]-~]*[ \t]*")
     for i, pair in enumerate(pairs):
-        if not pair.strip() or OTLP_HEADER.fullmatch(pair):
+        if not pair.strip() or name_value.fullmatch(pair):
             continue
         if "=" not in pair:
             said = 'no =: a header written "Name: value"?'
