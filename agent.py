@@ -4746,15 +4746,8 @@ def usage_attributes(usage):
 
 def tool_definitions(tools=TOOLS):
     """Tools in the OpenAI function form both the conventions and ATIF use."""
-    return [
-        {
-            "type": "function",
-            "name": t.get("name"),
-            "description": t.get("description"),
-            "parameters": t.get("input_schema"),
-        }
-        for t in tools
-    ]
+    names = {"name": "name", "description": "description", "parameters": "input_schema"}
+    return [{"type": "function", **{k: t.get(v) for k, v in names.items()}} for t in tools]
 
 
 def genai_messages(messages):
