@@ -4674,12 +4674,11 @@ def check_otlp_settings(url):
     for i, pair in enumerate(pairs):
         if not pair.strip() or name_value.fullmatch(pair):
             continue
+        said = "a character a header name or value cannot hold"
         if "=" not in pair:
             said = 'no =: a header written "Name: value"?'
         elif not pair.split("=")[0].strip():
             said = "no name before its ="
-        else:
-            said = "a character a header name or value cannot hold"
         raise UsageError(
             f"--otel: OTEL_EXPORTER_OTLP_{traces}HEADERS is not a comma-separated list of name=value (item {i + 1} of {len(pairs)} has {said}); its values are not shown"
         )
