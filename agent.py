@@ -4456,8 +4456,9 @@ class Telemetry:
             attributes["gen_ai.system_instructions"] = as_json(system)
             attributes["gen_ai.tool.definitions"] = as_json(tool_definitions())
         span = self.span("invoke_agent agent.py", "INTERNAL", None, attributes)
+        run = dict(span=span, session=session, conversation=run_id, chat=None, tools={}, retries=0)
         with self.lock:
-            self.runs[trial] = dict(span=span, session=session, chat=None, tools={}, retries=0)
+            self.runs[trial] = run
 
     def turn_start(self, trial, turn):
         run = self.runs.get(trial)
@@ -4467,7 +4468,7 @@ class Telemetry:
                 "gen_ai.provider.name": "anthropic",
                 "gen_ai.request.model": model,
                 "gen_ai.request.stream": True,
-                "gen_ai.conversation.id": run["span"].attributes["gen_ai.conversation.id"],
+                "gen_ai.conversation.id": run["conversation"],
                 "agent_py.turn": turn,
             }
             run["chat"] = self.span(f"chat {model}", "CLIENT", run["span"], attributes)
