@@ -4620,7 +4620,7 @@ class Counted(logging.Handler):
         self.why = errno_said[0] if errno_said else shorten(message, 160)
 
     def shutdown(self):
-        # the provider's shutdown and the end of the grace may both ask
+        # the provider's shutdown and the end of the grace may both ask; the SDK ignores a second
         self.stopped = True
         self.inner.shutdown()
 
