@@ -3860,23 +3860,22 @@ class Telemetry:
         self.tracer = provider.get_tracer("agent.py", AGENT_VERSION)
         self.lock = threading.Lock()
         self.runs = {}
-        # why recording stopped; next(started): the spans started, plus one; --replay's source
+        # why recording stopped; next(started): the spans started, plus one
         self.failed = None
         self.started = count(1)
-        self.replay = None
+        # --replay's source, and the name of the cost a span shows (begin)
+        self.replay = self.cost_key = None
 
     @classmethod
     def start(cls, report):
         """The OTLP exporter the environment describes, or a UsageError saying what is missing."""
         if (os.environ.get("OTEL_SDK_DISABLED") or "").strip().lower() == "true":
             raise UsageError(
-                "--otel: OTEL_SDK_DISABLED=true is set, so no span would be sent: "
-                "unset it, or leave --otel out"
+                "--otel: OTEL_SDK_DISABLED=true is set, so no span would be sent: unset it, or leave --otel out"
             )
         protocol = otlp_setting("PROTOCOL") or "http/protobuf"
         packages = ["opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http"]
-        if protocol == "grpc":
-            packages.append("opentelemetry-exporter-otlp-proto-grpc")
+        packages += ["opentelemetry-exporter-otlp-proto-grpc"] if protocol == "grpc" else []
         try:
             from opentelemetry.sdk.resources import Resource
             from opentelemetry.sdk.trace import SpanLimits, TracerProvider
@@ -3888,20 +3887,17 @@ class Telemetry:
                 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
             else:
                 raise UsageError(
-                    f"--otel: OTEL_EXPORTER_OTLP_PROTOCOL {protocol!r} is not one "
-                    "the Python exporters speak: use http/protobuf or grpc"
+                    f"--otel: OTEL_EXPORTER_OTLP_PROTOCOL {protocol!r} is not one the Python exporters speak: use http/protobuf or grpc"
                 )
         except ImportError:
-            needs = "--otel needs the OpenTelemetry SDK and its OTLP exporter, which"
+            python = sys.executable
+            fix = f"{python} -m pip install " + " ".join(packages)
             # `uv run`: its environment has no pip, and is uv's to make
             if os.environ.get("UV"):
-                raise UsageError(
-                    f"{needs} uv's environment for agent.py ({sys.executable}) cannot import: "
-                    f"run it as uv run --with {' --with '.join(packages)} agent.py ... --otel"
-                )
+                python = f"uv's environment for agent.py ({sys.executable})"
+                fix = f"run it as uv run --with {' --with '.join(packages)} agent.py ... --otel"
             raise UsageError(
-                f"{needs} {sys.executable} cannot import: {sys.executable} -m pip install "
-                + " ".join(packages)
+                f"--otel needs the OpenTelemetry SDK and its OTLP exporter, which {python} cannot import: {fix}"
             )
         root = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or ""
         named = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
@@ -3916,16 +3912,14 @@ class Telemetry:
         sdk_log.handlers, sdk_log.propagate = [exporter], False
         service = os.environ.get("OTEL_SERVICE_NAME") or "agent.py"
         resource = Resource.create({"service.name": service, "service.version": AGENT_VERSION})
-        # the user's value length limits are applied after redaction (redacted_span)
         try:
             limits = SpanLimits()
         except ValueError as e:
             raise UsageError(f"--otel: {e}")
+        # the user's value length limits are applied after redaction (redacted_span)
         exporter.lengths = (limits.max_span_attribute_length, limits.max_attribute_length)
-        uncut = SpanLimits(
-            max_attribute_length=SpanLimits.UNSET, max_span_attribute_length=SpanLimits.UNSET
-        )
-        provider = TracerProvider(resource=resource, shutdown_on_exit=False, span_limits=uncut)
+        limits.max_span_attribute_length = limits.max_attribute_length = None
+        provider = TracerProvider(resource=resource, shutdown_on_exit=False, span_limits=limits)
         provider.add_span_processor(BatchSpanProcessor(exporter))
         capture = os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "")
         content = capture.strip().upper() in ("TRUE", "SPAN_ONLY", "SPAN_AND_EVENT")
@@ -3937,116 +3931,98 @@ class Telemetry:
         if not named and protocol != "grpc" and root.rstrip("/").endswith("/v1/traces"):
             root = server_url(root) or root
             report.error(
-                f"note: OTEL_EXPORTER_OTLP_ENDPOINT {root} ends in /v1/traces, and "
-                "/v1/traces is added to it: give the collector's root "
-                f"({root.rstrip('/').removesuffix('/v1/traces')}), or the whole URL as "
-                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+                f"note: OTEL_EXPORTER_OTLP_ENDPOINT {root} ends in /v1/traces, and /v1/traces is added to it: give the collector's root ({root.rstrip('/').removesuffix('/v1/traces')}), or the whole URL as OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
             )
         return cls(provider, exporter, content)
 
-    @property
-    def cost_key(self):
-        """A replay spent nothing: the cost it shows is the recording's, named so."""
-        return "agent_py.recorded_cost_usd" if self.replay else "agent_py.cost_usd"
-
     def span(self, name, kind, parent, attributes):
         next(self.started)
-        # a span is named "{operation} {target}"
+        # a span is named "{operation} {target}"; a replay's spans say no model was called
         attributes = {"gen_ai.operation.name": name.split()[0], **attributes}
-        if self.replay:  # no model was called: every span says so
-            attributes["agent_py.replay"] = self.replay
+        attributes["agent_py.replay"] = self.replay
         context = self.trace.set_span_in_context(parent) if parent else None
-        return self.tracer.start_span(
-            name, context=context, attributes=attributes, kind=getattr(self.trace.SpanKind, kind)
-        )
+        kind = getattr(self.trace.SpanKind, kind)
+        return self.tracer.start_span(name, context, kind, present(attributes))
+
+    def close(self, span, attributes, error=None):
+        """A span ends with its last attributes (those not None), failed if `error` names why."""
+        span.set_attributes(present(attributes))
+        if error:
+            span.set_attribute("error.type", error)
+            span.set_status(self.trace.Status(self.trace.StatusCode.ERROR, error))
+        span.end()
 
     def begin(self, trial, session):
         """A run (a trial) starts: its invoke_agent span."""
         run_id = session["run_id"] + (f".{trial}" if trial else "")
         self.replay = fields(session.get("replay")).get("source")  # --replay: the recording
+        # a replay spent nothing: the cost it shows is the recording's, named so
+        self.cost_key = "agent_py.recorded_cost_usd" if self.replay else "agent_py.cost_usd"
         attributes = {
             "gen_ai.provider.name": "anthropic",
             "gen_ai.agent.name": "agent.py",
             "gen_ai.agent.version": AGENT_VERSION,
             "gen_ai.conversation.id": run_id,
             "gen_ai.request.model": session["model"],
+            "agent_py.trial": trial,
         }
-        if trial:
-            attributes["agent_py.trial"] = trial
         if self.content:
             system = [{"type": "text", "content": session["system"]}]
             attributes["input.value"] = redact(str(session.get("question")))
             attributes["gen_ai.system_instructions"] = as_json(system)
             attributes["gen_ai.tool.definitions"] = as_json(tool_definitions())
+        span = self.span("invoke_agent agent.py", "INTERNAL", None, attributes)
+        run = dict(span=span, session=session, conversation=run_id, chat=None, tools={}, retries=0)
         with self.lock:
-            self.runs[trial] = {
-                "span": self.span("invoke_agent agent.py", "INTERNAL", None, attributes),
-                "session": session,
-                "chat": None,
-                "tools": {},
-                "retries": 0,
-                "conversation": run_id,
-            }
+            self.runs[trial] = run
 
     def turn_start(self, trial, turn):
         run = self.runs.get(trial)
         if run:
             model = run["session"]["model"]
-            run["chat"] = self.span(
-                f"chat {model}",
-                "CLIENT",
-                run["span"],
-                {
-                    "gen_ai.provider.name": "anthropic",
-                    "gen_ai.request.model": model,
-                    "gen_ai.request.stream": True,
-                    "gen_ai.conversation.id": run["conversation"],
-                    "agent_py.turn": turn,
-                },
-            )
+            attributes = {
+                "gen_ai.provider.name": "anthropic",
+                "gen_ai.request.model": model,
+                "gen_ai.request.stream": True,
+                "gen_ai.conversation.id": run["conversation"],
+                "agent_py.turn": turn,
+            }
+            run["chat"] = self.span(f"chat {model}", "CLIENT", run["span"], attributes)
 
     def retry(self, trial, record):
         run = self.runs.get(trial)
         if run and run["chat"]:
             run["retries"] += 1
-            run["chat"].add_event("api.retry", {k: v for k, v in record.items() if v is not None})
+            run["chat"].add_event("api.retry", present(record))
 
     def reply(self, trial, record):
         """The reply of a turn is in: its chat span ends."""
         run = self.runs.get(trial)
         if not run or not run["chat"]:
             return
-        chat = run["chat"]
-        run["chat"] = None
-        chat.set_attributes(
-            {
-                **usage_attributes(record["usage"]),
-                "gen_ai.response.finish_reasons": [str(record["stop_reason"])],
-                "agent_py.attempts": record["attempts"],
-                "agent_py.retries": len(record["retries"]),
-            }
-        )
-        for key, value in (
-            ("gen_ai.response.id", record.get("message_id")),
-            ("anthropic.request.id", record.get("request_id")),
-            (self.cost_key, record["usage"]["cost_usd"]),
-        ):
-            if value is not None:
-                chat.set_attribute(key, value)
+        chat, run["chat"] = run["chat"], None
+        attributes = {
+            **usage_attributes(record["usage"]),
+            "gen_ai.response.finish_reasons": [str(record["stop_reason"])],
+            "agent_py.attempts": record["attempts"],
+            "agent_py.retries": len(record["retries"]),
+            "gen_ai.response.id": record.get("message_id"),
+            "anthropic.request.id": record.get("request_id"),
+            self.cost_key: record["usage"]["cost_usd"],
+        }
         if self.content:
             messages = run["session"]["messages"]
             # the reply is the last message, unless the turn kept it out of the history
-            replied = record.get("in_history") is not False
-            asked = messages[:-1] if replied else messages
+            asked = messages[:-1] if record.get("in_history") is not False else messages
             parts = [p for m in genai_messages(messages[len(asked) :]) for p in m["parts"]]
             said = {
                 "role": "assistant",
                 "parts": parts,
                 "finish_reason": str(record["stop_reason"]),
             }
-            chat.set_attribute("gen_ai.input.messages", as_json(genai_messages(asked)))
-            chat.set_attribute("gen_ai.output.messages", as_json([said]))
-        chat.end()
+            attributes["gen_ai.input.messages"] = as_json(genai_messages(asked))
+            attributes["gen_ai.output.messages"] = as_json([said])
+        self.close(chat, attributes)
 
     def tool_start(self, trial, block):
         run = self.runs.get(trial)
@@ -4055,34 +4031,27 @@ class Telemetry:
                 "gen_ai.tool.name": block["name"],
                 "gen_ai.tool.call.id": block["id"],
                 "gen_ai.tool.type": "function",
+                "gen_ai.tool.call.arguments": as_json(block.get("input")) if self.content else None,
             }
-            if self.content:
-                attributes["gen_ai.tool.call.arguments"] = as_json(block.get("input"))
+            span = self.span(f"execute_tool {block['name']}", "INTERNAL", run["span"], attributes)
             with self.lock:
-                run["tools"][block["id"]] = self.span(
-                    f"execute_tool {block['name']}", "INTERNAL", run["span"], attributes
-                )
+                run["tools"][block["id"]] = span
 
     def tool_end(self, trial, block, result, facts):
         run = self.runs.get(trial)
         with self.lock:
             span = run and run["tools"].pop(block["id"], None)
-        if not span:
-            return  # a result withheld for the turn's budget comes after its span ended
-        span.set_attributes(
-            {
+        # a result withheld for the turn's budget comes after its span ended
+        if span:
+            error_type = "declined" if facts["declined"] else "tool_error"
+            attributes = {
                 "agent_py.is_error": bool(result.get("is_error")),
                 "agent_py.declined": facts["declined"],
                 "agent_py.bytes": size(result),
+                "agent_py.exit_code": facts["exit_code"],
+                "gen_ai.tool.call.result": result["content"] if self.content else None,
             }
-        )
-        if facts["exit_code"] is not None:
-            span.set_attribute("agent_py.exit_code", facts["exit_code"])
-        if self.content:
-            span.set_attribute("gen_ai.tool.call.result", result["content"])
-        if result.get("is_error"):
-            self.failed_span(span, "declined" if facts["declined"] else "tool_error")
-        span.end()
+            self.close(span, attributes, error_type if result.get("is_error") else None)
 
     def end(self, trial, stop, session):
         """A run (a trial) ended: whatever is still open ends with it, as its stop says."""
@@ -4090,31 +4059,19 @@ class Telemetry:
             run = self.runs.pop(trial, None)
         if not run:
             return
-        for open_span in [run["chat"], *run["tools"].values()]:
-            if open_span:
-                self.failed_span(open_span, stop.reason)
-                open_span.end()
-        span = run["span"]
-        span.set_attributes(
-            {
-                **usage_attributes(session["usage"]),
-                "agent_py.stop": stop.reason,
-                "agent_py.exit_code": stop.exit_code,
-                "agent_py.turns": len(session["turns"]),
-                "agent_py.retries": run["retries"] + len(stop.retries),
-            }
-        )
-        if session["usage"]["cost_usd"] is not None:
-            span.set_attribute(self.cost_key, session["usage"]["cost_usd"])
+        for open_span in filter(None, [run["chat"], *run["tools"].values()]):
+            self.close(open_span, {}, stop.reason)
+        attributes = {
+            **usage_attributes(session["usage"]),
+            "agent_py.stop": stop.reason,
+            "agent_py.exit_code": stop.exit_code,
+            "agent_py.turns": len(session["turns"]),
+            "agent_py.retries": run["retries"] + len(stop.retries),
+            self.cost_key: session["usage"]["cost_usd"],
+        }
         if self.content and session.get("answer"):
-            span.set_attribute("output.value", redact(session["answer"]))
-        if stop.reason in INFRA_STOPS:
-            self.failed_span(span, stop.reason)
-        span.end()
-
-    def failed_span(self, span, kind):
-        span.set_attribute("error.type", kind)
-        span.set_status(self.trace.Status(self.trace.StatusCode.ERROR, kind))
+            attributes["output.value"] = redact(session["answer"])
+        self.close(run["span"], attributes, stop.reason if stop.reason in INFRA_STOPS else None)
 
     def finish(self, report):
         """Send what is left, waiting OTEL_GRACE seconds at most; say once if any was lost."""
@@ -4131,18 +4088,19 @@ class Telemetry:
         lost = started - self.exporter.sent
         if not self.failed and not lost:
             return
+        why = self.failed or self.exporter.why
         if interrupted and lost:
             why = "interrupted by Ctrl-C while they were sent"
-        elif self.failed or self.exporter.why:
-            why = self.failed or self.exporter.why
-        elif ending.is_alive():
+        elif not why and ending.is_alive():
             why = f"no answer within {OTEL_GRACE:g} s"
-        else:
-            why = "the collector refused them"
         report.error(
-            f"agent.py: --otel: {lost} of {plural(started, 'span')} did not reach "
-            f"the collector at {self.exporter.where} ({why})"
+            f"agent.py: --otel: {lost} of {plural(started, 'span')} did not reach the collector at {self.exporter.where} ({why or 'the collector refused them'})"
         )
+
+
+def present(attributes):
+    """The attributes that have a value: the SDK refuses None, with a warning."""
+    return {k: v for k, v in attributes.items() if v is not None}
 
 
 class Counted(logging.Handler):
@@ -4154,19 +4112,14 @@ class Counted(logging.Handler):
         self.inner = exporter
         self.sent = 0
         # the last failure the exporter reported, and the collector's URL as shown
-        self.why = None
-        self.where = None
+        self.why = self.where = None
         # the user's OTEL_*_VALUE_LENGTH_LIMIT: the span's, and its events' and links'
         self.lengths = (None, None)
         self.stopped = False
 
     def export(self, spans):
         try:
-            result = self.inner.export(
-                [redacted_span(s, *self.lengths) for s in spans]
-                if SECRETS or any(self.lengths)
-                else spans
-            )
+            result = self.inner.export([redacted_span(s, *self.lengths) for s in spans])
         except Exception as e:
             result, self.why = None, f"{type(e).__name__}: {e}"
         if getattr(result, "name", "") == "SUCCESS":
@@ -4174,8 +4127,8 @@ class Counted(logging.Handler):
         return result
 
     def emit(self, record):
-        # once the exporter is shut down, what it says (a retry given up) is not why spans
-        # were lost: the failure before it is
+        # once the exporter is shut down, what it says (a retry given up, a second shutdown)
+        # is not why spans were lost: the failure before it is
         if self.stopped:
             return
         message = record.getMessage()
@@ -4183,36 +4136,27 @@ class Counted(logging.Handler):
         self.why = errno_said[0] if errno_said else shorten(message, 160)
 
     def shutdown(self):
-        # once: the provider's shutdown and the end of the grace may both ask
-        if not self.stopped:
-            self.stopped = True
-            self.inner.shutdown()
-
-    def force_flush(self, timeout_millis=30000):
-        return True
+        # the provider's shutdown and the end of the grace may both ask; the SDK ignores a second
+        self.stopped = True
+        self.inner.shutdown()
 
 
 def redacted_span(span, length=None, others=None):
-    """A copy of a finished span with every string redacted, then cut to the user's length
-    limits (`length`: the span's, `others`: its events' and links'): cut first, a prefix of a
-    secret would pass."""
+    """A finished span's copy, its strings redacted and then (a cut secret would pass) cut to the
+    user's length limits: `length` the span's, `others` its events' and links'."""
     from opentelemetry.sdk.trace import Event, ReadableSpan
     from opentelemetry.trace import Link, Status
 
     def scrub(attributes, width=others):
-        def cut(text):
-            return redact(text) if width is None else shorten(text, width) if width else ""
+        def cut(value):
+            if isinstance(value, (tuple, list)):
+                return tuple(map(cut, value))
+            if not isinstance(value, str):
+                return value
+            return redact(value) if width is None else shorten(value, width) if width else ""
 
-        return {
-            redact(k): cut(v)
-            if isinstance(v, str)
-            else tuple(cut(x) if isinstance(x, str) else x for x in v)
-            if isinstance(v, (tuple, list))
-            else v
-            for k, v in (attributes or {}).items()
-        }
+        return {redact(k): cut(v) for k, v in (attributes or {}).items()}
 
-    status = span.status
     return ReadableSpan(
         name=redact(span.name),
         context=span.context,
@@ -4222,19 +4166,11 @@ def redacted_span(span, length=None, others=None):
         kind=span.kind,
         events=[Event(redact(e.name), scrub(e.attributes), e.timestamp) for e in span.events],
         links=[Link(link.context, scrub(link.attributes)) for link in span.links],
-        status=Status(status.status_code, status.description and redact(status.description)),
+        status=Status(span.status.status_code, redact(span.status.description)),
         start_time=span.start_time,
         end_time=span.end_time,
         instrumentation_scope=span.instrumentation_scope,
     )
-
-
-class CollectorError(Exception):
-    """A collector's answer that loses the batch, though the SDK's exporter would count it sent."""
-
-
-# one name=value of OTEL_EXPORTER_OTLP_HEADERS as the SDK parses it; it prints any other whole
-OTLP_HEADER = re.compile(r"[ \t]*[!#-'*+.0-9A-Z^-z|~-]+[ \t]*=[ \t]*[ !#-+\--:<-\[\]-~]*[ \t]*")
 
 
 def otlp_setting(name):
@@ -4248,22 +4184,20 @@ def check_otlp_settings(url):
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UsageError(f"--otel: the collector {url!r} is not an http(s) URL with a host")
-    named = "OTEL_EXPORTER_OTLP_HEADERS"
-    if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS"):
-        named = "OTEL_EXPORTER_OTLP_TRACES_HEADERS"
+    traces = "TRACES_" if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS") else ""
     pairs = (otlp_setting("HEADERS") or "").split(",")
+    # one name=value as the SDK parses it; it prints any other whole
+    name_value = re.compile(r"[ \t]*[!#-'*+.0-9A-Z^-z|~-]+[ \t]*=[ \t]*[ !#-+\--:<-\[\]-~]*[ \t]*")
     for i, pair in enumerate(pairs):
-        if not pair.strip() or OTLP_HEADER.fullmatch(pair):
+        if not pair.strip() or name_value.fullmatch(pair):
             continue
+        said = "a character a header name or value cannot hold"
         if "=" not in pair:
             said = 'no =: a header written "Name: value"?'
         elif not pair.split("=")[0].strip():
             said = "no name before its ="
-        else:
-            said = "a character a header name or value cannot hold"
         raise UsageError(
-            f"--otel: {named} is not a comma-separated list of name=value "
-            f"(item {i + 1} of {len(pairs)} has {said}); its values are not shown"
+            f"--otel: OTEL_EXPORTER_OTLP_{traces}HEADERS is not a comma-separated list of name=value (item {i + 1} of {len(pairs)} has {said}); its values are not shown"
         )
     compression = (otlp_setting("COMPRESSION") or "none").strip().lower()
     if compression not in ("none", "gzip", "deflate"):
@@ -4274,22 +4208,19 @@ def check_otlp_settings(url):
         float(otlp_setting("TIMEOUT") or 10)
     except ValueError:
         raise UsageError(
-            f"--otel: OTEL_EXPORTER_OTLP_TIMEOUT {otlp_setting('TIMEOUT')!r} is not "
-            "a number of seconds"
+            f"--otel: OTEL_EXPORTER_OTLP_TIMEOUT {otlp_setting('TIMEOUT')!r} is not a number of seconds"
         )
     if parts.scheme == "https":
         import ssl
 
         try:
             context = ssl.create_default_context(cafile=otlp_setting("CERTIFICATE"))
-            if otlp_setting("CLIENT_CERTIFICATE"):
-                context.load_cert_chain(
-                    otlp_setting("CLIENT_CERTIFICATE"), otlp_setting("CLIENT_KEY")
-                )
+            client = otlp_setting("CLIENT_CERTIFICATE")
+            if client:
+                context.load_cert_chain(client, otlp_setting("CLIENT_KEY"))
         except (OSError, ssl.SSLError) as e:
             raise UsageError(
-                f"--otel: the certificates OTEL_EXPORTER_OTLP_*CERTIFICATE or "
-                f"_CLIENT_KEY name cannot be used: {e}"
+                f"--otel: the certificates OTEL_EXPORTER_OTLP_*CERTIFICATE or _CLIENT_KEY name cannot be used: {e}"
             )
 
 
@@ -4298,22 +4229,19 @@ def bounded_session():
     and follows no redirect (a 3xx loses the batch, which the SDK would count delivered)."""
     import requests
 
-    class BoundedSession(requests.Session):
-        def get_redirect_target(self, response):
-            return None
+    # called as the answer's head is in, before the session reads its body or follows it
+    def answered(response, **kwargs):
+        response.close()
+        if 300 <= response.status_code < 400:
+            location = one_line(response.headers.get("Location", "?"), 100)
+            raise requests.TooManyRedirects(
+                f"the collector answered {response.status_code} (a redirect to {location}, not followed)"
+            )
 
-        def send(self, request, **kwargs):
-            response = super().send(request, **dict(kwargs, stream=True))
-            response.close()
-            if 300 <= response.status_code < 400:
-                location = one_line(response.headers.get("Location", "?"), 100)
-                raise CollectorError(
-                    f"the collector answered {response.status_code} "
-                    f"(a redirect to {location}, not followed)"
-                )
-            return response
-
-    return BoundedSession()
+    session = requests.Session()
+    session.stream = True
+    session.hooks["response"].append(answered)
+    return session
 
 
 def as_json(value):
@@ -4323,27 +4251,19 @@ def as_json(value):
 
 def usage_attributes(usage):
     """A usage record as the conventions count it: input tokens include the cache's."""
+    read, written = usage["cache_read_input_tokens"], usage["cache_creation_input_tokens"]
     return {
-        "gen_ai.usage.input_tokens": usage["input_tokens"]
-        + usage["cache_read_input_tokens"]
-        + usage["cache_creation_input_tokens"],
+        "gen_ai.usage.input_tokens": usage["input_tokens"] + read + written,
         "gen_ai.usage.output_tokens": usage["output_tokens"],
-        "gen_ai.usage.cache_read.input_tokens": usage["cache_read_input_tokens"],
-        "gen_ai.usage.cache_creation.input_tokens": usage["cache_creation_input_tokens"],
+        "gen_ai.usage.cache_read.input_tokens": read,
+        "gen_ai.usage.cache_creation.input_tokens": written,
     }
 
 
 def tool_definitions(tools=TOOLS):
     """Tools in the OpenAI function form both the conventions and ATIF use."""
-    return [
-        {
-            "type": "function",
-            "name": t.get("name"),
-            "description": t.get("description"),
-            "parameters": t.get("input_schema"),
-        }
-        for t in tools
-    ]
+    names = {"name": "name", "description": "description", "parameters": "input_schema"}
+    return [{"type": "function", **{k: t.get(v) for k, v in names.items()}} for t in tools]
 
 
 def genai_messages(messages):
@@ -4358,9 +4278,8 @@ def genai_messages(messages):
             elif kind == "thinking":
                 parts.append({"type": "reasoning", "content": b["thinking"]})
             elif kind == "tool_use":
-                parts.append(
-                    dict(type="tool_call", id=b["id"], name=b["name"], arguments=b.get("input"))
-                )
+                call = dict(type="tool_call", id=b["id"], name=b["name"], arguments=b.get("input"))
+                parts.append(call)
             elif kind == "tool_result":
                 answer = dict(
                     type="tool_call_response", id=b["tool_use_id"], response=b.get("content")

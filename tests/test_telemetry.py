@@ -703,3 +703,14 @@ def test_otel_with_the_sdk_disabled_is_a_usage_error(capsys, workdir, monkeypatc
         "agent.py: --otel: OTEL_SDK_DISABLED=true is set, so no span would be sent: "
         "unset it, or leave --otel out\n"
     )
+
+
+def test_a_sampler_that_drops_every_span_does_not_stop_the_recording(
+    capsys, workdir, spans, monkeypatch
+):
+    """OTEL_TRACES_SAMPLER=always_off: every span is a non-recording one, which has no
+    attributes to read back; each moment of the run must still go through without error."""
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    code, out, err = run(capsys, workdir, two_turns())
+    assert (code, out) == (0, "The notes say two lines.\n") and spans() == []
+    assert "stopped recording" not in err, err
