@@ -5695,10 +5695,12 @@ def remove_tree(root):
                         os.unlink(entry.name, dir_fd=fd)
                         continue
                     # 0700, as a script may have taken r, w or x away, set through a descriptor
-                    # of the name itself (O_PATH): a symlink swapped in cannot redirect the chmod
+                    # of the name itself (O_PATH) once it is seen to be a directory: a symlink or
+                    # a hard link to a file swapped in since the listing cannot take the chmod
                     node = os.open(entry.name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
                     with contextlib.suppress(OSError):
-                        os.chmod(f"/proc/self/fd/{node}", 0o700)
+                        if stat.S_ISDIR(os.fstat(node).st_mode):
+                            os.chmod(f"/proc/self/fd/{node}", 0o700)
                     os.close(node)
                     flat = f".gone-{next(moved)}"
                     os.rename(entry.name, flat, src_dir_fd=fd, dst_dir_fd=top)

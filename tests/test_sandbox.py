@@ -1157,6 +1157,29 @@ def test_remove_tree_takes_any_shape(tmp_path):
     assert not root.exists() and (tmp_path / "keep.txt").exists()
 
 
+def test_remove_tree_never_chmods_a_file_swapped_in_for_a_directory(tmp_path, monkeypatch):
+    """A directory listed, then swapped for a hard link to a file outside before it is opened:
+    the file keeps its mode (the listing is made to say "directory" for the link)."""
+    outside = tmp_path / "id_key"
+    outside.write_text("secret")
+    outside.chmod(0o600)
+    root = tmp_path / "mess"
+    root.mkdir()
+    os.link(outside, root / "was-a-dir")
+    real = os.scandir
+
+    class Listed:
+        def __init__(self, entry):
+            self.name = entry.name
+
+        def is_dir(self, follow_symlinks=True):
+            return True
+
+    monkeypatch.setattr(agent.os, "scandir", lambda fd: [Listed(e) for e in real(fd)])
+    agent.remove_tree(str(root))
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o600
+
+
 @needs_landlock
 def test_a_call_whose_cgroup_cannot_be_made_is_refused(workdir):
     box = new_box(workdir)
