@@ -2600,7 +2600,7 @@ def keep_run(run_id, workdir, report, trials=0):
         kept, each = make_kept_run(run_id, workdir, report, trials)
     except UsageError as e:
         report.error(f"note: this run is not kept: {e}")
-        return (None, {}) if trials else None
+        kept, each = None, {}
     return (kept, each) if trials else kept
 
 
@@ -2681,14 +2681,10 @@ def kept_run(name, flag, report):
     try:
         for entry in os.listdir(fd):
             kept = KEPT_FILE.fullmatch(entry)
-            if not kept:
+            # the trial asked for (`last`: a run, not one trial), the id, and the time if given
+            if not kept or kept[3] != (asked[3] if asked else None):
                 continue
-            if name == "last":  # a run, not one trial
-                wanted = not kept[3]
-            else:
-                same_time = not asked[1] or kept[1] == f"{asked[1]}-{asked[2]}"
-                wanted = kept[2] == asked[2] and kept[3] == asked[3] and same_time
-            if not wanted:
+            if asked and (kept[2] != asked[2] or not kept[1].startswith(asked[1] or "")):
                 continue
             # a trials run's file is not a transcript
             if flag in ("--resume", "--replay") and entry.endswith(".trials.json"):
@@ -2751,15 +2747,13 @@ def own_kept_run(path):
     directory (open_runs checks it), named as a kept run, and a regular file of this user's,
     mode 0600, with no other name (no hard link)."""
     name = Path(path).name
-    if not KEPT_FILE.fullmatch(name):
+    if not KEPT_FILE.fullmatch(name) or not in_runs_dir(path):
         return False
     try:
-        fd, real = open_runs()
+        fd = open_runs()[0]
     except (UsageError, OSError):
         return False
     try:
-        if Path(os.path.realpath(Path(path).parent)) != real:
-            return False
         info = os.stat(name, dir_fd=fd, follow_symlinks=False)
     except OSError:
         return False
@@ -2836,10 +2830,8 @@ def replay_limits(recording, limits):
 
 def replay_session(recording, workdir, run_id, source):
     """The new run's session: the recording's question, model, effort, prompt, `produced_by`."""
-    session = new_session(
-        recording["question"], recording["model"], workdir, recording.get("effort"), run_id
-    )
-    session["system"] = recording["system"]
+    asked = (recording["question"], recording["model"], workdir, recording.get("effort"), run_id)
+    session = new_session(*asked, recording["system"])
     if is_str(fields(recording.get("produced_by")).get("kind")):  # who wrote the replies
         session["produced_by"] = recording["produced_by"]
     if is_str(recording.get("base_url")):  # the server that sent them
@@ -2863,14 +2855,11 @@ class ReplayClient:
     recorded reply, and nothing is sent. Past the last reply it raises ReplayEnded."""
 
     def __init__(self, recording, source):
-        # each turn's reply as the API sent it (no content for one left out of the history)
+        # each turn's reply as the loop reads it (no content for one left out of the history)
         kept = iter(m["content"] for m in recording["messages"] if m["role"] == "assistant")
         self.replies = [
             {
                 "id": t.get("message_id"),
-                "type": "message",
-                "role": "assistant",
-                "model": recording["model"],
                 "stop_reason": t.get("stop_reason"),
                 "content": [] if t.get("in_history") is False else next(kept),
                 "usage": {k: t["usage"][k] for k in COUNTS},
@@ -2879,9 +2868,8 @@ class ReplayClient:
         ]
         self.source = source
         self.recorded_stop = recording.get("stop")
-        # replies given so far; the ReplayDiffers the next request raises (--strict)
-        self.given = 0
-        self.differs = None
+        self.given = 0  # replies given so far
+        self.differs = None  # the ReplayDiffers the next request raises (--strict)
         self.messages = self.beta = self  # client.messages.stream, client.beta.messages.stream
 
     def stream(self, **request):
@@ -2889,11 +2877,15 @@ class ReplayClient:
             raise self.differs
         if self.given == len(self.replies):
             raise ReplayEnded(self.ended())
+        reply = self.replies[self.given]
         self.given += 1
-        reply = self.replies[self.given - 1]
+        # the characters it streams, as stream_reply counts them: text, thinking, tool input
+        calls = [b.get("input") for b in reply["content"] if b.get("type") == "tool_use"]
+        chars = sum(len(b.get("text", "")) + len(b.get("thinking", "")) for b in reply["content"])
+        chars += sum(len(json.dumps(i, ensure_ascii=False)) for i in calls)
         most = request["max_tokens"] * TOKEN_CHARS
-        if reply_chars(reply) > most:  # what a live reply is cut at (stream_reply)
-            detail = f"{self.source}'s reply {self.given} is {reply_chars(reply):,} characters, more than max_tokens {request['max_tokens']} lets a reply stream ({most:,}); a live run would have cut it (give --max-tokens)"
+        if chars > most:  # what a live reply is cut at (stream_reply)
+            detail = f"{self.source}'s reply {self.given} is {chars:,} characters, more than max_tokens {request['max_tokens']} lets a reply stream ({most:,}); a live run would have cut it (give --max-tokens)"
             raise ReplayEnded(Stop("max_tokens", detail))
         return contextlib.nullcontext(ReplayStream(reply))
 
@@ -2910,20 +2902,8 @@ class ReplayClient:
         return Stop("error", detail)
 
 
-def reply_chars(message):
-    """The characters a reply streams, as stream_reply counts them: text, thinking, tool input."""
-    chars = 0
-    for b in message["content"]:
-        chars += len(b.get("text", "")) + len(b.get("thinking", ""))
-        if b.get("type") == "tool_use":
-            chars += len(json.dumps(b.get("input"), ensure_ascii=False))
-    return chars
-
-
 class ReplayStream:
     """One recorded reply, read as stream_reply reads the SDK's stream (in a nullcontext)."""
-
-    request_id = None  # no request was made
 
     def __init__(self, message):
         self.message = json.loads(json.dumps(message))  # the loop's own copy, as if it came
@@ -2975,8 +2955,7 @@ class ReplayCheck:
         self.report = report
         self.save = save
         self.strict = strict
-        # how many turns were compared
-        self.checked = 0
+        self.checked = 0  # how many turns were compared
 
     def __call__(self, session, final=False):
         replay = session["replay"]
@@ -3119,10 +3098,8 @@ def wilson(passes, n, z=1.96):
 def spread(values):
     """Mean and median of the values that are known."""
     known = [v for v in values if v is not None]
-    return {
-        "mean": round(statistics.fmean(known), 6) if known else None,
-        "median": round(statistics.median(known), 6) if known else None,
-    }
+    average = {"mean": statistics.fmean, "median": statistics.median}
+    return {key: round(f(known), 6) if known else None for key, f in average.items()}
 
 
 def summarize(trials, requested):
@@ -3132,7 +3109,6 @@ def summarize(trials, requested):
     scored = [t for t in trials if t["stop"] not in INFRA_STOPS]
     n, c = len(scored), sum(t["passed"] for t in scored)
     costs = [t["cost_usd"] for t in trials]
-    stops = [t["stop"] for t in trials]
     return {
         "version": SUMMARY_VERSION,
         "kind": "trials",
@@ -3147,7 +3123,7 @@ def summarize(trials, requested):
         "pass@1_wilson95": wilson(c, n),
         "pass_at_k": {str(k): pass_at_k(n, c, k) for k in range(1, n + 1)},
         "pass_hat_k": {str(k): pass_hat_k(n, c, k) for k in range(1, n + 1)},
-        "stops": {label: stops.count(label) for label in sorted(set(stops))},
+        "stops": dict(sorted(Counter(t["stop"] for t in trials).items())),
         "per_trial": {
             key: spread([t[key] for t in trials])
             for key in ("turns", "tokens", "cost_usd", "seconds")
@@ -3161,13 +3137,12 @@ def summarize(trials, requested):
 def print_summary(summary, report):
     """The trials' summary on stderr, -q or not."""
     say = partial(report.line, always=True)
-    low_high = summary["pass@1_wilson95"]
     say(
         f"trials: {summary['n']} of {summary['requested']} ran: {summary['passes']} passed, {summary['failed']} failed, {summary['errored']} errored (api_error, error, interrupted: not counted below)"
     )
     if summary["scored"]:
         say(
-            f"pass@1 = {summary['pass@1']:.3f} (95% Wilson interval {low_high[0]:.3f}-{low_high[1]:.3f}) over {plural(summary['scored'], 'scored trial')}"
+            f"pass@1 = {summary['pass@1']:.3f} (95% Wilson interval {summary['pass@1_wilson95'][0]:.3f}-{summary['pass@1_wilson95'][1]:.3f}) over {plural(summary['scored'], 'scored trial')}"
         )
         say("   k   pass@k   pass^k")
         for k in summary["pass_at_k"]:
@@ -3302,19 +3277,13 @@ def run_trials(spec, client, ctx, outputs, events, telemetry, kept):
         wait(futures, timeout=10)
     pool.shutdown(wait=False, cancel_futures=True)
     interrupted = ctx.cancel.is_set()  # only a Ctrl-C sets the trials' cancel
-    # the trials that began and did not end
-    for index, begun in list(running.items()):
+    for index, begun in list(running.items()):  # the trials that began and did not end
         if begun and index not in {r["index"] for r in results}:
             results.append(trial_result(index, "interrupted", total_usage(begun[0]), False))
     summary = summarize(results, spec.k)
     # what was measured
-    summary.update(
-        interrupted=interrupted,
-        question=spec.question,
-        model=spec.model,
-        expect=expect,
-        decline_message=ctx.decline_message,
-    )
+    summary.update(interrupted=interrupted, question=spec.question, model=spec.model, expect=expect)
+    summary["decline_message"] = ctx.decline_message
     given = {"base_url": spec.server, "budget_usd": spec.budget_usd}
     summary.update({key: value for key, value in given.items() if value is not None})
     report = Reporter(spec.quiet, events=events)
