@@ -2723,23 +2723,20 @@ def kept_run(name, flag, report):
 def check_runs_apart(workdir, where):
     """Refuse a workdir that holds the runs directory or lies inside it, kept or not: the
     model's code could read kept runs there, or plant one."""
-    try:
+    with contextlib.suppress(OSError):  # nowhere to keep runs: none are kept (keep_run says so)
         runs = Path(os.path.realpath(runs_dir()))
-    except OSError:  # nowhere to keep runs: none are kept (keep_run says so)
-        return
-    if runs.is_relative_to(workdir) or workdir.is_relative_to(runs):
-        raise UsageError(
-            f"{where} and the directory of kept runs, {runs}, overlap: the model's code could read kept runs or plant one that --resume last would take up; give --workdir a directory of data only (or set XDG_STATE_HOME elsewhere)"
-        )
+        if runs.is_relative_to(workdir) or workdir.is_relative_to(runs):
+            raise UsageError(
+                f"{where} and the directory of kept runs, {runs}, overlap: the model's code could read kept runs or plant one that --resume last would take up; give --workdir a directory of data only (or set XDG_STATE_HOME elsewhere)"
+            )
 
 
 def in_runs_dir(path):
     """True if `path` is a file directly in the directory of kept runs."""
-    try:
-        runs = os.path.realpath(runs_dir())
-    except OSError:
-        return False
-    return os.path.realpath(os.path.dirname(os.path.abspath(path))) == runs
+    here = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    with contextlib.suppress(OSError):  # no home directory: no runs directory
+        return here == os.path.realpath(runs_dir())
+    return False
 
 
 def own_kept_run(path):
@@ -3044,9 +3041,7 @@ def unmet(session, expect):
     """The first --expect condition the session did not meet, in words, or None (an interrupted
     session's answer is not searched)."""
     stop = (session.get("stop") or {}).get("reason")
-    if not any(expect.values()):
-        if stop == "end_turn":
-            return None
+    if not any(expect.values()) and stop != "end_turn":
         return f"it stopped with {stop}, not end_turn (no --expect was given)"
     # the regex as a shell takes it, always in single quotes (as the user most likely typed it)
     regex = "'" + (expect["regex"] or "").replace("'", "'\"'\"'") + "'"
@@ -3154,9 +3149,8 @@ def print_summary(summary, report):
     per = summary["per_trial"]
     for key, show in (("turns", "{:.1f}"), ("tokens", "{:.0f}"), ("seconds", "{:.1f}")):
         if per[key]["mean"] is not None:
-            say(
-                f"per trial: {key} mean {show.format(per[key]['mean'])}, median {show.format(per[key]['median'])}"
-            )
+            mean, median = map(show.format, per[key].values())
+            say(f"per trial: {key} mean {mean}, median {median}")
     say(
         f"per trial: cost mean {money(per['cost_usd']['mean'])}, median {money(per['cost_usd']['median'])}; total {summary['tokens']} tokens, {money(summary['cost_usd'])}"
     )
@@ -3286,16 +3280,15 @@ def run_trials(spec, client, ctx, outputs, events, telemetry, kept):
     summary["decline_message"] = ctx.decline_message
     given = {"base_url": spec.server, "budget_usd": spec.budget_usd}
     summary.update({key: value for key, value in given.items() if value is not None})
-    report = Reporter(spec.quiet, events=events)
+    report = Reporter(events=events)  # the summary is said -q or not
     print_summary(summary, report)
     if spec.budget_usd is not None and summary["n"] < spec.k and not interrupted:
         report.line(
-            f"budget: the trials spent {money(summary['cost_usd'])} of the --trials-budget-usd {money(spec.budget_usd)}; the other {plural(spec.k - summary['n'], 'trial')} did not start",
-            always=True,
+            f"budget: the trials spent {money(summary['cost_usd'])} of the --trials-budget-usd {money(spec.budget_usd)}; the other {plural(spec.k - summary['n'], 'trial')} did not start"
         )
     if interrupted:
         finished = sum(r["stop"] != "interrupted" for r in results)
-        report.line(f"interrupted: {finished} of {spec.k} trials finished", always=True)
+        report.line(f"interrupted: {finished} of {spec.k} trials finished")
     report.emit("trials.summary", summary=summary)
     return summary
 
