@@ -2671,10 +2671,9 @@ def kept_run(name, flag, report):
         raise UsageError(
             f"{flag} {name}: no run is kept {where} (runs are kept there unless --no-keep): give a transcript's path"
         )
-    except UsageError as e:
-        raise UsageError(f"{flag} {name}: {e}")
-    except OSError as e:
-        raise UsageError(f"{flag} {name}: the kept runs cannot be read: {e.strerror}")
+    except (UsageError, OSError) as e:
+        why = e if isinstance(e, UsageError) else f"the kept runs cannot be read: {e.strerror}"
+        raise UsageError(f"{flag} {name}: {why}")
     # (mtime, file) of the kept runs it names, and of those with nothing in them yet; the ids
     # of the trials runs passed over
     found, empty, trials = [], [], []
@@ -2814,15 +2813,12 @@ def replay_limits(recording, limits):
     reason = (recording.get("stop") or {}).get("reason")
     for turn in recording["turns"]:  # priced as the loop will price them
         add_usage(used, usage_record(recording["model"], turn["usage"]))
-    turns = len(recording["turns"])
+    recorded = len(recording["turns"])
+    turns = min(limits.max_turns, recorded if reason == "max_turns" else recorded + 2)
+    tokens = min(limits.token_budget, used["tokens"] + (reason != "token_budget"))
     spent = used["cost_usd"] if reason == "cost_budget" else None
-    dollars = [d for d in (limits.budget_usd, spent) if d is not None]
-    return replace(
-        limits,
-        max_turns=min(limits.max_turns, turns if reason == "max_turns" else turns + 2),
-        token_budget=min(limits.token_budget, used["tokens"] + (reason != "token_budget")),
-        budget_usd=min(dollars, default=None),
-    )
+    dollars = min([d for d in (limits.budget_usd, spent) if d is not None], default=None)
+    return replace(limits, max_turns=turns, token_budget=tokens, budget_usd=dollars)
 
 
 def replay_session(recording, workdir, run_id, source):
@@ -2992,11 +2988,10 @@ class ReplayCheck:
 
     def summary(self, session):
         calls = plural(sum(len(t["tool_calls"]) for t in session["turns"]), "tool result")
-        differed = len(session["replay"]["differences"])
+        replay = session["replay"]
+        differed = len(replay["differences"])
         if differed:
-            self.report.error(
-                f"replay: {differed} of {calls} differ from {session['replay']['source']}"
-            )
+            self.report.error(f"replay: {differed} of {calls} differ from {replay['source']}")
         else:
             self.report.line(f"replay: {calls}, each as recorded")
         left = len(self.client.replies) - self.client.given
@@ -3025,13 +3020,10 @@ def trials_stop(summary):
 def expect_found(regex, answer):
     """True if the --expect regex is in the answer, False if not, None if the search took over
     EXPECT_SECONDS: in a child, which can be killed, as a backtracking `re` holds the GIL."""
+    command = [sys.executable, "-I", "-S", "-c", SEARCH, regex]
+    data = answer.encode("utf-8", "surrogatepass")
     try:
-        done = subprocess.run(
-            [sys.executable, "-I", "-S", "-c", SEARCH, regex],
-            input=answer.encode("utf-8", "surrogatepass"),
-            capture_output=True,
-            timeout=EXPECT_SECONDS,
-        )
+        done = subprocess.run(command, input=data, capture_output=True, timeout=EXPECT_SECONDS)
     except subprocess.TimeoutExpired:
         return None
     return done.returncode == 0
@@ -3142,18 +3134,17 @@ def print_summary(summary, report):
         say("   k   pass@k   pass^k")
         for k in summary["pass_at_k"]:
             say(f"{k:>4}   {summary['pass_at_k'][k]:.3f}    {summary['pass_hat_k'][k]:.3f}")
-    if not summary["n"]:  # Ctrl-C before any began: nothing per trial to tell
-        say(f"total {summary['tokens']} tokens, {money(summary['cost_usd'])}")
-        return
-    say("stops: " + ", ".join(f"{label} {n}" for label, n in summary["stops"].items()))
-    per = summary["per_trial"]
-    for key, show in (("turns", "{:.1f}"), ("tokens", "{:.0f}"), ("seconds", "{:.1f}")):
-        if per[key]["mean"] is not None:
-            mean, median = map(show.format, per[key].values())
-            say(f"per trial: {key} mean {mean}, median {median}")
-    say(
-        f"per trial: cost mean {money(per['cost_usd']['mean'])}, median {money(per['cost_usd']['median'])}; total {summary['tokens']} tokens, {money(summary['cost_usd'])}"
-    )
+    total = f"total {summary['tokens']} tokens, {money(summary['cost_usd'])}"
+    if summary["n"]:  # else Ctrl-C before any began: nothing per trial to tell
+        say("stops: " + ", ".join(f"{label} {n}" for label, n in summary["stops"].items()))
+        per = summary["per_trial"]
+        for key, show in (("turns", "{:.1f}"), ("tokens", "{:.0f}"), ("seconds", "{:.1f}")):
+            if per[key]["mean"] is not None:
+                mean, median = map(show.format, per[key].values())
+                say(f"per trial: {key} mean {mean}, median {median}")
+        mean, median = map(money, per["cost_usd"].values())
+        total = f"per trial: cost mean {mean}, median {median}; {total}"
+    say(total)
 
 
 TRIAL = threading.local()  # .index: the trial this thread runs, if any (approval_question)
