@@ -2605,8 +2605,7 @@ def keep_run(run_id, workdir, report, trials=0):
 
 
 def make_kept_run(run_id, workdir, report, trials):
-    """keep_run's file: its KeptRun and each trial's ({} without trials); or a UsageError
-    saying why runs cannot be kept here."""
+    """keep_run's file: its KeptRun and each trial's ({} without trials), or a UsageError."""
     try:
         fd, real = open_runs(create=True)
     except OSError as e:
@@ -2739,9 +2738,8 @@ def in_runs_dir(path):
 
 
 def own_kept_run(path):
-    """True if `path` is a run agent.py kept and no one has replaced: directly in the runs
-    directory (open_runs checks it), named as a kept run, and a regular file of this user's,
-    mode 0600, with no other name (no hard link)."""
+    """True if `path` is a run agent.py kept and no one replaced: named so, in the runs directory
+    (open_runs checks it), a regular file of this user's, 0600, with no other name (hard link)."""
     name = Path(path).name
     if not KEPT_FILE.fullmatch(name) or not in_runs_dir(path):
         return False
@@ -3222,18 +3220,17 @@ def run_trials(spec, client, ctx, outputs, events, telemetry, kept):
         report = Reporter(
             spec.quiet, prefix=f"[trial {index}] ", events=events, trial=index, telemetry=telemetry
         )
-        out = outputs.get(index)
-        keep = kept.get(index)
+        save = Saver(outputs.get(index), kept.get(index))
         run_id = events.run_id if events else None
         asked = (spec.question, spec.model, ctx.workdir, spec.effort, run_id, spec.system)
         session = new_session(*asked)
         session["trial"] = index
         if spec.server:
             session["base_url"] = spec.server
-        path = str(out.path) if out else str(keep.output.path) if keep else None
+        output = save.output or save.kept and save.kept.output
+        path = str(output.path) if output else None
         report.emit("trial.start", transcript=path)
         running[index] = (session, path, time.monotonic())
-        save = Saver(out, keep)
         report.trace("begin", session)
         stop = drive(client, session, ctx, report, save)
         report.trace("end", stop, session)
