@@ -2550,13 +2550,12 @@ def keep_run(run_id, workdir, report, trials=0):
         kept, each = make_kept_run(run_id, workdir, report, trials)
     except UsageError as e:
         report.error(f"note: this run is not kept: {e}")
-        return (None, {}) if trials else None
+        kept, each = None, {}
     return (kept, each) if trials else kept
 
 
 def make_kept_run(run_id, workdir, report, trials):
-    """keep_run's file: its KeptRun and each trial's ({} without trials); or a UsageError
-    saying why runs cannot be kept here."""
+    """keep_run's file: its KeptRun and each trial's ({} without trials), or a UsageError."""
     try:
         fd, real = open_runs(create=True)
     except OSError as e:
@@ -2621,24 +2620,19 @@ def kept_run(name, flag, report):
         raise UsageError(
             f"{flag} {name}: no run is kept {where} (runs are kept there unless --no-keep): give a transcript's path"
         )
-    except UsageError as e:
-        raise UsageError(f"{flag} {name}: {e}")
-    except OSError as e:
-        raise UsageError(f"{flag} {name}: the kept runs cannot be read: {e.strerror}")
+    except (UsageError, OSError) as e:
+        why = e if isinstance(e, UsageError) else f"the kept runs cannot be read: {e.strerror}"
+        raise UsageError(f"{flag} {name}: {why}")
     # (mtime, file) of the kept runs it names, and of those with nothing in them yet; the ids
     # of the trials runs passed over
     found, empty, trials = [], [], []
     try:
         for entry in os.listdir(fd):
             kept = KEPT_FILE.fullmatch(entry)
-            if not kept:
+            # the trial asked for (`last`: a run, not one trial), the id, and the time if given
+            if not kept or kept[3] != (asked[3] if asked else None):
                 continue
-            if name == "last":  # a run, not one trial
-                wanted = not kept[3]
-            else:
-                same_time = not asked[1] or kept[1] == f"{asked[1]}-{asked[2]}"
-                wanted = kept[2] == asked[2] and kept[3] == asked[3] and same_time
-            if not wanted:
+            if asked and (kept[2] != asked[2] or not kept[1].startswith(asked[1] or "")):
                 continue
             # a trials run's file is not a transcript
             if flag in ("--resume", "--replay") and entry.endswith(".trials.json"):
@@ -2677,39 +2671,33 @@ def kept_run(name, flag, report):
 def check_runs_apart(workdir, where):
     """Refuse a workdir that holds the runs directory or lies inside it, kept or not: the
     model's code could read kept runs there, or plant one."""
-    try:
+    with contextlib.suppress(OSError):  # nowhere to keep runs: none are kept (keep_run says so)
         runs = Path(os.path.realpath(runs_dir()))
-    except OSError:  # nowhere to keep runs: none are kept (keep_run says so)
-        return
-    if runs.is_relative_to(workdir) or workdir.is_relative_to(runs):
-        raise UsageError(
-            f"{where} and the directory of kept runs, {runs}, overlap: the model's code could read kept runs or plant one that --resume last would take up; give --workdir a directory of data only (or set XDG_STATE_HOME elsewhere)"
-        )
+        if runs.is_relative_to(workdir) or workdir.is_relative_to(runs):
+            raise UsageError(
+                f"{where} and the directory of kept runs, {runs}, overlap: the model's code could read kept runs or plant one that --resume last would take up; give --workdir a directory of data only (or set XDG_STATE_HOME elsewhere)"
+            )
 
 
 def in_runs_dir(path):
     """True if `path` is a file directly in the directory of kept runs."""
-    try:
-        runs = os.path.realpath(runs_dir())
-    except OSError:
-        return False
-    return os.path.realpath(os.path.dirname(os.path.abspath(path))) == runs
+    here = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    with contextlib.suppress(OSError):  # no home directory: no runs directory
+        return here == os.path.realpath(runs_dir())
+    return False
 
 
 def own_kept_run(path):
-    """True if `path` is a run agent.py kept and no one has replaced: directly in the runs
-    directory (open_runs checks it), named as a kept run, and a regular file of this user's,
-    mode 0600, with no other name (no hard link)."""
+    """True if `path` is a run agent.py kept and no one replaced: named so, in the runs directory
+    (open_runs checks it), a regular file of this user's, 0600, with no other name (hard link)."""
     name = Path(path).name
-    if not KEPT_FILE.fullmatch(name):
+    if not KEPT_FILE.fullmatch(name) or not in_runs_dir(path):
         return False
     try:
-        fd, real = open_runs()
+        fd = open_runs()[0]
     except (UsageError, OSError):
         return False
     try:
-        if Path(os.path.realpath(Path(path).parent)) != real:
-            return False
         info = os.stat(name, dir_fd=fd, follow_symlinks=False)
     except OSError:
         return False
@@ -2773,23 +2761,18 @@ def replay_limits(recording, limits):
     reason = (recording.get("stop") or {}).get("reason")
     for turn in recording["turns"]:  # priced as the loop will price them
         add_usage(used, usage_record(recording["model"], turn["usage"]))
-    turns = len(recording["turns"])
+    recorded = len(recording["turns"])
+    turns = min(limits.max_turns, recorded if reason == "max_turns" else recorded + 2)
+    tokens = min(limits.token_budget, used["tokens"] + (reason != "token_budget"))
     spent = used["cost_usd"] if reason == "cost_budget" else None
-    dollars = [d for d in (limits.budget_usd, spent) if d is not None]
-    return replace(
-        limits,
-        max_turns=min(limits.max_turns, turns if reason == "max_turns" else turns + 2),
-        token_budget=min(limits.token_budget, used["tokens"] + (reason != "token_budget")),
-        budget_usd=min(dollars, default=None),
-    )
+    dollars = min([d for d in (limits.budget_usd, spent) if d is not None], default=None)
+    return replace(limits, max_turns=turns, token_budget=tokens, budget_usd=dollars)
 
 
 def replay_session(recording, workdir, run_id, source):
     """The new run's session: the recording's question, model, effort, prompt, `produced_by`."""
-    session = new_session(
-        recording["question"], recording["model"], workdir, recording.get("effort"), run_id
-    )
-    session["system"] = recording["system"]
+    asked = (recording["question"], recording["model"], workdir, recording.get("effort"), run_id)
+    session = new_session(*asked, recording["system"])
     if is_str(fields(recording.get("produced_by")).get("kind")):  # who wrote the replies
         session["produced_by"] = recording["produced_by"]
     if is_str(recording.get("base_url")):  # the server that sent them
@@ -2813,14 +2796,11 @@ class ReplayClient:
     recorded reply, and nothing is sent. Past the last reply it raises ReplayEnded."""
 
     def __init__(self, recording, source):
-        # each turn's reply as the API sent it (no content for one left out of the history)
+        # each turn's reply as the loop reads it (no content for one left out of the history)
         kept = iter(m["content"] for m in recording["messages"] if m["role"] == "assistant")
         self.replies = [
             {
                 "id": t.get("message_id"),
-                "type": "message",
-                "role": "assistant",
-                "model": recording["model"],
                 "stop_reason": t.get("stop_reason"),
                 "content": [] if t.get("in_history") is False else next(kept),
                 "usage": {k: t["usage"][k] for k in COUNTS},
@@ -2829,9 +2809,8 @@ class ReplayClient:
         ]
         self.source = source
         self.recorded_stop = recording.get("stop")
-        # replies given so far; the ReplayDiffers the next request raises (--strict)
-        self.given = 0
-        self.differs = None
+        self.given = 0  # replies given so far
+        self.differs = None  # the ReplayDiffers the next request raises (--strict)
         self.messages = self.beta = self  # client.messages.stream, client.beta.messages.stream
 
     def stream(self, **request):
@@ -2839,11 +2818,15 @@ class ReplayClient:
             raise self.differs
         if self.given == len(self.replies):
             raise ReplayEnded(self.ended())
+        reply = self.replies[self.given]
         self.given += 1
-        reply = self.replies[self.given - 1]
+        # the characters it streams, as stream_reply counts them: text, thinking, tool input
+        calls = [b.get("input") for b in reply["content"] if b.get("type") == "tool_use"]
+        chars = sum(len(b.get("text", "")) + len(b.get("thinking", "")) for b in reply["content"])
+        chars += sum(len(json.dumps(i, ensure_ascii=False)) for i in calls)
         most = request["max_tokens"] * TOKEN_CHARS
-        if reply_chars(reply) > most:  # what a live reply is cut at (stream_reply)
-            detail = f"{self.source}'s reply {self.given} is {reply_chars(reply):,} characters, more than max_tokens {request['max_tokens']} lets a reply stream ({most:,}); a live run would have cut it (give --max-tokens)"
+        if chars > most:  # what a live reply is cut at (stream_reply)
+            detail = f"{self.source}'s reply {self.given} is {chars:,} characters, more than max_tokens {request['max_tokens']} lets a reply stream ({most:,}); a live run would have cut it (give --max-tokens)"
             raise ReplayEnded(Stop("max_tokens", detail))
         return contextlib.nullcontext(ReplayStream(reply))
 
@@ -2860,20 +2843,8 @@ class ReplayClient:
         return Stop("error", detail)
 
 
-def reply_chars(message):
-    """The characters a reply streams, as stream_reply counts them: text, thinking, tool input."""
-    chars = 0
-    for b in message["content"]:
-        chars += len(b.get("text", "")) + len(b.get("thinking", ""))
-        if b.get("type") == "tool_use":
-            chars += len(json.dumps(b.get("input"), ensure_ascii=False))
-    return chars
-
-
 class ReplayStream:
     """One recorded reply, read as stream_reply reads the SDK's stream (in a nullcontext)."""
-
-    request_id = None  # no request was made
 
     def __init__(self, message):
         self.message = json.loads(json.dumps(message))  # the loop's own copy, as if it came
@@ -2925,8 +2896,7 @@ class ReplayCheck:
         self.report = report
         self.save = save
         self.strict = strict
-        # how many turns were compared
-        self.checked = 0
+        self.checked = 0  # how many turns were compared
 
     def __call__(self, session, final=False):
         replay = session["replay"]
@@ -2966,11 +2936,10 @@ class ReplayCheck:
 
     def summary(self, session):
         calls = plural(sum(len(t["tool_calls"]) for t in session["turns"]), "tool result")
-        differed = len(session["replay"]["differences"])
+        replay = session["replay"]
+        differed = len(replay["differences"])
         if differed:
-            self.report.error(
-                f"replay: {differed} of {calls} differ from {session['replay']['source']}"
-            )
+            self.report.error(f"replay: {differed} of {calls} differ from {replay['source']}")
         else:
             self.report.line(f"replay: {calls}, each as recorded")
         left = len(self.client.replies) - self.client.given
@@ -2999,13 +2968,10 @@ def trials_stop(summary):
 def expect_found(regex, answer):
     """True if the --expect regex is in the answer, False if not, None if the search took over
     EXPECT_SECONDS: in a child, which can be killed, as a backtracking `re` holds the GIL."""
+    command = [sys.executable, "-I", "-S", "-c", SEARCH, regex]
+    data = answer.encode("utf-8", "surrogatepass")
     try:
-        done = subprocess.run(
-            [sys.executable, "-I", "-S", "-c", SEARCH, regex],
-            input=answer.encode("utf-8", "surrogatepass"),
-            capture_output=True,
-            timeout=EXPECT_SECONDS,
-        )
+        done = subprocess.run(command, input=data, capture_output=True, timeout=EXPECT_SECONDS)
     except subprocess.TimeoutExpired:
         return None
     return done.returncode == 0
@@ -3015,9 +2981,7 @@ def unmet(session, expect):
     """The first --expect condition the session did not meet, in words, or None (an interrupted
     session's answer is not searched)."""
     stop = (session.get("stop") or {}).get("reason")
-    if not any(expect.values()):
-        if stop == "end_turn":
-            return None
+    if not any(expect.values()) and stop != "end_turn":
         return f"it stopped with {stop}, not end_turn (no --expect was given)"
     # the regex as a shell takes it, always in single quotes (as the user most likely typed it)
     regex = "'" + (expect["regex"] or "").replace("'", "'\"'\"'") + "'"
@@ -3069,10 +3033,8 @@ def wilson(passes, n, z=1.96):
 def spread(values):
     """Mean and median of the values that are known."""
     known = [v for v in values if v is not None]
-    return {
-        "mean": round(statistics.fmean(known), 6) if known else None,
-        "median": round(statistics.median(known), 6) if known else None,
-    }
+    average = {"mean": statistics.fmean, "median": statistics.median}
+    return {key: round(f(known), 6) if known else None for key, f in average.items()}
 
 
 def summarize(trials, requested):
@@ -3082,7 +3044,6 @@ def summarize(trials, requested):
     scored = [t for t in trials if t["stop"] not in INFRA_STOPS]
     n, c = len(scored), sum(t["passed"] for t in scored)
     costs = [t["cost_usd"] for t in trials]
-    stops = [t["stop"] for t in trials]
     return {
         "version": SUMMARY_VERSION,
         "kind": "trials",
@@ -3097,7 +3058,7 @@ def summarize(trials, requested):
         "pass@1_wilson95": wilson(c, n),
         "pass_at_k": {str(k): pass_at_k(n, c, k) for k in range(1, n + 1)},
         "pass_hat_k": {str(k): pass_hat_k(n, c, k) for k in range(1, n + 1)},
-        "stops": {label: stops.count(label) for label in sorted(set(stops))},
+        "stops": dict(sorted(Counter(t["stop"] for t in trials).items())),
         "per_trial": {
             key: spread([t[key] for t in trials])
             for key in ("turns", "tokens", "cost_usd", "seconds")
@@ -3111,30 +3072,27 @@ def summarize(trials, requested):
 def print_summary(summary, report):
     """The trials' summary on stderr, -q or not."""
     say = partial(report.line, always=True)
-    low_high = summary["pass@1_wilson95"]
     say(
         f"trials: {summary['n']} of {summary['requested']} ran: {summary['passes']} passed, {summary['failed']} failed, {summary['errored']} errored (api_error, error, interrupted: not counted below)"
     )
     if summary["scored"]:
         say(
-            f"pass@1 = {summary['pass@1']:.3f} (95% Wilson interval {low_high[0]:.3f}-{low_high[1]:.3f}) over {plural(summary['scored'], 'scored trial')}"
+            f"pass@1 = {summary['pass@1']:.3f} (95% Wilson interval {summary['pass@1_wilson95'][0]:.3f}-{summary['pass@1_wilson95'][1]:.3f}) over {plural(summary['scored'], 'scored trial')}"
         )
         say("   k   pass@k   pass^k")
         for k in summary["pass_at_k"]:
             say(f"{k:>4}   {summary['pass_at_k'][k]:.3f}    {summary['pass_hat_k'][k]:.3f}")
-    if not summary["n"]:  # Ctrl-C before any began: nothing per trial to tell
-        say(f"total {summary['tokens']} tokens, {money(summary['cost_usd'])}")
-        return
-    say("stops: " + ", ".join(f"{label} {n}" for label, n in summary["stops"].items()))
-    per = summary["per_trial"]
-    for key, show in (("turns", "{:.1f}"), ("tokens", "{:.0f}"), ("seconds", "{:.1f}")):
-        if per[key]["mean"] is not None:
-            say(
-                f"per trial: {key} mean {show.format(per[key]['mean'])}, median {show.format(per[key]['median'])}"
-            )
-    say(
-        f"per trial: cost mean {money(per['cost_usd']['mean'])}, median {money(per['cost_usd']['median'])}; total {summary['tokens']} tokens, {money(summary['cost_usd'])}"
-    )
+    total = f"total {summary['tokens']} tokens, {money(summary['cost_usd'])}"
+    if summary["n"]:  # else Ctrl-C before any began: nothing per trial to tell
+        say("stops: " + ", ".join(f"{label} {n}" for label, n in summary["stops"].items()))
+        per = summary["per_trial"]
+        for key, show in (("turns", "{:.1f}"), ("tokens", "{:.0f}"), ("seconds", "{:.1f}")):
+            if per[key]["mean"] is not None:
+                mean, median = map(show.format, per[key].values())
+                say(f"per trial: {key} mean {mean}, median {median}")
+        mean, median = map(money, per["cost_usd"].values())
+        total = f"per trial: cost mean {mean}, median {median}; {total}"
+    say(total)
 
 
 TRIAL = threading.local()  # .index: the trial this thread runs, if any (approval_question)
@@ -3210,18 +3168,17 @@ def run_trials(spec, client, ctx, outputs, events, telemetry, kept):
                 return
             running[index] = None
         report = Reporter(spec.quiet, events=events, trial=index, telemetry=telemetry)
-        out = outputs.get(index)
-        keep = kept.get(index)
+        save = Saver(outputs.get(index), kept.get(index))
         run_id = events.run_id if events else None
         asked = (spec.question, spec.model, ctx.workdir, spec.effort, run_id, spec.system)
         session = new_session(*asked)
         session["trial"] = index
         if spec.server:
             session["base_url"] = spec.server
-        path = str(out.path) if out else str(keep.output.path) if keep else None
+        output = save.output or save.kept and save.kept.output
+        path = str(output.path) if output else None
         report.emit("trial.start", transcript=path)
         running[index] = (session, path, time.monotonic())
-        save = Saver(out, keep)
         report.trace("begin", session)
         stop = drive(client, session, ctx, report, save)
         report.trace("end", stop, session)
@@ -3250,31 +3207,24 @@ def run_trials(spec, client, ctx, outputs, events, telemetry, kept):
         wait(futures, timeout=10)
     pool.shutdown(wait=False, cancel_futures=True)
     interrupted = ctx.cancel.is_set()  # only a Ctrl-C sets the trials' cancel
-    # the trials that began and did not end
-    for index, begun in list(running.items()):
+    for index, begun in list(running.items()):  # the trials that began and did not end
         if begun and index not in {r["index"] for r in results}:
             results.append(trial_result(index, "interrupted", total_usage(begun[0]), False))
     summary = summarize(results, spec.k)
     # what was measured
-    summary.update(
-        interrupted=interrupted,
-        question=spec.question,
-        model=spec.model,
-        expect=expect,
-        decline_message=ctx.decline_message,
-    )
+    summary.update(interrupted=interrupted, question=spec.question, model=spec.model, expect=expect)
+    summary["decline_message"] = ctx.decline_message
     given = {"base_url": spec.server, "budget_usd": spec.budget_usd}
     summary.update({key: value for key, value in given.items() if value is not None})
-    report = Reporter(spec.quiet, events=events)
+    report = Reporter(events=events)  # the summary is said -q or not
     print_summary(summary, report)
     if spec.budget_usd is not None and summary["n"] < spec.k and not interrupted:
         report.line(
-            f"budget: the trials spent {money(summary['cost_usd'])} of the --trials-budget-usd {money(spec.budget_usd)}; the other {plural(spec.k - summary['n'], 'trial')} did not start",
-            always=True,
+            f"budget: the trials spent {money(summary['cost_usd'])} of the --trials-budget-usd {money(spec.budget_usd)}; the other {plural(spec.k - summary['n'], 'trial')} did not start"
         )
     if interrupted:
         finished = sum(r["stop"] != "interrupted" for r in results)
-        report.line(f"interrupted: {finished} of {spec.k} trials finished", always=True)
+        report.line(f"interrupted: {finished} of {spec.k} trials finished")
     report.emit("trials.summary", summary=summary)
     return summary
 
