@@ -804,22 +804,18 @@ class Connections:
             with Connections.lock:
                 Connections.opened.add(stream)
             if Connections.cut:
-                Connections.shut(stream)
+                Connections.cut_all()
 
     @staticmethod
     def cut_all():
         with Connections.lock:
             Connections.cut = True
             streams = list(Connections.opened)
-        for stream in streams:
-            Connections.shut(stream)
-
-    @staticmethod
-    def shut(stream):
         # shutdown, not close: it wakes a read blocked in another thread (a socket closed
         # already, or the raw socket of a TLS one, is let be)
-        with contextlib.suppress(Exception):
-            stream.get_extra_info("socket").shutdown(socket.SHUT_RDWR)
+        for stream in streams:
+            with contextlib.suppress(Exception):
+                stream.get_extra_info("socket").shutdown(socket.SHUT_RDWR)
 
 
 # --- API plumbing and retries ---
@@ -866,41 +862,36 @@ MIN_TOKEN_RATE = 10
 TOKEN_CHARS = 64
 
 
-class Watchdog(threading.Thread):
-    """Shuts a stream's socket once no event has come for `seconds`, or at `deadline`: a server
-    that sends only pings, nothing, or never stops cannot hold a turn forever. `last` is set at
-    every event, `done` at the end; `fired` says why it shut the stream, once it has."""
+def watchdog(stream, seconds, lasts):
+    """Shut a stream's socket once no event has come for `seconds`, or `lasts` seconds after it
+    began: a server that sends only pings, nothing, or never stops cannot hold a turn forever.
+    The caller sets `last` at every event, `done` at the end; `fired` says why it shut it."""
+    watch = SimpleNamespace(last=time.monotonic(), done=threading.Event(), fired=None)
+    deadline = watch.last + lasts
 
-    def __init__(self, stream, seconds, deadline):
-        super().__init__(daemon=True)
-        self.stream = stream
-        self.seconds = seconds
-        self.deadline = deadline
-        self.fired = None
-        self.started = self.last = time.monotonic()
-        self.done = threading.Event()
-        self.start()
-
-    def run(self):
+    def run():
         moment = time.monotonic()
-        while moment - self.last <= self.seconds and moment <= self.deadline:
-            if self.done.wait(0.2):
+        while moment - watch.last <= seconds and moment <= deadline:
+            if watch.done.wait(0.2):
                 return
             moment = time.monotonic()
-        self.fired = (
-            f"the reply went on past {self.deadline - self.started:.0f} s, the most "
-            f"its max_tokens may take at {MIN_TOKEN_RATE} tokens a second"
-            if moment > self.deadline
-            else f"no event for {self.seconds:g} s; the server may be stuck"
+        watch.fired = (
+            f"the reply went on past {lasts:.0f} s, the most its max_tokens may take at "
+            f"{MIN_TOKEN_RATE} tokens a second"
+            if moment > deadline
+            else f"no event for {seconds:g} s; the server may be stuck"
         )
         # shutdown, not close: it wakes a read blocked in another thread
         with contextlib.suppress(Exception):
-            network = self.stream.response.extensions.get("network_stream")
+            network = stream.response.extensions.get("network_stream")
             sock = network.get_extra_info("socket") if network else None
             if sock is not None:
                 sock.shutdown(socket.SHUT_RDWR)
             else:
-                self.stream.close()
+                stream.close()
+
+    threading.Thread(target=run, daemon=True).start()
+    return watch
 
 
 def stream_reply(client, request, report, cancel, limits, seen):
@@ -911,12 +902,13 @@ def stream_reply(client, request, report, cancel, limits, seen):
     lasts = limits.request_timeout + request["max_tokens"] / MIN_TOKEN_RATE  # seconds it may take
     with messages.stream(**request) as stream:
         not_a_stream(stream)
-        watch = Watchdog(stream, limits.request_timeout, time.monotonic() + lasts)
-        complete = False
-        # characters streamed; the tool call being written; calls whose JSON came cut off
+        watch = watchdog(stream, limits.request_timeout, lasts)
+        # characters streamed; the tool call being written; calls whose JSON came cut off; what
+        # is wrong with the reply if the stream ends here
         streamed = 0
         call = None
         cut_off = {}
+        early = "the response stream ended before message_stop"
         try:
             for event in stream:
                 watch.last = time.monotonic()
@@ -947,7 +939,7 @@ def stream_reply(client, request, report, cancel, limits, seen):
                         cut_off[call["id"]] = arguments
                     call = None
                 elif event.type == "message_stop":
-                    complete = True
+                    early = None
                 elif event.type in ("message_start", "message_delta"):
                     # the usage the SDK's snapshot holds so far (none in a test's fake stream)
                     snapshot = getattr(stream, "current_message_snapshot", None)
@@ -958,10 +950,8 @@ def stream_reply(client, request, report, cancel, limits, seen):
                         f"the reply streamed over {most:,} characters, more than max_tokens "
                         f"{request['max_tokens']} can hold; the server does not stop"
                     )
-            if not complete and watch.fired:
-                raise StreamIncomplete(watch.fired)
-            if not complete:
-                raise StreamIncomplete("the response stream ended before message_stop")
+            if early:
+                raise StreamIncomplete(watch.fired or early)
             message = stream.get_final_message()
         except (Interrupted, StreamIncomplete):
             raise
@@ -1126,29 +1116,28 @@ class Reply:
 def request_turn(client, request, limits, report, cancel):
     """One turn: a reply cut inside a tool call is retried once with twice the max_tokens."""
     reply = request_with_retries(client, request, limits, report, cancel)
-    message = reply.message
-    cut_at = str(request["max_tokens"])
+    asked = request["max_tokens"]
+    cut_at = str(asked)
     model = base_model(request["model"])
-    bigger = min(2 * request["max_tokens"], MAX_OUTPUT.get(model, 128_000))
+    bigger = min(2 * asked, MAX_OUTPUT.get(model, 128_000))
     window = CONTEXT_WINDOW.get(model)
     prompt = prompt_tokens(reply.usages[0])
-    written = number(fields(message.get("usage")).get("output_tokens"))
+    written = number(fields(reply.message.get("usage")).get("output_tokens"))
     why_not = ""
     if window and prompt + bigger > window:
         why_not = (
             f"; not retried: its prompt of {prompt} tokens and {bigger} more would not fit "
             f"the context window of {window}"
         )
-    # a reply that stopped below max_tokens: the server's context was full
-    elif 0 < written < request["max_tokens"]:
+    elif 0 < written < asked:
         why_not = (
-            f"; not retried: it stopped at {written} output tokens, below max_tokens "
-            f"{request['max_tokens']}, so the server's context, not max_tokens, was full"
+            f"; not retried: it stopped at {written} output tokens, below max_tokens {asked}, "
+            "so the server's context, not max_tokens, was full"
         )
-    if is_cut_tool_call(message) and bigger > request["max_tokens"] and not why_not:
+    if is_cut_tool_call(reply.message) and bigger > asked and not why_not:
         report.line(
-            f"the reply was cut inside a tool call at max_tokens "
-            f"{request['max_tokens']}; retrying the turn with {bigger}"
+            f"the reply was cut inside a tool call at max_tokens {asked}; retrying the turn "
+            f"with {bigger}"
         )
         again = request_with_retries(
             client, dict(request, max_tokens=bigger), limits, report, cancel
@@ -1158,8 +1147,8 @@ def request_turn(client, request, limits, report, cancel):
         for name in ("usages", "attempts", "api_seconds", "retries"):
             setattr(again, name, getattr(reply, name) + getattr(again, name))
         reply = again
-        message = reply.message
         cut_at += f" and again at {bigger}"
+    message = reply.message
     if is_cut_tool_call(message):  # never keep or run a tool call whose input is incomplete
         message = dict(message, content=message["content"][:-1])
         reply.cut = (
@@ -1216,23 +1205,19 @@ def check_reply(message, cut_off=None):
     would not take back, empty text, a repeated tool_use id are dropped (a dropped call is never
     run; neither is one whose arguments were cut off, which stays, answered with an error)."""
     content = message.get("content")
-    notes = []
-    seen = set()
     if not isinstance(content, list):
         return [], [f"the reply's content was {type(content).__name__}, not a list"] * bool(content)
     kept = []
+    notes = []
     for block in content:
         problem = block_problem(block, "assistant")
         if problem:
             notes.append(f"{problem} was dropped, not run: {shorten(repr(block), 100)}")
-        elif block["type"] == "text" and not block["text"].strip():
-            continue
-        elif block["type"] == "tool_use" and block["id"] in seen:
+        elif block["type"] == "tool_use" and block["id"] in [b.get("id") for b in kept]:
             notes.append(
                 f"a tool_use with a repeated or missing id ({block['id']!r}) was dropped, not run"
             )
-        else:
-            seen.add(block.get("id"))
+        elif block["type"] != "text" or block["text"].strip():
             kept.append(block)
             if block["type"] == "tool_use" and block["id"] in (cut_off or {}):
                 notes.append(
@@ -1340,9 +1325,8 @@ def one_line(text, width):
 
 
 CONTEXT_ERROR = re.compile(
-    r"prompt is too long|context (window|length|size)|exceeds the "
-    r"(available )?context|maximum context",
-    re.I,
+    r"(?i)prompt is too long|context (window|length|size)|exceeds the (available )?context"
+    r"|maximum context"
 )
 
 
@@ -1510,8 +1494,7 @@ def clear_old_results(session, limits):
     """Once the last prompt reached the trigger, clear every tool result but the newest
     keep_results, if that frees clear_at_least tokens. The ids only ever grow; the history
     is never edited. Returns (how many, tokens freed) or None."""
-    turns = session["turns"]
-    prompt = turns[-1].get("prompt_tokens", 0) if turns else 0
+    prompt = (session["turns"] or [{}])[-1].get("prompt_tokens", 0)
     if not limits.clear_at or limits.context_edit != "client" or prompt < limits.clear_at:
         return None
     cleared = set(session.setdefault("cleared", []))
