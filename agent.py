@@ -746,7 +746,7 @@ STOPPING = threading.Event()  # set by on_stop_signal (with the signal: .signum)
 
 def stopped_by(exc):
     """The interrupted stop's detail: SIGHUP is named; Ctrl-C and SIGTERM are said as one."""
-    sighup = isinstance(exc, StopSignal) and exc.signum == signal.SIGHUP
+    sighup = isinstance(exc, StopSignal) and exc.args == (signal.SIGHUP,)
     return "stopped by SIGHUP" if sighup else "stopped by Ctrl-C or SIGTERM"
 
 
@@ -757,11 +757,7 @@ def unfinished(block, stopped, when):
 
 
 class StopSignal(KeyboardInterrupt):
-    """Ctrl-C, SIGTERM or SIGHUP, as a KeyboardInterrupt that says which (`signum`)."""
-
-    def __init__(self, signum=None):
-        super().__init__()
-        self.signum = signum
+    """Ctrl-C, SIGTERM or SIGHUP, as a KeyboardInterrupt whose argument says which."""
 
 
 class Interrupted(Exception):
@@ -953,8 +949,6 @@ def stream_reply(client, request, report, cancel, limits, seen):
             if early:
                 raise StreamIncomplete(watch.fired or early)
             message = stream.get_final_message()
-        except (Interrupted, StreamIncomplete):
-            raise
         # the SDK's own parsing, of a stream a server garbled
         except (AssertionError, AttributeError, KeyError, TypeError, ValueError) as e:
             raise StreamIncomplete(
@@ -1064,10 +1058,8 @@ def request_with_retries(client, request, limits, report, cancel):
             message, request_id, cut_off = stream_reply(
                 client, request, report, cancel, limits, seen
             )
-        except (Interrupted, KeyboardInterrupt):
-            raise
         except Exception as exc:
-            # a request that Ctrl-C cut (Connections) is not a failure
+            # a request that Ctrl-C cut (Connections) is not a failure, nor a cancelled run
             check_cancelled(cancel)
             reply.api_seconds += time.monotonic() - started
             if seen.get("usage"):
@@ -1333,13 +1325,12 @@ CONTEXT_ERROR = re.compile(
 # --- Usage and cost ---
 
 
-# USD per million tokens of input, output, cache writes (5-minute, 1-hour) and cache reads
+# USD per million tokens of input, output, cache writes (5-minute, 1-hour) and cache reads, as
+# billed on the Claude API (platform.claude.com/docs/en/about-claude/pricing, 2026-12-02).
+# Haiku 5.5 bills a request whose prompt (input + cache reads + cache writes) exceeds 100,000
+# tokens at its second band, output included. Each entry: ((prompt tokens up to, price), ...);
+# None means no upper bound.
 Price = namedtuple("Price", "input output write_5m write_1h read")
-
-# USD per million tokens, as billed on the Claude API (platform.claude.com/docs/en/about-claude/
-# pricing, 2026-12-02). Haiku 5.5 bills a request whose prompt (input + cache reads + cache
-# writes) exceeds 100,000 tokens at its second band, output included. Each entry: ((prompt
-# tokens up to, price), ...); None means no upper bound.
 OPUS_4 = ((None, Price(5.00, 25.00, 6.25, 10.00, 0.50)),)
 PRICING = {
     "claude-haiku-5-5": (
@@ -1461,16 +1452,15 @@ def count_tokens(client, model, question, system=SYSTEM_PROMPT):
 
     bare = counted()
     with_system = counted(system=system)
-    everything = counted(system=system, tools=TOOLS)
+    tools = counted(system=system, tools=TOOLS) - with_system
     added = TOOL_USE_PROMPT.get(base_model(model))  # from the pricing page, where it says
     rows = [("the question", bare), ("the system prompt", with_system - bare)]
-    tools = f"the {len(TOOLS)} tool definitions"
-    if added is not None and everything - with_system >= added:
-        rows.append((tools, everything - with_system - added))
-        rows.append(("the tool-use system prompt the API adds", added))
+    named = f"the {len(TOOLS)} tool definitions"
+    if added is not None and tools >= added:
+        rows += [(named, tools - added), ("the tool-use system prompt the API adds", added)]
     else:
-        rows.append((f"{tools}, with the API's tool-use system prompt", everything - with_system))
-    rows.append(("every request starts with", everything))
+        rows.append((f"{named}, with the API's tool-use system prompt", tools))
+    rows.append(("every request starts with", with_system + tools))
     width = max(len(label) for label, _ in rows)
     head = f"{model}, input tokens by the API's count_tokens, for {question!r}:"
     return "\n".join([head] + [f"  {label:<{width}}  {n:>7,}" for label, n in rows])
