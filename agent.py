@@ -891,8 +891,8 @@ def watchdog(stream, seconds, lasts):
 
 
 def stream_reply(client, request, report, cancel, limits, seen):
-    """Send one request, stream its text to the reporter; return (message, request id, {id:
-    arguments' JSON of each call cut off}). `seen` gets the usage reported so far."""
+    """Send one request, stream its text to the reporter; return the Reply's message, request_id
+    and cut_off ({id: arguments' JSON of each call cut off}). `seen` gets the usage so far."""
     messages = client.beta.messages if "betas" in request else client.messages
     most = request["max_tokens"] * TOKEN_CHARS  # characters the reply may stream
     lasts = limits.request_timeout + request["max_tokens"] / MIN_TOKEN_RATE  # seconds it may take
@@ -963,7 +963,8 @@ def stream_reply(client, request, report, cancel, limits, seen):
         finally:
             watch.done.set()
         request_id = getattr(stream, "request_id", None)
-    return (message.to_dict() if hasattr(message, "to_dict") else message), request_id, cut_off
+    message = message.to_dict() if hasattr(message, "to_dict") else message
+    return {"message": message, "request_id": request_id, "cut_off": cut_off}
 
 
 class NotAStream(Exception):
@@ -1055,9 +1056,7 @@ def request_with_retries(client, request, limits, report, cancel):
         started = time.monotonic()
         seen = {}
         try:
-            message, request_id, cut_off = stream_reply(
-                client, request, report, cancel, limits, seen
-            )
+            got = stream_reply(client, request, report, cancel, limits, seen)
         except Exception as exc:
             # a request that Ctrl-C cut (Connections) is not a failure, nor a cancelled run
             check_cancelled(cancel)
@@ -1078,11 +1077,9 @@ def request_with_retries(client, request, limits, report, cancel):
             if (cancel or threading.Event()).wait(delay):
                 check_cancelled(cancel)
         else:
-            reply.usages.append(message.get("usage") or {})
+            reply.usages.append(got["message"].get("usage") or {})
             reply.api_seconds += time.monotonic() - started
-            return replace(
-                reply, message=message, request_id=request_id, cut_off=cut_off, attempts=attempt
-            )
+            return replace(reply, attempts=attempt, **got)
 
 
 def is_cut_tool_call(message):
@@ -1131,9 +1128,8 @@ def request_turn(client, request, limits, report, cancel):
             f"the reply was cut inside a tool call at max_tokens {asked}; retrying the turn "
             f"with {bigger}"
         )
-        again = request_with_retries(
-            client, dict(request, max_tokens=bigger), limits, report, cancel
-        )
+        request = dict(request, max_tokens=bigger)
+        again = request_with_retries(client, request, limits, report, cancel)
         # the second reply, with what both requests took and were billed
         add_usage(again.failed, reply.failed)
         for name in ("usages", "attempts", "api_seconds", "retries"):
@@ -1277,7 +1273,6 @@ def asked_url(exc, path=True):
 
 def wrong_root(asked):
     """A base URL ending in /v1 or /v1/messages, which this SDK adds again: what to give."""
-    # the base URL: what the SDK added is after it
     given = (asked or "").rpartition("/v1/messages")[0]
     root = re.sub(r"/v1(/messages)?/?$", "", given)
     if root == given:
