@@ -1106,7 +1106,7 @@ def request_turn(client, request, limits, report, cancel):
     """One turn: a reply cut inside a tool call is retried once with twice the max_tokens."""
     reply = request_with_retries(client, request, limits, report, cancel)
     asked = request["max_tokens"]
-    cut_at = str(asked)
+    cut = f"the reply was cut inside a tool call at max_tokens {asked}"
     model = base_model(request["model"])
     bigger = min(2 * asked, MAX_OUTPUT.get(model, 128_000))
     window = CONTEXT_WINDOW.get(model)
@@ -1124,10 +1124,7 @@ def request_turn(client, request, limits, report, cancel):
             "so the server's context, not max_tokens, was full"
         )
     if is_cut_tool_call(reply.message) and bigger > asked and not why_not:
-        report.line(
-            f"the reply was cut inside a tool call at max_tokens {asked}; retrying the turn "
-            f"with {bigger}"
-        )
+        report.line(f"{cut}; retrying the turn with {bigger}")
         request = dict(request, max_tokens=bigger)
         again = request_with_retries(client, request, limits, report, cancel)
         # the second reply, with what both requests took and were billed
@@ -1135,14 +1132,11 @@ def request_turn(client, request, limits, report, cancel):
         for name in ("usages", "attempts", "api_seconds", "retries"):
             setattr(again, name, getattr(reply, name) + getattr(again, name))
         reply = again
-        cut_at += f" and again at {bigger}"
+        cut += f" and again at {bigger}"
     message = reply.message
     if is_cut_tool_call(message):  # never keep or run a tool call whose input is incomplete
         message = dict(message, content=message["content"][:-1])
-        reply.cut = (
-            f"the reply was cut inside a tool call at max_tokens {cut_at}{why_not}; the "
-            "incomplete call was not run"
-        )
+        reply.cut = f"{cut}{why_not}; the incomplete call was not run"
     if not isinstance(message.get("stop_reason"), (str, type(None))):  # kept, as a string
         message = dict(message, stop_reason=shorten(json.dumps(message["stop_reason"]), 80))
     reply.message = clean(message)  # a server's "\\ud800" is not text: kept as U+FFFD
@@ -1296,9 +1290,8 @@ def foreign_error(exc, status, body, asked):
     what = ("an HTML page" if is_page else "a body") if excerpt else "an empty body"
     line = f"{status}{reason} from {asked}: {what}, not the API's JSON error"
     line += f" ({excerpt})" if excerpt else ""
-    root = wrong_root(asked)
-    if root:
-        return f"{line}; {root}"
+    if wrong_root(asked):
+        return f"{line}; {wrong_root(asked)}"
     base = asked.split("/v1/messages")[0]
     if urllib.parse.urlsplit(base).hostname == "api.anthropic.com":
         return line
