@@ -817,6 +817,16 @@ class Connections:
 # --- API plumbing and retries ---
 
 MAX_COUNT = 1 << 53  # the largest count agent.py reads or writes: what JSON carries exactly
+# Tokens a second a reply averages at least, after its first event (16,000 tokens: 27 min).
+MIN_TOKEN_RATE = 10
+# Characters one token can stream at most (the longest are ~16): bounds a reply's size too.
+TOKEN_CHARS = 64
+PLAIN_HTTP = "the server answers in plain HTTP, not TLS"
+# the API's words for a prompt longer than the context window (stop_for)
+CONTEXT_ERROR = re.compile(
+    r"(?i)prompt is too long|context (window|length|size)|exceeds the (available )?context"
+    r"|maximum context"
+)
 
 
 def number(value):
@@ -850,12 +860,6 @@ def items(value):
 class StreamIncomplete(Exception):
     """The stream closed without message_stop, went quiet for --request-timeout seconds, or ran
     past its time: the reply cannot be trusted, retry the turn."""
-
-
-# Tokens a second a reply averages at least, after its first event (16,000 tokens: 27 min).
-MIN_TOKEN_RATE = 10
-# Characters one token can stream at most (the longest are ~16): bounds a reply's size too.
-TOKEN_CHARS = 64
 
 
 def watchdog(stream, seconds, lasts):
@@ -897,7 +901,8 @@ def stream_reply(client, request, report, cancel, limits, seen):
     most = request["max_tokens"] * TOKEN_CHARS  # characters the reply may stream
     lasts = limits.request_timeout + request["max_tokens"] / MIN_TOKEN_RATE  # seconds it may take
     with messages.stream(**request) as stream:
-        not_a_stream(stream)
+        if hasattr(stream, "response"):  # (a test's fake stream has none)
+            not_a_stream(stream.response)
         watch = watchdog(stream, limits.request_timeout, lasts)
         # characters streamed; the tool call being written; calls whose JSON came cut off; what
         # is wrong with the reply if the stream ends here
@@ -973,11 +978,8 @@ class NotAStream(Exception):
     status_code = 200
 
 
-def not_a_stream(stream):
+def not_a_stream(response):
     """Raise NotAStream when the response is not an event stream (its content-type says)."""
-    response = getattr(stream, "response", None)
-    if response is None:  # (a test's fake stream)
-        return
     kind = response.headers.get("content-type") or ""
     if kind.split(";")[0].strip().lower() != "text/event-stream":
         root = (server_url(str(response.url)) or "").split("/v1/messages")[0]  # no password
@@ -994,9 +996,6 @@ def transport_error(exc):
     names = {k.__name__ for e in (exc, exc.__cause__) if e is not None for k in type(e).__mro__}
     transport = {"APIConnectionError", "APITimeoutError", "TransportError", "ConnectionError"}
     return bool(names & (transport | {"StreamIncomplete"}))
-
-
-PLAIN_HTTP = "the server answers in plain HTTP, not TLS"
 
 
 def unreachable(exc):
@@ -1151,8 +1150,6 @@ BLOCK_FIELDS = {  # what a block of each kind must hold to be sent (a reply's, o
     "thinking": {"thinking": str, "signature": str},
     "redacted_thinking": {"data": str},
 }
-
-
 # the blocks of the API's own tools, which go back as they came
 SERVER_TOOL_BLOCKS = (
     "server_tool_use web_search_tool_result web_fetch_tool_result code_execution_tool_result "
@@ -1304,12 +1301,6 @@ def one_line(text, width):
     return shorten(" ".join(INVISIBLE.sub(" ", clean(text)).split()), width)
 
 
-CONTEXT_ERROR = re.compile(
-    r"(?i)prompt is too long|context (window|length|size)|exceeds the (available )?context"
-    r"|maximum context"
-)
-
-
 # --- Usage and cost ---
 
 
@@ -1350,6 +1341,9 @@ CONTEXT_WINDOW = {
     **dict.fromkeys(("claude-haiku-5-5", "claude-sonnet-5-5", "claude-opus-5-5"), 1_000_000),
     **dict.fromkeys(("claude-haiku-4-5", "claude-sonnet-4-5", "claude-opus-4-5"), 200_000),
 }
+# tokens the API adds with tools (pricing page, 2026-12-02)
+TOOL_USE_PROMPT = dict.fromkeys(("claude-haiku-5-5", "claude-sonnet-5-5", "claude-opus-5-5"), 286)
+EXAMPLE_QUESTION = "scores.csv 里平均分是多少？"  # the article's experiment 1 (--count-tokens)
 
 
 def base_model(model):
@@ -1413,15 +1407,10 @@ def failed_usage(session):
     """Set the transcript's `failed_usage` (left out when zero): what the server reported for
     failed attempts over every turn and the stop, kept apart from `usage`."""
     parts = [r.get("failed_usage") for r in session["turns"] + [session.get("stop") or {}]]
-    total = reduce(add_usage, [p for p in parts if isinstance(p, dict)], empty_usage())
+    total = reduce(add_usage, items(parts), empty_usage())
     if total["tokens"]:
         session["failed_usage"] = total
     return total
-
-
-EXAMPLE_QUESTION = "scores.csv 里平均分是多少？"  # the article's experiment 1
-# tokens the API adds with tools (pricing page, 2026-12-02)
-TOOL_USE_PROMPT = dict.fromkeys(("claude-haiku-5-5", "claude-sonnet-5-5", "claude-opus-5-5"), 286)
 
 
 def count_tokens(client, model, question, system=SYSTEM_PROMPT):
