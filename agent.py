@@ -1170,8 +1170,7 @@ def block_problem(block, role):
     if block["type"] not in ROLE_BLOCKS[role]:
         return f"a {shorten(block['type'], 40)!r} block, which the {role} side cannot send"
     for key, kind in BLOCK_FIELDS.get(block["type"], {}).items():
-        value = block.get(key)
-        if not (is_str(value) if kind is WORD else isinstance(value, kind)):
+        if not (is_str(block.get(key)) if kind is WORD else isinstance(block.get(key), kind)):
             what = kind if kind is WORD else "a string" if kind is str else "an object"
             return f"a {block['type']} block whose {key} is not {what}"
     if not json_safe(block):
@@ -1212,15 +1211,13 @@ def reply_facts(reply):
     the cache missed and what the API cleared, where it said so."""
     message = reply.message
     miss = fields(message.get("diagnostics")).get("cache_miss_reason")
-    facts = {
+    edits = fields(message.get("context_management")).get("applied_edits")
+    return {
         "message_id": message.get("id") if isinstance(message.get("id"), str) else None,
         "prompt_tokens": prompt_tokens(billed(reply.usages[-1])[-1]),
         "cache_miss": miss if json_safe(miss) else None,
+        **({"context_edits": edits} if isinstance(edits, list) and json_safe(edits) else {}),
     }
-    edits = fields(message.get("context_management")).get("applied_edits")
-    if isinstance(edits, list) and json_safe(edits):
-        facts["context_edits"] = edits
-    return facts
 
 
 def api_message(exc):
