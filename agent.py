@@ -827,6 +827,25 @@ CONTEXT_ERROR = re.compile(
     r"(?i)prompt is too long|context (window|length|size)|exceeds the (available )?context"
     r"|maximum context"
 )
+WORD = "a non-empty string"  # what an id or a name must be
+BLOCK_FIELDS = {  # what a block of each kind must hold to be sent (a reply's, or a resumed one)
+    "text": {"text": str},
+    "tool_use": {"id": WORD, "name": WORD, "input": dict},
+    "tool_result": {"tool_use_id": WORD},
+    "thinking": {"thinking": str, "signature": str},
+    "redacted_thinking": {"data": str},
+}
+# the blocks of the API's own tools, which go back as they came
+SERVER_TOOL_BLOCKS = (
+    "server_tool_use web_search_tool_result web_fetch_tool_result code_execution_tool_result "
+    "bash_code_execution_tool_result text_editor_code_execution_tool_result "
+    "tool_search_tool_result mcp_tool_use mcp_tool_result container_upload"
+).split()
+# the kinds of block each side may send
+ROLE_BLOCKS = {
+    "user": {"text", "tool_result"},
+    "assistant": {"text", "thinking", "redacted_thinking", "tool_use", *SERVER_TOOL_BLOCKS},
+}
 
 
 def number(value):
@@ -1140,27 +1159,6 @@ def request_turn(client, request, limits, report, cancel):
         message = dict(message, stop_reason=shorten(json.dumps(message["stop_reason"]), 80))
     reply.message = clean(message)  # a server's "\\ud800" is not text: kept as U+FFFD
     return reply
-
-
-WORD = "a non-empty string"  # what an id or a name must be
-BLOCK_FIELDS = {  # what a block of each kind must hold to be sent (a reply's, or a resumed one)
-    "text": {"text": str},
-    "tool_use": {"id": WORD, "name": WORD, "input": dict},
-    "tool_result": {"tool_use_id": WORD},
-    "thinking": {"thinking": str, "signature": str},
-    "redacted_thinking": {"data": str},
-}
-# the blocks of the API's own tools, which go back as they came
-SERVER_TOOL_BLOCKS = (
-    "server_tool_use web_search_tool_result web_fetch_tool_result code_execution_tool_result "
-    "bash_code_execution_tool_result text_editor_code_execution_tool_result "
-    "tool_search_tool_result mcp_tool_use mcp_tool_result container_upload"
-).split()
-# the kinds of block each side may send
-ROLE_BLOCKS = {
-    "user": {"text", "tool_result"},
-    "assistant": {"text", "thinking", "redacted_thinking", "tool_use", *SERVER_TOOL_BLOCKS},
-}
 
 
 def block_problem(block, role):
