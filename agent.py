@@ -877,14 +877,12 @@ def items(value):
 
 
 class StreamIncomplete(Exception):
-    """The stream closed without message_stop, went quiet for --request-timeout seconds, or ran
-    past its time: the reply cannot be trusted, retry the turn."""
+    """A stream that stopped before message_stop, stalled, or ran past its time or size: retried."""
 
 
 def watchdog(stream, seconds, lasts):
-    """Shut a stream's socket once no event has come for `seconds`, or `lasts` seconds after it
-    began: a server that sends only pings, nothing, or never stops cannot hold a turn forever.
-    The caller sets `last` at every event, `done` at the end; `fired` says why it shut it."""
+    """Shut the stream's socket after `seconds` without an event, or `lasts` in all: no server can
+    hold a turn forever. The caller sets `last` at each event, `done` at the end; `fired`: why."""
     watch = SimpleNamespace(last=time.monotonic(), done=threading.Event(), fired=None)
     deadline = watch.last + lasts
 
