@@ -1409,8 +1409,8 @@ def failed_usage(session):
 def count_tokens(client, model, question, system=SYSTEM_PROMPT):
     """What one request's fixed part costs in input tokens, by the API's count_tokens."""
     asked = [{"role": "user", "content": [{"type": "text", "text": question}]}]
-
-    def counted(**parts):
+    counts = []
+    for parts in ({}, {"system": system}, {"system": system, "tools": TOOLS}):
         answer = client.messages.count_tokens(model=model, messages=asked, **parts)
         value = getattr(answer, "input_tokens", None)
         if number(value) != value:
@@ -1418,11 +1418,9 @@ def count_tokens(client, model, question, system=SYSTEM_PROMPT):
                 f"the server's count_tokens reply held no token count "
                 f"(input_tokens: {shorten(repr(value), 40)})"
             )
-        return value
-
-    bare = counted()
-    with_system = counted(system=system)
-    tools = counted(system=system, tools=TOOLS) - with_system
+        counts.append(value)
+    bare, with_system, everything = counts
+    tools = everything - with_system
     added = TOOL_USE_PROMPT.get(base_model(model))  # from the pricing page, where it says
     rows = [("the question", bare), ("the system prompt", with_system - bare)]
     named = f"the {len(TOOLS)} tool definitions"
