@@ -747,7 +747,7 @@ STOPPING = threading.Event()  # set by on_stop_signal (with the signal: .signum)
 
 def stopped_by(exc):
     """The interrupted stop's detail: SIGHUP is named; Ctrl-C and SIGTERM are said as one."""
-    sighup = isinstance(exc, StopSignal) and exc.signum == signal.SIGHUP
+    sighup = isinstance(exc, StopSignal) and exc.args == (signal.SIGHUP,)
     return "stopped by SIGHUP" if sighup else "stopped by Ctrl-C or SIGTERM"
 
 
@@ -758,11 +758,7 @@ def unfinished(block, stopped, when):
 
 
 class StopSignal(KeyboardInterrupt):
-    """Ctrl-C, SIGTERM or SIGHUP, as a KeyboardInterrupt that says which (`signum`)."""
-
-    def __init__(self, signum=None):
-        super().__init__()
-        self.signum = signum
+    """Ctrl-C, SIGTERM or SIGHUP, as a KeyboardInterrupt whose argument says which."""
 
 
 class Interrupted(Exception):
@@ -805,27 +801,52 @@ class Connections:
             with Connections.lock:
                 Connections.opened.add(stream)
             if Connections.cut:
-                Connections.shut(stream)
+                Connections.cut_all()
 
     @staticmethod
     def cut_all():
         with Connections.lock:
             Connections.cut = True
             streams = list(Connections.opened)
-        for stream in streams:
-            Connections.shut(stream)
-
-    @staticmethod
-    def shut(stream):
         # shutdown, not close: it wakes a read blocked in another thread (a socket closed
         # already, or the raw socket of a TLS one, is let be)
-        with contextlib.suppress(Exception):
-            stream.get_extra_info("socket").shutdown(socket.SHUT_RDWR)
+        for stream in streams:
+            with contextlib.suppress(Exception):
+                stream.get_extra_info("socket").shutdown(socket.SHUT_RDWR)
 
 
 # --- API plumbing and retries ---
 
 MAX_COUNT = 1 << 53  # the largest count agent.py reads or writes: what JSON carries exactly
+# Tokens a second a reply averages at least, after its first event (16,000 tokens: 27 min).
+MIN_TOKEN_RATE = 10
+# Characters one token can stream at most (the longest are ~16): bounds a reply's size too.
+TOKEN_CHARS = 64
+PLAIN_HTTP = "the server answers in plain HTTP, not TLS"
+# the API's words for a prompt longer than the context window (stop_for)
+CONTEXT_ERROR = re.compile(
+    r"(?i)prompt is too long|context (window|length|size)|exceeds the (available )?context"
+    r"|maximum context"
+)
+WORD = "a non-empty string"  # what an id or a name must be
+BLOCK_FIELDS = {  # what a block of each kind must hold to be sent (a reply's, or a resumed one)
+    "text": {"text": str},
+    "tool_use": {"id": WORD, "name": WORD, "input": dict},
+    "tool_result": {"tool_use_id": WORD},
+    "thinking": {"thinking": str, "signature": str},
+    "redacted_thinking": {"data": str},
+}
+# the blocks of the API's own tools, which go back as they came
+SERVER_TOOL_BLOCKS = (
+    "server_tool_use web_search_tool_result web_fetch_tool_result code_execution_tool_result "
+    "bash_code_execution_tool_result text_editor_code_execution_tool_result "
+    "tool_search_tool_result mcp_tool_use mcp_tool_result container_upload"
+).split()
+# the kinds of block each side may send
+ROLE_BLOCKS = {
+    "user": {"text", "tool_result"},
+    "assistant": {"text", "thinking", "redacted_thinking", "tool_use", *SERVER_TOOL_BLOCKS},
+}
 
 
 def number(value):
@@ -857,67 +878,56 @@ def items(value):
 
 
 class StreamIncomplete(Exception):
-    """The stream closed without message_stop, went quiet for --request-timeout seconds, or ran
-    past its time: the reply cannot be trusted, retry the turn."""
+    """A stream that stopped before message_stop, stalled, or ran past its time or size: retried."""
 
 
-# Tokens a second a reply averages at least, after its first event (16,000 tokens: 27 min).
-MIN_TOKEN_RATE = 10
-# Characters one token can stream at most (the longest are ~16): bounds a reply's size too.
-TOKEN_CHARS = 64
+def watchdog(stream, seconds, lasts):
+    """Shut the stream's socket after `seconds` without an event, or `lasts` in all: no server can
+    hold a turn forever. The caller sets `last` at each event, `done` at the end; `fired`: why."""
+    watch = SimpleNamespace(last=time.monotonic(), done=threading.Event(), fired=None)
+    deadline = watch.last + lasts
 
-
-class Watchdog(threading.Thread):
-    """Shuts a stream's socket once no event has come for `seconds`, or at `deadline`: a server
-    that sends only pings, nothing, or never stops cannot hold a turn forever. `last` is set at
-    every event, `done` at the end; `fired` says why it shut the stream, once it has."""
-
-    def __init__(self, stream, seconds, deadline):
-        super().__init__(daemon=True)
-        self.stream = stream
-        self.seconds = seconds
-        self.deadline = deadline
-        self.fired = None
-        self.started = self.last = time.monotonic()
-        self.done = threading.Event()
-        self.start()
-
-    def run(self):
+    def run():
         moment = time.monotonic()
-        while moment - self.last <= self.seconds and moment <= self.deadline:
-            if self.done.wait(0.2):
+        while moment - watch.last <= seconds and moment <= deadline:
+            if watch.done.wait(0.2):
                 return
             moment = time.monotonic()
-        self.fired = (
-            f"the reply went on past {self.deadline - self.started:.0f} s, the most "
-            f"its max_tokens may take at {MIN_TOKEN_RATE} tokens a second"
-            if moment > self.deadline
-            else f"no event for {self.seconds:g} s; the server may be stuck"
+        watch.fired = (
+            f"the reply went on past {lasts:.0f} s, the most its max_tokens may take at "
+            f"{MIN_TOKEN_RATE} tokens a second"
+            if moment > deadline
+            else f"no event for {seconds:g} s; the server may be stuck"
         )
         # shutdown, not close: it wakes a read blocked in another thread
         with contextlib.suppress(Exception):
-            network = self.stream.response.extensions.get("network_stream")
+            network = stream.response.extensions.get("network_stream")
             sock = network.get_extra_info("socket") if network else None
             if sock is not None:
                 sock.shutdown(socket.SHUT_RDWR)
             else:
-                self.stream.close()
+                stream.close()
+
+    threading.Thread(target=run, daemon=True).start()
+    return watch
 
 
 def stream_reply(client, request, report, cancel, limits, seen):
-    """Send one request, stream its text to the reporter; return (message, request id, {id:
-    arguments' JSON of each call cut off}). `seen` gets the usage reported so far."""
+    """Send one request, stream its text to the reporter; return the Reply's message, request_id
+    and cut_off ({id: arguments' JSON of each call cut off}). `seen` gets the usage so far."""
     messages = client.beta.messages if "betas" in request else client.messages
     most = request["max_tokens"] * TOKEN_CHARS  # characters the reply may stream
     lasts = limits.request_timeout + request["max_tokens"] / MIN_TOKEN_RATE  # seconds it may take
     with messages.stream(**request) as stream:
-        not_a_stream(stream)
-        watch = Watchdog(stream, limits.request_timeout, time.monotonic() + lasts)
-        complete = False
-        # characters streamed; the tool call being written; calls whose JSON came cut off
+        if hasattr(stream, "response"):  # (a test's fake stream has none)
+            not_a_stream(stream.response)
+        watch = watchdog(stream, limits.request_timeout, lasts)
+        # characters streamed; the tool call being written; calls whose JSON came cut off; what
+        # is wrong with the reply if the stream ends here
         streamed = 0
         call = None
         cut_off = {}
+        early = "the response stream ended before message_stop"
         try:
             for event in stream:
                 watch.last = time.monotonic()
@@ -948,7 +958,7 @@ def stream_reply(client, request, report, cancel, limits, seen):
                         cut_off[call["id"]] = arguments
                     call = None
                 elif event.type == "message_stop":
-                    complete = True
+                    early = None
                 elif event.type in ("message_start", "message_delta"):
                     # the usage the SDK's snapshot holds so far (none in a test's fake stream)
                     snapshot = getattr(stream, "current_message_snapshot", None)
@@ -959,13 +969,9 @@ def stream_reply(client, request, report, cancel, limits, seen):
                         f"the reply streamed over {most:,} characters, more than max_tokens "
                         f"{request['max_tokens']} can hold; the server does not stop"
                     )
-            if not complete and watch.fired:
-                raise StreamIncomplete(watch.fired)
-            if not complete:
-                raise StreamIncomplete("the response stream ended before message_stop")
+            if early:
+                raise StreamIncomplete(watch.fired or early)
             message = stream.get_final_message()
-        except (Interrupted, StreamIncomplete):
-            raise
         # the SDK's own parsing, of a stream a server garbled
         except (AssertionError, AttributeError, KeyError, TypeError, ValueError) as e:
             raise StreamIncomplete(
@@ -980,7 +986,8 @@ def stream_reply(client, request, report, cancel, limits, seen):
         finally:
             watch.done.set()
         request_id = getattr(stream, "request_id", None)
-    return (message.to_dict() if hasattr(message, "to_dict") else message), request_id, cut_off
+    message = message.to_dict() if hasattr(message, "to_dict") else message
+    return {"message": message, "request_id": request_id, "cut_off": cut_off}
 
 
 class NotAStream(Exception):
@@ -989,11 +996,8 @@ class NotAStream(Exception):
     status_code = 200
 
 
-def not_a_stream(stream):
+def not_a_stream(response):
     """Raise NotAStream when the response is not an event stream (its content-type says)."""
-    response = getattr(stream, "response", None)
-    if response is None:  # (a test's fake stream)
-        return
     kind = response.headers.get("content-type") or ""
     if kind.split(";")[0].strip().lower() != "text/event-stream":
         root = (server_url(str(response.url)) or "").split("/v1/messages")[0]  # no password
@@ -1010,9 +1014,6 @@ def transport_error(exc):
     names = {k.__name__ for e in (exc, exc.__cause__) if e is not None for k in type(e).__mro__}
     transport = {"APIConnectionError", "APITimeoutError", "TransportError", "ConnectionError"}
     return bool(names & (transport | {"StreamIncomplete"}))
-
-
-PLAIN_HTTP = "the server answers in plain HTTP, not TLS"
 
 
 def unreachable(exc):
@@ -1072,13 +1073,9 @@ def request_with_retries(client, request, limits, report, cancel):
         started = time.monotonic()
         seen = {}
         try:
-            message, request_id, cut_off = stream_reply(
-                client, request, report, cancel, limits, seen
-            )
-        except (Interrupted, KeyboardInterrupt):
-            raise
+            got = stream_reply(client, request, report, cancel, limits, seen)
         except Exception as exc:
-            # a request that Ctrl-C cut (Connections) is not a failure
+            # a request that Ctrl-C cut (Connections) is not a failure, nor a cancelled run
             check_cancelled(cancel)
             reply.api_seconds += time.monotonic() - started
             if seen.get("usage"):
@@ -1097,11 +1094,9 @@ def request_with_retries(client, request, limits, report, cancel):
             if (cancel or threading.Event()).wait(delay):
                 check_cancelled(cancel)
         else:
-            reply.usages.append(message.get("usage") or {})
+            reply.usages.append(got["message"].get("usage") or {})
             reply.api_seconds += time.monotonic() - started
-            return replace(
-                reply, message=message, request_id=request_id, cut_off=cut_off, attempts=attempt
-            )
+            return replace(reply, attempts=attempt, **got)
 
 
 def is_cut_tool_call(message):
@@ -1127,73 +1122,42 @@ class Reply:
 def request_turn(client, request, limits, report, cancel):
     """One turn: a reply cut inside a tool call is retried once with twice the max_tokens."""
     reply = request_with_retries(client, request, limits, report, cancel)
-    message = reply.message
-    cut_at = str(request["max_tokens"])
+    asked = request["max_tokens"]
+    cut = f"the reply was cut inside a tool call at max_tokens {asked}"
     model = base_model(request["model"])
-    bigger = min(2 * request["max_tokens"], MAX_OUTPUT.get(model, 128_000))
+    bigger = min(2 * asked, MAX_OUTPUT.get(model, 128_000))
     window = CONTEXT_WINDOW.get(model)
     prompt = prompt_tokens(reply.usages[0])
-    written = number(fields(message.get("usage")).get("output_tokens"))
+    written = number(fields(reply.message.get("usage")).get("output_tokens"))
     why_not = ""
     if window and prompt + bigger > window:
         why_not = (
             f"; not retried: its prompt of {prompt} tokens and {bigger} more would not fit "
             f"the context window of {window}"
         )
-    # a reply that stopped below max_tokens: the server's context was full
-    elif 0 < written < request["max_tokens"]:
+    elif 0 < written < asked:
         why_not = (
-            f"; not retried: it stopped at {written} output tokens, below max_tokens "
-            f"{request['max_tokens']}, so the server's context, not max_tokens, was full"
+            f"; not retried: it stopped at {written} output tokens, below max_tokens {asked}, "
+            "so the server's context, not max_tokens, was full"
         )
-    if is_cut_tool_call(message) and bigger > request["max_tokens"] and not why_not:
-        report.line(
-            f"the reply was cut inside a tool call at max_tokens "
-            f"{request['max_tokens']}; retrying the turn with {bigger}"
-        )
-        again = request_with_retries(
-            client, dict(request, max_tokens=bigger), limits, report, cancel
-        )
+    if is_cut_tool_call(reply.message) and bigger > asked and not why_not:
+        report.line(f"{cut}; retrying the turn with {bigger}")
+        request = dict(request, max_tokens=bigger)
+        again = request_with_retries(client, request, limits, report, cancel)
         # the second reply, with what both requests took and were billed
         add_usage(again.failed, reply.failed)
         for name in ("usages", "attempts", "api_seconds", "retries"):
             setattr(again, name, getattr(reply, name) + getattr(again, name))
         reply = again
-        message = reply.message
-        cut_at += f" and again at {bigger}"
+        cut += f" and again at {bigger}"
+    message = reply.message
     if is_cut_tool_call(message):  # never keep or run a tool call whose input is incomplete
         message = dict(message, content=message["content"][:-1])
-        reply.cut = (
-            f"the reply was cut inside a tool call at max_tokens {cut_at}{why_not}; the "
-            "incomplete call was not run"
-        )
+        reply.cut = f"{cut}{why_not}; the incomplete call was not run"
     if not isinstance(message.get("stop_reason"), (str, type(None))):  # kept, as a string
         message = dict(message, stop_reason=shorten(json.dumps(message["stop_reason"]), 80))
     reply.message = clean(message)  # a server's "\\ud800" is not text: kept as U+FFFD
     return reply
-
-
-WORD = "a non-empty string"  # what an id or a name must be
-BLOCK_FIELDS = {  # what a block of each kind must hold to be sent (a reply's, or a resumed one)
-    "text": {"text": str},
-    "tool_use": {"id": WORD, "name": WORD, "input": dict},
-    "tool_result": {"tool_use_id": WORD},
-    "thinking": {"thinking": str, "signature": str},
-    "redacted_thinking": {"data": str},
-}
-
-
-# the blocks of the API's own tools, which go back as they came
-SERVER_TOOL_BLOCKS = (
-    "server_tool_use web_search_tool_result web_fetch_tool_result code_execution_tool_result "
-    "bash_code_execution_tool_result text_editor_code_execution_tool_result "
-    "tool_search_tool_result mcp_tool_use mcp_tool_result container_upload"
-).split()
-# the kinds of block each side may send
-ROLE_BLOCKS = {
-    "user": {"text", "tool_result"},
-    "assistant": {"text", "thinking", "redacted_thinking", "tool_use", *SERVER_TOOL_BLOCKS},
-}
 
 
 def block_problem(block, role):
@@ -1203,8 +1167,7 @@ def block_problem(block, role):
     if block["type"] not in ROLE_BLOCKS[role]:
         return f"a {shorten(block['type'], 40)!r} block, which the {role} side cannot send"
     for key, kind in BLOCK_FIELDS.get(block["type"], {}).items():
-        value = block.get(key)
-        if not (is_str(value) if kind is WORD else isinstance(value, kind)):
+        if not (is_str(block.get(key)) if kind is WORD else isinstance(block.get(key), kind)):
             what = kind if kind is WORD else "a string" if kind is str else "an object"
             return f"a {block['type']} block whose {key} is not {what}"
     if not json_safe(block):
@@ -1217,23 +1180,19 @@ def check_reply(message, cut_off=None):
     would not take back, empty text, a repeated tool_use id are dropped (a dropped call is never
     run; neither is one whose arguments were cut off, which stays, answered with an error)."""
     content = message.get("content")
-    notes = []
-    seen = set()
     if not isinstance(content, list):
         return [], [f"the reply's content was {type(content).__name__}, not a list"] * bool(content)
     kept = []
+    notes = []
     for block in content:
         problem = block_problem(block, "assistant")
         if problem:
             notes.append(f"{problem} was dropped, not run: {shorten(repr(block), 100)}")
-        elif block["type"] == "text" and not block["text"].strip():
-            continue
-        elif block["type"] == "tool_use" and block["id"] in seen:
+        elif block["type"] == "tool_use" and block["id"] in [b.get("id") for b in kept]:
             notes.append(
                 f"a tool_use with a repeated or missing id ({block['id']!r}) was dropped, not run"
             )
-        else:
-            seen.add(block.get("id"))
+        elif block["type"] != "text" or block["text"].strip():
             kept.append(block)
             if block["type"] == "tool_use" and block["id"] in (cut_off or {}):
                 notes.append(
@@ -1249,15 +1208,13 @@ def reply_facts(reply):
     the cache missed and what the API cleared, where it said so."""
     message = reply.message
     miss = fields(message.get("diagnostics")).get("cache_miss_reason")
-    facts = {
+    edits = fields(message.get("context_management")).get("applied_edits")
+    return {
         "message_id": message.get("id") if isinstance(message.get("id"), str) else None,
         "prompt_tokens": prompt_tokens(billed(reply.usages[-1])[-1]),
         "cache_miss": miss if json_safe(miss) else None,
+        **({"context_edits": edits} if isinstance(edits, list) and json_safe(edits) else {}),
     }
-    edits = fields(message.get("context_management")).get("applied_edits")
-    if isinstance(edits, list) and json_safe(edits):
-        facts["context_edits"] = edits
-    return facts
 
 
 def api_message(exc):
@@ -1301,7 +1258,6 @@ def asked_url(exc, path=True):
 
 def wrong_root(asked):
     """A base URL ending in /v1 or /v1/messages, which this SDK adds again: what to give."""
-    # the base URL: what the SDK added is after it
     given = (asked or "").rpartition("/v1/messages")[0]
     root = re.sub(r"/v1(/messages)?/?$", "", given)
     if root == given:
@@ -1325,9 +1281,8 @@ def foreign_error(exc, status, body, asked):
     what = ("an HTML page" if is_page else "a body") if excerpt else "an empty body"
     line = f"{status}{reason} from {asked}: {what}, not the API's JSON error"
     line += f" ({excerpt})" if excerpt else ""
-    root = wrong_root(asked)
-    if root:
-        return f"{line}; {root}"
+    if wrong_root(asked):
+        return f"{line}; {wrong_root(asked)}"
     base = asked.split("/v1/messages")[0]
     if urllib.parse.urlsplit(base).hostname == "api.anthropic.com":
         return line
@@ -1340,23 +1295,15 @@ def one_line(text, width):
     return shorten(" ".join(INVISIBLE.sub(" ", clean(text)).split()), width)
 
 
-CONTEXT_ERROR = re.compile(
-    r"prompt is too long|context (window|length|size)|exceeds the "
-    r"(available )?context|maximum context",
-    re.I,
-)
-
-
 # --- Usage and cost ---
 
 
-# USD per million tokens of input, output, cache writes (5-minute, 1-hour) and cache reads
+# USD per million tokens of input, output, cache writes (5-minute, 1-hour) and cache reads, as
+# billed on the Claude API (platform.claude.com/docs/en/about-claude/pricing, 2026-12-02).
+# Haiku 5.5 bills a request whose prompt (input + cache reads + cache writes) exceeds 100,000
+# tokens at its second band, output included. Each entry: ((prompt tokens up to, price), ...);
+# None means no upper bound.
 Price = namedtuple("Price", "input output write_5m write_1h read")
-
-# USD per million tokens, as billed on the Claude API (platform.claude.com/docs/en/about-claude/
-# pricing, 2026-12-02). Haiku 5.5 bills a request whose prompt (input + cache reads + cache
-# writes) exceeds 100,000 tokens at its second band, output included. Each entry: ((prompt
-# tokens up to, price), ...); None means no upper bound.
 OPUS_4 = ((None, Price(5.00, 25.00, 6.25, 10.00, 0.50)),)
 PRICING = {
     "claude-haiku-5-5": (
@@ -1388,6 +1335,9 @@ CONTEXT_WINDOW = {
     **dict.fromkeys(("claude-haiku-5-5", "claude-sonnet-5-5", "claude-opus-5-5"), 1_000_000),
     **dict.fromkeys(("claude-haiku-4-5", "claude-sonnet-4-5", "claude-opus-4-5"), 200_000),
 }
+# tokens the API adds with tools (pricing page, 2026-12-02)
+TOOL_USE_PROMPT = dict.fromkeys(("claude-haiku-5-5", "claude-sonnet-5-5", "claude-opus-5-5"), 286)
+EXAMPLE_QUESTION = "scores.csv 里平均分是多少？"  # the article's experiment 1 (--count-tokens)
 
 
 def base_model(model):
@@ -1451,22 +1401,17 @@ def failed_usage(session):
     """Set the transcript's `failed_usage` (left out when zero): what the server reported for
     failed attempts over every turn and the stop, kept apart from `usage`."""
     parts = [r.get("failed_usage") for r in session["turns"] + [session.get("stop") or {}]]
-    total = reduce(add_usage, [p for p in parts if isinstance(p, dict)], empty_usage())
+    total = reduce(add_usage, items(parts), empty_usage())
     if total["tokens"]:
         session["failed_usage"] = total
     return total
 
 
-EXAMPLE_QUESTION = "scores.csv 里平均分是多少？"  # the article's experiment 1
-# tokens the API adds with tools (pricing page, 2026-12-02)
-TOOL_USE_PROMPT = dict.fromkeys(("claude-haiku-5-5", "claude-sonnet-5-5", "claude-opus-5-5"), 286)
-
-
 def count_tokens(client, model, question, system=SYSTEM_PROMPT):
     """What one request's fixed part costs in input tokens, by the API's count_tokens."""
     asked = [{"role": "user", "content": [{"type": "text", "text": question}]}]
-
-    def counted(**parts):
+    counts = []
+    for parts in ({}, {"system": system}, {"system": system, "tools": TOOLS}):
         answer = client.messages.count_tokens(model=model, messages=asked, **parts)
         value = getattr(answer, "input_tokens", None)
         if number(value) != value:
@@ -1474,20 +1419,17 @@ def count_tokens(client, model, question, system=SYSTEM_PROMPT):
                 f"the server's count_tokens reply held no token count "
                 f"(input_tokens: {shorten(repr(value), 40)})"
             )
-        return value
-
-    bare = counted()
-    with_system = counted(system=system)
-    everything = counted(system=system, tools=TOOLS)
+        counts.append(value)
+    bare, with_system, everything = counts
+    tools = everything - with_system
     added = TOOL_USE_PROMPT.get(base_model(model))  # from the pricing page, where it says
     rows = [("the question", bare), ("the system prompt", with_system - bare)]
-    tools = f"the {len(TOOLS)} tool definitions"
-    if added is not None and everything - with_system >= added:
-        rows.append((tools, everything - with_system - added))
-        rows.append(("the tool-use system prompt the API adds", added))
+    named = f"the {len(TOOLS)} tool definitions"
+    if added is not None and tools >= added:
+        rows += [(named, tools - added), ("the tool-use system prompt the API adds", added)]
     else:
-        rows.append((f"{tools}, with the API's tool-use system prompt", everything - with_system))
-    rows.append(("every request starts with", everything))
+        rows.append((f"{named}, with the API's tool-use system prompt", tools))
+    rows.append(("every request starts with", with_system + tools))
     width = max(len(label) for label, _ in rows)
     head = f"{model}, input tokens by the API's count_tokens, for {question!r}:"
     return "\n".join([head] + [f"  {label:<{width}}  {n:>7,}" for label, n in rows])
@@ -1511,8 +1453,7 @@ def clear_old_results(session, limits):
     """Once the last prompt reached the trigger, clear every tool result but the newest
     keep_results, if that frees clear_at_least tokens. The ids only ever grow; the history
     is never edited. Returns (how many, tokens freed) or None."""
-    turns = session["turns"]
-    prompt = turns[-1].get("prompt_tokens", 0) if turns else 0
+    prompt = (session["turns"] or [{}])[-1].get("prompt_tokens", 0)
     if not limits.clear_at or limits.context_edit != "client" or prompt < limits.clear_at:
         return None
     cleared = set(session.setdefault("cleared", []))
