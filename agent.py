@@ -45,7 +45,7 @@ import difflib
 import errno
 import gc
 import html
-import http.client
+import http
 import importlib.util
 import io
 import json
@@ -1270,7 +1270,8 @@ def foreign_error(exc, status, body, asked):
     """One line for a status whose body is not the API's JSON error (a web server, a proxy's
     page, nothing): the status, the URL asked, a clean excerpt of the body."""
     # the standard phrase, not the server's own: that could say anything
-    reason = f" {http.client.responses[status]}" if status in http.client.responses else ""
+    known = status in {code.value for code in http.HTTPStatus}
+    reason = f" {http.HTTPStatus(status).phrase}" if known else ""
     headers = getattr(getattr(exc, "response", None), "headers", None) or {}
     raw = body if isinstance(body, str) else "" if body is None else json.dumps(body)
     is_page = "html" in str(headers.get("content-type", "")).lower() or raw.lstrip()[:1] == "<"
