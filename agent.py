@@ -1365,7 +1365,11 @@ def cost_usd(model, usage):
         write_1h = number((part.get("cache_creation") or {}).get("ephemeral_1h_input_tokens"))
         # without the split, every write is a 5-minute write
         counts = (fresh, out, written - write_1h, write_1h, read)
-        total += sum(n * p for n, p in zip(counts, price, strict=True))
+        # added one by one: sum() of floats rounds otherwise on Python 3.12 and later
+        cost = 0.0
+        for n, p in zip(counts, price, strict=True):
+            cost += n * p
+        total += cost
     return total / 1_000_000
 
 
@@ -4010,8 +4014,11 @@ class Counted(logging.Handler):
         self.stopped = False
 
     def export(self, spans):
+        # a copy loses the spans' counts of dropped attributes: made only to redact or to cut
+        if SECRETS or any(self.lengths):
+            spans = [redacted_span(s, *self.lengths) for s in spans]
         try:
-            result = self.inner.export([redacted_span(s, *self.lengths) for s in spans])
+            result = self.inner.export(spans)
         except Exception as e:
             result, self.why = None, f"{type(e).__name__}: {e}"
         if getattr(result, "name", "") == "SUCCESS":
@@ -5590,10 +5597,14 @@ def remove_tree(root):
                     # of the name itself (O_PATH) once it is seen to be a directory: a symlink or
                     # a hard link to a file swapped in since the listing cannot take the chmod
                     node = os.open(entry.name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-                    with contextlib.suppress(OSError):
-                        if stat.S_ISDIR(os.fstat(node).st_mode):
+                    try:
+                        if not stat.S_ISDIR(os.fstat(node).st_mode):
+                            os.unlink(entry.name, dir_fd=fd)
+                            continue
+                        with contextlib.suppress(OSError):
                             os.chmod(f"/proc/self/fd/{node}", 0o700)
-                    os.close(node)
+                    finally:
+                        os.close(node)
                     flat = f".gone-{next(moved)}"
                     os.rename(entry.name, flat, src_dir_fd=fd, dst_dir_fd=top)
                     queue.append(flat)

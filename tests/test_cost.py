@@ -1,6 +1,9 @@
 """Usage and cost: prices, what a run reports of them, why the cache missed, token counts."""
 
 import json
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 from fakes import FakeClient, reply, text, tool_use
@@ -151,3 +154,29 @@ def test_count_tokens_through_the_real_sdk(request, capsys):
     assert api.requests == [] and len(api.counted) == 3
     assert api.counted[0]["messages"][0]["content"][0]["text"] == agent.EXAMPLE_QUESTION
     assert "every request starts with" in out
+
+
+NEWER_PYTHONS = sorted(Path(os.path.expanduser("~/.pyenv/versions")).glob("3.1[2-9]*/bin/python"))
+HAIKU_USAGE = {
+    "input_tokens": 11616,
+    "output_tokens": 11153,
+    "cache_creation_input_tokens": 28446,
+    "cache_read_input_tokens": 2154,
+}
+
+
+@pytest.mark.parametrize("python", NEWER_PYTHONS or [None], ids=str)
+def test_a_cost_is_the_same_on_every_python(python):
+    """A response's cost is its products added one by one: Python 3.12's sum() of floats rounds
+    otherwise, and the transcript's cost_usd would differ in its last digit by interpreter."""
+    if python is None:
+        pytest.skip("no Python 3.12 or newer on this machine (pyenv's are looked for)")
+    asked = f"import agent; print(repr(agent.usage_record('claude-haiku-5-5', {HAIKU_USAGE})['cost_usd']))"
+    root = Path(agent.__file__).parent
+    there = subprocess.run(
+        [python, "-I", "-c", f"import sys; sys.path.insert(0, {str(root)!r}); {asked}"],
+        capture_output=True,
+        text=True,
+    )
+    here = agent.usage_record("claude-haiku-5-5", HAIKU_USAGE)["cost_usd"]
+    assert there.stdout.strip() == repr(here) == "0.01031539", there.stderr

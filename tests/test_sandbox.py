@@ -1158,14 +1158,16 @@ def test_remove_tree_takes_any_shape(tmp_path):
 
 
 def test_remove_tree_never_chmods_a_file_swapped_in_for_a_directory(tmp_path, monkeypatch):
-    """A directory listed, then swapped for a hard link to a file outside before it is opened:
-    the file keeps its mode (the listing is made to say "directory" for the link)."""
+    """A directory listed, then swapped for a hard link to a file outside, or a symlink, before
+    it is opened: the file keeps its mode, and the names are unlinked, so that the whole tree
+    goes (the listing is made to say "directory" for both)."""
     outside = tmp_path / "id_key"
     outside.write_text("secret")
     outside.chmod(0o600)
     root = tmp_path / "mess"
     root.mkdir()
     os.link(outside, root / "was-a-dir")
+    os.symlink(tmp_path, root / "was-a-dir-too")
     real = os.scandir
 
     class Listed:
@@ -1178,6 +1180,7 @@ def test_remove_tree_never_chmods_a_file_swapped_in_for_a_directory(tmp_path, mo
     monkeypatch.setattr(agent.os, "scandir", lambda fd: [Listed(e) for e in real(fd)])
     agent.remove_tree(str(root))
     assert stat.S_IMODE(outside.stat().st_mode) == 0o600
+    assert not os.path.lexists(root) and outside.read_text() == "secret"
 
 
 @needs_landlock

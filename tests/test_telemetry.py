@@ -714,3 +714,21 @@ def test_a_sampler_that_drops_every_span_does_not_stop_the_recording(
     code, out, err = run(capsys, workdir, two_turns())
     assert (code, out) == (0, "The notes say two lines.\n") and spans() == []
     assert "stopped recording" not in err, err
+
+
+def test_a_span_with_nothing_to_redact_leaves_with_its_count_of_dropped_attributes(monkeypatch):
+    """Counted copies a span only to redact or cut it: a copy would say no attribute was dropped
+    where the user's OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT dropped some."""
+    from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    monkeypatch.setattr(agent, "SECRETS", set())
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(span_limits=SpanLimits(max_span_attributes=2))
+    provider.add_span_processor(SimpleSpanProcessor(agent.Counted(memory)))
+    with provider.get_tracer("t").start_as_current_span("s") as span:
+        for n in range(5):
+            span.set_attribute(f"a{n}", n)
+    (sent,) = memory.get_finished_spans()
+    assert sent.dropped_attributes == 3
