@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from fakes import FakeClient, reply, text, tool_use
@@ -180,3 +181,14 @@ def test_a_cost_is_the_same_on_every_python(python):
     )
     here = agent.usage_record("claude-haiku-5-5", HAIKU_USAGE)["cost_usd"]
     assert there.stdout.strip() == repr(here) == "0.01031539", there.stderr
+
+
+@pytest.mark.parametrize("value", [None, "12", -1, True, 1.5])
+def test_a_count_tokens_reply_without_a_count_is_one_line(capsys, monkeypatch, value):
+    """The server's answer is not trusted: with no whole count in it, --count-tokens says so in
+    one line, exit 1, with no traceback."""
+    client = FakeClient()
+    monkeypatch.setattr(client, "count_tokens", lambda **_: SimpleNamespace(input_tokens=value))
+    code, out, err = run_cli(capsys, ["--count-tokens", "How many rows?"], client)
+    assert code == 1 and out == "" and "Traceback" not in err
+    assert "count_tokens reply held no token count" in err and len(err.strip().splitlines()) == 1
