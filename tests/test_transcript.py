@@ -759,32 +759,19 @@ def test_resumed_limits_count_afresh(capsys, workdir, tmp_path):
     assert code == 0 and len(client.requests) == 2
 
 
-def test_resume_after_a_refusal_drops_the_refused_turn(capsys, workdir, tmp_path):
-    path = tmp_path / "run.json"
-    run_cli(
-        capsys,
-        ["q", "--workdir", str(workdir), "--transcript", str(path)],
-        FakeClient(reply(text("I can't help with that part"), stop_reason="refusal")),
-    )
-    client = FakeClient(reply(text("ok")))
-    code, _, _ = run_cli(
-        capsys, ["--resume", str(path), "something else", "--workdir", str(workdir)], client
-    )
-    sent = client.requests[0]["messages"]
-    assert code == 0 and [m["role"] for m in sent] == ["user"]
-    assert sent[0]["content"][-1] == text("something else")
+REFUSED = {
+    "text alone": [text("I can't help with that part")],
+    "with a tool call": [text("no"), tool_use("read_file", {"path": "scores.csv"})],
+}
 
 
-def test_resume_after_a_refusal_that_held_tool_calls_drops_them_with_it(capsys, workdir, tmp_path):
-    """A refused reply goes from the history whole: the calls it asked for are not answered
-    (their answers would be the message removed, leaving the calls without results)."""
+@pytest.mark.parametrize("refused", sorted(REFUSED))
+def test_resume_after_a_refusal_drops_the_refused_turn(capsys, workdir, tmp_path, refused):
+    """A refused reply goes from the history whole, with any calls it asked for: their answers
+    would be the message removed, leaving the calls without results."""
     path = tmp_path / "run.json"
-    refused = reply(
-        text("no"), tool_use("read_file", {"path": "scores.csv"}), stop_reason="refusal"
-    )
-    run_cli(
-        capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)], FakeClient(refused)
-    )
+    first = FakeClient(reply(*REFUSED[refused], stop_reason="refusal"))
+    run_cli(capsys, ["q", "--workdir", str(workdir), "--transcript", str(path)], first)
     client = FakeClient(reply(text("ok")))
     code, _, _ = run_cli(
         capsys, ["--resume", str(path), "something else", "--workdir", str(workdir)], client
