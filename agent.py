@@ -1520,18 +1520,16 @@ def redact(value):
     every string of a document, keys too. Every door out redacts (docs/threat-model.md)."""
     if not SECRETS:
         return value
-    if isinstance(value, bytes):
-        for secret in sorted(SECRETS, key=len, reverse=True):
-            value = value.replace(secret.encode("utf-8", "surrogateescape"), REDACTED.encode())
-        return value
     if isinstance(value, dict):
         return {redact(k): redact(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [redact(v) for v in value]
-    if isinstance(value, str):
-        # the longest first, so that a secret that holds another is replaced whole
-        for secret in sorted(SECRETS, key=len, reverse=True):
+    # the longest first, so that a secret that holds another is replaced whole
+    for secret in sorted(SECRETS, key=len, reverse=True):
+        if isinstance(value, str):
             value = value.replace(secret, REDACTED)
+        elif isinstance(value, bytes):
+            value = value.replace(secret.encode("utf-8", "surrogateescape"), REDACTED.encode())
     return value
 
 

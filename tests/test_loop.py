@@ -118,6 +118,16 @@ def test_the_key_is_redacted_from_every_route(capsys, workdir, tmp_path, monkeyp
     assert KEY not in out + err
 
 
+def test_redact_removes_whole_secrets_from_text_and_bytes_alike(monkeypatch):
+    """The longest secret first (one that holds another goes whole), in str and in bytes that
+    are not UTF-8 around it, in a document's keys and values."""
+    monkeypatch.setattr(agent, "SECRETS", {KEY, KEY[:20]})
+    marker = agent.REDACTED
+    assert agent.redact(f"a {KEY} b {KEY[:20]}") == f"a {marker} b {marker}"
+    assert agent.redact(b"\xff" + KEY.encode() + b"\xfe") == b"\xff" + marker.encode() + b"\xfe"
+    assert agent.redact({KEY: [KEY, 1]}) == {marker: [marker, 1]}
+
+
 @pytest.mark.parametrize("key", ["Kx9#pQ2", "Kx9#pQ2z"])
 def test_a_key_too_short_to_redact_is_said_so(capsys, workdir, monkeypatch, key):
     """A key shorter than 8 characters (a local server's --api-key, say) is not redacted: it
