@@ -2819,8 +2819,7 @@ def result_diff(recorded, replayed):
     def lines(result):
         if result is None:
             return ["(no result for this call)"]
-        content = result.get("content")
-        text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+        text = as_text(result)
         return [f"is_error: {json.dumps(bool(result.get('is_error')))}"] + text.splitlines()
 
     changed = list(difflib.unified_diff(lines(recorded), lines(replayed), lineterm="", n=0))
