@@ -1590,6 +1590,11 @@ def clean(value):
 TRANSCRIPT_NEEDS_A_FILE = "a transcript is rewritten after every turn, so it only replaces a file; give a file name, or --transcript - for stdout at the end (with --no-keep for no copy at all)"
 
 
+# How agent.py makes every file it writes: a new one (nothing planted there is opened), never
+# through a symlink, closed on exec
+NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
 class OutputFile:
     """The one writer of every file agent.py writes, checked before the first request: outside
     the workdir, through no symlink another user made, never over another user's file; an
@@ -1718,11 +1723,10 @@ class OutputFile:
 
     def create(self):
         """A new, empty file beside the target under a random name (O_EXCL: nothing planted)."""
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         for _ in range(100):
             self.temp = temp_name(self.name)
             with contextlib.suppress(FileExistsError):
-                return os.open(self.temp, flags, 0o600, dir_fd=self.dir_fd)
+                return os.open(self.temp, NEW_FILE, 0o600, dir_fd=self.dir_fd)
         raise OSError(errno.EEXIST, "no free name for a new file beside it")
 
     def discard(self):
@@ -2517,8 +2521,7 @@ def make_kept_run(run_id, workdir, report, trials):
         # the directory moved since check_runs_apart
         if workdir and (real.is_relative_to(workdir) or workdir.is_relative_to(real)):
             raise UsageError(f"{real} and the workdir {workdir} overlap")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        os.close(os.open(name, flags, 0o600, dir_fd=fd))
+        os.close(os.open(name, NEW_FILE, 0o600, dir_fd=fd))
         made = True
         kept = KeptRun(run, OutputFile(real / name, workdir, "the kept run"), report)
         if not os.path.samestat(os.fstat(kept.output.dir_fd), os.fstat(fd)):
@@ -5149,8 +5152,7 @@ class Call:
         try:
             for name in ("scratch", "scratch/home", "scratch/shm"):
                 os.mkdir(name, 0o700, dir_fd=root)
-            create = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            script = os.open("main.py", create, 0o600, dir_fd=root)
+            script = os.open("main.py", NEW_FILE, 0o600, dir_fd=root)
             with open(script, "wb") as file:
                 file.write(source)
         finally:
