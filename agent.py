@@ -79,7 +79,7 @@ from collections import Counter, namedtuple
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
-from functools import cached_property, partial, reduce
+from functools import cache, cached_property, partial, reduce
 from itertools import accumulate, count
 from pathlib import Path
 from types import SimpleNamespace
@@ -5083,13 +5083,11 @@ def fork_call(box, call):
     if box.pidns:
         flags = CLONE_NEWPID | (CLONE_NEWUSER if os.geteuid() else 0) | signal.SIGCHLD
         nr = SYSCALLS["clone"][ARCHES[platform.machine()][1]]
-        ctypes.pythonapi.PyOS_BeforeFork()  # as os.fork does, around the kernel's fork
+        # without the at-fork hooks os.fork runs (threading's, random's, logging's: 0.4 ms a
+        # call): they serve other threads, and the launcher has none, or modules the child
+        # never uses
         pid = box.libc.syscall(ctypes.c_long(nr), ctypes.c_ulong(flags), None, None, None, None)
         error = ctypes.get_errno()
-        if pid == 0:
-            ctypes.pythonapi.PyOS_AfterFork_Child()
-        else:
-            ctypes.pythonapi.PyOS_AfterFork_Parent()
         if pid >= 0:
             call.pidns = True
             return pid
@@ -5126,7 +5124,17 @@ class Call:
             self.shm = os.path.join(self.scratch, "shm")
             self.own = {"home": self.home, "shm": self.shm, "script": self.script}
             self.deliver(source)
-            if box.cgroup:
+            # made while the launcher waited for this call (0.8 ms of a call's 17), for the box
+            # as it was then: a cap or Landlock given up since is given up here too
+            ahead, box.made_ahead = box.made_ahead, None
+            if ahead and (ahead[0] and not box.cgroup or ahead[1] >= 0 and not box.landlock):
+                release_ahead(ahead)
+                ahead = None
+            if ahead:
+                self.cgroups, self.ruleset = ahead
+                if box.landlock:
+                    self.add_own_rules(self.ruleset)
+            elif box.cgroup:
                 try:
                     self.cgroups = make_cgroups(box.cgroup, box.policy, box.tag)
                 except OSError as e:
@@ -5138,8 +5146,9 @@ class Call:
                             "script was not run without its caps"
                         )
                     self.uncapped = True
-            if box.landlock:
-                self.ruleset = self.make_ruleset()
+            if box.landlock and not ahead:
+                self.ruleset = make_ruleset(box)
+                self.add_own_rules(self.ruleset)
         except BaseException:
             self.release()
             raise
@@ -5158,40 +5167,14 @@ class Call:
         finally:
             os.close(root)
 
-    def make_ruleset(self):
-        """A Landlock ruleset for one call: the shared grants plus the call's own directory."""
-        box = self.box
-        fs, net, scope = box.handled
-        attr = struct.pack("QQQ", fs, net, scope)[: 8 if box.abi < 4 else 16 if box.abi < 6 else 24]
-        buffer = ctypes.create_string_buffer(attr, len(attr))
-        fd = syscall(box.libc, "landlock_create_ruleset", buffer, len(attr), 0)
-        own = [(self.own[name], READ_WRITE) for name in box.policy.own_read_write]
-        own += [(self.own[name], {"read_file"}) for name in box.policy.own_read]
-        try:
-            for path, names in box.grants + own:
-                self.add_rule(fd, path, names)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-
-    def add_rule(self, ruleset, path, names):
-        """Grant `names` beneath `path` (or on the file), as far as this kernel knows them. A
-        descriptor (the pinned workdir) is the rule's parent as it is, never reopened by name."""
-        pinned = isinstance(path, int)
-        try:
-            parent = path if pinned else os.open(path, os.O_PATH | os.O_CLOEXEC)
-        except OSError:
-            return  # not on this machine
-        box = self.box
-        try:
-            if not stat.S_ISDIR(os.fstat(parent).st_mode):
-                names = names & FILE_RIGHTS
-            rule = PathBeneath(rights(LANDLOCK_FS, box.abi, names) & box.handled[0], parent)
-            syscall(box.libc, "landlock_add_rule", ruleset, 1, ctypes.byref(rule), 0)
-        finally:
-            if not pinned:
-                os.close(parent)
+    def add_own_rules(self, ruleset):
+        """Grant the call its own paths: the script, and the home and shm unless the child mounts
+        its tmpfs over them (private_scratch grants the new ones)."""
+        own = [(self.own[name], {"read_file"}) for name in self.box.policy.own_read]
+        if not self.box.mounts:
+            own += [(self.own[name], READ_WRITE) for name in self.box.policy.own_read_write]
+        for path, names in own:
+            add_rule(self.box, ruleset, path, names)
 
     def command(self):
         """The argv that runs the script: this interpreter, wrapped on macOS."""
@@ -5211,8 +5194,9 @@ class Call:
             # in the user namespace fork_call made: be the same user in it as outside
             if self.pidns and self.ids[0] != 0:
                 own_ids(*self.ids)
+            # the launcher's wakeup pipe is not this process's (its SIGCHLD handler does nothing
+            # else, and the script's exec resets it)
             signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             null = os.open(os.devnull, os.O_RDONLY)
             for fd, target in ((null, 0), (out, 1), (err, 2), (messages, 3)):
                 os.dup2(fd, target)
@@ -5251,11 +5235,11 @@ class Call:
         # so does "0", this process, where the launcher writing its pid would take it (20 ms)
         joined = "tasks" if box.cgroup and box.cgroup[0] == "v1" else "cgroup.procs"
         for directory in self.cgroups:
-            Path(directory, joined).write_text("0")
+            write_file(os.path.join(directory, joined), "0")
         # out of memory, the kernel kills the script's processes first, never the agent's (a
         # container's limit may be below the call's cap)
         with contextlib.suppress(OSError):
-            Path("/proc/self/oom_score_adj").write_text("1000")
+            write_file("/proc/self/oom_score_adj", "1000")
         if box.mounts:
             private_scratch(box.libc, self)
         for which, soft, hard in self.rlimits:
@@ -5285,6 +5269,39 @@ class Call:
         """Remove what the call made (idempotent)."""
         self.close_ruleset()
         cleanup(self.root, self.cgroups)
+
+
+def make_ruleset(box):
+    """A Landlock ruleset with the run's shared grants; each call adds its own directory."""
+    fs, net, scope = box.handled
+    attr = struct.pack("QQQ", fs, net, scope)[: 8 if box.abi < 4 else 16 if box.abi < 6 else 24]
+    buffer = ctypes.create_string_buffer(attr, len(attr))
+    fd = syscall(box.libc, "landlock_create_ruleset", buffer, len(attr), 0)
+    try:
+        for path, names in box.grants:
+            add_rule(box, fd, path, names)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def add_rule(box, ruleset, path, names):
+    """Grant `names` beneath `path` (or on the file), as far as this kernel knows them. A
+    descriptor (the pinned workdir) is the rule's parent as it is, never reopened by name."""
+    pinned = isinstance(path, int)
+    try:
+        parent = path if pinned else os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return  # not on this machine
+    try:
+        if not stat.S_ISDIR(os.fstat(parent).st_mode):
+            names = names & FILE_RIGHTS
+        rule = PathBeneath(rights(LANDLOCK_FS, box.abi, names) & box.handled[0], parent)
+        syscall(box.libc, "landlock_add_rule", ruleset, 1, ctypes.byref(rule), 0)
+    finally:
+        if not pinned:
+            os.close(parent)
 
 
 def init(script, timeout):
@@ -5334,13 +5351,21 @@ ALONE = b" alone"  # after the script's exit code: nothing of it runs on
 def hide_command_line():
     """Overwrite the command line in place, as setproctitle does: `pkill -STOP -f agent.py`
     misses the call's first process."""
+    start, cover = command_line_cover()
+    ctypes.memmove(start, cover, len(cover))
+
+
+@cache
+def command_line_cover():
+    """Where this process's command line is, and a title of its length to write over it: read
+    once, by the launcher, for the forks that write it (the same address in each)."""
     with open("/proc/self/stat", "rb") as file:
         # after the command's name, in parentheses; arg_start and arg_end are fields 48 and 49
         stat_fields = file.read().rpartition(b")")[2].split()
     start = int(stat_fields[45])
     end = int(stat_fields[46])
     title = b"run_python call"[: end - start - 1]
-    ctypes.memmove(start, title + bytes(end - start - len(title)), end - start)
+    return start, title + bytes(end - start - len(title))
 
 
 def launcher_gone():
@@ -5397,16 +5422,26 @@ def private_scratch(libc, call):
     # new inodes in the new tmpfs: the parent's ruleset cannot know them
     for name in policy.own_read_write:
         os.mkdir(call.own[name], 0o700)
-        call.add_rule(call.ruleset, call.own[name], READ_WRITE)
+        add_rule(call.box, call.ruleset, call.own[name], READ_WRITE)
     if "shm" in policy.own_read_write and policy.shm:
         mount(call.shm.encode(), policy.shm, None, MS_BIND)
 
 
 def own_ids(uid, gid):
     """In a new user namespace, be who one is outside it: all an unprivileged process may map."""
-    Path("/proc/self/setgroups").write_text("deny")
-    Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1")
-    Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1")
+    write_file("/proc/self/setgroups", "deny")
+    write_file("/proc/self/uid_map", f"{uid} {uid} 1")
+    write_file("/proc/self/gid_map", f"{gid} {gid} 1")
+
+
+def write_file(path, text):
+    """Write to a kernel file in the forked child with os calls: each Python object it touches
+    there costs a copied page (2.5 µs), and pathlib's touch many."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
 
 
 def drop_capabilities(libc):
@@ -5546,13 +5581,23 @@ def kill_group(pid):
 
 
 def oom_kills(cgroups):
-    """How many of the call's processes the kernel killed for going over its memory cap."""
-    for directory in cgroups:
-        for name in ("memory.events", "memory.oom_control"):  # v2, v1
-            with contextlib.suppress(OSError):
-                for line in Path(directory, name).read_text().splitlines():
-                    if line.startswith("oom_kill "):
-                        return int(line.split()[1])
+    """How many of the call's processes the kernel killed for going over its memory cap, from
+    the memory controller's directory, the last (cgroup_parents). With os calls: this is read
+    before the agent is told the call ended (pathlib's reads took 0.3 ms of the call)."""
+    if not cgroups:
+        return 0
+    for name in ("memory.events", "memory.oom_control"):  # v2, v1
+        try:
+            fd = os.open(os.path.join(cgroups[-1], name), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            text = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+        for line in text.splitlines():
+            if line.startswith(b"oom_kill "):
+                return int(line.split()[1])
     return 0
 
 
@@ -5637,6 +5682,7 @@ class Sandbox:
         flags = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
         self.pinned = os.open(workdir, flags) if pinned is None else pinned
         self.tag = []  # in a launcher, its run's tag, in every name it makes (Launcher.gone)
+        self.made_ahead = None  # in a launcher: the next call's cgroups and ruleset (serve)
         self.unpin = weakref.finalize(self, os.close, self.pinned)
         self.linux = sys.platform == "linux"  # elsewhere the agent kills the group itself
         self.libc = libc_call() if self.linux else None
@@ -5940,6 +5986,7 @@ def serve(fd):
         # orphans come here
         if box.libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "PR_SET_CHILD_SUBREAPER failed")
+        command_line_cover()
         # what compiling this file left, 28 MB to 13: each call's fork copies less
         with contextlib.suppress(AttributeError):
             box.libc.malloc_trim(0)
@@ -5959,7 +6006,7 @@ def serve(fd):
                 if fd == control.fileno():
                     message, fds = receive_whole(control, 1)
                     if message is None:
-                        return shut_down(children)
+                        return shut_down(children, box)
                     child = launch(box, message, fds)
                     if child:
                         children[child.pid] = child
@@ -5986,10 +6033,26 @@ def serve(fd):
                     del by_fd[fd]
                     poller.unregister(fd)
                 child.finish()
+                # the next call's cgroups and ruleset, while the model thinks
+                if not children and box.made_ahead is None:
+                    box.made_ahead = make_ahead(box)
     # a bug here must not leave a call running or its things behind
     except BaseException:
-        shut_down(children)
+        shut_down(children, box)
         raise
+
+
+def make_ahead(box):
+    """A call's cgroups and Landlock ruleset, made before it (Call takes them); None if that
+    failed: the call makes its own and says why."""
+    cgroups = []
+    try:
+        if box.cgroup:
+            cgroups = make_cgroups(box.cgroup, box.policy, box.tag)
+        return cgroups, make_ruleset(box) if box.landlock else -1
+    except OSError:
+        cleanup(None, cgroups)
+        return None
 
 
 def tupled(value):
@@ -6000,8 +6063,18 @@ def tupled(value):
 LAUNCHER_GRACE = 2.0
 
 
-def shut_down(children):
+def release_ahead(ahead):
+    """Remove what make_ahead made."""
+    cgroups, ruleset = ahead
+    cleanup(None, cgroups)
+    if ruleset >= 0:
+        os.close(ruleset)
+
+
+def shut_down(children, box):
     """The agent is gone: end every call's group, reap, remove every call's things."""
+    if box.made_ahead:
+        release_ahead(box.made_ahead)
     for child in children.values():
         child.kill(report=False)
     deadline = time.monotonic() + 2

@@ -345,7 +345,7 @@ NOT_TEXT_FOR_AN_OUTPUT = {  # (function, slice): what it cuts
     ("result_diff", "changed[2:]"): "a list of lines, each shortened",
     ("ReplayCheck", "session['turns'][self.checked:]"): "a list",
     (
-        "Call",
+        "make_ruleset",
         "struct.pack('QQQ', fs, net, scope)[:8 if box.abi < 4 else 16 if box.abi < 6 else 24]",
     ): "bytes for the kernel",
     ("foreign_error", "raw.lstrip()[:1]"): "one character, compared",
@@ -379,7 +379,7 @@ NOT_TEXT_FOR_AN_OUTPUT = {  # (function, slice): what it cuts
     ("Sandbox", "(run.stderr.strip() or out)[-200:]"): "the self-test's stderr, no secret in it",
     ("Child", "message[1:]"): "the exit code the call's first process sent",
     (
-        "hide_command_line",
+        "command_line_cover",
         "b'run_python call'[:end - start - 1]",
     ): "a constant title, for the kernel",
 }

@@ -1602,6 +1602,77 @@ def test_memory_of_one_call_is_capped_together(workdir):
     assert run.oom and "-9" in run.stdout, (run.stdout, run.stderr)
 
 
+def launcher_cgroups(box):
+    """The cgroups a box's launcher has made and not yet removed (named with its run's tag)."""
+    return sorted(p for d in box.cgroup[1] for p in Path(d).glob(f"agent-{box.launcher.tag}-*"))
+
+
+def made_ahead(box):
+    """The next call's cgroups, once the launcher has made them: after it removed the last
+    call's cgroups and then its directory."""
+    calls = f"agent-call-{box.launcher.tag}-*"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        left = list(Path(agent.call_parent()).glob(calls))
+        if not left and len(launcher_cgroups(box)) == len(box.cgroup[1]):
+            break
+        time.sleep(0.01)
+    return launcher_cgroups(box)
+
+
+@needs_landlock
+def test_the_next_calls_cgroups_are_made_between_calls_and_go_with_the_launcher(workdir):
+    """While no call runs, the launcher holds the next call's cgroups, made ahead with their caps
+    (docs/benchmarks.md: 0.8 ms of a call): the next call runs in them and removes them, a new
+    set is made, and the launcher's end removes a set no call took."""
+    box = capped_box(workdir, max_tasks=40)
+    ahead = made_ahead(box)
+    assert len(ahead) == len(box.cgroup[1]), ahead
+    assert "40" in [
+        (d / "pids.max").read_text().strip() for d in ahead if (d / "pids.max").exists()
+    ]
+    code = "import time\nopen('started', 'w').close()\ntime.sleep(1)\n"
+    running = threading.Thread(target=execute, args=(box, workdir, code))
+    running.start()
+    deadline = time.monotonic() + 10
+    while not (workdir / "started").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    script = [p for d in ahead for p in (d / "cgroup.procs").read_text().split()]
+    running.join()
+    assert script, "the call did not run in the cgroups made for it"
+    after = made_ahead(box)
+    assert len(after) == len(ahead) and not set(after) & set(ahead)
+    assert not [d for d in ahead if d.exists()], "the call's cgroups outlived it"
+    box.close()
+    assert not [d for d in after if d.exists()], "the launcher's end left the next call's cgroups"
+
+
+@needs_landlock
+def test_cgroups_made_before_a_cap_was_given_up_are_not_used(workdir):
+    """A call takes what was made ahead only for the box as it is: with the cgroup given up
+    since (the self-test found it failing), the call runs without one and removes them."""
+    box = capped_box(workdir)
+    box.made_ahead = agent.make_ahead(box)
+    made = box.made_ahead[0]
+    assert made and all(Path(d).is_dir() for d in made)
+    box.cgroup = None
+    call = agent.Call(box, b"pass\n")
+    try:
+        assert call.cgroups == [] and call.ruleset >= 0 and box.made_ahead is None
+        assert not [d for d in made if Path(d).exists()]
+    finally:
+        call.release()
+        box.close()
+
+
+def test_the_launcher_has_one_thread(box, workdir):
+    """fork_call skips Python's at-fork hooks, which are for a process with other threads (and
+    for modules the call's process never uses): the launcher has no other thread."""
+    assert execute(box, workdir, "pass").code == 0
+    status = Path(f"/proc/{box.launcher.pid}/status").read_text()
+    assert "\nThreads:\t1\n" in status, status
+
+
 UNDER_A_SMALLER_LIMIT = """
 import json, os, sys
 sys.path.insert(0, sys.argv[3])
