@@ -1,7 +1,7 @@
 """Benchmark: what a run_python call costs, beside a plain interpreter start and beside
 bubblewrap's start of the same interpreter, in one run.
 
-    .venv/bin/python tests/bench_sandbox.py [--runs 40] [--pause 0.05] [--load N]
+    .venv/bin/python tests/bench_sandbox.py [--runs 40] [--pause 0.05] [--load N] [--against F]
 
 Times one trivial run_python call (the script `pass`, through the execution layer, no approval
 prompt) side by side, in rounds whose order rotates: the whole sandbox; --no-sandbox (the
@@ -10,12 +10,14 @@ interpreter on a file, `python main.py` (the floor); and, where `bwrap` is insta
 `bubblewrap`), the peer: `bwrap --unshare-all --die-with-parent --ro-bind / / --dev /dev --proc
 /proc python main.py`. After each call the bench waits --pause seconds, not counted, as a run
 waits for the model between calls. With --load N, N busy loops run meanwhile (one a core: the
-machine under load). Medians, and each way's ratio to the plain start taken round by round:
-median (quartiles). Then what the first call's plan and self-test cost, and this process's peak
+machine under load). With --against F, another agent.py (say `git show HEAD~3:agent.py >
+/tmp/old.py`) is one more way, its own launcher beside this one's: a change's figure in one run.
+Medians, and each way's ratio to the plain start taken round by round: median (quartiles). Then what the first call's plan and self-test cost, and this process's peak
 RSS while a script prints 50 MB. Not part of the test run.
 """
 
 import argparse
+import importlib.util
 import multiprocessing
 import os
 import platform
@@ -49,6 +51,7 @@ def main():
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--pause", type=float, default=0.05)
     parser.add_argument("--load", type=int, default=0, help="busy loops running meanwhile")
+    parser.add_argument("--against", type=Path, help="another agent.py, one more way")
     args = parser.parse_args()
     loops = [multiprocessing.Process(target=busy, daemon=True) for _ in range(args.load)]
     for loop in loops:
@@ -81,6 +84,13 @@ def main():
             "no-sandbox": call(agent.Sandbox(workdir, False, agent.Limits())),
             "plain python main.py": command(plain),
         }
+        if args.against:
+            spec = importlib.util.spec_from_file_location("agent_against", args.against)
+            other = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(other)
+            theirs = other.Sandbox(workdir, True, other.Limits())
+            theirs.ready()
+            ways["sandbox, --against"] = lambda: other.execute("pass", workdir, theirs, 30, 30_000)
         bwrap = shutil.which("bwrap")
         if bwrap:
             # the same interpreter on the same file as the plain start
@@ -115,8 +125,9 @@ def main():
             each = [a / b for a, b in zip(times[name], base)]
             print(f"    {name:22} {statistics.median(times[name]):6.1f} ms  {quartiles(each)}")
         if bwrap:
-            each = [a / b for a, b in zip(times["sandbox"], times["bwrap"])]
-            print(f"    sandbox / bwrap, round by round: {quartiles(each)}")
+            for name in [n for n in names if n.startswith("sandbox")]:
+                each = [a / b for a, b in zip(times[name], times["bwrap"])]
+                print(f"    {name} / bwrap, round by round: {quartiles(each)}")
         else:
             print("    bwrap: skipped, not installed (apt-get install bubblewrap)")
         print(
