@@ -1143,7 +1143,16 @@ def request_turn(client, request, limits, report, cancel):
     if is_cut_tool_call(reply.message) and bigger > asked and not why_not:
         report.line(f"{cut}; retrying the turn with {bigger}")
         request = dict(request, max_tokens=bigger)
-        again = request_with_retries(client, request, limits, report, cancel)
+        try:
+            again = request_with_retries(client, request, limits, report, cancel)
+        except Exception as exc:
+            # the cut reply was billed: a failed attempt of the turn, with what it reported
+            spent = add_usage(usage_record(request["model"], reply.usages[0]), reply.failed)
+            exc.failed_usage = add_usage(spent, getattr(exc, "failed_usage", empty_usage()))
+            error = f"{cut}; retried with {bigger}"
+            retry = {"attempt": reply.attempts, "status": None, "error": error, "delay": 0}
+            exc.retries = reply.retries + [retry] + getattr(exc, "retries", [])
+            raise
         # the second reply, with what both requests took and were billed
         add_usage(again.failed, reply.failed)
         for name in ("usages", "attempts", "api_seconds", "retries"):

@@ -104,6 +104,37 @@ def test_a_cut_tool_call_is_retried_once_with_twice_the_max_tokens(capsys, workd
     assert saved["turns"][0]["usage"]["input_tokens"] == 200  # both responses were billed
 
 
+def test_a_cut_tool_call_whose_retry_fails_keeps_what_the_cut_reply_was_billed(capsys, workdir):
+    """The cut reply was billed; its retry then failed outright (a 400): the stop's
+    failed_usage holds the cut reply's usage, and its retries say the cut was a failed attempt,
+    so the stop line counts it (before, both were lost with the failed retry)."""
+    cut = reply(
+        text("Let me run"),
+        tool_use("run_python", {"code": "open('ran','w')"}),
+        stop_reason="max_tokens",
+        input_tokens=300,
+        output_tokens=16000,
+    )
+    client = FakeClient(cut, FakeAPIError(400, "invalid_request_error", "no"))
+    code, out, err = run_cli(
+        capsys,
+        ["q", "--workdir", str(workdir), "--yes", "--no-sandbox", "--transcript", "-"],
+        client,
+    )
+    session = json.loads(out)
+    stop = session["stop"]
+    assert (code, stop["reason"], len(client.requests)) == (1, "api_error", 2), err
+    assert stop["failed_usage"]["input_tokens"] == 300
+    assert stop["failed_usage"]["output_tokens"] == 16000
+    assert session["failed_usage"] == stop["failed_usage"]
+    assert [r["error"] for r in stop["retries"]] == [
+        "the reply was cut inside a tool call at max_tokens 16000; retried with 32000"
+    ]
+    stop_line = next(line for line in err.splitlines() if line.startswith("stop: api_error"))
+    assert "16300 tokens" in stop_line and "2 failed attempts" in stop_line, stop_line
+    assert not (workdir / "ran").exists()
+
+
 def test_a_tool_call_cut_twice_stops_with_max_tokens(capsys, workdir):
     def cut(body):  # a reply that writes until max_tokens, whatever it is
         return reply(
