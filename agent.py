@@ -5078,7 +5078,8 @@ class Child:
         its home gone first, whatever it holds on disk (removed after the report)."""
         if self.tell and self.report:
             with contextlib.suppress(OSError):
-                os.rename(self.call.scratch, self.call.scratch + ".gone")
+                here = self.call.directory
+                os.rename("scratch", "scratch.gone", src_dir_fd=here, dst_dir_fd=here)
             with contextlib.suppress(OSError):
                 self.report.send(json.dumps(message).encode())
         self.tell = False
@@ -5115,6 +5116,7 @@ class Call:
         self.box = box
         self.cgroups = []
         self.ruleset = -1
+        self.directory = -1  # the call's directory, opened once it is made: never by name again
         self.uncapped = False
         # its process is the first of a PID namespace of its own (fork_call)
         self.pidns = False
@@ -5165,16 +5167,16 @@ class Call:
     def deliver(self, source):
         """Write the script and make the home through the directory's descriptor, never
         following a name: where the temp directory is visible in the workdir, a symlink an
-        earlier script planted makes this fail (ELOOP, EEXIST), never write where it leads."""
-        root = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            for name in ("scratch", "scratch/home", "scratch/shm"):
-                os.mkdir(name, 0o700, dir_fd=root)
-            script = os.open("main.py", NEW_FILE, 0o600, dir_fd=root)
-            with open(script, "wb") as file:
-                file.write(source)
-        finally:
-            os.close(root)
+        earlier script planted makes this fail (ELOOP, EEXIST), never write where it leads. The
+        descriptor stays open: what the launcher does there later goes through it too (the
+        script may have moved the directory and left a symlink in its place)."""
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        self.directory = os.open(self.root, flags)
+        for name in ("scratch", "scratch/home", "scratch/shm"):
+            os.mkdir(name, 0o700, dir_fd=self.directory)
+        script = os.open("main.py", NEW_FILE, 0o600, dir_fd=self.directory)
+        with open(script, "wb") as file:
+            file.write(source)
 
     def add_own_rules(self, ruleset):
         """Grant the call its own paths: the script, and the home and shm unless the child mounts
@@ -5183,7 +5185,12 @@ class Call:
         if not self.box.mounts:
             own += [(self.own[name], READ_WRITE) for name in self.box.policy.own_read_write]
         for path, names in own:
-            add_rule(self.box, ruleset, path, names)
+            flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(os.path.relpath(path, self.root), flags, dir_fd=self.directory)
+            try:
+                add_rule(self.box, ruleset, fd, names)
+            finally:
+                os.close(fd)
 
     def command(self):
         """The argv that runs the script: this interpreter, wrapped on macOS."""
@@ -5277,7 +5284,10 @@ class Call:
     def release(self):
         """Remove what the call made (idempotent)."""
         self.close_ruleset()
-        cleanup(self.root, self.cgroups)
+        cleanup(self.root, self.cgroups, self.directory)
+        if self.directory >= 0:
+            os.close(self.directory)
+        self.directory = -1
 
 
 def make_ruleset(box):
@@ -5534,6 +5544,7 @@ class Running:
     def remove_later(self):
         self.proc.wait()
         cleanup_later(self.call.root, self.call.cgroups)
+        self.call.release()  # what is left, through the directory's descriptor, and that
 
 
 def reap(children):
@@ -5610,14 +5621,15 @@ def oom_kills(cgroups):
     return 0
 
 
-def cleanup(root, cgroups):
-    """Remove a call's directory and cgroups; already gone is fine, and so is failing."""
+def cleanup(root, cgroups, opened=-1):
+    """Remove a call's directory (through `opened`, its descriptor, if it has one) and cgroups;
+    already gone is fine, and so is failing."""
     # the cgroups first: they cannot fail on what the directory holds
     for directory in cgroups:
         with contextlib.suppress(OSError):
             os.rmdir(directory)
     if root:
-        remove_tree(root)
+        remove_tree(root, opened)
 
 
 def cleanup_later(root, cgroups):
@@ -5629,13 +5641,14 @@ def cleanup_later(root, cgroups):
         time.sleep(0.1)
 
 
-def remove_tree(root):
+def remove_tree(root, opened=-1):
     """Remove a directory tree however a script shaped it (any depth, any name length, no
     permission): each subdirectory is moved up to the top before it is emptied, so the walk
-    never goes deeper than one level and never follows a symlink."""
+    never goes deeper than one level and never follows a symlink. Through `opened`, the
+    directory's descriptor, if given: what `root` names now may be a symlink in its place."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        top = os.open(root, flags)
+        top = os.dup(opened) if opened >= 0 else os.open(root, flags)
     except OSError:
         return
     queue, moved = [None], count()
