@@ -5093,9 +5093,9 @@ def fork_call(box, call):
     if box.pidns:
         flags = CLONE_NEWPID | (CLONE_NEWUSER if os.geteuid() else 0) | signal.SIGCHLD
         nr = SYSCALLS["clone"][ARCHES[platform.machine()][1]]
-        # without the at-fork hooks os.fork runs (threading's, random's, logging's: 0.4 ms a
-        # call): they serve other threads, and the launcher has none, or modules the child
-        # never uses
+        # none of the at-fork hooks os.fork runs (threading's, random's, logging's: 0.4 ms a
+        # call): they are for other threads, of which the launcher has none, and for modules
+        # the call's process never uses
         pid = box.libc.syscall(ctypes.c_long(nr), ctypes.c_ulong(flags), None, None, None, None)
         error = ctypes.get_errno()
         if pid >= 0:
@@ -5135,16 +5135,14 @@ class Call:
             self.shm = os.path.join(self.scratch, "shm")
             self.own = {"home": self.home, "shm": self.shm, "script": self.script}
             self.deliver(source)
-            # made while the launcher waited for this call (0.8 ms of a call's 17), for the box
-            # as it was then: a cap or Landlock given up since is given up here too
+            # made while the launcher waited for this call (make_ahead; 0.8 ms of a call's 17),
+            # for the box as it was then: a cap or Landlock given up since is given up here too
             ahead, box.made_ahead = box.made_ahead, None
             if ahead and (ahead[0] and not box.cgroup or ahead[1] >= 0 and not box.landlock):
                 release_ahead(ahead)
                 ahead = None
             if ahead:
                 self.cgroups, self.ruleset = ahead
-                if box.landlock:
-                    self.add_own_rules(self.ruleset)
             elif box.cgroup:
                 try:
                     self.cgroups = make_cgroups(box.cgroup, box.policy, box.tag)
@@ -5157,8 +5155,9 @@ class Call:
                             "script was not run without its caps"
                         )
                     self.uncapped = True
-            if box.landlock and not ahead:
-                self.ruleset = make_ruleset(box)
+            if box.landlock:
+                if self.ruleset < 0:
+                    self.ruleset = make_ruleset(box)
                 self.add_own_rules(self.ruleset)
         except BaseException:
             self.release()
@@ -5544,7 +5543,8 @@ class Running:
     def remove_later(self):
         self.proc.wait()
         cleanup_later(self.call.root, self.call.cgroups)
-        self.call.release()  # what is left, through the directory's descriptor, and that
+        # what is left, through the directory's descriptor; and that descriptor
+        self.call.release()
 
 
 def reap(children):
@@ -6008,6 +6008,7 @@ def serve(fd):
         # orphans come here
         if box.libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "PR_SET_CHILD_SUBREAPER failed")
+        # read before any fork: each call's process only writes it
         command_line_cover()
         # what compiling this file left, 28 MB to 13: each call's fork copies less
         with contextlib.suppress(AttributeError):
