@@ -5063,10 +5063,10 @@ class Child:
         self.report.close()
         call.release()
 
-    def heard(self):
-        """The call's first process spoke. Its last word (init) may be that the script ended
-        and left nothing running: then the agent is told now, while that process waits to be
-        killed, not after its exit (0.8 ms: it holds a copy of the launcher's memory)."""
+    def tell_if_ended(self):
+        """The call's first process wrote to the launcher. If it wrote that the script ended and
+        left nothing running, the agent is told now, while that process waits to be killed, not
+        after its exit (0.8 ms: it holds a copy of the launcher's memory)."""
         with contextlib.suppress(OSError):
             message = self.messages.recv(4096, socket.MSG_PEEK)
             if message.startswith(b"=") and message.endswith(ALONE):
@@ -5135,14 +5135,17 @@ class Call:
             self.shm = os.path.join(self.scratch, "shm")
             self.own = {"home": self.home, "shm": self.shm, "script": self.script}
             self.deliver(source)
-            # made while the launcher waited for this call (make_ahead; 0.8 ms of a call's 17),
-            # for the box as it was then: a cap or Landlock given up since is given up here too
-            ahead, box.made_ahead = box.made_ahead, None
-            if ahead and (ahead[0] and not box.cgroup or ahead[1] >= 0 and not box.landlock):
-                release_ahead(ahead)
-                ahead = None
-            if ahead:
-                self.cgroups, self.ruleset = ahead
+            # prepared while the launcher waited for this call (prepare_next_call; 0.8 ms of a
+            # call's 17), for the box as it was then: a cap or Landlock given up since is given up
+            # here too
+            prepared, box.prepared = box.prepared, None
+            if prepared and (
+                prepared[0] and not box.cgroup or prepared[1] >= 0 and not box.landlock
+            ):
+                release_prepared(prepared)
+                prepared = None
+            if prepared:
+                self.cgroups, self.ruleset = prepared
             elif box.cgroup:
                 try:
                     self.cgroups = make_cgroups(box.cgroup, box.policy, box.tag)
@@ -5704,7 +5707,7 @@ class Sandbox:
         flags = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
         self.pinned = os.open(workdir, flags) if pinned is None else pinned
         self.tag = []  # in a launcher, its run's tag, in every name it makes (Launcher.gone)
-        self.made_ahead = None  # in a launcher: the next call's cgroups and ruleset (serve)
+        self.prepared = None  # in a launcher: the next call's cgroups and ruleset (serve)
         self.unpin = weakref.finalize(self, os.close, self.pinned)
         self.linux = sys.platform == "linux"  # elsewhere the agent kills the group itself
         self.libc = libc_call() if self.linux else None
@@ -6033,7 +6036,7 @@ def serve(fd):
                     child = launch(box, message, fds)
                     if child:
                         children[child.pid] = child
-                        # its end, the agent's end of the call, its first process's last word
+                        # its end, the agent's end of the call, what its first process writes
                         for fd in (child.pidfd, child.report.fileno(), child.messages.fileno()):
                             by_fd[fd] = child
                             poller.register(fd, select.POLLIN)
@@ -6042,12 +6045,12 @@ def serve(fd):
                         while os.read(wake, 4096):
                             pass
                 elif fd in by_fd:
-                    # its child spoke (its last word) or ended, or the agent ended the call:
-                    # end the group
+                    # its first process wrote (how the script ended, or why it could not start) or
+                    # ended, or the agent ended the call: end the group
                     child = by_fd.pop(fd)
                     poller.unregister(fd)
                     if fd == child.messages.fileno():
-                        child.heard()
+                        child.tell_if_ended()
                     child.kill()
             reap(children)
             for child in [c for c in children.values() if c.killed_at and c.over()]:
@@ -6057,17 +6060,17 @@ def serve(fd):
                     poller.unregister(fd)
                 child.finish()
                 # the next call's cgroups and ruleset, while the model thinks
-                if not children and box.made_ahead is None:
-                    box.made_ahead = make_ahead(box)
+                if not children and box.prepared is None:
+                    box.prepared = prepare_next_call(box)
     # a bug here must not leave a call running or its things behind
     except BaseException:
         shut_down(children, box)
         raise
 
 
-def make_ahead(box):
-    """A call's cgroups and Landlock ruleset, made before it (Call takes them); None if that
-    failed: the call makes its own and says why."""
+def prepare_next_call(box):
+    """The next call's cgroups and Landlock ruleset, made while none runs (Call takes them);
+    None if that failed: the call makes its own and says why."""
     cgroups = []
     try:
         if box.cgroup:
@@ -6086,9 +6089,9 @@ def tupled(value):
 LAUNCHER_GRACE = 2.0
 
 
-def release_ahead(ahead):
-    """Remove what make_ahead made."""
-    cgroups, ruleset = ahead
+def release_prepared(prepared):
+    """Remove what prepare_next_call made."""
+    cgroups, ruleset = prepared
     cleanup(None, cgroups)
     if ruleset >= 0:
         os.close(ruleset)
@@ -6096,8 +6099,8 @@ def release_ahead(ahead):
 
 def shut_down(children, box):
     """The agent is gone: end every call's group, reap, remove every call's things."""
-    if box.made_ahead:
-        release_ahead(box.made_ahead)
+    if box.prepared:
+        release_prepared(box.prepared)
     for child in children.values():
         child.kill(report=False)
     deadline = time.monotonic() + 2

@@ -311,7 +311,7 @@ def nothing_left_in_tmp(tmp_path_factory):
     yield
     gc.collect()  # a Sandbox in a reference cycle, or one pytest still holds (the last test's):
     for box in [o for o in gc.get_objects() if isinstance(o, agent.Sandbox)]:
-        box.close()  # its launcher removes what it made ahead for a next call when it goes
+        box.close()  # its launcher removes what it prepared for a next call when it goes
     deadline = time.monotonic() + 120
     while (
         agent_paths(temp_dirs, cgroups) - before

@@ -1652,7 +1652,7 @@ def launcher_cgroups(box):
     return sorted(p for d in box.cgroup[1] for p in Path(d).glob(f"agent-{box.launcher.tag}-*"))
 
 
-def made_ahead(box):
+def prepared_cgroups(box):
     """The next call's cgroups, once the launcher has made them: after it removed the last
     call's cgroups and then its directory."""
     calls = f"agent-call-{box.launcher.tag}-*"
@@ -1667,14 +1667,14 @@ def made_ahead(box):
 
 @needs_landlock
 def test_the_next_calls_cgroups_are_made_between_calls_and_go_with_the_launcher(workdir):
-    """While no call runs, the launcher holds the next call's cgroups, made ahead with their caps
+    """While no call runs, the launcher holds the next call's cgroups, prepared with their caps
     (docs/benchmarks.md: 0.8 ms of a call): the next call runs in them and removes them, a new
     set is made, and the launcher's end removes a set no call took."""
     box = capped_box(workdir, max_tasks=40)
-    ahead = made_ahead(box)
-    assert len(ahead) == len(box.cgroup[1]), ahead
+    prepared = prepared_cgroups(box)
+    assert len(prepared) == len(box.cgroup[1]), prepared
     assert "40" in [
-        (d / "pids.max").read_text().strip() for d in ahead if (d / "pids.max").exists()
+        (d / "pids.max").read_text().strip() for d in prepared if (d / "pids.max").exists()
     ]
     code = "import time\nopen('started', 'w').close()\ntime.sleep(1)\n"
     running = threading.Thread(target=execute, args=(box, workdir, code))
@@ -1682,28 +1682,28 @@ def test_the_next_calls_cgroups_are_made_between_calls_and_go_with_the_launcher(
     deadline = time.monotonic() + 10
     while not (workdir / "started").exists() and time.monotonic() < deadline:
         time.sleep(0.01)
-    script = [p for d in ahead for p in (d / "cgroup.procs").read_text().split()]
+    script = [p for d in prepared for p in (d / "cgroup.procs").read_text().split()]
     running.join()
     assert script, "the call did not run in the cgroups made for it"
-    after = made_ahead(box)
-    assert len(after) == len(ahead) and not set(after) & set(ahead)
-    assert not [d for d in ahead if d.exists()], "the call's cgroups outlived it"
+    after = prepared_cgroups(box)
+    assert len(after) == len(prepared) and not set(after) & set(prepared)
+    assert not [d for d in prepared if d.exists()], "the call's cgroups outlived it"
     box.close()
     assert not [d for d in after if d.exists()], "the launcher's end left the next call's cgroups"
 
 
 @needs_landlock
 def test_cgroups_made_before_a_cap_was_given_up_are_not_used(workdir):
-    """A call takes what was made ahead only for the box as it is: with the cgroup given up
+    """A call takes what was prepared for it only for the box as it is: with the cgroup given up
     since (the self-test found it failing), the call runs without one and removes them."""
     box = capped_box(workdir)
-    box.made_ahead = agent.make_ahead(box)
-    made = box.made_ahead[0]
+    box.prepared = agent.prepare_next_call(box)
+    made = box.prepared[0]
     assert made and all(Path(d).is_dir() for d in made)
     box.cgroup = None
     call = agent.Call(box, b"pass\n")
     try:
-        assert call.cgroups == [] and call.ruleset >= 0 and box.made_ahead is None
+        assert call.cgroups == [] and call.ruleset >= 0 and box.prepared is None
         assert not [d for d in made if Path(d).exists()]
     finally:
         call.release()
