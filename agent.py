@@ -4991,10 +4991,12 @@ class Child:
             env = child_env(box.policy, self.call.home, request["env"])
             # the child says why it could not start, or how the script ended (init)
             self.messages, messages = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            out, out_w = os.pipe()
-            err, err_w = os.pipe()
-            self.pipes = (out, err)
-            theirs = [messages.detach(), out_w, err_w]
+            theirs.append(messages.detach())
+            # the script's stdout and stderr, each pipe noted as it is made (EMFILE leaks none)
+            for _ in range(2):
+                read, write = os.pipe()
+                self.pipes += (read,)
+                theirs.append(write)
             pid = fork_call(box, self.call)
             if pid == 0:
                 self.call.run(*theirs, box.pinned, env, request.get("timeout"))

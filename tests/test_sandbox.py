@@ -3,6 +3,7 @@
 import contextlib
 import ctypes
 import errno
+import gc
 import json
 import marshal
 import os
@@ -1708,6 +1709,37 @@ def test_cgroups_made_before_a_cap_was_given_up_are_not_used(workdir):
     finally:
         call.release()
         box.close()
+
+
+def test_a_call_that_cannot_make_its_pipes_leaves_no_descriptor_open(box, workdir, monkeypatch):
+    """In the launcher, the second os.pipe() of a call failing (EMFILE) closed the first pipe's
+    ends only if both were made: each end is now noted as it is made."""
+    request = {name: getattr(box, name) for name in agent.FOUND_AT_FIRST_CALL}
+    request.update(code="pass", parent=agent.call_parent(), env={}, timeout=5)
+    made = []
+    real_pipe = os.pipe
+
+    def pipe():
+        if made:
+            raise OSError(errno.EMFILE, "Too many open files")
+        made.append(real_pipe())
+        return made[-1]
+
+    before = sorted(os.listdir("/proc/self/fd"))
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    monkeypatch.setattr(os, "pipe", pipe)
+    with pytest.raises(OSError):
+        agent.Child(box, request, theirs)
+    monkeypatch.undo()
+    mine.close()
+    theirs.close()
+    gc.collect()
+    assert made, "the first pipe was never made"
+    for fd in made[0]:
+        with pytest.raises(OSError) as closed:
+            os.fstat(fd)
+        assert closed.value.errno == errno.EBADF
+    assert sorted(os.listdir("/proc/self/fd")) == before
 
 
 def test_the_launcher_has_one_thread(box, workdir):
