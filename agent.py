@@ -5138,16 +5138,13 @@ class Call:
             self.own = {"home": self.home, "shm": self.shm, "script": self.script}
             self.deliver(source)
             # prepared while the launcher waited for this call (prepare_next_call; 0.8 ms of a
-            # call's 17), for the box as it was then: a cap or Landlock given up since is given up
-            # here too
+            # call's 17), and taken only if made for the box as it is now
             prepared, box.prepared = box.prepared, None
-            if prepared and (
-                prepared[0] and not box.cgroup or prepared[1] >= 0 and not box.landlock
-            ):
+            if prepared and prepared[0] != prepared_for(box):
                 release_prepared(prepared)
                 prepared = None
             if prepared:
-                self.cgroups, self.ruleset = prepared
+                _, self.cgroups, self.ruleset = prepared
             elif box.cgroup:
                 try:
                     self.cgroups = make_cgroups(box.cgroup, box.policy, box.tag)
@@ -6075,9 +6072,10 @@ def prepare_next_call(box):
     None if that failed: the call makes its own and says why."""
     cgroups = []
     try:
+        made_for = prepared_for(box)
         if box.cgroup:
             cgroups = make_cgroups(box.cgroup, box.policy, box.tag)
-        return cgroups, make_ruleset(box) if box.landlock else -1
+        return made_for, cgroups, make_ruleset(box) if box.landlock else -1
     except OSError:
         cleanup(None, cgroups)
         return None
@@ -6091,9 +6089,23 @@ def tupled(value):
 LAUNCHER_GRACE = 2.0
 
 
+def prepared_for(box):
+    """What prepared cgroups and a ruleset were made for: the box's cgroup parents, Landlock,
+    and which file each grant names. A ruleset holds the files as they were when it was made,
+    and a file replaced since (ldconfig renames /etc/ld.so.cache over itself) would be denied."""
+    files = []
+    for path, _ in box.grants if box.landlock else ():
+        try:
+            there = os.stat(path)  # (the pinned workdir, a descriptor: its fstat)
+            files.append((there.st_dev, there.st_ino))
+        except OSError:
+            files.append(None)
+    return box.cgroup, box.landlock, files
+
+
 def release_prepared(prepared):
     """Remove what prepare_next_call made."""
-    cgroups, ruleset = prepared
+    _, cgroups, ruleset = prepared
     cleanup(None, cgroups)
     if ruleset >= 0:
         os.close(ruleset)
@@ -6101,8 +6113,9 @@ def release_prepared(prepared):
 
 def shut_down(children, box):
     """The agent is gone: end every call's group, reap, remove every call's things."""
-    if box.prepared:
-        release_prepared(box.prepared)
+    prepared, box.prepared = box.prepared, None
+    if prepared:
+        release_prepared(prepared)
     for child in children.values():
         child.kill(report=False)
     deadline = time.monotonic() + 2
@@ -6190,6 +6203,7 @@ def cgroup_parents():
             _, controllers, path = line.split(":", 2)
             for name in controllers.split(","):
                 where[name] = path.rstrip("/")
+        # memory last: oom_kills reads the last directory
         v1 = [f"/sys/fs/cgroup/{c}{where[c]}" for c in ("pids", "memory") if c in where]
         if len(v1) == 2 and all(os.access(d, os.W_OK) for d in v1):
             return "v1", v1

@@ -90,7 +90,12 @@ def main():
             spec.loader.exec_module(other)
             theirs = other.Sandbox(workdir, True, other.Limits())
             theirs.ready()
-            ways["sandbox, --against"] = lambda: other.execute("pass", workdir, theirs, 30, 30_000)
+
+            def against():
+                done = other.execute("pass", workdir, theirs, 30, 30_000)
+                assert done.code == 0, done.stderr
+
+            ways["sandbox, --against"] = against
         bwrap = shutil.which("bwrap")
         if bwrap:
             # the same interpreter on the same file as the plain start
@@ -148,6 +153,8 @@ def main():
             f"{before / 1024:.1f} MB before, {after / 1024:.1f} MB after"
         )
         boxed.close()
+        if args.against:
+            theirs.close()
     for loop in loops:
         loop.terminate()
 
