@@ -1193,16 +1193,18 @@ def check_reply(message, cut_off=None):
         return [], [f"the reply's content was {type(content).__name__}, not a list"] * bool(content)
     kept = []
     notes = []
+    ids = set()  # of the tool calls kept (a set: a server decides how many blocks come)
     for block in content:
         problem = block_problem(block, "assistant")
         if problem:
             notes.append(f"{problem} was dropped, not run: {shorten(repr(block), 100)}")
-        elif block["type"] == "tool_use" and block["id"] in [b.get("id") for b in kept]:
+        elif block["type"] == "tool_use" and block["id"] in ids:
             notes.append(
                 f"a tool_use with a repeated or missing id ({block['id']!r}) was dropped, not run"
             )
         elif block["type"] != "text" or block["text"].strip():
             kept.append(block)
+            ids.add(block.get("id"))
             if block["type"] == "tool_use" and block["id"] in (cut_off or {}):
                 notes.append(
                     f"the arguments of tool call {block['id']} ({block['name']}) did not "
@@ -1315,6 +1317,7 @@ def one_line(text, width):
 # None means no upper bound.
 Price = namedtuple("Price", "input output write_5m write_1h read")
 OPUS_4 = ((None, Price(5.00, 25.00, 6.25, 10.00, 0.50)),)
+SONNET_4 = ((None, Price(3.00, 15.00, 3.75, 6.00, 0.30)),)
 PRICING = {
     "claude-haiku-5-5": (
         (100_000, Price(0.10, 0.50, 0.125, 0.20, 0.01)),
@@ -1327,10 +1330,10 @@ PRICING = {
     "claude-fable-5": ((None, Price(10.00, 50.00, 12.50, 20.00, 1.00)),),
     "claude-opus-5": OPUS_4,
     "claude-sonnet-5": ((None, Price(2.00, 10.00, 2.50, 4.00, 0.20)),),
-    **dict.fromkeys(("claude-opus-4-8", "claude-opus-4-7", "claude-opus-4-6"), OPUS_4),
-    "claude-opus-4-5": OPUS_4,
-    "claude-sonnet-4-6": ((None, Price(3.00, 15.00, 3.75, 6.00, 0.30)),),
-    "claude-sonnet-4-5": ((None, Price(3.00, 15.00, 3.75, 6.00, 0.30)),),
+    **dict.fromkeys(
+        ("claude-opus-4-8", "claude-opus-4-7", "claude-opus-4-6", "claude-opus-4-5"), OPUS_4
+    ),
+    **dict.fromkeys(("claude-sonnet-4-6", "claude-sonnet-4-5"), SONNET_4),
     "claude-haiku-4-5": ((None, Price(1.00, 5.00, 1.25, 2.00, 0.10)),),
 }
 # the billed token counts of a response's usage
@@ -1786,12 +1789,15 @@ def real_directory(path, flag):
     todo = list(reversed(path.parent.parts[1:]))  # still to resolve, the next one last
     while todo:
         part = todo.pop()
-        step = real.parent if part == ".." else real / part
+        if part == "..":
+            real = real.parent
+            continue
+        step = real / part
         try:
             there = os.lstat(step)
         except OSError:
             return step.joinpath(*reversed(todo))
-        if part == ".." or not stat.S_ISLNK(there.st_mode):
+        if not stat.S_ISLNK(there.st_mode):
             real = step
             continue
         if there.st_uid not in (os.geteuid(), 0):
@@ -5414,7 +5420,7 @@ def make_cgroups(cgroup, policy, tag=()):
             made.append(os.path.join(parent, name))  # only what this call made is removed
             for file, value in caps.items():
                 if os.path.exists(os.path.join(made[-1], file)):
-                    Path(made[-1], file).write_text(str(value))
+                    write_file(os.path.join(made[-1], file), str(value))
     except OSError:
         cleanup(None, made)
         raise
@@ -5455,8 +5461,8 @@ def own_ids(uid, gid):
 
 
 def write_file(path, text):
-    """Write to a kernel file in the forked child with os calls: each Python object it touches
-    there costs a copied page (2.5 µs), and pathlib's touch many."""
+    """Write a kernel file (a cgroup's, /proc/self's) with os calls: in a call's forked child
+    each Python object touched costs a copied page (2.5 µs), and pathlib's touch many."""
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
         os.write(fd, text.encode())
