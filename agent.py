@@ -2513,14 +2513,14 @@ class KeptRun:
 
 
 def keep_run(run_id, workdir, report, trials=0):
-    """Make this run's kept file (O_EXCL) and return its KeptRun (with `trials`, also each
-    trial's, {i: KeptRun}); None, with a note on stderr, when runs cannot be kept here."""
+    """Make this run's kept file (O_EXCL): its KeptRun and each trial's, {i: KeptRun} ({} without
+    trials); None and {}, with a note on stderr, when runs cannot be kept here."""
     try:
         kept, each = make_kept_run(run_id, workdir, report, trials)
     except UsageError as e:
         report.error(f"note: this run is not kept: {e}")
         kept, each = None, {}
-    return (kept, each) if trials else kept
+    return kept, each
 
 
 def make_kept_run(run_id, workdir, report, trials):
@@ -6579,9 +6579,7 @@ def tokens_or_off(value):
 LONGEST_WAIT = 10**9  # seconds a timeout may be: every clock agent.py waits on holds it
 
 
-# The options, group by group as --help lists them (None: the parser's own, beside -h): their
-# flags, what argparse is told of them, and what --help says of them.
-# What --help says of each option, by its last flag
+# What --help says of each option and of the question, by its last flag (helped)
 HELP = {
     "--version": "print agent.py's version, and exit",
     "question": "the question; - reads it from stdin (with --resume: an optional follow-up)",
@@ -6955,8 +6953,9 @@ def check_not_the_checkouts(path, flag, given, dir_fd):
         return
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
+        # (os.read: a buffered read of a FIFO with nothing in it gives None, not BlockingIOError)
         with os.fdopen(os.open(path.name, flags, dir_fd=dir_fd), "rb") as file:
-            head = file.read(4096)
+            head = os.read(file.fileno(), 4096)
     except OSError:
         head = b"?"  # cannot be read: not shown to be agent.py's own
     if head and not OWN_OUTPUTS.match(head):
@@ -7508,8 +7507,7 @@ class Run:
         going_on = bool(args.resume) and target == args.resume and is_kept(args.resume)
         self.kept, self.kept_trials = None, {}
         if not (args.no_keep or self.replay or going_on):
-            kept = keep_run(self.run_id, reach, report, args.trials or 0)
-            self.kept, self.kept_trials = kept if args.trials else (kept, {})
+            self.kept, self.kept_trials = keep_run(self.run_id, reach, report, args.trials or 0)
         named = self.kept
         if going_on:
             named = KeptRun(KEPT_FILE.fullmatch(self.output.name)[1], self.output, report)
@@ -7651,8 +7649,13 @@ def open_outputs(args, target, reach):
     if events_out and args.resume:
         check_distinct([("--events", events_out)], [("--resume", args.resume)])
     # each read once at the start: an output on one would replace it
-    read = {"--replay": args.replay, "--system-prompt": args.system_prompt}
-    check_distinct(written + trials, [(flag, path) for flag, path in read.items() if path])
+    read = [
+        (flag, path)
+        for flag, path in (("--replay", args.replay), ("--system-prompt", args.system_prompt))
+        if path
+    ]
+    if read:
+        check_distinct(written + trials, read)
     return output, trial_outputs, events_out
 
 

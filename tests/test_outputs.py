@@ -496,6 +496,28 @@ def checkout(tmp_path, monkeypatch):
     return root
 
 
+def test_a_fifo_in_the_checkout_with_nothing_written_yet_is_not_replaced():
+    """Review: the checkout's check read a file's start through a buffered reader, which gives
+    None, not BlockingIOError, for a FIFO whose writer has written nothing, and so let it be
+    replaced (a file swapped for a FIFO after its stat). It is refused, as unreadable files are."""
+    home = Path(agent.__file__).resolve().parent
+    fifo = home / f".review-fifo-{os.getpid()}"
+    os.mkfifo(fifo)
+    dir_fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY)
+    writer = None
+    try:
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        writer = os.open(fifo, os.O_WRONLY)
+        os.close(reader)
+        with pytest.raises(agent.UsageError, match="did not write"):
+            agent.check_not_the_checkouts(fifo, "--events", fifo.name, dir_fd)
+    finally:
+        if writer is not None:
+            os.close(writer)
+        os.close(dir_fd)
+        fifo.unlink()
+
+
 @pytest.mark.parametrize("flag", ["--events", "--transcript", "--report -o", "--export -o"])
 @pytest.mark.parametrize("victim", ["requirements.txt", "README.md", "tests/test_x.py"])
 def test_an_output_never_replaces_a_file_of_agent_pys_checkout(
