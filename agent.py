@@ -3182,7 +3182,7 @@ def run_trials(spec, client, ctx, outputs, events, telemetry, kept):
     summary.update(interrupted=interrupted, question=spec.question, model=spec.model, expect=expect)
     summary["decline_message"] = ctx.decline_message
     given = {"base_url": spec.server, "budget_usd": spec.budget_usd}
-    summary.update({key: value for key, value in given.items() if value is not None})
+    summary.update(present(given))
     report = Reporter(events=events)  # the summary is said -q or not
     print_summary(summary, report)
     if spec.budget_usd is not None and summary["n"] < spec.k and not interrupted:
@@ -3780,8 +3780,8 @@ class Telemetry:
         # why recording stopped; next(started): the spans started, plus one
         self.failed = None
         self.started = count(1)
-        # --replay's source, and the name of the cost a span shows (begin)
-        self.replay = self.cost_key = None
+        # --replay's source (begin)
+        self.replay = None
 
     @classmethod
     def start(cls, report):
@@ -3869,12 +3869,15 @@ class Telemetry:
             span.set_status(self.trace.Status(self.trace.StatusCode.ERROR, error))
         span.end()
 
+    @property
+    def cost_key(self):
+        """The name of the cost a span shows: a replay spent nothing, it shows the recording's."""
+        return "agent_py.recorded_cost_usd" if self.replay else "agent_py.cost_usd"
+
     def begin(self, trial, session):
         """A run (a trial) starts: its invoke_agent span."""
         run_id = session["run_id"] + (f".{trial}" if trial else "")
         self.replay = fields(session.get("replay")).get("source")  # --replay: the recording
-        # a replay spent nothing: the cost it shows is the recording's, named so
-        self.cost_key = "agent_py.recorded_cost_usd" if self.replay else "agent_py.cost_usd"
         attributes = {
             "gen_ai.provider.name": "anthropic",
             "gen_ai.agent.name": "agent.py",
@@ -4016,7 +4019,7 @@ class Telemetry:
 
 
 def present(attributes):
-    """The attributes that have a value: the SDK refuses None, with a warning."""
+    """The attributes that have a value (the OpenTelemetry SDK refuses None, with a warning)."""
     return {k: v for k, v in attributes.items() if v is not None}
 
 
@@ -4448,7 +4451,9 @@ class Reporter:
         self.pending += shown
         if self.prefix:
             *lines, self.pending = self.pending.split("\n")
-            self.write("".join(f"{self.prefix}{line}\n" for line in lines))
+            # (no write for a delta without a newline: each takes the lock all trials share)
+            if lines:
+                self.write("".join(f"{self.prefix}{line}\n" for line in lines))
             return
         # an end that could begin a secret waits for the next delta
         shown = self.held + shown

@@ -632,3 +632,33 @@ def test_a_failed_expect_is_shown_as_a_shell_takes_it(capsys, workdir, regex, sh
     assert code == 6 and f"[trial 1] fail: --expect {shown} is not in the answer" in err, err
     pasted = subprocess.run(["sh", "-c", f"printf %s {shown}"], capture_output=True, text=True)
     assert pasted.stdout == regex
+
+
+class CountingStream:
+    """A stderr that counts its writes and flushes."""
+
+    def __init__(self):
+        self.text, self.writes, self.flushes = "", 0, 0
+
+    def write(self, text):
+        self.writes += 1
+        self.text += text
+
+    def flush(self):
+        self.flushes += 1
+
+    def isatty(self):
+        return False
+
+
+def test_a_trials_streamed_text_is_written_a_line_at_a_time():
+    """Review: a trial's reporter wrote (and flushed, under the lock every trial shares) on each
+    streamed delta, even one with no newline: 1,001 writes for 1,000 words and a newline. It
+    writes whole lines, each with the trial's prefix."""
+    stream = CountingStream()
+    reporter = agent.Reporter(stream=stream, trial=3)
+    for _ in range(1000):
+        reporter.text("word ")
+    assert stream.writes == 0
+    reporter.text("end\n")
+    assert stream.writes == 1 and stream.text == "[trial 3] " + "word " * 1000 + "end\n"
