@@ -4927,8 +4927,9 @@ def receive_whole(sock, count):
 
 def start_here(code, workdir, box):
     """Without a launcher (not Linux, or it could not start): confined by the same Call.enter."""
-    call = Call(box, script_bytes(code))
+    call = Call(box)
     try:
+        call.deliver(script_bytes(code))
         if call.uncapped:
             box.cgroup = None  # found out by the self-test: the status line says so
         proc = subprocess.Popen(  # in the workdir pinned at the start (its descriptor)
@@ -4991,7 +4992,7 @@ class Child:
             setattr(box, name, request[name])
         if box.landlock and not hasattr(box, "handled"):
             box.plan()
-        self.call = Call(box, script_bytes(request["code"]), request["parent"])
+        self.call = prepared_call(box, request["parent"]) or Call(box, request["parent"])
         self.report = report
         self.status = None
         self.killed_at = None
@@ -4999,6 +5000,7 @@ class Child:
         self.pipes = ()
         theirs = []
         try:
+            self.call.deliver(script_bytes(request["code"]))
             env = child_env(box.policy, self.call.home, request["env"])
             # the child says why it could not start, or how the script ended (init)
             self.messages, messages = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -5121,11 +5123,16 @@ def fork_call(box, call):
     return os.fork()
 
 
-class Call:
-    """One run_python call's own things, made at the call: its directory (the script, read-only
-    to the child, and a private home), its cgroup and its Landlock ruleset."""
+# A call's own paths, in its directory
+OWN_PATHS = {"home": "scratch/home", "shm": "scratch/shm", "script": "main.py"}
 
-    def __init__(self, box, source, parent=None):
+
+class Call:
+    """One run_python call's own things: its directory (the script, read-only to the child, and
+    a private home), its cgroup and its Landlock ruleset. The launcher makes the next call's
+    while none runs (prepare_next_call); the script is delivered at the call."""
+
+    def __init__(self, box, parent=None):
         self.box = box
         self.cgroups = []
         self.ruleset = -1
@@ -5142,21 +5149,19 @@ class Call:
         )
         # from here on, whatever happens (Ctrl-C included), nothing is left behind
         try:
-            self.script = os.path.join(self.root, "main.py")
+            self.own = {name: os.path.join(self.root, path) for name, path in OWN_PATHS.items()}
+            self.script = self.own["script"]
             self.scratch = os.path.join(self.root, "scratch")
-            self.home = os.path.join(self.scratch, "home")
-            self.shm = os.path.join(self.scratch, "shm")
-            self.own = {"home": self.home, "shm": self.shm, "script": self.script}
-            self.deliver(source)
-            # prepared while the launcher waited for this call (prepare_next_call; 0.8 ms of a
-            # call's 17), and taken only if made for the box as it is now
-            prepared, box.prepared = box.prepared, None
-            if prepared and prepared[0] != prepared_for(box):
-                release_prepared(prepared)
-                prepared = None
-            if prepared:
-                _, self.cgroups, self.ruleset = prepared
-            elif box.cgroup:
+            self.home = self.own["home"]
+            self.shm = self.own["shm"]
+            # made through the directory's descriptor, never following a name; it stays open:
+            # what the launcher does there later goes through it too (the script may have
+            # moved the directory and left a symlink in its place)
+            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            self.directory = os.open(self.root, flags)
+            for path in ("scratch", OWN_PATHS["home"], OWN_PATHS["shm"]):
+                os.mkdir(path, 0o700, dir_fd=self.directory)
+            if box.cgroup:
                 try:
                     self.cgroups = make_cgroups(box.cgroup, box.policy, box.tag)
                 except OSError as e:
@@ -5169,38 +5174,33 @@ class Call:
                         )
                     self.uncapped = True
             if box.landlock:
-                if self.ruleset < 0:
-                    self.ruleset = make_ruleset(box)
-                self.add_own_rules(self.ruleset)
+                self.ruleset = make_ruleset(box)
+                # the home and shm, unless the child mounts its tmpfs over them (private_scratch
+                # grants the new ones)
+                if not box.mounts:
+                    self.add_own_rules(box.policy.own_read_write, READ_WRITE)
         except BaseException:
             self.release()
             raise
 
     def deliver(self, source):
-        """Write the script and make the home through the directory's descriptor, never
-        following a name: where the temp directory is visible in the workdir, a symlink an
-        earlier script planted makes this fail (ELOOP, EEXIST), never write where it leads. The
-        descriptor stays open: what the launcher does there later goes through it too (the
-        script may have moved the directory and left a symlink in its place)."""
-        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-        self.directory = os.open(self.root, flags)
-        for name in ("scratch", "scratch/home", "scratch/shm"):
-            os.mkdir(name, 0o700, dir_fd=self.directory)
-        script = os.open("main.py", NEW_FILE, 0o600, dir_fd=self.directory)
+        """Write the script, at the call, through the directory's descriptor: where the temp
+        directory is visible in the workdir, a name an earlier script planted makes this fail
+        (ELOOP, EEXIST), never write where it leads; then grant the child its script."""
+        script = os.open(OWN_PATHS["script"], NEW_FILE, 0o600, dir_fd=self.directory)
         with open(script, "wb") as file:
             file.write(source)
+        if self.box.landlock:
+            self.add_own_rules(self.box.policy.own_read, {"read_file"})
 
-    def add_own_rules(self, ruleset):
-        """Grant the call its own paths: the script, and the home and shm unless the child mounts
-        its tmpfs over them (private_scratch grants the new ones)."""
-        own = [(self.own[name], {"read_file"}) for name in self.box.policy.own_read]
-        if not self.box.mounts:
-            own += [(self.own[name], READ_WRITE) for name in self.box.policy.own_read_write]
-        for path, names in own:
+    def add_own_rules(self, names, granted):
+        """Grant the call's own paths `names` (of OWN_PATHS), opened beneath its directory's
+        descriptor."""
+        for name in names:
             flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(os.path.relpath(path, self.root), flags, dir_fd=self.directory)
+            fd = os.open(OWN_PATHS[name], flags, dir_fd=self.directory)
             try:
-                add_rule(self.box, ruleset, fd, names)
+                add_rule(self.box, self.ruleset, fd, granted)
             finally:
                 os.close(fd)
 
@@ -5717,7 +5717,7 @@ class Sandbox:
         flags = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
         self.pinned = os.open(workdir, flags) if pinned is None else pinned
         self.tag = []  # in a launcher, its run's tag, in every name it makes (Launcher.gone)
-        self.prepared = None  # in a launcher: the next call's cgroups and ruleset (serve)
+        self.prepared = None  # in a launcher: the next call, made while none runs (serve)
         self.unpin = weakref.finalize(self, os.close, self.pinned)
         self.linux = sys.platform == "linux"  # elsewhere the agent kills the group itself
         self.libc = libc_call() if self.linux else None
@@ -6071,25 +6071,30 @@ def serve(fd):
                 child.finish()
                 # the next call's cgroups and ruleset, while the model thinks
                 if not children and box.prepared is None:
-                    box.prepared = prepare_next_call(box)
+                    box.prepared = prepare_next_call(box, os.path.dirname(child.call.root))
     # a bug here must not leave a call running or its things behind
     except BaseException:
         shut_down(children, box)
         raise
 
 
-def prepare_next_call(box):
-    """The next call's cgroups and Landlock ruleset, made while none runs (Call takes them);
-    None if that failed: the call makes its own and says why."""
-    cgroups = []
+def prepare_next_call(box, parent):
+    """The next call's directory, cgroups and Landlock ruleset, made while none runs (0.9 ms of
+    a call's 16: docs/benchmarks.md); None if that failed: the call makes its own, or says why."""
     try:
-        made_for = prepared_for(box)
-        if box.cgroup:
-            cgroups = make_cgroups(box.cgroup, box.policy, box.tag)
-        return made_for, cgroups, make_ruleset(box) if box.landlock else -1
-    except OSError:
-        cleanup(None, cgroups)
+        return prepared_for(box, parent), Call(box, parent)
+    except (OSError, ToolError):
         return None
+
+
+def prepared_call(box, parent):
+    """The call prepare_next_call made, if made for the box as it is now; else None."""
+    prepared, box.prepared = box.prepared, None
+    if prepared and prepared[0] == prepared_for(box, parent):
+        return prepared[1]
+    if prepared:
+        prepared[1].release()
+    return None
 
 
 def tupled(value):
@@ -6100,10 +6105,11 @@ def tupled(value):
 LAUNCHER_GRACE = 2.0
 
 
-def prepared_for(box):
-    """What prepared cgroups and a ruleset were made for: the box's cgroup parents, Landlock,
-    and which file each grant names. A ruleset holds the files as they were when it was made,
-    and a file replaced since (ldconfig renames /etc/ld.so.cache over itself) would be denied."""
+def prepared_for(box, parent):
+    """What a prepared call was made for: its parent directory, the box's cgroup parents,
+    Landlock and its mounts, and which file each grant names. A ruleset holds the files as
+    they were when it was made, and a file replaced since (ldconfig renames /etc/ld.so.cache
+    over itself) would be denied."""
     files = []
     for path, _ in box.grants if box.landlock else ():
         try:
@@ -6111,22 +6117,14 @@ def prepared_for(box):
             files.append((there.st_dev, there.st_ino))
         except OSError:
             files.append(None)
-    return box.cgroup, box.landlock, files
-
-
-def release_prepared(prepared):
-    """Remove what prepare_next_call made."""
-    _, cgroups, ruleset = prepared
-    cleanup(None, cgroups)
-    if ruleset >= 0:
-        os.close(ruleset)
+    return parent, box.cgroup, box.landlock, box.mounts, files
 
 
 def shut_down(children, box):
     """The agent is gone: end every call's group, reap, remove every call's things."""
     prepared, box.prepared = box.prepared, None
     if prepared:
-        release_prepared(prepared)
+        prepared[1].release()
     for child in children.values():
         child.kill(report=False)
     deadline = time.monotonic() + 2

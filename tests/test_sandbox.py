@@ -1235,7 +1235,7 @@ def test_a_call_whose_cgroup_cannot_be_made_is_refused(workdir):
     box = new_box(workdir)
     if not box.cgroup:
         pytest.skip("no cgroup here")
-    assert prepared_cgroups(box)
+    assert prepared_call(box)
     box.cgroup = (box.cgroup[0], [str(workdir / "no-such-parent")] * len(box.cgroup[1]))
     with pytest.raises(agent.ToolError, match="not run without its caps"):
         execute(box, workdir, "open('ran', 'w')")
@@ -1654,31 +1654,34 @@ def launcher_cgroups(box):
     return sorted(p for d in box.cgroup[1] for p in Path(d).glob(f"agent-{box.launcher.tag}-*"))
 
 
-def prepared_cgroups(box):
-    """The next call's cgroups, once the launcher has made them: after it removed the last
-    call's cgroups and then its directory."""
+def prepared_call(box):
+    """The next call's directory and cgroups, once the launcher has made them: one directory of
+    its run, with no script in it yet (the last call's had one), and a cgroup a controller."""
     calls = f"agent-call-{box.launcher.tag}-*"
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        left = list(Path(agent.call_parent()).glob(calls))
-        if not left and len(launcher_cgroups(box)) == len(box.cgroup[1]):
-            break
+        made = list(Path(agent.call_parent()).glob(calls))
+        cgroups = launcher_cgroups(box)
+        if len(made) == 1 and not (made[0] / "main.py").exists():
+            if len(cgroups) == len(box.cgroup[1]):
+                return made[0], cgroups
         time.sleep(0.01)
-    return launcher_cgroups(box)
+    raise AssertionError("the launcher prepared no next call")
 
 
 @needs_landlock
-def test_the_next_calls_cgroups_are_made_between_calls_and_go_with_the_launcher(workdir):
-    """While no call runs, the launcher holds the next call's cgroups, prepared with their caps
-    (docs/benchmarks.md: 0.8 ms of a call): the next call runs in them and removes them, a new
-    set is made, and the launcher's end removes a set no call took."""
+def test_the_next_call_is_prepared_between_calls_and_goes_with_the_launcher(workdir):
+    """While no call runs, the launcher holds the next call's directory (no script yet) and its
+    cgroups, prepared with their caps (docs/benchmarks.md: 0.9 ms of a call): the next call
+    runs there and removes them, a new set is made, and the launcher's end removes a set no
+    call took."""
     box = capped_box(workdir, max_tasks=40)
-    prepared = prepared_cgroups(box)
+    directory, prepared = prepared_call(box)
     assert len(prepared) == len(box.cgroup[1]), prepared
     assert "40" in [
         (d / "pids.max").read_text().strip() for d in prepared if (d / "pids.max").exists()
     ]
-    code = "import time\nopen('started', 'w').close()\ntime.sleep(1)\n"
+    code = "import time\nopen('started', 'w').write(__file__)\ntime.sleep(1)\n"
     running = threading.Thread(target=execute, args=(box, workdir, code))
     running.start()
     deadline = time.monotonic() + 10
@@ -1687,28 +1690,37 @@ def test_the_next_calls_cgroups_are_made_between_calls_and_go_with_the_launcher(
     script = [p for d in prepared for p in (d / "cgroup.procs").read_text().split()]
     running.join()
     assert script, "the call did not run in the cgroups made for it"
-    after = prepared_cgroups(box)
+    assert (workdir / "started").read_text() == str(directory / "main.py")
+    next_directory, after = prepared_call(box)
     assert len(after) == len(prepared) and not set(after) & set(prepared)
+    assert next_directory != directory and not directory.exists()
     assert not [d for d in prepared if d.exists()], "the call's cgroups outlived it"
     box.close()
     assert not [d for d in after if d.exists()], "the launcher's end left the next call's cgroups"
+    assert not next_directory.exists(), "the launcher's end left the next call's directory"
 
 
 @needs_landlock
-def test_cgroups_made_before_a_cap_was_given_up_are_not_used(workdir):
+@pytest.mark.parametrize("since", ["the cap given up", "another TMPDIR"])
+def test_a_call_prepared_for_the_box_as_it_was_is_not_used(workdir, tmp_path, since):
     """A call takes what was prepared for it only for the box as it is: with the cgroup given up
-    since (the self-test found it failing), the call runs without one and removes them."""
+    since (the self-test found it failing), or under another temp directory, the call makes its
+    own and removes what was prepared."""
     box = capped_box(workdir)
-    box.prepared = agent.prepare_next_call(box)
+    parent = agent.call_parent()
+    box.prepared = agent.prepare_next_call(box, parent)
     made = box.prepared[1]
-    assert made and all(Path(d).is_dir() for d in made)
-    box.cgroup = None
-    call = agent.Call(box, b"pass\n")
+    assert made.cgroups and all(Path(d).is_dir() for d in made.cgroups)
+    assert agent.prepared_for(box, parent) == box.prepared[0]
+    if since == "the cap given up":
+        box.cgroup = None
+    else:
+        parent = str(tmp_path)
     try:
-        assert call.cgroups == [] and call.ruleset >= 0 and box.prepared is None
-        assert not [d for d in made if Path(d).exists()]
+        assert agent.prepared_call(box, parent) is None and box.prepared is None
+        assert not [d for d in made.cgroups if Path(d).exists()]
+        assert not os.path.exists(made.root)
     finally:
-        call.release()
         box.close()
 
 
@@ -1757,7 +1769,7 @@ def test_a_granted_file_replaced_between_calls_is_read_as_it_is_now(workdir, tmp
             pytest.skip("no cgroup here, so no sign of the next call's preparation to wait for")
         code = f"print(open({str(granted)!r}).read())"
         assert execute(box, workdir, code).stdout == "v1\n"
-        assert prepared_cgroups(box)
+        assert prepared_call(box)
         (tmp_path / "new.txt").write_text("v2")
         os.rename(tmp_path / "new.txt", granted)
         run = execute(box, workdir, code)
@@ -1946,8 +1958,9 @@ def test_the_macos_profile_is_built_from_the_policy(workdir, tmp_path):
             assert added not in profile and added in other, field
     box = agent.Sandbox(Path(os.path.realpath(workdir)), True, agent.Limits())
     box.macos = agent.macos_profile(box.policy)
-    call = agent.Call(box, agent.script_bytes("pass"))
+    call = agent.Call(box)
     try:
+        call.deliver(agent.script_bytes("pass"))
         argv = call.command()
         assert argv[:3] == ["/usr/bin/sandbox-exec", "-p", box.macos]
         assert f"OWN_SCRIPT={os.path.realpath(call.script)}" in argv
