@@ -5273,7 +5273,7 @@ class Call:
         for which, soft, hard in self.rlimits:
             resource.setrlimit(which, (soft, hard))
         if box.landlock:
-            drop_capabilities(box.libc)
+            drop_capabilities(box.libc, box.bounded)
         # after every change of credentials, which would clear it
         if box.linux:
             box.libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -5475,15 +5475,24 @@ def write_file(path, text):
         os.close(fd)
 
 
-def drop_capabilities(libc):
-    """Empty every capability set, so that not even root's child holds a privilege."""
-    # EINVAL past the last one; EPERM for a non-root agent, whose child cannot gain any
-    # (no_new_privs stops exec); then the ambient set (CLEAR_ALL), then the other three
-    for cap in range(64):
-        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+def drop_capabilities(libc, inherited_empty=False):
+    """Empty every capability set, so that not even root's child holds a privilege; the
+    bounding set unless this process inherited it empty."""
+    if not inherited_empty:
+        drop_bounding_set(libc)
+    # the ambient set (CLEAR_ALL), then the other three
     libc.prctl(PR_CAP_AMBIENT, 4, 0, 0, 0)
     header = (ctypes.c_uint32 * 2)(CAP_VERSION_3, 0)
     syscall(libc, "capset", header, (ctypes.c_uint32 * 6)())
+
+
+def drop_bounding_set(libc):
+    """Drop every capability from the bounding set (each drop commits new credentials: 6 µs);
+    True if none is left. EINVAL past the last one; EPERM for a non-root agent, whose child
+    cannot gain any (no_new_privs stops exec)."""
+    for cap in range(64):
+        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+    return not any(libc.prctl(PR_CAPBSET_READ, cap, 0, 0, 0) == 1 for cap in range(64))
 
 
 # While the script runs, and after: its output, the end of its group, what it left.
@@ -5718,6 +5727,7 @@ class Sandbox:
         self.pinned = os.open(workdir, flags) if pinned is None else pinned
         self.tag = []  # in a launcher, its run's tag, in every name it makes (Launcher.gone)
         self.prepared = None  # in a launcher: the next call, made while none runs (serve)
+        self.bounded = False  # in a launcher: its capability bounding set is empty (serve)
         self.unpin = weakref.finalize(self, os.close, self.pinned)
         self.linux = sys.platform == "linux"  # elsewhere the agent kills the group itself
         self.libc = libc_call() if self.linux else None
@@ -6043,6 +6053,12 @@ def serve(fd):
                     message, fds = receive_whole(control, 1)
                     if message is None:
                         return shut_down(children, box)
+                    # once every call is confined (the self-test passed), root's launcher drops
+                    # its own capability bounding set, which it never uses: each call's process
+                    # inherits it empty and skips 41 drops (0.25 ms of a call)
+                    confined = message["tested"] and message["landlock"]
+                    if confined and not box.bounded and os.geteuid() == 0:
+                        box.bounded = drop_bounding_set(box.libc)
                     child = launch(box, message, fds)
                     if child:
                         children[child.pid] = child
@@ -6438,7 +6454,7 @@ SECCOMP_RULES = tuple(seccomp_rules(SECCOMP_TABLE))
 UNIX_SOCKET_RULES = tuple(seccomp_rules(UNIX_SOCKET_TABLE))
 
 
-PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_SECCOMP = 1, 24, 22
+PR_SET_PDEATHSIG, PR_CAPBSET_READ, PR_CAPBSET_DROP, PR_SET_SECCOMP = 1, 23, 24, 22
 PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 36, 38, 47
 SECCOMP_MODE_FILTER, CAP_VERSION_3, MAX_FD = 2, 0x20080522, 1 << 16
 SECCOMP_ALLOW, SECCOMP_KILL, SECCOMP_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
