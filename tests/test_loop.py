@@ -354,6 +354,8 @@ NOT_TEXT_FOR_AN_OUTPUT = {  # (function, slice): what it cuts
     ("temp_name", "name[:40]"): "a file name the user gave, for a name beside it",
     ("make_cgroups", "uuid.uuid4().hex[:16]"): "a random name",
     ("Launcher", "self.made[-15:]"): "a list of what the launcher made",
+    ("search_tree", "numbers[:middle]"): "a list of syscall numbers",
+    ("search_tree", "numbers[middle:]"): "a list of syscall numbers",
     ("make_kept_run", "run_id[:8]"): "a run id agent.py made",
     ("real_directory", "path.parent.parts[1:]"): "a list",
     ("load_transcript", "flag[2:]"): "a flag's name",

@@ -547,6 +547,18 @@ def test_foreign_arches_die_and_unknown_numbers_get_enosys(machine):
     assert bpf.run(prog, 0x40000000 | 1, arch) == ("errno", agent.ENOSYS)  # x32
 
 
+@pytest.mark.parametrize("machine", sorted(agent.ARCHES))
+def test_the_filter_finds_each_number_by_a_search_not_a_list(machine):
+    """The kernel runs the filter for every syscall number when a call's process loads it (its
+    cache of fixed answers): a search over the numbers decides each in at most 59 steps (the
+    leaf with ioctl's 14 rules) where a list of every rule took up to 181, and loads in about
+    half the time (docs/benchmarks.md)."""
+    arch, _ = agent.ARCHES[machine]
+    prog = agent.seccomp_filter(machine, agent.SECCOMP_RULES + agent.UNIX_SOCKET_RULES)
+    steps = [bpf.walk(prog, nr, arch)[1] for nr in range(agent.LAST_SYSCALL + 1)]
+    assert max(steps) <= 64, max(steps)
+
+
 def test_each_table_line_names_known_syscalls():
     for names, _test, code, why in agent.SECCOMP_RULES:
         assert why and code in (agent.EPERM, agent.EACCES, agent.ENOSYS)
