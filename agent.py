@@ -5123,8 +5123,9 @@ def fork_call(box, call):
     return os.fork()
 
 
-# A call's own paths, in its directory
+# A call's own paths, in its directory, opened only beneath its descriptor
 OWN_PATHS = {"home": "scratch/home", "shm": "scratch/shm", "script": "main.py"}
+OWN_PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class Call:
@@ -5195,10 +5196,13 @@ class Call:
 
     def add_own_rules(self, names, granted):
         """Grant the call's own paths `names` (of OWN_PATHS), opened beneath its directory's
-        descriptor."""
+        descriptor a component at a time, never following a symlink."""
         for name in names:
-            flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(OWN_PATHS[name], flags, dir_fd=self.directory)
+            fd = self.directory
+            for part in OWN_PATHS[name].split("/"):
+                parent, fd = fd, os.open(part, OWN_PATH_FLAGS, dir_fd=fd)
+                if parent != self.directory:
+                    os.close(parent)
             try:
                 add_rule(self.box, self.ruleset, fd, granted)
             finally:
@@ -6096,18 +6100,30 @@ def serve(fd):
 
 def prepare_next_call(box, parent):
     """The next call's directory, cgroups and Landlock ruleset, made while none runs (0.9 ms of
-    a call's 16: docs/benchmarks.md); None if that failed: the call makes its own, or says why."""
+    a call's 16: docs/benchmarks.md); None if that failed, or made no cgroup (red team 32.5):
+    the call makes its own, or says why."""
+    # (what the ruleset's files were before it is made: one replaced meanwhile is seen)
+    made_for = prepared_for(box, parent)
     try:
-        return prepared_for(box, parent), Call(box, parent)
+        call = Call(box, parent)
     except (OSError, ToolError):
         return None
+    if call.uncapped:
+        call.release()
+        return None
+    return made_for, call
 
 
 def prepared_call(box, parent):
-    """The call prepare_next_call made, if made for the box as it is now; else None."""
+    """The call prepare_next_call made, if made for the box as it is now and its directory is
+    still where its name says: where the temp directory shows in the workdir, a script of
+    another run can move it away and put its own in its place (red team 32.4); else None."""
     prepared, box.prepared = box.prepared, None
     if prepared and prepared[0] == prepared_for(box, parent):
-        return prepared[1]
+        call = prepared[1]
+        with contextlib.suppress(OSError):
+            if os.path.samestat(os.lstat(call.root), os.fstat(call.directory)):
+                return call
     if prepared:
         prepared[1].release()
     return None

@@ -1631,6 +1631,80 @@ def test_a_script_cannot_redirect_the_next_calls_script(workdir, tmp_path, monke
     assert os.listdir(venv) == ["evil.pth"]
 
 
+@pytest.fixture
+def shared_tmp(workdir, tmp_path, monkeypatch):
+    """The temp directory shown inside the workdir as `tmp` (an operator's bind mount, as
+    schroot makes): a script there can rename what the launcher makes in it."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root for the bind mount")
+    real = tmp_path / "tmp"
+    real.mkdir(mode=0o700)
+    (workdir / "tmp").mkdir()
+    subprocess.run(["mount", "--bind", str(real), str(workdir / "tmp")], check=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(real))
+    yield real
+    subprocess.run(["umount", "-l", str(workdir / "tmp")], check=True)
+
+
+@needs_landlock
+def test_another_run_cannot_put_its_script_in_place_of_a_prepared_call(workdir, shared_tmp):
+    """Red team 32.4: where TMPDIR shows inside the workdir, a script of another run moved the
+    next call's prepared directory away and put its own in its place, and the call ran the
+    script found there. A prepared call is taken only if its directory is still where its name
+    says; otherwise the call makes its own."""
+    tmp = shared_tmp
+    victim, other = new_box(workdir), new_box(workdir)
+    try:
+        assert victim.confined and other.confined, victim.status
+        assert execute(victim, workdir, "pass").code == 0
+        deadline = time.monotonic() + 10
+        while not list(tmp.glob(f"agent-call-{victim.launcher.tag}-*")):
+            assert time.monotonic() < deadline, "no call was prepared"
+            time.sleep(0.01)
+        swap = (
+            "import os\n"
+            f"for name in os.listdir('tmp'):\n    if name.startswith('agent-call-{victim.launcher.tag}-'):\n"
+            "        path = os.path.join('tmp', name)\n"
+            "        os.rename(path, path + '.moved')\n"
+            "        os.makedirs(path + '/scratch/home')\n        os.makedirs(path + '/scratch/shm')\n"
+            "        open(path + '/main.py', 'w').write('print(\"planted\")')\n"
+            "        print('swapped')\n"
+        )
+        assert execute(other, workdir, swap).stdout == "swapped\n"
+        run = execute(victim, workdir, "print('approved')")
+        assert (run.code, run.stdout) == (0, "approved\n"), run
+    finally:
+        victim.close()
+        other.close()
+
+
+@needs_landlock
+def test_a_call_prepared_without_its_cgroup_is_not_kept(workdir, monkeypatch):
+    """Red team 32.5: the call prepared after the self-test's was made while the launcher's box
+    was untested, so a cgroup it could not make left it uncapped, and the next call took it:
+    uncapped, with the status line promising caps. Such a call is not kept; the next call makes
+    its own cgroup, or is refused."""
+    box = capped_box(workdir)
+    box.tested = False
+
+    def no_room(*_):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(agent, "make_cgroups", no_room)
+    parent = agent.call_parent()
+
+    def made_here():
+        # named without a launcher's tag (launchers make theirs meanwhile)
+        return {p for p in Path(parent).glob("agent-call-*") if p.name.count("-") == 2}
+
+    before = made_here()
+    try:
+        assert agent.prepare_next_call(box, parent) is None
+        assert made_here() == before
+    finally:
+        box.close()
+
+
 @needs_landlock
 def test_a_change_of_the_agents_environment_reaches_the_next_call(box, workdir, monkeypatch):
     """Each call gets the agent's environment as it is at the call."""
