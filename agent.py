@@ -5152,7 +5152,6 @@ class Call:
         try:
             self.own = {name: os.path.join(self.root, path) for name, path in OWN_PATHS.items()}
             self.script = self.own["script"]
-            self.scratch = os.path.join(self.root, "scratch")
             self.home = self.own["home"]
             self.shm = self.own["shm"]
             # made through the directory's descriptor, never following a name; it stays open:
@@ -5234,10 +5233,13 @@ class Call:
                 os.dup2(fd, target)
             # the directory pinned at the start, not what its name is now
             os.fchdir(workdir)
-            # nothing else of the launcher's but the ruleset (-1 without Landlock)
-            keep = self.ruleset if self.ruleset > 3 else MAX_FD
-            os.closerange(4, keep)
-            os.closerange(keep + 1, MAX_FD)
+            # nothing else of the launcher's but the ruleset (-1 without Landlock) and the
+            # call's directory
+            start = 4
+            for fd in sorted(fd for fd in (self.ruleset, self.directory) if fd >= start):
+                os.closerange(start, fd)
+                start = fd + 1
+            os.closerange(start, MAX_FD)
             # the group the launcher kills
             os.setsid()
             # (before Landlock, which hides /proc/self)
@@ -5438,7 +5440,11 @@ def make_cgroups(cgroup, policy, tag=()):
 
 def private_scratch(libc, call):
     """A mount namespace with a fresh, capped tmpfs holding the home and the shm (seen at
-    /dev/shm), which the kernel frees when the call's last process exits."""
+    /dev/shm), which the kernel frees when the call's last process exits. The tmpfs is made
+    detached (fsmount), its directories granted through its descriptor, and attached on the
+    call's own scratch: where the temp directory shows in the workdir, a script of another call
+    can flip the call directory's name meanwhile, and a name resolved twice once led the home's
+    rule onto / (red team 32.3)."""
     user = os.geteuid() != 0 and not call.pidns  # (fork_call made one already)
     if libc.unshare(CLONE_NEWNS | (CLONE_NEWUSER if user else 0)) != 0:
         raise OSError(ctypes.get_errno(), "unshare failed")
@@ -5452,14 +5458,27 @@ def private_scratch(libc, call):
 
     # nothing propagates to the host
     mount(None, "/", None, MS_REC | MS_PRIVATE)
-    options = f"size={policy.scratch_mb}m,nr_inodes=65536,mode=0700".encode()
-    mount(b"tmpfs", call.scratch, b"tmpfs", MS_NOSUID | MS_NODEV, options)
+    setup = syscall(libc, "fsopen", b"tmpfs", FSOPEN_CLOEXEC)
+    options = {"size": f"{policy.scratch_mb}m", "nr_inodes": "65536", "mode": "0700"}
+    for key, value in options.items():
+        syscall(libc, "fsconfig", setup, FSCONFIG_SET_STRING, key.encode(), value.encode(), 0)
+    syscall(libc, "fsconfig", setup, FSCONFIG_CMD_CREATE, None, None, 0)
+    tmpfs = syscall(libc, "fsmount", setup, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID_NODEV)
     # new inodes in the new tmpfs: the parent's ruleset cannot know them
+    own = {}
     for name in policy.own_read_write:
-        os.mkdir(call.own[name], 0o700)
-        add_rule(call.box, call.ruleset, call.own[name], READ_WRITE)
+        os.mkdir(name, 0o700, dir_fd=tmpfs)
+        own[name] = os.open(name, OWN_PATH_FLAGS, dir_fd=tmpfs)
+        add_rule(call.box, call.ruleset, own[name], READ_WRITE)
+    # the call's directory as this namespace mounts it (move_mount refuses the descriptor
+    # opened before the unshare): found by its name once, and refused unless it is the same
+    here = os.open(call.root, OWN_PATH_FLAGS | os.O_DIRECTORY)
+    if not os.path.samestat(os.fstat(here), os.fstat(call.directory)):
+        raise OSError(errno.ENOENT, "the call's directory was moved")
+    scratch = os.open("scratch", OWN_PATH_FLAGS, dir_fd=here)
+    syscall(libc, "move_mount", tmpfs, b"", scratch, b"", MOVE_MOUNT_EMPTY_PATHS)
     if "shm" in policy.own_read_write and policy.shm:
-        mount(call.shm.encode(), policy.shm, None, MS_BIND)
+        mount(f"/proc/self/fd/{own['shm']}".encode(), policy.shm, None, MS_BIND)
 
 
 def own_ids(uid, gid):
@@ -6500,6 +6519,9 @@ SECCOMP_ALLOW, SECCOMP_KILL, SECCOMP_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
 LD, RET, AND, JEQ, JGT, JGE, JSET, JA = 0x20, 0x06, 0x54, 0x15, 0x25, 0x35, 0x45, 0x05
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID = 0x20000, 0x10000000, 0x20000000
 MS_BIND, MS_REC, MS_PRIVATE, MS_NOSUID, MS_NODEV = 0x1000, 0x4000, 1 << 18, 0x2, 0x4
+# the mount API that works on descriptors: fsopen, fsconfig, fsmount, move_mount (Linux 5.2)
+FSOPEN_CLOEXEC, FSCONFIG_SET_STRING, FSCONFIG_CMD_CREATE, FSMOUNT_CLOEXEC = 1, 1, 6, 1
+MOUNT_ATTR_NOSUID_NODEV, MOVE_MOUNT_EMPTY_PATHS = MS_NOSUID | MS_NODEV, 0x4 | 0x40
 
 
 def rights(table, abi, names=None):

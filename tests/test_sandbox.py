@@ -1647,6 +1647,47 @@ def shared_tmp(workdir, tmp_path, monkeypatch):
 
 
 @needs_landlock
+def test_a_call_whose_directory_name_leads_elsewhere_mounts_nothing_there(box, workdir, tmp_path):
+    """Red team 32.3: where TMPDIR shows inside the workdir, a script of another call can flip a
+    starting call's directory name between directories of its own. The call's first process
+    resolved that name twice, to mount its tmpfs and to grant the home in it, and the flip won
+    the race once in 512 calls: the home's rule on / (docs/threat-model.md). It now finds the
+    directory by name once, and refuses unless it is the one the launcher made: here the name
+    leads to a decoy, and nothing is mounted or granted there."""
+    if not box.mounts:
+        pytest.skip("no mount namespace here")
+    call = agent.Call(box)
+    decoy = tmp_path / "decoy"
+    (decoy / "scratch").mkdir(parents=True)
+    os.rename(call.root, call.root + ".moved")
+    os.symlink(decoy, call.root)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            before = os.stat(decoy / "scratch").st_dev
+            try:
+                call.enter()
+                said = "entered"
+            except OSError as e:
+                said = f"refused: {e}"
+            if os.stat(decoy / "scratch").st_dev != before:
+                said += ", the decoy mounted"
+            os.write(write, said.encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    said = os.read(read, 200).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    os.unlink(call.root)
+    os.rename(call.root + ".moved", call.root)
+    call.release()
+    # (ENOTDIR: the name is a symlink; ENOENT: another directory)
+    assert said.startswith("refused: [Errno 20]"), said
+
+
+@needs_landlock
 def test_another_run_cannot_put_its_script_in_place_of_a_prepared_call(workdir, shared_tmp):
     """Red team 32.4: where TMPDIR shows inside the workdir, a script of another run moved the
     next call's prepared directory away and put its own in its place, and the call ran the
