@@ -5510,7 +5510,7 @@ def drop_capabilities(libc, inherited_empty=False):
 
 
 def drop_bounding_set(libc):
-    """Drop every capability from the bounding set (each drop commits new credentials: 6 µs);
+    """Drop every capability from the bounding set (each drop commits new credentials);
     True if none is left. EINVAL past the last one; EPERM for a non-root agent, whose child
     cannot gain any (no_new_privs stops exec)."""
     for cap in range(64):
@@ -6078,7 +6078,7 @@ def serve(fd):
                         return shut_down(children, box)
                     # once every call is confined (the self-test passed), root's launcher drops
                     # its own capability bounding set, which it never uses: each call's process
-                    # inherits it empty and skips 41 drops (0.25 ms of a call)
+                    # inherits it empty and skips 41 drops (0.1 ms: docs/benchmarks.md)
                     confined = message["tested"] and message["landlock"]
                     if confined and not box.bounded and os.geteuid() == 0:
                         box.bounded = drop_bounding_set(box.libc)
@@ -6108,7 +6108,7 @@ def serve(fd):
                     del by_fd[fd]
                     poller.unregister(fd)
                 child.finish()
-                # the next call's cgroups and ruleset, while the model thinks
+                # the next call's directory, cgroups and ruleset, while the model thinks
                 if not children and box.prepared is None:
                     box.prepared = prepare_next_call(box, os.path.dirname(child.call.root))
     # a bug here must not leave a call running or its things behind
@@ -6118,9 +6118,9 @@ def serve(fd):
 
 
 def prepare_next_call(box, parent):
-    """The next call's directory, cgroups and Landlock ruleset, made while none runs (0.9 ms of
-    a call's 16: docs/benchmarks.md); None if that failed, or made no cgroup (red team 32.5):
-    the call makes its own, or says why."""
+    """The next call's directory, cgroups and Landlock ruleset, made while none runs (about
+    1.1 ms of a call's 16: docs/benchmarks.md); None if that failed, or made no cgroup (red
+    team 32.5): the call makes its own, or says why."""
     # (what the ruleset's files were before it is made: one replaced meanwhile is seen)
     made_for = prepared_for(box, parent)
     try:

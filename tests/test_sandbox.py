@@ -1832,7 +1832,7 @@ def prepared_call(box):
 @needs_landlock
 def test_the_next_call_is_prepared_between_calls_and_goes_with_the_launcher(workdir):
     """While no call runs, the launcher holds the next call's directory (no script yet) and its
-    cgroups, prepared with their caps (docs/benchmarks.md: 0.9 ms of a call): the next call
+    cgroups, prepared with their caps (docs/benchmarks.md: about 1.1 ms of a call): the next call
     runs there and removes them, a new set is made, and the launcher's end removes a set no
     call took."""
     box = capped_box(workdir, max_tasks=40)
