@@ -4730,6 +4730,9 @@ def sandbox_policy(workdir, limits, system=None):
 
 def execute(code, workdir, box, timeout, output_chars, cancel=None):
     """Run a script in the sandbox with bounded time and output; nothing of it outlives the call."""
+    if box.shown:
+        why = f"the temp directory shows inside the workdir at {box.shown}, where a script could"
+        raise ToolError(f"{why} swap other runs' calls: set TMPDIR elsewhere; nothing was run")
     launcher = box.launched()
     if launcher:
         run = ask_launcher(launcher, code, workdir, box, timeout)
@@ -5130,8 +5133,7 @@ OWN_PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 
 class Call:
     """One run_python call's own things: its directory (the script, read-only to the child, and
-    a private home), its cgroup and its Landlock ruleset. The launcher makes the next call's
-    while none runs (prepare_next_call); the script is delivered at the call."""
+    a private home), its cgroup and its Landlock ruleset; the script is delivered at the call."""
 
     def __init__(self, box, parent=None):
         self.box = box
@@ -5153,7 +5155,6 @@ class Call:
             self.own = {name: os.path.join(self.root, path) for name, path in OWN_PATHS.items()}
             self.script = self.own["script"]
             self.home = self.own["home"]
-            self.shm = self.own["shm"]
             # made through the directory's descriptor, never following a name; it stays open:
             # what the launcher does there later goes through it too (the script may have
             # moved the directory and left a symlink in its place)
@@ -5440,11 +5441,9 @@ def make_cgroups(cgroup, policy, tag=()):
 
 def private_scratch(libc, call):
     """A mount namespace with a fresh, capped tmpfs holding the home and the shm (seen at
-    /dev/shm), which the kernel frees when the call's last process exits. The tmpfs is made
-    detached (fsmount), its directories granted through its descriptor, and attached on the
-    call's own scratch: where the temp directory shows in the workdir, a script of another call
-    can flip the call directory's name meanwhile, and a name resolved twice once led the home's
-    rule onto / (red team 32.3)."""
+    /dev/shm), which the kernel frees when the call's last process exits. It is made detached
+    (fsmount), granted through its descriptor, then attached: a name resolved twice once led
+    the home's rule onto / (red team 32.3)."""
     user = os.geteuid() != 0 and not call.pidns  # (fork_call made one already)
     if libc.unshare(CLONE_NEWNS | (CLONE_NEWUSER if user else 0)) != 0:
         raise OSError(ctypes.get_errno(), "unshare failed")
@@ -5510,9 +5509,8 @@ def drop_capabilities(libc, inherited_empty=False):
 
 
 def drop_bounding_set(libc):
-    """Drop every capability from the bounding set (each drop commits new credentials);
-    True if none is left. EINVAL past the last one; EPERM for a non-root agent, whose child
-    cannot gain any (no_new_privs stops exec)."""
+    """Drop every capability from the bounding set; True if none is left. EINVAL past the last
+    one; EPERM for a non-root agent, whose child cannot gain any (no_new_privs stops exec)."""
     for cap in range(64):
         libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
     return not any(libc.prctl(PR_CAPBSET_READ, cap, 0, 0, 0) == 1 for cap in range(64))
@@ -5751,6 +5749,7 @@ class Sandbox:
         self.tag = []  # in a launcher, its run's tag, in every name it makes (Launcher.gone)
         self.prepared = None  # in a launcher: the next call, made while none runs (serve)
         self.bounded = False  # in a launcher: its capability bounding set is empty (serve)
+        self.shown = None  # a mount at or below the workdir that shows the temp directory
         self.unpin = weakref.finalize(self, os.close, self.pinned)
         self.linux = sys.platform == "linux"  # elsewhere the agent kills the group itself
         self.libc = libc_call() if self.linux else None
@@ -5852,6 +5851,10 @@ class Sandbox:
                     self.unavailable(failure)
                 else:
                     self.tested, self.confined = True, True
+                    # a script there could make another run's call run its code, unconfined
+                    # where that run has no sandbox (red team 32.6): refused
+                    with contextlib.suppress(ToolError, OSError):
+                        self.shown = shown_below(self.workdir, call_parent())
                     self.status = f"sandbox: {self.kind}; {self.extras()}"
             if not self.said:
                 self.said = True
@@ -6076,9 +6079,8 @@ def serve(fd):
                     message, fds = receive_whole(control, 1)
                     if message is None:
                         return shut_down(children, box)
-                    # once every call is confined (the self-test passed), root's launcher drops
-                    # its own capability bounding set, which it never uses: each call's process
-                    # inherits it empty and skips 41 drops (0.1 ms: docs/benchmarks.md)
+                    # once every call is confined, root's launcher drops its bounding set: each
+                    # call's process inherits it empty, 41 drops less (0.1 ms: docs/benchmarks.md)
                     confined = message["tested"] and message["landlock"]
                     if confined and not box.bounded and os.geteuid() == 0:
                         box.bounded = drop_bounding_set(box.libc)
@@ -6121,8 +6123,7 @@ def prepare_next_call(box, parent):
     """The next call's directory, cgroups and Landlock ruleset, made while none runs (about
     1.1 ms of a call's 16: docs/benchmarks.md); None if that failed, or made no cgroup (red
     team 32.5): the call makes its own, or says why."""
-    # (what the ruleset's files were before it is made: one replaced meanwhile is seen)
-    made_for = prepared_for(box, parent)
+    made_for = prepared_for(box, parent)  # (before the ruleset: a file replaced meanwhile shows)
     try:
         call = Call(box, parent)
     except (OSError, ToolError):
@@ -6134,9 +6135,8 @@ def prepare_next_call(box, parent):
 
 
 def prepared_call(box, parent):
-    """The call prepare_next_call made, if made for the box as it is now and its directory is
-    still where its name says: where the temp directory shows in the workdir, a script of
-    another run can move it away and put its own in its place (red team 32.4); else None."""
+    """The call prepare_next_call made, if made for the box as it is now and still where its
+    name says (a script of another run moved one away, red team 32.4); else None."""
     prepared, box.prepared = box.prepared, None
     if prepared and prepared[0] == prepared_for(box, parent):
         call = prepared[1]
@@ -6298,23 +6298,17 @@ def seccomp_filter(machine, rules):
 
 
 def search_tree(numbers):
-    """BPF for a binary search over [(syscall number, its rules)]: eight or fewer to a leaf, each
-    tested in turn, then ALLOW. Loading a filter, the kernel runs it for every number (its
-    cache of fixed answers): a search decides one in 18 steps on average where a list of every
-    rule took 140, and a call's process loads it in 190 µs, not 330 (docs/benchmarks.md)."""
+    """BPF for a binary search over [(syscall number, its rules)], up to eight to a leaf, then
+    ALLOW. The kernel runs a filter for every number as it loads it: 18 steps a number where a
+    list of every rule took 140, loaded in 190 µs, not 330 (docs/benchmarks.md)."""
     if len(numbers) <= 8:
         # each rule returns right after its test: no long jumps
         leaf = [ins for nr, body in numbers for ins in [(JEQ, 0, len(body), nr), *body]]
         return [*leaf, (RET, 0, 0, SECCOMP_ALLOW)]
     middle = len(numbers) // 2
-    low = search_tree(numbers[:middle])
+    low, high = search_tree(numbers[:middle]), search_tree(numbers[middle:])
     # at or above the middle number: jump over the lower half (JA's offset has 32 bits)
-    return [
-        (JGE, 0, 1, numbers[middle][0]),
-        (JA, 0, 0, len(low)),
-        *low,
-        *search_tree(numbers[middle:]),
-    ]
+    return [(JGE, 0, 1, numbers[middle][0]), (JA, 0, 0, len(low)), *low, *high]
 
 
 # The tables the policy and the mechanism are made of: data, one line per right or rule.
@@ -7163,6 +7157,18 @@ def mounts_at_or_below(workdir):
     # The workdir is on the last mount listed at the deepest mount point above it.
     above = [m for m in reversed(mounts) if workdir.is_relative_to(m[0])]
     return [max(above, key=lambda m: len(m[0].parts))] + below if above else below
+
+
+def shown_below(workdir, path):
+    """The mount point at or below the workdir that shows `path`, that directory or one above
+    it bound there (as schroot binds /tmp); None if none does."""
+    above = [os.stat(p) for p in (path, *Path(path).parents)]
+    for point, _ in mounts_at_or_below(workdir):
+        with contextlib.suppress(OSError):
+            seen = os.stat(point)
+            if point.is_relative_to(workdir) and any(os.path.samestat(seen, s) for s in above):
+                return point
+    return None
 
 
 def beside_agent(name):

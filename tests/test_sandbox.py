@@ -753,6 +753,9 @@ def test_a_call_directory_swapped_for_a_symlink_moves_nothing_outside(
     try:
         monkeypatch.setattr(tempfile, "tempdir", str(real))
         box = new_box(workdir)
+        # (calls here are refused since 32.6: set aside, to attack the launcher's own defences)
+        assert box.shown == view
+        box.shown = None
         try:
             run = execute(box, workdir, SWAP_THE_CALL_DIRECTORY.format(outside=str(outside)))
         finally:
@@ -1688,6 +1691,30 @@ def test_a_call_whose_directory_name_leads_elsewhere_mounts_nothing_there(box, w
 
 
 @needs_landlock
+def test_a_workdir_that_shows_the_temp_directory_runs_no_call(workdir, shared_tmp):
+    """Red team 32.6: where a confined run's workdir shows the temp directory (a bind mount, as
+    schroot makes), its script renamed another run's call directories before their exec and
+    left its own main.py: 1,323 of 1,323 calls of a --no-sandbox run sharing that TMPDIR ran it,
+    unconfined. Such a workdir gets no call, and one line says to set TMPDIR elsewhere."""
+    box = new_box(workdir)
+    try:
+        assert box.confined and box.shown == workdir / "tmp", box.status
+        with pytest.raises(agent.ToolError, match="shows inside the workdir at .*TMPDIR") as e:
+            execute(box, workdir, "open('ran', 'w').close()")
+        assert str(workdir / "tmp") in str(e.value) and not (workdir / "ran").exists()
+    finally:
+        box.close()
+    # the same workdir without the mount: calls run
+    subprocess.run(["umount", "-l", str(workdir / "tmp")], check=True)
+    box = new_box(workdir)
+    try:
+        assert box.shown is None and execute(box, workdir, "print('ran')").stdout == "ran\n"
+    finally:
+        box.close()
+    subprocess.run(["mount", "--bind", str(shared_tmp), str(workdir / "tmp")], check=True)
+
+
+@needs_landlock
 def test_another_run_cannot_put_its_script_in_place_of_a_prepared_call(workdir, shared_tmp):
     """Red team 32.4: where TMPDIR shows inside the workdir, a script of another run moved the
     next call's prepared directory away and put its own in its place, and the call ran the
@@ -1695,6 +1722,8 @@ def test_another_run_cannot_put_its_script_in_place_of_a_prepared_call(workdir, 
     says; otherwise the call makes its own."""
     tmp = shared_tmp
     victim, other = new_box(workdir), new_box(workdir)
+    # (calls here are refused since 32.6: set aside, to attack the launcher's own defences)
+    victim.shown = other.shown = None
     try:
         assert victim.confined and other.confined, victim.status
         assert execute(victim, workdir, "pass").code == 0
