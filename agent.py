@@ -5198,15 +5198,15 @@ class Call:
         """Grant the call's own paths `names` (of OWN_PATHS), opened beneath its directory's
         descriptor a component at a time, never following a symlink."""
         for name in names:
-            fd = self.directory
-            for part in OWN_PATHS[name].split("/"):
-                parent, fd = fd, os.open(part, OWN_PATH_FLAGS, dir_fd=fd)
-                if parent != self.directory:
-                    os.close(parent)
+            opened = []
             try:
-                add_rule(self.box, self.ruleset, fd, granted)
+                for part in OWN_PATHS[name].split("/"):
+                    where = opened[-1] if opened else self.directory
+                    opened.append(os.open(part, OWN_PATH_FLAGS, dir_fd=where))
+                add_rule(self.box, self.ruleset, opened[-1], granted)
             finally:
-                os.close(fd)
+                for fd in opened:
+                    os.close(fd)
 
     def command(self):
         """The argv that runs the script: this interpreter, wrapped on macOS."""
@@ -5585,8 +5585,8 @@ class Running:
 
     def remove_later(self):
         self.proc.wait()
-        cleanup_later(self.call.root, self.call.cgroups)
-        # what is left, through the directory's descriptor; and that descriptor
+        # its cgroups once they are empty, then the rest through the directory's descriptor
+        cleanup_later(None, self.call.cgroups)
         self.call.release()
 
 

@@ -1749,6 +1749,29 @@ def test_another_run_cannot_put_its_script_in_place_of_a_prepared_call(workdir, 
 
 
 @needs_landlock
+def test_a_scratch_replaced_by_a_symlink_is_not_followed_and_leaks_no_descriptor(box, tmp_path):
+    """A call's own paths are opened beneath its directory a component at a time, never
+    following a symlink: a scratch a script of another run replaced by a link to a directory
+    with a home of its own is refused (ENOTDIR), and the launcher, which lives for the run,
+    keeps no descriptor of the steps before it."""
+    (tmp_path / "home").mkdir()
+    call = agent.Call(box)
+    try:
+        for name in ("home", "shm"):
+            os.rmdir(os.path.join(call.root, "scratch", name))
+        os.rename(os.path.join(call.root, "scratch"), os.path.join(call.root, "moved"))
+        os.symlink(tmp_path, os.path.join(call.root, "scratch"))
+        call.ruleset = agent.make_ruleset(box)
+        before = sorted(os.listdir("/proc/self/fd"))
+        with pytest.raises(OSError) as refused:
+            call.add_own_rules(["home"], agent.READ_WRITE)
+        assert refused.value.errno == errno.ENOTDIR
+        assert sorted(os.listdir("/proc/self/fd")) == before
+    finally:
+        call.release()
+
+
+@needs_landlock
 def test_a_call_prepared_without_its_cgroup_is_not_kept(workdir, monkeypatch):
     """Red team 32.5: the call prepared after the self-test's was made while the launcher's box
     was untested, so a cgroup it could not make left it uncapped, and the next call took it:
