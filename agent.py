@@ -782,9 +782,8 @@ def on_stop_signal(signum, frame):
 
 
 class Connections:
-    """Every connection the SDK's client opens (httpcore's trace, set by make_client's hook),
-    so that Ctrl-C in trials can shut the sockets other threads wait on; once cut, a new one
-    is shut as it opens."""
+    """Every connection the SDK's client opens (httpcore's trace, make_client's hook), so Ctrl-C in
+    trials can shut the sockets other threads wait on; once cut, a new one is shut as it opens."""
 
     lock = threading.Lock()
     opened = weakref.WeakSet()
@@ -1311,10 +1310,9 @@ def one_line(text, width):
 
 
 # USD per million tokens of input, output, cache writes (5-minute, 1-hour) and cache reads, as
-# billed on the Claude API (platform.claude.com/docs/en/about-claude/pricing, 2026-12-02).
-# Haiku 5.5 bills a request whose prompt (input + cache reads + cache writes) exceeds 100,000
-# tokens at its second band, output included. Each entry: ((prompt tokens up to, price), ...);
-# None means no upper bound.
+# billed on the Claude API (platform.claude.com/docs/en/about-claude/pricing, 2026-12-02). Haiku
+# 5.5 bills a request whose prompt (input + cache reads + writes) exceeds 100,000 tokens at its
+# second band, output included. Each entry: ((prompt tokens up to, price), ...); None: no bound.
 Price = namedtuple("Price", "input output write_5m write_1h read")
 OPUS_4 = ((None, Price(5.00, 25.00, 6.25, 10.00, 0.50)),)
 SONNET_4 = ((None, Price(3.00, 15.00, 3.75, 6.00, 0.30)),)
@@ -1860,9 +1858,8 @@ def check_distinct(outputs, inputs=()):
             )
 
 
-# The published schemas (python agent.py --schema transcript|events|summary), JSON Schema
-# draft 2020-12. Within a version fields are only added, so a reader should let unknown ones
-# pass; the fields added after a version's first release are optional here.
+# The published schemas (agent.py --schema transcript|events|summary), JSON Schema 2020-12.
+# A version only adds fields (let unknown ones pass); those added after its release are optional.
 STRING = {"type": "string"}
 COUNT = {"type": "integer", "minimum": 0}
 NUMBER = {"type": "number"}
@@ -2399,9 +2396,8 @@ def own_prompt(session):
 
 # --- Kept runs: every run in the user's state directory ---
 #
-# Each run's transcript is kept in runs_dir(), 0600 in a 0700 directory, as ID.json (the UTC
-# start and 8 hex digits of its run_id); `last` or an id names it wherever a transcript is read.
-# The model's code must not read, write or plant a kept run (docs/runs.md).
+# Each run's transcript is kept in runs_dir(), 0600 in a 0700 directory, as ID.json (UTC start,
+# 8 hex digits of run_id), named by `last` or its id; the model's code must not reach it (runs.md).
 
 KEPT_FILE = re.compile(r"(\d{8}-\d{6}-([0-9a-f]{8}))(?:\.trials(?:\.(\d+))?)?\.json")
 RUN_NAME = re.compile(r"(?:(\d{8}-\d{6})-)?([0-9a-f]{8})[0-9a-f]{0,24}(?:\.(\d+))?")
@@ -2682,9 +2678,8 @@ def is_kept(path, trial=False):
 
 # --- Replay: a recorded run without a key ---
 #
-# --replay runs a transcript's recorded replies again against the real tools: ReplayClient
-# stands in for the SDK's client, so the loop runs unchanged and nothing is sent; ReplayCheck
-# says where a tool result now differs from the recorded one.
+# --replay runs a transcript's recorded replies again against the real tools: ReplayClient stands
+# in for the SDK's client (the loop runs unchanged, nothing is sent); ReplayCheck says what differs.
 
 
 class ReplayEnded(Exception):
@@ -3565,9 +3560,8 @@ def write_out(path, output, suffix, texts, inputs, indexes=()):
 
 # --- Export: ATIF, the Agent Trajectory Interchange Format ---
 #
-# --export atif RUN.json writes an ATIF v1.8 trajectory (docs/export.md): the question a user
-# step, each turn an agent step, what ATIF has no field for in an `extra`. A trials summary's
-# trials are read from where --trials wrote them (run.1.json), never from a path it names.
+# --export atif RUN.json writes an ATIF v1.8 trajectory (docs/export.md): the question a user step,
+# each turn an agent step, the rest in `extra`; a summary's trials from where --trials wrote them.
 
 ATIF_VERSION = "ATIF-v1.8"
 # the transcript's facts of the run that ATIF has no field for: the trajectory's extra
@@ -4282,10 +4276,9 @@ def display_width(text):
 
 
 def approval_question(code, rows, columns, unconfined=None):
-    """What stderr shows before run_python's [y/N] question: the code numbered, so that no two
-    programs that differ look the same (what NOT_AS_IS matches shown as ⟦U+0430⟧, a tab as ␉, a
-    space that ends a line as ␠); code taller than the screen gets its header again above it.
-    `unconfined`: why the sandbox is unavailable, said in it."""
+    """What stderr shows before run_python's [y/N] question: the code numbered, and no two programs
+    that differ look the same (NOT_AS_IS shown as ⟦U+0430⟧, a tab as ␉, a space ending a line as ␠);
+    code taller than the screen gets its header again. `unconfined`: why there is no sandbox."""
     shown = NOT_AS_IS.sub(lambda m: f"\u27e6U+{ord(m[0]):04X}\u27e7", code).replace("\t", "\u2409")
     shown = re.sub("(?m) +$", lambda m: "\u2420" * len(m[0]), shown)
     lines = [f"{n:>4}\u2502 {line}" for n, line in enumerate(shown.split("\n"), 1)]
@@ -4644,11 +4637,10 @@ def read_window(fd, path, offset, limit, max_bytes):
 #
 # On Linux each run has one launcher, a fresh single-threaded interpreter of this file started at
 # the first call: agent -> launcher -> call. For each call it makes the call's directory (the
-# script and a private home), forks a child that confines itself (cgroup and mount namespace
-# where the machine allows, no capability, Landlock, seccomp) and spawns `python main.py`; it
-# kills the call's group when the script ends or the agent closes the call or is gone, then
-# removes the directory. Read in the order a call runs: the policy, one value; execute; each
-# call, down to the script's exec; the set-up once per run; last the policy's tables, as data.
+# script, a private home), forks a child that confines itself (cgroup and mount namespace where
+# allowed, no capability, Landlock, seccomp) and spawns `python main.py`; it ends the call's group
+# and removes what it made. Read in call order: the policy; execute; each call, down to the exec;
+# the set-up once per run; the policy's tables, as data.
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -4721,11 +4713,9 @@ def sandbox_policy(workdir, limits, system=None):
     )
 
 
-# A call, from run_python to its script's first line, in the order it happens: in the agent,
-# execute hands the call to the launcher (ask_launcher) and reads the script's output; in the
-# launcher, launch makes the call's Child: the call's directory with the approved script in it,
-# its cgroup and Landlock ruleset (Call), then a fork that confines itself (Call.run, Call.enter)
-# and spawns the interpreter on that main.py, as `python main.py` runs it.
+# A call in the order it happens: in the agent, execute hands it to the launcher (ask_launcher)
+# and reads the output; in the launcher, launch makes its Child: the directory with the approved
+# script, cgroup and ruleset (Call), a fork that confines itself (Call.run, Call.enter), the exec.
 
 
 def execute(code, workdir, box, timeout, output_chars, cancel=None):
@@ -4950,7 +4940,7 @@ def start_here(code, workdir, box):
         if isinstance(e, (OSError, subprocess.SubprocessError)):
             raise ToolError(f"could not start the sandboxed interpreter: {e}")
         raise
-    call.close_ruleset()
+    call.close_inherited()
     return Running(proc.stdout.fileno(), proc.stderr.fileno(), proc=proc, call=call)
 
 
@@ -5023,7 +5013,7 @@ class Child:
             raise
         for fd in theirs:
             os.close(fd)
-        self.call.close_ruleset()
+        self.call.close_inherited()
         self.pid = pid
         self.pidfd = os.pidfd_open(pid)
 
@@ -5082,9 +5072,8 @@ class Child:
         call.release()
 
     def tell_if_ended(self):
-        """The call's first process wrote to the launcher. If it wrote that the script ended and
-        left nothing running, the agent is told now, while that process waits to be killed, not
-        after its exit (0.8 ms: it holds a copy of the launcher's memory)."""
+        """If the call's first process wrote that the script ended and left nothing running, tell
+        the agent now, not after its exit (0.8 ms: it holds a copy of the launcher's memory)."""
         with contextlib.suppress(OSError):
             message = self.messages.recv(4096, socket.MSG_PEEK)
             if message.startswith(b"=") and message.endswith(ALONE):
@@ -5104,16 +5093,14 @@ class Child:
 
 
 def fork_call(box, call):
-    """fork, in the launcher, for a call: where the kernel allows (root, or a user namespace),
-    the child is pid 1 of a PID namespace of its own, and when it dies (killed, or with the
-    launcher: PDEATHSIG) the kernel kills every process in it, even with the agent and the
-    launcher killed at once. Elsewhere a plain fork."""
+    """fork, in the launcher, for a call: where the kernel allows (root, or a user namespace), the
+    child is pid 1 of its own PID namespace, all of whose processes die with it (killed, or with
+    the launcher: PDEATHSIG), even with the agent and launcher killed at once; else a plain fork."""
     if box.pidns:
         flags = CLONE_NEWPID | (CLONE_NEWUSER if os.geteuid() else 0) | signal.SIGCHLD
         nr = SYSCALLS["clone"][ARCHES[platform.machine()][1]]
-        # none of the at-fork hooks os.fork runs (threading's, random's, logging's: 0.4 ms a
-        # call): they are for other threads, of which the launcher has none, and for modules
-        # the call's process never uses
+        # none of the at-fork hooks os.fork runs (threading's, random's, logging's: 0.4 ms a call):
+        # they serve other threads (the launcher has none) and modules the call never uses
         pid = box.libc.syscall(ctypes.c_long(nr), ctypes.c_ulong(flags), None, None, None, None)
         error = ctypes.get_errno()
         if pid >= 0:
@@ -5140,6 +5127,7 @@ class Call:
         self.cgroups = []
         self.ruleset = -1
         self.directory = -1  # the call's directory, opened once it is made: never by name again
+        self.namespace = ()  # root's prepared call: its mount namespace, root, workdir
         self.uncapped = False
         # its process is the first of a PID namespace of its own (fork_call)
         self.pidns = False
@@ -5155,9 +5143,7 @@ class Call:
             self.own = {name: os.path.join(self.root, path) for name, path in OWN_PATHS.items()}
             self.script = self.own["script"]
             self.home = self.own["home"]
-            # made through the directory's descriptor, never following a name; it stays open:
-            # what the launcher does there later goes through it too (the script may have
-            # moved the directory and left a symlink in its place)
+            # by its descriptor from now on, never its name (a script may move it, leave a link)
             flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
             self.directory = os.open(self.root, flags)
             for path in ("scratch", OWN_PATHS["home"], OWN_PATHS["shm"]):
@@ -5166,8 +5152,7 @@ class Call:
                 try:
                     self.cgroups = make_cgroups(box.cgroup, box.policy, box.tag)
                 except OSError as e:
-                    # a cap the status line promised is kept; one the self-test found missing
-                    # is said on the line
+                    # a promised cap is kept; one the self-test found missing is on the status line
                     if box.tested:
                         raise ToolError(
                             f"could not make this call's cgroup ({e.strerror}); the "
@@ -5176,8 +5161,7 @@ class Call:
                     self.uncapped = True
             if box.landlock:
                 self.ruleset = make_ruleset(box)
-                # the home and shm, unless the child mounts its tmpfs over them (private_scratch
-                # grants the new ones)
+                # home and shm, unless a tmpfs goes over them (private_scratch grants its own)
                 if not box.mounts:
                     self.add_own_rules(box.policy.own_read_write, READ_WRITE)
         except BaseException:
@@ -5185,9 +5169,8 @@ class Call:
             raise
 
     def deliver(self, source):
-        """Write the script, at the call, through the directory's descriptor: where the temp
-        directory is visible in the workdir, a name an earlier script planted makes this fail
-        (ELOOP, EEXIST), never write where it leads; then grant the child its script."""
+        """Write the script, at the call, through the directory's descriptor (a name a script
+        planted makes this fail, ELOOP, EEXIST, never write elsewhere); then grant it."""
         script = os.open(OWN_PATHS["script"], NEW_FILE, 0o600, dir_fd=self.directory)
         with open(script, "wb") as file:
             file.write(source)
@@ -5226,18 +5209,18 @@ class Call:
             # in the user namespace fork_call made: be the same user in it as outside
             if self.pidns and self.ids[0] != 0:
                 own_ids(*self.ids)
-            # the launcher's wakeup pipe is not this process's (its SIGCHLD handler does nothing
-            # else, and the script's exec resets it)
+            # not the launcher's wakeup pipe (its SIGCHLD handler does nothing else; exec resets it)
             signal.set_wakeup_fd(-1)
             null = os.open(os.devnull, os.O_RDONLY)
             for fd, target in ((null, 0), (out, 1), (err, 2), (messages, 3)):
                 os.dup2(fd, target)
             # the directory pinned at the start, not what its name is now
             os.fchdir(workdir)
-            # nothing else of the launcher's but the ruleset (-1 without Landlock) and the
-            # call's directory
+            # nothing else of the launcher's but the ruleset (-1 without Landlock), the call's
+            # directory and its namespace
             start = 4
-            for fd in sorted(fd for fd in (self.ruleset, self.directory) if fd >= start):
+            kept = (self.ruleset, self.directory, *self.namespace)
+            for fd in sorted(fd for fd in kept if fd >= start):
                 os.closerange(start, fd)
                 start = fd + 1
             os.closerange(start, MAX_FD)
@@ -5246,10 +5229,9 @@ class Call:
             # (before Landlock, which hides /proc/self)
             hide_command_line()
             self.enter()
-            self.close_ruleset()
-            # the script's process: posix_spawn (vfork and exec) copies none of this
-            # process's memory, as a fork would (2.1 ms a call: docs/benchmarks.md); the
-            # signals the launcher ignores are the script's default again, as under Popen
+            self.close_inherited()
+            # the script's process: posix_spawn copies none of this process's memory, as a fork
+            # would (2.1 ms a call); the signals the launcher ignores are default again, as in Popen
             argv = self.command()
             closed = [(os.POSIX_SPAWN_CLOSE, 3)]
             default = (*LAUNCHER_IGNORES, signal.SIGXFSZ)
@@ -5265,9 +5247,8 @@ class Call:
         """In the child, before exec (the launcher's fork, or Popen's preexec_fn without one): the
         call's cgroup, its mount namespace, rlimits, no capabilities, Landlock and seccomp."""
         box, parent = self.box, os.getppid()
-        # on v1 "tasks" moves this one thread (all a forked child has) without the lock on every
-        # thread group "cgroup.procs" takes, and its wait for a grace period (7.8 ms against 0.3);
-        # so does "0", this process, where the launcher writing its pid would take it (20 ms)
+        # on v1 "tasks" moves this one thread without the lock on every thread group "cgroup.procs"
+        # takes (7.8 ms against 0.3); and "0", this process (the launcher writing its pid: 20 ms)
         joined = "tasks" if box.cgroup and box.cgroup[0] == "v1" else "cgroup.procs"
         for directory in self.cgroups:
             write_file(os.path.join(directory, joined), "0")
@@ -5275,7 +5256,13 @@ class Call:
         # container's limit may be below the call's cap)
         with contextlib.suppress(OSError):
             write_file("/proc/self/oom_score_adj", "1000")
-        if box.mounts:
+        if self.namespace:
+            # its namespace; setns leaves a process outside any chroot: back into the agent's
+            syscall(box.libc, "setns", self.namespace[0], CLONE_NEWNS)
+            os.fchdir(self.namespace[1])
+            os.chroot(".")
+            os.fchdir(self.namespace[2])
+        elif box.mounts:
             private_scratch(box.libc, self)
         for which, soft, hard in self.rlimits:
             resource.setrlimit(which, (soft, hard))
@@ -5294,15 +5281,17 @@ class Call:
             if box.libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, fprog, 0, 0):
                 raise OSError(ctypes.get_errno(), "seccomp filter failed")
 
-    def close_ruleset(self):
-        """After the fork: the child holds the ruleset; its maker needs it no more."""
-        if self.ruleset >= 0:
-            os.close(self.ruleset)
+    def close_inherited(self):
+        """After the fork: the child has the ruleset and namespace; the maker needs them no more."""
+        for fd in (self.ruleset, *self.namespace):
+            if fd >= 0:
+                os.close(fd)
         self.ruleset = -1
+        self.namespace = ()
 
     def release(self):
         """Remove what the call made (idempotent)."""
-        self.close_ruleset()
+        self.close_inherited()
         cleanup(self.root, self.cgroups, self.directory)
         if self.directory >= 0:
             os.close(self.directory)
@@ -5343,10 +5332,9 @@ def add_rule(box, ruleset, path, names):
 
 
 def init(script, timeout):
-    """The call's first process, once the script runs: reap what comes to it, tell the launcher
-    (fd 3) the script's exit code and end, which in a PID namespace ends every process left in
-    it. It keeps the deadline too (LAUNCHER_GRACE after the timeout). The script cannot stop or
-    kill it (the kernel ignores SIGSTOP and SIGKILL sent to a namespace's init from inside)."""
+    """The call's first process: reap what comes to it, tell the launcher (fd 3) the script's exit
+    code and end, which ends all left in its PID namespace; it keeps the deadline (LAUNCHER_GRACE
+    past the timeout). The script cannot stop or kill a namespace's init from inside."""
     os.dup2(0, 1)
     os.dup2(0, 2)
 
@@ -5361,8 +5349,7 @@ def init(script, timeout):
         pid, status = os.waitpid(-1, 0)
         if pid == script:
             code = b"=%d" % os.waitstatus_to_exitcode(status)
-            # the first process of a PID namespace, with no child left: nothing else runs in
-            # the namespace, so the launcher may report now and kill this process after
+            # pid 1 with no child left: nothing runs in the namespace; the launcher may report now
             if os.getpid() == 1 and not children_left():
                 os.write(3, code + ALONE)
                 os.read(3, 1)
@@ -5400,8 +5387,7 @@ def command_line_cover():
     with open("/proc/self/stat", "rb") as file:
         # after the command's name, in parentheses; arg_start and arg_end are fields 48 and 49
         stat_fields = file.read().rpartition(b")")[2].split()
-    start = int(stat_fields[45])
-    end = int(stat_fields[46])
+    start, end = int(stat_fields[45]), int(stat_fields[46])
     title = b"run_python call"[: end - start - 1]
     return start, title + bytes(end - start - len(title))
 
@@ -5440,10 +5426,9 @@ def make_cgroups(cgroup, policy, tag=()):
 
 
 def private_scratch(libc, call):
-    """A mount namespace with a fresh, capped tmpfs holding the home and the shm (seen at
-    /dev/shm), which the kernel frees when the call's last process exits. It is made detached
-    (fsmount), granted through its descriptor, then attached: a name resolved twice once led
-    the home's rule onto / (red team 32.3)."""
+    """A mount namespace with a fresh, capped tmpfs holding the home and the shm (seen at /dev/shm),
+    freed with the call's last process; made detached (fsmount), granted through its descriptor,
+    then attached: a name resolved twice once led the home's rule onto / (red team 32.3)."""
     user = os.geteuid() != 0 and not call.pidns  # (fork_call made one already)
     if libc.unshare(CLONE_NEWNS | (CLONE_NEWUSER if user else 0)) != 0:
         raise OSError(ctypes.get_errno(), "unshare failed")
@@ -5478,6 +5463,31 @@ def private_scratch(libc, call):
     syscall(libc, "move_mount", tmpfs, b"", scratch, b"", MOVE_MOUNT_EMPTY_PATHS)
     if "shm" in policy.own_read_write and policy.shm:
         mount(f"/proc/self/fd/{own['shm']}".encode(), policy.shm, None, MS_BIND)
+
+
+def make_namespace(box, call):
+    """Root's launcher, for the call it prepares: a child makes the call's mount namespace
+    (private_scratch) while no call runs and sends it, with the root (a chroot's) and pinned
+    workdir in it; the call's process only enters it (0.5 ms a call: docs/benchmarks.md)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with ours, theirs:
+        pid = os.fork()
+        if pid == 0:
+            with contextlib.suppress(BaseException):
+                # unshare carries this process's root and directory into the namespace
+                os.fchdir(box.pinned)
+                private_scratch(box.libc, call)
+                inside = [os.open(path, os.O_RDONLY) for path in ("/proc/self/ns/mnt", "/", ".")]
+                socket.send_fds(theirs, [b"made"], inside)
+            os._exit(0)
+        theirs.close()
+        os.waitpid(pid, 0)
+        fds = socket.recv_fds(ours, 16, 3, socket.MSG_CMSG_CLOEXEC)[1]
+    if len(fds) == 3:
+        return tuple(fds)
+    for fd in fds:
+        os.close(fd)
+    raise OSError("the call's mount namespace could not be made")
 
 
 def own_ids(uid, gid):
@@ -5644,9 +5654,8 @@ def kill_group(pid):
 
 
 def oom_kills(cgroups):
-    """How many of the call's processes the kernel killed for going over its memory cap, from
-    the memory controller's directory, the last (cgroup_parents). With os calls: this is read
-    before the agent is told the call ended (pathlib's reads took 0.3 ms of the call)."""
+    """How many of the call's processes the kernel killed over its memory cap, read with os calls
+    (pathlib's took 0.3 ms) from the memory controller's directory, the last (cgroup_parents)."""
     if not cgroups:
         return 0
     for name in ("memory.events", "memory.oom_control"):  # v2, v1
@@ -5685,10 +5694,9 @@ def cleanup_later(root, cgroups):
 
 
 def remove_tree(root, opened=-1):
-    """Remove a directory tree however a script shaped it (any depth, any name length, no
-    permission): each subdirectory is moved up to the top before it is emptied, so the walk
-    never goes deeper than one level and never follows a symlink. Through `opened`, the
-    directory's descriptor, if given: what `root` names now may be a symlink in its place."""
+    """Remove a directory tree however a script shaped it (any depth, name length, permission):
+    each subdirectory is moved up to the top before it is emptied, so the walk is one level deep
+    and follows no symlink. Through `opened`, its descriptor, if given (`root` may be a symlink)."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         top = os.dup(opened) if opened >= 0 else os.open(root, flags)
@@ -5708,9 +5716,8 @@ def remove_tree(root, opened=-1):
                     if not entry.is_dir(follow_symlinks=False):
                         os.unlink(entry.name, dir_fd=fd)
                         continue
-                    # 0700, as a script may have taken r, w or x away, set through a descriptor
-                    # of the name itself (O_PATH) once it is seen to be a directory: a symlink or
-                    # a hard link to a file swapped in since the listing cannot take the chmod
+                    # 0700 (a script may have taken r, w or x away), through an O_PATH descriptor
+                    # seen to be a directory: a link swapped in since the listing takes no chmod
                     node = os.open(entry.name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
                     try:
                         if not stat.S_ISDIR(os.fstat(node).st_mode):
@@ -5733,17 +5740,15 @@ def remove_tree(root, opened=-1):
 
 
 class Sandbox:
-    """run_python's boundary for one run, set up once, at the first call: the plan (which
-    mechanisms this machine has), the launcher, and the self-test that proves the boundary before
-    anyone relies on it; then reused."""
+    """run_python's boundary for one run, set up at the first call: the plan (which mechanisms this
+    machine has), the launcher, and the self-test that proves it before anyone relies on it."""
 
     def __init__(self, workdir, enabled, limits, report=None, pinned=None):
         self.workdir = workdir
         self.limits = limits
         self.report = report or (lambda line: None)
-        # The workdir as opened now, at the run's start: every call's cwd and writable tree is
-        # this directory, whatever its name names later (another user who can rename it may
-        # swap it for a symlink to / mid-run). `workdir` is its name, for messages and policy.
+        # The workdir as opened at the run's start, whatever its name names later (a user who can
+        # rename it may swap in a symlink to /): every call's cwd. `workdir`: its name.
         flags = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
         self.pinned = os.open(workdir, flags) if pinned is None else pinned
         self.tag = []  # in a launcher, its run's tag, in every name it makes (Launcher.gone)
@@ -5851,8 +5856,7 @@ class Sandbox:
                     self.unavailable(failure)
                 else:
                     self.tested, self.confined = True, True
-                    # a script there could make another run's call run its code, unconfined
-                    # where that run has no sandbox (red team 32.6): refused
+                    # there a script could run its code in other runs' calls (red team 32.6)
                     with contextlib.suppress(ToolError, OSError):
                         self.shown = shown_below(self.workdir, call_parent())
                     self.status = f"sandbox: {self.kind}; {self.extras()}"
@@ -6019,9 +6023,8 @@ def end_launcher(control, proc):
 
 
 AGENT_FILE = os.path.abspath(__file__)
-# The launcher runs the source this agent runs, on its stdin: not agent.py as it is on disk
-# later, nor a bytecode cache a script with that directory as its workdir could have written
-# (red-team S3). In the launcher, LAUNCHER_BOOT has set it: the launcher reads no file.
+# The launcher runs the source this agent runs, on its stdin: not agent.py as it is on disk later,
+# nor a bytecode cache a script could have written there (red-team S3); it reads no file.
 AGENT_SOURCE = globals().get("AGENT_SOURCE") or Path(AGENT_FILE).read_bytes()
 LAUNCHER_BOOT = (
     "import sys, types\n"
@@ -6038,8 +6041,7 @@ def serve(fd):
     its socket (the agent closes it to end the call) and the agent's (closed when the agent is
     gone, kill -9 included); end each call's group, reap, report, clean up."""
     control = socket.socket(fileno=fd)
-    # `pkill -f agent.py` or a Ctrl-C at the terminal hit the launcher too: it goes when the
-    # agent does, and only after ending every call
+    # `pkill -f agent.py` or Ctrl-C hit the launcher too: it goes with the agent, ending every call
     for sig in LAUNCHER_IGNORES:
         signal.signal(sig, signal.SIG_IGN)
     wake, woken = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -6079,8 +6081,7 @@ def serve(fd):
                     message, fds = receive_whole(control, 1)
                     if message is None:
                         return shut_down(children, box)
-                    # once every call is confined, root's launcher drops its bounding set: each
-                    # call's process inherits it empty, 41 drops less (0.1 ms: docs/benchmarks.md)
+                    # confined: the bounding set dropped here, each call inherits it (0.1 ms)
                     confined = message["tested"] and message["landlock"]
                     if confined and not box.bounded and os.geteuid() == 0:
                         box.bounded = drop_bounding_set(box.libc)
@@ -6096,8 +6097,7 @@ def serve(fd):
                         while os.read(wake, 4096):
                             pass
                 elif fd in by_fd:
-                    # its first process wrote (how the script ended, or why it could not start) or
-                    # ended, or the agent ended the call: end the group
+                    # its first process wrote or ended, or the agent ended the call: end the group
                     child = by_fd.pop(fd)
                     poller.unregister(fd)
                     if fd == child.messages.fileno():
@@ -6120,18 +6120,21 @@ def serve(fd):
 
 
 def prepare_next_call(box, parent):
-    """The next call's directory, cgroups and Landlock ruleset, made while none runs (about
-    1.1 ms of a call's 16: docs/benchmarks.md); None if that failed, or made no cgroup (red
-    team 32.5): the call makes its own, or says why."""
+    """The next call's directory, cgroups, ruleset and (root's) mount namespace, made while none
+    runs (docs/benchmarks.md); None if that failed or made no cgroup (red team 32.5)."""
     made_for = prepared_for(box, parent)  # (before the ruleset: a file replaced meanwhile shows)
+    call = None
     try:
         call = Call(box, parent)
+        if call.uncapped:
+            raise OSError("no cgroup")
+        if box.mounts and os.geteuid() == 0:
+            call.namespace = make_namespace(box, call)
+        return made_for, call
     except (OSError, ToolError):
+        if call:
+            call.release()
         return None
-    if call.uncapped:
-        call.release()
-        return None
-    return made_for, call
 
 
 def prepared_call(box, parent):
@@ -6157,10 +6160,9 @@ LAUNCHER_GRACE = 2.0
 
 
 def prepared_for(box, parent):
-    """What a prepared call was made for: its parent directory, the box's cgroup parents,
-    Landlock and its mounts, and which file each grant names. A ruleset holds the files as
-    they were when it was made, and a file replaced since (ldconfig renames /etc/ld.so.cache
-    over itself) would be denied."""
+    """What a prepared call was made for: its parent, the box's cgroup parents, Landlock, mounts
+    and which file each grant names (a ruleset holds files as they were: one replaced since, as
+    ldconfig renames /etc/ld.so.cache, would be denied)."""
     files = []
     for path, _ in box.grants if box.landlock else ():
         try:
@@ -6168,7 +6170,9 @@ def prepared_for(box, parent):
             files.append((there.st_dev, there.st_ino))
         except OSError:
             files.append(None)
-    return parent, box.cgroup, box.landlock, box.mounts, files
+    # a namespace made ahead is a copy of the mounts as they were (make_namespace)
+    with open("/proc/self/mountinfo", "rb") if box.mounts else io.BytesIO() as file:
+        return parent, box.cgroup, box.landlock, box.mounts, files, file.read()
 
 
 def shut_down(children, box):
@@ -6318,10 +6322,9 @@ def landlock_table(text):
     return {name: (bit, int(abi)) for bit, (name, abi) in enumerate(pairs)}
 
 
-# Landlock rights in the order of their bits, from include/uapi/linux/landlock.h. refer: link or
-# rename across directories; ioctl_dev: ioctl on device files; resolve_unix: connect to a named
-# unix socket (docker.sock, D-Bus, ssh-agent). The ruleset handles every right the running
-# kernel knows: what no rule grants is denied.
+# Landlock rights in the order of their bits (include/uapi/linux/landlock.h). refer: link or rename
+# across directories; ioctl_dev: on device files; resolve_unix: connect to a named unix socket
+# (docker.sock, D-Bus). The ruleset handles every right the kernel knows: none granted is denied.
 LANDLOCK_FS = landlock_table(
     "execute:1 write_file:1 read_file:1 read_dir:1 remove_dir:1 remove_file:1 make_char:1 "
     "make_dir:1 make_reg:1 make_sock:1 make_fifo:1 make_block:1 make_sym:1 refer:2 truncate:3 "
@@ -6391,8 +6394,7 @@ SYSCALLS = {
 }
 ARCHES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}  # AUDIT_ARCH_*, column above
 LAST_SYSCALL = 469  # the newest call in the table: newer ones get ENOSYS, as from an older kernel
-# CLONE_PARENT (a sibling of the script, outside its group's reach) and CLONE_NEW{NS, CGROUP,
-# UTS, IPC, USER, PID, NET}
+# CLONE_PARENT (a sibling outside the script's group), CLONE_NEW{NS,CGROUP,UTS,IPC,USER,PID,NET}
 CLONE_ESCAPES = 0x8000 | 0x20000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x70000000
 S_IFMT, S_IFCHR, S_IFBLK, AF_UNIX, ALL = 0o170000, 0o020000, 0o060000, 1, 0xFFFFFFFF
 EPERM, EACCES, ENOSYS = 1, 13, 38
@@ -6403,14 +6405,13 @@ SECCOMP_NAMES = {
 }
 
 
-# The seccomp policy, checked top to bottom, one rule a line (an indented line goes on the one
-# above): syscalls | test | errno | what it would let a script do. A test "argN [& mask] op
-# value" matches when (argument N & mask) op value, on the low 32 bits the kernel reads for every
-# argument tested here; "argN & mask" matches when any bit of mask is set; "-" always matches.
-# Every other call is allowed: files and sockets are Landlock's, resources the rlimits' and
-# cgroup's. The list came from walking the whole syscall table and asking of each: does it act
-# on something outside this process and its files (the host, the kernel, other processes,
-# shared objects)?
+# The seccomp policy, checked top to bottom, a rule a line (an indented line goes on the one
+# above): syscalls | test | errno | what it would let a script do. A test "argN [& mask] op value"
+# matches when (argument N & mask) op value, on the low 32 bits (all the kernel reads of each
+# argument tested here); "argN & mask" when any bit of mask is set; "-" always. Every other call
+# is allowed: files and sockets are Landlock's, resources the rlimits' and cgroup's. The list
+# came from asking of every syscall: does it act on something outside this process and its files
+# (the host, the kernel, other processes, shared objects)?
 SECCOMP_TABLE = """
 reboot kexec_load kexec_file_load | - | EPERM | power off the host, boot another kernel
 init_module finit_module delete_module create_module query_module get_kernel_syms | - | EPERM |
@@ -7237,9 +7238,8 @@ def dotenv_settings(workdir, report):
 
 
 def learn_secrets(report):
-    """Fill SECRETS, which every writer redacts: the API key from the environment and from the
-    .env beside agent.py (if it counts), in every mode: a --replay sends nothing, yet what it
-    writes must hold the key no more than a live run's output does."""
+    """Fill SECRETS, which every writer redacts, in every mode (a --replay's output holds the key
+    no more than a live run's): the API key from the environment and the .env (if it counts)."""
     keys = [os.environ.get("ANTHROPIC_API_KEY")]
     # without python-dotenv, load_config says what to install, if the run needs the file
     with contextlib.suppress(ImportError):

@@ -7,6 +7,7 @@ import json
 import marshal
 import os
 import pwd
+import shutil
 import signal
 import socket
 import stat
@@ -1899,6 +1900,100 @@ def test_the_next_call_is_prepared_between_calls_and_goes_with_the_launcher(work
     box.close()
     assert not [d for d in after if d.exists()], "the launcher's end left the next call's cgroups"
     assert not next_directory.exists(), "the launcher's end left the next call's directory"
+
+
+def root_mounts_box(workdir):
+    box = capped_box(workdir)
+    if not box.mounts or os.geteuid() != 0:
+        box.close()
+        pytest.skip("root's launcher makes a call's mount namespace ahead; not here")
+    return box
+
+
+@needs_landlock
+def test_a_prepared_call_enters_a_namespace_made_ahead_as_mounts_are_at_the_call(workdir):
+    """Root's launcher has a child make the next call's mount namespace (its private tmpfs)
+    while no call runs, and stays in its own; the call's process only enters it. A namespace is
+    a copy of the mounts when it was made: a call after a mount changed makes its own, as
+    `python main.py` would see the mount. The launcher keeps no descriptor of calls made."""
+    box = root_mounts_box(workdir)
+    late = workdir / "late"
+    late.mkdir()
+    fds = f"/proc/{box.launcher.pid}/fd"
+    try:
+        code = "import os\nprint(os.listdir('late'), os.statvfs(os.environ['HOME']).f_blocks)"
+        first = execute(box, workdir, code)
+        prepared_call(box)
+        mine = os.readlink("/proc/self/ns/mnt")
+        assert os.readlink(f"/proc/{box.launcher.pid}/ns/mnt") == mine
+        held = len(os.listdir(fds))
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "late", str(late)], check=True)
+        (late / "file").write_text("made after the call was prepared\n")
+        second = execute(box, workdir, code)
+        assert second.stdout.split(" [")[0].startswith("['file']"), (first, second)
+        # the home a private tmpfs each time, its size the policy's
+        assert first.stdout.split()[-1] == second.stdout.split()[-1] != "0", (first, second)
+        for _ in range(3):
+            assert execute(box, workdir, code).stdout == second.stdout
+        prepared_call(box)
+        assert os.readlink(f"/proc/{box.launcher.pid}/ns/mnt") == mine
+        assert len(os.listdir(fds)) == held, "the launcher keeps descriptors of calls made"
+    finally:
+        box.close()
+        subprocess.run(["umount", "-l", str(late)], check=False)
+
+
+CHROOTED_RUN = r"""
+import json, os, subprocess, sys, time
+from pathlib import Path
+tmp, workdir, agent_dir = map(Path, sys.argv[1:4])
+root = tmp / "root"
+root.mkdir()
+subprocess.run(["mount", "--rbind", "/", str(root)], check=True)
+# a mark only the chroot's view has: an empty directory at the real root
+subprocess.run(["mount", "-t", "tmpfs", "mark", str(root) + str(workdir / "mark")], check=True)
+Path(str(root) + str(workdir / "mark" / "inside")).touch()
+os.chroot(root)
+os.chdir("/")
+sys.path.insert(0, str(agent_dir))
+import agent
+box = agent.Sandbox(workdir, True, agent.Limits())
+box.ready()
+seen = []
+for _ in range(3):
+    # the launcher has prepared the next call: its directory, with no script yet
+    calls = Path(agent.call_parent()).glob(f"agent-call-{box.launcher.tag}-*")
+    while not [c for c in calls if not (c / "main.py").exists()]:
+        time.sleep(0.01)
+        calls = Path(agent.call_parent()).glob(f"agent-call-{box.launcher.tag}-*")
+    code = f"import os\nprint(os.listdir({str(workdir / 'mark')!r}))"
+    run = agent.execute(code, workdir, box, 20, 30_000)
+    seen.append([run.code, run.stdout, run.stderr[-300:]])
+    agent_ns = os.readlink("/proc/self/ns/mnt")
+    launcher_ns = os.readlink(f"/proc/{box.launcher.pid}/ns/mnt")
+    seen.append(launcher_ns == agent_ns)
+box.close()
+print(json.dumps([box.confined, seen]))
+"""
+
+
+@needs_landlock
+def test_a_chrooted_agent_s_prepared_calls_stay_in_its_chroot(workdir, tmp_path):
+    """Entering a mount namespace (setns) puts a process at the namespace's root, outside any
+    chroot: the call's process entering the namespace made for it goes back into the chroot the
+    agent runs in (schroot, mock), and the launcher never leaves its own. Here the chroot's view
+    holds a mark the real root has not."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and util-linux's unshare")
+    (workdir / "mark").mkdir()
+    argv = ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", CHROOTED_RUN]
+    argv += [str(tmp_path), str(os.path.realpath(workdir)), str(Path(agent.__file__).parent)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    confined, seen = json.loads(done.stdout.splitlines()[-1])
+    if not confined:
+        pytest.skip("no sandbox in the chroot here")
+    assert seen == [[0, "['inside']\n", ""], True] * 3, seen
 
 
 @needs_landlock
