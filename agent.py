@@ -1600,8 +1600,7 @@ def clean(value):
 TRANSCRIPT_NEEDS_A_FILE = "a transcript is rewritten after every turn, so it only replaces a file; give a file name, or --transcript - for stdout at the end (with --no-keep for no copy at all)"
 
 
-# How agent.py makes every file it writes: a new one (nothing planted there is opened), never
-# through a symlink, closed on exec
+# Every file agent.py writes is made new (nothing planted is opened), through no symlink, cloexec
 NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -1650,8 +1649,7 @@ class OutputFile:
         except OSError as e:  # a name too long, say
             raise UsageError(f"{flag} {path} cannot be written: {e.strerror}")
         mine = there is not None and there.st_uid in (os.geteuid(), 0)
-        # a stream the user named may go through their own link to a pipe or a device
-        # (/dev/fd/63); any other link is refused below
+        # a stream the user named may go through their own link to a pipe or device (/dev/fd/63)
         if mine and stat.S_ISLNK(there.st_mode) and stream and named:
             target = os.path.realpath(path)
             if workdir is not None and Path(target).is_relative_to(workdir):
@@ -2587,8 +2585,7 @@ def kept_run(name, flag, report):
     except (UsageError, OSError) as e:
         why = e if isinstance(e, UsageError) else f"the kept runs cannot be read: {e.strerror}"
         raise UsageError(f"{flag} {name}: {why}")
-    # (mtime, file) of the kept runs it names, and of those with nothing in them yet; the ids
-    # of the trials runs passed over
+    # (mtime, file) of the kept runs it names and of empty ones; ids of trials runs passed over
     found, empty, trials = [], [], []
     try:
         for entry in os.listdir(fd):
@@ -4044,8 +4041,7 @@ class Counted(logging.Handler):
         return result
 
     def emit(self, record):
-        # once the exporter is shut down, what it says (a retry given up, a second shutdown)
-        # is not why spans were lost: the failure before it is
+        # after shutdown, what the exporter says (a retry given up) is not why spans were lost
         if self.stopped:
             return
         message = record.getMessage()
@@ -4668,8 +4664,7 @@ class SandboxPolicy:
         ("PYTHONNOUSERSITE", "1"),
         ("PYTHONDONTWRITEBYTECODE", "1"),
         ("PYTHONSAFEPATH", "1"),  # no script dir or cwd on sys.path: no stdlib shadowed
-        # a name that is not UTF-8 (os.listdir gives it a lone surrogate) prints as
-        # the escape Python source can use again, caf\udce9.csv, not a crash
+        # a name that is not UTF-8 prints as an escape Python reads again (caf\udce9.csv), no crash
         ("PYTHONIOENCODING", "utf-8:backslashreplace"),
         ("MPLBACKEND", "Agg"),
         # what a script printed before a timeout or Ctrl-C killed it reaches the model
@@ -5020,8 +5015,7 @@ class Child:
     def kill(self, report=True):
         """End the child's group; `report` False: the agent closed the call, or is gone."""
         self.tell = self.tell and report
-        # before the child is reaped, while its group id cannot have been given to another group;
-        # then the child itself, if it has no group yet
+        # its group while the unreaped child keeps the id from another group; then the child itself
         with contextlib.suppress(OSError):
             os.killpg(self.pid, signal.SIGKILL)
         with contextlib.suppress(OSError):
@@ -5148,6 +5142,7 @@ class Call:
             self.directory = os.open(self.root, flags)
             for path in ("scratch", OWN_PATHS["home"], OWN_PATHS["shm"]):
                 os.mkdir(path, 0o700, dir_fd=self.directory)
+            self.scratch = os.stat("scratch", dir_fd=self.directory)
             if box.cgroup:
                 try:
                     self.cgroups = make_cgroups(box.cgroup, box.policy, box.tag)
@@ -6037,9 +6032,8 @@ LAUNCHER_IGNORES = (signal.SIGPIPE, signal.SIGTERM, signal.SIGINT, signal.SIGHUP
 
 
 def serve(fd):
-    """The launcher's loop, single-threaded: start each call (launch); watch its child's pidfd,
-    its socket (the agent closes it to end the call) and the agent's (closed when the agent is
-    gone, kill -9 included); end each call's group, reap, report, clean up."""
+    """The launcher's loop, single-threaded: start each call (launch); watch its child's pidfd, its
+    socket (closed: end the call) and the agent's (closed: gone); end, reap, report, clean up."""
     control = socket.socket(fileno=fd)
     # `pkill -f agent.py` or Ctrl-C hit the launcher too: it goes with the agent, ending every call
     for sig in LAUNCHER_IGNORES:
@@ -6061,6 +6055,7 @@ def serve(fd):
             raise OSError(ctypes.get_errno(), "PR_SET_CHILD_SUBREAPER failed")
         # read before any fork: each call's process only writes it
         command_line_cover()
+        mounts = open("/proc/self/mountinfo", "rb")  # POLLPRI when a mount changes (proc(5))
         # what compiling this file left, 28 MB to 13: each call's fork copies less
         with contextlib.suppress(AttributeError):
             box.libc.malloc_trim(0)
@@ -6073,6 +6068,7 @@ def serve(fd):
     by_fd = {}
     poller.register(control, select.POLLIN)
     poller.register(wake, select.POLLIN)
+    poller.register(mounts, select.POLLPRI)
     try:
         while True:
             killing = 50 if any(c.killed_at for c in children.values()) else None
@@ -6096,6 +6092,9 @@ def serve(fd):
                     with contextlib.suppress(BlockingIOError):
                         while os.read(wake, 4096):
                             pass
+                elif fd == mounts.fileno() and box.prepared and box.prepared[1].namespace:
+                    # a namespace made ahead would keep alive what the host unmounts (red team 32.7)
+                    prepared_call(box, None)
                 elif fd in by_fd:
                     # its first process wrote or ended, or the agent ended the call: end the group
                     child = by_fd.pop(fd)
@@ -6122,9 +6121,11 @@ def serve(fd):
 def prepare_next_call(box, parent):
     """The next call's directory, cgroups, ruleset and (root's) mount namespace, made while none
     runs (docs/benchmarks.md); None if that failed or made no cgroup (red team 32.5)."""
-    made_for = prepared_for(box, parent)  # (before the ruleset: a file replaced meanwhile shows)
     call = None
     try:
+        made_for = prepared_for(
+            box, parent
+        )  # (before the ruleset: a file replaced meanwhile shows)
         call = Call(box, parent)
         if call.uncapped:
             raise OSError("no cgroup")
@@ -6138,16 +6139,19 @@ def prepare_next_call(box, parent):
 
 
 def prepared_call(box, parent):
-    """The call prepare_next_call made, if made for the box as it is now and still where its
-    name says (a script of another run moved one away, red team 32.4); else None."""
+    """The call prepare_next_call made, if made for the box as it is now, `parent` included,
+    and still where its names say; else None (and it is released)."""
     prepared, box.prepared = box.prepared, None
-    if prepared and prepared[0] == prepared_for(box, parent):
-        call = prepared[1]
-        with contextlib.suppress(OSError):
-            if os.path.samestat(os.lstat(call.root), os.fstat(call.directory)):
-                return call
-    if prepared:
-        prepared[1].release()
+    if not prepared:
+        return None
+    made_for, call = prepared
+    with contextlib.suppress(OSError):
+        # its directory (another run's script moved one away: red team 32.4) and scratch (32.7)
+        seen = os.lstat(call.root), os.stat("scratch", dir_fd=call.directory, follow_symlinks=False)
+        made = os.fstat(call.directory), call.scratch
+        if made_for == prepared_for(box, parent) and all(map(os.path.samestat, seen, made)):
+            return call
+    call.release()
     return None
 
 
@@ -6177,9 +6181,7 @@ def prepared_for(box, parent):
 
 def shut_down(children, box):
     """The agent is gone: end every call's group, reap, remove every call's things."""
-    prepared, box.prepared = box.prepared, None
-    if prepared:
-        prepared[1].release()
+    prepared_call(box, None)  # (made for no parent: released)
     for child in children.values():
         child.kill(report=False)
     deadline = time.monotonic() + 2
@@ -6509,8 +6511,7 @@ PR_SET_PDEATHSIG, PR_CAPBSET_READ, PR_CAPBSET_DROP, PR_SET_SECCOMP = 1, 23, 24, 
 PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 36, 38, 47
 SECCOMP_MODE_FILTER, CAP_VERSION_3, MAX_FD = 2, 0x20080522, 1 << 16
 SECCOMP_ALLOW, SECCOMP_KILL, SECCOMP_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
-# BPF opcodes: BPF_LD|W|ABS, BPF_RET, BPF_ALU|AND, conditional jumps (relative, 8-bit): JEQ,
-# JGT, JGE, JSET; and JA, always, by its 32-bit k
+# BPF opcodes: BPF_LD|W|ABS, BPF_RET, BPF_ALU|AND; jumps (relative, 8-bit) JEQ JGT JGE JSET; JA by k
 LD, RET, AND, JEQ, JGT, JGE, JSET, JA = 0x20, 0x06, 0x54, 0x15, 0x25, 0x35, 0x45, 0x05
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID = 0x20000, 0x10000000, 0x20000000
 MS_BIND, MS_REC, MS_PRIVATE, MS_NOSUID, MS_NODEV = 0x1000, 0x4000, 1 << 18, 0x2, 0x4
@@ -7009,8 +7010,7 @@ def harness():
 MODULE_SUFFIXES = (".py", ".pyc", ".pth", ".so", ".zip")  # what Python imports from a directory
 
 
-# How each file agent.py writes begins: a transcript, trials summary or ATIF export; events (JSON
-# Lines); a report (its own head).
+# How each file agent.py writes begins: transcript, summary or ATIF; events (JSONL); a report
 OWN_OUTPUTS = re.compile(
     rb'\s*\{\s*"(version|schema_version)"\s*:|'
     rb'\{"type":"[a-z.]+","seq":|'

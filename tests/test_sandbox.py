@@ -1943,6 +1943,84 @@ def test_a_prepared_call_enters_a_namespace_made_ahead_as_mounts_are_at_the_call
         subprocess.run(["umount", "-l", str(late)], check=False)
 
 
+def held_namespaces(box):
+    """The mount namespaces the launcher holds by a descriptor."""
+    fds = f"/proc/{box.launcher.pid}/fd"
+    links = []
+    for fd in os.listdir(fds):
+        with contextlib.suppress(FileNotFoundError):  # closed meanwhile
+            links.append(os.readlink(f"{fds}/{fd}"))
+    return [link for link in links if link.startswith("mnt:")]
+
+
+@needs_landlock
+def test_a_host_unmount_between_calls_leaves_no_filesystem_held_by_the_launcher(workdir, tmp_path):
+    """Red team 32.7: a namespace made ahead is a copy of every mount, so a filesystem the host
+    unmounted while the model thought stayed alive, held by the launcher alone (no process in
+    it: lsns and fuser showed nothing; mkfs and fsck refused the disk) until the next call. A
+    mount changing now ends the namespace made ahead; the next call makes its own."""
+    box = root_mounts_box(workdir)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "disk", str(disk)], check=True)
+    try:
+        assert execute(box, workdir, "print('one')").stdout == "one\n"
+        prepared_call(box)
+        assert held_namespaces(box), "no namespace was made ahead"
+        subprocess.run(["umount", str(disk)], check=True)
+        deadline = time.monotonic() + 5
+        while held_namespaces(box) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert held_namespaces(box) == [], "the unmounted filesystem is still held"
+        run = execute(box, workdir, "import os\nprint(os.path.ismount(%r))" % str(disk))
+        assert (run.code, run.stdout) == (0, "False\n"), run.stderr
+        prepared_call(box)
+        assert held_namespaces(box), "the next call made after it was not prepared again"
+    finally:
+        box.close()
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+@needs_landlock
+def test_a_prepared_call_whose_scratch_another_run_swapped_is_not_used(workdir):
+    """Red team 32.7: a run whose workdir holds this run's temp directory renamed a prepared
+    call's `scratch` (a mount point only inside the namespace made for it) and made its own:
+    the call's HOME then led there, and its writes failed (EACCES). A prepared call is taken
+    only while its scratch is the one made with it."""
+    box = root_mounts_box(workdir)
+    try:
+        assert execute(box, workdir, "print('one')").stdout == "one\n"
+        directory, _ = prepared_call(box)
+        os.rename(directory / "scratch", directory / "scratch.moved")
+        (directory / "scratch" / "home").mkdir(parents=True)
+        code = "import os\nopen(os.path.join(os.environ['HOME'], 'f'), 'w').write('x')\nprint('ok')"
+        run = execute(box, workdir, code)
+        assert (run.code, run.stdout) == (0, "ok\n"), run.stderr
+    finally:
+        box.close()
+
+
+@needs_landlock
+def test_a_prepared_call_that_cannot_be_checked_is_released(workdir, monkeypatch):
+    """If what a prepared call was made for cannot be read at the call (/proc/self/mountinfo,
+    a grant's file), the call makes its own, and the prepared one leaves nothing behind."""
+    box = capped_box(workdir)
+    parent = agent.call_parent()
+    box.prepared = agent.prepare_next_call(box, parent)
+    made = box.prepared[1]
+
+    def unreadable(*_):
+        raise OSError(errno.EACCES, "cannot read")
+
+    monkeypatch.setattr(agent, "prepared_for", unreadable)
+    try:
+        assert agent.prepared_call(box, parent) is None and box.prepared is None
+        assert not os.path.exists(made.root)
+        assert not [d for d in made.cgroups if Path(d).exists()]
+    finally:
+        box.close()
+
+
 CHROOTED_RUN = r"""
 import json, os, subprocess, sys, time
 from pathlib import Path
