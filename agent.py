@@ -5463,7 +5463,7 @@ def private_scratch(libc, call):
 def make_namespace(box, call):
     """Root's launcher, for the call it prepares: a child makes the call's mount namespace
     (private_scratch) while no call runs and sends it, with the root (a chroot's) and pinned
-    workdir in it; the call's process only enters it (0.5 ms a call: docs/benchmarks.md)."""
+    workdir in it; the call's process only enters it (0.4 ms, 1% of a call: docs/benchmarks.md)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with ours, theirs:
         pid = os.fork()
