@@ -1600,7 +1600,7 @@ def clean(value):
 TRANSCRIPT_NEEDS_A_FILE = "a transcript is rewritten after every turn, so it only replaces a file; give a file name, or --transcript - for stdout at the end (with --no-keep for no copy at all)"
 
 
-# Every file agent.py writes is made new (nothing planted is opened), through no symlink, cloexec
+# Every file agent.py writes: new (nothing planted is opened), through no symlink, closed on exec
 NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -6066,9 +6066,10 @@ def serve(fd):
     poller = select.poll()
     children = {}
     by_fd = {}
+    # first: a mount changed is handled before a request that comes in the same wakeup
+    poller.register(mounts, select.POLLPRI)
     poller.register(control, select.POLLIN)
     poller.register(wake, select.POLLIN)
-    poller.register(mounts, select.POLLPRI)
     try:
         while True:
             killing = 50 if any(c.killed_at for c in children.values()) else None
@@ -6123,9 +6124,8 @@ def prepare_next_call(box, parent):
     runs (docs/benchmarks.md); None if that failed or made no cgroup (red team 32.5)."""
     call = None
     try:
-        made_for = prepared_for(
-            box, parent
-        )  # (before the ruleset: a file replaced meanwhile shows)
+        # before the ruleset: a file replaced meanwhile shows
+        made_for = prepared_for(box, parent)
         call = Call(box, parent)
         if call.uncapped:
             raise OSError("no cgroup")

@@ -2040,8 +2040,9 @@ box.ready()
 seen = []
 for _ in range(3):
     # the launcher has prepared the next call: its directory, with no script yet
+    deadline = time.monotonic() + 10
     calls = Path(agent.call_parent()).glob(f"agent-call-{box.launcher.tag}-*")
-    while not [c for c in calls if not (c / "main.py").exists()]:
+    while not [c for c in calls if not (c / "main.py").exists()] and time.monotonic() < deadline:
         time.sleep(0.01)
         calls = Path(agent.call_parent()).glob(f"agent-call-{box.launcher.tag}-*")
     code = f"import os\nprint(os.listdir({str(workdir / 'mark')!r}))"
@@ -2075,27 +2076,36 @@ def test_a_chrooted_agent_s_prepared_calls_stay_in_its_chroot(workdir, tmp_path)
 
 
 @needs_landlock
-@pytest.mark.parametrize("since", ["the cap given up", "another TMPDIR"])
+@pytest.mark.parametrize("since", ["the cap given up", "another TMPDIR", "a mount made"])
 def test_a_call_prepared_for_the_box_as_it_was_is_not_used(workdir, tmp_path, since):
     """A call takes what was prepared for it only for the box as it is: with the cgroup given up
-    since (the self-test found it failing), or under another temp directory, the call makes its
-    own and removes what was prepared."""
+    since (the self-test found it failing), under another temp directory, or with a mount made
+    since (the launcher's mountinfo differs: a namespace made ahead would not show it), the call
+    makes its own and removes what was prepared."""
+    if since == "a mount made" and os.geteuid() != 0:
+        pytest.skip("needs root to mount")
     box = capped_box(workdir)
     parent = agent.call_parent()
     box.prepared = agent.prepare_next_call(box, parent)
     made = box.prepared[1]
     assert made.cgroups and all(Path(d).is_dir() for d in made.cgroups)
     assert agent.prepared_for(box, parent) == box.prepared[0]
+    disk = tmp_path / "disk"
     if since == "the cap given up":
         box.cgroup = None
-    else:
+    elif since == "another TMPDIR":
         parent = str(tmp_path)
+    else:
+        disk.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "disk", str(disk)], check=True)
     try:
         assert agent.prepared_call(box, parent) is None and box.prepared is None
         assert not [d for d in made.cgroups if Path(d).exists()]
         assert not os.path.exists(made.root)
     finally:
         box.close()
+        if disk.exists():
+            subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def test_a_call_that_cannot_make_its_pipes_leaves_no_descriptor_open(box, workdir, monkeypatch):
