@@ -5449,12 +5449,13 @@ def private_scratch(libc, call):
         os.mkdir(name, 0o700, dir_fd=tmpfs)
         own[name] = os.open(name, OWN_PATH_FLAGS, dir_fd=tmpfs)
         add_rule(call.box, call.ruleset, own[name], READ_WRITE)
-    # the call's directory as this namespace mounts it (move_mount refuses the descriptor
-    # opened before the unshare): found by its name once, and refused unless it is the same
+    # the call's directory and scratch as this namespace mounts them (move_mount refuses what was
+    # opened before the unshare): found by name once, and refused unless the same (red team 32.7e)
     here = os.open(call.root, OWN_PATH_FLAGS | os.O_DIRECTORY)
-    if not os.path.samestat(os.fstat(here), os.fstat(call.directory)):
-        raise OSError(errno.ENOENT, "the call's directory was moved")
     scratch = os.open("scratch", OWN_PATH_FLAGS, dir_fd=here)
+    found = os.fstat(here), os.fstat(scratch)
+    if not all(map(os.path.samestat, found, (os.fstat(call.directory), call.scratch))):
+        raise OSError(errno.ENOENT, "the call's directory or scratch was moved")
     syscall(libc, "move_mount", tmpfs, b"", scratch, b"", MOVE_MOUNT_EMPTY_PATHS)
     if "shm" in policy.own_read_write and policy.shm:
         mount(f"/proc/self/fd/{own['shm']}".encode(), policy.shm, None, MS_BIND)
@@ -5503,8 +5504,7 @@ def write_file(path, text):
 
 
 def drop_capabilities(libc, inherited_empty=False):
-    """Empty every capability set, so that not even root's child holds a privilege; the
-    bounding set unless this process inherited it empty."""
+    """Empty every capability set, the bounding set unless inherited empty: no privilege left."""
     if not inherited_empty:
         drop_bounding_set(libc)
     # the ambient set (CLEAR_ALL), then the other three

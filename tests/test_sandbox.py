@@ -2000,6 +2000,72 @@ def test_a_prepared_call_whose_scratch_another_run_swapped_is_not_used(workdir):
         box.close()
 
 
+def mountinfo_line(path):
+    lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    return [line for line in lines if f" {path} " in line]
+
+
+@needs_landlock
+def test_a_mount_changed_while_the_launcher_was_busy_ends_the_namespace_made_ahead(
+    workdir, tmp_path
+):
+    """Red team 32.7d: a call's request and a mount change seen in the same wakeup of the
+    launcher (here: the launcher stopped meanwhile, as a busy one is) took the namespace made
+    before the change, when the new mount's mountinfo line read as the old one's: the call read
+    the unmounted tree. A mount change is handled before a request."""
+    box = root_mounts_box(workdir)
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "which").write_text("old")
+    mount = workdir / "mnt"
+    mount.mkdir()
+    subprocess.run(["mount", "--bind", str(source), str(mount)], check=True)
+    runs = []
+    try:
+        assert execute(box, workdir, "print('one')").stdout == "one\n"
+        prepared_call(box)
+        before = mountinfo_line(mount)
+        os.kill(box.launcher.pid, signal.SIGSTOP)
+        try:
+            subprocess.run(["umount", str(mount)], check=True)
+            os.rename(source, tmp_path / "source.old")
+            source.mkdir()
+            (source / "which").write_text("new")
+            subprocess.run(["mount", "--bind", str(source), str(mount)], check=True)
+            if mountinfo_line(mount) != before:
+                pytest.skip("the new mount's line differs here: the byte check alone sees it")
+            code = "print(open('mnt/which').read())"
+            call = threading.Thread(target=lambda: runs.append(execute(box, workdir, code)))
+            call.start()
+            time.sleep(0.3)
+        finally:
+            os.kill(box.launcher.pid, signal.SIGCONT)
+        call.join()
+        assert (runs[0].code, runs[0].stdout) == (0, "new\n"), runs[0]
+    finally:
+        box.close()
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@needs_landlock
+def test_a_scratch_swapped_before_the_namespace_is_made_gets_no_tmpfs(box, workdir, tmp_path):
+    """Red team 32.7e: a run whose workdir holds this run's temp directory swapped a prepared
+    call's `scratch` while the namespace was made (so the tmpfs went onto its own directory),
+    then swapped it back before the call was taken: the call's HOME had no tmpfs (EACCES). The
+    tmpfs is mounted only on the scratch made with the call."""
+    if not box.mounts or os.geteuid() != 0:
+        pytest.skip("root's namespace made ahead; not here")
+    call = agent.Call(box)
+    try:
+        os.rename(os.path.join(call.root, "scratch"), os.path.join(call.root, "scratch.made"))
+        os.mkdir(os.path.join(call.root, "scratch"))
+        with pytest.raises(OSError) as refused:
+            call.namespace = agent.make_namespace(box, call)
+        assert "could not be made" in str(refused.value)
+    finally:
+        call.release()
+
+
 @needs_landlock
 def test_a_prepared_call_that_cannot_be_checked_is_released(workdir, monkeypatch):
     """If what a prepared call was made for cannot be read at the call (/proc/self/mountinfo,
