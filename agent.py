@@ -6139,8 +6139,7 @@ def prepare_next_call(box, parent):
 
 
 def prepared_call(box, parent):
-    """The call prepare_next_call made, if made for the box as it is now, `parent` included,
-    and still where its names say; else None (and it is released)."""
+    """The prepared call, if made for the box as it is and still in place; else None (released)."""
     prepared, box.prepared = box.prepared, None
     if not prepared:
         return None
@@ -6174,8 +6173,9 @@ def prepared_for(box, parent):
             files.append((there.st_dev, there.st_ino))
         except OSError:
             files.append(None)
-    # a namespace made ahead is a copy of the mounts as they were (make_namespace)
-    with open("/proc/self/mountinfo", "rb") if box.mounts else io.BytesIO() as file:
+    # root's namespace made ahead is a copy of the mounts as they were (make_namespace)
+    ahead = box.mounts and os.geteuid() == 0
+    with open("/proc/self/mountinfo", "rb") if ahead else io.BytesIO() as file:
         return parent, box.cgroup, box.landlock, box.mounts, files, file.read()
 
 

@@ -2067,6 +2067,31 @@ def test_a_scratch_swapped_before_the_namespace_is_made_gets_no_tmpfs(box, workd
 
 
 @needs_landlock
+def test_a_mount_does_not_end_a_prepared_call_that_has_no_namespace(workdir, tmp_path, monkeypatch):
+    """Only root's prepared call holds a namespace made ahead, a copy of the mounts; another
+    (a non-root agent's) makes its namespace at the call, so a mount made since does not make
+    the launcher throw it away, nor read its mountinfo for it."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount")
+    box = capped_box(workdir)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    parent = agent.call_parent()
+    box.prepared = agent.prepare_next_call(box, parent)
+    made = box.prepared[1]
+    assert made.namespace == ()
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "disk", str(disk)], check=True)
+    try:
+        assert agent.prepared_call(box, parent) is made
+    finally:
+        made.release()
+        monkeypatch.undo()
+        box.close()
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+@needs_landlock
 def test_a_prepared_call_that_cannot_be_checked_is_released(workdir, monkeypatch):
     """If what a prepared call was made for cannot be read at the call (/proc/self/mountinfo,
     a grant's file), the call makes its own, and the prepared one leaves nothing behind."""
