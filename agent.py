@@ -1190,8 +1190,7 @@ def check_reply(message, cut_off=None):
     content = message.get("content")
     if not isinstance(content, list):
         return [], [f"the reply's content was {type(content).__name__}, not a list"] * bool(content)
-    kept = []
-    notes = []
+    kept, notes = [], []
     ids = set()  # of the tool calls kept (a set: a server decides how many blocks come)
     for block in content:
         problem = block_problem(block, "assistant")
@@ -1833,11 +1832,7 @@ FILE_KINDS = {
 
 def file_identity(path):
     """What names a file or descriptor for the outputs' checks: its inode, else its path."""
-    try:
-        there = os.stat(path)
-        return there.st_dev, there.st_ino
-    except OSError:
-        return str(Path(os.path.realpath(Path(path).parent)) / Path(path).name)
+    return file_id(path) or str(Path(os.path.realpath(Path(path).parent)) / Path(path).name)
 
 
 def check_distinct(outputs, inputs=()):
@@ -2165,9 +2160,8 @@ def messages_problem(messages):
         return "it has no messages"
     asked = set()
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            return f"messages[{i}] is not a message with a role and content"
-        if not isinstance(m.get("content"), list) or not m["content"]:
+        with_role = isinstance(m, dict) and m.get("role") in ("user", "assistant")
+        if not with_role or not isinstance(m.get("content"), list) or not m["content"]:
             return f"messages[{i}] is not a message with a role and content"
         for j, b in enumerate(m["content"]):
             problem = block_problem(b, m["role"])
@@ -2510,11 +2504,10 @@ def keep_run(run_id, workdir, report, trials=0):
     """Make this run's kept file (O_EXCL): its KeptRun and each trial's, {i: KeptRun} ({} without
     trials); None and {}, with a note on stderr, when runs cannot be kept here."""
     try:
-        kept, each = make_kept_run(run_id, workdir, report, trials)
+        return make_kept_run(run_id, workdir, report, trials)
     except UsageError as e:
         report.error(f"note: this run is not kept: {e}")
-        kept, each = None, {}
-    return kept, each
+        return None, {}
 
 
 def make_kept_run(run_id, workdir, report, trials):
@@ -3173,8 +3166,7 @@ def run_trials(spec, client, ctx, outputs, events, telemetry, kept):
     # what was measured
     summary.update(interrupted=interrupted, question=spec.question, model=spec.model, expect=expect)
     summary["decline_message"] = ctx.decline_message
-    given = {"base_url": spec.server, "budget_usd": spec.budget_usd}
-    summary.update(present(given))
+    summary.update(present({"base_url": spec.server, "budget_usd": spec.budget_usd}))
     report = Reporter(events=events)  # the summary is said -q or not
     print_summary(summary, report)
     if spec.budget_usd is not None and summary["n"] < spec.k and not interrupted:
@@ -3771,8 +3763,7 @@ class Telemetry:
         # why recording stopped; next(started): the spans started, plus one
         self.failed = None
         self.started = count(1)
-        # --replay's source (begin)
-        self.replay = None
+        self.replay = None  # --replay's source (begin)
 
     @classmethod
     def start(cls, report):
@@ -3926,11 +3917,7 @@ class Telemetry:
             # the reply is the last message, unless the turn kept it out of the history
             asked = messages[:-1] if record.get("in_history") is not False else messages
             parts = [p for m in genai_messages(messages[len(asked) :]) for p in m["parts"]]
-            said = {
-                "role": "assistant",
-                "parts": parts,
-                "finish_reason": str(record["stop_reason"]),
-            }
+            said = dict(role="assistant", parts=parts, finish_reason=str(record["stop_reason"]))
             attributes["gen_ai.input.messages"] = as_json(genai_messages(asked))
             attributes["gen_ai.output.messages"] = as_json([said])
         self.close(chat, attributes)
@@ -5016,8 +5003,7 @@ class Child:
         """End the child's group; `report` False: the agent closed the call, or is gone."""
         self.tell = self.tell and report
         # its group while the unreaped child keeps the id from another group; then the child itself
-        with contextlib.suppress(OSError):
-            os.killpg(self.pid, signal.SIGKILL)
+        kill_group(self.pid)
         with contextlib.suppress(OSError):
             signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
         self.killed_at = self.killed_at or time.monotonic()
@@ -5123,11 +5109,9 @@ class Call:
         self.directory = -1  # the call's directory, opened once it is made: never by name again
         self.namespace = ()  # root's prepared call: its mount namespace, root, workdir
         self.uncapped = False
-        # its process is the first of a PID namespace of its own (fork_call)
-        self.pidns = False
+        self.pidns = False  # its process is the first of a PID namespace of its own (fork_call)
         self.ids = (os.getuid(), os.getgid())
-        # worked out here, not in the forked child
-        self.rlimits = box.rlimits
+        self.rlimits = box.rlimits  # worked out here, not in the forked child
         # a new directory (0700) made by mkdir, which never reuses a name
         self.root = tempfile.mkdtemp(
             prefix="-".join(["agent-call", *box.tag, ""]), dir=parent or call_parent()
@@ -5221,8 +5205,10 @@ class Call:
             os.closerange(start, MAX_FD)
             # the group the launcher kills
             os.setsid()
-            # (before Landlock, which hides /proc/self)
-            hide_command_line()
+            # over the command line, as setproctitle does: `pkill -STOP -f agent.py` misses the
+            # call's first process (before Landlock, which hides /proc/self)
+            start, cover = command_line_cover()
+            ctypes.memmove(start, cover, len(cover))
             self.enter()
             self.close_inherited()
             # the script's process: posix_spawn copies none of this process's memory, as a fork
@@ -5366,13 +5352,6 @@ def children_left():
 
 TIMED_OUT = b"timed out"
 ALONE = b" alone"  # after the script's exit code: nothing of it runs on
-
-
-def hide_command_line():
-    """Overwrite the command line in place, as setproctitle does: `pkill -STOP -f agent.py`
-    misses the call's first process."""
-    start, cover = command_line_cover()
-    ctypes.memmove(start, cover, len(cover))
 
 
 @cache
@@ -5651,9 +5630,7 @@ def kill_group(pid):
 def oom_kills(cgroups):
     """How many of the call's processes the kernel killed over its memory cap, read with os calls
     (pathlib's took 0.3 ms) from the memory controller's directory, the last (cgroup_parents)."""
-    if not cgroups:
-        return 0
-    for name in ("memory.events", "memory.oom_control"):  # v2, v1
+    for name in ("memory.events", "memory.oom_control") if cgroups else ():  # v2, v1
         try:
             fd = os.open(os.path.join(cgroups[-1], name), os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
@@ -5962,8 +5939,7 @@ class Launcher:
         policy = asdict(box.policy)
         policy["env_keep"] = sorted(policy["env_keep"])
         config = {"workdir": str(box.workdir), "tag": self.tag, "policy": policy}
-        answer = b""
-        why = ""
+        answer, why = b"", ""
         try:
             send_whole(ours, config, [box.pinned])
             ours.settimeout(60)
@@ -6064,8 +6040,7 @@ def serve(fd):
         return
     control.send(b"ready")
     poller = select.poll()
-    children = {}
-    by_fd = {}
+    children, by_fd = {}, {}
     # first: a mount changed is handled before a request that comes in the same wakeup
     poller.register(mounts, select.POLLPRI)
     poller.register(control, select.POLLIN)
@@ -6699,11 +6674,7 @@ HELP = {
 
 def helped(group):
     """`group.add_argument`, given --help's words for the option from HELP."""
-
-    def add(*flags, **given):
-        group.add_argument(*flags, help=HELP[flags[-1]], **given)
-
-    return add
+    return lambda *flags, **given: group.add_argument(*flags, help=HELP[flags[-1]], **given)
 
 
 def parse_args(argv):
@@ -7485,13 +7456,11 @@ def export_mode(args, report):
 def checked_stdin(args, stdin):
     """stdin as a run reads it, once the question was taken from it (-); a UsageError when the
     current directory or stdout is gone."""
-    # closed (<&-): as if it held nothing
-    stdin = stdin or sys.stdin or io.StringIO()
+    stdin = stdin or sys.stdin or io.StringIO()  # closed (<&-): as if it held nothing
     # every relative path, a recorded workdir's too, would fail
     if cwd_gone():
         raise UsageError(CWD_GONE)
-    # >&-
-    if sys.stdout is None:
+    if sys.stdout is None:  # >&-
         raise UsageError(
             "stdout is closed: nowhere to write the answer (give > FILE, or > /dev/null)"
         )
@@ -7734,11 +7703,8 @@ def open_outputs(args, target, reach):
     if events_out and args.resume:
         check_distinct([("--events", events_out)], [("--resume", args.resume)])
     # each read once at the start: an output on one would replace it
-    read = [
-        (flag, path)
-        for flag, path in (("--replay", args.replay), ("--system-prompt", args.system_prompt))
-        if path
-    ]
+    given = (("--replay", args.replay), ("--system-prompt", args.system_prompt))
+    read = [(flag, path) for flag, path in given if path]
     if read:
         check_distinct(written + trials, read)
     return output, trial_outputs, events_out
@@ -7837,10 +7803,8 @@ def session_of(run):
         return replay_session(run.replay, run.workdir, run.run_id, args.replay)
     session = run.session
     if session is None:
-        prompt = run.system or SYSTEM_PROMPT
-        session = new_session(
-            args.question, run.model, run.workdir, args.effort, run.run_id, prompt
-        )
+        asked = (args.question, run.model, run.workdir, args.effort, run.run_id)
+        session = new_session(*asked, run.system or SYSTEM_PROMPT)
     else:
         session.update(model=run.model, workdir=str(run.workdir), run_id=run.run_id)
         session["effort"] = args.effort or session.get("effort")
