@@ -5488,8 +5488,7 @@ def drop_capabilities(libc, inherited_empty=False):
         drop_bounding_set(libc)
     # the ambient set (CLEAR_ALL), then the other three
     libc.prctl(PR_CAP_AMBIENT, 4, 0, 0, 0)
-    header = (ctypes.c_uint32 * 2)(CAP_VERSION_3, 0)
-    syscall(libc, "capset", header, (ctypes.c_uint32 * 6)())
+    syscall(libc, "capset", *CAPSET_NONE)
 
 
 def drop_bounding_set(libc):
@@ -5725,6 +5724,7 @@ class Sandbox:
         self.pinned = os.open(workdir, flags) if pinned is None else pinned
         self.tag = []  # in a launcher, its run's tag, in every name it makes (Launcher.gone)
         self.prepared = None  # in a launcher: the next call, made while none runs (serve)
+        self.watch = None  # and what would make it stale, watched (watch_for_changes)
         self.bounded = False  # in a launcher: its capability bounding set is empty (serve)
         self.shown = None  # a mount at or below the workdir that shows the temp directory
         self.unpin = weakref.finalize(self, os.close, self.pinned)
@@ -5886,6 +5886,8 @@ class Sandbox:
                 self.launcher.close()
             self.launcher, self.no_launcher = None, "closed"
             self.unpin()
+            for fd in self.watch[1] if self.watch else ():
+                os.close(fd)
 
 
 SELF_TEST = """import contextlib, ctypes, os
@@ -6099,8 +6101,13 @@ def prepare_next_call(box, parent):
     runs (docs/benchmarks.md); None if that failed or made no cgroup (red team 32.5)."""
     call = None
     try:
-        # before the ruleset: a file replaced meanwhile shows
-        made_for = prepared_for(box, parent)
+        if box.watch is None:
+            box.watch = watch_for_changes(box)
+        if not box.watch:
+            return None
+        # before the ruleset: a file replaced or a mount changed from here on ends the call
+        grants_or_mounts_changed(box)
+        made_for = parent, box.cgroup, box.landlock, box.mounts
         call = Call(box, parent)
         if call.uncapped:
             raise OSError("no cgroup")
@@ -6123,7 +6130,8 @@ def prepared_call(box, parent):
         # its directory (another run's script moved one away: red team 32.4) and scratch (32.7)
         seen = os.lstat(call.root), os.stat("scratch", dir_fd=call.directory, follow_symlinks=False)
         made = os.fstat(call.directory), call.scratch
-        if made_for == prepared_for(box, parent) and all(map(os.path.samestat, seen, made)):
+        fits = made_for == (parent, box.cgroup, box.landlock, box.mounts)
+        if fits and not grants_or_mounts_changed(box) and all(map(os.path.samestat, seen, made)):
             return call
     call.release()
     return None
@@ -6137,21 +6145,42 @@ def tupled(value):
 LAUNCHER_GRACE = 2.0
 
 
-def prepared_for(box, parent):
-    """What a prepared call was made for: its parent, the box's cgroup parents, Landlock, mounts
-    and which file each grant names (a ruleset holds files as they were: one replaced since, as
-    ldconfig renames /etc/ld.so.cache, would be denied)."""
-    files = []
+# inotify(7): IN_ATTRIB (links too: a file renamed over it), IN_DELETE_SELF, IN_MOVE_SELF; where
+# a grant is missing, IN_CREATE and IN_MOVED_TO in its nearest directory; IN_MASK_ADD
+GRANT_CHANGED, NAME_ADDED, IN_MASK_ADD = 0x4 | 0x400 | 0x800, 0x100 | 0x80, 0x20000000
+
+
+def watch_for_changes(box):
+    """What would make a prepared call stale, watched: a mount changed (this process's mountinfo:
+    POLLPRI, proc(5)) or a grant's file (a ruleset holds files as they were: one replaced since,
+    as ldconfig replaces /etc/ld.so.cache, would be denied). (poller, its descriptors); False if
+    a grant cannot be watched, and then no call is prepared."""
+    inotify = box.libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    if inotify < 0:
+        return False
+    add_watch = box.libc.inotify_add_watch
     for path, _ in box.grants if box.landlock else ():
-        try:
-            there = os.stat(path)  # (the pinned workdir, a descriptor: its fstat)
-            files.append((there.st_dev, there.st_ino))
-        except OSError:
-            files.append(None)
-    # root's namespace made ahead is a copy of the mounts as they were (make_namespace)
-    ahead = box.mounts and os.geteuid() == 0
-    with open("/proc/self/mountinfo", "rb") if ahead else io.BytesIO() as file:
-        return parent, box.cgroup, box.landlock, box.mounts, files, file.read()
+        mask = GRANT_CHANGED | IN_MASK_ADD
+        # each file as its rule holds it (symlinks followed); the workdir, a descriptor, stays
+        while isinstance(path, str) and add_watch(inotify, os.fsencode(path), mask) < 0:
+            if ctypes.get_errno() != errno.ENOENT:
+                os.close(inotify)
+                return False
+            path, mask = os.path.dirname(path), mask | NAME_ADDED
+    mounts = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+    poller = select.poll()
+    poller.register(inotify, select.POLLIN)
+    poller.register(mounts, select.POLLPRI)
+    return poller, (inotify, mounts)
+
+
+def grants_or_mounts_changed(box):
+    """Whether a mount or a grant's file changed since the last look (its events read away)."""
+    poller, (inotify, _) = box.watch
+    seen = poller.poll(0)
+    with contextlib.suppress(BlockingIOError):
+        os.read(inotify, 65536)
+    return bool(seen)
 
 
 def shut_down(children, box):
@@ -6485,6 +6514,8 @@ UNIX_SOCKET_RULES = tuple(seccomp_rules(UNIX_SOCKET_TABLE))
 PR_SET_PDEATHSIG, PR_CAPBSET_READ, PR_CAPBSET_DROP, PR_SET_SECCOMP = 1, 23, 24, 22
 PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 36, 38, 47
 SECCOMP_MODE_FILTER, CAP_VERSION_3, MAX_FD = 2, 0x20080522, 1 << 16
+# capset's arguments, made before any fork (each call's process copies less: 0.1 ms a call)
+CAPSET_NONE = ((ctypes.c_uint32 * 2)(CAP_VERSION_3, 0), (ctypes.c_uint32 * 6)())
 SECCOMP_ALLOW, SECCOMP_KILL, SECCOMP_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
 # BPF opcodes: BPF_LD|W|ABS, BPF_RET, BPF_ALU|AND; jumps (relative, 8-bit) JEQ JGT JGE JSET; JA by k
 LD, RET, AND, JEQ, JGT, JGE, JSET, JA = 0x20, 0x06, 0x54, 0x15, 0x25, 0x35, 0x45, 0x05
