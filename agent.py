@@ -5724,7 +5724,7 @@ class Sandbox:
         self.pinned = os.open(workdir, flags) if pinned is None else pinned
         self.tag = []  # in a launcher, its run's tag, in every name it makes (Launcher.gone)
         self.prepared = None  # in a launcher: the next call, made while none runs (serve)
-        self.watch = None  # and what would make it stale, watched (watch_for_changes)
+        self.mountinfo = None  # in a launcher: /proc/self/mountinfo, watched (mounts_changed)
         self.bounded = False  # in a launcher: its capability bounding set is empty (serve)
         self.shown = None  # a mount at or below the workdir that shows the temp directory
         self.unpin = weakref.finalize(self, os.close, self.pinned)
@@ -5886,8 +5886,9 @@ class Sandbox:
                 self.launcher.close()
             self.launcher, self.no_launcher = None, "closed"
             self.unpin()
-            for fd in self.watch[1] if self.watch else ():
-                os.close(fd)
+            if self.mountinfo is not None:
+                os.close(self.mountinfo)
+                self.mountinfo = None
 
 
 SELF_TEST = """import contextlib, ctypes, os
@@ -6033,7 +6034,7 @@ def serve(fd):
             raise OSError(ctypes.get_errno(), "PR_SET_CHILD_SUBREAPER failed")
         # read before any fork: each call's process only writes it
         command_line_cover()
-        mounts = open("/proc/self/mountinfo", "rb")  # POLLPRI when a mount changes (proc(5))
+        box.mountinfo = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
         # what compiling this file left, 28 MB to 13: each call's fork copies less
         with contextlib.suppress(AttributeError):
             box.libc.malloc_trim(0)
@@ -6044,7 +6045,7 @@ def serve(fd):
     poller = select.poll()
     children, by_fd = {}, {}
     # first: a mount changed is handled before a request that comes in the same wakeup
-    poller.register(mounts, select.POLLPRI)
+    poller.register(box.mountinfo, select.POLLPRI)
     poller.register(control, select.POLLIN)
     poller.register(wake, select.POLLIN)
     try:
@@ -6070,7 +6071,7 @@ def serve(fd):
                     with contextlib.suppress(BlockingIOError):
                         while os.read(wake, 4096):
                             pass
-                elif fd == mounts.fileno() and box.prepared and box.prepared[1].namespace:
+                elif fd == box.mountinfo and box.prepared and box.prepared[1].namespace:
                     # a namespace made ahead would keep alive what the host unmounts (red team 32.7)
                     prepared_call(box, None)
                 elif fd in by_fd:
@@ -6101,13 +6102,9 @@ def prepare_next_call(box, parent):
     runs (docs/benchmarks.md); None if that failed or made no cgroup (red team 32.5)."""
     call = None
     try:
-        if box.watch is None:
-            box.watch = watch_for_changes(box)
-        if not box.watch:
-            return None
-        # before the ruleset: a file replaced or a mount changed from here on ends the call
-        grants_or_mounts_changed(box)
-        made_for = parent, box.cgroup, box.landlock, box.mounts
+        # before the ruleset and namespace: a file replaced or a mount changed meanwhile shows
+        mounts_changed(box)
+        made_for = prepared_for(box, parent)
         call = Call(box, parent)
         if call.uncapped:
             raise OSError("no cgroup")
@@ -6130,8 +6127,10 @@ def prepared_call(box, parent):
         # its directory (another run's script moved one away: red team 32.4) and scratch (32.7)
         seen = os.lstat(call.root), os.stat("scratch", dir_fd=call.directory, follow_symlinks=False)
         made = os.fstat(call.directory), call.scratch
-        fits = made_for == (parent, box.cgroup, box.landlock, box.mounts)
-        if fits and not grants_or_mounts_changed(box) and all(map(os.path.samestat, seen, made)):
+        # root's namespace made ahead: no mount changed since (32.7b)
+        stale = call.namespace and mounts_changed(box)
+        fits = made_for == prepared_for(box, parent) and not stale
+        if fits and all(map(os.path.samestat, seen, made)):
             return call
     call.release()
     return None
@@ -6145,42 +6144,29 @@ def tupled(value):
 LAUNCHER_GRACE = 2.0
 
 
-# inotify(7): IN_ATTRIB (links too: a file renamed over it), IN_DELETE_SELF, IN_MOVE_SELF; where
-# a grant is missing, IN_CREATE and IN_MOVED_TO in its nearest directory; IN_MASK_ADD
-GRANT_CHANGED, NAME_ADDED, IN_MASK_ADD = 0x4 | 0x400 | 0x800, 0x100 | 0x80, 0x20000000
-
-
-def watch_for_changes(box):
-    """What would make a prepared call stale, watched: a mount changed (this process's mountinfo:
-    POLLPRI, proc(5)) or a grant's file (a ruleset holds files as they were: one replaced since,
-    as ldconfig replaces /etc/ld.so.cache, would be denied). (poller, its descriptors); False if
-    a grant cannot be watched, and then no call is prepared."""
-    inotify = box.libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-    if inotify < 0:
-        return False
-    add_watch = box.libc.inotify_add_watch
+def prepared_for(box, parent):
+    """What a prepared call was made for: its parent, the box's cgroup parents, Landlock, mounts
+    and which file each grant names (a ruleset holds files as they were: one replaced since, as
+    ldconfig renames /etc/ld.so.cache, would be denied)."""
+    files = []
     for path, _ in box.grants if box.landlock else ():
-        mask = GRANT_CHANGED | IN_MASK_ADD
-        # each file as its rule holds it (symlinks followed); the workdir, a descriptor, stays
-        while isinstance(path, str) and add_watch(inotify, os.fsencode(path), mask) < 0:
-            if ctypes.get_errno() != errno.ENOENT:
-                os.close(inotify)
-                return False
-            path, mask = os.path.dirname(path), mask | NAME_ADDED
-    mounts = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            there = os.stat(path)  # (the pinned workdir, a descriptor: its fstat)
+            files.append((there.st_dev, there.st_ino))
+        except OSError:
+            files.append(None)
+    return parent, box.cgroup, box.landlock, box.mounts, files
+
+
+def mounts_changed(box):
+    """Whether a mount changed since the last look: POLLPRI on mountinfo counts every change, even
+    one undone or one whose line reads as before (proc(5)). Root's namespace made ahead is a copy
+    of the mounts as they were (make_namespace); serve shares the descriptor."""
+    if box.mountinfo is None:
+        box.mountinfo = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
     poller = select.poll()
-    poller.register(inotify, select.POLLIN)
-    poller.register(mounts, select.POLLPRI)
-    return poller, (inotify, mounts)
-
-
-def grants_or_mounts_changed(box):
-    """Whether a mount or a grant's file changed since the last look (its events read away)."""
-    poller, (inotify, _) = box.watch
-    seen = poller.poll(0)
-    with contextlib.suppress(BlockingIOError):
-        os.read(inotify, 65536)
-    return bool(seen)
+    poller.register(box.mountinfo, select.POLLPRI)
+    return bool(poller.poll(0))
 
 
 def shut_down(children, box):

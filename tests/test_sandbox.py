@@ -2067,39 +2067,34 @@ def test_a_scratch_swapped_before_the_namespace_is_made_gets_no_tmpfs(box, workd
 
 
 @needs_landlock
-@pytest.mark.parametrize("refused", ["inotify_init1", "inotify_add_watch"])
-def test_no_call_is_prepared_where_what_would_make_it_stale_cannot_be_watched(
-    workdir, monkeypatch, refused
-):
-    """A prepared call is taken only while a change to a grant's file would be seen: with no
-    inotify instance left (EMFILE) or a grant's file not watched (ENOSPC: the user's watches
-    used up), no call is prepared, nothing is left behind, and calls still run."""
+def test_a_mount_does_not_end_a_prepared_call_that_has_no_namespace(workdir, tmp_path, monkeypatch):
+    """Only root's prepared call holds a namespace made ahead, a copy of the mounts; another
+    (a non-root agent's) makes its namespace at the call, so a mount made since does not make
+    the launcher throw it away, nor read its mountinfo for it."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount")
     box = capped_box(workdir)
-
-    def refuse(*_):
-        ctypes.set_errno(errno.EMFILE if refused == "inotify_init1" else errno.ENOSPC)
-        return -1
-
-    monkeypatch.setattr(box.libc, refused, refuse)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
     parent = agent.call_parent()
-
-    def made_here():
-        # (not the launcher's own prepared call, which has its tag)
-        return {n for n in os.listdir(parent) if not n.startswith(f"agent-call-{box.launcher.tag}")}
-
+    box.prepared = agent.prepare_next_call(box, parent)
+    made = box.prepared[1]
+    assert made.namespace == ()
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "disk", str(disk)], check=True)
     try:
-        before = made_here()
-        assert agent.prepare_next_call(box, parent) is None
-        assert made_here() == before
-        assert execute(box, workdir, "print(6 * 7)").stdout == "42\n"
+        assert agent.prepared_call(box, parent) is made
     finally:
+        made.release()
+        monkeypatch.undo()
         box.close()
+        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 @needs_landlock
 def test_a_prepared_call_that_cannot_be_checked_is_released(workdir, monkeypatch):
-    """If whether a prepared call is stale cannot be read at the call (its watch of mountinfo and
-    of the grants' files), the call makes its own, and the prepared one leaves nothing behind."""
+    """If what a prepared call was made for cannot be read at the call (a grant's file), the call
+    makes its own, and the prepared one leaves nothing behind."""
     box = capped_box(workdir)
     parent = agent.call_parent()
     box.prepared = agent.prepare_next_call(box, parent)
@@ -2108,7 +2103,7 @@ def test_a_prepared_call_that_cannot_be_checked_is_released(workdir, monkeypatch
     def unreadable(*_):
         raise OSError(errno.EACCES, "cannot read")
 
-    monkeypatch.setattr(agent, "grants_or_mounts_changed", unreadable)
+    monkeypatch.setattr(agent, "prepared_for", unreadable)
     try:
         assert agent.prepared_call(box, parent) is None and box.prepared is None
         assert not os.path.exists(made.root)
@@ -2173,27 +2168,20 @@ def test_a_chrooted_agent_s_prepared_calls_stay_in_its_chroot(workdir, tmp_path)
 
 @needs_landlock
 @pytest.mark.parametrize(
-    "since",
-    ["the cap given up", "another TMPDIR", "a mount made", "a mount made and undone", "non-root"],
+    "since", ["the cap given up", "another TMPDIR", "a mount made", "a mount made and undone"]
 )
-def test_a_call_prepared_for_the_box_as_it_was_is_not_used(workdir, tmp_path, since, monkeypatch):
+def test_a_call_prepared_for_the_box_as_it_was_is_not_used(workdir, tmp_path, since):
     """A call takes what was prepared for it only for the box as it is: with the cgroup given up
     since (the self-test found it failing), under another temp directory, or with a mount made
-    since, even one undone, which leaves mountinfo as it was (a namespace made ahead would not
-    show it, and a mount may cover a grant's directory: so also for a non-root agent, whose
-    namespace is made at the call), the call makes its own and removes what was prepared."""
-    if "a mount" in since or since == "non-root":
-        if os.geteuid() != 0:
-            pytest.skip("needs root to mount")
-    if since == "non-root":
-        monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    since, even one undone, which leaves mountinfo's bytes as they were (a namespace made ahead
+    would not show it), the call makes its own and removes what was prepared."""
+    if "a mount" in since and os.geteuid() != 0:
+        pytest.skip("needs root to mount")
     box = capped_box(workdir)
     parent = agent.call_parent()
     box.prepared = agent.prepare_next_call(box, parent)
     made = box.prepared[1]
     assert made.cgroups and all(Path(d).is_dir() for d in made.cgroups)
-    if since == "non-root":
-        assert made.namespace == ()
     disk = tmp_path / "disk"
     if since == "the cap given up":
         box.cgroup = None
@@ -2243,16 +2231,46 @@ def test_a_call_that_cannot_make_its_pipes_leaves_no_descriptor_open(box, workdi
     theirs.close()
 
 
+GRANT_CHANGES = [
+    "replaced",
+    "replaced twice",
+    "made",
+    "made in a directory made",
+    "its directory replaced",
+    "a symlink re-pointed",
+]
+
+
 @needs_landlock
-@pytest.mark.parametrize("change", ["replaced", "made", "made in a directory made"])
+@pytest.mark.parametrize("change", GRANT_CHANGES)
 def test_a_granted_file_replaced_between_calls_is_read_as_it_is_now(workdir, tmp_path, change):
     """Review of the prepared ruleset: Landlock holds the files a ruleset was made with, so a
     granted file replaced by rename between two calls (as ldconfig replaces /etc/ld.so.cache)
-    was denied to the next call (EACCES), as was one made since (it had no rule). A prepared
-    ruleset is taken only if no grant's file, nor the nearest directory of one missing, changed."""
-    granted = tmp_path / "granted.txt"
-    if change == "made in a directory made":
-        granted = tmp_path / "etc" / "granted.txt"
+    was denied to the next call (EACCES), as was one made since (it had no rule). An inotify
+    watch tried in place of the check at the call missed a second replacement, a directory on
+    the path replaced and a symlink re-pointed (its red team): a prepared ruleset is taken only
+    if every grant still names the file it was made with."""
+    granted = tmp_path / ("etc" if change.startswith("made") else "dir") / "granted.txt"
+    if change == "a symlink re-pointed":
+        granted = tmp_path / "link"
+
+    def name_anew(text):
+        # the grant's name now leads to a new file that holds `text`
+        if change == "a symlink re-pointed":
+            (tmp_path / f"{text}.txt").write_text(text)
+            (tmp_path / "link.new").symlink_to(tmp_path / f"{text}.txt")
+            os.rename(tmp_path / "link.new", granted)
+        elif change == "its directory replaced" and granted.parent.exists():
+            os.rename(granted.parent, tmp_path / f"before-{text}")
+            granted.parent.mkdir()
+            granted.write_text(text)
+        else:
+            granted.parent.mkdir(exist_ok=True)
+            (tmp_path / "new.txt").write_text(text)
+            os.rename(tmp_path / "new.txt", granted)
+
+    if not change.startswith("made"):
+        name_anew("v1")
     box = agent.Sandbox(Path(os.path.realpath(workdir)), True, agent.Limits())
     box.policy = replace(box.policy, read_files=(*box.policy.read_files, str(granted)))
     box.ready()
@@ -2260,19 +2278,15 @@ def test_a_granted_file_replaced_between_calls_is_read_as_it_is_now(workdir, tmp
         if not box.cgroup:
             pytest.skip("no cgroup here, so no sign of the next call's preparation to wait for")
         code = f"print(open({str(granted)!r}).read())"
-        if change == "replaced":
-            granted.write_text("v1")
-            assert execute(box, workdir, code).stdout == "v1\n"
-        else:
-            assert "FileNotFoundError" in execute(box, workdir, code).stderr
-        assert prepared_call(box)
-        granted.parent.mkdir(exist_ok=True)
-        (tmp_path / "new.txt").write_text("v2")
-        # the old file open, as every process that maps /etc/ld.so.cache holds it
-        with open(granted if change == "replaced" else os.devnull):
-            os.rename(tmp_path / "new.txt", granted)
-            run = execute(box, workdir, code)
-        assert (run.code, run.stdout) == (0, "v2\n"), run.stderr
+        run = execute(box, workdir, code)
+        assert run.stdout == "v1\n" or "FileNotFoundError" in run.stderr, run.stderr
+        for text in ("v2", "v3") if change == "replaced twice" else ("v2",):
+            assert prepared_call(box)
+            # the old file open, as every process that maps /etc/ld.so.cache holds it
+            with open(granted if granted.exists() else os.devnull):
+                name_anew(text)
+                run = execute(box, workdir, code)
+            assert (run.code, run.stdout) == (0, f"{text}\n"), run.stderr
     finally:
         box.close()
 
