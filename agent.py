@@ -5156,6 +5156,12 @@ class Call:
         if self.box.landlock:
             self.add_own_rules(self.box.policy.own_read, {"read_file"})
 
+    def in_place(self, here, scratch):
+        """Whether `here` and `scratch`, found by name, are the directory and scratch made for the
+        call (a script of another run may have moved them: red team 32.4, 32.7)."""
+        made = os.fstat(self.directory), self.scratch
+        return all(map(os.path.samestat, (here, scratch), made))
+
     def add_own_rules(self, names, granted):
         """Grant the call's own paths `names` (of OWN_PATHS), opened beneath its directory's
         descriptor a component at a time, never following a symlink."""
@@ -5432,8 +5438,7 @@ def private_scratch(libc, call):
     # opened before the unshare): found by name once, and refused unless the same (red team 32.7e)
     here = os.open(call.root, OWN_PATH_FLAGS | os.O_DIRECTORY)
     scratch = os.open("scratch", OWN_PATH_FLAGS, dir_fd=here)
-    found = os.fstat(here), os.fstat(scratch)
-    if not all(map(os.path.samestat, found, (os.fstat(call.directory), call.scratch))):
+    if not call.in_place(os.fstat(here), os.fstat(scratch)):
         raise OSError(errno.ENOENT, "the call's directory or scratch was moved")
     syscall(libc, "move_mount", tmpfs, b"", scratch, b"", MOVE_MOUNT_EMPTY_PATHS)
     if "shm" in policy.own_read_write and policy.shm:
@@ -6073,7 +6078,7 @@ def serve(fd):
                             pass
                 elif fd == box.mountinfo and box.prepared and box.prepared[1].namespace:
                     # a namespace made ahead would keep alive what the host unmounts (red team 32.7)
-                    prepared_call(box, None)
+                    release_prepared(box)
                 elif fd in by_fd:
                     # its first process wrote or ended, or the agent ended the call: end the group
                     child = by_fd.pop(fd)
@@ -6124,16 +6129,22 @@ def prepared_call(box, parent):
         return None
     made_for, call = prepared
     with contextlib.suppress(OSError):
-        # its directory (another run's script moved one away: red team 32.4) and scratch (32.7)
-        seen = os.lstat(call.root), os.stat("scratch", dir_fd=call.directory, follow_symlinks=False)
-        made = os.fstat(call.directory), call.scratch
+        here = os.lstat(call.root)
+        scratch = os.stat("scratch", dir_fd=call.directory, follow_symlinks=False)
         # root's namespace made ahead: no mount changed since (32.7b)
         stale = call.namespace and mounts_changed(box)
         fits = made_for == prepared_for(box, parent) and not stale
-        if fits and all(map(os.path.samestat, seen, made)):
+        if fits and call.in_place(here, scratch):
             return call
     call.release()
     return None
+
+
+def release_prepared(box):
+    """Remove the prepared call, which no call will take (a mount changed, or the agent is gone)."""
+    if box.prepared:
+        box.prepared[1].release()
+    box.prepared = None
 
 
 def tupled(value):
@@ -6171,7 +6182,7 @@ def mounts_changed(box):
 
 def shut_down(children, box):
     """The agent is gone: end every call's group, reap, remove every call's things."""
-    prepared_call(box, None)  # (made for no parent: released)
+    release_prepared(box)
     for child in children.values():
         child.kill(report=False)
     deadline = time.monotonic() + 2
